@@ -1,0 +1,377 @@
+//! Transmission-phase requests: a streaming decoder and a validator.
+//!
+//! The decoder yields whole requests (a WRITE with its payload). A WRITE whose
+//! length exceeds [`MAX_REQUEST_LEN`] is yielded without payload and its bytes
+//! are skipped afterwards, so the stream stays in step and the client gets an
+//! error reply instead of a dropped connection. [`validate`] decides, before
+//! any I/O, which errno a request earns.
+
+use crate::consts::*;
+use crate::error::{ErrorCode, NbdError};
+use crate::MAX_REQUEST_LEN;
+use bytes::{Buf, Bytes, BytesMut};
+
+/// An NBD command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    Read,
+    Write,
+    Disc,
+    Flush,
+    Trim,
+    Cache,
+    WriteZeroes,
+    BlockStatus,
+    Resize,
+    Unknown(u16),
+}
+
+impl Command {
+    pub fn from_wire(v: u16) -> Command {
+        match v {
+            CMD_READ => Command::Read,
+            CMD_WRITE => Command::Write,
+            CMD_DISC => Command::Disc,
+            CMD_FLUSH => Command::Flush,
+            CMD_TRIM => Command::Trim,
+            CMD_CACHE => Command::Cache,
+            CMD_WRITE_ZEROES => Command::WriteZeroes,
+            CMD_BLOCK_STATUS => Command::BlockStatus,
+            CMD_RESIZE => Command::Resize,
+            other => Command::Unknown(other),
+        }
+    }
+
+    pub fn to_wire(self) -> u16 {
+        match self {
+            Command::Read => CMD_READ,
+            Command::Write => CMD_WRITE,
+            Command::Disc => CMD_DISC,
+            Command::Flush => CMD_FLUSH,
+            Command::Trim => CMD_TRIM,
+            Command::Cache => CMD_CACHE,
+            Command::WriteZeroes => CMD_WRITE_ZEROES,
+            Command::BlockStatus => CMD_BLOCK_STATUS,
+            Command::Resize => CMD_RESIZE,
+            Command::Unknown(v) => v,
+        }
+    }
+
+    /// A short lowercase name, used as a metrics label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Command::Read => "read",
+            Command::Write => "write",
+            Command::Disc => "disc",
+            Command::Flush => "flush",
+            Command::Trim => "trim",
+            Command::Cache => "cache",
+            Command::WriteZeroes => "write_zeroes",
+            Command::BlockStatus => "block_status",
+            Command::Resize => "resize",
+            Command::Unknown(_) => "unknown",
+        }
+    }
+}
+
+/// One decoded request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub flags: u16,
+    pub command: Command,
+    pub cookie: u64,
+    pub offset: u64,
+    pub length: u32,
+    /// The data of a WRITE; `None` for other commands and for a WRITE over
+    /// the size limit (whose data the decoder skips).
+    pub payload: Option<Bytes>,
+}
+
+impl Request {
+    pub fn has_flag(&self, f: u16) -> bool {
+        self.flags & f != 0
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Header,
+    Payload { flags: u16, cookie: u64, offset: u64, length: u32 },
+    Discard { remaining: u64 },
+}
+
+/// Streaming request decoder (like mini-redis' frame parser: `Ok(None)` means
+/// "incomplete, read more").
+#[derive(Debug)]
+pub struct RequestDecoder {
+    state: State,
+}
+
+impl Default for RequestDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RequestDecoder {
+    pub fn new() -> Self {
+        RequestDecoder { state: State::Header }
+    }
+
+    /// How many more bytes the decoder wants before it can make progress (a
+    /// hint for buffer sizing).
+    pub fn wanted(&self, buffered: usize) -> usize {
+        match self.state {
+            State::Header => REQUEST_HEADER_LEN.saturating_sub(buffered),
+            State::Payload { length, .. } => (length as usize).saturating_sub(buffered),
+            State::Discard { .. } => 0,
+        }
+    }
+
+    /// Decode the next request from `buf`.
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Request>, NbdError> {
+        loop {
+            match self.state {
+                State::Discard { remaining } => {
+                    let n = remaining.min(buf.len() as u64);
+                    buf.advance(usize::try_from(n).unwrap_or(usize::MAX));
+                    if n < remaining {
+                        self.state = State::Discard { remaining: remaining - n };
+                        return Ok(None);
+                    }
+                    self.state = State::Header;
+                }
+                State::Payload { flags, cookie, offset, length } => {
+                    if buf.len() < length as usize {
+                        return Ok(None);
+                    }
+                    let payload = buf.split_to(length as usize).freeze();
+                    self.state = State::Header;
+                    return Ok(Some(Request {
+                        flags,
+                        command: Command::Write,
+                        cookie,
+                        offset,
+                        length,
+                        payload: Some(payload),
+                    }));
+                }
+                State::Header => {
+                    if buf.len() < REQUEST_HEADER_LEN {
+                        return Ok(None);
+                    }
+                    let magic = buf.get_u32();
+                    if magic != REQUEST_MAGIC {
+                        return Err(NbdError::BadMagic {
+                            what: "request",
+                            found: u64::from(magic),
+                        });
+                    }
+                    let flags = buf.get_u16();
+                    let command = Command::from_wire(buf.get_u16());
+                    let cookie = buf.get_u64();
+                    let offset = buf.get_u64();
+                    let length = buf.get_u32();
+                    if command == Command::Write {
+                        if length > MAX_REQUEST_LEN {
+                            self.state = State::Discard {
+                                remaining: u64::from(length),
+                            };
+                            return Ok(Some(Request {
+                                flags,
+                                command,
+                                cookie,
+                                offset,
+                                length,
+                                payload: None,
+                            }));
+                        }
+                        self.state = State::Payload { flags, cookie, offset, length };
+                        continue;
+                    }
+                    return Ok(Some(Request {
+                        flags,
+                        command,
+                        cookie,
+                        offset,
+                        length,
+                        payload: None,
+                    }));
+                }
+            }
+        }
+    }
+}
+
+/// What the validator needs to know about the negotiated export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransmissionLimits {
+    pub size: u64,
+    pub read_only: bool,
+    pub structured: bool,
+    /// At least one meta context was selected.
+    pub has_meta_contexts: bool,
+    /// Requests must be aligned to this (1 = no constraint).
+    pub min_block: u32,
+}
+
+/// Decide, before any I/O, whether a request may run; `Err` is the errno to
+/// answer with. Flags, read-only, bounds, size and alignment are all checked
+/// here so that the executor can trust what it is handed.
+pub fn validate(req: &Request, lim: &TransmissionLimits) -> Result<(), ErrorCode> {
+    let allowed_flags = match req.command {
+        Command::Read => CMD_FLAG_FUA | CMD_FLAG_DF,
+        Command::Write | Command::Trim | Command::Cache | Command::Flush | Command::Disc => CMD_FLAG_FUA,
+        Command::WriteZeroes => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
+        Command::BlockStatus => CMD_FLAG_FUA | CMD_FLAG_REQ_ONE,
+        Command::Resize => return Err(ErrorCode::NotSup),
+        Command::Unknown(_) => return Err(ErrorCode::Inval),
+    };
+    if req.flags & !allowed_flags != 0 {
+        return Err(ErrorCode::Inval);
+    }
+    if req.has_flag(CMD_FLAG_DF) && !lim.structured {
+        return Err(ErrorCode::Inval);
+    }
+    let writes = matches!(req.command, Command::Write | Command::Trim | Command::WriteZeroes);
+    if writes && lim.read_only {
+        return Err(ErrorCode::Perm);
+    }
+    if matches!(req.command, Command::Flush | Command::Disc) {
+        return Ok(());
+    }
+    if matches!(req.command, Command::Read | Command::Write) && req.length > MAX_REQUEST_LEN {
+        return Err(ErrorCode::Inval);
+    }
+    if req.command == Command::Write && req.payload.is_none() {
+        return Err(ErrorCode::Inval);
+    }
+    if req.length == 0 {
+        return Err(ErrorCode::Inval);
+    }
+    let end = req.offset.checked_add(u64::from(req.length));
+    if end.is_none_or(|e| e > lim.size) {
+        return Err(if matches!(req.command, Command::Write | Command::WriteZeroes) {
+            ErrorCode::NoSpc
+        } else {
+            ErrorCode::Inval
+        });
+    }
+    if lim.min_block > 1
+        && req.command != Command::BlockStatus
+        && (req.offset % u64::from(lim.min_block) != 0 || req.length % lim.min_block != 0)
+    {
+        return Err(ErrorCode::Inval);
+    }
+    if req.command == Command::BlockStatus && (!lim.structured || !lim.has_meta_contexts) {
+        return Err(ErrorCode::Inval);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::encode_request;
+
+    fn lim() -> TransmissionLimits {
+        TransmissionLimits {
+            size: 1 << 20,
+            read_only: false,
+            structured: true,
+            has_meta_contexts: true,
+            min_block: 1,
+        }
+    }
+
+    fn req(command: Command, flags: u16, offset: u64, length: u32) -> Request {
+        Request {
+            flags,
+            command,
+            cookie: 7,
+            offset,
+            length,
+            payload: (command == Command::Write).then(|| Bytes::from(vec![0u8; length as usize])),
+        }
+    }
+
+    #[test]
+    fn decodes_write_with_payload_across_splits() {
+        let mut wire = BytesMut::new();
+        encode_request(&mut wire, 0, Command::Write, 9, 4096, 8);
+        wire.extend_from_slice(b"abcdefgh");
+        encode_request(&mut wire, 0, Command::Read, 10, 0, 512);
+        for split in 0..wire.len() {
+            let mut d = RequestDecoder::new();
+            let mut b = BytesMut::from(&wire[..split]);
+            let mut got = vec![];
+            while let Some(r) = d.decode(&mut b).unwrap() {
+                got.push(r);
+            }
+            b.extend_from_slice(&wire[split..]);
+            while let Some(r) = d.decode(&mut b).unwrap() {
+                got.push(r);
+            }
+            assert_eq!(got.len(), 2, "split {split}");
+            assert_eq!(got[0].payload.as_deref(), Some(&b"abcdefgh"[..]));
+            assert_eq!(got[1].command, Command::Read);
+        }
+    }
+
+    #[test]
+    fn oversized_write_is_reported_then_skipped() {
+        let mut wire = BytesMut::new();
+        let len = MAX_REQUEST_LEN + 1;
+        encode_request(&mut wire, 0, Command::Write, 1, 0, len);
+        wire.extend_from_slice(&vec![0xaa; len as usize]);
+        encode_request(&mut wire, 0, Command::Flush, 2, 0, 0);
+        let mut d = RequestDecoder::new();
+        let r = d.decode(&mut wire).unwrap().unwrap();
+        assert_eq!(r.payload, None);
+        assert_eq!(validate(&r, &lim()), Err(ErrorCode::Inval));
+        let r = d.decode(&mut wire).unwrap().unwrap();
+        assert_eq!(r.command, Command::Flush);
+    }
+
+    #[test]
+    fn bad_magic_is_fatal() {
+        let mut b = BytesMut::from(&[0u8; 28][..]);
+        assert!(RequestDecoder::new().decode(&mut b).is_err());
+    }
+
+    #[test]
+    fn validation_answers() {
+        let l = lim();
+        assert_eq!(validate(&req(Command::Read, 0, 0, 512), &l), Ok(()));
+        assert_eq!(validate(&req(Command::Read, 0, (1 << 20) - 1, 2), &l), Err(ErrorCode::Inval));
+        assert_eq!(validate(&req(Command::Write, 0, (1 << 20) - 1, 2), &l), Err(ErrorCode::NoSpc));
+        assert_eq!(validate(&req(Command::WriteZeroes, 0, u64::MAX, 2), &l), Err(ErrorCode::NoSpc));
+        assert_eq!(validate(&req(Command::Unknown(77), 0, 0, 1), &l), Err(ErrorCode::Inval));
+        assert_eq!(validate(&req(Command::Read, CMD_FLAG_NO_HOLE, 0, 1), &l), Err(ErrorCode::Inval));
+        assert_eq!(validate(&req(Command::Read, 0x8000, 0, 1), &l), Err(ErrorCode::Inval));
+        assert_eq!(validate(&req(Command::Read, 0, 0, 0), &l), Err(ErrorCode::Inval));
+        assert_eq!(validate(&req(Command::Flush, 0, 0, 0), &l), Ok(()));
+        assert_eq!(validate(&req(Command::Resize, 0, 0, 0), &l), Err(ErrorCode::NotSup));
+        let ro = TransmissionLimits { read_only: true, ..l };
+        assert_eq!(validate(&req(Command::Write, 0, 0, 1), &ro), Err(ErrorCode::Perm));
+        assert_eq!(validate(&req(Command::Trim, 0, 0, 1), &ro), Err(ErrorCode::Perm));
+        assert_eq!(validate(&req(Command::Read, 0, 0, 1), &ro), Ok(()));
+        let simple = TransmissionLimits { structured: false, has_meta_contexts: false, ..l };
+        assert_eq!(validate(&req(Command::BlockStatus, 0, 0, 1), &simple), Err(ErrorCode::Inval));
+        assert_eq!(validate(&req(Command::Read, CMD_FLAG_DF, 0, 1), &simple), Err(ErrorCode::Inval));
+        let aligned = TransmissionLimits { min_block: 512, ..l };
+        assert_eq!(validate(&req(Command::Read, 0, 1, 512), &aligned), Err(ErrorCode::Inval));
+        assert_eq!(validate(&req(Command::Read, 0, 512, 512), &aligned), Ok(()));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn decoder_never_panics(data in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
+            let mut d = RequestDecoder::new();
+            let mut b = BytesMut::from(&data[..]);
+            while let Ok(Some(r)) = d.decode(&mut b) {
+                let _ = validate(&r, &lim());
+            }
+        }
+    }
+}
