@@ -1,0 +1,58 @@
+//! Errors of the storage engine, each with the context needed to act on it.
+
+use std::path::PathBuf;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum StorageError {
+    #[error("volume {0:?} does not exist")]
+    NotFound(String),
+    #[error("volume {0:?} already exists")]
+    Exists(String),
+    #[error("invalid name {0:?}: use 1-128 characters of A-Z a-z 0-9 . _ - not starting with '.'")]
+    InvalidName(String),
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    #[error("range {offset}+{len} is outside the volume of {size} bytes")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("volume {0:?} is read-only")]
+    ReadOnly(String),
+    #[error("dirty bitmap {0:?} does not exist")]
+    BitmapNotFound(String),
+    #[error("dirty bitmap {0:?} already exists")]
+    BitmapExists(String),
+    #[error("zeroing cannot be done fast here")]
+    NotFast,
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("corrupt {what} in {path}: {detail}")]
+    Corrupt {
+        what: &'static str,
+        path: PathBuf,
+        detail: String,
+    },
+}
+
+impl StorageError {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        StorageError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// The OS errno behind an I/O error, if there is one (ENOSPC matters to
+    /// clients).
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            StorageError::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}

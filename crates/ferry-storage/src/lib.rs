@@ -1,0 +1,24 @@
+//! ferry's storage engine: a pool directory of volumes backed by raw files,
+//! positional I/O without a pool-wide lock, and dirty bitmaps that every write,
+//! zero and trim marks before it returns.
+//!
+//! The engine knows nothing of NBD or iSCSI. Protocol servers call
+//! [`Volume`] methods from a worker pool (they block) and map
+//! [`StorageError`] to their own error answers.
+
+mod alloc;
+pub mod bitmap;
+mod error;
+pub mod meta;
+mod pool;
+mod volume;
+
+pub use alloc::Extent;
+pub use bitmap::{BitmapInfo, DirtyBitmap};
+pub use error::StorageError;
+pub use meta::{Backing, VolumeMeta};
+pub use pool::{CreateOptions, Pool, PoolOptions};
+pub use volume::{Volume, ZeroMode};
+
+/// Result alias for engine calls.
+pub type Result<T, E = StorageError> = std::result::Result<T, E>;

@@ -1,0 +1,440 @@
+//! One volume: its backing file, positional I/O, zeroing and trimming, the
+//! allocation map, and its dirty bitmaps.
+//!
+//! Invariant: every write, zero and trim marks every dirty bitmap of the
+//! volume after the data reached the file and before the call returns, even
+//! when the operation failed part-way (a partial write may have changed bytes).
+
+use crate::alloc::{self, Extent};
+use crate::bitmap::{BitmapInfo, DirtyBitmap};
+use crate::meta::{write_atomic, Backing, BitmapSpec, VolumeMeta};
+use crate::{Result, StorageError};
+use parking_lot::{Mutex, RwLock};
+use std::fs::{self, File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Marker file present while a volume is open; found at start-up it means the
+/// last run did not close the volume cleanly.
+const IN_USE: &str = "in-use";
+const ALIGN: usize = 4096;
+
+/// How WRITE_ZEROES may be carried out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ZeroMode {
+    /// The range may be deallocated (NBD: NO_HOLE not set).
+    pub may_punch: bool,
+    /// Fail with [`StorageError::NotFast`] rather than write zeroes slowly.
+    pub fast_only: bool,
+}
+
+/// An open volume. Cheap to share (`Arc<Volume>`); the data path takes no
+/// lock other than a read lock on the bitmap list.
+#[derive(Debug)]
+pub struct Volume {
+    dir: PathBuf,
+    data_path: PathBuf,
+    file: File,
+    direct: bool,
+    meta: Mutex<VolumeMeta>,
+    size: AtomicU64,
+    bitmaps: RwLock<Vec<Arc<DirtyBitmap>>>,
+    deleted: AtomicBool,
+}
+
+fn fallocate(file: &File, mode: libc::c_int, offset: u64, len: u64) -> std::io::Result<()> {
+    let off = libc::off_t::try_from(offset).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let l = libc::off_t::try_from(len).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: fallocate on a valid descriptor owned by `file`; no memory is passed.
+    let r = unsafe { libc::fallocate(file.as_raw_fd(), mode, off, l) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// A heap buffer aligned for O_DIRECT.
+struct AlignedBuf {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl AlignedBuf {
+    fn zeroed(len: usize) -> AlignedBuf {
+        let layout = std::alloc::Layout::from_size_align(len.max(ALIGN), ALIGN).expect("valid layout");
+        // SAFETY: layout has non-zero size; a null result is handled below.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        AlignedBuf { ptr, layout }
+    }
+    fn as_mut_slice(&mut self, len: usize) -> &mut [u8] {
+        assert!(len <= self.layout.size());
+        // SAFETY: ptr is valid for layout.size() bytes, initialised (zeroed), uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: ptr was allocated with exactly this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+impl Volume {
+    /// Open the volume stored in `dir`.
+    pub(crate) fn open(dir: &Path, direct: bool) -> Result<Volume> {
+        let meta = VolumeMeta::load(&dir.join("meta.json"))?;
+        let data_path = match &meta.backing {
+            Backing::External { path } => path.clone(),
+            _ => dir.join("data.raw"),
+        };
+        let mut oo = OpenOptions::new();
+        oo.read(true).write(!meta.read_only);
+        if direct {
+            oo.custom_flags(libc::O_DIRECT);
+        }
+        let file = oo.open(&data_path).map_err(|e| StorageError::io("open", &data_path, e))?;
+        let unclean = dir.join(IN_USE).exists();
+        let mut bitmaps = Vec::new();
+        for spec in &meta.bitmaps {
+            let p = dir.join("bitmaps").join(format!("{}.bitmap", spec.name));
+            let loaded = fs::read(&p)
+                .map_err(|e| StorageError::io("read", &p, e))
+                .and_then(|b| DirtyBitmap::decode(&spec.name, &b, &p));
+            let bm = match loaded {
+                Ok(b) if b.granularity() == spec.granularity => b,
+                other => {
+                    if let Err(e) = other {
+                        tracing::warn!(volume = %meta.name, bitmap = %spec.name, error = %e, "bitmap unreadable; marking it all dirty");
+                    }
+                    let b = DirtyBitmap::new(&spec.name, spec.granularity, meta.size, true)?;
+                    b.mark_all();
+                    b
+                }
+            };
+            bm.resize(meta.size);
+            if unclean {
+                tracing::warn!(volume = %meta.name, bitmap = %spec.name, "volume was not closed cleanly; marking persistent bitmap all dirty");
+                bm.mark_all();
+            }
+            bitmaps.push(Arc::new(bm));
+        }
+        if !meta.read_only {
+            fs::write(dir.join(IN_USE), b"").map_err(|e| StorageError::io("create", dir.join(IN_USE), e))?;
+            crate::meta::sync_dir(dir)?;
+        }
+        Ok(Volume {
+            dir: dir.to_path_buf(),
+            data_path,
+            file,
+            direct,
+            size: AtomicU64::new(meta.size),
+            meta: Mutex::new(meta),
+            bitmaps: RwLock::new(bitmaps),
+            deleted: AtomicBool::new(false),
+        })
+    }
+
+    pub fn name(&self) -> String {
+        self.meta.lock().name.clone()
+    }
+    pub fn meta(&self) -> VolumeMeta {
+        self.meta.lock().clone()
+    }
+    pub fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+    pub fn block_size(&self) -> u32 {
+        self.meta.lock().block_size
+    }
+    pub fn read_only(&self) -> bool {
+        self.meta.lock().read_only
+    }
+    pub fn direct_io(&self) -> bool {
+        self.direct
+    }
+    pub fn data_path(&self) -> &Path {
+        &self.data_path
+    }
+    pub fn is_sparse(&self) -> bool {
+        matches!(self.meta.lock().backing, Backing::Sparse | Backing::External { .. })
+    }
+
+    fn check(&self, offset: u64, len: u64, write: bool) -> Result<()> {
+        if self.deleted.load(Ordering::Acquire) {
+            return Err(StorageError::NotFound(self.name()));
+        }
+        if write && self.read_only() {
+            return Err(StorageError::ReadOnly(self.name()));
+        }
+        let size = self.size();
+        if offset.checked_add(len).is_none_or(|e| e > size) {
+            return Err(StorageError::OutOfRange { offset, len, size });
+        }
+        if self.direct {
+            let bs = u64::from(self.block_size());
+            if offset % bs != 0 || len % bs != 0 {
+                return Err(StorageError::Invalid(format!(
+                    "O_DIRECT volume needs {bs}-byte aligned I/O (offset {offset}, length {len})"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn io_err(&self, op: &'static str, e: std::io::Error) -> StorageError {
+        StorageError::io(op, &self.data_path, e)
+    }
+
+    fn mark(&self, offset: u64, len: u64) {
+        for b in self.bitmaps.read().iter() {
+            b.mark(offset, len);
+        }
+    }
+
+    /// Read `buf.len()` bytes at `offset`.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check(offset, buf.len() as u64, false)?;
+        if self.direct {
+            let mut a = AlignedBuf::zeroed(buf.len());
+            self.file
+                .read_exact_at(a.as_mut_slice(buf.len()), offset)
+                .map_err(|e| self.io_err("read", e))?;
+            buf.copy_from_slice(a.as_mut_slice(buf.len()));
+            return Ok(());
+        }
+        self.file.read_exact_at(buf, offset).map_err(|e| self.io_err("read", e))
+    }
+
+    /// Write `data` at `offset`; with `fua` it is durable before this returns.
+    pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check(offset, data.len() as u64, true)?;
+        let r = if self.direct {
+            let mut a = AlignedBuf::zeroed(data.len());
+            a.as_mut_slice(data.len()).copy_from_slice(data);
+            self.file.write_all_at(a.as_mut_slice(data.len()), offset)
+        } else {
+            self.file.write_all_at(data, offset)
+        };
+        self.mark(offset, data.len() as u64);
+        r.map_err(|e| self.io_err("write", e))?;
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Make `[offset, offset+len)` read as zeroes.
+    pub fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode, fua: bool) -> Result<()> {
+        self.check(offset, len, true)?;
+        let r = self.zero_range(offset, len, mode);
+        self.mark(offset, len);
+        r?;
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn zero_range(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<()> {
+        if mode.may_punch && self.is_sparse() {
+            let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            if fallocate(&self.file, punch, offset, len).is_ok() {
+                return Ok(());
+            }
+        }
+        if fallocate(&self.file, libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE, offset, len).is_ok() {
+            return Ok(());
+        }
+        if mode.fast_only {
+            return Err(StorageError::NotFast);
+        }
+        const CHUNK: u64 = 1 << 20;
+        let mut zeros = AlignedBuf::zeroed(CHUNK as usize);
+        let mut pos = offset;
+        while pos < offset + len {
+            let n = CHUNK.min(offset + len - pos) as usize;
+            self.file
+                .write_all_at(zeros.as_mut_slice(n), pos)
+                .map_err(|e| self.io_err("write zeroes", e))?;
+            pos += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Discard `[offset, offset+len)`. On sparse volumes the blocks are
+    /// deallocated and read back as zeroes; preallocated volumes keep them.
+    pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        self.check(offset, len, true)?;
+        if self.is_sparse() {
+            let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            // Trim is advisory: a file system that cannot punch keeps the data.
+            let _ = fallocate(&self.file, punch, offset, len);
+        }
+        self.mark(offset, len);
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Make every completed write durable (`fdatasync`).
+    pub fn flush(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| self.io_err("fdatasync", e))
+    }
+
+    /// Allocation extents covering `[offset, offset+len)`.
+    pub fn extents(&self, offset: u64, len: u64, max: usize) -> Result<Vec<Extent>> {
+        self.check(offset, len, false).or_else(|e| match e {
+            StorageError::Invalid(_) => Ok(()),
+            e => Err(e),
+        })?;
+        Ok(alloc::extents(&self.file, offset, len, max))
+    }
+
+    /// Bytes of the backing file actually allocated.
+    pub fn allocated_bytes(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        self.file.metadata().map_or(0, |m| m.blocks() * 512)
+    }
+
+    // ---- dirty bitmaps ----
+
+    pub fn create_bitmap(&self, name: &str, granularity: u32, persistent: bool) -> Result<Arc<DirtyBitmap>> {
+        crate::pool::check_name(name)?;
+        let bm = Arc::new(DirtyBitmap::new(name, granularity, self.size(), persistent)?);
+        {
+            let mut list = self.bitmaps.write();
+            if list.iter().any(|b| b.name() == name) {
+                return Err(StorageError::BitmapExists(name.into()));
+            }
+            list.push(bm.clone());
+        }
+        if persistent {
+            let mut m = self.meta.lock();
+            m.bitmaps.push(BitmapSpec {
+                name: name.into(),
+                granularity,
+            });
+            if let Err(e) = m.store(&self.dir.join("meta.json")) {
+                m.bitmaps.retain(|b| b.name != name);
+                self.bitmaps.write().retain(|b| b.name() != name);
+                return Err(e);
+            }
+        }
+        Ok(bm)
+    }
+
+    pub fn bitmap(&self, name: &str) -> Result<Arc<DirtyBitmap>> {
+        self.bitmaps
+            .read()
+            .iter()
+            .find(|b| b.name() == name)
+            .cloned()
+            .ok_or_else(|| StorageError::BitmapNotFound(name.into()))
+    }
+
+    pub fn bitmaps(&self) -> Vec<BitmapInfo> {
+        self.bitmaps.read().iter().map(|b| b.info()).collect()
+    }
+
+    pub fn bitmap_names(&self) -> Vec<String> {
+        self.bitmaps.read().iter().map(|b| b.name().to_string()).collect()
+    }
+
+    pub fn delete_bitmap(&self, name: &str) -> Result<()> {
+        let bm = self.bitmap(name)?;
+        self.bitmaps.write().retain(|b| b.name() != name);
+        if bm.persistent() {
+            let mut m = self.meta.lock();
+            m.bitmaps.retain(|b| b.name != name);
+            m.store(&self.dir.join("meta.json"))?;
+            let _ = fs::remove_file(self.dir.join("bitmaps").join(format!("{name}.bitmap")));
+        }
+        Ok(())
+    }
+
+    /// Save persistent bitmaps (done at close; callable any time).
+    pub fn save_bitmaps(&self) -> Result<()> {
+        let list: Vec<_> = self.bitmaps.read().iter().filter(|b| b.persistent()).cloned().collect();
+        if list.is_empty() {
+            return Ok(());
+        }
+        let dir = self.dir.join("bitmaps");
+        fs::create_dir_all(&dir).map_err(|e| StorageError::io("mkdir", &dir, e))?;
+        for b in list {
+            write_atomic(&dir.join(format!("{}.bitmap", b.name())), &b.encode())?;
+        }
+        Ok(())
+    }
+
+    /// Change the size. Shrinking discards data and needs `allow_shrink`.
+    pub fn resize(&self, new_size: u64, allow_shrink: bool) -> Result<()> {
+        let mut m = self.meta.lock();
+        if m.read_only {
+            return Err(StorageError::ReadOnly(m.name.clone()));
+        }
+        if new_size % u64::from(m.block_size) != 0 || new_size == 0 {
+            return Err(StorageError::Invalid(format!(
+                "size {new_size} must be a non-zero multiple of the block size {}",
+                m.block_size
+            )));
+        }
+        if new_size < m.size && !allow_shrink {
+            return Err(StorageError::Invalid(format!(
+                "shrinking from {} to {new_size} bytes discards data; ask for it explicitly",
+                m.size
+            )));
+        }
+        let old = m.size;
+        match &m.backing {
+            Backing::External { .. } => {
+                return Err(StorageError::Invalid("external volumes cannot be resized by ferry".into()))
+            }
+            Backing::Preallocated if new_size > old => {
+                fallocate(&self.file, 0, old, new_size - old).map_err(|e| self.io_err("fallocate", e))?;
+            }
+            _ => self.file.set_len(new_size).map_err(|e| self.io_err("truncate", e))?,
+        }
+        if matches!(m.backing, Backing::Preallocated) && new_size < old {
+            self.file.set_len(new_size).map_err(|e| self.io_err("truncate", e))?;
+        }
+        self.file.sync_all().map_err(|e| self.io_err("fsync", e))?;
+        m.size = new_size;
+        m.store(&self.dir.join("meta.json"))?;
+        self.size.store(new_size, Ordering::Release);
+        for b in self.bitmaps.read().iter() {
+            b.resize(new_size);
+        }
+        Ok(())
+    }
+
+    /// Flush data, save bitmaps, and record a clean close.
+    pub fn close(&self) -> Result<()> {
+        if self.deleted.load(Ordering::Acquire) || self.read_only() {
+            return Ok(());
+        }
+        self.flush()?;
+        self.save_bitmaps()?;
+        let marker = self.dir.join(IN_USE);
+        match fs::remove_file(&marker) {
+            Ok(()) => crate::meta::sync_dir(&self.dir),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(StorageError::io("remove", marker, e)),
+        }
+    }
+
+    pub(crate) fn mark_deleted(&self) {
+        self.deleted.store(true, Ordering::Release);
+    }
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+}

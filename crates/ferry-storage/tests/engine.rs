@@ -1,0 +1,180 @@
+//! Engine tests: volumes, persistence across reopen, allocation map, and the
+//! bitmap invariant under concurrent writers racing with take().
+
+use ferry_storage::{CreateOptions, Pool, PoolOptions, StorageError, ZeroMode};
+use rand::{Rng, SeedableRng};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+fn opts(size: u64) -> CreateOptions {
+    CreateOptions { size, ..Default::default() }
+}
+
+#[test]
+fn create_write_read_reopen() {
+    let d = tempfile::tempdir().unwrap();
+    let uuid;
+    {
+        let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+        let v = p.create("disk0", &opts(1 << 20)).unwrap();
+        uuid = v.meta().uuid;
+        v.write_at(4096, b"hello", true).unwrap();
+        v.create_bitmap("mig", 65536, true).unwrap();
+        v.write_at(200_000, b"x", false).unwrap();
+        assert!(matches!(p.create("disk0", &opts(4096)), Err(StorageError::Exists(_))));
+        assert!(matches!(p.create("../x", &opts(4096)), Err(StorageError::InvalidName(_))));
+        assert!(matches!(p.create("odd", &opts(1000)), Err(StorageError::Invalid(_))));
+        p.close().unwrap();
+    }
+    let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+    let v = p.get("disk0").unwrap();
+    assert_eq!(v.meta().uuid, uuid);
+    let mut b = [0u8; 5];
+    v.read_at(4096, &mut b).unwrap();
+    assert_eq!(&b, b"hello");
+    // Clean close: the persistent bitmap kept exactly the one write.
+    assert_eq!(v.bitmap("mig").unwrap().take(), vec![196_608]);
+    assert!(matches!(v.read_at((1 << 20) - 2, &mut b), Err(StorageError::OutOfRange { .. })));
+}
+
+#[test]
+fn unclean_shutdown_marks_persistent_bitmaps_all_dirty() {
+    let d = tempfile::tempdir().unwrap();
+    {
+        let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+        let v = p.create("v", &opts(1 << 20)).unwrap();
+        v.create_bitmap("b", 65536, true).unwrap();
+        v.save_bitmaps().unwrap();
+        v.write_at(0, b"lost-from-the-saved-bitmap", false).unwrap();
+        // no close(): simulate a crash
+    }
+    let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+    let v = p.get("v").unwrap();
+    assert_eq!(v.bitmap("b").unwrap().dirty_bytes(), 1 << 20);
+}
+
+#[test]
+fn holes_zeroes_trim_and_allocation() {
+    let d = tempfile::tempdir().unwrap();
+    let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+    let v = p.create("v", &opts(4 << 20)).unwrap();
+    let e = v.extents(0, 4 << 20, 100).unwrap();
+    assert_eq!(e.len(), 1);
+    assert!(e[0].hole);
+    v.write_at(1 << 20, &vec![7u8; 65536], false).unwrap();
+    let e = v.extents(0, 4 << 20, 100).unwrap();
+    assert!(e.iter().any(|x| !x.hole && x.offset <= 1 << 20));
+    v.write_zeroes(1 << 20, 65536, ZeroMode { may_punch: true, fast_only: false }, false).unwrap();
+    let mut b = vec![1u8; 65536];
+    v.read_at(1 << 20, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+    v.write_at(0, &[9u8; 4096], false).unwrap();
+    v.trim(0, 4096, false).unwrap();
+    v.read_at(0, &mut b[..4096]).unwrap();
+    assert!(b[..4096].iter().all(|&x| x == 0));
+}
+
+#[test]
+fn preallocated_and_resize_and_delete() {
+    let d = tempfile::tempdir().unwrap();
+    let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+    let v = p.create("pre", &CreateOptions { size: 1 << 20, preallocate: true, ..Default::default() }).unwrap();
+    assert!(v.allocated_bytes() >= 1 << 20);
+    v.create_bitmap("b", 4096, false).unwrap();
+    v.resize(2 << 20, false).unwrap();
+    assert_eq!(v.size(), 2 << 20);
+    assert_eq!(v.bitmap("b").unwrap().dirty_bytes(), 1 << 20);
+    assert!(v.resize(1 << 20, false).is_err());
+    v.resize(1 << 20, true).unwrap();
+    p.delete("pre").unwrap();
+    assert!(p.get("pre").is_err());
+    assert!(v.write_at(0, b"x", false).is_err());
+    let p2 = Pool::open(d.path(), PoolOptions::default()).unwrap();
+    assert!(p2.list().is_empty());
+}
+
+#[test]
+fn external_backing_file_is_kept_on_delete() {
+    let d = tempfile::tempdir().unwrap();
+    let ext = d.path().join("ext.img");
+    std::fs::write(&ext, vec![5u8; 8192]).unwrap();
+    let p = Pool::open(&d.path().join("pool"), PoolOptions::default()).unwrap();
+    let v = p.create("ext", &CreateOptions { external: Some(ext.clone()), ..Default::default() }).unwrap();
+    assert_eq!(v.size(), 8192);
+    p.delete("ext").unwrap();
+    assert!(ext.exists());
+}
+
+#[test]
+fn direct_io_volume_reads_and_writes_aligned() {
+    let d = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
+    let p = match Pool::open(d.path(), PoolOptions { direct_io: true }) {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    };
+    let v = match p.create("d", &opts(1 << 20)) {
+        Ok(v) => v,
+        // tmpfs and some file systems refuse O_DIRECT; nothing to test there.
+        Err(StorageError::Io { source, .. }) if source.raw_os_error() == Some(libc_einval()) => return,
+        Err(e) => panic!("{e}"),
+    };
+    v.write_at(512, &[3u8; 512], false).unwrap();
+    let mut b = [0u8; 1024];
+    v.read_at(0, &mut b).unwrap();
+    assert!(b[512..].iter().all(|&x| x == 3));
+    assert!(v.write_at(1, &[0u8; 512], false).is_err());
+}
+
+fn libc_einval() -> i32 {
+    22
+}
+
+/// The migration invariant: a consumer that repeatedly takes dirty bits and
+/// copies those chunks, racing with writers, ends with an exact copy after
+/// one last take once the writers stop.
+#[test]
+fn concurrent_writers_never_escape_the_bitmap() {
+    let d = tempfile::tempdir().unwrap();
+    let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+    let size = 4u64 << 20;
+    let gran = 4096u64;
+    let v = p.create("v", &opts(size)).unwrap();
+    let bm = v.create_bitmap("mig", gran as u32, false).unwrap();
+    let mut shadow = vec![0u8; size as usize];
+    let stop = AtomicBool::new(false);
+    let writers: Vec<_> = (0..4)
+        .map(|t| {
+            let v = v.clone();
+            std::thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t);
+                let mut n = 0;
+                while n < 3_000 {
+                    let len = rng.gen_range(1..20_000u64);
+                    let off = rng.gen_range(0..size - len);
+                    let byte = rng.gen::<u8>();
+                    v.write_at(off, &vec![byte; len as usize], false).unwrap();
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    let copy = |shadow: &mut Vec<u8>| {
+        for off in bm.take() {
+            let n = gran.min(size - off) as usize;
+            v.read_at(off, &mut shadow[off as usize..off as usize + n]).unwrap();
+        }
+    };
+    let mut rounds = 0;
+    while writers.iter().any(|w| !w.is_finished()) {
+        copy(&mut shadow);
+        rounds += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(rounds > 1, "the consumer never raced the writers");
+    for w in writers {
+        w.join().unwrap();
+    }
+    copy(&mut shadow);
+    let mut actual = vec![0u8; size as usize];
+    v.read_at(0, &mut actual).unwrap();
+    assert!(actual == shadow, "bitmap missed a write");
+}
