@@ -32,9 +32,17 @@ pub fn go_data(name: &str, infos: &[u16]) -> Vec<u8> {
 /// Data of NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT.
 pub fn meta_context_data(export: &str, queries: &[&str]) -> Vec<u8> {
     let mut v = Vec::new();
-    v.extend(u32::try_from(export.len()).unwrap_or(u32::MAX).to_be_bytes());
+    v.extend(
+        u32::try_from(export.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
     v.extend(export.as_bytes());
-    v.extend(u32::try_from(queries.len()).unwrap_or(u32::MAX).to_be_bytes());
+    v.extend(
+        u32::try_from(queries.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
     for q in queries {
         v.extend(u32::try_from(q.len()).unwrap_or(u32::MAX).to_be_bytes());
         v.extend(q.as_bytes());
@@ -85,7 +93,14 @@ pub fn decode_option_reply(buf: &mut BytesMut) -> Result<Option<OptionReply>, Nb
 }
 
 /// Encode a request header (a WRITE's payload follows it).
-pub fn encode_request(out: &mut BytesMut, flags: u16, cmd: Command, cookie: u64, offset: u64, length: u32) {
+pub fn encode_request(
+    out: &mut BytesMut,
+    flags: u16,
+    cmd: Command,
+    cookie: u64,
+    offset: u64,
+    length: u32,
+) {
     out.put_u32(REQUEST_MAGIC);
     out.put_u16(flags);
     out.put_u16(cmd.to_wire());
@@ -98,9 +113,18 @@ pub fn encode_request(out: &mut BytesMut, flags: u16, cmd: Command, cookie: u64,
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
     /// A simple reply; `data` holds a successful READ's bytes.
-    Simple { cookie: u64, error: Option<ErrorCode>, data: Bytes },
+    Simple {
+        cookie: u64,
+        error: Option<ErrorCode>,
+        data: Bytes,
+    },
     /// A structured chunk with its raw payload.
-    Chunk { cookie: u64, flags: u16, ty: u16, payload: Bytes },
+    Chunk {
+        cookie: u64,
+        flags: u16,
+        ty: u16,
+        payload: Bytes,
+    },
 }
 
 impl Reply {
@@ -123,7 +147,9 @@ impl Reply {
         match self {
             Reply::Simple { error, .. } => *error,
             Reply::Chunk { ty, payload, .. } if ty & 0x8000 != 0 => {
-                let code = payload.get(..4).map_or(22, |b| u32::from_be_bytes(b.try_into().expect("4")));
+                let code = payload
+                    .get(..4)
+                    .map_or(22, |b| u32::from_be_bytes(b.try_into().expect("4")));
                 Some(ErrorCode::from_wire(code).unwrap_or(ErrorCode::Io))
             }
             Reply::Chunk { .. } => None,
@@ -133,7 +159,10 @@ impl Reply {
 
 /// Decode one reply. `read_len(cookie)` tells how many data bytes follow a
 /// successful simple reply (the length of that READ, or 0).
-pub fn decode_reply(buf: &mut BytesMut, read_len: impl Fn(u64) -> u32) -> Result<Option<Reply>, NbdError> {
+pub fn decode_reply(
+    buf: &mut BytesMut,
+    read_len: impl Fn(u64) -> u32,
+) -> Result<Option<Reply>, NbdError> {
     if buf.len() < 4 {
         return Ok(None);
     }
@@ -145,7 +174,11 @@ pub fn decode_reply(buf: &mut BytesMut, read_len: impl Fn(u64) -> u32) -> Result
             }
             let err = u32::from_be_bytes(buf[4..8].try_into().expect("4"));
             let cookie = u64::from_be_bytes(buf[8..16].try_into().expect("8"));
-            let n = if err == 0 { read_len(cookie) as usize } else { 0 };
+            let n = if err == 0 {
+                read_len(cookie) as usize
+            } else {
+                0
+            };
             if buf.len() < SIMPLE_REPLY_LEN + n {
                 return Ok(None);
             }
@@ -208,18 +241,29 @@ mod tests {
         reply::block_status(&mut b, 9, 1, &[(4096, 3), (512, 0)], true);
         let lens = |c: u64| if c == 5 { 4 } else { 0 };
         let r = decode_reply(&mut b, lens).unwrap().unwrap();
-        assert_eq!(r, Reply::Simple { cookie: 5, error: None, data: Bytes::from_static(b"data") });
+        assert_eq!(
+            r,
+            Reply::Simple {
+                cookie: 5,
+                error: None,
+                data: Bytes::from_static(b"data")
+            }
+        );
         let r = decode_reply(&mut b, lens).unwrap().unwrap();
         assert_eq!(r.error(), Some(ErrorCode::NoSpc));
         let r = decode_reply(&mut b, lens).unwrap().unwrap();
-        let Reply::Chunk { ty, payload, .. } = &r else { panic!() };
+        let Reply::Chunk { ty, payload, .. } = &r else {
+            panic!()
+        };
         assert_eq!(*ty, REPLY_TYPE_OFFSET_DATA);
         assert_eq!(&payload[8..], b"xyz");
         let r = decode_reply(&mut b, lens).unwrap().unwrap();
         assert_eq!(r.error(), Some(ErrorCode::Io));
         assert!(r.is_final());
         let r = decode_reply(&mut b, lens).unwrap().unwrap();
-        let Reply::Chunk { payload, .. } = &r else { panic!() };
+        let Reply::Chunk { payload, .. } = &r else {
+            panic!()
+        };
         assert_eq!(payload.len(), 4 + 16);
         assert!(b.is_empty());
     }

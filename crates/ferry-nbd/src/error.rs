@@ -22,7 +22,11 @@ pub enum NbdError {
     #[error("server sent an unexpected reply: {0}")]
     UnexpectedReply(String),
     #[error("server refused option {option}: reply type {reply:#x}: {message}")]
-    OptionRefused { option: u32, reply: u32, message: String },
+    OptionRefused {
+        option: u32,
+        reply: u32,
+        message: String,
+    },
     #[error("malformed {what}: {detail}")]
     Malformed { what: &'static str, detail: String },
 }

@@ -65,7 +65,10 @@ pub trait ExportCatalog {
 pub enum MetaContext {
     BaseAllocation,
     /// `ferry:dirty-bitmap:<name>` with its index in the export's list.
-    DirtyBitmap { name: String, id: u32 },
+    DirtyBitmap {
+        name: String,
+        id: u32,
+    },
 }
 
 impl MetaContext {
@@ -293,7 +296,12 @@ impl ServerHandshake {
                 self.meta_context(option, data, catalog, out);
             }
             OPT_STARTTLS => {
-                error_reply(out, option, REP_ERR_UNSUP, "TLS is not offered on NBD exports");
+                error_reply(
+                    out,
+                    option,
+                    REP_ERR_UNSUP,
+                    "TLS is not offered on NBD exports",
+                );
             }
             _ => {
                 error_reply(out, option, REP_ERR_UNSUP, "option not supported");
@@ -317,11 +325,21 @@ impl ServerHandshake {
         out: &mut BytesMut,
     ) -> Option<HandshakeProgress> {
         let Some((name, requests)) = parse_info_request(data) else {
-            error_reply(out, option, REP_ERR_INVALID, "malformed NBD_OPT_INFO/GO data");
+            error_reply(
+                out,
+                option,
+                REP_ERR_INVALID,
+                "malformed NBD_OPT_INFO/GO data",
+            );
             return None;
         };
         let Some(export) = catalog.export(&name) else {
-            error_reply(out, option, REP_ERR_UNKNOWN, &format!("no export named {name:?}"));
+            error_reply(
+                out,
+                option,
+                REP_ERR_UNKNOWN,
+                &format!("no export named {name:?}"),
+            );
             return None;
         };
         let asked_block_size = requests.contains(&INFO_BLOCK_SIZE);
@@ -385,25 +403,42 @@ impl ServerHandshake {
     ) {
         let set = option == OPT_SET_META_CONTEXT;
         if !self.structured {
-            error_reply(out, option, REP_ERR_INVALID, "negotiate structured replies first");
+            error_reply(
+                out,
+                option,
+                REP_ERR_INVALID,
+                "negotiate structured replies first",
+            );
             return;
         }
         let Some((name, queries)) = parse_meta_request(data) else {
-            error_reply(out, option, REP_ERR_INVALID, "malformed meta context request");
+            error_reply(
+                out,
+                option,
+                REP_ERR_INVALID,
+                "malformed meta context request",
+            );
             return;
         };
         let Some(export) = catalog.export(&name) else {
-            error_reply(out, option, REP_ERR_UNKNOWN, &format!("no export named {name:?}"));
+            error_reply(
+                out,
+                option,
+                REP_ERR_UNKNOWN,
+                &format!("no export named {name:?}"),
+            );
             return;
         };
-        let all: Vec<MetaContext> = std::iter::once(MetaContext::BaseAllocation)
-            .chain(export.dirty_bitmaps.iter().enumerate().map(|(i, b)| {
-                MetaContext::DirtyBitmap {
-                    name: b.clone(),
-                    id: DIRTY_BITMAP_ID_BASE + u32::try_from(i).unwrap_or(u32::MAX - DIRTY_BITMAP_ID_BASE),
-                }
-            }))
-            .collect();
+        let all: Vec<MetaContext> =
+            std::iter::once(MetaContext::BaseAllocation)
+                .chain(export.dirty_bitmaps.iter().enumerate().map(|(i, b)| {
+                    MetaContext::DirtyBitmap {
+                        name: b.clone(),
+                        id: DIRTY_BITMAP_ID_BASE
+                            + u32::try_from(i).unwrap_or(u32::MAX - DIRTY_BITMAP_ID_BASE),
+                    }
+                }))
+                .collect();
         let mut chosen: Vec<MetaContext> = Vec::new();
         if queries.is_empty() {
             if !set {
@@ -550,7 +585,9 @@ mod tests {
     }
 
     fn flags() -> Vec<u8> {
-        (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes().to_vec()
+        (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES)
+            .to_be_bytes()
+            .to_vec()
     }
 
     #[test]
@@ -568,7 +605,10 @@ mod tests {
             OPT_SET_META_CONTEXT,
             &client::meta_context_data("vol", &["base:allocation", "ferry:dirty-bitmap:mig"]),
         ));
-        b.extend(client::encode_option(OPT_GO, &client::go_data("vol", &[INFO_BLOCK_SIZE])));
+        b.extend(client::encode_option(
+            OPT_GO,
+            &client::go_data("vol", &[INFO_BLOCK_SIZE]),
+        ));
         let (r, _) = run(&b);
         let HandshakeProgress::Done(n) = r.unwrap() else {
             panic!("not done")
@@ -585,7 +625,9 @@ mod tests {
         b.extend(client::encode_option(OPT_GO, &client::go_data("nope", &[])));
         let (r, out) = run(&b);
         assert_eq!(r.unwrap(), HandshakeProgress::NeedMore);
-        let rep = client::decode_option_reply(&mut BytesMut::from(&out[..])).unwrap().unwrap();
+        let rep = client::decode_option_reply(&mut BytesMut::from(&out[..]))
+            .unwrap()
+            .unwrap();
         assert_eq!(rep.reply_type, REP_ERR_UNKNOWN);
     }
 
@@ -610,8 +652,14 @@ mod tests {
         let mut b = flags();
         b.extend([0u8; 16]);
         assert!(matches!(run(&b).0, Err(NbdError::BadMagic { .. })));
-        assert!(matches!(run(&[0, 0, 0, 0]).0, Err(NbdError::NotFixedNewstyle(_))));
-        assert!(matches!(run(&[0, 0, 1, 1]).0, Err(NbdError::UnknownClientFlags(_))));
+        assert!(matches!(
+            run(&[0, 0, 0, 0]).0,
+            Err(NbdError::NotFixedNewstyle(_))
+        ));
+        assert!(matches!(
+            run(&[0, 0, 1, 1]).0,
+            Err(NbdError::UnknownClientFlags(_))
+        ));
     }
 
     #[test]
@@ -625,8 +673,20 @@ mod tests {
         let (r, out) = run(&b);
         assert_eq!(r.unwrap(), HandshakeProgress::NeedMore);
         let mut out = BytesMut::from(&out[..]);
-        assert_eq!(client::decode_option_reply(&mut out).unwrap().unwrap().reply_type, REP_ERR_UNSUP);
-        assert_eq!(client::decode_option_reply(&mut out).unwrap().unwrap().reply_type, REP_ERR_INVALID);
+        assert_eq!(
+            client::decode_option_reply(&mut out)
+                .unwrap()
+                .unwrap()
+                .reply_type,
+            REP_ERR_UNSUP
+        );
+        assert_eq!(
+            client::decode_option_reply(&mut out)
+                .unwrap()
+                .unwrap()
+                .reply_type,
+            REP_ERR_INVALID
+        );
     }
 
     #[test]
@@ -640,8 +700,20 @@ mod tests {
         let (r, out) = run(&b);
         assert_eq!(r.unwrap(), HandshakeProgress::Aborted);
         let mut out = BytesMut::from(&out[..]);
-        assert_eq!(client::decode_option_reply(&mut out).unwrap().unwrap().reply_type, REP_ERR_TOO_BIG);
-        assert_eq!(client::decode_option_reply(&mut out).unwrap().unwrap().reply_type, REP_ACK);
+        assert_eq!(
+            client::decode_option_reply(&mut out)
+                .unwrap()
+                .unwrap()
+                .reply_type,
+            REP_ERR_TOO_BIG
+        );
+        assert_eq!(
+            client::decode_option_reply(&mut out)
+                .unwrap()
+                .unwrap()
+                .reply_type,
+            REP_ACK
+        );
     }
 
     #[test]
@@ -649,21 +721,37 @@ mod tests {
         let mut b = flags();
         b.extend(client::encode_option(OPT_LIST, &[]));
         b.extend(client::encode_option(OPT_STRUCTURED_REPLY, &[]));
-        b.extend(client::encode_option(OPT_LIST_META_CONTEXT, &client::meta_context_data("vol", &[])));
+        b.extend(client::encode_option(
+            OPT_LIST_META_CONTEXT,
+            &client::meta_context_data("vol", &[]),
+        ));
         let (_, out) = run(&b);
         let mut out = BytesMut::from(&out[..]);
         let mut types = vec![];
         while let Some(r) = client::decode_option_reply(&mut out).unwrap() {
             types.push(r.reply_type);
         }
-        assert_eq!(types, vec![REP_SERVER, REP_ACK, REP_ACK, REP_META_CONTEXT, REP_META_CONTEXT, REP_ACK]);
+        assert_eq!(
+            types,
+            vec![
+                REP_SERVER,
+                REP_ACK,
+                REP_ACK,
+                REP_META_CONTEXT,
+                REP_META_CONTEXT,
+                REP_ACK
+            ]
+        );
     }
 
     #[test]
     fn truncated_input_needs_more_at_every_split() {
         let mut b = flags();
         b.extend(client::encode_option(OPT_STRUCTURED_REPLY, &[]));
-        b.extend(client::encode_option(OPT_GO, &client::go_data("vol", &[INFO_BLOCK_SIZE])));
+        b.extend(client::encode_option(
+            OPT_GO,
+            &client::go_data("vol", &[INFO_BLOCK_SIZE]),
+        ));
         for split in 0..b.len() {
             let mut hs = ServerHandshake::new();
             let mut input = BytesMut::from(&b[..split]);
@@ -671,7 +759,10 @@ mod tests {
             let r = hs.feed(&mut input, &cat(), &mut out).unwrap();
             assert_eq!(r, HandshakeProgress::NeedMore, "split {split}");
             input.extend_from_slice(&b[split..]);
-            assert!(matches!(hs.feed(&mut input, &cat(), &mut out).unwrap(), HandshakeProgress::Done(_)));
+            assert!(matches!(
+                hs.feed(&mut input, &cat(), &mut out).unwrap(),
+                HandshakeProgress::Done(_)
+            ));
         }
     }
 

@@ -23,7 +23,13 @@ pub fn chunk_header(out: &mut BytesMut, flags: u16, ty: u16, cookie: u64, len: u
 
 /// Header of a final `OFFSET_DATA` chunk; `data_len` bytes of data follow.
 pub fn offset_data_header(out: &mut BytesMut, cookie: u64, offset: u64, data_len: u32) {
-    chunk_header(out, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, cookie, data_len + 8);
+    chunk_header(
+        out,
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_OFFSET_DATA,
+        cookie,
+        data_len + 8,
+    );
     out.put_u64(offset);
 }
 
@@ -43,9 +49,21 @@ pub fn error(out: &mut BytesMut, cookie: u64, code: ErrorCode, message: &str) {
 }
 
 /// A `BLOCK_STATUS` chunk for one context: `(length, flags)` extents.
-pub fn block_status(out: &mut BytesMut, cookie: u64, context: u32, extents: &[(u32, u32)], last: bool) {
+pub fn block_status(
+    out: &mut BytesMut,
+    cookie: u64,
+    context: u32,
+    extents: &[(u32, u32)],
+    last: bool,
+) {
     let len = u32::try_from(4 + extents.len() * 8).unwrap_or(u32::MAX);
-    chunk_header(out, if last { REPLY_FLAG_DONE } else { 0 }, REPLY_TYPE_BLOCK_STATUS, cookie, len);
+    chunk_header(
+        out,
+        if last { REPLY_FLAG_DONE } else { 0 },
+        REPLY_TYPE_BLOCK_STATUS,
+        cookie,
+        len,
+    );
     out.put_u32(context);
     for (l, f) in extents {
         out.put_u32(*l);

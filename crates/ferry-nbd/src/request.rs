@@ -96,8 +96,15 @@ impl Request {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Header,
-    Payload { flags: u16, cookie: u64, offset: u64, length: u32 },
-    Discard { remaining: u64 },
+    Payload {
+        flags: u16,
+        cookie: u64,
+        offset: u64,
+        length: u32,
+    },
+    Discard {
+        remaining: u64,
+    },
 }
 
 /// Streaming request decoder (like mini-redis' frame parser: `Ok(None)` means
@@ -115,7 +122,9 @@ impl Default for RequestDecoder {
 
 impl RequestDecoder {
     pub fn new() -> Self {
-        RequestDecoder { state: State::Header }
+        RequestDecoder {
+            state: State::Header,
+        }
     }
 
     /// How many more bytes the decoder wants before it can make progress (a
@@ -136,12 +145,19 @@ impl RequestDecoder {
                     let n = remaining.min(buf.len() as u64);
                     buf.advance(usize::try_from(n).unwrap_or(usize::MAX));
                     if n < remaining {
-                        self.state = State::Discard { remaining: remaining - n };
+                        self.state = State::Discard {
+                            remaining: remaining - n,
+                        };
                         return Ok(None);
                     }
                     self.state = State::Header;
                 }
-                State::Payload { flags, cookie, offset, length } => {
+                State::Payload {
+                    flags,
+                    cookie,
+                    offset,
+                    length,
+                } => {
                     if buf.len() < length as usize {
                         return Ok(None);
                     }
@@ -186,7 +202,12 @@ impl RequestDecoder {
                                 payload: None,
                             }));
                         }
-                        self.state = State::Payload { flags, cookie, offset, length };
+                        self.state = State::Payload {
+                            flags,
+                            cookie,
+                            offset,
+                            length,
+                        };
                         continue;
                     }
                     return Ok(Some(Request {
@@ -221,7 +242,9 @@ pub struct TransmissionLimits {
 pub fn validate(req: &Request, lim: &TransmissionLimits) -> Result<(), ErrorCode> {
     let allowed_flags = match req.command {
         Command::Read => CMD_FLAG_FUA | CMD_FLAG_DF,
-        Command::Write | Command::Trim | Command::Cache | Command::Flush | Command::Disc => CMD_FLAG_FUA,
+        Command::Write | Command::Trim | Command::Cache | Command::Flush | Command::Disc => {
+            CMD_FLAG_FUA
+        }
         Command::WriteZeroes => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
         Command::BlockStatus => CMD_FLAG_FUA | CMD_FLAG_REQ_ONE,
         Command::Resize => return Err(ErrorCode::NotSup),
@@ -233,7 +256,10 @@ pub fn validate(req: &Request, lim: &TransmissionLimits) -> Result<(), ErrorCode
     if req.has_flag(CMD_FLAG_DF) && !lim.structured {
         return Err(ErrorCode::Inval);
     }
-    let writes = matches!(req.command, Command::Write | Command::Trim | Command::WriteZeroes);
+    let writes = matches!(
+        req.command,
+        Command::Write | Command::Trim | Command::WriteZeroes
+    );
     if writes && lim.read_only {
         return Err(ErrorCode::Perm);
     }
@@ -251,11 +277,13 @@ pub fn validate(req: &Request, lim: &TransmissionLimits) -> Result<(), ErrorCode
     }
     let end = req.offset.checked_add(u64::from(req.length));
     if end.is_none_or(|e| e > lim.size) {
-        return Err(if matches!(req.command, Command::Write | Command::WriteZeroes) {
-            ErrorCode::NoSpc
-        } else {
-            ErrorCode::Inval
-        });
+        return Err(
+            if matches!(req.command, Command::Write | Command::WriteZeroes) {
+                ErrorCode::NoSpc
+            } else {
+                ErrorCode::Inval
+            },
+        );
     }
     if lim.min_block > 1
         && req.command != Command::BlockStatus
@@ -343,24 +371,73 @@ mod tests {
     fn validation_answers() {
         let l = lim();
         assert_eq!(validate(&req(Command::Read, 0, 0, 512), &l), Ok(()));
-        assert_eq!(validate(&req(Command::Read, 0, (1 << 20) - 1, 2), &l), Err(ErrorCode::Inval));
-        assert_eq!(validate(&req(Command::Write, 0, (1 << 20) - 1, 2), &l), Err(ErrorCode::NoSpc));
-        assert_eq!(validate(&req(Command::WriteZeroes, 0, u64::MAX, 2), &l), Err(ErrorCode::NoSpc));
-        assert_eq!(validate(&req(Command::Unknown(77), 0, 0, 1), &l), Err(ErrorCode::Inval));
-        assert_eq!(validate(&req(Command::Read, CMD_FLAG_NO_HOLE, 0, 1), &l), Err(ErrorCode::Inval));
-        assert_eq!(validate(&req(Command::Read, 0x8000, 0, 1), &l), Err(ErrorCode::Inval));
-        assert_eq!(validate(&req(Command::Read, 0, 0, 0), &l), Err(ErrorCode::Inval));
+        assert_eq!(
+            validate(&req(Command::Read, 0, (1 << 20) - 1, 2), &l),
+            Err(ErrorCode::Inval)
+        );
+        assert_eq!(
+            validate(&req(Command::Write, 0, (1 << 20) - 1, 2), &l),
+            Err(ErrorCode::NoSpc)
+        );
+        assert_eq!(
+            validate(&req(Command::WriteZeroes, 0, u64::MAX, 2), &l),
+            Err(ErrorCode::NoSpc)
+        );
+        assert_eq!(
+            validate(&req(Command::Unknown(77), 0, 0, 1), &l),
+            Err(ErrorCode::Inval)
+        );
+        assert_eq!(
+            validate(&req(Command::Read, CMD_FLAG_NO_HOLE, 0, 1), &l),
+            Err(ErrorCode::Inval)
+        );
+        assert_eq!(
+            validate(&req(Command::Read, 0x8000, 0, 1), &l),
+            Err(ErrorCode::Inval)
+        );
+        assert_eq!(
+            validate(&req(Command::Read, 0, 0, 0), &l),
+            Err(ErrorCode::Inval)
+        );
         assert_eq!(validate(&req(Command::Flush, 0, 0, 0), &l), Ok(()));
-        assert_eq!(validate(&req(Command::Resize, 0, 0, 0), &l), Err(ErrorCode::NotSup));
-        let ro = TransmissionLimits { read_only: true, ..l };
-        assert_eq!(validate(&req(Command::Write, 0, 0, 1), &ro), Err(ErrorCode::Perm));
-        assert_eq!(validate(&req(Command::Trim, 0, 0, 1), &ro), Err(ErrorCode::Perm));
+        assert_eq!(
+            validate(&req(Command::Resize, 0, 0, 0), &l),
+            Err(ErrorCode::NotSup)
+        );
+        let ro = TransmissionLimits {
+            read_only: true,
+            ..l
+        };
+        assert_eq!(
+            validate(&req(Command::Write, 0, 0, 1), &ro),
+            Err(ErrorCode::Perm)
+        );
+        assert_eq!(
+            validate(&req(Command::Trim, 0, 0, 1), &ro),
+            Err(ErrorCode::Perm)
+        );
         assert_eq!(validate(&req(Command::Read, 0, 0, 1), &ro), Ok(()));
-        let simple = TransmissionLimits { structured: false, has_meta_contexts: false, ..l };
-        assert_eq!(validate(&req(Command::BlockStatus, 0, 0, 1), &simple), Err(ErrorCode::Inval));
-        assert_eq!(validate(&req(Command::Read, CMD_FLAG_DF, 0, 1), &simple), Err(ErrorCode::Inval));
-        let aligned = TransmissionLimits { min_block: 512, ..l };
-        assert_eq!(validate(&req(Command::Read, 0, 1, 512), &aligned), Err(ErrorCode::Inval));
+        let simple = TransmissionLimits {
+            structured: false,
+            has_meta_contexts: false,
+            ..l
+        };
+        assert_eq!(
+            validate(&req(Command::BlockStatus, 0, 0, 1), &simple),
+            Err(ErrorCode::Inval)
+        );
+        assert_eq!(
+            validate(&req(Command::Read, CMD_FLAG_DF, 0, 1), &simple),
+            Err(ErrorCode::Inval)
+        );
+        let aligned = TransmissionLimits {
+            min_block: 512,
+            ..l
+        };
+        assert_eq!(
+            validate(&req(Command::Read, 0, 1, 512), &aligned),
+            Err(ErrorCode::Inval)
+        );
         assert_eq!(validate(&req(Command::Read, 0, 512, 512), &aligned), Ok(()));
     }
 

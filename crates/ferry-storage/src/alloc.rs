@@ -35,20 +35,32 @@ pub(crate) fn extents(file: &File, offset: u64, len: u64, max_extents: usize) ->
                 if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO) {
                     end
                 } else {
-                    out.push(Extent { offset: pos, length: end - pos, hole: false });
+                    out.push(Extent {
+                        offset: pos,
+                        length: end - pos,
+                        hole: false,
+                    });
                     break;
                 }
             }
         };
         if data > pos {
             let stop = data.min(end);
-            out.push(Extent { offset: pos, length: stop - pos, hole: true });
+            out.push(Extent {
+                offset: pos,
+                length: stop - pos,
+                hole: true,
+            });
             pos = stop;
             continue;
         }
         let hole = seek(file, pos, libc::SEEK_HOLE).unwrap_or(end).min(end);
         let stop = if hole > pos { hole } else { end };
-        out.push(Extent { offset: pos, length: stop - pos, hole: false });
+        out.push(Extent {
+            offset: pos,
+            length: stop - pos,
+            hole: false,
+        });
         pos = stop;
     }
     out

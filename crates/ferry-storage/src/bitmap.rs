@@ -65,7 +65,9 @@ impl DirtyBitmap {
                 "bitmap granularity {granularity} must be a power of two from 512 to 64 MiB"
             )));
         }
-        let words = (0..words_for(size, granularity)).map(|_| AtomicU64::new(0)).collect();
+        let words = (0..words_for(size, granularity))
+            .map(|_| AtomicU64::new(0))
+            .collect();
         Ok(DirtyBitmap {
             name: name.to_string(),
             granularity,
@@ -106,7 +108,11 @@ impl DirtyBitmap {
             let bit = c % 64;
             let upto = last.min(c - bit + 63);
             let n = upto - c + 1;
-            let mask = if n == 64 { u64::MAX } else { ((1u64 << n) - 1) << bit };
+            let mask = if n == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << n) - 1) << bit
+            };
             word.fetch_or(mask, Ordering::AcqRel);
             c = upto + 1;
         }
@@ -126,7 +132,9 @@ impl DirtyBitmap {
         let words = self.words.read();
         (first..=last).any(|c| {
             let w = usize::try_from(c / 64).unwrap_or(usize::MAX);
-            words.get(w).is_some_and(|word| word.load(Ordering::Acquire) & (1 << (c % 64)) != 0)
+            words
+                .get(w)
+                .is_some_and(|word| word.load(Ordering::Acquire) & (1 << (c % 64)) != 0)
         })
     }
 
@@ -181,7 +189,9 @@ impl DirtyBitmap {
         let dirty_at = |pos: u64| {
             let c = pos / g;
             let w = usize::try_from(c / 64).unwrap_or(usize::MAX);
-            words.get(w).is_some_and(|word| word.load(Ordering::Acquire) & (1 << (c % 64)) != 0)
+            words
+                .get(w)
+                .is_some_and(|word| word.load(Ordering::Acquire) & (1 << (c % 64)) != 0)
         };
         let mut out: Vec<(u64, bool)> = Vec::new();
         let mut pos = offset;
@@ -270,7 +280,9 @@ impl DirtyBitmap {
         let n = u64_at(24);
         let bm = DirtyBitmap::new(name, gran, size, true).map_err(|e| corrupt(e.to_string()))?;
         if n != words_for(size, gran) as u64 || body.len() as u64 != 32 + n * 8 {
-            return Err(corrupt(format!("word count {n} does not match size {size}")));
+            return Err(corrupt(format!(
+                "word count {n} does not match size {size}"
+            )));
         }
         {
             let words = bm.words.read();

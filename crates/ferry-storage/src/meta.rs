@@ -77,7 +77,8 @@ impl VolumeMeta {
 
     /// Write atomically to `path`.
     pub fn store(&self, path: &Path) -> Result<()> {
-        let json = serde_json::to_vec_pretty(self).map_err(|e| StorageError::Invalid(e.to_string()))?;
+        let json =
+            serde_json::to_vec_pretty(self).map_err(|e| StorageError::Invalid(e.to_string()))?;
         write_atomic(path, &json)
     }
 
@@ -98,7 +99,10 @@ impl VolumeMeta {
         }
         let m: VolumeMeta = serde_json::from_slice(&buf).map_err(|e| corrupt(e.to_string()))?;
         if m.format != META_FORMAT || m.version != META_VERSION {
-            return Err(corrupt(format!("unsupported format {} version {}", m.format, m.version)));
+            return Err(corrupt(format!(
+                "unsupported format {} version {}",
+                m.format, m.version
+            )));
         }
         Ok(m)
     }
@@ -122,8 +126,10 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
             .truncate(true)
             .open(&tmp)
             .map_err(|e| StorageError::io("create", &tmp, e))?;
-        f.write_all(data).map_err(|e| StorageError::io("write", &tmp, e))?;
-        f.sync_all().map_err(|e| StorageError::io("fsync", &tmp, e))?;
+        f.write_all(data)
+            .map_err(|e| StorageError::io("write", &tmp, e))?;
+        f.sync_all()
+            .map_err(|e| StorageError::io("fsync", &tmp, e))?;
     }
     fs::rename(&tmp, path).map_err(|e| StorageError::io("rename", path, e))?;
     sync_dir(dir)

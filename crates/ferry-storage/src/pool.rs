@@ -56,7 +56,9 @@ pub(crate) fn check_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 128
         && !name.starts_with('.')
-        && name.bytes().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c));
+        && name
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c));
     if ok {
         Ok(())
     } else {
@@ -83,7 +85,9 @@ impl Pool {
                 Ok(v) => {
                     volumes.insert(name, Arc::new(v));
                 }
-                Err(e) => tracing::error!(volume = %name, error = %e, "cannot open volume; skipping it"),
+                Err(e) => {
+                    tracing::error!(volume = %name, error = %e, "cannot open volume; skipping it")
+                }
             }
         }
         Ok(Pool {
@@ -101,7 +105,10 @@ impl Pool {
     pub fn create(&self, name: &str, o: &CreateOptions) -> Result<Arc<Volume>> {
         check_name(name)?;
         if o.block_size != 512 && o.block_size != 4096 {
-            return Err(StorageError::Invalid(format!("block size {} must be 512 or 4096", o.block_size)));
+            return Err(StorageError::Invalid(format!(
+                "block size {} must be 512 or 4096",
+                o.block_size
+            )));
         }
         if self.volumes.read().contains_key(name) {
             return Err(StorageError::Exists(name.into()));
@@ -116,11 +123,16 @@ impl Pool {
             let f = fs::File::open(path).map_err(|e| StorageError::io("open", path, e))?;
             use std::io::Seek;
             let mut f = f;
-            let len = f.seek(std::io::SeekFrom::End(0)).map_err(|e| StorageError::io("seek", path, e))?;
+            let len = f
+                .seek(std::io::SeekFrom::End(0))
+                .map_err(|e| StorageError::io("seek", path, e))?;
             if size == 0 {
                 size = len;
             } else if size > len {
-                return Err(StorageError::Invalid(format!("{} holds only {len} bytes", path.display())));
+                return Err(StorageError::Invalid(format!(
+                    "{} holds only {len} bytes",
+                    path.display()
+                )));
             }
         }
         if size == 0 || size % u64::from(o.block_size) != 0 {
@@ -135,15 +147,19 @@ impl Pool {
         let made = (|| {
             if !matches!(backing, Backing::External { .. }) {
                 let data = tmp.join("data.raw");
-                let f = fs::File::create(&data).map_err(|e| StorageError::io("create", &data, e))?;
+                let f =
+                    fs::File::create(&data).map_err(|e| StorageError::io("create", &data, e))?;
                 if o.preallocate {
                     preallocate(&f, size).map_err(|e| StorageError::io("fallocate", &data, e))?;
                 } else {
-                    f.set_len(size).map_err(|e| StorageError::io("truncate", &data, e))?;
+                    f.set_len(size)
+                        .map_err(|e| StorageError::io("truncate", &data, e))?;
                 }
-                f.sync_all().map_err(|e| StorageError::io("fsync", &data, e))?;
+                f.sync_all()
+                    .map_err(|e| StorageError::io("fsync", &data, e))?;
             }
-            VolumeMeta::new(name, size, o.block_size, backing.clone(), o.read_only).store(&tmp.join("meta.json"))
+            VolumeMeta::new(name, size, o.block_size, backing.clone(), o.read_only)
+                .store(&tmp.join("meta.json"))
         })();
         if let Err(e) = made {
             let _ = fs::remove_dir_all(&tmp);
@@ -183,7 +199,10 @@ impl Pool {
             .ok_or_else(|| StorageError::NotFound(name.into()))?;
         v.mark_deleted();
         let dir = v.dir().to_path_buf();
-        let gone = self.root.join("volumes").join(format!(".del-{name}-{}", uuid::Uuid::new_v4()));
+        let gone = self
+            .root
+            .join("volumes")
+            .join(format!(".del-{name}-{}", uuid::Uuid::new_v4()));
         fs::rename(&dir, &gone).map_err(|e| StorageError::io("rename", &dir, e))?;
         fs::remove_dir_all(&gone).map_err(|e| StorageError::io("remove", &gone, e))
     }
@@ -205,7 +224,8 @@ impl Pool {
 
 fn preallocate(f: &fs::File, size: u64) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
-    let len = libc::off_t::try_from(size).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let len =
+        libc::off_t::try_from(size).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: posix_fallocate on a valid descriptor owned by `f`; no memory is passed.
     let r = unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, len) };
     if r == 0 {

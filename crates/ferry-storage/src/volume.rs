@@ -46,8 +46,10 @@ pub struct Volume {
 }
 
 fn fallocate(file: &File, mode: libc::c_int, offset: u64, len: u64) -> std::io::Result<()> {
-    let off = libc::off_t::try_from(offset).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    let l = libc::off_t::try_from(len).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let off = libc::off_t::try_from(offset)
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let l =
+        libc::off_t::try_from(len).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: fallocate on a valid descriptor owned by `file`; no memory is passed.
     let r = unsafe { libc::fallocate(file.as_raw_fd(), mode, off, l) };
     if r == 0 {
@@ -65,7 +67,8 @@ struct AlignedBuf {
 
 impl AlignedBuf {
     fn zeroed(len: usize) -> AlignedBuf {
-        let layout = std::alloc::Layout::from_size_align(len.max(ALIGN), ALIGN).expect("valid layout");
+        let layout =
+            std::alloc::Layout::from_size_align(len.max(ALIGN), ALIGN).expect("valid layout");
         // SAFETY: layout has non-zero size; a null result is handled below.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         if ptr.is_null() {
@@ -100,7 +103,9 @@ impl Volume {
         if direct {
             oo.custom_flags(libc::O_DIRECT);
         }
-        let file = oo.open(&data_path).map_err(|e| StorageError::io("open", &data_path, e))?;
+        let file = oo
+            .open(&data_path)
+            .map_err(|e| StorageError::io("open", &data_path, e))?;
         let unclean = dir.join(IN_USE).exists();
         let mut bitmaps = Vec::new();
         for spec in &meta.bitmaps {
@@ -127,7 +132,8 @@ impl Volume {
             bitmaps.push(Arc::new(bm));
         }
         if !meta.read_only {
-            fs::write(dir.join(IN_USE), b"").map_err(|e| StorageError::io("create", dir.join(IN_USE), e))?;
+            fs::write(dir.join(IN_USE), b"")
+                .map_err(|e| StorageError::io("create", dir.join(IN_USE), e))?;
             crate::meta::sync_dir(dir)?;
         }
         Ok(Volume {
@@ -164,7 +170,10 @@ impl Volume {
         &self.data_path
     }
     pub fn is_sparse(&self) -> bool {
-        matches!(self.meta.lock().backing, Backing::Sparse | Backing::External { .. })
+        matches!(
+            self.meta.lock().backing,
+            Backing::Sparse | Backing::External { .. }
+        )
     }
 
     fn check(&self, offset: u64, len: u64, write: bool) -> Result<()> {
@@ -210,7 +219,9 @@ impl Volume {
             buf.copy_from_slice(a.as_mut_slice(buf.len()));
             return Ok(());
         }
-        self.file.read_exact_at(buf, offset).map_err(|e| self.io_err("read", e))
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(|e| self.io_err("read", e))
     }
 
     /// Write `data` at `offset`; with `fua` it is durable before this returns.
@@ -250,7 +261,14 @@ impl Volume {
                 return Ok(());
             }
         }
-        if fallocate(&self.file, libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE, offset, len).is_ok() {
+        if fallocate(
+            &self.file,
+            libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        )
+        .is_ok()
+        {
             return Ok(());
         }
         if mode.fast_only {
@@ -287,7 +305,25 @@ impl Volume {
 
     /// Make every completed write durable (`fdatasync`).
     pub fn flush(&self) -> Result<()> {
-        self.file.sync_data().map_err(|e| self.io_err("fdatasync", e))
+        self.file
+            .sync_data()
+            .map_err(|e| self.io_err("fdatasync", e))
+    }
+
+    /// Ask the kernel to read `[offset, offset+len)` into the page cache
+    /// (NBD_CMD_CACHE, SCSI PRE-FETCH). Advisory: errors are ignored.
+    pub fn cache(&self, offset: u64, len: u64) -> Result<()> {
+        self.check(offset, len, false).or_else(|e| match e {
+            StorageError::Invalid(_) => Ok(()),
+            e => Err(e),
+        })?;
+        if let (Ok(o), Ok(l)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) {
+            // SAFETY: posix_fadvise on a valid descriptor owned by self.file; no memory is passed.
+            let _ = unsafe {
+                libc::posix_fadvise(self.file.as_raw_fd(), o, l, libc::POSIX_FADV_WILLNEED)
+            };
+        }
+        Ok(())
     }
 
     /// Allocation extents covering `[offset, offset+len)`.
@@ -307,9 +343,19 @@ impl Volume {
 
     // ---- dirty bitmaps ----
 
-    pub fn create_bitmap(&self, name: &str, granularity: u32, persistent: bool) -> Result<Arc<DirtyBitmap>> {
+    pub fn create_bitmap(
+        &self,
+        name: &str,
+        granularity: u32,
+        persistent: bool,
+    ) -> Result<Arc<DirtyBitmap>> {
         crate::pool::check_name(name)?;
-        let bm = Arc::new(DirtyBitmap::new(name, granularity, self.size(), persistent)?);
+        let bm = Arc::new(DirtyBitmap::new(
+            name,
+            granularity,
+            self.size(),
+            persistent,
+        )?);
         {
             let mut list = self.bitmaps.write();
             if list.iter().any(|b| b.name() == name) {
@@ -346,7 +392,11 @@ impl Volume {
     }
 
     pub fn bitmap_names(&self) -> Vec<String> {
-        self.bitmaps.read().iter().map(|b| b.name().to_string()).collect()
+        self.bitmaps
+            .read()
+            .iter()
+            .map(|b| b.name().to_string())
+            .collect()
     }
 
     pub fn delete_bitmap(&self, name: &str) -> Result<()> {
@@ -363,7 +413,13 @@ impl Volume {
 
     /// Save persistent bitmaps (done at close; callable any time).
     pub fn save_bitmaps(&self) -> Result<()> {
-        let list: Vec<_> = self.bitmaps.read().iter().filter(|b| b.persistent()).cloned().collect();
+        let list: Vec<_> = self
+            .bitmaps
+            .read()
+            .iter()
+            .filter(|b| b.persistent())
+            .cloned()
+            .collect();
         if list.is_empty() {
             return Ok(());
         }
@@ -396,15 +452,23 @@ impl Volume {
         let old = m.size;
         match &m.backing {
             Backing::External { .. } => {
-                return Err(StorageError::Invalid("external volumes cannot be resized by ferry".into()))
+                return Err(StorageError::Invalid(
+                    "external volumes cannot be resized by ferry".into(),
+                ))
             }
             Backing::Preallocated if new_size > old => {
-                fallocate(&self.file, 0, old, new_size - old).map_err(|e| self.io_err("fallocate", e))?;
+                fallocate(&self.file, 0, old, new_size - old)
+                    .map_err(|e| self.io_err("fallocate", e))?;
             }
-            _ => self.file.set_len(new_size).map_err(|e| self.io_err("truncate", e))?,
+            _ => self
+                .file
+                .set_len(new_size)
+                .map_err(|e| self.io_err("truncate", e))?,
         }
         if matches!(m.backing, Backing::Preallocated) && new_size < old {
-            self.file.set_len(new_size).map_err(|e| self.io_err("truncate", e))?;
+            self.file
+                .set_len(new_size)
+                .map_err(|e| self.io_err("truncate", e))?;
         }
         self.file.sync_all().map_err(|e| self.io_err("fsync", e))?;
         m.size = new_size;

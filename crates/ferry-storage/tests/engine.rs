@@ -6,7 +6,10 @@ use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 fn opts(size: u64) -> CreateOptions {
-    CreateOptions { size, ..Default::default() }
+    CreateOptions {
+        size,
+        ..Default::default()
+    }
 }
 
 #[test]
@@ -20,9 +23,18 @@ fn create_write_read_reopen() {
         v.write_at(4096, b"hello", true).unwrap();
         v.create_bitmap("mig", 65536, true).unwrap();
         v.write_at(200_000, b"x", false).unwrap();
-        assert!(matches!(p.create("disk0", &opts(4096)), Err(StorageError::Exists(_))));
-        assert!(matches!(p.create("../x", &opts(4096)), Err(StorageError::InvalidName(_))));
-        assert!(matches!(p.create("odd", &opts(1000)), Err(StorageError::Invalid(_))));
+        assert!(matches!(
+            p.create("disk0", &opts(4096)),
+            Err(StorageError::Exists(_))
+        ));
+        assert!(matches!(
+            p.create("../x", &opts(4096)),
+            Err(StorageError::InvalidName(_))
+        ));
+        assert!(matches!(
+            p.create("odd", &opts(1000)),
+            Err(StorageError::Invalid(_))
+        ));
         p.close().unwrap();
     }
     let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
@@ -33,7 +45,10 @@ fn create_write_read_reopen() {
     assert_eq!(&b, b"hello");
     // Clean close: the persistent bitmap kept exactly the one write.
     assert_eq!(v.bitmap("mig").unwrap().take(), vec![196_608]);
-    assert!(matches!(v.read_at((1 << 20) - 2, &mut b), Err(StorageError::OutOfRange { .. })));
+    assert!(matches!(
+        v.read_at((1 << 20) - 2, &mut b),
+        Err(StorageError::OutOfRange { .. })
+    ));
 }
 
 #[test]
@@ -63,7 +78,16 @@ fn holes_zeroes_trim_and_allocation() {
     v.write_at(1 << 20, &vec![7u8; 65536], false).unwrap();
     let e = v.extents(0, 4 << 20, 100).unwrap();
     assert!(e.iter().any(|x| !x.hole && x.offset <= 1 << 20));
-    v.write_zeroes(1 << 20, 65536, ZeroMode { may_punch: true, fast_only: false }, false).unwrap();
+    v.write_zeroes(
+        1 << 20,
+        65536,
+        ZeroMode {
+            may_punch: true,
+            fast_only: false,
+        },
+        false,
+    )
+    .unwrap();
     let mut b = vec![1u8; 65536];
     v.read_at(1 << 20, &mut b).unwrap();
     assert!(b.iter().all(|&x| x == 0));
@@ -77,7 +101,16 @@ fn holes_zeroes_trim_and_allocation() {
 fn preallocated_and_resize_and_delete() {
     let d = tempfile::tempdir().unwrap();
     let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
-    let v = p.create("pre", &CreateOptions { size: 1 << 20, preallocate: true, ..Default::default() }).unwrap();
+    let v = p
+        .create(
+            "pre",
+            &CreateOptions {
+                size: 1 << 20,
+                preallocate: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert!(v.allocated_bytes() >= 1 << 20);
     v.create_bitmap("b", 4096, false).unwrap();
     v.resize(2 << 20, false).unwrap();
@@ -98,7 +131,15 @@ fn external_backing_file_is_kept_on_delete() {
     let ext = d.path().join("ext.img");
     std::fs::write(&ext, vec![5u8; 8192]).unwrap();
     let p = Pool::open(&d.path().join("pool"), PoolOptions::default()).unwrap();
-    let v = p.create("ext", &CreateOptions { external: Some(ext.clone()), ..Default::default() }).unwrap();
+    let v = p
+        .create(
+            "ext",
+            &CreateOptions {
+                external: Some(ext.clone()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert_eq!(v.size(), 8192);
     p.delete("ext").unwrap();
     assert!(ext.exists());
@@ -114,7 +155,9 @@ fn direct_io_volume_reads_and_writes_aligned() {
     let v = match p.create("d", &opts(1 << 20)) {
         Ok(v) => v,
         // tmpfs and some file systems refuse O_DIRECT; nothing to test there.
-        Err(StorageError::Io { source, .. }) if source.raw_os_error() == Some(libc_einval()) => return,
+        Err(StorageError::Io { source, .. }) if source.raw_os_error() == Some(libc_einval()) => {
+            return
+        }
         Err(e) => panic!("{e}"),
     };
     v.write_at(512, &[3u8; 512], false).unwrap();
@@ -160,7 +203,8 @@ fn concurrent_writers_never_escape_the_bitmap() {
     let copy = |shadow: &mut Vec<u8>| {
         for off in bm.take() {
             let n = gran.min(size - off) as usize;
-            v.read_at(off, &mut shadow[off as usize..off as usize + n]).unwrap();
+            v.read_at(off, &mut shadow[off as usize..off as usize + n])
+                .unwrap();
         }
     };
     let mut rounds = 0;

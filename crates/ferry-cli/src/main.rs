@@ -1,0 +1,419 @@
+//! `ferry`: the storage daemon, its admin commands, and the load generator.
+
+mod admin_client;
+mod demo;
+
+use admin_client::AdminClient;
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use ferry_server::config::{parse_size, Config, DEFAULT_ADMIN_ADDR};
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    name = "ferry",
+    version,
+    about = "VM disk storage over NBD, migrated across WANs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the storage daemon.
+    Serve(ServeArgs),
+    /// Manage volumes through the daemon's admin API.
+    Volume {
+        #[command(subcommand)]
+        cmd: VolumeCmd,
+        #[command(flatten)]
+        admin: AdminArg,
+    },
+    /// Manage a volume's dirty bitmaps.
+    Bitmap {
+        #[command(subcommand)]
+        cmd: BitmapCmd,
+        #[command(flatten)]
+        admin: AdminArg,
+    },
+    /// Generate load on an NBD export and report IOPS, MB/s and latency.
+    Bench(BenchArgs),
+    /// Start a daemon on a temporary pool, import a disk image, run the
+    /// benchmark profiles and print the table.
+    Demo(demo::DemoArgs),
+}
+
+#[derive(Args)]
+struct AdminArg {
+    /// Admin API of the daemon.
+    #[arg(long, global = true, env = "FERRY_ADMIN", default_value = DEFAULT_ADMIN_ADDR)]
+    admin: String,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Pool directory (default ./ferry-pool).
+    #[arg(long)]
+    pool: Option<PathBuf>,
+    /// NBD listen address; "" turns it off.
+    #[arg(long)]
+    nbd: Option<String>,
+    /// Admin API listen address; "" turns it off.
+    #[arg(long)]
+    admin: Option<String>,
+    /// Open backing files with O_DIRECT.
+    #[arg(long)]
+    direct_io: bool,
+}
+
+#[derive(Subcommand)]
+enum VolumeCmd {
+    /// Create a volume.
+    Create {
+        name: String,
+        #[arg(long)]
+        size: Option<String>,
+        #[arg(long, default_value_t = 512)]
+        block_size: u32,
+        /// Allocate every block now (default: sparse).
+        #[arg(long)]
+        preallocate: bool,
+        /// Use an existing file or block device as the backing store.
+        #[arg(long)]
+        path: Option<PathBuf>,
+        #[arg(long)]
+        read_only: bool,
+    },
+    /// List volumes.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one volume as JSON.
+    Info { name: String },
+    /// Change a volume's size.
+    Resize {
+        name: String,
+        size: String,
+        #[arg(long)]
+        allow_shrink: bool,
+    },
+    /// Delete a volume and its data.
+    Delete { name: String },
+    /// Copy a raw image into a volume (created to fit if missing).
+    Import { name: String, file: PathBuf },
+    /// Copy a volume out to a sparse raw image.
+    Export { name: String, file: PathBuf },
+}
+
+#[derive(Subcommand)]
+enum BitmapCmd {
+    /// Add a dirty bitmap to a volume.
+    Add {
+        volume: String,
+        name: String,
+        #[arg(long, default_value = "64K")]
+        granularity: String,
+        #[arg(long)]
+        persistent: bool,
+    },
+    /// List a volume's bitmaps.
+    List { volume: String },
+    /// Clear a bitmap.
+    Clear { volume: String, name: String },
+    /// Remove a bitmap.
+    Remove { volume: String, name: String },
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// NBD server address.
+    #[arg(long, default_value = ferry_server::config::DEFAULT_NBD_ADDR)]
+    nbd: String,
+    /// Export (volume) name.
+    #[arg(long)]
+    export: String,
+    /// Named profile(s): oltp, oltp-2k, oltp-4k, fileserver, webserver,
+    /// streaming(-read|-write), dd(-read|-write), all.
+    #[arg(long)]
+    profile: Vec<String>,
+    /// Custom job instead of a profile: read, write, randread, randwrite, randrw, rw.
+    #[arg(long)]
+    rw: Option<String>,
+    /// Block size of a custom job.
+    #[arg(long, default_value = "4K")]
+    bs: String,
+    /// Read percentage of a mixed custom job.
+    #[arg(long, default_value_t = 50)]
+    rwmixread: u32,
+    /// Requests in flight per connection.
+    #[arg(long, default_value_t = 16)]
+    iodepth: usize,
+    /// Connections.
+    #[arg(long, default_value_t = 1)]
+    connections: usize,
+    /// Seconds per profile.
+    #[arg(long, default_value_t = 10.0)]
+    runtime: f64,
+    /// Use only the first SIZE bytes of the export.
+    #[arg(long)]
+    range: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Serve(a) => serve(a),
+        Cmd::Volume { cmd, admin } => volume(cmd, &AdminClient::new(&admin.admin)),
+        Cmd::Bitmap { cmd, admin } => bitmap(cmd, &AdminClient::new(&admin.admin)),
+        Cmd::Bench(a) => bench(a),
+        Cmd::Demo(a) => demo::run(a),
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+fn serve(a: ServeArgs) -> Result<()> {
+    init_logging();
+    let mut config = match &a.config {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    };
+    if let Some(p) = a.pool {
+        config.pool = p;
+    }
+    if let Some(n) = a.nbd {
+        config.nbd.listen = n;
+    }
+    if let Some(n) = a.admin {
+        config.admin.listen = n;
+    }
+    if a.direct_io {
+        config.storage.direct_io = true;
+    }
+    runtime()?.block_on(async move {
+        let daemon = ferry_server::Daemon::bind(config).await?;
+        let shutdown = CancellationToken::new();
+        let sd = shutdown.clone();
+        tokio::spawn(async move {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("installing SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term.recv() => {},
+            }
+            tracing::info!("shutting down: draining connections");
+            sd.cancel();
+        });
+        daemon.run(shutdown).await?;
+        Ok(())
+    })
+}
+
+fn print_json(v: &serde_json::Value) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn human(bytes: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
+fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
+    match cmd {
+        VolumeCmd::Create {
+            name,
+            size,
+            block_size,
+            preallocate,
+            path,
+            read_only,
+        } => {
+            let size = size.map(|s| parse_size(&s)).transpose()?;
+            if size.is_none() && path.is_none() {
+                bail!("--size is required unless --path names an existing file");
+            }
+            let path = path
+                .map(|p| std::fs::canonicalize(&p).with_context(|| format!("{}", p.display())))
+                .transpose()?;
+            print_json(&c.post_json(
+                "/v1/volumes",
+                serde_json::json!({"name": name, "size": size, "block_size": block_size,
+                    "preallocate": preallocate, "path": path, "read_only": read_only}),
+            )?)
+        }
+        VolumeCmd::List { json } => {
+            let v = c.get_json("/v1/volumes")?;
+            if json {
+                return print_json(&v);
+            }
+            println!(
+                "{:<24} {:>12} {:>12} {:>6} {:<13} {:<20}",
+                "NAME", "SIZE", "ALLOCATED", "BLOCK", "BACKING", "WWN"
+            );
+            for vol in v.as_array().into_iter().flatten() {
+                println!(
+                    "{:<24} {:>12} {:>12} {:>6} {:<13} {:<20}",
+                    vol["name"].as_str().unwrap_or("?"),
+                    human(vol["size"].as_u64().unwrap_or(0)),
+                    human(vol["allocated_bytes"].as_u64().unwrap_or(0)),
+                    vol["block_size"].as_u64().unwrap_or(0),
+                    vol["backing"]["kind"].as_str().unwrap_or("?"),
+                    vol["wwn"].as_str().unwrap_or("?"),
+                );
+            }
+            Ok(())
+        }
+        VolumeCmd::Info { name } => print_json(&c.get_json(&format!("/v1/volumes/{name}"))?),
+        VolumeCmd::Resize {
+            name,
+            size,
+            allow_shrink,
+        } => print_json(&c.post_json(
+            &format!("/v1/volumes/{name}/resize"),
+            serde_json::json!({"size": parse_size(&size)?, "allow_shrink": allow_shrink}),
+        )?),
+        VolumeCmd::Delete { name } => {
+            c.delete(&format!("/v1/volumes/{name}"))?;
+            eprintln!("deleted {name}");
+            Ok(())
+        }
+        VolumeCmd::Import { name, file } => {
+            let len = std::fs::metadata(&file)
+                .with_context(|| format!("{}", file.display()))?
+                .len();
+            match c.volume(&name)? {
+                Some(v) if v.meta.size < len => {
+                    bail!(
+                        "{} ({len} bytes) does not fit in volume {name} ({} bytes)",
+                        file.display(),
+                        v.meta.size
+                    )
+                }
+                Some(_) => {}
+                None => {
+                    let size = len.div_ceil(512) * 512;
+                    c.post_json(
+                        "/v1/volumes",
+                        serde_json::json!({"name": name, "size": size}),
+                    )?;
+                    eprintln!("created volume {name} of {}", human(size));
+                }
+            }
+            let r = c.import(&name, &file)?;
+            eprintln!(
+                "imported {} into {name}: {} written, {} left as holes",
+                human(r["bytes"].as_u64().unwrap_or(0)),
+                human(r["written"].as_u64().unwrap_or(0)),
+                human(r["zeroed"].as_u64().unwrap_or(0))
+            );
+            Ok(())
+        }
+        VolumeCmd::Export { name, file } => {
+            let n = c.export(&name, &file)?;
+            eprintln!("exported {} from {name} to {}", human(n), file.display());
+            Ok(())
+        }
+    }
+}
+
+fn bitmap(cmd: BitmapCmd, c: &AdminClient) -> Result<()> {
+    match cmd {
+        BitmapCmd::Add {
+            volume,
+            name,
+            granularity,
+            persistent,
+        } => {
+            let g = parse_size(&granularity)?;
+            print_json(&c.post_json(
+                &format!("/v1/volumes/{volume}/bitmaps"),
+                serde_json::json!({"name": name, "granularity": g, "persistent": persistent}),
+            )?)
+        }
+        BitmapCmd::List { volume } => {
+            print_json(&c.get_json(&format!("/v1/volumes/{volume}/bitmaps"))?)
+        }
+        BitmapCmd::Clear { volume, name } => print_json(&c.post_json(
+            &format!("/v1/volumes/{volume}/bitmaps/{name}/clear"),
+            serde_json::json!({}),
+        )?),
+        BitmapCmd::Remove { volume, name } => {
+            c.delete(&format!("/v1/volumes/{volume}/bitmaps/{name}"))
+        }
+    }
+}
+
+fn bench(a: BenchArgs) -> Result<()> {
+    let profiles = match (&a.rw, a.profile.is_empty()) {
+        (Some(rw), true) => {
+            let bs = u32::try_from(parse_size(&a.bs)?).context("--bs too large")?;
+            vec![
+                ferry_bench::Profile::custom(rw, bs, a.rwmixread).with_context(|| {
+                    format!("unknown --rw {rw}: use read, write, randread, randwrite, randrw or rw")
+                })?,
+            ]
+        }
+        (Some(_), false) => bail!("give --profile or --rw, not both"),
+        (None, true) => {
+            ferry_bench::expand_profiles(&["oltp".into()]).map_err(anyhow::Error::msg)?
+        }
+        (None, false) => ferry_bench::expand_profiles(&a.profile).map_err(anyhow::Error::msg)?,
+    };
+    let range = a.range.as_deref().map(parse_size).transpose()?.unwrap_or(0);
+    let rt = runtime()?;
+    let mut reports = Vec::new();
+    for p in profiles {
+        let spec = ferry_bench::BenchSpec {
+            addr: a.nbd.clone(),
+            export: a.export.clone(),
+            profile: p,
+            connections: a.connections,
+            queue_depth: a.iodepth,
+            runtime: Duration::from_secs_f64(a.runtime),
+            range,
+        };
+        reports.push(rt.block_on(ferry_bench::run(&spec))?);
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+    } else {
+        print!("{}", ferry_bench::table(&reports));
+    }
+    Ok(())
+}

@@ -1,0 +1,534 @@
+//! An asynchronous NBD client. Many tasks may issue requests on one
+//! [`NbdClient`] at once; a writer task batches them onto the socket and a
+//! reader task matches replies (in any order) to their cookies.
+
+use bytes::{Buf, Bytes, BytesMut};
+use ferry_nbd::client::{self as codec, Reply};
+use ferry_nbd::consts::*;
+use ferry_nbd::{Command, ErrorCode, NbdError};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::io::IoSlice;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use thiserror::Error;
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+#[derive(Debug, Error, Clone)]
+pub enum ClientError {
+    #[error("connection: {0}")]
+    Io(String),
+    #[error("protocol: {0}")]
+    Protocol(#[from] NbdError),
+    #[error("server answered {code}: {message}")]
+    Request { code: ErrorCode, message: String },
+    #[error("connection closed with the request in flight")]
+    Disconnected,
+}
+
+impl From<std::io::Error> for ClientError {
+    fn from(e: std::io::Error) -> Self {
+        ClientError::Io(e.to_string())
+    }
+}
+
+/// What to negotiate.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectOptions {
+    pub structured_replies: bool,
+    /// Meta contexts to select, e.g. `base:allocation`.
+    pub meta_contexts: Vec<String>,
+}
+
+/// What the server said about the export.
+#[derive(Debug, Clone, Default)]
+pub struct ExportDetails {
+    pub size: u64,
+    pub flags: u16,
+    pub min_block: u32,
+    pub preferred_block: u32,
+    pub max_block: u32,
+    /// Selected contexts: (id, name).
+    pub contexts: Vec<(u32, String)>,
+    pub structured_replies: bool,
+}
+
+/// A finished request.
+#[derive(Debug, Default)]
+struct Completion {
+    data: Option<Bytes>,
+    extents: Vec<(u32, Vec<(u32, u32)>)>,
+}
+
+struct Pending {
+    offset: u64,
+    read_len: u32,
+    buf: Option<BytesMut>,
+    whole: Option<Bytes>,
+    extents: Vec<(u32, Vec<(u32, u32)>)>,
+    error: Option<ClientError>,
+    done: oneshot::Sender<Result<Completion, ClientError>>,
+}
+
+type PendingMap = Arc<Mutex<HashMap<u64, Pending>>>;
+
+/// One NBD connection.
+pub struct NbdClient {
+    tx: mpsc::Sender<(Bytes, Option<Bytes>)>,
+    pending: PendingMap,
+    next_cookie: AtomicU64,
+    export: ExportDetails,
+}
+
+impl NbdClient {
+    /// Connect and negotiate with `OPT_GO`.
+    pub async fn connect(
+        addr: &str,
+        export: &str,
+        opts: &ConnectOptions,
+    ) -> Result<NbdClient, ClientError> {
+        let mut s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        let details = handshake(&mut s, export, opts).await?;
+        let (rd, wr) = s.into_split();
+        let (tx, rx) = mpsc::channel(1024);
+        let pending: PendingMap = Arc::new(Mutex::new(HashMap::new()));
+        tokio::spawn(write_loop(wr, rx));
+        tokio::spawn(read_loop(rd, pending.clone()));
+        Ok(NbdClient {
+            tx,
+            pending,
+            next_cookie: AtomicU64::new(1),
+            export: details,
+        })
+    }
+
+    pub fn export(&self) -> &ExportDetails {
+        &self.export
+    }
+
+    pub fn size(&self) -> u64 {
+        self.export.size
+    }
+
+    async fn submit(
+        &self,
+        cmd: Command,
+        flags: u16,
+        offset: u64,
+        length: u32,
+        payload: Option<Bytes>,
+    ) -> Result<Completion, ClientError> {
+        let cookie = self.next_cookie.fetch_add(1, Ordering::Relaxed);
+        let (done, rx) = oneshot::channel();
+        let read_len = if cmd == Command::Read { length } else { 0 };
+        self.pending.lock().insert(
+            cookie,
+            Pending {
+                offset,
+                read_len,
+                buf: None,
+                whole: None,
+                extents: Vec::new(),
+                error: None,
+                done,
+            },
+        );
+        let mut h = BytesMut::with_capacity(REQUEST_HEADER_LEN);
+        codec::encode_request(&mut h, flags, cmd, cookie, offset, length);
+        if self.tx.send((h.freeze(), payload)).await.is_err() {
+            self.pending.lock().remove(&cookie);
+            return Err(ClientError::Disconnected);
+        }
+        rx.await.map_err(|_| ClientError::Disconnected)?
+    }
+
+    pub async fn read(&self, offset: u64, len: u32) -> Result<Bytes, ClientError> {
+        let c = self.submit(Command::Read, 0, offset, len, None).await?;
+        Ok(c.data.unwrap_or_default())
+    }
+
+    pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), ClientError> {
+        let len =
+            u32::try_from(data.len()).map_err(|_| ClientError::Io("write too large".into()))?;
+        let flags = if fua { CMD_FLAG_FUA } else { 0 };
+        self.submit(Command::Write, flags, offset, len, Some(data))
+            .await
+            .map(drop)
+    }
+
+    pub async fn flush(&self) -> Result<(), ClientError> {
+        self.submit(Command::Flush, 0, 0, 0, None).await.map(drop)
+    }
+
+    pub async fn trim(&self, offset: u64, len: u32) -> Result<(), ClientError> {
+        self.submit(Command::Trim, 0, offset, len, None)
+            .await
+            .map(drop)
+    }
+
+    pub async fn write_zeroes(&self, offset: u64, len: u32, flags: u16) -> Result<(), ClientError> {
+        self.submit(Command::WriteZeroes, flags, offset, len, None)
+            .await
+            .map(drop)
+    }
+
+    pub async fn cache(&self, offset: u64, len: u32) -> Result<(), ClientError> {
+        self.submit(Command::Cache, 0, offset, len, None)
+            .await
+            .map(drop)
+    }
+
+    /// Extents per selected context: `(context id, [(length, flags)])`.
+    pub async fn block_status(
+        &self,
+        offset: u64,
+        len: u32,
+        req_one: bool,
+    ) -> Result<Vec<(u32, Vec<(u32, u32)>)>, ClientError> {
+        let flags = if req_one { CMD_FLAG_REQ_ONE } else { 0 };
+        Ok(self
+            .submit(Command::BlockStatus, flags, offset, len, None)
+            .await?
+            .extents)
+    }
+
+    /// Send a raw request (for tests of server behaviour on odd requests).
+    pub async fn raw(
+        &self,
+        cmd: Command,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        payload: Option<Bytes>,
+    ) -> Result<(), ClientError> {
+        self.submit(cmd, flags, offset, len, payload)
+            .await
+            .map(drop)
+    }
+
+    /// Send NBD_CMD_DISC; the server finishes in-flight requests and closes.
+    pub async fn disconnect(self) {
+        let mut h = BytesMut::new();
+        codec::encode_request(&mut h, 0, Command::Disc, 0, 0, 0);
+        let _ = self.tx.send((h.freeze(), None)).await;
+    }
+}
+
+async fn read_exact_buf(s: &mut TcpStream, buf: &mut BytesMut) -> Result<(), ClientError> {
+    if s.read_buf(buf).await? == 0 {
+        return Err(ClientError::Disconnected);
+    }
+    Ok(())
+}
+
+async fn next_option_reply(
+    s: &mut TcpStream,
+    buf: &mut BytesMut,
+) -> Result<codec::OptionReply, ClientError> {
+    loop {
+        if let Some(r) = codec::decode_option_reply(buf)? {
+            return Ok(r);
+        }
+        read_exact_buf(s, buf).await?;
+    }
+}
+
+fn refused(r: &codec::OptionReply) -> ClientError {
+    ClientError::Protocol(NbdError::OptionRefused {
+        option: r.option,
+        reply: r.reply_type,
+        message: String::from_utf8_lossy(&r.data).into_owned(),
+    })
+}
+
+async fn handshake(
+    s: &mut TcpStream,
+    export: &str,
+    opts: &ConnectOptions,
+) -> Result<ExportDetails, ClientError> {
+    let mut buf = BytesMut::with_capacity(4096);
+    while buf.len() < 18 {
+        read_exact_buf(s, &mut buf).await?;
+    }
+    let magic = buf.get_u64();
+    let opt = buf.get_u64();
+    let hflags = buf.get_u16();
+    if magic != NBDMAGIC || opt != IHAVEOPT || hflags & FLAG_FIXED_NEWSTYLE == 0 {
+        return Err(NbdError::BadMagic {
+            what: "greeting",
+            found: magic,
+        }
+        .into());
+    }
+    let mut cflags = FLAG_C_FIXED_NEWSTYLE;
+    if hflags & FLAG_NO_ZEROES != 0 {
+        cflags |= FLAG_C_NO_ZEROES;
+    }
+    s.write_all(&cflags.to_be_bytes()).await?;
+    let mut d = ExportDetails::default();
+    if opts.structured_replies {
+        s.write_all(&codec::encode_option(OPT_STRUCTURED_REPLY, &[]))
+            .await?;
+        let r = next_option_reply(s, &mut buf).await?;
+        if r.reply_type != REP_ACK {
+            return Err(refused(&r));
+        }
+        d.structured_replies = true;
+        if !opts.meta_contexts.is_empty() {
+            let q: Vec<&str> = opts.meta_contexts.iter().map(String::as_str).collect();
+            s.write_all(&codec::encode_option(
+                OPT_SET_META_CONTEXT,
+                &codec::meta_context_data(export, &q),
+            ))
+            .await?;
+            loop {
+                let r = next_option_reply(s, &mut buf).await?;
+                match r.reply_type {
+                    REP_ACK => break,
+                    REP_META_CONTEXT if r.data.len() >= 4 => {
+                        let id = u32::from_be_bytes(r.data[..4].try_into().expect("4"));
+                        d.contexts
+                            .push((id, String::from_utf8_lossy(&r.data[4..]).into_owned()));
+                    }
+                    _ => return Err(refused(&r)),
+                }
+            }
+        }
+    }
+    s.write_all(&codec::encode_option(
+        OPT_GO,
+        &codec::go_data(export, &[INFO_BLOCK_SIZE]),
+    ))
+    .await?;
+    loop {
+        let r = next_option_reply(s, &mut buf).await?;
+        match r.reply_type {
+            REP_ACK => break,
+            REP_INFO if r.data.len() >= 2 => {
+                let mut p = r.data.clone();
+                match p.get_u16() {
+                    INFO_EXPORT if p.len() >= 10 => {
+                        d.size = p.get_u64();
+                        d.flags = p.get_u16();
+                    }
+                    INFO_BLOCK_SIZE if p.len() >= 12 => {
+                        d.min_block = p.get_u32();
+                        d.preferred_block = p.get_u32();
+                        d.max_block = p.get_u32();
+                    }
+                    _ => {}
+                }
+            }
+            REP_INFO => {}
+            _ => return Err(refused(&r)),
+        }
+    }
+    if !buf.is_empty() {
+        return Err(NbdError::UnexpectedReply("bytes after NBD_OPT_GO".into()).into());
+    }
+    Ok(d)
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(
+    mut wr: W,
+    mut rx: mpsc::Receiver<(Bytes, Option<Bytes>)>,
+) {
+    let mut batch: Vec<Bytes> = Vec::with_capacity(128);
+    while let Some((h, p)) = rx.recv().await {
+        batch.push(h);
+        batch.extend(p);
+        while batch.len() < 128 {
+            match rx.try_recv() {
+                Ok((h, p)) => {
+                    batch.push(h);
+                    batch.extend(p);
+                }
+                Err(_) => break,
+            }
+        }
+        let mut i = 0;
+        while i < batch.len() {
+            let slices: Vec<IoSlice<'_>> = batch[i..]
+                .iter()
+                .take(64)
+                .map(|b| IoSlice::new(b))
+                .collect();
+            let mut n = match wr.write_vectored(&slices).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            while n > 0 && i < batch.len() {
+                let len = batch[i].len();
+                if n >= len {
+                    n -= len;
+                    i += 1;
+                } else {
+                    batch[i].advance(n);
+                    n = 0;
+                }
+            }
+        }
+        batch.clear();
+    }
+    let _ = wr.shutdown().await;
+}
+
+fn finish(pending: &PendingMap, cookie: u64) {
+    if let Some(p) = pending.lock().remove(&cookie) {
+        let r = match p.error {
+            Some(e) => Err(e),
+            None => Ok(Completion {
+                data: p.whole.or_else(|| p.buf.map(BytesMut::freeze)),
+                extents: p.extents,
+            }),
+        };
+        let _ = p.done.send(r);
+    }
+}
+
+fn on_chunk(
+    pending: &PendingMap,
+    cookie: u64,
+    ty: u16,
+    mut payload: Bytes,
+) -> Result<(), NbdError> {
+    let mut map = pending.lock();
+    let Some(p) = map.get_mut(&cookie) else {
+        return Err(NbdError::UnexpectedReply(format!(
+            "reply for unknown cookie {cookie}"
+        )));
+    };
+    let bad = |d: &str| NbdError::Malformed {
+        what: "structured chunk",
+        detail: d.into(),
+    };
+    match ty {
+        REPLY_TYPE_NONE => {}
+        REPLY_TYPE_OFFSET_DATA | REPLY_TYPE_OFFSET_HOLE => {
+            if payload.len() < 8 {
+                return Err(bad("short offset chunk"));
+            }
+            let off = payload.get_u64();
+            let len = if ty == REPLY_TYPE_OFFSET_DATA {
+                payload.len() as u64
+            } else if payload.len() >= 4 {
+                u64::from(payload.get_u32())
+            } else {
+                return Err(bad("short hole chunk"));
+            };
+            let rel = off
+                .checked_sub(p.offset)
+                .ok_or_else(|| bad("chunk before the request"))?;
+            if rel + len > u64::from(p.read_len) {
+                return Err(bad("chunk past the request"));
+            }
+            if ty == REPLY_TYPE_OFFSET_DATA
+                && rel == 0
+                && len == u64::from(p.read_len)
+                && p.buf.is_none()
+            {
+                p.whole = Some(payload);
+            } else {
+                let buf = p.buf.get_or_insert_with(|| {
+                    let mut b = BytesMut::new();
+                    b.resize(p.read_len as usize, 0);
+                    b
+                });
+                if let Some(w) = p.whole.take() {
+                    buf[..w.len()].copy_from_slice(&w);
+                }
+                if ty == REPLY_TYPE_OFFSET_DATA {
+                    buf[rel as usize..(rel + len) as usize].copy_from_slice(&payload);
+                }
+            }
+        }
+        REPLY_TYPE_BLOCK_STATUS => {
+            if payload.len() < 4 || (payload.len() - 4) % 8 != 0 {
+                return Err(bad("block status length"));
+            }
+            let ctx = payload.get_u32();
+            let mut ext = Vec::new();
+            while payload.remaining() >= 8 {
+                ext.push((payload.get_u32(), payload.get_u32()));
+            }
+            p.extents.push((ctx, ext));
+        }
+        t if t & 0x8000 != 0 => {
+            let code = if payload.len() >= 4 {
+                payload.get_u32()
+            } else {
+                5
+            };
+            let mlen = if payload.len() >= 2 {
+                payload.get_u16() as usize
+            } else {
+                0
+            };
+            let msg = String::from_utf8_lossy(&payload[..mlen.min(payload.len())]).into_owned();
+            p.error = Some(ClientError::Request {
+                code: ErrorCode::from_wire(code).unwrap_or(ErrorCode::Io),
+                message: msg,
+            });
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+async fn read_loop(mut rd: tokio::net::tcp::OwnedReadHalf, pending: PendingMap) {
+    let mut buf = BytesMut::with_capacity(1 << 20);
+    let outcome: Result<(), ClientError> = async {
+        loop {
+            loop {
+                let r = codec::decode_reply(&mut buf, |c| {
+                    pending.lock().get(&c).map_or(0, |p| p.read_len)
+                })?;
+                let Some(r) = r else { break };
+                match r {
+                    Reply::Simple {
+                        cookie,
+                        error,
+                        data,
+                    } => {
+                        if let Some(p) = pending.lock().get_mut(&cookie) {
+                            match error {
+                                Some(code) => {
+                                    p.error = Some(ClientError::Request {
+                                        code,
+                                        message: String::new(),
+                                    })
+                                }
+                                None if p.read_len > 0 => p.whole = Some(data),
+                                None => {}
+                            }
+                        }
+                        finish(&pending, cookie);
+                    }
+                    Reply::Chunk {
+                        cookie,
+                        flags,
+                        ty,
+                        payload,
+                    } => {
+                        on_chunk(&pending, cookie, ty, payload)?;
+                        if flags & REPLY_FLAG_DONE != 0 {
+                            finish(&pending, cookie);
+                        }
+                    }
+                }
+            }
+            buf.reserve(256 * 1024);
+            if rd.read_buf(&mut buf).await? == 0 {
+                return Err(ClientError::Disconnected);
+            }
+        }
+    }
+    .await;
+    let err = outcome.err().unwrap_or(ClientError::Disconnected);
+    for (_, p) in pending.lock().drain() {
+        let _ = p.done.send(Err(err.clone()));
+    }
+}

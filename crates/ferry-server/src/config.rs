@@ -1,0 +1,173 @@
+//! The daemon's configuration: one TOML file, every field defaulted, command
+//! line flags applied on top.
+//!
+//! ```toml
+//! pool = "ferry-pool"            # relative to the working directory
+//!
+//! [nbd]
+//! listen = "127.0.0.1:10809"     # "" turns the NBD listener off
+//! max_connections = 1024
+//! max_in_flight = 128            # requests per connection
+//!
+//! [admin]
+//! listen = "127.0.0.1:10880"     # "" turns the admin API off
+//!
+//! [storage]
+//! direct_io = false
+//! ```
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+pub const DEFAULT_NBD_ADDR: &str = "127.0.0.1:10809";
+pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:10880";
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("parsing {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("invalid size {0:?}: use bytes or a number with K, M, G, T (powers of 1024)")]
+    Size(String),
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub pool: PathBuf,
+    pub nbd: NbdConfig,
+    pub admin: AdminConfig,
+    pub storage: StorageConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct NbdConfig {
+    pub listen: String,
+    pub max_connections: usize,
+    pub max_in_flight: usize,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    pub listen: String,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    pub direct_io: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            pool: PathBuf::from("ferry-pool"),
+            nbd: NbdConfig::default(),
+            admin: AdminConfig::default(),
+            storage: StorageConfig::default(),
+        }
+    }
+}
+
+impl Default for NbdConfig {
+    fn default() -> Self {
+        NbdConfig {
+            listen: DEFAULT_NBD_ADDR.into(),
+            max_connections: 1024,
+            max_in_flight: 128,
+        }
+    }
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: DEFAULT_ADMIN_ADDR.into(),
+        }
+    }
+}
+
+impl Config {
+    /// Read a config file; missing fields take their defaults.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|source| ConfigError::Parse {
+            path: path.into(),
+            source,
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<Config, toml::de::Error> {
+        toml::from_str(text)
+    }
+}
+
+/// Parse "4096", "10G", "512MiB", "1.5T" into bytes (binary units).
+pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
+    let t = s.trim();
+    let err = || ConfigError::Size(s.into());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(err()),
+    };
+    if num.contains('.') {
+        let f: f64 = num.parse().map_err(|_| err())?;
+        let v = f * mult as f64;
+        if !(0.0..1.8e19).contains(&v) {
+            return Err(err());
+        }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        return Ok(v as u64);
+    }
+    let n: u64 = num.parse().map_err(|_| err())?;
+    n.checked_mul(mult).ok_or_else(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("10G").unwrap(), 10 << 30);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1.5k").unwrap(), 1536);
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn config_defaults_and_overrides() {
+        let c = Config::parse("pool = \"/p\"\n[nbd]\nlisten = \"\"\n").unwrap();
+        assert_eq!(c.pool, PathBuf::from("/p"));
+        assert_eq!(c.nbd.listen, "");
+        assert_eq!(c.nbd.max_in_flight, 128);
+        assert_eq!(c.admin.listen, DEFAULT_ADMIN_ADDR);
+        assert!(Config::parse("bogus = 1").is_err());
+    }
+}

@@ -1,0 +1,149 @@
+//! The ferry daemon as a library: opens the pool, binds the listeners, and
+//! serves NBD, the admin API and metrics until told to stop.
+//!
+//! Lifecycle (after mini-redis): [`Daemon::bind`] opens everything and learns
+//! the real addresses (tests bind port 0), [`Daemon::run`] serves until the
+//! cancellation token fires, then drains connections and closes the pool
+//! cleanly (data flushed, persistent bitmaps saved).
+
+pub mod admin;
+pub mod config;
+pub mod metrics;
+pub mod nbd;
+
+use config::Config;
+use ferry_storage::{Pool, PoolOptions, StorageError};
+use metrics::Metrics;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Error)]
+pub enum ServerError {
+    #[error("opening pool {path}: {source}")]
+    Pool {
+        path: std::path::PathBuf,
+        #[source]
+        source: StorageError,
+    },
+    #[error("binding {what} listener on {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("admin API: {0}")]
+    Admin(std::io::Error),
+    #[error("closing pool: {0}")]
+    Close(StorageError),
+}
+
+/// The addresses actually bound.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BoundAddrs {
+    pub nbd: Option<SocketAddr>,
+    pub admin: Option<SocketAddr>,
+}
+
+/// What every part of the daemon shares.
+#[derive(Debug)]
+pub struct ServerState {
+    pub config: Config,
+    pub pool: Arc<Pool>,
+    pub metrics: Metrics,
+    pub addrs: BoundAddrs,
+}
+
+/// A daemon with its pool open and its listeners bound.
+pub struct Daemon {
+    state: Arc<ServerState>,
+    nbd: Option<TcpListener>,
+    admin: Option<TcpListener>,
+}
+
+async fn bind(what: &'static str, addr: &str) -> Result<Option<TcpListener>, ServerError> {
+    if addr.is_empty() {
+        return Ok(None);
+    }
+    TcpListener::bind(addr)
+        .await
+        .map(Some)
+        .map_err(|source| ServerError::Bind {
+            what,
+            addr: addr.into(),
+            source,
+        })
+}
+
+impl Daemon {
+    pub async fn bind(config: Config) -> Result<Daemon, ServerError> {
+        let pool_opts = PoolOptions {
+            direct_io: config.storage.direct_io,
+        };
+        let path = config.pool.clone();
+        let pool = tokio::task::spawn_blocking(move || Pool::open(&path, pool_opts))
+            .await
+            .map_err(|e| ServerError::Admin(std::io::Error::other(e)))?
+            .map_err(|source| ServerError::Pool {
+                path: config.pool.clone(),
+                source,
+            })?;
+        let nbd = bind("NBD", &config.nbd.listen).await?;
+        let admin = bind("admin", &config.admin.listen).await?;
+        let addrs = BoundAddrs {
+            nbd: nbd.as_ref().and_then(|l| l.local_addr().ok()),
+            admin: admin.as_ref().and_then(|l| l.local_addr().ok()),
+        };
+        Ok(Daemon {
+            state: Arc::new(ServerState {
+                config,
+                pool: Arc::new(pool),
+                metrics: Metrics::new(),
+                addrs,
+            }),
+            nbd,
+            admin,
+        })
+    }
+
+    pub fn addrs(&self) -> BoundAddrs {
+        self.state.addrs
+    }
+
+    pub fn state(&self) -> Arc<ServerState> {
+        self.state.clone()
+    }
+
+    /// Serve until `shutdown` is cancelled; then drain and close the pool.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), ServerError> {
+        let mut tasks = tokio::task::JoinSet::new();
+        if let Some(l) = self.nbd {
+            tracing::info!(addr = ?self.state.addrs.nbd, "NBD listening");
+            tasks.spawn(nbd::serve(l, self.state.clone(), shutdown.clone()));
+        }
+        if let Some(l) = self.admin {
+            tracing::info!(addr = ?self.state.addrs.admin, "admin API listening");
+            let app = admin::router(self.state.clone());
+            let sd = shutdown.clone();
+            tasks.spawn(async move {
+                if let Err(e) = axum::serve(l, app)
+                    .with_graceful_shutdown(sd.cancelled_owned())
+                    .await
+                {
+                    tracing::error!(error = %e, "admin API failed");
+                }
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+        let pool = self.state.pool.clone();
+        tokio::task::spawn_blocking(move || pool.close())
+            .await
+            .map_err(|e| ServerError::Admin(std::io::Error::other(e)))?
+            .map_err(ServerError::Close)?;
+        tracing::info!("pool closed cleanly");
+        Ok(())
+    }
+}

@@ -1,0 +1,34 @@
+//! The pool seen as NBD exports: one export per volume, named after it.
+
+use ferry_nbd::{ExportCatalog, ExportInfo, MAX_REQUEST_LEN};
+use ferry_storage::{Pool, Volume};
+
+/// Adapter from [`Pool`] to the handshake's [`ExportCatalog`].
+pub struct PoolCatalog<'a>(pub &'a Pool);
+
+/// The export description of one volume.
+pub fn export_info(v: &Volume) -> ExportInfo {
+    let m = v.meta();
+    let direct = v.direct_io();
+    ExportInfo {
+        name: m.name.clone(),
+        description: format!("ferry volume {} ({})", m.uuid, m.wwn),
+        size: v.size(),
+        read_only: m.read_only,
+        min_block: if direct { m.block_size } else { 1 },
+        preferred_block: m.block_size.max(4096),
+        max_block: MAX_REQUEST_LEN,
+        block_size_required: direct,
+        dirty_bitmaps: v.bitmap_names(),
+    }
+}
+
+impl ExportCatalog for PoolCatalog<'_> {
+    fn export(&self, name: &str) -> Option<ExportInfo> {
+        self.0.get(name).ok().map(|v| export_info(&v))
+    }
+
+    fn exports(&self) -> Vec<ExportInfo> {
+        self.0.list().iter().map(|v| export_info(v)).collect()
+    }
+}

@@ -1,0 +1,203 @@
+//! One NBD connection: the handshake over the socket, then the transmission
+//! loop. A reader decodes requests and spawns each (bounded by
+//! `max_in_flight`); a writer task sends replies in completion order, batching
+//! whatever is ready into one vectored write.
+
+use super::catalog::PoolCatalog;
+use super::exec::{self, ConnContext};
+use crate::ServerState;
+use bytes::{Buf, Bytes, BytesMut};
+use ferry_nbd::{Command, HandshakeProgress, NbdError, RequestDecoder, ServerHandshake};
+use std::io::IoSlice;
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How long a client may take over each handshake step.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Error)]
+pub enum ConnError {
+    #[error("protocol error: {0}")]
+    Protocol(#[from] NbdError),
+    #[error("socket: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("handshake timed out")]
+    Timeout,
+    #[error("volume {0:?} disappeared during the handshake")]
+    Gone(String),
+}
+
+pub async fn run(
+    mut stream: TcpStream,
+    state: &Arc<ServerState>,
+    shutdown: CancellationToken,
+) -> Result<(), ConnError> {
+    stream.set_nodelay(true)?;
+    let Some((neg, buf)) = handshake(&mut stream, state).await? else {
+        return Ok(());
+    };
+    let volume = state
+        .pool
+        .get(&neg.export.name)
+        .map_err(|_| ConnError::Gone(neg.export.name.clone()))?;
+    tracing::debug!(export = %neg.export.name, structured = neg.structured_replies, "NBD transmission starts");
+    transmission(
+        stream,
+        buf,
+        ConnContext::new(volume, &neg, state),
+        state,
+        shutdown,
+    )
+    .await
+}
+
+async fn handshake(
+    stream: &mut TcpStream,
+    state: &ServerState,
+) -> Result<Option<(ferry_nbd::Negotiated, BytesMut)>, ConnError> {
+    stream.write_all(&ServerHandshake::greeting()).await?;
+    let mut hs = ServerHandshake::new();
+    let mut buf = BytesMut::with_capacity(4096);
+    let mut out = BytesMut::new();
+    loop {
+        let progress = hs.feed(&mut buf, &PoolCatalog(&state.pool), &mut out)?;
+        if !out.is_empty() {
+            stream.write_all(&out).await?;
+            out.clear();
+        }
+        match progress {
+            HandshakeProgress::Done(n) => return Ok(Some((*n, buf))),
+            HandshakeProgress::Aborted => return Ok(None),
+            HandshakeProgress::NeedMore => {
+                let n = tokio::time::timeout(HANDSHAKE_TIMEOUT, stream.read_buf(&mut buf))
+                    .await
+                    .map_err(|_| ConnError::Timeout)??;
+                if n == 0 {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
+async fn transmission(
+    stream: TcpStream,
+    mut buf: BytesMut,
+    ctx: ConnContext,
+    state: &ServerState,
+    shutdown: CancellationToken,
+) -> Result<(), ConnError> {
+    let (mut rd, wr) = stream.into_split();
+    let max_in_flight = state.config.nbd.max_in_flight.max(1);
+    let (tx, rx) = mpsc::channel::<Bytes>(max_in_flight + 8);
+    let writer = tokio::spawn(write_loop(wr, rx));
+    let slots = Arc::new(Semaphore::new(max_in_flight));
+    let tracker = TaskTracker::new();
+    let ctx = Arc::new(ctx);
+    let mut decoder = RequestDecoder::new();
+    let mut result = Ok(());
+    'conn: loop {
+        loop {
+            let req = match decoder.decode(&mut buf) {
+                Ok(Some(r)) => r,
+                Ok(None) => break,
+                Err(e) => {
+                    result = Err(e.into());
+                    break 'conn;
+                }
+            };
+            if req.command == Command::Disc {
+                break 'conn;
+            }
+            let permit = tokio::select! {
+                p = slots.clone().acquire_owned() => p.expect("semaphore never closed"),
+                () = shutdown.cancelled() => break 'conn,
+            };
+            let ctx = ctx.clone();
+            let tx = tx.clone();
+            tracker.spawn(async move {
+                let reply = exec::handle(&ctx, req).await;
+                drop(permit);
+                // The client may be gone; its replies have nowhere to go.
+                let _ = tx.send(reply).await;
+            });
+        }
+        buf.reserve(decoder.wanted(buf.len()).max(256 * 1024));
+        let n = tokio::select! {
+            r = rd.read_buf(&mut buf) => match r {
+                Ok(n) => n,
+                Err(e) => { result = Err(e.into()); break 'conn; }
+            },
+            () = shutdown.cancelled() => break 'conn,
+        };
+        if n == 0 {
+            if !buf.is_empty() {
+                tracing::info!(bytes = buf.len(), "client closed mid-request");
+            }
+            break;
+        }
+    }
+    // Drain: every accepted request finishes and is answered (flush
+    // semantics hold even for a client that sent DISC right after a write).
+    tracker.close();
+    tracker.wait().await;
+    drop(tx);
+    let _ = writer.await;
+    result
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Receiver<Bytes>) {
+    let mut batch: Vec<Bytes> = Vec::with_capacity(64);
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        while batch.len() < 64 {
+            match rx.try_recv() {
+                Ok(b) => batch.push(b),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = write_all_vectored(&mut wr, &mut batch).await {
+            tracing::debug!(error = %e, "reply write failed; dropping remaining replies");
+            // Keep draining so senders never block on a dead socket.
+            while rx.recv().await.is_some() {}
+            return;
+        }
+    }
+    let _ = wr.shutdown().await;
+}
+
+async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    batch: &mut Vec<Bytes>,
+) -> std::io::Result<()> {
+    let mut i = 0;
+    while i < batch.len() {
+        let slices: Vec<IoSlice<'_>> = batch[i..]
+            .iter()
+            .take(64)
+            .map(|b| IoSlice::new(b))
+            .collect();
+        let mut n = wr.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 && i < batch.len() {
+            let len = batch[i].len();
+            if n >= len {
+                n -= len;
+                i += 1;
+            } else {
+                batch[i].advance(n);
+                n = 0;
+            }
+        }
+    }
+    batch.clear();
+    Ok(())
+}
