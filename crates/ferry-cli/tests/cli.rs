@@ -1,0 +1,254 @@
+//! The `ferry` binary as users run it: `ferry serve` as a child process,
+//! volume commands, bench, and durability across `kill -9`.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Serve {
+    child: Child,
+    nbd: String,
+    admin: String,
+}
+
+impl Serve {
+    fn start(pool: &Path) -> Serve {
+        let nbd = format!("127.0.0.1:{}", free_port());
+        let admin = format!("127.0.0.1:{}", free_port());
+        let child = Command::new(FERRY)
+            .args(["serve", "--pool"])
+            .arg(pool)
+            .args(["--nbd", &nbd, "--admin", &admin])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while ureq::get(&format!("http://{admin}/v1/server"))
+            .call()
+            .is_err()
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "ferry serve did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Serve { child, nbd, admin }
+    }
+
+    fn ferry(&self, args: &[&str]) -> String {
+        let out = Command::new(FERRY)
+            .args(args)
+            .env("FERRY_ADMIN", &self.admin)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ferry {args:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    fn terminate(mut self) {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "ferry serve exited with {st}");
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn have(tool: &str) -> bool {
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok && std::env::var("FERRY_REQUIRE_TOOLS").as_deref() == Ok("1") {
+        panic!("{tool} required");
+    }
+    ok
+}
+
+#[test]
+fn volume_commands_import_export_and_bench() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Serve::start(&d.path().join("pool"));
+    let img = d.path().join("img.raw");
+    let mut data = vec![0u8; 3 << 20];
+    for (i, b) in data.iter_mut().enumerate().skip(1 << 20) {
+        *b = (i * 7 % 253) as u8;
+    }
+    std::fs::write(&img, &data).unwrap();
+    s.ferry(&["volume", "import", "disk", img.to_str().unwrap()]);
+    let info: serde_json::Value =
+        serde_json::from_str(&s.ferry(&["volume", "info", "disk"])).unwrap();
+    assert_eq!(info["size"], 3 << 20);
+    let out = d.path().join("out.raw");
+    s.ferry(&["volume", "export", "disk", out.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&out).unwrap(), data);
+    s.ferry(&[
+        "volume",
+        "create",
+        "two",
+        "--size",
+        "16M",
+        "--block-size",
+        "4096",
+        "--preallocate",
+    ]);
+    let list = s.ferry(&["volume", "list"]);
+    assert!(
+        list.contains("disk") && list.contains("two") && list.contains("preallocated"),
+        "{list}"
+    );
+    s.ferry(&["volume", "resize", "two", "32M"]);
+    s.ferry(&[
+        "bitmap",
+        "add",
+        "two",
+        "mig",
+        "--granularity",
+        "64K",
+        "--persistent",
+    ]);
+    assert!(s.ferry(&["bitmap", "list", "two"]).contains("\"mig\""));
+    let report = s.ferry(&[
+        "bench",
+        "--nbd",
+        &s.nbd,
+        "--export",
+        "two",
+        "--profile",
+        "oltp",
+        "--profile",
+        "dd",
+        "--runtime",
+        "0.5",
+        "--iodepth",
+        "4",
+        "--connections",
+        "2",
+        "--json",
+    ]);
+    let r: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(r.as_array().unwrap().len(), 3);
+    for row in r.as_array().unwrap() {
+        assert!(row["ops"].as_u64().unwrap() > 0, "{row}");
+    }
+    // The persistent bitmap saw the bench writes and survives a clean stop.
+    s.ferry(&["volume", "delete", "disk"]);
+    let pool = d.path().join("pool");
+    s.terminate();
+    let s = Serve::start(&pool);
+    let b = s.ferry(&["bitmap", "list", "two"]);
+    let b: serde_json::Value = serde_json::from_str(&b).unwrap();
+    assert!(b[0]["dirty_bytes"].as_u64().unwrap() > 0);
+    assert!(!s.ferry(&["volume", "list"]).contains("disk"));
+}
+
+#[test]
+fn bad_arguments_get_clear_errors() {
+    let out = Command::new(FERRY)
+        .args(["volume", "list"])
+        .env("FERRY_ADMIN", "127.0.0.1:1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the ferry admin API"));
+    let d = tempfile::tempdir().unwrap();
+    let s = Serve::start(&d.path().join("pool"));
+    let out = Command::new(FERRY)
+        .args(["volume", "create", "x", "--size", "12Q"])
+        .env("FERRY_ADMIN", &s.admin)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid size"));
+    let out = Command::new(FERRY)
+        .args(["volume", "info", "ghost"])
+        .env("FERRY_ADMIN", &s.admin)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("404"));
+}
+
+/// FUA writes and flushed writes are acknowledged only once durable; after
+/// kill -9 they are there, and persistent bitmaps (not saved since) come
+/// back all dirty rather than missing a write.
+#[test]
+fn kill_9_keeps_acknowledged_writes() {
+    if !have("qemu-io") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let pool = d.path().join("pool");
+    let s = Serve::start(&pool);
+    s.ferry(&["volume", "create", "k", "--size", "8M"]);
+    s.ferry(&["bitmap", "add", "k", "b", "--persistent"]);
+    let uri = format!("nbd://{}/k", s.nbd);
+    let st = Command::new("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            &uri,
+            "-c",
+            "write -f -P 0x61 0 64k",
+            "-c",
+            "write -P 0x62 1M 64k",
+            "-c",
+            "flush",
+        ])
+        .output()
+        .unwrap();
+    assert!(st.status.success());
+    s.kill9();
+    let s = Serve::start(&pool);
+    let uri = format!("nbd://{}/k", s.nbd);
+    let out = Command::new("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            "-r",
+            &uri,
+            "-c",
+            "read -P 0x61 0 64k",
+            "-c",
+            "read -P 0x62 1M 64k",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && !text.contains("verification failed"),
+        "{text}"
+    );
+    let b: serde_json::Value = serde_json::from_str(&s.ferry(&["bitmap", "list", "k"])).unwrap();
+    assert_eq!(b[0]["dirty_bytes"], 8 << 20);
+}

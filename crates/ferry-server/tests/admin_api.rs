@@ -1,0 +1,162 @@
+//! The admin API over real HTTP, and the metrics endpoint.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+
+fn url(s: &TestServer, p: &str) -> String {
+    format!("http://{}{}", s.admin, p)
+}
+
+#[test]
+fn volume_lifecycle_over_http() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(d.path());
+    let r = ureq::post(&url(&s, "/v1/volumes"))
+        .send_json(json!({"name": "a", "size": "8M"}))
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let v: Value = r.into_json().unwrap();
+    assert_eq!(v["size"], 8 << 20);
+    assert!(v["wwn"].as_str().unwrap().starts_with("naa.3"));
+    let e = ureq::post(&url(&s, "/v1/volumes"))
+        .send_json(json!({"name": "a", "size": 4096}))
+        .unwrap_err();
+    assert!(matches!(e, ureq::Error::Status(409, _)));
+    let e = ureq::post(&url(&s, "/v1/volumes"))
+        .send_json(json!({"name": "../x", "size": 4096}))
+        .unwrap_err();
+    assert!(matches!(e, ureq::Error::Status(400, _)));
+    let e = ureq::post(&url(&s, "/v1/volumes"))
+        .send_json(json!({"name": "b", "size": "lots"}))
+        .unwrap_err();
+    assert!(matches!(e, ureq::Error::Status(400, _)));
+    ureq::post(&url(&s, "/v1/volumes"))
+        .send_json(json!({"name": "p", "size": "1M", "preallocate": true}))
+        .unwrap();
+
+    // Import, export, compare.
+    let img: Vec<u8> = (0..(6u32 << 20))
+        .map(|i| if i < (1 << 20) { 0 } else { (i % 251) as u8 })
+        .collect();
+    let r: Value = ureq::put(&url(&s, "/v1/volumes/a/data"))
+        .send_bytes(&img)
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(r["bytes"], 6 << 20);
+    assert_eq!(r["zeroed"], 1 << 20);
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(
+        &mut ureq::get(&url(&s, "/v1/volumes/a/data"))
+            .call()
+            .unwrap()
+            .into_reader(),
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(out.len(), 8 << 20);
+    assert_eq!(&out[..img.len()], &img[..]);
+    let too_big = vec![1u8; 9 << 20];
+    assert!(ureq::put(&url(&s, "/v1/volumes/a/data"))
+        .send_bytes(&too_big)
+        .is_err());
+
+    // Bitmaps.
+    let r = ureq::post(&url(&s, "/v1/volumes/a/bitmaps"))
+        .send_json(json!({"name": "m", "granularity": 65536}))
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    s.state
+        .pool
+        .get("a")
+        .unwrap()
+        .write_at(0, &[1; 100], false)
+        .unwrap();
+    let b: Value = ureq::get(&url(&s, "/v1/volumes/a/bitmaps/m"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(b["dirty_bytes"], 65536);
+    let b: Value = ureq::post(&url(&s, "/v1/volumes/a/bitmaps/m/clear"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(b["dirty_bytes"], 0);
+    ureq::delete(&url(&s, "/v1/volumes/a/bitmaps/m"))
+        .call()
+        .unwrap();
+    assert!(matches!(
+        ureq::get(&url(&s, "/v1/volumes/a/bitmaps/m")).call(),
+        Err(ureq::Error::Status(404, _))
+    ));
+
+    // Resize.
+    let v: Value = ureq::post(&url(&s, "/v1/volumes/a/resize"))
+        .send_json(json!({"size": "16M"}))
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(v["size"], 16 << 20);
+    assert!(ureq::post(&url(&s, "/v1/volumes/a/resize"))
+        .send_json(json!({"size": "1M"}))
+        .is_err());
+
+    let list: Value = ureq::get(&url(&s, "/v1/volumes"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 2);
+    ureq::delete(&url(&s, "/v1/volumes/a")).call().unwrap();
+    assert!(matches!(
+        ureq::get(&url(&s, "/v1/volumes/a")).call(),
+        Err(ureq::Error::Status(404, _))
+    ));
+    let srv: Value = ureq::get(&url(&s, "/v1/server"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(srv["nbd"], s.nbd.to_string());
+}
+
+#[test]
+fn metrics_count_requests_bytes_and_latency() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(d.path());
+    s.create("m", 4 << 20);
+    let addr = s.nbd.to_string();
+    s.rt().block_on(async {
+        let c = ferry_client::NbdClient::connect(&addr, "m", &Default::default())
+            .await
+            .unwrap();
+        for i in 0..10u64 {
+            c.write(i * 4096, bytes::Bytes::from(vec![1u8; 4096]), false)
+                .await
+                .unwrap();
+        }
+        c.read(0, 8192).await.unwrap();
+        c.flush().await.unwrap();
+        c.disconnect().await;
+    });
+    let text = ureq::get(&url(&s, "/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    for needle in [
+        "ferry_requests_total{volume=\"m\",op=\"write\"} 10",
+        "ferry_bytes_total{volume=\"m\",op=\"write\"} 40960",
+        "ferry_bytes_total{volume=\"m\",op=\"read\"} 8192",
+        "ferry_requests_total{volume=\"m\",op=\"flush\"} 1",
+        "ferry_request_latency_seconds_count{volume=\"m\",op=\"write\"} 10",
+        "ferry_request_size_bytes_bucket{le=\"4096.0\",volume=\"m\",op=\"write\"} 10",
+        "ferry_volume_size_bytes{volume=\"m\"} 4194304",
+        "# EOF",
+    ] {
+        assert!(text.contains(needle), "missing {needle} in\n{text}");
+    }
+}

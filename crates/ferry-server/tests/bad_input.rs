@@ -1,0 +1,375 @@
+//! Hand-made bad bytes against a real server: each gets the right NBD answer
+//! or closes that one connection; other connections and the volume's data
+//! are never harmed.
+
+mod common;
+use bytes::BytesMut;
+use common::*;
+use ferry_nbd::client::{
+    decode_option_reply, decode_reply, encode_option, encode_request, go_data, Reply,
+};
+use ferry_nbd::consts::*;
+use ferry_nbd::{Command, ErrorCode};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+fn connect(s: &TestServer) -> TcpStream {
+    let t = TcpStream::connect(s.nbd).unwrap();
+    t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut g = [0u8; 18];
+    (&t).read_exact(&mut g).unwrap();
+    assert_eq!(&g[..8], b"NBDMAGIC");
+    t
+}
+
+fn read_more(t: &mut TcpStream, buf: &mut BytesMut) -> usize {
+    let mut b = [0u8; 65536];
+    let n = t.read(&mut b).unwrap_or(0);
+    buf.extend_from_slice(&b[..n]);
+    n
+}
+
+fn option_reply(t: &mut TcpStream, buf: &mut BytesMut) -> u32 {
+    loop {
+        if let Some(r) = decode_option_reply(buf).unwrap() {
+            return r.reply_type;
+        }
+        assert!(
+            read_more(t, buf) > 0,
+            "closed while waiting for an option reply"
+        );
+    }
+}
+
+/// Negotiate `export` with GO; optionally structured replies first.
+fn go(s: &TestServer, export: &str, structured: bool) -> (TcpStream, BytesMut) {
+    let mut t = connect(s);
+    let mut buf = BytesMut::new();
+    t.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
+        .unwrap();
+    if structured {
+        t.write_all(&encode_option(OPT_STRUCTURED_REPLY, &[]))
+            .unwrap();
+        assert_eq!(option_reply(&mut t, &mut buf), REP_ACK);
+    }
+    t.write_all(&encode_option(OPT_GO, &go_data(export, &[])))
+        .unwrap();
+    loop {
+        match option_reply(&mut t, &mut buf) {
+            REP_ACK => break,
+            REP_INFO => {}
+            other => panic!("GO refused: {other:#x}"),
+        }
+    }
+    (t, buf)
+}
+
+fn request(
+    t: &mut TcpStream,
+    flags: u16,
+    cmd: Command,
+    cookie: u64,
+    offset: u64,
+    len: u32,
+    payload: &[u8],
+) {
+    let mut b = BytesMut::new();
+    encode_request(&mut b, flags, cmd, cookie, offset, len);
+    b.extend_from_slice(payload);
+    t.write_all(&b).unwrap();
+}
+
+fn reply(t: &mut TcpStream, buf: &mut BytesMut, read_len: u32) -> Reply {
+    loop {
+        if let Some(r) = decode_reply(buf, |_| read_len).unwrap() {
+            return r;
+        }
+        assert!(
+            read_more(t, buf) > 0,
+            "connection closed while waiting for a reply"
+        );
+    }
+}
+
+fn closed(t: &mut TcpStream) -> bool {
+    let mut b = [0u8; 4096];
+    loop {
+        match t.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// A healthy connection still reads correct data.
+fn healthy(s: &TestServer, export: &str, offset: u64, expect: &[u8]) {
+    let (mut t, mut buf) = go(s, export, false);
+    request(
+        &mut t,
+        0,
+        Command::Read,
+        99,
+        offset,
+        expect.len() as u32,
+        &[],
+    );
+    match reply(&mut t, &mut buf, expect.len() as u32) {
+        Reply::Simple {
+            error: None, data, ..
+        } => assert_eq!(&data[..], expect),
+        r => panic!("unexpected {r:?}"),
+    }
+}
+
+#[test]
+fn bad_client_flags_and_option_magic_close_only_that_connection() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(d.path());
+    let v = s.create("v", 1 << 20);
+    v.write_at(0, b"intact", false).unwrap();
+    let (mut keep, mut kbuf) = go(&s, "v", false);
+
+    let mut t = connect(&s);
+    t.write_all(&[0xff, 0xff, 0xff, 0xff]).unwrap();
+    assert!(closed(&mut t));
+
+    let mut t = connect(&s);
+    t.write_all(&FLAG_C_FIXED_NEWSTYLE.to_be_bytes()).unwrap();
+    t.write_all(&[0x42; 40]).unwrap();
+    assert!(closed(&mut t));
+
+    // Unknown export via EXPORT_NAME can only be answered by closing.
+    let mut t = connect(&s);
+    t.write_all(&FLAG_C_FIXED_NEWSTYLE.to_be_bytes()).unwrap();
+    t.write_all(&encode_option(OPT_EXPORT_NAME, b"no-such-volume"))
+        .unwrap();
+    assert!(closed(&mut t));
+
+    request(&mut keep, 0, Command::Read, 1, 0, 6, &[]);
+    match reply(&mut keep, &mut kbuf, 6) {
+        Reply::Simple {
+            error: None, data, ..
+        } => assert_eq!(&data[..], b"intact"),
+        r => panic!("{r:?}"),
+    }
+}
+
+#[test]
+fn unknown_option_and_unknown_export_get_error_replies() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(d.path());
+    s.create("v", 1 << 20);
+    let mut t = connect(&s);
+    let mut buf = BytesMut::new();
+    t.write_all(&FLAG_C_FIXED_NEWSTYLE.to_be_bytes()).unwrap();
+    t.write_all(&encode_option(0x7777, b"whatever")).unwrap();
+    assert_eq!(option_reply(&mut t, &mut buf), REP_ERR_UNSUP);
+    t.write_all(&encode_option(OPT_GO, &go_data("nope", &[])))
+        .unwrap();
+    assert_eq!(option_reply(&mut t, &mut buf), REP_ERR_UNKNOWN);
+    t.write_all(&encode_option(OPT_GO, b"\x00\x00\x10\x00short"))
+        .unwrap();
+    assert_eq!(option_reply(&mut t, &mut buf), REP_ERR_INVALID);
+    t.write_all(&encode_option(OPT_STARTTLS, &[])).unwrap();
+    assert_eq!(option_reply(&mut t, &mut buf), REP_ERR_UNSUP);
+    t.write_all(&encode_option(OPT_GO, &go_data("v", &[])))
+        .unwrap();
+    loop {
+        match option_reply(&mut t, &mut buf) {
+            REP_ACK => break,
+            REP_INFO => {}
+            o => panic!("{o:#x}"),
+        }
+    }
+}
+
+#[test]
+fn out_of_range_requests_get_errno_and_change_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(d.path());
+    let v = s.create("v", 1 << 20);
+    v.write_at((1 << 20) - 4, b"tail", false).unwrap();
+    let (mut t, mut buf) = go(&s, "v", false);
+    let size = 1u64 << 20;
+    request(&mut t, 0, Command::Read, 1, size - 2, 4, &[]);
+    assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::Inval));
+    request(&mut t, 0, Command::Write, 2, size - 2, 4, b"XXXX");
+    assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::NoSpc));
+    request(&mut t, 0, Command::Write, 3, u64::MAX - 1, 4, b"XXXX");
+    assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::NoSpc));
+    request(&mut t, 0, Command::Trim, 4, size, 512, &[]);
+    assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::Inval));
+    request(&mut t, 0, Command::WriteZeroes, 5, 0, u32::MAX, &[]);
+    assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::NoSpc));
+    request(&mut t, 0, Command::Read, 6, 0, 0, &[]);
+    assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::Inval));
+    drop(t);
+    healthy(&s, "v", size - 4, b"tail");
+}
+
+#[test]
+fn oversized_unknown_and_badly_flagged_requests_keep_the_connection() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(d.path());
+    let v = s.create("v", 64 << 20);
+    v.write_at(0, b"ok", false).unwrap();
+    let (mut t, mut buf) = go(&s, "v", false);
+    let big = vec![0x55u8; (MAX + 1) as usize];
+    request(&mut t, 0, Command::Write, 1, 0, MAX + 1, &big);
+    assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::Inval));
+    request(&mut t, 0, Command::Read, 2, 0, MAX + 1, &[]);
+    assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::Inval));
+    request(&mut t, 0, Command::Unknown(200), 3, 0, 1, &[]);
+    assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::Inval));
+    request(
+        &mut t,
+        CMD_FLAG_NO_HOLE | 0x4000,
+        Command::Read,
+        4,
+        0,
+        1,
+        &[],
+    );
+    assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::Inval));
+    request(&mut t, 0, Command::BlockStatus, 5, 0, 512, &[]);
+    assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::Inval));
+    request(&mut t, 0, Command::Read, 6, 0, 2, &[]);
+    match reply(&mut t, &mut buf, 2) {
+        Reply::Simple {
+            error: None,
+            data,
+            cookie: 6,
+        } => assert_eq!(&data[..], b"ok"),
+        r => panic!("{r:?}"),
+    }
+    // The oversized write was not applied.
+    let mut b = [0u8; 2];
+    v.read_at(0, &mut b).unwrap();
+    assert_eq!(&b, b"ok");
+}
+
+const MAX: u32 = ferry_nbd::MAX_REQUEST_LEN;
+
+#[test]
+fn bad_request_magic_closes_only_that_connection() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(d.path());
+    let v = s.create("v", 1 << 20);
+    v.write_at(512, b"still here", false).unwrap();
+    let (mut t, _) = go(&s, "v", false);
+    t.write_all(&[0xde; 28]).unwrap();
+    assert!(closed(&mut t));
+    healthy(&s, "v", 512, b"still here");
+}
+
+#[test]
+fn client_vanishing_mid_write_leaves_the_volume_untouched() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(d.path());
+    let v = s.create("v", 4 << 20);
+    for _ in 0..5 {
+        let (mut t, _) = go(&s, "v", false);
+        let mut b = BytesMut::new();
+        encode_request(&mut b, 0, Command::Write, 1, 0, 1 << 20);
+        t.write_all(&b).unwrap();
+        t.write_all(&vec![0xee; 100_000]).unwrap();
+        drop(t);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let mut data = vec![1u8; 1 << 20];
+    v.read_at(0, &mut data).unwrap();
+    assert!(
+        data.iter().all(|&x| x == 0),
+        "a partial write reached the volume"
+    );
+    healthy(&s, "v", 0, &[0u8; 16]);
+}
+
+#[test]
+fn read_only_volume_refuses_writes() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(d.path());
+    s.state
+        .pool
+        .create(
+            "ro",
+            &ferry_storage::CreateOptions {
+                size: 1 << 20,
+                read_only: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let (mut t, mut buf) = go(&s, "ro", false);
+    request(&mut t, 0, Command::Write, 1, 0, 4, b"nope");
+    assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::Perm));
+    request(&mut t, 0, Command::Trim, 2, 0, 4096, &[]);
+    assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::Perm));
+    request(&mut t, 0, Command::Read, 3, 0, 4, &[]);
+    assert_eq!(reply(&mut t, &mut buf, 4).error(), None);
+}
+
+#[test]
+fn pipelined_requests_are_all_answered_with_structured_reads() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(d.path());
+    let v = s.create("v", 16 << 20);
+    for i in 0..64u64 {
+        v.write_at(i * 65536, &[i as u8; 65536], false).unwrap();
+    }
+    let (mut t, mut buf) = go(&s, "v", true);
+    let mut b = BytesMut::new();
+    for i in 0..64u64 {
+        encode_request(&mut b, 0, Command::Read, 1000 + i, i * 65536, 65536);
+    }
+    t.write_all(&b).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < 64 {
+        match reply(&mut t, &mut buf, 0) {
+            Reply::Chunk {
+                cookie,
+                ty,
+                payload,
+                flags,
+            } => {
+                assert_eq!(ty, REPLY_TYPE_OFFSET_DATA);
+                assert!(flags & REPLY_FLAG_DONE != 0);
+                let i = cookie - 1000;
+                assert_eq!(
+                    u64::from_be_bytes(payload[..8].try_into().unwrap()),
+                    i * 65536
+                );
+                assert!(payload[8..].iter().all(|&x| x == i as u8));
+                assert!(seen.insert(cookie));
+            }
+            r => panic!("{r:?}"),
+        }
+    }
+}
+
+#[test]
+fn disc_drains_in_flight_writes_before_closing() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(d.path());
+    let v = s.create("v", 8 << 20);
+    let (mut t, mut buf) = go(&s, "v", false);
+    let mut b = BytesMut::new();
+    for i in 0..32u64 {
+        encode_request(&mut b, 0, Command::Write, i, i * 65536, 65536);
+        b.extend_from_slice(&[0x77; 65536]);
+    }
+    encode_request(&mut b, 0, Command::Disc, 99, 0, 0);
+    t.write_all(&b).unwrap();
+    let mut answered = 0;
+    while answered < 32 {
+        assert_eq!(reply(&mut t, &mut buf, 0).error(), None);
+        answered += 1;
+    }
+    assert!(closed(&mut t));
+    let mut data = vec![0u8; 32 * 65536];
+    v.read_at(0, &mut data).unwrap();
+    assert!(data.iter().all(|&x| x == 0x77));
+}

@@ -1,0 +1,145 @@
+//! A real daemon on 127.0.0.1:0 for tests, and helpers to run real clients.
+#![allow(dead_code)]
+
+use ferry_server::config::Config;
+use ferry_server::{Daemon, ServerState};
+use ferry_storage::{CreateOptions, Volume};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+pub struct TestServer {
+    pub nbd: SocketAddr,
+    pub admin: SocketAddr,
+    pub pool: PathBuf,
+    pub state: Arc<ServerState>,
+    shutdown: CancellationToken,
+    rt: Option<tokio::runtime::Runtime>,
+    task: Option<tokio::task::JoinHandle<Result<(), ferry_server::ServerError>>>,
+}
+
+impl TestServer {
+    pub fn start(pool: &Path) -> TestServer {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut config = Config::default();
+        config.pool = pool.to_path_buf();
+        config.nbd.listen = "127.0.0.1:0".into();
+        config.admin.listen = "127.0.0.1:0".into();
+        let daemon = rt.block_on(Daemon::bind(config)).unwrap();
+        let a = daemon.addrs();
+        let state = daemon.state();
+        let shutdown = CancellationToken::new();
+        let task = rt.spawn(daemon.run(shutdown.clone()));
+        TestServer {
+            nbd: a.nbd.unwrap(),
+            admin: a.admin.unwrap(),
+            pool: pool.to_path_buf(),
+            state,
+            shutdown,
+            rt: Some(rt),
+            task: Some(task),
+        }
+    }
+
+    pub fn create(&self, name: &str, size: u64) -> Arc<Volume> {
+        self.state
+            .pool
+            .create(
+                name,
+                &CreateOptions {
+                    size,
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+    }
+
+    pub fn uri(&self, export: &str) -> String {
+        format!("nbd://{}/{}", self.nbd, export)
+    }
+
+    pub fn rt(&self) -> &tokio::runtime::Runtime {
+        self.rt.as_ref().unwrap()
+    }
+
+    /// Clean shutdown: drain, flush, save bitmaps, remove in-use markers.
+    pub fn stop(mut self) {
+        self.shutdown.cancel();
+        let rt = self.rt.take().unwrap();
+        rt.block_on(self.task.take().unwrap()).unwrap().unwrap();
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        if let (Some(rt), Some(t)) = (self.rt.take(), self.task.take()) {
+            let _ = rt.block_on(t);
+        }
+    }
+}
+
+/// Is an external program here? With FERRY_REQUIRE_TOOLS=1 (set by the test
+/// command) a missing tool fails the test instead of skipping it.
+pub fn have(tool: &str) -> bool {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !found {
+        if std::env::var("FERRY_REQUIRE_TOOLS").as_deref() == Ok("1") {
+            panic!("{tool} is required (FERRY_REQUIRE_TOOLS=1) but not installed");
+        }
+        eprintln!("SKIP: {tool} not installed");
+    }
+    found
+}
+
+/// Run a command; panic with its output if it fails. Returns stdout.
+pub fn run(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    stdout
+}
+
+/// A file of `mib` MiB mixing random data, text and zero runs.
+pub fn make_image(path: &Path, mib: usize) {
+    let mut data = vec![0u8; mib << 20];
+    let mut x: u64 = 0x1234_5678_9abc_def1;
+    for (i, chunk) in data.chunks_mut(256 << 10).enumerate() {
+        if i % 4 == 3 {
+            continue;
+        }
+        for b in chunk.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+    }
+    std::fs::write(path, data).unwrap();
+}
+
+pub fn sha(path: &Path) -> String {
+    run(Command::new("sha256sum").arg(path))
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}

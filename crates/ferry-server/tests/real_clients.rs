@@ -1,0 +1,223 @@
+//! ferry serve against the programs users use: qemu-img, qemu-io, nbdinfo,
+//! nbdcopy and fio, plus restart with data intact.
+
+mod common;
+use common::*;
+use std::process::Command;
+
+#[test]
+fn qemu_img_convert_in_and_out() {
+    if !have("qemu-img") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(&d.path().join("pool"));
+    s.create("disk", 32 << 20);
+    let img = d.path().join("in.img");
+    let out = d.path().join("out.img");
+    make_image(&img, 32);
+    run(Command::new("qemu-img")
+        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+        .arg(&img)
+        .arg(s.uri("disk")));
+    run(Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "raw"])
+        .arg(s.uri("disk"))
+        .arg(&out));
+    assert_eq!(sha(&img), sha(&out));
+    run(Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&img)
+        .arg(s.uri("disk")));
+}
+
+#[test]
+fn qemu_io_patterns_zeroes_and_fua() {
+    if !have("qemu-io") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(&d.path().join("pool"));
+    s.create("v", 16 << 20);
+    let out = run(Command::new("qemu-io")
+        .args(["-f", "raw"])
+        .arg(s.uri("v"))
+        .args([
+            "-c",
+            "write -P 0xab 0 1M",
+            "-c",
+            "read -P 0xab 0 1M",
+            "-c",
+            "write -z 512k 64k",
+            "-c",
+            "read -P 0 512k 64k",
+            "-c",
+            "read -P 0xab 576k 448k",
+            "-c",
+            "write -f -P 0x5a 4M 4k",
+            "-c",
+            "read -P 0x5a 4M 4k",
+            "-c",
+            "aio_write -P 0x01 8M 64k",
+            "-c",
+            "aio_write -P 0x02 9M 64k",
+            "-c",
+            "aio_flush",
+            "-c",
+            "read -P 0x01 8M 64k",
+            "-c",
+            "read -P 0x02 9M 64k",
+            "-c",
+            "discard 8M 64k",
+            "-c",
+            "read -P 0 8M 64k",
+            "-c",
+            "flush",
+        ]));
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+    assert!(!out.to_lowercase().contains("error"), "{out}");
+}
+
+#[test]
+fn nbdinfo_map_shows_holes_allocation_and_dirty_bitmap() {
+    if !have("nbdinfo") || !have("qemu-io") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(&d.path().join("pool"));
+    let v = s.create("sparse", 8 << 20);
+    let map = run(Command::new("nbdinfo").arg("--map").arg(s.uri("sparse")));
+    let rows: Vec<&str> = map.lines().collect();
+    assert_eq!(rows.len(), 1, "{map}");
+    assert!(rows[0].contains("hole,zero"), "{map}");
+    v.create_bitmap("mig", 65536, false).unwrap();
+    run(Command::new("qemu-io")
+        .args(["-f", "raw"])
+        .arg(s.uri("sparse"))
+        .args(["-c", "write -P 7 2M 1M"]));
+    let map = run(Command::new("nbdinfo").arg("--map").arg(s.uri("sparse")));
+    let data: Vec<&str> = map
+        .lines()
+        .filter(|l| l.trim_end().ends_with("data"))
+        .collect();
+    assert_eq!(data.len(), 1, "{map}");
+    let f: Vec<u64> = data[0]
+        .split_whitespace()
+        .take(2)
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert!(f[0] <= 2 << 20 && f[0] + f[1] >= 3 << 20, "{map}");
+    let dirty = run(Command::new("nbdinfo")
+        .arg("--map=ferry:dirty-bitmap:mig")
+        .arg(s.uri("sparse")));
+    let rows: Vec<Vec<u64>> = dirty
+        .lines()
+        .map(|l| {
+            l.split_whitespace()
+                .take(3)
+                .map(|x| x.parse().unwrap())
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            vec![0, 2 << 20, 0],
+            vec![2 << 20, 1 << 20, 1],
+            vec![3 << 20, 5 << 20, 0]
+        ],
+        "{dirty}"
+    );
+    let list = run(Command::new("nbdinfo")
+        .arg("--list")
+        .arg(format!("nbd://{}", s.nbd)));
+    assert!(list.contains("export=\"sparse\""), "{list}");
+}
+
+#[test]
+fn nbdcopy_multi_conn_round_trip() {
+    if !have("nbdcopy") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(&d.path().join("pool"));
+    s.create("c", 48 << 20);
+    let img = d.path().join("in.img");
+    let out = d.path().join("out.img");
+    make_image(&img, 48);
+    run(Command::new("nbdcopy")
+        .arg("--connections=4")
+        .arg(&img)
+        .arg(s.uri("c")));
+    run(Command::new("nbdcopy")
+        .arg("--connections=4")
+        .arg(s.uri("c"))
+        .arg(&out));
+    assert_eq!(sha(&img), sha(&out));
+    // Zero runs went over as holes, not data.
+    let vol = s.state.pool.get("c").unwrap();
+    assert!(vol.allocated_bytes() < 48 << 20);
+}
+
+#[test]
+fn fio_verify_qd32_over_4_connections() {
+    if !have("fio") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(&d.path().join("pool"));
+    s.create("f", 128 << 20);
+    let out = run(Command::new("fio").args([
+        "--name=verify",
+        "--ioengine=nbd",
+        &format!("--uri={}", s.uri("f")),
+        "--rw=randwrite",
+        "--bs=4k",
+        "--iodepth=32",
+        "--numjobs=4",
+        "--size=24M",
+        "--offset_increment=32M",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_fatal=1",
+        "--group_reporting",
+    ]));
+    assert!(out.contains("err= 0"), "{out}");
+    // Each of the 4 jobs is its own NBD connection: all four were served.
+    let m = s.state.metrics.render(&s.state.pool);
+    assert!(
+        m.contains("ferry_requests_total{volume=\"f\",op=\"write\"} 24576"),
+        "{m}"
+    );
+}
+
+#[test]
+fn restart_keeps_data_and_identity() {
+    if !have("qemu-io") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let pool = d.path().join("pool");
+    let s = TestServer::start(&pool);
+    let uuid = s.create("keep", 4 << 20).meta().uuid;
+    s.state
+        .pool
+        .get("keep")
+        .unwrap()
+        .create_bitmap("b", 65536, true)
+        .unwrap();
+    run(Command::new("qemu-io")
+        .args(["-f", "raw"])
+        .arg(s.uri("keep"))
+        .args(["-c", "write -P 0x3c 1M 256k"]));
+    s.stop();
+    let s = TestServer::start(&pool);
+    let v = s.state.pool.get("keep").unwrap();
+    assert_eq!(v.meta().uuid, uuid);
+    assert_eq!(v.bitmap("b").unwrap().dirty_bytes(), 256 << 10);
+    let out = run(Command::new("qemu-io")
+        .args(["-f", "raw", "-r"])
+        .arg(s.uri("keep"))
+        .args(["-c", "read -P 0x3c 1M 256k"]));
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+}
