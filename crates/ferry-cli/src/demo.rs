@@ -64,8 +64,10 @@ pub fn run(a: DemoArgs) -> Result<()> {
     eprintln!("== building a {} MiB disk image", a.image_mib);
     let kind = build_image(&image, a.image_mib)?;
     eprintln!("   {kind}");
-    let mut config = Config::default();
-    config.pool = dir.path().join("pool");
+    let mut config = Config {
+        pool: dir.path().join("pool"),
+        ..Default::default()
+    };
     config.nbd.listen = "127.0.0.1:0".into();
     config.admin.listen = "127.0.0.1:0".into();
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -446,7 +446,7 @@ fn on_chunk(
             }
         }
         REPLY_TYPE_BLOCK_STATUS => {
-            if payload.len() < 4 || (payload.len() - 4) % 8 != 0 {
+            if payload.len() < 4 || !(payload.len() - 4).is_multiple_of(8) {
                 return Err(bad("block status length"));
             }
             let ctx = payload.get_u32();

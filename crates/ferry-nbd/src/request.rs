@@ -287,7 +287,8 @@ pub fn validate(req: &Request, lim: &TransmissionLimits) -> Result<(), ErrorCode
     }
     if lim.min_block > 1
         && req.command != Command::BlockStatus
-        && (req.offset % u64::from(lim.min_block) != 0 || req.length % lim.min_block != 0)
+        && (!req.offset.is_multiple_of(u64::from(lim.min_block))
+            || !req.length.is_multiple_of(lim.min_block))
     {
         return Err(ErrorCode::Inval);
     }

@@ -337,11 +337,11 @@ async fn export(State(s): St, Path(name): Path<String>) -> ApiResult<Response> {
             Some((item, off + n as u64))
         }
     });
-    Ok(Response::builder()
+    Response::builder()
         .header(header::CONTENT_TYPE, "application/octet-stream")
         .header(header::CONTENT_LENGTH, size)
         .body(Body::from_stream(stream))
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?)
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
 }
 
 async fn list_bitmaps(State(s): St, Path(name): Path<String>) -> ApiResult<Json<Vec<BitmapView>>> {

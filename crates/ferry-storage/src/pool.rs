@@ -135,7 +135,7 @@ impl Pool {
                 )));
             }
         }
-        if size == 0 || size % u64::from(o.block_size) != 0 {
+        if size == 0 || !size.is_multiple_of(u64::from(o.block_size)) {
             return Err(StorageError::Invalid(format!(
                 "size {size} must be a non-zero multiple of the block size {}",
                 o.block_size

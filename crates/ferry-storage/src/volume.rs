@@ -189,7 +189,7 @@ impl Volume {
         }
         if self.direct {
             let bs = u64::from(self.block_size());
-            if offset % bs != 0 || len % bs != 0 {
+            if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
                 return Err(StorageError::Invalid(format!(
                     "O_DIRECT volume needs {bs}-byte aligned I/O (offset {offset}, length {len})"
                 )));
@@ -437,7 +437,7 @@ impl Volume {
         if m.read_only {
             return Err(StorageError::ReadOnly(m.name.clone()));
         }
-        if new_size % u64::from(m.block_size) != 0 || new_size == 0 {
+        if !new_size.is_multiple_of(u64::from(m.block_size)) || new_size == 0 {
             return Err(StorageError::Invalid(format!(
                 "size {new_size} must be a non-zero multiple of the block size {}",
                 m.block_size

@@ -27,8 +27,10 @@ impl TestServer {
             .enable_all()
             .build()
             .unwrap();
-        let mut config = Config::default();
-        config.pool = pool.to_path_buf();
+        let mut config = Config {
+            pool: pool.to_path_buf(),
+            ..Default::default()
+        };
         config.nbd.listen = "127.0.0.1:0".into();
         config.admin.listen = "127.0.0.1:0".into();
         let daemon = rt.block_on(Daemon::bind(config)).unwrap();

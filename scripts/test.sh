@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need, then runs every test:
+# format and lint checks, a short run of every fuzz target, and the whole
+# cargo test suite (unit, real-server, real-client and CLI tests). Ends with
+# one summary line "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh --test || { echo "dependency installation failed"; exit 1; }
+export PATH="$HOME/.cargo/bin:$PATH"
+export FERRY_REQUIRE_TOOLS=1
+export CARGO_TERM_COLOR=never
+
+fail=0
+echo "== cargo fmt --check"
+cargo fmt --all -- --check || fail=1
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings || fail=1
+
+fuzz_secs="${FERRY_FUZZ_SECONDS:-20}"
+if command -v cargo-fuzz >/dev/null 2>&1 && rustup run nightly rustc --version >/dev/null 2>&1; then
+  for t in $(cd fuzz && cargo +nightly fuzz list); do
+    echo "== fuzz $t for ${fuzz_secs}s"
+    (cd fuzz && cargo +nightly fuzz run "$t" -- -max_total_time="$fuzz_secs" 2>&1 | grep -E 'Done|ERROR|panicked|SUMMARY|deadly' ) 
+    if [ -n "$(ls -A fuzz/artifacts/"$t" 2>/dev/null)" ]; then
+      echo "fuzz target $t found a crash: fuzz/artifacts/$t"; fail=1
+    fi
+  done
+else
+  echo "SKIP: fuzz smoke runs (cargo-fuzz or nightly missing)"
+fi
+
+echo "== cargo test"
+log=$(mktemp)
+cargo test --workspace --no-fail-fast 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+passed=$(awk '/^test result:/ { for (i = 1; i < NF; i++) if ($(i+1) ~ /^passed/) s += $i } END { print s + 0 }' "$log")
+failed=$(awk '/^test result:/ { for (i = 1; i < NF; i++) if ($(i+1) ~ /^failed/) s += $i } END { print s + 0 }' "$log")
+rm -f "$log"
+[ "$rc" = 0 ] || fail=1
+if [ "${passed:-0}" = 0 ]; then
+  echo "no tests ran"; fail=1
+fi
+echo
+echo "${passed:-0} passed, ${failed:-0} failed"
+exit $fail
