@@ -43,6 +43,43 @@ pub struct Volume {
     size: AtomicU64,
     bitmaps: RwLock<Vec<Arc<DirtyBitmap>>>,
     deleted: AtomicBool,
+    /// Cleared when the file system refuses RWF_NOWAIT buffered writes.
+    nowait_writes: AtomicBool,
+}
+
+/// `preadv2`/`pwritev2` on one buffer; `Ok(n)` bytes done.
+fn rw_raw(
+    file: &File,
+    write: bool,
+    ptr: *mut u8,
+    len: usize,
+    offset: u64,
+    flags: libc::c_int,
+) -> std::io::Result<usize> {
+    let off = libc::off_t::try_from(offset)
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let iov = libc::iovec {
+        iov_base: ptr.cast(),
+        iov_len: len,
+    };
+    // SAFETY: `iov` describes `len` bytes at `ptr`, which the caller guarantees
+    // are valid (readable for writes, writable for reads) for this call; the
+    // descriptor is owned by `file`.
+    let r = unsafe {
+        if write {
+            libc::pwritev2(file.as_raw_fd(), &iov, 1, off, flags)
+        } else {
+            libc::preadv2(file.as_raw_fd(), &iov, 1, off, flags)
+        }
+    };
+    usize::try_from(r).map_err(|_| std::io::Error::last_os_error())
+}
+
+fn would_block(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EAGAIN) | Some(libc::EOPNOTSUPP)
+    )
 }
 
 fn fallocate(file: &File, mode: libc::c_int, offset: u64, len: u64) -> std::io::Result<()> {
@@ -145,6 +182,7 @@ impl Volume {
             meta: Mutex::new(meta),
             bitmaps: RwLock::new(bitmaps),
             deleted: AtomicBool::new(false),
+            nowait_writes: AtomicBool::new(true),
         })
     }
 
@@ -222,6 +260,96 @@ impl Volume {
         self.file
             .read_exact_at(buf, offset)
             .map_err(|e| self.io_err("read", e))
+    }
+
+    /// Read `len` bytes at `offset`, appending them to `out` without
+    /// zero-filling first. With `nowait`, give up (`Ok(false)`, `out`
+    /// unchanged) rather than block, e.g. when the data is not in the page
+    /// cache; the caller then retries without `nowait` on a worker thread.
+    pub fn read_append(
+        &self,
+        offset: u64,
+        len: usize,
+        out: &mut bytes::BytesMut,
+        nowait: bool,
+    ) -> Result<bool> {
+        self.check(offset, len as u64, false)?;
+        if self.direct {
+            if nowait {
+                return Ok(false);
+            }
+            let start = out.len();
+            out.resize(start + len, 0);
+            return self.read_at(offset, &mut out[start..]).map(|()| true);
+        }
+        out.reserve(len);
+        let start = out.len();
+        let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
+        let mut done = 0usize;
+        while done < len {
+            let spare = &mut out.spare_capacity_mut()[done..len];
+            match rw_raw(
+                &self.file,
+                false,
+                spare.as_mut_ptr().cast(),
+                len - done,
+                offset + done as u64,
+                flags,
+            ) {
+                Ok(0) => {
+                    return Err(self.io_err(
+                        "read",
+                        std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
+                    ));
+                }
+                Ok(n) => done += n,
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) if nowait && would_block(&e) => return Ok(false),
+                Err(e) => return Err(self.io_err("read", e)),
+            }
+        }
+        // SAFETY: the kernel initialised exactly `len` bytes after `start`.
+        unsafe { out.set_len(start + len) };
+        Ok(true)
+    }
+
+    /// Try to write without blocking (page cache has room, no allocation
+    /// wait). `Ok(false)` means retry with [`Volume::write_at`]; bitmaps are
+    /// marked whenever any byte may have changed.
+    pub fn try_write_nowait(&self, offset: u64, data: &[u8]) -> Result<bool> {
+        self.check(offset, data.len() as u64, true)?;
+        if self.direct || !self.nowait_writes.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let mut done = 0usize;
+        let result = loop {
+            if done == data.len() {
+                break Ok(true);
+            }
+            let rest = &data[done..];
+            match rw_raw(
+                &self.file,
+                true,
+                rest.as_ptr().cast_mut(),
+                rest.len(),
+                offset + done as u64,
+                libc::RWF_NOWAIT,
+            ) {
+                Ok(0) => break Ok(false),
+                Ok(n) => done += n,
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                    self.nowait_writes.store(false, Ordering::Relaxed);
+                    break Ok(false);
+                }
+                Err(e) if would_block(&e) => break Ok(false),
+                Err(e) => break Err(self.io_err("write", e)),
+            }
+        };
+        if done > 0 || result.is_err() {
+            self.mark(offset, data.len() as u64);
+        }
+        result
     }
 
     /// Write `data` at `offset`; with `fua` it is durable before this returns.

@@ -222,3 +222,24 @@ fn concurrent_writers_never_escape_the_bitmap() {
     v.read_at(0, &mut actual).unwrap();
     assert!(actual == shadow, "bitmap missed a write");
 }
+
+#[test]
+fn nowait_paths_read_and_write_like_the_blocking_ones() {
+    let d = tempfile::tempdir().unwrap();
+    let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+    let v = p.create("v", &opts(1 << 20)).unwrap();
+    let bm = v.create_bitmap("b", 4096, false).unwrap();
+    // A write that cannot be done without blocking must still be done by write_at.
+    if !v.try_write_nowait(8192, b"fast").unwrap() {
+        v.write_at(8192, b"fast", false).unwrap();
+    }
+    assert_eq!(bm.take(), vec![8192]);
+    let mut out = bytes::BytesMut::from(&b"hdr"[..]);
+    if !v.read_append(8192, 4, &mut out, true).unwrap() {
+        assert_eq!(&out[..], b"hdr");
+        v.read_append(8192, 4, &mut out, false).unwrap();
+    }
+    assert_eq!(&out[..], b"hdrfast");
+    assert!(v.read_append((1 << 20) - 2, 4, &mut out, false).is_err());
+    assert!(v.try_write_nowait((1 << 20) - 2, b"xxxx").is_err());
+}

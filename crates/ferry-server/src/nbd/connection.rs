@@ -115,17 +115,23 @@ async fn transmission(
             if req.command == Command::Disc {
                 break 'conn;
             }
+            if let Some(reply) = exec::try_inline(&ctx, &req) {
+                if tx.send(reply).await.is_err() {
+                    break 'conn;
+                }
+                continue;
+            }
             let permit = tokio::select! {
                 p = slots.clone().acquire_owned() => p.expect("semaphore never closed"),
                 () = shutdown.cancelled() => break 'conn,
             };
             let ctx = ctx.clone();
             let tx = tx.clone();
-            tracker.spawn(async move {
-                let reply = exec::handle(&ctx, req).await;
+            tracker.spawn_blocking(move || {
+                let reply = exec::execute_blocking(&ctx, &req);
                 drop(permit);
                 // The client may be gone; its replies have nowhere to go.
-                let _ = tx.send(reply).await;
+                let _ = tx.blocking_send(reply);
             });
         }
         buf.reserve(decoder.wanted(buf.len()).max(256 * 1024));

@@ -3,7 +3,7 @@
 
 use crate::metrics::OpMetrics;
 use crate::ServerState;
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use ferry_nbd::consts::*;
 use ferry_nbd::handshake::MetaContext;
 use ferry_nbd::{reply, validate, Command, ErrorCode, Negotiated, Request, TransmissionLimits};
@@ -73,39 +73,90 @@ pub fn errno_for(e: &StorageError, cmd: Command) -> ErrorCode {
     }
 }
 
-/// Serve one request; returns the encoded reply.
-pub async fn handle(ctx: &Arc<ConnContext>, req: Request) -> Bytes {
-    let start = Instant::now();
-    let m = ctx.op_metrics(req.command);
-    ctx.in_flight.inc();
-    let lim = TransmissionLimits {
-        size: ctx.volume.size(),
-        read_only: ctx.volume.read_only(),
-        structured: ctx.structured,
-        has_meta_contexts: !ctx.contexts.is_empty(),
-        min_block: ctx.min_block,
-    };
-    let out = match validate(&req, &lim) {
-        Err(code) => Err((code, format!("invalid {} request", req.command.name()))),
-        Ok(()) => execute(ctx, &req).await,
-    };
-    ctx.in_flight.dec();
-    m.ops.inc();
-    m.size.observe(f64::from(req.length));
-    m.latency.observe(start.elapsed().as_secs_f64());
-    match out {
-        Ok(bytes) => {
-            if matches!(req.command, Command::Read | Command::Write) {
-                m.bytes.inc_by(u64::from(req.length));
-            }
-            bytes
-        }
-        Err((code, msg)) => {
-            m.errors.inc();
-            tracing::debug!(op = req.command.name(), offset = req.offset, len = req.length, %code, %msg, "request failed");
-            error_reply(ctx, &req, code, &msg)
+/// Largest READ tried inline on the event loop. Bigger copies are spread
+/// over worker threads instead (measured: 1 MiB reads inline ran at half
+/// the rate of 1 MiB reads on the worker pool).
+const INLINE_READ_MAX: u32 = 128 << 10;
+/// Largest WRITE tried inline (its payload is already in memory).
+const INLINE_WRITE_MAX: u32 = 128 << 10;
+
+impl ConnContext {
+    fn limits(&self) -> TransmissionLimits {
+        TransmissionLimits {
+            size: self.volume.size(),
+            read_only: self.volume.read_only(),
+            structured: self.structured,
+            has_meta_contexts: !self.contexts.is_empty(),
+            min_block: self.min_block,
         }
     }
+
+    /// Record metrics for a finished request and encode its reply.
+    fn finish(&self, req: &Request, start: Instant, out: Outcome) -> Bytes {
+        let m = self.op_metrics(req.command);
+        m.ops.inc();
+        m.size.observe(f64::from(req.length));
+        m.latency.observe(start.elapsed().as_secs_f64());
+        match out {
+            Ok(bytes) => {
+                if matches!(req.command, Command::Read | Command::Write) {
+                    m.bytes.inc_by(u64::from(req.length));
+                }
+                bytes
+            }
+            Err((code, msg)) => {
+                m.errors.inc();
+                tracing::debug!(op = req.command.name(), offset = req.offset, len = req.length, %code, %msg, "request failed");
+                error_reply(self, req, code, &msg)
+            }
+        }
+    }
+}
+
+/// Try to serve a request on the event loop without blocking: invalid
+/// requests, and READs/WRITEs the page cache can take at once (RWF_NOWAIT).
+/// `None` means: run [`execute_blocking`] on a worker thread.
+pub fn try_inline(ctx: &ConnContext, req: &Request) -> Option<Bytes> {
+    let start = Instant::now();
+    if let Err(code) = validate(req, &ctx.limits()) {
+        let msg = format!("invalid {} request", req.command.name());
+        return Some(ctx.finish(req, start, Err((code, msg))));
+    }
+    let out = match req.command {
+        Command::Read if req.length <= INLINE_READ_MAX => {
+            let mut b = read_header(ctx.structured, req);
+            match ctx
+                .volume
+                .read_append(req.offset, req.length as usize, &mut b, true)
+            {
+                Ok(true) => Ok(b.freeze()),
+                Ok(false) => return None,
+                Err(e) => Err((errno_for(&e, req.command), e.to_string())),
+            }
+        }
+        Command::Write if !req.has_flag(CMD_FLAG_FUA) && req.length <= INLINE_WRITE_MAX => {
+            let data = req.payload.as_deref().unwrap_or_default();
+            match ctx.volume.try_write_nowait(req.offset, data) {
+                Ok(true) => Ok(ok_reply(req.cookie)),
+                Ok(false) => return None,
+                Err(e) => Err((errno_for(&e, req.command), e.to_string())),
+            }
+        }
+        _ => return None,
+    };
+    Some(ctx.finish(req, start, out))
+}
+
+/// Serve a request on a worker thread (it may block on the disk).
+pub fn execute_blocking(ctx: &ConnContext, req: &Request) -> Bytes {
+    let start = Instant::now();
+    ctx.in_flight.inc();
+    let out = match validate(req, &ctx.limits()) {
+        Err(code) => Err((code, format!("invalid {} request", req.command.name()))),
+        Ok(()) => execute(ctx, req).map_err(|e| (errno_for(&e, req.command), e.to_string())),
+    };
+    ctx.in_flight.dec();
+    ctx.finish(req, start, out)
 }
 
 fn error_reply(ctx: &ConnContext, req: &Request, code: ErrorCode, msg: &str) -> Bytes {
@@ -124,99 +175,61 @@ fn ok_reply(cookie: u64) -> Bytes {
     b.freeze()
 }
 
-type Outcome = Result<Bytes, (ErrorCode, String)>;
-
-async fn blocking<F>(ctx: &Arc<ConnContext>, cmd: Command, f: F) -> Outcome
-where
-    F: FnOnce(&Volume) -> Result<Bytes, StorageError> + Send + 'static,
-{
-    let c = ctx.clone();
-    match tokio::task::spawn_blocking(move || f(&c.volume)).await {
-        Ok(Ok(b)) => Ok(b),
-        Ok(Err(e)) => Err((errno_for(&e, cmd), e.to_string())),
-        Err(e) => Err((ErrorCode::Io, format!("worker failed: {e}"))),
+/// A buffer holding the reply header of a successful READ, with room for the data.
+fn read_header(structured: bool, req: &Request) -> BytesMut {
+    let hdr = if structured {
+        STRUCTURED_HEADER_LEN + 8
+    } else {
+        SIMPLE_REPLY_LEN
+    };
+    let mut b = BytesMut::with_capacity(hdr + req.length as usize);
+    if structured {
+        reply::offset_data_header(&mut b, req.cookie, req.offset, req.length);
+    } else {
+        reply::simple(&mut b, req.cookie, None);
     }
+    b
 }
 
-async fn execute(ctx: &Arc<ConnContext>, req: &Request) -> Outcome {
-    let cookie = req.cookie;
-    let offset = req.offset;
-    let len = req.length;
+type Outcome = Result<Bytes, (ErrorCode, String)>;
+
+fn execute(ctx: &ConnContext, req: &Request) -> Result<Bytes, StorageError> {
+    let v = &ctx.volume;
+    let (cookie, offset, len) = (req.cookie, req.offset, u64::from(req.length));
     let fua = req.has_flag(CMD_FLAG_FUA);
     match req.command {
         Command::Read => {
-            let structured = ctx.structured;
-            blocking(ctx, req.command, move |v| {
-                let hdr = if structured {
-                    STRUCTURED_HEADER_LEN + 8
-                } else {
-                    SIMPLE_REPLY_LEN
-                };
-                let mut b = BytesMut::with_capacity(hdr + len as usize);
-                if structured {
-                    reply::offset_data_header(&mut b, cookie, offset, len);
-                } else {
-                    reply::simple(&mut b, cookie, None);
-                }
-                b.put_bytes(0, len as usize);
-                v.read_at(offset, &mut b[hdr..])?;
-                Ok(b.freeze())
-            })
-            .await
+            let mut b = read_header(ctx.structured, req);
+            v.read_append(offset, req.length as usize, &mut b, false)?;
+            return Ok(b.freeze());
         }
-        Command::Write => {
-            let data = req.payload.clone().unwrap_or_default();
-            blocking(ctx, req.command, move |v| {
-                v.write_at(offset, &data, fua)?;
-                Ok(ok_reply(cookie))
-            })
-            .await
-        }
+        Command::Write => v.write_at(offset, req.payload.as_deref().unwrap_or_default(), fua)?,
         Command::WriteZeroes => {
             let mode = ZeroMode {
                 may_punch: !req.has_flag(CMD_FLAG_NO_HOLE),
                 fast_only: req.has_flag(CMD_FLAG_FAST_ZERO),
             };
-            blocking(ctx, req.command, move |v| {
-                v.write_zeroes(offset, u64::from(len), mode, fua)?;
-                Ok(ok_reply(cookie))
-            })
-            .await
+            v.write_zeroes(offset, len, mode, fua)?;
         }
-        Command::Trim => {
-            blocking(ctx, req.command, move |v| {
-                v.trim(offset, u64::from(len), fua)?;
-                Ok(ok_reply(cookie))
-            })
-            .await
-        }
-        Command::Flush => {
-            blocking(ctx, req.command, move |v| {
-                v.flush()?;
-                Ok(ok_reply(cookie))
-            })
-            .await
-        }
-        Command::Cache => {
-            blocking(ctx, req.command, move |v| {
-                v.cache(offset, u64::from(len))?;
-                Ok(ok_reply(cookie))
-            })
-            .await
-        }
+        Command::Trim => v.trim(offset, len, fua)?,
+        Command::Flush => v.flush()?,
+        Command::Cache => v.cache(offset, len)?,
         Command::BlockStatus => {
-            let contexts = ctx.contexts.clone();
-            let one = req.has_flag(CMD_FLAG_REQ_ONE);
-            blocking(ctx, req.command, move |v| {
-                block_status(v, &contexts, cookie, offset, len, one)
-            })
-            .await
+            return block_status(
+                v,
+                &ctx.contexts,
+                cookie,
+                offset,
+                req.length,
+                req.has_flag(CMD_FLAG_REQ_ONE),
+            );
         }
         // validate() refuses these; DISC never reaches here.
         Command::Disc | Command::Resize | Command::Unknown(_) => {
-            Err((ErrorCode::Inval, "unsupported command".into()))
+            return Err(StorageError::Invalid("unsupported command".into()));
         }
     }
+    Ok(ok_reply(cookie))
 }
 
 fn block_status(

@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""NBD serving, side by side: fio's nbd engine against ferry, nbdkit (file
+plugin) and qemu-nbd, each serving the same raw image, one after another in
+every repeat (order rotated), medians over repeats. Then `ferry bench`
+against fio on the same export and job shapes.
+
+Usage: python3 bench/nbd_peers.py [--runtime 5] [--repeats 3] [--out docs/benchmarks.md]
+Needs: fio (with the nbd engine), nbdkit, qemu-nbd, a release build of ferry.
+"""
+import argparse, json, os, shutil, socket, statistics, subprocess, sys, tempfile, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FERRY = os.path.join(ROOT, "target", "release", "ferry")
+
+ROWS = [  # name, rw, bs, iodepth, connections
+    ("4k randread", "randread", "4k", 16, 1),
+    ("4k randwrite", "randwrite", "4k", 16, 1),
+    ("1M seq read", "read", "1M", 4, 1),
+    ("1M seq write", "write", "1M", 4, 1),
+    ("4k randread x4", "randread", "4k", 16, 4),
+    ("4k randwrite x4", "randwrite", "4k", 16, 4),
+    ("1M seq read x4", "read", "1M", 4, 4),
+    ("1M seq write x4", "write", "1M", 4, 4),
+]
+
+AGREE = [  # name, fio rw, bs, rwmixread, iodepth, ferry-bench args
+    ("4k randread qd16", "randread", "4k", 100, 16, ["--rw", "randread", "--bs", "4K"]),
+    ("4k randwrite qd16", "randwrite", "4k", 0, 16, ["--rw", "randwrite", "--bs", "4K"]),
+    ("oltp 8k 67% read qd16", "randrw", "8k", 67, 16, ["--profile", "oltp"]),
+    ("1M seq read qd4", "read", "1M", 100, 4, ["--rw", "read", "--bs", "1M"]),
+]
+
+IMAGE_MIB = 1024
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def wait_port(port, proc, timeout=20):
+    t = time.time()
+    while time.time() - t < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited early: {proc.args}")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("server did not listen")
+
+
+class Server:
+    def __init__(self, kind, image, work):
+        self.kind, self.port = kind, free_port()
+        if kind == "ferry":
+            admin = free_port()
+            self.proc = subprocess.Popen([FERRY, "serve", "--pool", os.path.join(work, "pool"),
+                                          "--nbd", f"127.0.0.1:{self.port}", "--admin", f"127.0.0.1:{admin}"],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wait_port(admin, self.proc)
+            subprocess.run([FERRY, "volume", "create", "bench", "--path", image, "--admin", f"127.0.0.1:{admin}"],
+                           check=True, stdout=subprocess.DEVNULL)
+        elif kind == "nbdkit":
+            self.proc = subprocess.Popen(["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(self.port), "file", image])
+        elif kind == "qemu-nbd":
+            self.proc = subprocess.Popen(["qemu-nbd", "-f", "raw", "-x", "bench", "-b", "127.0.0.1", "-p", str(self.port),
+                                          "-t", "-e", "16", "--aio=threads", image])
+        wait_port(self.port, self.proc)
+        self.uri = f"nbd://127.0.0.1:{self.port}/bench"
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def fio(uri, rw, bs, iodepth, conns, runtime, rwmixread=50):
+    region = IMAGE_MIB // conns
+    cmd = ["fio", "--name=j", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}", f"--bs={bs}",
+           f"--iodepth={iodepth}", f"--numjobs={conns}", f"--size={region}M", f"--offset_increment={region}M",
+           f"--rwmixread={rwmixread}", "--time_based", f"--runtime={runtime}", "--ramp_time=1",
+           "--group_reporting", "--output-format=json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    j = json.loads(out[out.index("{"):])["jobs"][0]
+    iops = j["read"]["iops"] + j["write"]["iops"]
+    bw = (j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6
+    side = j["read"] if j["read"]["iops"] >= j["write"]["iops"] else j["write"]
+    p99 = side["clat_ns"].get("percentile", {}).get("99.000000", 0) / 1000
+    return {"iops": iops, "mbps": bw, "p99_us": p99}
+
+
+def ferry_bench(addr, args, iodepth, runtime):
+    cmd = [FERRY, "bench", "--nbd", addr, "--export", "bench", "--iodepth", str(iodepth),
+           "--runtime", str(runtime), "--json"] + args
+    r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)[0]
+    return {"iops": r["iops"], "mbps": r["mb_per_s"], "p99_us": r["lat_p99_us"]}
+
+
+def med(xs, k):
+    return statistics.median(x[k] for x in xs)
+
+
+def version(cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True).stdout.splitlines()[0].strip()
+    except Exception:
+        return "?"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runtime", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    for t in ("fio", "nbdkit", "qemu-nbd"):
+        if not shutil.which(t):
+            sys.exit(f"{t} is required")
+    if not os.path.exists(FERRY):
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "ferry-cli"], cwd=ROOT, check=True)
+    work = tempfile.mkdtemp(prefix="ferry-bench-")
+    image = os.path.join(work, "image.raw")
+    with open(image, "wb") as f:
+        for _ in range(IMAGE_MIB):
+            f.write(os.urandom(1 << 20))
+    kinds = ["ferry", "nbdkit", "qemu-nbd"]
+    res = {r[0]: {k: [] for k in kinds} for r in ROWS}
+    agree = {r[0]: {"fio": [], "ferry bench": []} for r in AGREE}
+    for rep in range(a.repeats):
+        order = kinds[rep % 3:] + kinds[:rep % 3]
+        for kind in order:
+            s = Server(kind, image, os.path.join(work, f"{kind}-{rep}"))
+            try:
+                for name, rw, bs, qd, conns in ROWS:
+                    r = fio(s.uri, rw, bs, qd, conns, a.runtime)
+                    res[name][kind].append(r)
+                    print(f"rep {rep} {kind:9} {name:18} {r['iops']:10.0f} IOPS {r['mbps']:8.1f} MB/s p99 {r['p99_us']:8.0f} us", flush=True)
+                if kind == "ferry":
+                    for name, rw, bs, mix, qd, args in AGREE:
+                        f = fio(s.uri, rw, bs, qd, 1, a.runtime, mix)
+                        b = ferry_bench(f"127.0.0.1:{s.port}", args, qd, a.runtime)
+                        agree[name]["fio"].append(f)
+                        agree[name]["ferry bench"].append(b)
+                        print(f"rep {rep} agree {name:24} fio {f['iops']:9.0f}  ferry bench {b['iops']:9.0f}", flush=True)
+            finally:
+                s.stop()
+    shutil.rmtree(work, ignore_errors=True)
+
+    lines = []
+    lines.append(f"Medians of {a.repeats} repeats, {a.runtime} s each after 1 s ramp, fio {version(['fio', '--version'])} "
+                 f"`--ioengine=nbd`, {IMAGE_MIB} MiB image of random data (page cache warm), loopback TCP, 2 cores shared "
+                 f"by client and server. Peers: {version(['nbdkit', '--version'])} (file plugin), "
+                 f"{version(['qemu-nbd', '--version'])} (`--aio=threads -e 16`). Ratio = ferry / best peer "
+                 "(IOPS; for p99 latency: best peer / ferry, so > 1 means ferry is better on both).")
+    lines.append("")
+    lines.append("| job | conns | ferry IOPS | nbdkit IOPS | qemu-nbd IOPS | ferry MB/s | ferry p99 us | nbdkit p99 us | qemu-nbd p99 us | IOPS ratio | p99 ratio |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, rw, bs, qd, conns in ROWS:
+        r = res[name]
+        fi, ki, qi = (med(r[k], "iops") for k in kinds)
+        fp, kp, qp = (med(r[k], "p99_us") for k in kinds)
+        best_i = max(ki, qi)
+        best_p = min(kp, qp)
+        lines.append(f"| {rw} {bs} qd{qd} | {conns} | {fi:.0f} | {ki:.0f} | {qi:.0f} | {med(r['ferry'], 'mbps'):.0f} | "
+                     f"{fp:.0f} | {kp:.0f} | {qp:.0f} | **{fi / best_i:.2f}** | {best_p / fp if fp else 0:.2f} |")
+    lines.append("")
+    lines.append("`ferry bench` against fio on the same ferry export and job shape (1 connection):")
+    lines.append("")
+    lines.append("| job | fio IOPS | ferry bench IOPS | ferry bench / fio | fio p99 us | ferry bench p99 us |")
+    lines.append("|---|---|---|---|---|---|")
+    for name, *_ in AGREE:
+        f, b = agree[name]["fio"], agree[name]["ferry bench"]
+        lines.append(f"| {name} | {med(f, 'iops'):.0f} | {med(b, 'iops'):.0f} | {med(b, 'iops') / med(f, 'iops'):.2f} | "
+                     f"{med(f, 'p99_us'):.0f} | {med(b, 'p99_us'):.0f} |")
+    table = "\n".join(lines)
+    print("\n" + table)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
