@@ -40,6 +40,13 @@ enum Cmd {
         #[command(flatten)]
         admin: AdminArg,
     },
+    /// The fingerprint index: status, rebuild, and the similarity of images.
+    Index {
+        #[command(subcommand)]
+        cmd: IndexCmd,
+        #[command(flatten)]
+        admin: AdminArg,
+    },
     /// Generate load on an NBD export and report IOPS, MB/s and latency.
     Bench(BenchArgs),
     /// Start a daemon on a temporary pool, import a disk image, run the
@@ -132,6 +139,31 @@ enum BitmapCmd {
     Remove { volume: String, name: String },
 }
 
+#[derive(Subcommand)]
+enum IndexCmd {
+    /// Entries, memory per entry, lookups and hits, per volume.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-hash one volume (or all) and rewrite its index run.
+    Rebuild { volume: Option<String> },
+    /// Share of TARGET's blocks already present in BASE, per block size
+    /// (works on image files; no daemon needed).
+    Similarity {
+        base: PathBuf,
+        target: PathBuf,
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "512,1K,2K,4K,8K,16K,32K,64K"
+        )]
+        block_sizes: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 #[derive(Args)]
 struct BenchArgs {
     /// NBD server address.
@@ -176,6 +208,7 @@ fn main() -> Result<()> {
         Cmd::Serve(a) => serve(a),
         Cmd::Volume { cmd, admin } => volume(cmd, &AdminClient::new(&admin.admin)),
         Cmd::Bitmap { cmd, admin } => bitmap(cmd, &AdminClient::new(&admin.admin)),
+        Cmd::Index { cmd, admin } => index(cmd, &AdminClient::new(&admin.admin)),
         Cmd::Bench(a) => bench(a),
         Cmd::Demo(a) => demo::run(a),
     }
@@ -375,6 +408,78 @@ fn bitmap(cmd: BitmapCmd, c: &AdminClient) -> Result<()> {
         )?),
         BitmapCmd::Remove { volume, name } => {
             c.delete(&format!("/v1/volumes/{volume}/bitmaps/{name}"))
+        }
+    }
+}
+
+fn index(cmd: IndexCmd, c: &AdminClient) -> Result<()> {
+    match cmd {
+        IndexCmd::Status { json } => {
+            let s = c.get_json("/v1/index")?;
+            if json {
+                return print_json(&s);
+            }
+            println!(
+                "block size {}  entries {}  RAM {} ({:.3} B/entry)  on disk {}  lookups {}  hits {}",
+                s["block_size"],
+                s["entries"],
+                human(s["memory_bytes"].as_u64().unwrap_or(0)),
+                s["memory_bytes_per_entry"].as_f64().unwrap_or(0.0),
+                human(s["disk_bytes"].as_u64().unwrap_or(0)),
+                s["lookups"],
+                s["hits"]
+            );
+            for v in s["volumes"].as_array().into_iter().flatten() {
+                println!(
+                    "  {:<24} {:>12} entries  {:>10} RAM",
+                    v["volume"].as_str().unwrap_or("?"),
+                    v["entries"],
+                    human(v["memory_bytes"].as_u64().unwrap_or(0))
+                );
+            }
+            Ok(())
+        }
+        IndexCmd::Rebuild { volume } => {
+            let r = c.post_json("/v1/index/rebuild", serde_json::json!({ "volume": volume }))?;
+            for v in r.as_array().into_iter().flatten() {
+                eprintln!(
+                    "{}: {} blocks ({} zero) hashed in {:.2}s, {:.0} MB/s",
+                    v["volume"].as_str().unwrap_or("?"),
+                    v["blocks"],
+                    v["zero_blocks"],
+                    v["seconds"].as_f64().unwrap_or(0.0),
+                    v["mb_per_s"].as_f64().unwrap_or(0.0)
+                );
+            }
+            Ok(())
+        }
+        IndexCmd::Similarity {
+            base,
+            target,
+            block_sizes,
+            json,
+        } => {
+            let mut rows = Vec::new();
+            for bs in &block_sizes {
+                let bs = u32::try_from(parse_size(bs)?).context("block size too large")?;
+                let p = ferry_index::similarity(&base, &target, bs)?;
+                rows.push(serde_json::json!({
+                    "block_size": bs, "target_blocks": p.target_blocks, "zero_blocks": p.target_zero_blocks,
+                    "found": p.found, "found_share": p.share(), "saved_share": p.saved(),
+                }));
+                if !json {
+                    println!(
+                        "{:>6} B  found {:>6.2}% of non-zero blocks, {:>6.2}% of the image need not be sent",
+                        bs,
+                        p.share() * 100.0,
+                        p.saved() * 100.0
+                    );
+                }
+            }
+            if json {
+                print_json(&serde_json::Value::Array(rows))?;
+            }
+            Ok(())
         }
     }
 }

@@ -172,6 +172,8 @@ pub fn router(state: Arc<ServerState>) -> Router {
             "/v1/volumes/:name/bitmaps/:bitmap/clear",
             post(clear_bitmap),
         )
+        .route("/v1/index", get(index_status))
+        .route("/v1/index/rebuild", post(index_rebuild))
         .route("/metrics", get(metrics))
         .with_state(state)
 }
@@ -224,6 +226,7 @@ async fn delete(State(s): St, Path(name): Path<String>) -> ApiResult<StatusCode>
     tokio::task::spawn_blocking(move || pool.delete(&n))
         .await
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    s.index.remove(&name);
     tracing::info!(volume = %name, "volume deleted");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -390,7 +393,7 @@ async fn clear_bitmap(
 }
 
 async fn metrics(State(s): St) -> impl IntoResponse {
-    let text = s.metrics.render(&s.pool);
+    let text = s.metrics.render(&s.pool, &s.index);
     (
         [(
             header::CONTENT_TYPE,
@@ -398,4 +401,60 @@ async fn metrics(State(s): St) -> impl IntoResponse {
         )],
         text,
     )
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct RebuildRequest {
+    /// One volume; all volumes when absent.
+    #[serde(default)]
+    pub volume: Option<String>,
+}
+
+/// One volume's rebuild result.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RebuildReport {
+    pub volume: String,
+    pub bytes: u64,
+    pub read_bytes: u64,
+    pub blocks: u64,
+    pub zero_blocks: u64,
+    pub seconds: f64,
+    pub mb_per_s: f64,
+}
+
+async fn index_status(State(s): St) -> Json<ferry_index::IndexStatus> {
+    Json(s.index.status())
+}
+
+async fn index_rebuild(
+    State(s): St,
+    body: Option<Json<RebuildRequest>>,
+) -> ApiResult<Json<Vec<RebuildReport>>> {
+    let req = body.map(|b| b.0).unwrap_or_default();
+    let vols = match &req.volume {
+        Some(n) => vec![s.pool.get(n)?],
+        None => s.pool.list(),
+    };
+    let index = s.index.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        vols.iter()
+            .map(|v| {
+                let name = v.name();
+                let st = index.rebuild(&name, v.data_path())?;
+                Ok(RebuildReport {
+                    volume: name,
+                    bytes: st.bytes,
+                    read_bytes: st.read_bytes,
+                    blocks: st.blocks,
+                    zero_blocks: st.zero_blocks,
+                    seconds: st.seconds,
+                    mb_per_s: st.rate() / 1e6,
+                })
+            })
+            .collect::<Result<Vec<_>, ferry_index::IndexError>>()
+    })
+    .await
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(Json(out))
 }

@@ -14,6 +14,9 @@
 //!
 //! [storage]
 //! direct_io = false
+//!
+//! [index]
+//! block_size = 4096              # fingerprint granularity, 512 B .. 64 KiB
 //! ```
 
 use serde::Deserialize;
@@ -48,6 +51,20 @@ pub struct Config {
     pub nbd: NbdConfig,
     pub admin: AdminConfig,
     pub storage: StorageConfig,
+    pub index: IndexConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct IndexConfig {
+    /// Bytes per fingerprinted block.
+    pub block_size: u32,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        IndexConfig { block_size: 4096 }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -77,6 +94,7 @@ impl Default for Config {
             nbd: NbdConfig::default(),
             admin: AdminConfig::default(),
             storage: StorageConfig::default(),
+            index: IndexConfig::default(),
         }
     }
 }

@@ -39,6 +39,8 @@ pub enum ServerError {
     Admin(std::io::Error),
     #[error("closing pool: {0}")]
     Close(StorageError),
+    #[error("opening the fingerprint index: {0}")]
+    Index(#[from] ferry_index::IndexError),
 }
 
 /// The addresses actually bound.
@@ -53,6 +55,7 @@ pub struct BoundAddrs {
 pub struct ServerState {
     pub config: Config,
     pub pool: Arc<Pool>,
+    pub index: Arc<ferry_index::PoolIndex>,
     pub metrics: Metrics,
     pub addrs: BoundAddrs,
 }
@@ -91,6 +94,8 @@ impl Daemon {
                 path: config.pool.clone(),
                 source,
             })?;
+        let index =
+            ferry_index::PoolIndex::open(&config.pool.join("index"), config.index.block_size)?;
         let nbd = bind("NBD", &config.nbd.listen).await?;
         let admin = bind("admin", &config.admin.listen).await?;
         let addrs = BoundAddrs {
@@ -101,6 +106,7 @@ impl Daemon {
             state: Arc::new(ServerState {
                 config,
                 pool: Arc::new(pool),
+                index: Arc::new(index),
                 metrics: Metrics::new(),
                 addrs,
             }),

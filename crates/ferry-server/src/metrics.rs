@@ -53,6 +53,10 @@ pub struct Metrics {
     volume_size: Family<VolumeLabels, Gauge>,
     volume_allocated: Family<VolumeLabels, Gauge>,
     bitmap_dirty: Family<BitmapLabels, Gauge>,
+    index_entries: Gauge,
+    index_memory: Gauge,
+    index_lookups: Gauge,
+    index_hits: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -80,6 +84,12 @@ impl Metrics {
         let volume_size = Family::<VolumeLabels, Gauge>::default();
         let volume_allocated = Family::<VolumeLabels, Gauge>::default();
         let bitmap_dirty = Family::<BitmapLabels, Gauge>::default();
+        let (index_entries, index_memory, index_lookups, index_hits) = (
+            Gauge::default(),
+            Gauge::default(),
+            Gauge::default(),
+            Gauge::default(),
+        );
         registry.register(
             "requests",
             "Requests completed, by volume and operation",
@@ -118,6 +128,26 @@ impl Metrics {
             "Bytes marked dirty in a bitmap",
             bitmap_dirty.clone(),
         );
+        registry.register(
+            "index_entries",
+            "Blocks in the fingerprint index",
+            index_entries.clone(),
+        );
+        registry.register(
+            "index_memory_bytes",
+            "RAM held by the fingerprint index",
+            index_memory.clone(),
+        );
+        registry.register(
+            "index_lookups",
+            "Fingerprint lookups since start",
+            index_lookups.clone(),
+        );
+        registry.register(
+            "index_hits",
+            "Fingerprint lookups that found a candidate",
+            index_hits.clone(),
+        );
         Metrics {
             registry,
             ops,
@@ -130,6 +160,10 @@ impl Metrics {
             volume_size,
             volume_allocated,
             bitmap_dirty,
+            index_entries,
+            index_memory,
+            index_lookups,
+            index_hits,
         }
     }
 
@@ -158,7 +192,13 @@ impl Metrics {
     }
 
     /// Refresh volume gauges and encode everything as OpenMetrics text.
-    pub fn render(&self, pool: &Pool) -> String {
+    pub fn render(&self, pool: &Pool, index: &ferry_index::PoolIndex) -> String {
+        let st = index.status();
+        let g = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.index_entries.set(g(st.entries));
+        self.index_memory.set(g(st.memory_bytes));
+        self.index_lookups.set(g(st.lookups));
+        self.index_hits.set(g(st.hits));
         self.volume_size.clear();
         self.volume_allocated.clear();
         self.bitmap_dirty.clear();

@@ -160,3 +160,57 @@ fn metrics_count_requests_bytes_and_latency() {
         assert!(text.contains(needle), "missing {needle} in\n{text}");
     }
 }
+
+#[test]
+fn index_rebuild_status_lookup_and_metrics() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(d.path());
+    let v = s.create("base", 16 << 20);
+    for i in 0..64u64 {
+        v.write_at(i * 65536, &[i as u8 + 1; 4096], false).unwrap();
+    }
+    s.create("empty", 1 << 20);
+    let r: Value = ureq::post(&url(&s, "/v1/index/rebuild"))
+        .send_json(json!({}))
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(r.as_array().unwrap().len(), 2);
+    let st: Value = ureq::get(&url(&s, "/v1/index"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(st["entries"], 64);
+    assert_eq!(st["block_size"], 4096);
+    let fp = ferry_index::Fingerprint::of(&[10u8; 4096]);
+    let hits = s.state.index.lookup(&fp, 4).unwrap();
+    assert_eq!(hits, vec![("base".to_string(), 9 * 16)]);
+    // A candidate is only used once its content verifies.
+    let mut block = vec![0u8; 4096];
+    v.read_at(9 * 65536, &mut block).unwrap();
+    assert!(ferry_index::verify(&block, &fp));
+    v.write_at(9 * 65536, &[0xff; 4096], false).unwrap();
+    v.read_at(9 * 65536, &mut block).unwrap();
+    assert!(
+        !ferry_index::verify(&block, &fp),
+        "a stale candidate must fail verification"
+    );
+    let text = ureq::get(&url(&s, "/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(text.contains("ferry_index_entries 64"), "{text}");
+    ureq::delete(&url(&s, "/v1/volumes/base")).call().unwrap();
+    let st: Value = ureq::get(&url(&s, "/v1/index"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(st["entries"], 0);
+    let e = ureq::post(&url(&s, "/v1/index/rebuild"))
+        .send_json(json!({"volume": "ghost"}))
+        .unwrap_err();
+    assert!(matches!(e, ureq::Error::Status(404, _)));
+}

@@ -184,7 +184,7 @@ fn fio_verify_qd32_over_4_connections() {
     ]));
     assert!(out.contains("err= 0"), "{out}");
     // Each of the 4 jobs is its own NBD connection: all four were served.
-    let m = s.state.metrics.render(&s.state.pool);
+    let m = s.state.metrics.render(&s.state.pool, &s.state.index);
     assert!(
         m.contains("ferry_requests_total{volume=\"f\",op=\"write\"} 24576"),
         "{m}"

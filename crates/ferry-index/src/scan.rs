@@ -1,0 +1,175 @@
+//! Hashing a volume: one thread reads large sequential chunks (skipping holes
+//! with SEEK_DATA), every core hashes blocks of the previous chunk meanwhile,
+//! so indexing runs at the speed of reading, not of hashing.
+
+use crate::{check_block_size, Fingerprint, IndexError};
+use rayon::prelude::*;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::time::Instant;
+
+/// Bytes read per chunk.
+const CHUNK: u64 = 8 << 20;
+
+/// What a scan saw.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ScanStats {
+    /// Volume bytes covered.
+    pub bytes: u64,
+    /// Bytes actually read (holes are skipped).
+    pub read_bytes: u64,
+    pub blocks: u64,
+    pub zero_blocks: u64,
+    pub seconds: f64,
+}
+
+impl ScanStats {
+    /// Volume bytes covered per second.
+    pub fn rate(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.bytes as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Offset of the next data at or after `off`, or `None` if only holes follow.
+fn next_data(file: &File, off: u64) -> Option<u64> {
+    let o = libc::off_t::try_from(off).ok()?;
+    // SAFETY: lseek on a valid descriptor owned by `file`; no memory is passed.
+    let r = unsafe { libc::lseek(file.as_raw_fd(), o, libc::SEEK_DATA) };
+    if r < 0 {
+        // ENXIO: nothing but holes; anything else: assume data.
+        return (std::io::Error::last_os_error().raw_os_error() != Some(libc::ENXIO))
+            .then_some(off);
+    }
+    u64::try_from(r).ok()
+}
+
+/// Hash every block of `file` (of `size` bytes) in order. `f` receives the
+/// number of the first block of each chunk and one entry per block: `None`
+/// for an all-zero block, else its fingerprint.
+pub fn scan_blocks(
+    file: &File,
+    path: &Path,
+    size: u64,
+    block_size: u32,
+    mut f: impl FnMut(u64, &[Option<Fingerprint>]),
+) -> Result<ScanStats, IndexError> {
+    check_block_size(block_size)?;
+    let bs = u64::from(block_size);
+    let start = Instant::now();
+    let mut stats = ScanStats {
+        bytes: size,
+        ..Default::default()
+    };
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(u64, Option<Vec<u8>>), IndexError>>(2);
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let mut off = 0u64;
+            while off < size {
+                let len = CHUNK.min(size - off);
+                let has_data = next_data(file, off).is_some_and(|d| d < off + len);
+                let item = if has_data {
+                    let mut buf = vec![0u8; len as usize];
+                    file.read_exact_at(&mut buf, off)
+                        .map(|()| (off, Some(buf)))
+                        .map_err(|e| IndexError::io("read", path, e))
+                } else {
+                    Ok((off, None))
+                };
+                let failed = item.is_err();
+                if tx.send(item).is_err() || failed {
+                    return;
+                }
+                off += len;
+            }
+        });
+        for item in rx {
+            let (off, buf) = item?;
+            let first = off / bs;
+            let prints: Vec<Option<Fingerprint>> = match &buf {
+                Some(b) => b
+                    .par_chunks(block_size as usize)
+                    .map(|blk| (!crate::is_zero(blk)).then(|| Fingerprint::of(blk)))
+                    .collect(),
+                None => {
+                    let n = CHUNK.min(size - off).div_ceil(bs);
+                    vec![None; n as usize]
+                }
+            };
+            stats.read_bytes += buf.as_ref().map_or(0, |b| b.len() as u64);
+            stats.blocks += prints.len() as u64;
+            stats.zero_blocks += prints.iter().filter(|p| p.is_none()).count() as u64;
+            f(first, &prints);
+        }
+        Ok::<(), IndexError>(())
+    })?;
+    stats.seconds = start.elapsed().as_secs_f64();
+    Ok(stats)
+}
+
+/// Index entries `(key, block)` for every non-zero block of the file at `path`.
+pub fn scan_file(path: &Path, block_size: u32) -> Result<(Vec<(u64, u64)>, ScanStats), IndexError> {
+    let file = File::open(path).map_err(|e| IndexError::io("open", path, e))?;
+    let size = file
+        .metadata()
+        .map_err(|e| IndexError::io("stat", path, e))?
+        .len();
+    let mut entries = Vec::new();
+    let stats = scan_blocks(&file, path, size, block_size, |first, prints| {
+        for (i, p) in prints.iter().enumerate() {
+            if let Some(p) = p {
+                entries.push((p.key(), first + i as u64));
+            }
+        }
+    })?;
+    Ok((entries, stats))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::VolumeRun;
+
+    #[test]
+    fn scan_finds_blocks_skips_zeroes_and_holes() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("img");
+        let f = std::fs::File::create(&p).unwrap();
+        f.set_len(40 << 20).unwrap(); // sparse
+        f.write_all_at(&[1u8; 4096], 0).unwrap();
+        f.write_all_at(&[2u8; 4096], 4096 * 3).unwrap();
+        f.write_all_at(&[1u8; 4096], 30 << 20).unwrap();
+        drop(f);
+        let (entries, st) = scan_file(&p, 4096).unwrap();
+        assert_eq!(entries.len(), 3);
+        assert_eq!(st.blocks, 10240);
+        assert_eq!(st.zero_blocks, 10237);
+        assert!(
+            st.read_bytes < 40 << 20,
+            "holes were read: {}",
+            st.read_bytes
+        );
+        let key1 = Fingerprint::of(&[1u8; 4096]).key();
+        let mut e = entries.clone();
+        let run = VolumeRun::write(&d.path().join("r"), 4096, 40 << 20, &mut e).unwrap();
+        let mut hits = run.lookup(key1, 10).unwrap();
+        hits.sort_unstable();
+        assert_eq!(hits, vec![0, (30 << 20) / 4096]);
+    }
+
+    #[test]
+    fn odd_tail_block_is_hashed() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("img");
+        std::fs::write(&p, vec![7u8; 4096 + 100]).unwrap();
+        let (entries, st) = scan_file(&p, 4096).unwrap();
+        assert_eq!(st.blocks, 2);
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[1].0, Fingerprint::of(&[7u8; 100]).key());
+    }
+}
