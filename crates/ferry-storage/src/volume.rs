@@ -40,6 +40,11 @@ pub struct Volume {
     file: File,
     direct: bool,
     meta: Mutex<VolumeMeta>,
+    // Immutable after creation; kept outside the mutex for the data path.
+    name: String,
+    block_size: u32,
+    read_only: bool,
+    sparse: bool,
     size: AtomicU64,
     bitmaps: RwLock<Vec<Arc<DirtyBitmap>>>,
     deleted: AtomicBool,
@@ -179,6 +184,10 @@ impl Volume {
             file,
             direct,
             size: AtomicU64::new(meta.size),
+            name: meta.name.clone(),
+            block_size: meta.block_size,
+            read_only: meta.read_only,
+            sparse: matches!(meta.backing, Backing::Sparse | Backing::External { .. }),
             meta: Mutex::new(meta),
             bitmaps: RwLock::new(bitmaps),
             deleted: AtomicBool::new(false),
@@ -187,7 +196,7 @@ impl Volume {
     }
 
     pub fn name(&self) -> String {
-        self.meta.lock().name.clone()
+        self.name.clone()
     }
     pub fn meta(&self) -> VolumeMeta {
         self.meta.lock().clone()
@@ -196,10 +205,10 @@ impl Volume {
         self.size.load(Ordering::Acquire)
     }
     pub fn block_size(&self) -> u32 {
-        self.meta.lock().block_size
+        self.block_size
     }
     pub fn read_only(&self) -> bool {
-        self.meta.lock().read_only
+        self.read_only
     }
     pub fn direct_io(&self) -> bool {
         self.direct
@@ -208,25 +217,22 @@ impl Volume {
         &self.data_path
     }
     pub fn is_sparse(&self) -> bool {
-        matches!(
-            self.meta.lock().backing,
-            Backing::Sparse | Backing::External { .. }
-        )
+        self.sparse
     }
 
     fn check(&self, offset: u64, len: u64, write: bool) -> Result<()> {
         if self.deleted.load(Ordering::Acquire) {
-            return Err(StorageError::NotFound(self.name()));
+            return Err(StorageError::NotFound(self.name.clone()));
         }
-        if write && self.read_only() {
-            return Err(StorageError::ReadOnly(self.name()));
+        if write && self.read_only {
+            return Err(StorageError::ReadOnly(self.name.clone()));
         }
         let size = self.size();
         if offset.checked_add(len).is_none_or(|e| e > size) {
             return Err(StorageError::OutOfRange { offset, len, size });
         }
         if self.direct {
-            let bs = u64::from(self.block_size());
+            let bs = u64::from(self.block_size);
             if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
                 return Err(StorageError::Invalid(format!(
                     "O_DIRECT volume needs {bs}-byte aligned I/O (offset {offset}, length {len})"

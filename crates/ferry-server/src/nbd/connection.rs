@@ -127,6 +127,27 @@ async fn transmission(
             };
             let ctx = ctx.clone();
             let tx = tx.clone();
+            if matches!(req.command, Command::Read | Command::Write) {
+                tracker.spawn(async move {
+                    let reply = match exec::try_large_nowait(&ctx, &req) {
+                        Some(r) => r,
+                        None => {
+                            let c = ctx.clone();
+                            match tokio::task::spawn_blocking(move || {
+                                exec::execute_blocking(&c, &req)
+                            })
+                            .await
+                            {
+                                Ok(r) => r,
+                                Err(_) => return,
+                            }
+                        }
+                    };
+                    drop(permit);
+                    let _ = tx.send(reply).await;
+                });
+                continue;
+            }
             tracker.spawn_blocking(move || {
                 let reply = exec::execute_blocking(&ctx, &req);
                 drop(permit);

@@ -147,6 +147,37 @@ pub fn try_inline(ctx: &ConnContext, req: &Request) -> Option<Bytes> {
     Some(ctx.finish(req, start, out))
 }
 
+/// A large READ or WRITE the page cache can take at once: tried without
+/// blocking on an async worker (other than the one reading the socket, when
+/// one is free), so big copies spread over the cores without a thread hop.
+/// `None`: run [`execute_blocking`].
+pub fn try_large_nowait(ctx: &ConnContext, req: &Request) -> Option<Bytes> {
+    if validate(req, &ctx.limits()).is_err() {
+        return None;
+    }
+    let start = Instant::now();
+    match req.command {
+        Command::Read => {
+            let mut b = read_header(ctx.structured, req);
+            match ctx
+                .volume
+                .read_append(req.offset, req.length as usize, &mut b, true)
+            {
+                Ok(true) => Some(ctx.finish(req, start, Ok(b.freeze()))),
+                _ => None,
+            }
+        }
+        Command::Write if !req.has_flag(CMD_FLAG_FUA) => {
+            let data = req.payload.as_deref().unwrap_or_default();
+            match ctx.volume.try_write_nowait(req.offset, data) {
+                Ok(true) => Some(ctx.finish(req, start, Ok(ok_reply(req.cookie)))),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
 /// Serve a request on a worker thread (it may block on the disk).
 pub fn execute_blocking(ctx: &ConnContext, req: &Request) -> Bytes {
     let start = Instant::now();
