@@ -2,9 +2,11 @@
 """NBD serving, side by side: fio's nbd engine against ferry, nbdkit (file
 plugin) and qemu-nbd, each serving the same raw image, one after another in
 every repeat (order rotated), medians over repeats. Then `ferry bench`
-against fio on the same export and job shapes.
+against fio on the same export and job shapes, with the server pinned to
+CPU 0 and the clients to CPU 1 (so the comparison measures the server, not
+which client needs less CPU on a shared 2-core machine).
 
-Usage: python3 bench/nbd_peers.py [--runtime 5] [--repeats 3] [--out docs/benchmarks.md]
+Usage: python3 bench/nbd_peers.py [--runtime 5] [--repeats 3] [--only peers|agree] [--out FILE]
 Needs: fio (with the nbd engine), nbdkit, qemu-nbd, a release build of ferry.
 """
 import argparse, json, os, shutil, socket, statistics, subprocess, sys, tempfile, time
@@ -54,12 +56,16 @@ def wait_port(port, proc, timeout=20):
     raise RuntimeError("server did not listen")
 
 
+PIN_SERVER = ["taskset", "-c", "0"]
+PIN_CLIENT = ["taskset", "-c", "1"]
+
+
 class Server:
-    def __init__(self, kind, image, work):
+    def __init__(self, kind, image, work, pin=False):
         self.kind, self.port = kind, free_port()
         if kind == "ferry":
             admin = free_port()
-            self.proc = subprocess.Popen([FERRY, "serve", "--pool", os.path.join(work, "pool"),
+            self.proc = subprocess.Popen((PIN_SERVER if pin else []) + [FERRY, "serve", "--pool", os.path.join(work, "pool"),
                                           "--nbd", f"127.0.0.1:{self.port}", "--admin", f"127.0.0.1:{admin}"],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             wait_port(admin, self.proc)
@@ -81,13 +87,13 @@ class Server:
             self.proc.kill()
 
 
-def fio(uri, rw, bs, iodepth, conns, runtime, rwmixread=50):
+def fio(uri, rw, bs, iodepth, conns, runtime, rwmixread=50, pin=False):
     region = IMAGE_MIB // conns
     cmd = ["fio", "--name=j", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}", f"--bs={bs}",
            f"--iodepth={iodepth}", f"--numjobs={conns}", f"--size={region}M", f"--offset_increment={region}M",
            f"--rwmixread={rwmixread}", "--time_based", f"--runtime={runtime}", "--ramp_time=1",
            "--group_reporting", "--output-format=json"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run((PIN_CLIENT if pin else []) + cmd, check=True, capture_output=True, text=True).stdout
     j = json.loads(out[out.index("{"):])["jobs"][0]
     iops = j["read"]["iops"] + j["write"]["iops"]
     bw = (j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6
@@ -97,7 +103,7 @@ def fio(uri, rw, bs, iodepth, conns, runtime, rwmixread=50):
 
 
 def ferry_bench(addr, args, iodepth, runtime):
-    cmd = [FERRY, "bench", "--nbd", addr, "--export", "bench", "--iodepth", str(iodepth),
+    cmd = PIN_CLIENT + [FERRY, "bench", "--nbd", addr, "--export", "bench", "--iodepth", str(iodepth),
            "--runtime", str(runtime), "--json"] + args
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)[0]
     return {"iops": r["iops"], "mbps": r["mb_per_s"], "p99_us": r["lat_p99_us"]}
@@ -119,6 +125,7 @@ def main():
     ap.add_argument("--runtime", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", choices=["peers", "agree"], default=None)
     a = ap.parse_args()
     for t in ("fio", "nbdkit", "qemu-nbd"):
         if not shutil.which(t):
@@ -134,26 +141,33 @@ def main():
     res = {r[0]: {k: [] for k in kinds} for r in ROWS}
     agree = {r[0]: {"fio": [], "ferry bench": []} for r in AGREE}
     for rep in range(a.repeats):
-        order = kinds[rep % 3:] + kinds[:rep % 3]
-        for kind in order:
-            s = Server(kind, image, os.path.join(work, f"{kind}-{rep}"))
+        if a.only != "agree":
+            order = kinds[rep % 3:] + kinds[:rep % 3]
+            for kind in order:
+                s = Server(kind, image, os.path.join(work, f"{kind}-{rep}"))
+                try:
+                    for name, rw, bs, qd, conns in ROWS:
+                        r = fio(s.uri, rw, bs, qd, conns, a.runtime)
+                        res[name][kind].append(r)
+                        print(f"rep {rep} {kind:9} {name:18} {r['iops']:10.0f} IOPS {r['mbps']:8.1f} MB/s p99 {r['p99_us']:8.0f} us", flush=True)
+                finally:
+                    s.stop()
+        if a.only != "peers":
+            s = Server("ferry", image, os.path.join(work, f"agree-{rep}"), pin=True)
             try:
-                for name, rw, bs, qd, conns in ROWS:
-                    r = fio(s.uri, rw, bs, qd, conns, a.runtime)
-                    res[name][kind].append(r)
-                    print(f"rep {rep} {kind:9} {name:18} {r['iops']:10.0f} IOPS {r['mbps']:8.1f} MB/s p99 {r['p99_us']:8.0f} us", flush=True)
-                if kind == "ferry":
-                    for name, rw, bs, mix, qd, args in AGREE:
-                        f = fio(s.uri, rw, bs, qd, 1, a.runtime, mix)
-                        b = ferry_bench(f"127.0.0.1:{s.port}", args, qd, a.runtime)
-                        agree[name]["fio"].append(f)
-                        agree[name]["ferry bench"].append(b)
-                        print(f"rep {rep} agree {name:24} fio {f['iops']:9.0f}  ferry bench {b['iops']:9.0f}", flush=True)
+                for name, rw, bs, mix, qd, args in AGREE:
+                    f = fio(s.uri, rw, bs, qd, 1, a.runtime, mix, pin=True)
+                    b = ferry_bench(f"127.0.0.1:{s.port}", args, qd, a.runtime)
+                    agree[name]["fio"].append(f)
+                    agree[name]["ferry bench"].append(b)
+                    print(f"rep {rep} agree {name:24} fio {f['iops']:9.0f}  ferry bench {b['iops']:9.0f}", flush=True)
             finally:
                 s.stop()
     shutil.rmtree(work, ignore_errors=True)
 
     lines = []
+    if a.only == "agree":
+        lines.append("(peer comparison skipped)")
     lines.append(f"Medians of {a.repeats} repeats, {a.runtime} s each after 1 s ramp, fio {version(['fio', '--version'])} "
                  f"`--ioengine=nbd`, {IMAGE_MIB} MiB image of random data (page cache warm), loopback TCP, 2 cores shared "
                  f"by client and server. Peers: {version(['nbdkit', '--version'])} (file plugin), "
@@ -164,6 +178,8 @@ def main():
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, rw, bs, qd, conns in ROWS:
         r = res[name]
+        if not r["ferry"]:
+            continue
         fi, ki, qi = (med(r[k], "iops") for k in kinds)
         fp, kp, qp = (med(r[k], "p99_us") for k in kinds)
         best_i = max(ki, qi)
@@ -171,12 +187,15 @@ def main():
         lines.append(f"| {rw} {bs} qd{qd} | {conns} | {fi:.0f} | {ki:.0f} | {qi:.0f} | {med(r['ferry'], 'mbps'):.0f} | "
                      f"{fp:.0f} | {kp:.0f} | {qp:.0f} | **{fi / best_i:.2f}** | {best_p / fp if fp else 0:.2f} |")
     lines.append("")
-    lines.append("`ferry bench` against fio on the same ferry export and job shape (1 connection):")
+    lines.append("`ferry bench` against fio on the same ferry export and job shape (1 connection; "
+                 "server pinned to CPU 0, client to CPU 1):")
     lines.append("")
     lines.append("| job | fio IOPS | ferry bench IOPS | ferry bench / fio | fio p99 us | ferry bench p99 us |")
     lines.append("|---|---|---|---|---|---|")
     for name, *_ in AGREE:
         f, b = agree[name]["fio"], agree[name]["ferry bench"]
+        if not f:
+            continue
         lines.append(f"| {name} | {med(f, 'iops'):.0f} | {med(b, 'iops'):.0f} | {med(b, 'iops') / med(f, 'iops'):.2f} | "
                      f"{med(f, 'p99_us'):.0f} | {med(b, 'p99_us'):.0f} |")
     table = "\n".join(lines)

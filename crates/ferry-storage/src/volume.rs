@@ -358,6 +358,12 @@ impl Volume {
         result
     }
 
+    /// False once the file system refused a non-blocking buffered write
+    /// (ext4 does): callers should go straight to a worker thread.
+    pub fn nowait_writes(&self) -> bool {
+        !self.direct && self.nowait_writes.load(Ordering::Relaxed)
+    }
+
     /// Write `data` at `offset`; with `fua` it is durable before this returns.
     pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check(offset, data.len() as u64, true)?;

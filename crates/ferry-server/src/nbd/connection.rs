@@ -127,7 +127,7 @@ async fn transmission(
             };
             let ctx = ctx.clone();
             let tx = tx.clone();
-            if matches!(req.command, Command::Read | Command::Write) {
+            if ctx.may_try_nowait(&req) {
                 tracker.spawn(async move {
                     let reply = match exec::try_large_nowait(&ctx, &req) {
                         Some(r) => r,

@@ -49,6 +49,15 @@ impl ConnContext {
         }
     }
 
+    /// Worth trying a large READ/WRITE without blocking on an async task?
+    pub fn may_try_nowait(&self, req: &Request) -> bool {
+        match req.command {
+            Command::Read => !self.volume.direct_io(),
+            Command::Write => self.volume.nowait_writes() && !req.has_flag(CMD_FLAG_FUA),
+            _ => false,
+        }
+    }
+
     fn op_metrics(&self, c: Command) -> &OpMetrics {
         let i = OPS.iter().position(|x| *x == c).unwrap_or(OPS.len() - 1);
         &self.metrics[i]
