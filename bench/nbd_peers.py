@@ -99,14 +99,14 @@ def fio(uri, rw, bs, iodepth, conns, runtime, rwmixread=50, pin=False):
     bw = (j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6
     side = j["read"] if j["read"]["iops"] >= j["write"]["iops"] else j["write"]
     p99 = side["clat_ns"].get("percentile", {}).get("99.000000", 0) / 1000
-    return {"iops": iops, "mbps": bw, "p99_us": p99}
+    return {"iops": iops, "mbps": bw, "p99_us": p99, "cpu": j.get("usr_cpu", 0) + j.get("sys_cpu", 0)}
 
 
 def ferry_bench(addr, args, iodepth, runtime):
     cmd = PIN_CLIENT + [FERRY, "bench", "--nbd", addr, "--export", "bench", "--iodepth", str(iodepth),
            "--runtime", str(runtime), "--json"] + args
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)[0]
-    return {"iops": r["iops"], "mbps": r["mb_per_s"], "p99_us": r["lat_p99_us"]}
+    return {"iops": r["iops"], "mbps": r["mb_per_s"], "p99_us": r["lat_p99_us"], "cpu": r["client_cpu_pct"]}
 
 
 def med(xs, k):
@@ -190,14 +190,14 @@ def main():
     lines.append("`ferry bench` against fio on the same ferry export and job shape (1 connection; "
                  "server pinned to CPU 0, client to CPU 1):")
     lines.append("")
-    lines.append("| job | fio IOPS | ferry bench IOPS | ferry bench / fio | fio p99 us | ferry bench p99 us |")
-    lines.append("|---|---|---|---|---|---|")
+    lines.append("| job | fio IOPS | ferry bench IOPS | ferry bench / fio | fio p99 us | ferry bench p99 us | fio client CPU % | ferry bench client CPU % |")
+    lines.append("|---|---|---|---|---|---|---|---|")
     for name, *_ in AGREE:
         f, b = agree[name]["fio"], agree[name]["ferry bench"]
         if not f:
             continue
         lines.append(f"| {name} | {med(f, 'iops'):.0f} | {med(b, 'iops'):.0f} | {med(b, 'iops') / med(f, 'iops'):.2f} | "
-                     f"{med(f, 'p99_us'):.0f} | {med(b, 'p99_us'):.0f} |")
+                     f"{med(f, 'p99_us'):.0f} | {med(b, 'p99_us'):.0f} | {med(f, 'cpu'):.0f} | {med(b, 'cpu'):.0f} |")
     table = "\n".join(lines)
     print("\n" + table)
     if a.out:

@@ -520,7 +520,9 @@ async fn read_loop(mut rd: tokio::net::tcp::OwnedReadHalf, pending: PendingMap) 
                     }
                 }
             }
-            buf.reserve(256 * 1024);
+            let want = codec::reply_len(&buf, |c| pending.lock().get(&c).map_or(0, |p| p.read_len))
+                .map_or(0, |n| n.saturating_sub(buf.len()));
+            buf.reserve(want.max(256 * 1024));
             if rd.read_buf(&mut buf).await? == 0 {
                 return Err(ClientError::Disconnected);
             }

@@ -157,6 +157,32 @@ impl Reply {
     }
 }
 
+/// How many bytes the next reply in `buf` needs in total (header plus
+/// payload), when its header is already buffered; lets a reader reserve the
+/// whole reply at once instead of growing its buffer piece by piece.
+pub fn reply_len(buf: &[u8], read_len: impl Fn(u64) -> u32) -> Option<usize> {
+    let magic = u32::from_be_bytes(buf.get(..4)?.try_into().ok()?);
+    match magic {
+        SIMPLE_REPLY_MAGIC if buf.len() >= SIMPLE_REPLY_LEN => {
+            let err = u32::from_be_bytes(buf[4..8].try_into().ok()?);
+            let cookie = u64::from_be_bytes(buf[8..16].try_into().ok()?);
+            Some(
+                SIMPLE_REPLY_LEN
+                    + if err == 0 {
+                        read_len(cookie) as usize
+                    } else {
+                        0
+                    },
+            )
+        }
+        STRUCTURED_REPLY_MAGIC if buf.len() >= STRUCTURED_HEADER_LEN => {
+            let len = u32::from_be_bytes(buf[16..20].try_into().ok()?) as usize;
+            Some(STRUCTURED_HEADER_LEN + len.min(crate::MAX_REQUEST_LEN as usize + 4096))
+        }
+        _ => None,
+    }
+}
+
 /// Decode one reply. `read_len(cookie)` tells how many data bytes follow a
 /// successful simple reply (the length of that READ, or 0).
 pub fn decode_reply(
