@@ -1,0 +1,47 @@
+//! The migration protocol between two `ferry serve` daemons (seed 002,
+//! Fig. 3), as bytes in and messages out: no sockets, no TLS, no disks.
+//!
+//! ```text
+//!  source                                   destination
+//!    | Hello{versions, id, volume} ------------>|
+//!    |<----------- Welcome{version, resume} / Refuse
+//!    | Prints{first, [zero run | BLAKE3]} ...  ->|  phase 1: fingerprints, zero runs as intervals
+//!    | PrintsDone ------------------------------>|
+//!    |<------------------------- Want{ranges} ...|  phase 2: what it cannot rebuild locally,
+//!    |<--------------------- WantDone{local, buddy}  streamed as it is found (coalesced ranges)
+//!    | Data{offset, raw|zstd, bytes} ... ------->|  phase 3: wanted chunks, then dirty rounds
+//!    | RoundEnd{round, dirty_bytes} ------------>|
+//!    | Pause ----------------------------------->|  phase 4: writes paused at the source
+//!    | Data ... , Digest{blake3} --------------->|
+//!    |<-------------------- DigestResult{matches}|
+//!    | Switch{location} ------------------------>|
+//!    |<------------------------------------ Done |
+//!  either side: Abort{reason} ends the migration; the source volume is untouched.
+//! ```
+//!
+//! Destination states: `Greeting -> Receiving prints -> Receiving data
+//! (rounds) -> Paused -> Verifying -> Switched`.
+//!
+//! Frames: `u32 magic "FRYM", u16 type, u16 flags (0), u32 payload length`,
+//! then the payload, big endian. Type 0 is `Invalid` and never sent; an
+//! unknown type, nonzero flags, or a payload over [`MAX_PAYLOAD`] is an
+//! error, never guessed at.
+//!
+//! Versions: `Hello` carries the range the source speaks; `Welcome` names
+//! the one chosen. Version 1 is this document. A later version may add
+//! message types; it must not change the layout of these.
+
+mod message;
+
+pub use message::{
+    Encoding, FrameDecoder, Message, PrintEntry, ResumePoint, VolumeDescriptor, WireError,
+};
+
+/// Protocol version spoken by this build.
+pub const VERSION: u16 = 1;
+/// Largest payload of one frame.
+pub const MAX_PAYLOAD: u32 = 64 << 20;
+/// Frame header length.
+pub const HEADER_LEN: usize = 12;
+/// Frame magic, "FRYM".
+pub const MAGIC: u32 = 0x4652_594d;

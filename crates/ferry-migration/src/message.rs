@@ -1,0 +1,711 @@
+//! Message types, their encoding, and the streaming frame decoder.
+
+use crate::{HEADER_LEN, MAGIC, MAX_PAYLOAD};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use thiserror::Error;
+
+/// Longest string field (volume name, WWN, reasons, locations).
+const MAX_STRING: usize = 4096;
+/// Most entries in one `Prints`, ranges in one `Want` or `ResumePoint`.
+const MAX_ITEMS: u32 = 1 << 20;
+
+/// A frame that cannot be accepted; the connection ends with it.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum WireError {
+    #[error("bad frame magic {0:#x}")]
+    BadMagic(u32),
+    #[error("unknown message type {0}")]
+    UnknownType(u16),
+    #[error("nonzero flags {flags:#x} on message type {ty}")]
+    Flags { ty: u16, flags: u16 },
+    #[error("payload of {0} bytes exceeds the limit")]
+    TooLarge(u32),
+    #[error("malformed {what}: {detail}")]
+    Malformed { what: &'static str, detail: String },
+}
+
+fn malformed(what: &'static str, detail: impl Into<String>) -> WireError {
+    WireError::Malformed {
+        what,
+        detail: detail.into(),
+    }
+}
+
+/// The volume being migrated, as the source describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeDescriptor {
+    pub name: String,
+    pub size: u64,
+    /// Logical block size presented to clients (512 or 4096).
+    pub block_size: u32,
+    /// Bytes per fingerprinted chunk.
+    pub chunk_size: u32,
+    pub uuid: [u8; 16],
+    /// NAA identifier the copy keeps.
+    pub wwn: String,
+}
+
+/// One fingerprint-stream entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrintEntry {
+    /// A run of this many zero (or unallocated) chunks.
+    Zero(u32),
+    /// The BLAKE3 of one chunk.
+    Print([u8; 32]),
+}
+
+/// What a restarted destination already holds, verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumePoint {
+    pub round: u32,
+    /// Chunk ranges `(first, count)` already in place.
+    pub have: Vec<(u64, u32)>,
+}
+
+/// How `Data` bytes are encoded. 0 is invalid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    Raw = 1,
+    Zstd = 2,
+}
+
+/// A protocol message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    Hello {
+        min_version: u16,
+        max_version: u16,
+        migration_id: [u8; 16],
+        volume: VolumeDescriptor,
+    },
+    Welcome {
+        version: u16,
+        resume: Option<ResumePoint>,
+    },
+    Refuse {
+        reason: String,
+    },
+    Prints {
+        first_chunk: u64,
+        entries: Vec<PrintEntry>,
+    },
+    PrintsDone,
+    Want {
+        ranges: Vec<(u64, u32)>,
+    },
+    WantDone {
+        local_chunks: u64,
+        buddy_chunks: u64,
+    },
+    Data {
+        offset: u64,
+        encoding: Encoding,
+        raw_len: u32,
+        bytes: Bytes,
+    },
+    RoundEnd {
+        round: u32,
+        dirty_bytes: u64,
+    },
+    Pause,
+    Digest {
+        digest: [u8; 32],
+    },
+    DigestResult {
+        matches: bool,
+        digest: [u8; 32],
+    },
+    Switch {
+        location: String,
+    },
+    Done,
+    Abort {
+        reason: String,
+    },
+}
+
+impl Message {
+    /// The wire type number (never 0).
+    pub fn ty(&self) -> u16 {
+        match self {
+            Message::Hello { .. } => 1,
+            Message::Welcome { .. } => 2,
+            Message::Refuse { .. } => 3,
+            Message::Prints { .. } => 4,
+            Message::PrintsDone => 5,
+            Message::Want { .. } => 6,
+            Message::WantDone { .. } => 7,
+            Message::Data { .. } => 8,
+            Message::RoundEnd { .. } => 9,
+            Message::Pause => 10,
+            Message::Digest { .. } => 11,
+            Message::DigestResult { .. } => 12,
+            Message::Switch { .. } => 13,
+            Message::Done => 14,
+            Message::Abort { .. } => 15,
+        }
+    }
+
+    /// Append the framed message to `out`.
+    pub fn encode(&self, out: &mut BytesMut) {
+        let start = out.len();
+        out.put_u32(MAGIC);
+        out.put_u16(self.ty());
+        out.put_u16(0);
+        out.put_u32(0);
+        match self {
+            Message::Hello {
+                min_version,
+                max_version,
+                migration_id,
+                volume,
+            } => {
+                out.put_u16(*min_version);
+                out.put_u16(*max_version);
+                out.put_slice(migration_id);
+                put_str(out, &volume.name);
+                out.put_u64(volume.size);
+                out.put_u32(volume.block_size);
+                out.put_u32(volume.chunk_size);
+                out.put_slice(&volume.uuid);
+                put_str(out, &volume.wwn);
+            }
+            Message::Welcome { version, resume } => {
+                out.put_u16(*version);
+                match resume {
+                    None => out.put_u8(0),
+                    Some(r) => {
+                        out.put_u8(1);
+                        out.put_u32(r.round);
+                        put_ranges(out, &r.have);
+                    }
+                }
+            }
+            Message::Refuse { reason } | Message::Abort { reason } => put_str(out, reason),
+            Message::Switch { location } => put_str(out, location),
+            Message::Prints {
+                first_chunk,
+                entries,
+            } => {
+                out.put_u64(*first_chunk);
+                out.put_u32(count(entries.len()));
+                for e in entries {
+                    match e {
+                        PrintEntry::Zero(n) => {
+                            out.put_u8(1);
+                            out.put_u32(*n);
+                        }
+                        PrintEntry::Print(p) => {
+                            out.put_u8(2);
+                            out.put_slice(p);
+                        }
+                    }
+                }
+            }
+            Message::Want { ranges } => put_ranges(out, ranges),
+            Message::WantDone {
+                local_chunks,
+                buddy_chunks,
+            } => {
+                out.put_u64(*local_chunks);
+                out.put_u64(*buddy_chunks);
+            }
+            Message::Data {
+                offset,
+                encoding,
+                raw_len,
+                bytes,
+            } => {
+                out.put_u64(*offset);
+                out.put_u8(*encoding as u8);
+                out.put_u32(*raw_len);
+                out.put_slice(bytes);
+            }
+            Message::RoundEnd { round, dirty_bytes } => {
+                out.put_u32(*round);
+                out.put_u64(*dirty_bytes);
+            }
+            Message::Digest { digest } => out.put_slice(digest),
+            Message::DigestResult { matches, digest } => {
+                out.put_u8(u8::from(*matches));
+                out.put_slice(digest);
+            }
+            Message::PrintsDone | Message::Pause | Message::Done => {}
+        }
+        let len = u32::try_from(out.len() - start - HEADER_LEN).unwrap_or(u32::MAX);
+        out[start + 8..start + 12].copy_from_slice(&len.to_be_bytes());
+    }
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn put_str(out: &mut BytesMut, s: &str) {
+    let b = &s.as_bytes()[..s.len().min(MAX_STRING)];
+    out.put_u16(u16::try_from(b.len()).unwrap_or(0));
+    out.put_slice(b);
+}
+
+fn put_ranges(out: &mut BytesMut, r: &[(u64, u32)]) {
+    out.put_u32(count(r.len()));
+    for (first, n) in r {
+        out.put_u64(*first);
+        out.put_u32(*n);
+    }
+}
+
+/// A cursor over one payload that refuses to read past its end.
+struct Payload {
+    b: Bytes,
+    what: &'static str,
+}
+
+impl Payload {
+    fn need(&self, n: usize) -> Result<(), WireError> {
+        if self.b.remaining() < n {
+            return Err(malformed(
+                self.what,
+                format!(
+                    "truncated: {n} more bytes needed, {} left",
+                    self.b.remaining()
+                ),
+            ));
+        }
+        Ok(())
+    }
+    fn u8(&mut self) -> Result<u8, WireError> {
+        self.need(1)?;
+        Ok(self.b.get_u8())
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        self.need(2)?;
+        Ok(self.b.get_u16())
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        self.need(4)?;
+        Ok(self.b.get_u32())
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        self.need(8)?;
+        Ok(self.b.get_u64())
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
+        self.need(N)?;
+        let mut a = [0u8; N];
+        self.b.copy_to_slice(&mut a);
+        Ok(a)
+    }
+    fn string(&mut self) -> Result<String, WireError> {
+        let n = self.u16()? as usize;
+        if n > MAX_STRING {
+            return Err(malformed(self.what, format!("string of {n} bytes")));
+        }
+        self.need(n)?;
+        let s = self.b.split_to(n);
+        String::from_utf8(s.to_vec()).map_err(|_| malformed(self.what, "string is not UTF-8"))
+    }
+    fn items(&mut self) -> Result<u32, WireError> {
+        let n = self.u32()?;
+        if n > MAX_ITEMS {
+            return Err(malformed(self.what, format!("{n} items exceed the limit")));
+        }
+        Ok(n)
+    }
+    fn ranges(&mut self) -> Result<Vec<(u64, u32)>, WireError> {
+        let n = self.items()?;
+        self.need(n as usize * 12)?;
+        (0..n).map(|_| Ok((self.u64()?, self.u32()?))).collect()
+    }
+    fn end(self) -> Result<(), WireError> {
+        if self.b.has_remaining() {
+            return Err(malformed(
+                self.what,
+                format!("{} trailing bytes", self.b.remaining()),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
+    let what = match ty {
+        1 => "Hello",
+        2 => "Welcome",
+        3 => "Refuse",
+        4 => "Prints",
+        5 => "PrintsDone",
+        6 => "Want",
+        7 => "WantDone",
+        8 => "Data",
+        9 => "RoundEnd",
+        10 => "Pause",
+        11 => "Digest",
+        12 => "DigestResult",
+        13 => "Switch",
+        14 => "Done",
+        15 => "Abort",
+        other => return Err(WireError::UnknownType(other)),
+    };
+    let mut p = Payload { b: payload, what };
+    let m = match ty {
+        1 => Message::Hello {
+            min_version: p.u16()?,
+            max_version: p.u16()?,
+            migration_id: p.array()?,
+            volume: VolumeDescriptor {
+                name: p.string()?,
+                size: p.u64()?,
+                block_size: p.u32()?,
+                chunk_size: p.u32()?,
+                uuid: p.array()?,
+                wwn: p.string()?,
+            },
+        },
+        2 => {
+            let version = p.u16()?;
+            let resume = match p.u8()? {
+                0 => None,
+                1 => Some(ResumePoint {
+                    round: p.u32()?,
+                    have: p.ranges()?,
+                }),
+                t => return Err(malformed(what, format!("resume tag {t}"))),
+            };
+            Message::Welcome { version, resume }
+        }
+        3 => Message::Refuse {
+            reason: p.string()?,
+        },
+        4 => {
+            let first_chunk = p.u64()?;
+            let n = p.items()?;
+            let mut entries = Vec::with_capacity((n as usize).min(p.b.remaining() / 5));
+            for _ in 0..n {
+                entries.push(match p.u8()? {
+                    1 => PrintEntry::Zero(p.u32()?),
+                    2 => PrintEntry::Print(p.array()?),
+                    t => return Err(malformed(what, format!("entry tag {t}"))),
+                });
+            }
+            Message::Prints {
+                first_chunk,
+                entries,
+            }
+        }
+        5 => Message::PrintsDone,
+        6 => Message::Want {
+            ranges: p.ranges()?,
+        },
+        7 => Message::WantDone {
+            local_chunks: p.u64()?,
+            buddy_chunks: p.u64()?,
+        },
+        8 => {
+            let offset = p.u64()?;
+            let encoding = match p.u8()? {
+                1 => Encoding::Raw,
+                2 => Encoding::Zstd,
+                e => return Err(malformed(what, format!("encoding {e}"))),
+            };
+            let raw_len = p.u32()?;
+            let bytes = p.b.split_to(p.b.remaining());
+            if raw_len > MAX_PAYLOAD
+                || (encoding == Encoding::Raw && raw_len as usize != bytes.len())
+            {
+                return Err(malformed(
+                    what,
+                    format!("raw length {raw_len} for {} bytes", bytes.len()),
+                ));
+            }
+            Message::Data {
+                offset,
+                encoding,
+                raw_len,
+                bytes,
+            }
+        }
+        9 => Message::RoundEnd {
+            round: p.u32()?,
+            dirty_bytes: p.u64()?,
+        },
+        10 => Message::Pause,
+        11 => Message::Digest { digest: p.array()? },
+        12 => {
+            let matches = match p.u8()? {
+                0 => false,
+                1 => true,
+                v => return Err(malformed(what, format!("boolean {v}"))),
+            };
+            Message::DigestResult {
+                matches,
+                digest: p.array()?,
+            }
+        }
+        13 => Message::Switch {
+            location: p.string()?,
+        },
+        14 => Message::Done,
+        _ => Message::Abort {
+            reason: p.string()?,
+        },
+    };
+    p.end()?;
+    Ok(m)
+}
+
+/// Streaming decoder: `Ok(None)` means "read more".
+#[derive(Debug, Default)]
+pub struct FrameDecoder;
+
+impl FrameDecoder {
+    pub fn new() -> Self {
+        FrameDecoder
+    }
+
+    /// Bytes still needed for the frame at the head of `buf`, when known.
+    pub fn wanted(&self, buf: &[u8]) -> usize {
+        if buf.len() < HEADER_LEN {
+            return HEADER_LEN - buf.len();
+        }
+        let len =
+            u32::from_be_bytes(buf[8..12].try_into().expect("4 bytes")).min(MAX_PAYLOAD) as usize;
+        (HEADER_LEN + len).saturating_sub(buf.len())
+    }
+
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Message>, WireError> {
+        if buf.len() < HEADER_LEN {
+            return Ok(None);
+        }
+        let magic = u32::from_be_bytes(buf[..4].try_into().expect("4 bytes"));
+        if magic != MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        let ty = u16::from_be_bytes(buf[4..6].try_into().expect("2 bytes"));
+        let flags = u16::from_be_bytes(buf[6..8].try_into().expect("2 bytes"));
+        let len = u32::from_be_bytes(buf[8..12].try_into().expect("4 bytes"));
+        if ty == 0 || ty > 15 {
+            return Err(WireError::UnknownType(ty));
+        }
+        if flags != 0 {
+            return Err(WireError::Flags { ty, flags });
+        }
+        if len > MAX_PAYLOAD {
+            return Err(WireError::TooLarge(len));
+        }
+        if buf.len() < HEADER_LEN + len as usize {
+            return Ok(None);
+        }
+        buf.advance(HEADER_LEN);
+        let payload = buf.split_to(len as usize).freeze();
+        parse(ty, payload).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all() -> Vec<Message> {
+        let vol = VolumeDescriptor {
+            name: "vm-disk".into(),
+            size: 10 << 30,
+            block_size: 512,
+            chunk_size: 4096,
+            uuid: [7; 16],
+            wwn: "naa.3123456789abcdef".into(),
+        };
+        vec![
+            Message::Hello {
+                min_version: 1,
+                max_version: 3,
+                migration_id: [9; 16],
+                volume: vol,
+            },
+            Message::Welcome {
+                version: 1,
+                resume: None,
+            },
+            Message::Welcome {
+                version: 1,
+                resume: Some(ResumePoint {
+                    round: 2,
+                    have: vec![(0, 10), (100, 5)],
+                }),
+            },
+            Message::Refuse {
+                reason: "volume exists".into(),
+            },
+            Message::Prints {
+                first_chunk: 42,
+                entries: vec![PrintEntry::Zero(1000), PrintEntry::Print([3; 32])],
+            },
+            Message::PrintsDone,
+            Message::Want {
+                ranges: vec![(5, 2), (u64::MAX - 1, 1)],
+            },
+            Message::WantDone {
+                local_chunks: 10,
+                buddy_chunks: 3,
+            },
+            Message::Data {
+                offset: 4096,
+                encoding: Encoding::Raw,
+                raw_len: 3,
+                bytes: Bytes::from_static(b"abc"),
+            },
+            Message::Data {
+                offset: 0,
+                encoding: Encoding::Zstd,
+                raw_len: 4096,
+                bytes: Bytes::from_static(b"zz"),
+            },
+            Message::RoundEnd {
+                round: 3,
+                dirty_bytes: 1 << 20,
+            },
+            Message::Pause,
+            Message::Digest { digest: [1; 32] },
+            Message::DigestResult {
+                matches: true,
+                digest: [2; 32],
+            },
+            Message::Switch {
+                location: "10.0.0.2:10809".into(),
+            },
+            Message::Done,
+            Message::Abort {
+                reason: "link lost".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_message_round_trips_even_split_at_every_byte() {
+        let mut wire = BytesMut::new();
+        for m in all() {
+            m.encode(&mut wire);
+        }
+        for split in [0, 1, 5, 11, 12, 13, 40, wire.len() / 2, wire.len()] {
+            let mut d = FrameDecoder::new();
+            let mut b = BytesMut::from(&wire[..split]);
+            let mut got = Vec::new();
+            while let Some(m) = d.decode(&mut b).unwrap() {
+                got.push(m);
+            }
+            b.extend_from_slice(&wire[split..]);
+            while let Some(m) = d.decode(&mut b).unwrap() {
+                got.push(m);
+            }
+            assert_eq!(got, all(), "split at {split}");
+        }
+    }
+
+    #[test]
+    fn unknown_invalid_flagged_and_oversized_frames_are_rejected() {
+        let frame = |ty: u16, flags: u16, len: u32| {
+            let mut b = BytesMut::new();
+            b.put_u32(MAGIC);
+            b.put_u16(ty);
+            b.put_u16(flags);
+            b.put_u32(len);
+            b
+        };
+        let mut d = FrameDecoder::new();
+        assert_eq!(
+            d.decode(&mut frame(0, 0, 0)),
+            Err(WireError::UnknownType(0))
+        );
+        assert_eq!(
+            d.decode(&mut frame(16, 0, 0)),
+            Err(WireError::UnknownType(16))
+        );
+        assert_eq!(
+            d.decode(&mut frame(5, 1, 0)),
+            Err(WireError::Flags { ty: 5, flags: 1 })
+        );
+        assert_eq!(
+            d.decode(&mut frame(8, 0, MAX_PAYLOAD + 1)),
+            Err(WireError::TooLarge(MAX_PAYLOAD + 1))
+        );
+        let mut bad = frame(5, 0, 0);
+        bad[0] = b'X';
+        assert!(matches!(d.decode(&mut bad), Err(WireError::BadMagic(_))));
+    }
+
+    #[test]
+    fn malformed_payloads_are_rejected() {
+        let mut d = FrameDecoder::new();
+        // Trailing bytes after a complete PrintsDone.
+        let mut b = BytesMut::new();
+        Message::PrintsDone.encode(&mut b);
+        b[11] = 1;
+        b.put_u8(0);
+        assert!(matches!(d.decode(&mut b), Err(WireError::Malformed { .. })));
+        // Raw data whose length disagrees with raw_len.
+        let mut b = BytesMut::new();
+        Message::Data {
+            offset: 0,
+            encoding: Encoding::Raw,
+            raw_len: 9,
+            bytes: Bytes::from_static(b"abc"),
+        }
+        .encode(&mut b);
+        assert!(matches!(d.decode(&mut b), Err(WireError::Malformed { .. })));
+        // Unknown encoding, boolean and entry tag.
+        for (m, at) in [
+            (
+                Message::Data {
+                    offset: 0,
+                    encoding: Encoding::Raw,
+                    raw_len: 1,
+                    bytes: Bytes::from_static(b"a"),
+                },
+                12 + 8,
+            ),
+            (
+                Message::DigestResult {
+                    matches: true,
+                    digest: [0; 32],
+                },
+                12,
+            ),
+            (
+                Message::Prints {
+                    first_chunk: 0,
+                    entries: vec![PrintEntry::Zero(1)],
+                },
+                12 + 12,
+            ),
+        ] {
+            let mut b = BytesMut::new();
+            m.encode(&mut b);
+            b[at] = 7;
+            assert!(
+                matches!(d.decode(&mut b), Err(WireError::Malformed { .. })),
+                "{m:?}"
+            );
+        }
+        // An item count far beyond the payload.
+        let mut b = BytesMut::new();
+        Message::Want {
+            ranges: vec![(1, 1)],
+        }
+        .encode(&mut b);
+        b[12..16].copy_from_slice(&1000u32.to_be_bytes());
+        assert!(matches!(d.decode(&mut b), Err(WireError::Malformed { .. })));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let mut d = FrameDecoder::new();
+            let mut b = BytesMut::from(&data[..]);
+            while let Ok(Some(_)) = d.decode(&mut b) {}
+            let mut b = BytesMut::new();
+            b.put_u32(MAGIC);
+            b.extend_from_slice(&data);
+            while let Ok(Some(_)) = d.decode(&mut b) {}
+        }
+    }
+}
