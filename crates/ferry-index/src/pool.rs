@@ -4,9 +4,11 @@
 use crate::run::VolumeRun;
 use crate::scan::scan_file;
 use crate::{check_block_size, Fingerprint, IndexError, ScanStats};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -35,14 +37,58 @@ pub struct IndexStatus {
     pub volumes: Vec<VolumeIndexStatus>,
 }
 
+/// Blocks re-hashed since the run was written. Their run entries are stale
+/// and skipped; lookups see the delta instead. Merged into a new run when it
+/// grows past [`MERGE_AT`].
+#[derive(Debug, Default)]
+struct Delta {
+    /// Block number to its current key; `None` if it is now zero.
+    block_key: HashMap<u64, Option<u64>>,
+    by_key: HashMap<u64, Vec<u64>>,
+}
+
+/// Re-hashed blocks kept in memory before they are merged into the run.
+const MERGE_AT: usize = 64 * 1024;
+/// Rough RAM per delta entry (two hash map slots and a vector element).
+const DELTA_ENTRY_BYTES: u64 = 48;
+
+impl Delta {
+    fn set(&mut self, block: u64, key: Option<u64>) {
+        if let Some(Some(old)) = self.block_key.insert(block, key) {
+            if let Some(v) = self.by_key.get_mut(&old) {
+                v.retain(|b| *b != block);
+                if v.is_empty() {
+                    self.by_key.remove(&old);
+                }
+            }
+        }
+        if let Some(k) = key {
+            self.by_key.entry(k).or_default().push(block);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct VolumeIndex {
+    run: Arc<VolumeRun>,
+    delta: Mutex<Delta>,
+}
+
 /// The fingerprint index of one pool.
 #[derive(Debug)]
 pub struct PoolIndex {
     dir: PathBuf,
     block_size: u32,
-    runs: RwLock<BTreeMap<String, Arc<VolumeRun>>>,
+    runs: RwLock<BTreeMap<String, Arc<VolumeIndex>>>,
     lookups: AtomicU64,
     hits: AtomicU64,
+}
+
+fn volume_index(run: VolumeRun) -> Arc<VolumeIndex> {
+    Arc::new(VolumeIndex {
+        run: Arc::new(run),
+        delta: Mutex::new(Delta::default()),
+    })
 }
 
 impl PoolIndex {
@@ -67,7 +113,7 @@ impl PoolIndex {
             };
             match VolumeRun::open(&path) {
                 Ok(r) if r.block_size() == block_size => {
-                    runs.insert(name, Arc::new(r));
+                    runs.insert(name, volume_index(r));
                 }
                 _ => {
                     let _ = std::fs::remove_file(&path);
@@ -101,8 +147,83 @@ impl PoolIndex {
             stats.bytes,
             &mut entries,
         )?;
-        self.runs.write().insert(volume.to_string(), Arc::new(run));
+        self.runs
+            .write()
+            .insert(volume.to_string(), volume_index(run));
         Ok(stats)
+    }
+
+    /// Re-hash `blocks` of an indexed volume from its backing file (after
+    /// they were written) and record them in the volume's delta. Returns how
+    /// many blocks were refreshed; 0 if the volume is not indexed.
+    pub fn refresh(&self, volume: &str, data: &Path, blocks: &[u64]) -> Result<usize, IndexError> {
+        let Some(vi) = self.runs.read().get(volume).cloned() else {
+            return Ok(0);
+        };
+        let f = File::open(data).map_err(|e| IndexError::io("open", data, e))?;
+        let size = f
+            .metadata()
+            .map_err(|e| IndexError::io("stat", data, e))?
+            .len();
+        let bs = u64::from(self.block_size);
+        let mut buf = vec![0u8; self.block_size as usize];
+        let mut keys = Vec::with_capacity(blocks.len());
+        for &b in blocks {
+            let off = b * bs;
+            if off >= size {
+                keys.push((b, None));
+                continue;
+            }
+            let n = bs.min(size - off) as usize;
+            f.read_exact_at(&mut buf[..n], off)
+                .map_err(|e| IndexError::io("read", data, e))?;
+            let blk = &buf[..n];
+            keys.push((
+                b,
+                (!crate::is_zero(blk)).then(|| Fingerprint::of(blk).key()),
+            ));
+        }
+        let merge = {
+            let mut d = vi.delta.lock();
+            for (b, k) in keys {
+                d.set(b, k);
+            }
+            d.block_key.len() >= MERGE_AT
+        };
+        if merge {
+            self.merge(volume)?;
+        }
+        Ok(blocks.len())
+    }
+
+    /// Fold a volume's delta into a new run.
+    pub fn merge(&self, volume: &str) -> Result<(), IndexError> {
+        let Some(vi) = self.runs.read().get(volume).cloned() else {
+            return Ok(());
+        };
+        let mut d = vi.delta.lock();
+        if d.block_key.is_empty() {
+            return Ok(());
+        }
+        let mut entries: Vec<(u64, u64)> = vi
+            .run
+            .entries()?
+            .into_iter()
+            .filter(|(_, b)| !d.block_key.contains_key(b))
+            .collect();
+        entries.extend(d.block_key.iter().filter_map(|(b, k)| k.map(|k| (k, *b))));
+        let run = VolumeRun::write(
+            &self.dir.join(format!("{volume}.fidx")),
+            self.block_size,
+            vi.run.volume_size(),
+            &mut entries,
+        )?;
+        *d = Delta::default();
+        drop(d);
+        self.runs
+            .write()
+            .insert(volume.to_string(), volume_index(run));
+        Ok(())
     }
 
     /// Forget a volume.
@@ -117,17 +238,26 @@ impl PoolIndex {
     pub fn lookup(&self, fp: &Fingerprint, max: usize) -> Result<Vec<(String, u64)>, IndexError> {
         self.lookups.fetch_add(1, Ordering::Relaxed);
         let key = fp.key();
-        let runs: Vec<(String, Arc<VolumeRun>)> = self
+        let vols: Vec<(String, Arc<VolumeIndex>)> = self
             .runs
             .read()
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let mut out = Vec::new();
-        for (name, run) in runs {
-            for b in run.lookup(key, max - out.len())? {
-                out.push((name.clone(), b));
+        for (name, vi) in vols {
+            let d = vi.delta.lock();
+            for b in d.by_key.get(&key).into_iter().flatten() {
+                out.push((name.clone(), *b));
             }
+            // Ask the run for a few extra: some of its answers may be stale.
+            let want = max.saturating_sub(out.len()) + d.block_key.len().min(64);
+            for b in vi.run.lookup(key, want)? {
+                if !d.block_key.contains_key(&b) {
+                    out.push((name.clone(), b));
+                }
+            }
+            out.truncate(max);
             if out.len() >= max {
                 break;
             }
@@ -142,11 +272,17 @@ impl PoolIndex {
         let runs = self.runs.read();
         let volumes: Vec<VolumeIndexStatus> = runs
             .iter()
-            .map(|(n, r)| VolumeIndexStatus {
-                volume: n.clone(),
-                entries: r.len(),
-                memory_bytes: r.memory_bytes() as u64,
-                volume_size: r.volume_size(),
+            .map(|(n, vi)| {
+                let d = vi.delta.lock();
+                let stale = vi.run.len().min(d.block_key.len() as u64);
+                VolumeIndexStatus {
+                    volume: n.clone(),
+                    entries: vi.run.len() - stale
+                        + d.block_key.values().filter(|k| k.is_some()).count() as u64,
+                    memory_bytes: vi.run.memory_bytes() as u64
+                        + d.block_key.len() as u64 * DELTA_ENTRY_BYTES,
+                    volume_size: vi.run.volume_size(),
+                }
             })
             .collect();
         let entries: u64 = volumes.iter().map(|v| v.entries).sum();
@@ -154,7 +290,7 @@ impl PoolIndex {
             + std::mem::size_of::<Self>() as u64;
         let disk = runs
             .values()
-            .map(|r| std::fs::metadata(r.path()).map_or(0, |m| m.len()))
+            .map(|vi| std::fs::metadata(vi.run.path()).map_or(0, |m| m.len()))
             .sum();
         IndexStatus {
             block_size: self.block_size,
@@ -177,6 +313,36 @@ impl PoolIndex {
 mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn refreshed_blocks_replace_stale_entries_and_merge() {
+        let d = tempfile::tempdir().unwrap();
+        let img = d.path().join("v.raw");
+        let f = std::fs::File::create(&img).unwrap();
+        f.set_len(1 << 20).unwrap();
+        f.write_all_at(&[1u8; 4096], 0).unwrap();
+        let idx = PoolIndex::open(&d.path().join("index"), 4096).unwrap();
+        idx.rebuild("v", &img).unwrap();
+        let one = Fingerprint::of(&[1u8; 4096]);
+        let two = Fingerprint::of(&[2u8; 4096]);
+        assert_eq!(idx.lookup(&one, 4).unwrap().len(), 1);
+        // Block 0 is overwritten with 2s, block 5 gets the old 1s.
+        f.write_all_at(&[2u8; 4096], 0).unwrap();
+        f.write_all_at(&[1u8; 4096], 5 * 4096).unwrap();
+        assert_eq!(idx.refresh("v", &img, &[0, 5]).unwrap(), 2);
+        assert_eq!(idx.lookup(&one, 4).unwrap(), vec![("v".to_string(), 5)]);
+        assert_eq!(idx.lookup(&two, 4).unwrap(), vec![("v".to_string(), 0)]);
+        assert_eq!(idx.status().entries, 2);
+        // Zeroed again: gone from lookups.
+        f.write_all_at(&[0u8; 4096], 5 * 4096).unwrap();
+        idx.refresh("v", &img, &[5]).unwrap();
+        assert!(idx.lookup(&one, 4).unwrap().is_empty());
+        idx.merge("v").unwrap();
+        assert!(idx.lookup(&one, 4).unwrap().is_empty());
+        assert_eq!(idx.lookup(&two, 4).unwrap(), vec![("v".to_string(), 0)]);
+        assert_eq!(idx.status().entries, 1);
+        assert_eq!(idx.refresh("other", &img, &[0]).unwrap(), 0);
+    }
 
     #[test]
     fn rebuild_lookup_reopen_remove() {

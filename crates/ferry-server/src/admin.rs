@@ -311,6 +311,12 @@ async fn import(
     tokio::task::spawn_blocking(move || v2.flush())
         .await
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    // The imported content is what other volumes will be rebuilt from.
+    let (st, v2) = (s.clone(), v.clone());
+    tokio::task::spawn_blocking(move || match crate::indexer::rebuild_volume(&st, &v2) {
+        Ok(r) => tracing::info!(volume = %v2.name(), blocks = r.blocks, "re-indexed after import"),
+        Err(e) => tracing::warn!(volume = %v2.name(), error = %e, "indexing after import failed"),
+    });
     Ok(Json(
         serde_json::json!({ "bytes": offset, "written": written, "zeroed": zeroed }),
     ))
@@ -435,12 +441,12 @@ async fn index_rebuild(
         Some(n) => vec![s.pool.get(n)?],
         None => s.pool.list(),
     };
-    let index = s.index.clone();
+    let state = s.clone();
     let out = tokio::task::spawn_blocking(move || {
         vols.iter()
             .map(|v| {
                 let name = v.name();
-                let st = index.rebuild(&name, v.data_path())?;
+                let st = crate::indexer::rebuild_volume(&state, v)?;
                 Ok(RebuildReport {
                     volume: name,
                     bytes: st.bytes,
@@ -451,7 +457,7 @@ async fn index_rebuild(
                     mb_per_s: st.rate() / 1e6,
                 })
             })
-            .collect::<Result<Vec<_>, ferry_index::IndexError>>()
+            .collect::<Result<Vec<_>, crate::indexer::IndexerError>>()
     })
     .await
     .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?

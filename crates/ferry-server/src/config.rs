@@ -17,6 +17,7 @@
 //!
 //! [index]
 //! block_size = 4096              # fingerprint granularity, 512 B .. 64 KiB
+//! refresh_interval_ms = 1000     # re-hash written blocks this often; 0 = never
 //! ```
 
 use serde::Deserialize;
@@ -59,11 +60,16 @@ pub struct Config {
 pub struct IndexConfig {
     /// Bytes per fingerprinted block.
     pub block_size: u32,
+    /// How often written blocks are re-hashed into the index (0: never).
+    pub refresh_interval_ms: u64,
 }
 
 impl Default for IndexConfig {
     fn default() -> Self {
-        IndexConfig { block_size: 4096 }
+        IndexConfig {
+            block_size: 4096,
+            refresh_interval_ms: 1000,
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod indexer;
 pub mod metrics;
 pub mod nbd;
 
@@ -130,6 +131,7 @@ impl Daemon {
             tracing::info!(addr = ?self.state.addrs.nbd, "NBD listening");
             tasks.spawn(nbd::serve(l, self.state.clone(), shutdown.clone()));
         }
+        tasks.spawn(indexer::run(self.state.clone(), shutdown.clone()));
         if let Some(l) = self.admin {
             tracing::info!(addr = ?self.state.addrs.admin, "admin API listening");
             let app = admin::router(self.state.clone());

@@ -214,3 +214,45 @@ fn index_rebuild_status_lookup_and_metrics() {
         .unwrap_err();
     assert!(matches!(e, ureq::Error::Status(404, _)));
 }
+
+#[test]
+fn index_follows_imports_and_writes() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(d.path());
+    ureq::post(&url(&s, "/v1/volumes"))
+        .send_json(json!({"name": "img", "size": "4M"}))
+        .unwrap();
+    let mut img = vec![0u8; 4 << 20];
+    img[..4096].fill(0x11);
+    ureq::put(&url(&s, "/v1/volumes/img/data"))
+        .send_bytes(&img)
+        .unwrap();
+    let wait_for = |fp: &ferry_index::Fingerprint, want: Option<u64>| {
+        let t = std::time::Instant::now();
+        loop {
+            let hits = s.state.index.lookup(fp, 4).unwrap();
+            let got = hits.first().map(|h| h.1);
+            if got == want {
+                return;
+            }
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(10),
+                "index never showed {want:?}, has {hits:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    // Indexed after the import, without a rebuild request.
+    let old = ferry_index::Fingerprint::of(&[0x11; 4096]);
+    wait_for(&old, Some(0));
+    // A write moves that content; the background refresher notices.
+    let v = s.state.pool.get("img").unwrap();
+    v.write_at(0, &[0x22; 4096], false).unwrap();
+    v.write_at(40960, &[0x11; 4096], false).unwrap();
+    wait_for(&old, Some(10));
+    wait_for(&ferry_index::Fingerprint::of(&[0x22; 4096]), Some(0));
+    assert!(v
+        .bitmap(ferry_server::indexer::INDEX_BITMAP)
+        .unwrap()
+        .persistent());
+}

@@ -1,0 +1,115 @@
+//! Keeps the fingerprint index current as volumes are written.
+//!
+//! Every indexed volume carries a persistent dirty bitmap named
+//! [`INDEX_BITMAP`] whose granularity is the index block size. It is created
+//! (and emptied) before a volume is scanned, so a write during or after the
+//! scan is always marked. A background task takes the marked chunks every
+//! `[index] refresh_interval_ms` and re-hashes them into the index. After a
+//! crash the bitmap comes back all dirty, so the whole volume is re-hashed:
+//! slower, never stale. (Even a stale entry could not corrupt a disk:
+//! candidates are verified by full BLAKE3 before use.)
+
+use crate::ServerState;
+use ferry_index::{IndexError, ScanStats};
+use ferry_storage::{StorageError, Volume};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Name of the dirty bitmap reserved for the indexer.
+pub const INDEX_BITMAP: &str = "ferry-index";
+
+#[derive(Debug, thiserror::Error)]
+pub enum IndexerError {
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// Make sure the volume has its indexer bitmap, and empty it: the scan that
+/// follows covers everything written so far.
+fn reset_bitmap(state: &ServerState, v: &Volume) -> Result<(), StorageError> {
+    match v.bitmap(INDEX_BITMAP) {
+        Ok(b) => {
+            b.clear();
+            Ok(())
+        }
+        Err(StorageError::BitmapNotFound(_)) => v
+            .create_bitmap(INDEX_BITMAP, state.index.block_size(), true)
+            .map(drop),
+        Err(e) => Err(e),
+    }
+}
+
+/// Scan a whole volume into the index (blocking).
+pub fn rebuild_volume(state: &ServerState, v: &Volume) -> Result<ScanStats, IndexerError> {
+    reset_bitmap(state, v)?;
+    Ok(state.index.rebuild(&v.name(), v.data_path())?)
+}
+
+/// Re-hash what changed in one volume since the last pass (blocking).
+fn refresh_volume(state: &ServerState, v: &Volume) -> Result<usize, IndexerError> {
+    let name = v.name();
+    if !state.index.contains(&name) {
+        return Ok(0);
+    }
+    let bm = match v.bitmap(INDEX_BITMAP) {
+        Ok(b) => b,
+        // Indexed before this daemon tracked writes: start over.
+        Err(StorageError::BitmapNotFound(_)) => {
+            return rebuild_volume(state, v).map(|s| s.blocks as usize)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let bs = u64::from(state.index.block_size());
+    let blocks: Vec<u64> = bm.take().into_iter().map(|off| off / bs).collect();
+    if blocks.is_empty() {
+        return Ok(0);
+    }
+    match state.index.refresh(&name, v.data_path(), &blocks) {
+        Ok(n) => Ok(n),
+        Err(e) => {
+            // Try again next time rather than lose the marks.
+            for b in &blocks {
+                bm.mark(b * bs, bs);
+            }
+            Err(e.into())
+        }
+    }
+}
+
+/// The background loop; ends when `shutdown` fires.
+pub async fn run(state: Arc<ServerState>, shutdown: CancellationToken) {
+    let ms = state.config.index.refresh_interval_ms;
+    if ms == 0 {
+        return;
+    }
+    let mut tick = tokio::time::interval(Duration::from_millis(ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        let st = state.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            let mut total = 0;
+            for v in st.pool.list() {
+                match refresh_volume(&st, &v) {
+                    Ok(n) => total += n,
+                    Err(e) => {
+                        tracing::warn!(volume = %v.name(), error = %e, "index refresh failed")
+                    }
+                }
+            }
+            total
+        })
+        .await;
+        if let Ok(n) = r {
+            if n > 0 {
+                tracing::debug!(blocks = n, "index refreshed");
+            }
+        }
+    }
+}
