@@ -117,6 +117,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     }
     println!();
     print!("{}", ferry_bench::table(&reports));
+    println!("(cpu% here is client and server together: the demo runs both in one process)");
     let v = c.get_json("/v1/volumes/demo")?;
     println!(
         "\nvolume demo: {} bytes, wwn {}, uuid {}",
