@@ -349,31 +349,43 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                 Err(_) => break,
             }
         }
-        let mut i = 0;
-        while i < batch.len() {
-            let slices: Vec<IoSlice<'_>> = batch[i..]
-                .iter()
-                .take(64)
-                .map(|b| IoSlice::new(b))
-                .collect();
-            let mut n = match wr.write_vectored(&slices).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            while n > 0 && i < batch.len() {
-                let len = batch[i].len();
-                if n >= len {
-                    n -= len;
-                    i += 1;
-                } else {
-                    batch[i].advance(n);
-                    n = 0;
-                }
-            }
+        if write_all_vectored(&mut wr, &mut batch).await.is_err() {
+            return;
         }
-        batch.clear();
     }
     let _ = wr.shutdown().await;
+}
+
+/// Write every buffer of `batch` with as few vectored writes as the socket
+/// allows, then empty `batch`. Shared by this client and the NBD server.
+pub async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    batch: &mut Vec<Bytes>,
+) -> std::io::Result<()> {
+    let mut i = 0;
+    while i < batch.len() {
+        let slices: Vec<IoSlice<'_>> = batch[i..]
+            .iter()
+            .take(64)
+            .map(|b| IoSlice::new(b))
+            .collect();
+        let mut n = wr.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 && i < batch.len() {
+            let len = batch[i].len();
+            if n >= len {
+                n -= len;
+                i += 1;
+            } else {
+                batch[i].advance(n);
+                n = 0;
+            }
+        }
+    }
+    batch.clear();
+    Ok(())
 }
 
 fn finish(pending: &PendingMap, cookie: u64) {

@@ -6,9 +6,8 @@
 use super::catalog::PoolCatalog;
 use super::exec::{self, ConnContext};
 use crate::ServerState;
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use ferry_nbd::{Command, HandshakeProgress, NbdError, RequestDecoder, ServerHandshake};
-use std::io::IoSlice;
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
@@ -189,7 +188,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Receiver<Byt
                 Err(_) => break,
             }
         }
-        if let Err(e) = write_all_vectored(&mut wr, &mut batch).await {
+        if let Err(e) = ferry_client::write_all_vectored(&mut wr, &mut batch).await {
             tracing::debug!(error = %e, "reply write failed; dropping remaining replies");
             // Keep draining so senders never block on a dead socket.
             while rx.recv().await.is_some() {}
@@ -197,34 +196,4 @@ async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Receiver<Byt
         }
     }
     let _ = wr.shutdown().await;
-}
-
-async fn write_all_vectored<W: AsyncWrite + Unpin>(
-    wr: &mut W,
-    batch: &mut Vec<Bytes>,
-) -> std::io::Result<()> {
-    let mut i = 0;
-    while i < batch.len() {
-        let slices: Vec<IoSlice<'_>> = batch[i..]
-            .iter()
-            .take(64)
-            .map(|b| IoSlice::new(b))
-            .collect();
-        let mut n = wr.write_vectored(&slices).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        while n > 0 && i < batch.len() {
-            let len = batch[i].len();
-            if n >= len {
-                n -= len;
-                i += 1;
-            } else {
-                batch[i].advance(n);
-                n = 0;
-            }
-        }
-    }
-    batch.clear();
-    Ok(())
 }
