@@ -196,6 +196,16 @@ impl PoolIndex {
         Ok(blocks.len())
     }
 
+    /// Fold every volume's delta into its run (at shutdown: the delta lives
+    /// only in memory).
+    pub fn merge_all(&self) -> Result<(), IndexError> {
+        let names: Vec<String> = self.runs.read().keys().cloned().collect();
+        for n in names {
+            self.merge(&n)?;
+        }
+        Ok(())
+    }
+
     /// Fold a volume's delta into a new run.
     pub fn merge(&self, volume: &str) -> Result<(), IndexError> {
         let Some(vi) = self.runs.read().get(volume).cloned() else {

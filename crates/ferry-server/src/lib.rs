@@ -146,6 +146,14 @@ impl Daemon {
             });
         }
         while tasks.join_next().await.is_some() {}
+        // The index delta lives in memory; fold it into the runs before the
+        // indexer bitmaps are saved as clean.
+        let index = self.state.index.clone();
+        match tokio::task::spawn_blocking(move || index.merge_all()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "merging the index at shutdown failed"),
+            Err(e) => tracing::warn!(error = %e, "merging the index at shutdown failed"),
+        }
         let pool = self.state.pool.clone();
         tokio::task::spawn_blocking(move || pool.close())
             .await
