@@ -252,3 +252,43 @@ fn kill_9_keeps_acknowledged_writes() {
     let b: serde_json::Value = serde_json::from_str(&s.ferry(&["bitmap", "list", "k"])).unwrap();
     assert_eq!(b[0]["dirty_bytes"], 8 << 20);
 }
+
+/// Multi-conn flush: a write acknowledged on one connection and a FLUSH
+/// sent on another; after kill -9 the write is there. (ferry keeps no
+/// user-space write cache; this guards that promise.)
+#[test]
+fn flush_on_one_connection_covers_writes_of_another() {
+    let d = tempfile::tempdir().unwrap();
+    let pool = d.path().join("pool");
+    let s = Serve::start(&pool);
+    s.ferry(&["volume", "create", "m", "--size", "4M"]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let nbd = s.nbd.clone();
+    rt.block_on(async {
+        let opts = ferry_client::ConnectOptions::default();
+        let a = ferry_client::NbdClient::connect(&nbd, "m", &opts)
+            .await
+            .unwrap();
+        let b = ferry_client::NbdClient::connect(&nbd, "m", &opts)
+            .await
+            .unwrap();
+        assert!(a.export().flags & 256 != 0, "CAN_MULTI_CONN not advertised");
+        a.write(8192, bytes::Bytes::from(vec![0x5c; 65536]), false)
+            .await
+            .unwrap();
+        b.flush().await.unwrap();
+    });
+    s.kill9();
+    let s = Serve::start(&pool);
+    let nbd = s.nbd.clone();
+    rt.block_on(async {
+        let c = ferry_client::NbdClient::connect(&nbd, "m", &Default::default())
+            .await
+            .unwrap();
+        let data = c.read(8192, 65536).await.unwrap();
+        assert!(data.iter().all(|&x| x == 0x5c));
+    });
+}
