@@ -167,7 +167,7 @@ fn fio_verify_qd32_over_4_connections() {
     let d = tempfile::tempdir().unwrap();
     let s = TestServer::start(&d.path().join("pool"));
     s.create("f", 128 << 20);
-    let out = run(Command::new("fio").args([
+    let out = run(Command::new("fio").current_dir(d.path()).args([
         "--name=verify",
         "--ioengine=nbd",
         &format!("--uri={}", s.uri("f")),
