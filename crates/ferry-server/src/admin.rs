@@ -47,6 +47,26 @@ fn bad(msg: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, msg.into())
 }
 
+impl From<crate::indexer::IndexerError> for ApiError {
+    fn from(e: crate::indexer::IndexerError) -> Self {
+        ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+    }
+}
+
+/// Run blocking engine work on a worker thread. Its own error becomes the
+/// matching API error; a worker that failed is the server's fault (500).
+async fn blocking<T, E>(f: impl FnOnce() -> Result<T, E> + Send + 'static) -> ApiResult<T>
+where
+    T: Send + 'static,
+    E: Send + 'static,
+    ApiError: From<E>,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(ApiError::from)
+}
+
 /// A size given as a number of bytes or a string such as "10G".
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
@@ -208,9 +228,7 @@ async fn create(
         read_only: r.read_only,
     };
     let pool = s.pool.clone();
-    let v = tokio::task::spawn_blocking(move || pool.create(&r.name, &opts))
-        .await
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    let v = blocking(move || pool.create(&r.name, &opts)).await?;
     tracing::info!(volume = %v.name(), size = v.size(), "volume created");
     Ok((StatusCode::CREATED, Json(view(&v))))
 }
@@ -223,9 +241,7 @@ async fn info(State(s): St, Path(name): Path<String>) -> ApiResult<Json<VolumeVi
 async fn delete(State(s): St, Path(name): Path<String>) -> ApiResult<StatusCode> {
     let pool = s.pool.clone();
     let n = name.clone();
-    tokio::task::spawn_blocking(move || pool.delete(&n))
-        .await
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    blocking(move || pool.delete(&n)).await?;
     s.index.remove(&name);
     tracing::info!(volume = %name, "volume deleted");
     Ok(StatusCode::NO_CONTENT)
@@ -239,9 +255,7 @@ async fn resize(
     let v = s.pool.get(&name)?;
     let size = r.size.bytes()?;
     let v2 = v.clone();
-    tokio::task::spawn_blocking(move || v2.resize(size, r.allow_shrink))
-        .await
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    blocking(move || v2.resize(size, r.allow_shrink)).await?;
     Ok(Json(view(&v)))
 }
 
@@ -279,7 +293,7 @@ async fn import(
             let zero = piece.iter().all(|&b| b == 0);
             let v2 = v.clone();
             let off = offset;
-            tokio::task::spawn_blocking(move || {
+            blocking(move || {
                 if zero {
                     v2.write_zeroes(
                         off,
@@ -294,8 +308,7 @@ async fn import(
                     v2.write_at(off, &piece, false)
                 }
             })
-            .await
-            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+            .await?;
             if zero {
                 zeroed += n as u64;
             } else {
@@ -308,9 +321,7 @@ async fn import(
         }
     }
     let v2 = v.clone();
-    tokio::task::spawn_blocking(move || v2.flush())
-        .await
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    blocking(move || v2.flush()).await?;
     // The imported content is what other volumes will be rebuilt from.
     let (st, v2) = (s.clone(), v.clone());
     tokio::task::spawn_blocking(move || match crate::indexer::rebuild_volume(&st, &v2) {
@@ -442,7 +453,7 @@ async fn index_rebuild(
         None => s.pool.list(),
     };
     let state = s.clone();
-    let out = tokio::task::spawn_blocking(move || {
+    let out = blocking(move || {
         vols.iter()
             .map(|v| {
                 let name = v.name();
@@ -459,8 +470,6 @@ async fn index_rebuild(
             })
             .collect::<Result<Vec<_>, crate::indexer::IndexerError>>()
     })
-    .await
-    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    .await?;
     Ok(Json(out))
 }

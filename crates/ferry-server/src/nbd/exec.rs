@@ -131,59 +131,53 @@ pub fn try_inline(ctx: &ConnContext, req: &Request) -> Option<Bytes> {
         let msg = format!("invalid {} request", req.command.name());
         return Some(ctx.finish(req, start, Err((code, msg))));
     }
-    let out = match req.command {
-        Command::Read if req.length <= INLINE_READ_MAX => {
-            let mut b = read_header(ctx.structured, req);
-            match ctx
-                .volume
-                .read_append(req.offset, req.length as usize, &mut b, true)
-            {
-                Ok(true) => Ok(b.freeze()),
-                Ok(false) => return None,
-                Err(e) => Err((errno_for(&e, req.command), e.to_string())),
-            }
-        }
-        Command::Write if !req.has_flag(CMD_FLAG_FUA) && req.length <= INLINE_WRITE_MAX => {
-            let data = req.payload.as_deref().unwrap_or_default();
-            match ctx.volume.try_write_nowait(req.offset, data) {
-                Ok(true) => Ok(ok_reply(req.cookie)),
-                Ok(false) => return None,
-                Err(e) => Err((errno_for(&e, req.command), e.to_string())),
-            }
-        }
-        _ => return None,
+    let small = match req.command {
+        Command::Read => req.length <= INLINE_READ_MAX,
+        Command::Write => req.length <= INLINE_WRITE_MAX,
+        _ => false,
     };
-    Some(ctx.finish(req, start, out))
+    if !small {
+        return None;
+    }
+    attempt_nowait(ctx, req).map(|out| ctx.finish(req, start, out))
 }
 
 /// A large READ or WRITE the page cache can take at once: tried without
 /// blocking on an async worker (other than the one reading the socket, when
 /// one is free), so big copies spread over the cores without a thread hop.
-/// `None`: run [`execute_blocking`].
+/// `None`: run [`execute_blocking`], which also answers invalid requests.
 pub fn try_large_nowait(ctx: &ConnContext, req: &Request) -> Option<Bytes> {
     if validate(req, &ctx.limits()).is_err() {
         return None;
     }
     let start = Instant::now();
-    match req.command {
+    // A failed try is retried on the worker thread, which reports the error.
+    let reply = attempt_nowait(ctx, req)?.ok()?;
+    Some(ctx.finish(req, start, Ok(reply)))
+}
+
+/// One non-blocking try of a validated READ, or WRITE without FUA
+/// (RWF_NOWAIT). `None` when it would block or the request is of another kind.
+fn attempt_nowait(ctx: &ConnContext, req: &Request) -> Option<Outcome> {
+    let done = match req.command {
         Command::Read => {
             let mut b = read_header(ctx.structured, req);
-            match ctx
-                .volume
+            ctx.volume
                 .read_append(req.offset, req.length as usize, &mut b, true)
-            {
-                Ok(true) => Some(ctx.finish(req, start, Ok(b.freeze()))),
-                _ => None,
-            }
+                .map(|ok| ok.then(|| b.freeze()))
         }
         Command::Write if !req.has_flag(CMD_FLAG_FUA) => {
             let data = req.payload.as_deref().unwrap_or_default();
-            match ctx.volume.try_write_nowait(req.offset, data) {
-                Ok(true) => Some(ctx.finish(req, start, Ok(ok_reply(req.cookie)))),
-                _ => None,
-            }
+            ctx.volume
+                .try_write_nowait(req.offset, data)
+                .map(|ok| ok.then(|| ok_reply(req.cookie)))
         }
-        _ => None,
+        _ => return None,
+    };
+    match done {
+        Ok(Some(reply)) => Some(Ok(reply)),
+        Ok(None) => None,
+        Err(e) => Some(Err((errno_for(&e, req.command), e.to_string()))),
     }
 }
 
