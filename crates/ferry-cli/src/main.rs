@@ -2,6 +2,7 @@
 
 mod admin_client;
 mod demo;
+mod migrate;
 
 use admin_client::AdminClient;
 use anyhow::{bail, Context, Result};
@@ -47,6 +48,34 @@ enum Cmd {
         #[command(flatten)]
         admin: AdminArg,
     },
+    /// Move a live volume to another daemon (blocks until it ends).
+    Migrate {
+        #[command(flatten)]
+        args: migrate::MigrateArgs,
+        #[command(flatten)]
+        admin: AdminArg,
+    },
+    /// The agent on a VM host: a stable local NBD endpoint for one volume
+    /// that follows it when it migrates.
+    Host {
+        /// NBD HOST:PORT of the server that holds the volume now.
+        #[arg(long)]
+        server: String,
+        /// Volume (export) name.
+        #[arg(long)]
+        volume: String,
+        /// Where the hypervisor connects: HOST:PORT or unix:PATH (repeatable).
+        #[arg(long, required = true)]
+        listen: Vec<String>,
+    },
+    /// The daemon's migration certificate and the peers it trusts.
+    Certs {
+        #[command(subcommand)]
+        cmd: migrate::CertsCmd,
+        /// Pool directory of the daemon.
+        #[arg(long, global = true, default_value = "ferry-pool")]
+        pool: PathBuf,
+    },
     /// Generate load on an NBD export and report IOPS, MB/s and latency.
     Bench(BenchArgs),
     /// Start a daemon on a temporary pool, import a disk image, run the
@@ -78,6 +107,15 @@ struct ServeArgs {
     /// Open backing files with O_DIRECT.
     #[arg(long)]
     direct_io: bool,
+    /// Accept incoming migrations on this address (HOST:PORT).
+    #[arg(long)]
+    migrate: Option<String>,
+    /// Accept migrations without TLS (the listener must be loopback).
+    #[arg(long)]
+    migrate_plaintext: bool,
+    /// NBD HOST:PORT to send clients to after a migration arrives here.
+    #[arg(long)]
+    advertise_nbd: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -209,6 +247,13 @@ fn main() -> Result<()> {
         Cmd::Volume { cmd, admin } => volume(cmd, &AdminClient::new(&admin.admin)),
         Cmd::Bitmap { cmd, admin } => bitmap(cmd, &AdminClient::new(&admin.admin)),
         Cmd::Index { cmd, admin } => index(cmd, &AdminClient::new(&admin.admin)),
+        Cmd::Migrate { args, admin } => migrate::migrate(args, &AdminClient::new(&admin.admin)),
+        Cmd::Certs { cmd, pool } => migrate::certs(cmd, pool),
+        Cmd::Host {
+            server,
+            volume,
+            listen,
+        } => host(&server, &volume, &listen),
         Cmd::Bench(a) => bench(a),
         Cmd::Demo(a) => demo::run(a),
     }
@@ -247,6 +292,15 @@ fn serve(a: ServeArgs) -> Result<()> {
     if a.direct_io {
         config.storage.direct_io = true;
     }
+    if let Some(m) = a.migrate {
+        config.migration.listen = m;
+    }
+    if a.migrate_plaintext {
+        config.migration.plaintext = true;
+    }
+    if let Some(n) = a.advertise_nbd {
+        config.migration.advertise_nbd = n;
+    }
     runtime()?.block_on(async move {
         let daemon = ferry_server::Daemon::bind(config).await?;
         let shutdown = CancellationToken::new();
@@ -263,6 +317,26 @@ fn serve(a: ServeArgs) -> Result<()> {
             sd.cancel();
         });
         daemon.run(shutdown).await?;
+        Ok(())
+    })
+}
+
+fn host(server: &str, volume: &str, listen: &[String]) -> Result<()> {
+    init_logging();
+    runtime()?.block_on(async move {
+        let shutdown = CancellationToken::new();
+        let sd = shutdown.clone();
+        tokio::spawn(async move {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("installing SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term.recv() => {},
+            }
+            sd.cancel();
+        });
+        ferry_host::run(server, volume, listen, shutdown).await?;
         Ok(())
     })
 }

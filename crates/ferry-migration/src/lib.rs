@@ -11,11 +11,12 @@
 //!    |<--------------------- WantDone{local, buddy}  streamed as it is found (coalesced ranges)
 //!    | Data{offset, raw|zstd, bytes} ... ------->|  phase 3: wanted chunks, then dirty rounds
 //!    | RoundEnd{round, dirty_bytes} ------------>|
+//!    |<------------------------- Synced{round}   |  written and flushed
 //!    | Pause ----------------------------------->|  phase 4: writes paused at the source
 //!    | Data ... , Digest{blake3} --------------->|
 //!    |<-------------------- DigestResult{matches}|
-//!    | Switch{location} ------------------------>|
-//!    |<------------------------------------ Done |
+//!    | Switch{old location} -------------------->|  destination owns the volume
+//!    |<------------------------- Done{nbd location}|  source marks it moved there
 //!  either side: Abort{reason} ends the migration; the source volume is untouched.
 //! ```
 //!

@@ -4,6 +4,8 @@ use crate::{HEADER_LEN, MAGIC, MAX_PAYLOAD};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use thiserror::Error;
 
+/// The highest message type of this version.
+const LAST_TYPE: u16 = 16;
 /// Longest string field (volume name, WWN, reasons, locations).
 const MAX_STRING: usize = 4096;
 /// Most entries in one `Prints`, ranges in one `Want` or `ResumePoint`.
@@ -118,9 +120,18 @@ pub enum Message {
     Switch {
         location: String,
     },
-    Done,
+    /// The destination owns the volume now; `location` is its NBD
+    /// `HOST:PORT`, where clients go next.
+    Done {
+        location: String,
+    },
     Abort {
         reason: String,
+    },
+    /// The destination's answer to `RoundEnd`: everything before it is
+    /// written and flushed.
+    Synced {
+        round: u32,
     },
 }
 
@@ -141,8 +152,9 @@ impl Message {
             Message::Digest { .. } => 11,
             Message::DigestResult { .. } => 12,
             Message::Switch { .. } => 13,
-            Message::Done => 14,
+            Message::Done { .. } => 14,
             Message::Abort { .. } => 15,
+            Message::Synced { .. } => 16,
         }
     }
 
@@ -182,7 +194,7 @@ impl Message {
                 }
             }
             Message::Refuse { reason } | Message::Abort { reason } => put_str(out, reason),
-            Message::Switch { location } => put_str(out, location),
+            Message::Switch { location } | Message::Done { location } => put_str(out, location),
             Message::Prints {
                 first_chunk,
                 entries,
@@ -230,7 +242,8 @@ impl Message {
                 out.put_u8(u8::from(*matches));
                 out.put_slice(digest);
             }
-            Message::PrintsDone | Message::Pause | Message::Done => {}
+            Message::Synced { round } => out.put_u32(*round),
+            Message::PrintsDone | Message::Pause => {}
         }
         let len = u32::try_from(out.len() - start - HEADER_LEN).unwrap_or(u32::MAX);
         out[start + 8..start + 12].copy_from_slice(&len.to_be_bytes());
@@ -345,6 +358,7 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
         13 => "Switch",
         14 => "Done",
         15 => "Abort",
+        16 => "Synced",
         other => return Err(WireError::UnknownType(other)),
     };
     let mut p = Payload { b: payload, what };
@@ -445,10 +459,13 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
         13 => Message::Switch {
             location: p.string()?,
         },
-        14 => Message::Done,
-        _ => Message::Abort {
+        14 => Message::Done {
+            location: p.string()?,
+        },
+        15 => Message::Abort {
             reason: p.string()?,
         },
+        _ => Message::Synced { round: p.u32()? },
     };
     p.end()?;
     Ok(m)
@@ -484,7 +501,7 @@ impl FrameDecoder {
         let ty = u16::from_be_bytes(buf[4..6].try_into().expect("2 bytes"));
         let flags = u16::from_be_bytes(buf[6..8].try_into().expect("2 bytes"));
         let len = u32::from_be_bytes(buf[8..12].try_into().expect("4 bytes"));
-        if ty == 0 || ty > 15 {
+        if ty == 0 || ty > LAST_TYPE {
             return Err(WireError::UnknownType(ty));
         }
         if flags != 0 {
@@ -573,10 +590,13 @@ mod tests {
             Message::Switch {
                 location: "10.0.0.2:10809".into(),
             },
-            Message::Done,
+            Message::Done {
+                location: "10.0.0.3:10809".into(),
+            },
             Message::Abort {
                 reason: "link lost".into(),
             },
+            Message::Synced { round: 3 },
         ]
     }
 
@@ -617,8 +637,8 @@ mod tests {
             Err(WireError::UnknownType(0))
         );
         assert_eq!(
-            d.decode(&mut frame(16, 0, 0)),
-            Err(WireError::UnknownType(16))
+            d.decode(&mut frame(17, 0, 0)),
+            Err(WireError::UnknownType(17))
         );
         assert_eq!(
             d.decode(&mut frame(5, 1, 0)),

@@ -58,6 +58,23 @@ pub trait ExportCatalog {
     fn export(&self, name: &str) -> Option<ExportInfo>;
     /// All exports, for `NBD_OPT_LIST`.
     fn exports(&self) -> Vec<ExportInfo>;
+    /// Where an export that is no longer here went (`HOST:PORT` of its new
+    /// NBD server), if it moved. Answered as an unknown export whose message
+    /// starts with [`MOVED_PREFIX`], so agents such as `ferry host` follow it.
+    fn moved(&self, _name: &str) -> Option<String> {
+        None
+    }
+}
+
+/// Start of the error message for an export that moved; the new `HOST:PORT`
+/// follows it.
+pub const MOVED_PREFIX: &str = "ferry: export moved to ";
+
+fn unknown_export_message(catalog: &dyn ExportCatalog, name: &str) -> String {
+    match catalog.moved(name) {
+        Some(to) => format!("{MOVED_PREFIX}{to}"),
+        None => format!("no export named {name:?}"),
+    }
 }
 
 /// A metadata context selected with `NBD_OPT_SET_META_CONTEXT`.
@@ -338,7 +355,7 @@ impl ServerHandshake {
                 out,
                 option,
                 REP_ERR_UNKNOWN,
-                &format!("no export named {name:?}"),
+                &unknown_export_message(catalog, &name),
             );
             return None;
         };
@@ -425,7 +442,7 @@ impl ServerHandshake {
                 out,
                 option,
                 REP_ERR_UNKNOWN,
-                &format!("no export named {name:?}"),
+                &unknown_export_message(catalog, &name),
             );
             return;
         };

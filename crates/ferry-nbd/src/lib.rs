@@ -26,7 +26,9 @@ pub mod reply;
 pub mod request;
 
 pub use error::{ErrorCode, NbdError};
-pub use handshake::{ExportCatalog, ExportInfo, HandshakeProgress, Negotiated, ServerHandshake};
+pub use handshake::{
+    ExportCatalog, ExportInfo, HandshakeProgress, Negotiated, ServerHandshake, MOVED_PREFIX,
+};
 pub use request::{validate, Command, Request, RequestDecoder, TransmissionLimits};
 
 /// The largest request payload (and read length) ferry accepts: 32 MiB, the

@@ -26,7 +26,9 @@ impl From<StorageError> for ApiError {
     fn from(e: StorageError) -> Self {
         let code = match &e {
             StorageError::NotFound(_) | StorageError::BitmapNotFound(_) => StatusCode::NOT_FOUND,
-            StorageError::Exists(_) | StorageError::BitmapExists(_) => StatusCode::CONFLICT,
+            StorageError::Exists(_)
+            | StorageError::BitmapExists(_)
+            | StorageError::Moved { .. } => StatusCode::CONFLICT,
             StorageError::InvalidName(_)
             | StorageError::Invalid(_)
             | StorageError::OutOfRange { .. }
@@ -168,6 +170,11 @@ pub struct ServerView {
     pub pool: std::path::PathBuf,
     pub nbd: Option<String>,
     pub admin: Option<String>,
+    #[serde(default)]
+    pub migration: Option<String>,
+    /// SHA-256 of this daemon's migration certificate, once it has one.
+    #[serde(default)]
+    pub cert_fingerprint: Option<String>,
 }
 
 type St = State<Arc<ServerState>>;
@@ -194,6 +201,12 @@ pub fn router(state: Arc<ServerState>) -> Router {
         )
         .route("/v1/index", get(index_status))
         .route("/v1/index/rebuild", post(index_rebuild))
+        .route("/v1/volumes/:name/migrate", post(migrate))
+        .route("/v1/migrations", get(list_migrations))
+        .route(
+            "/v1/migrations/:id",
+            get(get_migration).delete(cancel_migration),
+        )
         .route("/metrics", get(metrics))
         .with_state(state)
 }
@@ -204,6 +217,11 @@ async fn server_info(State(s): St) -> Json<ServerView> {
         pool: s.pool.root().to_path_buf(),
         nbd: s.addrs.nbd.map(|a| a.to_string()),
         admin: s.addrs.admin.map(|a| a.to_string()),
+        migration: s.addrs.migration.map(|a| a.to_string()),
+        cert_fingerprint: crate::migration::tls::CertStore::new(s.pool.root())
+            .own_cert()
+            .ok()
+            .map(|c| crate::migration::tls::fingerprint(&c)),
     })
 }
 
@@ -226,6 +244,7 @@ async fn create(
         preallocate: r.preallocate,
         external: r.path.clone(),
         read_only: r.read_only,
+        ..CreateOptions::default()
     };
     let pool = s.pool.clone();
     let v = blocking(move || pool.create(&r.name, &opts)).await?;
@@ -472,4 +491,79 @@ async fn index_rebuild(
     })
     .await?;
     Ok(Json(out))
+}
+
+/// `POST /v1/volumes/NAME/migrate`: what to migrate where, and how.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrateBody {
+    /// `HOST:PORT` of the destination's migration listener.
+    pub to: String,
+    #[serde(default)]
+    pub plaintext: bool,
+    /// Target for the final pause, in milliseconds (default 100).
+    pub max_downtime_ms: Option<u64>,
+    /// Link cap, bytes per second or a size per second ("12M").
+    pub bwlimit: Option<SizeArg>,
+    pub max_rounds: Option<u32>,
+    /// false: send every non-zero chunk (the full-copy baseline).
+    pub dedup: Option<bool>,
+    pub compress: Option<bool>,
+    /// Keep resuming after link failures this long (default 60 s).
+    pub retry_for_s: Option<u64>,
+}
+
+async fn migrate(
+    State(s): St,
+    Path(name): Path<String>,
+    Json(b): Json<MigrateBody>,
+) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
+    use crate::migration::source::{start, MigrateRequest};
+    let d = MigrateRequest::default();
+    let req = MigrateRequest {
+        volume: name,
+        to: b.to,
+        plaintext: b.plaintext,
+        max_downtime: b
+            .max_downtime_ms
+            .map_or(d.max_downtime, std::time::Duration::from_millis),
+        bwlimit: match &b.bwlimit {
+            Some(x) => x.bytes()?,
+            None => 0,
+        },
+        max_rounds: b.max_rounds.unwrap_or(d.max_rounds),
+        dedup: b.dedup.unwrap_or(true),
+        compress: b.compress.unwrap_or(true),
+        retry_for: b
+            .retry_for_s
+            .map_or(d.retry_for, std::time::Duration::from_secs),
+    };
+    let run = start(s.clone(), req).map_err(|e| match e {
+        crate::migration::MigrationError::Storage(se) => ApiError::from(se),
+        e => bad(e.to_string()),
+    })?;
+    Ok((StatusCode::ACCEPTED, Json(run.status())))
+}
+
+async fn list_migrations(State(s): St) -> Json<Vec<serde_json::Value>> {
+    Json(s.migrations.list().iter().map(|r| r.status()).collect())
+}
+
+async fn get_migration(State(s): St, Path(id): Path<String>) -> ApiResult<Json<serde_json::Value>> {
+    s.migrations
+        .get(&id)
+        .map(|r| Json(r.status()))
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no migration {id}")))
+}
+
+async fn cancel_migration(
+    State(s): St,
+    Path(id): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let r = s
+        .migrations
+        .get(&id)
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no migration {id}")))?;
+    r.cancel.cancel();
+    Ok(Json(r.status()))
 }

@@ -18,6 +18,11 @@
 //! [index]
 //! block_size = 4096              # fingerprint granularity, 512 B .. 64 KiB
 //! refresh_interval_ms = 1000     # re-hash written blocks this often; 0 = never
+//!
+//! [migration]
+//! listen = ""                    # e.g. "0.0.0.0:10900" accepts incoming migrations
+//! advertise_nbd = ""             # NBD HOST:PORT clients are sent to; "" = derived
+//! plaintext = false              # loopback only: no TLS (for tests)
 //! ```
 
 use serde::Deserialize;
@@ -53,6 +58,21 @@ pub struct Config {
     pub admin: AdminConfig,
     pub storage: StorageConfig,
     pub index: IndexConfig,
+    pub migration: MigrationConfig,
+}
+
+/// Incoming migrations (the destination side).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct MigrationConfig {
+    /// Where to accept migrations; "" turns the listener off.
+    pub listen: String,
+    /// The NBD `HOST:PORT` handed to clients after a switch. Empty: the NBD
+    /// listen address, with an unspecified IP replaced by the address the
+    /// migration arrived on.
+    pub advertise_nbd: String,
+    /// Accept migrations without TLS. Refused unless `listen` is loopback.
+    pub plaintext: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -101,6 +121,7 @@ impl Default for Config {
             admin: AdminConfig::default(),
             storage: StorageConfig::default(),
             index: IndexConfig::default(),
+            migration: MigrationConfig::default(),
         }
     }
 }

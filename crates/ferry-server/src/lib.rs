@@ -10,6 +10,7 @@ pub mod admin;
 pub mod config;
 pub mod indexer;
 pub mod metrics;
+pub mod migration;
 pub mod nbd;
 
 use config::Config;
@@ -40,6 +41,8 @@ pub enum ServerError {
     Admin(std::io::Error),
     #[error("closing pool: {0}")]
     Close(StorageError),
+    #[error("migration TLS identity: {0}")]
+    Tls(migration::tls::CertError),
     #[error("opening the fingerprint index: {0}")]
     Index(#[from] ferry_index::IndexError),
 }
@@ -49,6 +52,7 @@ pub enum ServerError {
 pub struct BoundAddrs {
     pub nbd: Option<SocketAddr>,
     pub admin: Option<SocketAddr>,
+    pub migration: Option<SocketAddr>,
 }
 
 /// What every part of the daemon shares.
@@ -59,6 +63,7 @@ pub struct ServerState {
     pub index: Arc<ferry_index::PoolIndex>,
     pub metrics: Metrics,
     pub addrs: BoundAddrs,
+    pub migrations: migration::Registry,
 }
 
 /// A daemon with its pool open and its listeners bound.
@@ -66,6 +71,7 @@ pub struct Daemon {
     state: Arc<ServerState>,
     nbd: Option<TcpListener>,
     admin: Option<TcpListener>,
+    migration: Option<TcpListener>,
 }
 
 async fn bind(what: &'static str, addr: &str) -> Result<Option<TcpListener>, ServerError> {
@@ -99,9 +105,18 @@ impl Daemon {
             ferry_index::PoolIndex::open(&config.pool.join("index"), config.index.block_size)?;
         let nbd = bind("NBD", &config.nbd.listen).await?;
         let admin = bind("admin", &config.admin.listen).await?;
+        let migration = bind("migration", &config.migration.listen).await?;
+        if migration.is_some() && !config.migration.plaintext {
+            // Make the daemon's certificate now, so it can be shown and
+            // trusted before the first migration.
+            migration::tls::CertStore::new(&config.pool)
+                .ensure_identity()
+                .map_err(ServerError::Tls)?;
+        }
         let addrs = BoundAddrs {
             nbd: nbd.as_ref().and_then(|l| l.local_addr().ok()),
             admin: admin.as_ref().and_then(|l| l.local_addr().ok()),
+            migration: migration.as_ref().and_then(|l| l.local_addr().ok()),
         };
         Ok(Daemon {
             state: Arc::new(ServerState {
@@ -110,9 +125,11 @@ impl Daemon {
                 index: Arc::new(index),
                 metrics: Metrics::new(),
                 addrs,
+                migrations: migration::Registry::default(),
             }),
             nbd,
             admin,
+            migration,
         })
     }
 
@@ -132,6 +149,14 @@ impl Daemon {
             tasks.spawn(nbd::serve(l, self.state.clone(), shutdown.clone()));
         }
         tasks.spawn(indexer::run(self.state.clone(), shutdown.clone()));
+        if let Some(l) = self.migration {
+            tracing::info!(addr = ?self.state.addrs.migration, "accepting migrations");
+            tasks.spawn(migration::destination::serve(
+                l,
+                self.state.clone(),
+                shutdown.clone(),
+            ));
+        }
         if let Some(l) = self.admin {
             tracing::info!(addr = ?self.state.addrs.admin, "admin API listening");
             let app = admin::router(self.state.clone());

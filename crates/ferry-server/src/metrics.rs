@@ -137,6 +137,20 @@ pub struct Metrics {
     index_memory: Gauge,
     index_lookups: Gauge,
     index_hits: Gauge,
+    migrations: Family<ResultLabels, Counter>,
+    migration_bytes: Family<KindLabels, Counter>,
+    migration_chunks: Family<KindLabels, Counter>,
+    migration_pause: Histogram,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: String,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -228,7 +242,35 @@ impl Metrics {
             "Fingerprint lookups that found a candidate",
             index_hits.clone(),
         );
+        let migrations = Family::<ResultLabels, Counter>::default();
+        let migration_bytes = Family::<KindLabels, Counter>::default();
+        let migration_chunks = Family::<KindLabels, Counter>::default();
+        let migration_pause = latency_hist();
+        registry.register(
+            "migrations",
+            "Outgoing migrations finished, by result",
+            migrations.clone(),
+        );
+        registry.register(
+            "migration_bytes",
+            "Bytes sent by finished outgoing migrations, by kind",
+            migration_bytes.clone(),
+        );
+        registry.register(
+            "migration_chunks",
+            "Chunks of finished outgoing migrations, by where the destination got them",
+            migration_chunks.clone(),
+        );
+        registry.register(
+            "migration_pause_seconds",
+            "Time guest writes were paused at the switch",
+            migration_pause.clone(),
+        );
         Metrics {
+            migrations,
+            migration_bytes,
+            migration_chunks,
+            migration_pause,
             registry,
             ops,
             errors,
@@ -269,6 +311,44 @@ impl Metrics {
                 volume: volume.into(),
             })
             .clone()
+    }
+
+    /// Account for a finished outgoing migration.
+    pub fn migration_finished(&self, ok: bool, r: &crate::migration::Report) {
+        let result = if ok { "switched" } else { "failed" };
+        self.migrations
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .inc();
+        let b = &r.bytes;
+        for (kind, n) in [
+            ("fingerprints", b.fingerprints),
+            ("data", b.data),
+            ("protocol", b.protocol),
+            ("wire_tx", b.wire_tx),
+            ("wire_rx", b.wire_rx),
+        ] {
+            self.migration_bytes
+                .get_or_create(&KindLabels { kind: kind.into() })
+                .inc_by(n);
+        }
+        let c = &r.chunks;
+        for (kind, n) in [
+            ("zero", c.zero),
+            ("local", c.local),
+            ("buddy", c.buddy),
+            ("resumed", c.resumed),
+            ("sent", c.sent),
+            ("dirty_resent", c.dirty_resent),
+        ] {
+            self.migration_chunks
+                .get_or_create(&KindLabels { kind: kind.into() })
+                .inc_by(n);
+        }
+        if ok {
+            self.migration_pause.observe(r.time.pause_ms / 1e3);
+        }
     }
 
     /// Refresh volume gauges and encode everything as OpenMetrics text.

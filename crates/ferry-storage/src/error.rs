@@ -21,6 +21,8 @@ pub enum StorageError {
     BitmapNotFound(String),
     #[error("dirty bitmap {0:?} already exists")]
     BitmapExists(String),
+    #[error("volume {name:?} has moved to {to}")]
+    Moved { name: String, to: String },
     #[error("zeroing cannot be done fast here")]
     NotFast,
     #[error("{op} {path}: {source}")]

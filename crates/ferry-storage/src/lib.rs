@@ -9,6 +9,7 @@
 mod alloc;
 pub mod bitmap;
 mod error;
+pub mod gate;
 pub mod meta;
 mod pool;
 mod volume;
@@ -16,7 +17,8 @@ mod volume;
 pub use alloc::Extent;
 pub use bitmap::{BitmapInfo, DirtyBitmap};
 pub use error::StorageError;
-pub use meta::{Backing, VolumeMeta};
+pub use gate::WriteGate;
+pub use meta::{Backing, IncomingMigration, VolumeMeta};
 pub use pool::{CreateOptions, Pool, PoolOptions};
 pub use volume::{Volume, ZeroMode};
 

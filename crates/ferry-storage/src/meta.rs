@@ -53,6 +53,21 @@ pub struct VolumeMeta {
     pub read_only: bool,
     #[serde(default)]
     pub bitmaps: Vec<BitmapSpec>,
+    /// Set on a migration source after the switch: where the volume lives now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_to: Option<String>,
+    /// Set on a migration destination until the copy is complete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incoming: Option<IncomingMigration>,
+}
+
+/// An unfinished incoming migration: the copy is incomplete and not exported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IncomingMigration {
+    /// Migration id (32 hex digits).
+    pub id: String,
+    /// Peer address or certificate name of the source, for operators.
+    pub source: String,
 }
 
 impl VolumeMeta {
@@ -72,6 +87,8 @@ impl VolumeMeta {
             backing,
             read_only,
             bitmaps: Vec::new(),
+            moved_to: None,
+            incoming: None,
         }
     }
 

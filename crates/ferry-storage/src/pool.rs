@@ -29,6 +29,10 @@ pub struct CreateOptions {
     /// Use an existing file or block device instead of a pool file.
     pub external: Option<PathBuf>,
     pub read_only: bool,
+    /// Keep this UUID and WWN (a migrated copy presents the source's identity).
+    pub identity: Option<(uuid::Uuid, String)>,
+    /// Create the volume as the incomplete copy of an incoming migration.
+    pub incoming: Option<crate::meta::IncomingMigration>,
 }
 
 impl Default for CreateOptions {
@@ -39,6 +43,8 @@ impl Default for CreateOptions {
             preallocate: false,
             external: None,
             read_only: false,
+            identity: None,
+            incoming: None,
         }
     }
 }
@@ -158,8 +164,13 @@ impl Pool {
                 f.sync_all()
                     .map_err(|e| StorageError::io("fsync", &data, e))?;
             }
-            VolumeMeta::new(name, size, o.block_size, backing.clone(), o.read_only)
-                .store(&tmp.join("meta.json"))
+            let mut meta = VolumeMeta::new(name, size, o.block_size, backing.clone(), o.read_only);
+            if let Some((uuid, wwn)) = &o.identity {
+                meta.uuid = *uuid;
+                meta.wwn = wwn.clone();
+            }
+            meta.incoming = o.incoming.clone();
+            meta.store(&tmp.join("meta.json"))
         })();
         if let Err(e) = made {
             let _ = fs::remove_dir_all(&tmp);

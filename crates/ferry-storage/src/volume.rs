@@ -7,7 +7,8 @@
 
 use crate::alloc::{self, Extent};
 use crate::bitmap::{BitmapInfo, DirtyBitmap};
-use crate::meta::{write_atomic, Backing, BitmapSpec, VolumeMeta};
+use crate::gate::WriteGate;
+use crate::meta::{write_atomic, Backing, BitmapSpec, IncomingMigration, VolumeMeta};
 use crate::{Result, StorageError};
 use parking_lot::{Mutex, RwLock};
 use std::fs::{self, File, OpenOptions};
@@ -50,6 +51,10 @@ pub struct Volume {
     deleted: AtomicBool,
     /// Cleared when the file system refuses RWF_NOWAIT buffered writes.
     nowait_writes: AtomicBool,
+    /// Pauses and throttles writers during a migration.
+    gate: WriteGate,
+    /// Set once the volume has moved to another server: writes fail.
+    moved: AtomicBool,
 }
 
 /// `preadv2`/`pwritev2` on one buffer; `Ok(n)` bytes done.
@@ -188,10 +193,12 @@ impl Volume {
             block_size: meta.block_size,
             read_only: meta.read_only,
             sparse: matches!(meta.backing, Backing::Sparse | Backing::External { .. }),
+            moved: AtomicBool::new(meta.moved_to.is_some()),
             meta: Mutex::new(meta),
             bitmaps: RwLock::new(bitmaps),
             deleted: AtomicBool::new(false),
             nowait_writes: AtomicBool::new(true),
+            gate: WriteGate::default(),
         })
     }
 
@@ -227,6 +234,9 @@ impl Volume {
         if write && self.read_only {
             return Err(StorageError::ReadOnly(self.name.clone()));
         }
+        // Reads too: a client still connected here would see data that is
+        // no longer current.
+        self.check_not_moved()?;
         let size = self.size();
         if offset.checked_add(len).is_none_or(|e| e > size) {
             return Err(StorageError::OutOfRange { offset, len, size });
@@ -238,6 +248,19 @@ impl Volume {
                     "O_DIRECT volume needs {bs}-byte aligned I/O (offset {offset}, length {len})"
                 )));
             }
+        }
+        Ok(())
+    }
+
+    /// Fails once the volume has moved (checked inside the write gate, so a
+    /// write held by a migration's pause fails if the switch happened).
+    fn check_not_moved(&self) -> Result<()> {
+        if self.moved.load(Ordering::SeqCst) {
+            let to = self.meta.lock().moved_to.clone().unwrap_or_default();
+            return Err(StorageError::Moved {
+                name: self.name.clone(),
+                to,
+            });
         }
         Ok(())
     }
@@ -327,6 +350,10 @@ impl Volume {
         if self.direct || !self.nowait_writes.load(Ordering::Relaxed) {
             return Ok(false);
         }
+        let Some(_ticket) = self.gate.try_enter() else {
+            return Ok(false);
+        };
+        self.check_not_moved()?;
         let mut done = 0usize;
         let result = loop {
             if done == data.len() {
@@ -367,6 +394,8 @@ impl Volume {
     /// Write `data` at `offset`; with `fua` it is durable before this returns.
     pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check(offset, data.len() as u64, true)?;
+        let _ticket = self.gate.enter();
+        self.check_not_moved()?;
         let r = if self.direct {
             let mut a = AlignedBuf::zeroed(data.len());
             a.as_mut_slice(data.len()).copy_from_slice(data);
@@ -385,6 +414,8 @@ impl Volume {
     /// Make `[offset, offset+len)` read as zeroes.
     pub fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode, fua: bool) -> Result<()> {
         self.check(offset, len, true)?;
+        let _ticket = self.gate.enter();
+        self.check_not_moved()?;
         let r = self.zero_range(offset, len, mode);
         self.mark(offset, len);
         r?;
@@ -431,6 +462,8 @@ impl Volume {
     /// deallocated and read back as zeroes; preallocated volumes keep them.
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
         self.check(offset, len, true)?;
+        let _ticket = self.gate.enter();
+        self.check_not_moved()?;
         if self.is_sparse() {
             let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
             // Trim is advisory: a file system that cannot punch keeps the data.
@@ -633,6 +666,53 @@ impl Volume {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(StorageError::io("remove", marker, e)),
         }
+    }
+
+    /// The write gate a migration pauses and throttles.
+    pub fn gate(&self) -> &WriteGate {
+        &self.gate
+    }
+
+    /// Where the volume went, once it has moved.
+    pub fn moved_to(&self) -> Option<String> {
+        if !self.moved.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.meta.lock().moved_to.clone()
+    }
+
+    /// Record (durably) that the volume now lives at `location`; from here on
+    /// every write fails with [`StorageError::Moved`]. Call with the gate
+    /// paused so no write is half-way through.
+    pub fn set_moved(&self, location: &str) -> Result<()> {
+        let mut m = self.meta.lock();
+        m.moved_to = Some(location.to_string());
+        m.store(&self.dir.join("meta.json"))?;
+        self.moved.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Make the volume writable here again after a move was undone by an
+    /// operator (`ferry volume reclaim`).
+    pub fn clear_moved(&self) -> Result<()> {
+        let mut m = self.meta.lock();
+        m.moved_to = None;
+        m.store(&self.dir.join("meta.json"))?;
+        self.moved.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The unfinished incoming migration this volume is the copy of, if any.
+    pub fn incoming(&self) -> Option<IncomingMigration> {
+        self.meta.lock().incoming.clone()
+    }
+
+    /// Record (durably) the incoming-migration state; `None` marks the copy
+    /// complete.
+    pub fn set_incoming(&self, incoming: Option<IncomingMigration>) -> Result<()> {
+        let mut m = self.meta.lock();
+        m.incoming = incoming;
+        m.store(&self.dir.join("meta.json"))
     }
 
     pub(crate) fn mark_deleted(&self) {

@@ -23,12 +23,31 @@ pub fn export_info(v: &Volume) -> ExportInfo {
     }
 }
 
+/// A volume is exported unless it has moved away or is the unfinished copy
+/// of an incoming migration.
+fn exported(v: &Volume) -> bool {
+    v.moved_to().is_none() && v.incoming().is_none()
+}
+
 impl ExportCatalog for PoolCatalog<'_> {
     fn export(&self, name: &str) -> Option<ExportInfo> {
-        self.0.get(name).ok().map(|v| export_info(&v))
+        self.0
+            .get(name)
+            .ok()
+            .filter(|v| exported(v))
+            .map(|v| export_info(&v))
     }
 
     fn exports(&self) -> Vec<ExportInfo> {
-        self.0.list().iter().map(|v| export_info(v)).collect()
+        self.0
+            .list()
+            .iter()
+            .filter(|v| exported(v))
+            .map(|v| export_info(v))
+            .collect()
+    }
+
+    fn moved(&self, name: &str) -> Option<String> {
+        self.0.get(name).ok().and_then(|v| v.moved_to())
     }
 }

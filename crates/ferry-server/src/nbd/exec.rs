@@ -73,7 +73,8 @@ pub fn errno_for(e: &StorageError, cmd: Command) -> ErrorCode {
         StorageError::OutOfRange { .. } | StorageError::Invalid(_) => ErrorCode::Inval,
         StorageError::ReadOnly(_) => ErrorCode::Perm,
         StorageError::NotFast => ErrorCode::NotSup,
-        StorageError::NotFound(_) => ErrorCode::Shutdown,
+        // The client reconnects and learns the new location (ferry host does).
+        StorageError::NotFound(_) | StorageError::Moved { .. } => ErrorCode::Shutdown,
         _ => match e.raw_os_error() {
             Some(libc::ENOSPC) | Some(libc::EDQUOT) => ErrorCode::NoSpc,
             Some(libc::ENOMEM) => ErrorCode::NoMem,

@@ -1,0 +1,248 @@
+//! `ferry host`: the agent on a VM host. It gives the hypervisor one stable
+//! NBD endpoint per volume (a unix socket and/or a loopback TCP port) and
+//! forwards every request to whichever ferry server holds the volume now.
+//!
+//! The switch needs no command: when the volume migrates, the old server
+//! answers held and new requests with `ESHUTDOWN` and refuses the export
+//! with "moved to HOST:PORT" ([`ferry_nbd::MOVED_PREFIX`]). The agent then
+//! holds new requests, reconnects to the new location, and re-issues every
+//! request that had not completed. NBD requests are idempotent (a write
+//! writes the same bytes at the same offset again), and a request is only
+//! answered once it succeeded somewhere, so the client never sees an error
+//! from a migration.
+
+mod downstream;
+
+use ferry_client::{ClientError, ConnectOptions, ExportDetails, NbdClient};
+use ferry_nbd::{ErrorCode, NbdError, MOVED_PREFIX};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use tokio_util::sync::CancellationToken;
+
+pub use downstream::serve;
+
+#[derive(Debug, Error)]
+pub enum HostError {
+    #[error("cannot reach volume {volume} at {server}: {source}")]
+    Connect {
+        volume: String,
+        server: String,
+        #[source]
+        source: ClientError,
+    },
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("volume {volume}: no server answered for {waited:?} (last tried {server})")]
+    Unreachable {
+        volume: String,
+        server: String,
+        waited: Duration,
+    },
+}
+
+/// How long requests are held while the agent looks for the volume before
+/// they fail with an I/O error.
+pub const DEFAULT_HOLD: Duration = Duration::from_secs(120);
+
+/// The connection to the server that holds the volume now.
+pub struct Upstream {
+    volume: String,
+    server: parking_lot::Mutex<String>,
+    current: parking_lot::Mutex<(u64, Arc<NbdClient>)>,
+    reconnecting: tokio::sync::Mutex<()>,
+    details: ExportDetails,
+    hold: Duration,
+    switches: AtomicU64,
+    reconnects: AtomicU64,
+    retried: AtomicU64,
+}
+
+fn options() -> ConnectOptions {
+    ConnectOptions {
+        structured_replies: true,
+        meta_contexts: vec![ferry_nbd::BASE_ALLOCATION.to_string()],
+    }
+}
+
+/// Where a refused export says it went, if it moved.
+fn moved_to(e: &ClientError) -> Option<String> {
+    match e {
+        ClientError::Protocol(NbdError::OptionRefused { message, .. }) => message
+            .strip_prefix(MOVED_PREFIX)
+            .map(|s| s.trim().to_string()),
+        _ => None,
+    }
+}
+
+/// Errors after which the request is re-issued on a new connection.
+fn retry_elsewhere(e: &ClientError) -> bool {
+    match e {
+        ClientError::Request { code, .. } => *code == ErrorCode::Shutdown,
+        ClientError::Io(_) | ClientError::Disconnected => true,
+        ClientError::Protocol(_) => true,
+    }
+}
+
+impl Upstream {
+    /// Connect to `server`, following "moved" answers.
+    pub async fn connect(
+        server: &str,
+        volume: &str,
+        hold: Duration,
+    ) -> Result<Upstream, HostError> {
+        let mut server = server.to_string();
+        let mut hops = 0;
+        let client = loop {
+            match NbdClient::connect(&server, volume, &options()).await {
+                Ok(c) => break c,
+                Err(e) => match moved_to(&e) {
+                    Some(next) if hops < 8 => {
+                        tracing::info!(volume, from = %server, to = %next, "volume has moved; following");
+                        server = next;
+                        hops += 1;
+                    }
+                    _ => {
+                        return Err(HostError::Connect {
+                            volume: volume.into(),
+                            server,
+                            source: e,
+                        })
+                    }
+                },
+            }
+        };
+        Ok(Upstream {
+            volume: volume.into(),
+            server: parking_lot::Mutex::new(server),
+            details: client.export().clone(),
+            current: parking_lot::Mutex::new((0, Arc::new(client))),
+            reconnecting: tokio::sync::Mutex::new(()),
+            hold,
+            switches: AtomicU64::new(0),
+            reconnects: AtomicU64::new(0),
+            retried: AtomicU64::new(0),
+        })
+    }
+
+    pub fn details(&self) -> &ExportDetails {
+        &self.details
+    }
+
+    pub fn volume(&self) -> &str {
+        &self.volume
+    }
+
+    /// The server that holds the volume now.
+    pub fn server(&self) -> String {
+        self.server.lock().clone()
+    }
+
+    /// `(switches to a new server, reconnects, requests re-issued)`.
+    pub fn stats(&self) -> (u64, u64, u64) {
+        (
+            self.switches.load(Ordering::Relaxed),
+            self.reconnects.load(Ordering::Relaxed),
+            self.retried.load(Ordering::Relaxed),
+        )
+    }
+
+    fn current(&self) -> (u64, Arc<NbdClient>) {
+        let c = self.current.lock();
+        (c.0, c.1.clone())
+    }
+
+    /// Run `op` against the current server; on a switch or a lost
+    /// connection, reconnect and run it again. Other errors are the
+    /// client's answer.
+    pub async fn call<T, F, Fut>(&self, op: F) -> Result<T, ClientError>
+    where
+        F: Fn(Arc<NbdClient>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        let start = Instant::now();
+        loop {
+            let (generation, client) = self.current();
+            match op(client).await {
+                Ok(v) => return Ok(v),
+                Err(e) if retry_elsewhere(&e) && start.elapsed() < self.hold => {
+                    self.retried.fetch_add(1, Ordering::Relaxed);
+                    if let Err(he) = self.reconnect(generation, start).await {
+                        tracing::error!(error = %he, "giving up on a request");
+                        return Err(e);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Replace connection `failed` (unless another task already did).
+    async fn reconnect(&self, failed: u64, since: Instant) -> Result<(), HostError> {
+        let _one = self.reconnecting.lock().await;
+        if self.current().0 != failed {
+            return Ok(());
+        }
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let server = self.server();
+            match NbdClient::connect(&server, &self.volume, &options()).await {
+                Ok(c) => {
+                    if c.size() != self.details.size {
+                        tracing::warn!(
+                            volume = %self.volume, old = self.details.size, new = c.size(),
+                            "volume size differs at the new server"
+                        );
+                    }
+                    let mut cur = self.current.lock();
+                    *cur = (failed + 1, Arc::new(c));
+                    self.reconnects.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(volume = %self.volume, %server, "connected");
+                    return Ok(());
+                }
+                Err(e) => {
+                    if let Some(next) = moved_to(&e) {
+                        tracing::info!(volume = %self.volume, from = %server, to = %next, "volume moved; switching");
+                        *self.server.lock() = next;
+                        self.switches.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    if since.elapsed() > self.hold {
+                        return Err(HostError::Unreachable {
+                            volume: self.volume.clone(),
+                            server,
+                            waited: since.elapsed(),
+                        });
+                    }
+                    tracing::debug!(error = %e, ?backoff, "reconnect failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+}
+
+/// Run the agent for one volume until `shutdown`: listen on every address
+/// of `listen` (`HOST:PORT` or `unix:PATH`).
+pub async fn run(
+    server: &str,
+    volume: &str,
+    listen: &[String],
+    shutdown: CancellationToken,
+) -> Result<(), HostError> {
+    let up = Arc::new(Upstream::connect(server, volume, DEFAULT_HOLD).await?);
+    let mut tasks = tokio::task::JoinSet::new();
+    for l in listen {
+        let listener = downstream::Listener::bind(l).await?;
+        tracing::info!(listen = %l, volume, server = %up.server(), "serving");
+        tasks.spawn(serve(listener, up.clone(), shutdown.clone()));
+    }
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}

@@ -1,0 +1,493 @@
+//! The destination side: accepts migrations, rebuilds every chunk it can
+//! from its own volumes (re-hashed before use), asks for the rest, writes
+//! what arrives, and takes the volume over on `Switch` if the digests match.
+//!
+//! The copy is created with `incoming` set and is not exported until the
+//! switch. A new connection with the same migration id resumes into it:
+//! chunks whose bytes already match the source's fingerprint are kept.
+
+use super::tls::CertStore;
+use super::transport::{send, Counted, FrameReader, WireCounters};
+use super::{coalesce, hex, unexpected, ChunkTable, MigrationError};
+use crate::ServerState;
+use ferry_index::Fingerprint;
+use ferry_migration::{Encoding, Message, PrintEntry, VolumeDescriptor, VERSION};
+use ferry_storage::{CreateOptions, IncomingMigration, StorageError, Volume, ZeroMode};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// A source that sends nothing for this long is given up on (it resumes
+/// with a new connection).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Candidates tried per fingerprint.
+const MAX_CANDIDATES: usize = 4;
+
+/// Accept migrations until `shutdown`.
+pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: CancellationToken) {
+    let local = listener.local_addr().ok();
+    let plaintext = state.config.migration.plaintext;
+    if plaintext && !local.is_some_and(|a| a.ip().is_loopback()) {
+        tracing::error!("migration.plaintext is only allowed on a loopback listener; refusing to accept migrations");
+        return;
+    }
+    if plaintext {
+        tracing::warn!(addr = ?local, "PLAINTEXT migration listener (no TLS): loopback only, never across sites");
+    }
+    let tls = if plaintext {
+        None
+    } else {
+        match CertStore::new(state.pool.root()).server_config() {
+            Ok(c) => Some(tokio_rustls::TlsAcceptor::from(c)),
+            Err(e) => {
+                tracing::error!(error = %e, "migration TLS unavailable; not accepting migrations");
+                return;
+            }
+        }
+    };
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "migration accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let st = state.clone();
+        let tls = tls.clone();
+        let sd = shutdown.clone();
+        conns.spawn(async move {
+            let local = tcp.local_addr().ok();
+            let counted = Counted::new(tcp, Arc::new(WireCounters::default()));
+            let r = match tls {
+                None => receive(&st, counted, peer, local, &sd).await,
+                Some(acc) => match acc.accept(counted).await {
+                    Ok(s) => receive(&st, s, peer, local, &sd).await,
+                    Err(e) => {
+                        tracing::warn!(%peer, error = %e, "migration TLS handshake refused");
+                        return;
+                    }
+                },
+            };
+            match r {
+                Ok(name) => tracing::info!(%peer, volume = %name, "incoming migration complete"),
+                Err(e) => tracing::warn!(%peer, error = %e, "incoming migration stopped; the copy stays incomplete"),
+            }
+        });
+        while conns.try_join_next().is_some() {}
+    }
+    conns.shutdown().await;
+}
+
+/// The NBD location clients are sent to after the switch.
+fn advertised_nbd(state: &ServerState, local: Option<SocketAddr>) -> String {
+    if !state.config.migration.advertise_nbd.is_empty() {
+        return state.config.migration.advertise_nbd.clone();
+    }
+    match (state.addrs.nbd, local) {
+        (Some(mut nbd), Some(l)) if nbd.ip().is_unspecified() => {
+            nbd.set_ip(l.ip());
+            nbd.to_string()
+        }
+        (Some(nbd), _) => nbd.to_string(),
+        (None, _) => String::new(),
+    }
+}
+
+/// Open or create the copy for this migration; `Ok((volume, resumed))`.
+fn prepare(
+    state: &ServerState,
+    id: &str,
+    d: &VolumeDescriptor,
+    peer: SocketAddr,
+) -> Result<(Arc<Volume>, bool), String> {
+    match state.pool.get(&d.name) {
+        Ok(v) => match v.incoming() {
+            Some(inc) if inc.id == id => {
+                if v.size() != d.size {
+                    return Err("the incomplete copy has a different size".into());
+                }
+                Ok((v, true))
+            }
+            Some(inc) => Err(format!(
+                "volume {} is the incomplete copy of another migration ({}); delete it first",
+                d.name, inc.id
+            )),
+            None => Err(format!("volume {} already exists here", d.name)),
+        },
+        Err(StorageError::NotFound(_)) => {
+            let uuid = uuid::Uuid::from_bytes(d.uuid);
+            let opts = CreateOptions {
+                size: d.size,
+                block_size: d.block_size,
+                identity: Some((uuid, d.wwn.clone())),
+                incoming: Some(IncomingMigration {
+                    id: id.to_string(),
+                    source: peer.to_string(),
+                }),
+                ..CreateOptions::default()
+            };
+            state
+                .pool
+                .create(&d.name, &opts)
+                .map(|v| (v, false))
+                .map_err(|e| e.to_string())
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// What the prints phase found.
+#[derive(Debug, Default)]
+struct FillStats {
+    local: u64,
+    resumed: u64,
+}
+
+/// Per-connection state.
+struct Receiver {
+    state: Arc<ServerState>,
+    vol: Arc<Volume>,
+    table: Arc<ChunkTable>,
+    chunk: u64,
+    resumed: bool,
+    use_index: bool,
+}
+
+impl Receiver {
+    /// Handle one `Prints` frame (blocking): fill what can be filled here,
+    /// return the chunks to ask for.
+    fn prints(
+        &self,
+        first: u64,
+        entries: &[PrintEntry],
+        stats: &mut FillStats,
+    ) -> Result<Vec<(u64, u32)>, MigrationError> {
+        let total = self.table.chunks();
+        let mut want = Vec::new();
+        let mut i = first;
+        let mut buf = vec![0u8; self.chunk as usize];
+        for e in entries {
+            if i >= total {
+                return Err(MigrationError::Invalid(format!(
+                    "fingerprint for chunk {i} past the end ({total} chunks)"
+                )));
+            }
+            match *e {
+                PrintEntry::Zero(n) => {
+                    let n = u64::from(n).min(total - i);
+                    if self.resumed {
+                        let off = i * self.chunk;
+                        let len = (n * self.chunk).min(self.vol.size() - off);
+                        self.vol.write_zeroes(
+                            off,
+                            len,
+                            ZeroMode {
+                                may_punch: true,
+                                fast_only: false,
+                            },
+                            false,
+                        )?;
+                    }
+                    self.table.set_zero(i, n);
+                    i += n;
+                }
+                PrintEntry::Print(p) => {
+                    let len = self.table.len_of(i);
+                    let fp = Fingerprint(p);
+                    let b = &mut buf[..len];
+                    if self.resumed {
+                        self.vol.read_at(i * self.chunk, b)?;
+                        if ferry_index::verify(b, &fp) {
+                            self.table.set(i, p);
+                            stats.resumed += 1;
+                            i += 1;
+                            continue;
+                        }
+                    }
+                    if self.use_index && len as u64 == self.chunk && self.fill_local(i, &fp, b)? {
+                        self.table.set(i, p);
+                        stats.local += 1;
+                    } else {
+                        want.push(i);
+                    }
+                    i += 1;
+                }
+            }
+        }
+        Ok(coalesce(want))
+    }
+
+    /// Look the fingerprint up in the local index, re-hash each candidate,
+    /// and write the first one that matches.
+    fn fill_local(
+        &self,
+        chunk: u64,
+        fp: &Fingerprint,
+        buf: &mut [u8],
+    ) -> Result<bool, MigrationError> {
+        let cands = match self.state.index.lookup(fp, MAX_CANDIDATES) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "index lookup failed; asking the source");
+                return Ok(false);
+            }
+        };
+        for (name, block) in cands {
+            let Ok(v) = self.state.pool.get(&name) else {
+                continue;
+            };
+            let off = block * self.chunk;
+            if off + self.chunk > v.size() || v.read_at(off, buf).is_err() {
+                continue;
+            }
+            if ferry_index::verify(buf, fp) {
+                self.vol.write_at(chunk * self.chunk, buf, false)?;
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Write one `Data` frame (blocking).
+    fn data(
+        &self,
+        offset: u64,
+        encoding: Encoding,
+        raw_len: u32,
+        bytes: &[u8],
+    ) -> Result<(), MigrationError> {
+        if !offset.is_multiple_of(self.chunk) {
+            return Err(MigrationError::Invalid(format!(
+                "data at {offset} is not chunk aligned"
+            )));
+        }
+        let raw = match encoding {
+            Encoding::Raw => std::borrow::Cow::Borrowed(bytes),
+            Encoding::Zstd => std::borrow::Cow::Owned(
+                zstd::bulk::decompress(bytes, raw_len as usize)
+                    .map_err(|e| MigrationError::Invalid(format!("bad zstd data: {e}")))?,
+            ),
+        };
+        if raw.len() != raw_len as usize {
+            return Err(MigrationError::Invalid(format!(
+                "data frame says {raw_len} bytes, holds {}",
+                raw.len()
+            )));
+        }
+        self.vol.write_at(offset, &raw, false)?;
+        self.table.record(offset / self.chunk, &raw);
+        Ok(())
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, MigrationError> + Send + 'static,
+) -> Result<T, MigrationError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| MigrationError::Invalid(format!("worker failed: {e}")))?
+}
+
+/// Serve one incoming migration connection; returns the volume name once
+/// it has switched.
+async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
+    state: &Arc<ServerState>,
+    stream: S,
+    peer: SocketAddr,
+    local: Option<SocketAddr>,
+    shutdown: &CancellationToken,
+) -> Result<String, MigrationError> {
+    let (rd, mut wr) = tokio::io::split(stream);
+    let mut reader = FrameReader::new(rd);
+    let (id, desc) = match reader.expect(Duration::from_secs(30)).await? {
+        Message::Hello {
+            min_version,
+            max_version,
+            migration_id,
+            volume,
+        } => {
+            if !(min_version..=max_version).contains(&VERSION) {
+                let reason = format!(
+                    "this daemon speaks migration version {VERSION}, the source {min_version}..{max_version}"
+                );
+                send(
+                    &mut wr,
+                    &Message::Refuse {
+                        reason: reason.clone(),
+                    },
+                )
+                .await?;
+                return Err(MigrationError::Refused(reason));
+            }
+            (hex(&migration_id), volume)
+        }
+        m => return Err(unexpected(&m, "waiting for Hello")),
+    };
+    let chunk = desc.chunk_size;
+    let bad_chunk = !chunk.is_power_of_two() || !(512..=64 << 10).contains(&chunk);
+    let st = state.clone();
+    let (id2, d2) = (id.clone(), desc.clone());
+    let prepared = if bad_chunk {
+        Err(format!(
+            "chunk size {chunk} is not a power of two from 512 B to 64 KiB"
+        ))
+    } else {
+        tokio::task::spawn_blocking(move || prepare(&st, &id2, &d2, peer))
+            .await
+            .map_err(|e| MigrationError::Invalid(e.to_string()))?
+    };
+    let (vol, resumed) = match prepared {
+        Ok(x) => x,
+        Err(reason) => {
+            send(
+                &mut wr,
+                &Message::Refuse {
+                    reason: reason.clone(),
+                },
+            )
+            .await?;
+            return Err(MigrationError::Refused(reason));
+        }
+    };
+    tracing::info!(%peer, volume = %desc.name, migration = %id, resumed, "incoming migration");
+    send(
+        &mut wr,
+        &Message::Welcome {
+            version: VERSION,
+            resume: resumed.then(|| ferry_migration::ResumePoint {
+                round: 0,
+                have: Vec::new(),
+            }),
+        },
+    )
+    .await?;
+    let rx = Arc::new(Receiver {
+        state: state.clone(),
+        vol: vol.clone(),
+        table: Arc::new(ChunkTable::zeroed(desc.size, chunk)),
+        chunk: u64::from(chunk),
+        resumed,
+        use_index: chunk == state.index.block_size(),
+    });
+    let mut stats = FillStats::default();
+    let mut digest_ok: Option<bool> = None;
+    loop {
+        let m = tokio::select! {
+            m = reader.expect(IDLE_TIMEOUT) => m?,
+            () = shutdown.cancelled() => {
+                let _ = send(&mut wr, &Message::Abort { reason: "destination daemon shutting down".into() }).await;
+                return Err(MigrationError::Cancelled);
+            }
+        };
+        match m {
+            Message::Prints {
+                first_chunk,
+                entries,
+            } => {
+                let r = rx.clone();
+                let mut s = std::mem::take(&mut stats);
+                let (want, s) = blocking(move || {
+                    let w = r.prints(first_chunk, &entries, &mut s)?;
+                    Ok((w, s))
+                })
+                .await?;
+                stats = s;
+                if !want.is_empty() {
+                    send(&mut wr, &Message::Want { ranges: want }).await?;
+                }
+            }
+            Message::PrintsDone => {
+                if stats.resumed > 0 {
+                    tracing::info!(volume = %desc.name, chunks = stats.resumed, "resume: chunks already in place");
+                }
+                send(
+                    &mut wr,
+                    &Message::WantDone {
+                        local_chunks: stats.local,
+                        buddy_chunks: 0,
+                    },
+                )
+                .await?;
+            }
+            Message::Data {
+                offset,
+                encoding,
+                raw_len,
+                bytes,
+            } => {
+                let r = rx.clone();
+                blocking(move || r.data(offset, encoding, raw_len, &bytes)).await?;
+            }
+            Message::RoundEnd { round, .. } => {
+                let v = vol.clone();
+                blocking(move || v.flush().map_err(Into::into)).await?;
+                send(&mut wr, &Message::Synced { round }).await?;
+            }
+            Message::Pause => {}
+            Message::Digest { digest } => {
+                let r = rx.clone();
+                let mine = blocking(move || {
+                    r.vol.flush()?;
+                    Ok(r.table.digest())
+                })
+                .await?;
+                let matches = mine == digest;
+                digest_ok = Some(matches);
+                if !matches {
+                    tracing::error!(volume = %desc.name, source = %hex(&digest), destination = %hex(&mine), "migration digest mismatch");
+                }
+                send(
+                    &mut wr,
+                    &Message::DigestResult {
+                        matches,
+                        digest: mine,
+                    },
+                )
+                .await?;
+            }
+            Message::Switch { .. } => {
+                if digest_ok != Some(true) {
+                    let reason = "switch refused: no matching digest".to_string();
+                    send(
+                        &mut wr,
+                        &Message::Abort {
+                            reason: reason.clone(),
+                        },
+                    )
+                    .await?;
+                    return Err(MigrationError::Invalid(reason));
+                }
+                let v = vol.clone();
+                blocking(move || {
+                    v.flush()?;
+                    v.set_incoming(None)?;
+                    Ok(())
+                })
+                .await?;
+                let location = advertised_nbd(state, local);
+                send(&mut wr, &Message::Done { location }).await?;
+                // Index the new volume so it can be a base for later migrations.
+                let st = state.clone();
+                let v = vol.clone();
+                tokio::task::spawn_blocking(move || {
+                    if let Err(e) = crate::indexer::rebuild_volume(&st, &v) {
+                        tracing::warn!(error = %e, "indexing the migrated volume failed");
+                    }
+                });
+                return Ok(desc.name);
+            }
+            Message::Abort { reason } => return Err(MigrationError::PeerAborted(reason)),
+            m => return Err(unexpected(&m, "receiving a migration")),
+        }
+    }
+}

@@ -1,0 +1,832 @@
+//! The source side of a migration: fingerprints the volume, answers the
+//! destination's wants, sends dirty rounds while the guest keeps writing,
+//! then pauses writers, sends the rest, checks the digest and switches.
+//!
+//! A link failure before `Done` reconnects and resumes (same migration id)
+//! until `retry_for` runs out; the destination keeps what already matches.
+
+use super::tls::{server_name, CertStore};
+use super::transport::{BoxStream, Counted, FrameReader, RateLimit};
+use super::{
+    coalesce, hex, unexpected, ChunkTable, MigrationError, MigrationRun, Phase, Report,
+    ReportBytes, ReportChunks, ReportDigest, ReportThrottle, ReportTime,
+};
+use crate::ServerState;
+use bytes::{Bytes, BytesMut};
+use ferry_migration::{Encoding, Message, PrintEntry, VolumeDescriptor, VERSION};
+use ferry_storage::{DirtyBitmap, Volume};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+/// Largest `Data` frame, raw.
+const DATA_FRAME: u64 = 1 << 20;
+/// Fingerprints per `Prints` frame.
+const PRINTS_FRAME: usize = 8192;
+/// How long to wait for an answer that needs no disk work on the peer.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+/// Link rate assumed before one is measured (100 Mbit/s).
+const DEFAULT_RATE: f64 = 12.5e6;
+
+/// What `ferry migrate` asks for.
+#[derive(Debug, Clone)]
+pub struct MigrateRequest {
+    pub volume: String,
+    /// `HOST:PORT` of the destination's migration listener.
+    pub to: String,
+    /// No TLS: only allowed when both ends are on loopback.
+    pub plaintext: bool,
+    /// Target for the final pause.
+    pub max_downtime: Duration,
+    /// Bytes per second on the link; 0 is unlimited.
+    pub bwlimit: u64,
+    /// Dirty rounds before pausing anyway.
+    pub max_rounds: u32,
+    /// Send fingerprints first (off: the seed's full-copy baseline).
+    pub dedup: bool,
+    /// zstd for literal data where it pays.
+    pub compress: bool,
+    /// Keep reconnecting after link failures this long.
+    pub retry_for: Duration,
+}
+
+impl Default for MigrateRequest {
+    fn default() -> Self {
+        MigrateRequest {
+            volume: String::new(),
+            to: String::new(),
+            plaintext: false,
+            max_downtime: Duration::from_millis(100),
+            bwlimit: 0,
+            max_rounds: 30,
+            dedup: true,
+            compress: true,
+            retry_for: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Validate and start a migration in the background.
+pub fn start(
+    state: Arc<ServerState>,
+    req: MigrateRequest,
+) -> Result<Arc<MigrationRun>, MigrationError> {
+    let vol = state.pool.get(&req.volume)?;
+    if let Some(to) = vol.moved_to() {
+        return Err(MigrationError::Invalid(format!(
+            "volume {} has already moved to {to}",
+            req.volume
+        )));
+    }
+    if vol.incoming().is_some() {
+        return Err(MigrationError::Invalid(format!(
+            "volume {} is the unfinished copy of an incoming migration",
+            req.volume
+        )));
+    }
+    if vol.read_only() {
+        return Err(MigrationError::Invalid(format!(
+            "volume {} is read-only",
+            req.volume
+        )));
+    }
+    if let Some(r) = state.migrations.active_for(&req.volume) {
+        return Err(MigrationError::Invalid(format!(
+            "volume {} is already migrating ({})",
+            req.volume, r.id
+        )));
+    }
+    if req.to.is_empty() {
+        return Err(MigrationError::Invalid("no destination given".into()));
+    }
+    let run = Arc::new(MigrationRun {
+        id: uuid::Uuid::new_v4().simple().to_string(),
+        volume: req.volume.clone(),
+        to: req.to.clone(),
+        started: Instant::now(),
+        counters: Default::default(),
+        wire: Default::default(),
+        phase: parking_lot::Mutex::new(Phase::Connecting),
+        phase_times: Default::default(),
+        report: Default::default(),
+        error: Default::default(),
+        cancel: Default::default(),
+    });
+    state.migrations.insert(run.clone());
+    let r = run.clone();
+    tokio::spawn(async move {
+        let report = migrate(&state, &r, &req, vol).await;
+        let ok = report.result == "switched";
+        state.metrics.migration_finished(ok, &report);
+        if !ok {
+            *r.error.lock() = report.error.clone();
+        }
+        *r.report.lock() = Some(report);
+        r.set_phase(if ok { Phase::Switched } else { Phase::Failed });
+    });
+    Ok(run)
+}
+
+/// How one attempt ended well.
+struct Switched {
+    location: String,
+    pause: Duration,
+    converged: bool,
+    source_digest: [u8; 32],
+    dest_digest: [u8; 32],
+    fingerprints_s: f64,
+    rounds_s: f64,
+}
+
+async fn migrate(
+    state: &Arc<ServerState>,
+    run: &Arc<MigrationRun>,
+    req: &MigrateRequest,
+    vol: Arc<Volume>,
+) -> Report {
+    let chunk = state.config.index.block_size;
+    let bm_name = format!("migration-{}", &run.id[..12]);
+    let outcome = match vol.create_bitmap(&bm_name, chunk, false) {
+        Err(e) => Err(MigrationError::from(e)),
+        Ok(bm) => {
+            let mut last;
+            loop {
+                run.counters.attempts.fetch_add(1, Ordering::Relaxed);
+                let sent_before = frame_bytes(run);
+                last = attempt(state, run, req, &vol, &bm, chunk).await;
+                match &last {
+                    Err(e) if e.transient() && run.started.elapsed() < req.retry_for => {
+                        let lost = frame_bytes(run) - sent_before;
+                        run.counters
+                            .bytes_lost_to_failures
+                            .fetch_add(lost, Ordering::Relaxed);
+                        tracing::warn!(migration = %run.id, error = %e, "migration link failed; resuming");
+                        run.set_phase(Phase::Connecting);
+                        tokio::select! {
+                            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                            () = run.cancel.cancelled() => break,
+                        }
+                    }
+                    _ => break,
+                }
+            }
+            vol.gate().set_throttle(Duration::ZERO);
+            vol.gate().resume();
+            if let Err(e) = vol.delete_bitmap(&bm_name) {
+                tracing::warn!(error = %e, "could not remove the migration bitmap");
+            }
+            last
+        }
+    };
+    let c = &run.counters;
+    let g = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let (delayed, _) = vol.gate().throttled();
+    let (result, error, sw) = match outcome {
+        Ok(s) => ("switched", None, Some(s)),
+        Err(e) => {
+            tracing::error!(migration = %run.id, error = %e, "migration failed; the source volume stays authoritative");
+            ("failed", Some(e.to_string()), None)
+        }
+    };
+    let wire_rx = g(&run.wire.rx);
+    Report {
+        id: run.id.clone(),
+        volume: run.volume.clone(),
+        to: run.to.clone(),
+        result,
+        error,
+        new_location: sw.as_ref().map(|s| s.location.clone()),
+        size: vol.size(),
+        chunk_size: chunk,
+        dedup: req.dedup,
+        compress: req.compress,
+        tls: !req.plaintext,
+        bytes: ReportBytes {
+            fingerprints: g(&c.bytes_fingerprints),
+            data: g(&c.bytes_data),
+            data_raw: g(&c.bytes_data_raw),
+            protocol: g(&c.bytes_protocol),
+            wire_tx: g(&run.wire.tx),
+            wire_rx,
+            resent_after_failures: g(&c.bytes_lost_to_failures),
+        },
+        chunks: ReportChunks {
+            total: g(&c.chunks_total),
+            zero: g(&c.chunks_zero),
+            local: g(&c.chunks_local),
+            buddy: g(&c.chunks_buddy),
+            resumed: g(&c.chunks_resumed),
+            sent: g(&c.chunks_sent),
+            dirty_resent: g(&c.chunks_dirty_sent),
+        },
+        time: ReportTime {
+            total_s: run.started.elapsed().as_secs_f64(),
+            fingerprints_s: sw.as_ref().map_or(0.0, |s| s.fingerprints_s),
+            rounds_s: sw.as_ref().map_or(0.0, |s| s.rounds_s),
+            pause_ms: sw.as_ref().map_or(0.0, |s| s.pause.as_secs_f64() * 1e3),
+        },
+        rounds: g(&c.rounds),
+        converged: sw.as_ref().is_some_and(|s| s.converged),
+        auto_converge: ReportThrottle {
+            max_delay_us: g(&c.throttle_us),
+            writes_delayed: delayed,
+        },
+        attempts: g(&c.attempts),
+        digest: ReportDigest {
+            source: sw
+                .as_ref()
+                .map(|s| hex(&s.source_digest))
+                .unwrap_or_default(),
+            destination: sw.as_ref().map(|s| hex(&s.dest_digest)).unwrap_or_default(),
+            matches: sw.is_some(),
+        },
+    }
+}
+
+fn frame_bytes(run: &MigrationRun) -> u64 {
+    let c = &run.counters;
+    c.bytes_fingerprints.load(Ordering::Relaxed)
+        + c.bytes_data.load(Ordering::Relaxed)
+        + c.bytes_protocol.load(Ordering::Relaxed)
+}
+
+async fn connect(
+    state: &ServerState,
+    req: &MigrateRequest,
+    run: &MigrationRun,
+) -> Result<BoxStream, MigrationError> {
+    let tcp = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::net::TcpStream::connect(&req.to),
+    )
+    .await
+    .map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("connecting to {}", req.to),
+        )
+    })??;
+    tcp.set_nodelay(true)?;
+    let loopback = tcp.peer_addr()?.ip().is_loopback() && tcp.local_addr()?.ip().is_loopback();
+    let counted = Counted::new(tcp, run.wire.clone());
+    if req.plaintext {
+        if !loopback {
+            return Err(MigrationError::Invalid(
+                "plaintext migrations are only allowed between two loopback addresses".into(),
+            ));
+        }
+        tracing::warn!(to = %req.to, "PLAINTEXT migration (no TLS): loopback only, never across sites");
+        return Ok(Box::new(counted));
+    }
+    let cfg = CertStore::new(state.pool.root()).client_config()?;
+    let tls = tokio_rustls::TlsConnector::from(cfg)
+        .connect(server_name(), counted)
+        .await?;
+    Ok(Box::new(tls))
+}
+
+/// A frame for the writer task.
+enum Outgoing {
+    Frame { kind: Kind, bytes: Bytes },
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Prints,
+    Data,
+    Protocol,
+}
+
+fn frame(kind: Kind, m: &Message) -> Outgoing {
+    let mut b = BytesMut::new();
+    m.encode(&mut b);
+    Outgoing::Frame {
+        kind,
+        bytes: b.freeze(),
+    }
+}
+
+fn link_closed() -> MigrationError {
+    MigrationError::Link(std::io::Error::new(
+        std::io::ErrorKind::BrokenPipe,
+        "the migration link closed",
+    ))
+}
+
+/// Context the blocking helpers share.
+struct Sender {
+    tx: mpsc::Sender<Outgoing>,
+    vol: Arc<Volume>,
+    table: Arc<ChunkTable>,
+    run: Arc<MigrationRun>,
+    chunk: u64,
+    compress: bool,
+}
+
+impl Sender {
+    fn send(&self, o: Outgoing) -> Result<(), MigrationError> {
+        self.tx.blocking_send(o).map_err(|_| link_closed())
+    }
+
+    /// Read, record, compress and queue the chunks of `ranges` (blocking).
+    fn send_ranges(&self, ranges: &[(u64, u32)], dirty: bool) -> Result<(), MigrationError> {
+        let size = self.vol.size();
+        let per_frame = (DATA_FRAME / self.chunk).max(1);
+        let mut buf = Vec::new();
+        for &(first, count) in ranges {
+            let mut c = first;
+            let end = first + u64::from(count);
+            while c < end {
+                let n = (end - c).min(per_frame);
+                let off = c * self.chunk;
+                let len = (n * self.chunk).min(size.saturating_sub(off));
+                if len == 0 {
+                    break;
+                }
+                buf.resize(len as usize, 0);
+                self.vol.read_at(off, &mut buf)?;
+                self.table.record(c, &buf);
+                let (encoding, bytes) = self.encode(&buf);
+                let m = Message::Data {
+                    offset: off,
+                    encoding,
+                    raw_len: len as u32,
+                    bytes,
+                };
+                let k = &self.run.counters;
+                k.bytes_data_raw.fetch_add(len, Ordering::Relaxed);
+                if dirty {
+                    k.chunks_dirty_sent.fetch_add(n, Ordering::Relaxed);
+                } else {
+                    k.chunks_sent.fetch_add(n, Ordering::Relaxed);
+                }
+                self.send(frame(Kind::Data, &m))?;
+                c += n;
+            }
+        }
+        Ok(())
+    }
+
+    fn encode(&self, raw: &[u8]) -> (Encoding, Bytes) {
+        if self.compress {
+            if let Ok(z) = zstd::bulk::compress(raw, 1) {
+                if z.len() < raw.len() - raw.len() / 16 {
+                    return (Encoding::Zstd, Bytes::from(z));
+                }
+            }
+        }
+        (Encoding::Raw, Bytes::copy_from_slice(raw))
+    }
+
+    /// Phase 1: fingerprint every chunk; zero runs as intervals. Returns
+    /// the non-zero chunks when fingerprints are off (they are all sent).
+    fn scan(&self, dedup: bool) -> Result<Vec<(u64, u32)>, MigrationError> {
+        let size = self.vol.size();
+        let chunks = self.table.chunks();
+        const SEGMENT: u64 = 8 << 20;
+        let mut entries: Vec<PrintEntry> = Vec::with_capacity(PRINTS_FRAME);
+        let mut first = 0u64;
+        let mut literal = Vec::new();
+        let mut buf = Vec::new();
+        let k = &self.run.counters;
+        let mut pos = 0u64;
+        let flush = |entries: &mut Vec<PrintEntry>, first: &mut u64, next: u64| {
+            if entries.is_empty() {
+                *first = next;
+                return Ok(());
+            }
+            let m = Message::Prints {
+                first_chunk: *first,
+                entries: std::mem::take(entries),
+            };
+            *first = next;
+            self.send(frame(Kind::Prints, &m))
+        };
+        while pos < size {
+            if self.run.cancel.is_cancelled() {
+                return Err(MigrationError::Cancelled);
+            }
+            let seg = SEGMENT.min(size - pos);
+            buf.resize(seg as usize, 0);
+            self.vol.read_at(pos, &mut buf)?;
+            let mut off = 0usize;
+            while off < buf.len() {
+                let ci = (pos + off as u64) / self.chunk;
+                let n = self.table.len_of(ci).min(buf.len() - off);
+                let data = &buf[off..off + n];
+                if ferry_index::is_zero(data) {
+                    k.chunks_zero.fetch_add(1, Ordering::Relaxed);
+                    match entries.last_mut() {
+                        Some(PrintEntry::Zero(z)) if *z < u32::MAX => *z += 1,
+                        _ => entries.push(PrintEntry::Zero(1)),
+                    }
+                } else {
+                    let p = *blake3::hash(data).as_bytes();
+                    self.table.set(ci, p);
+                    if dedup {
+                        entries.push(PrintEntry::Print(p));
+                    } else {
+                        // Without fingerprints a gap between entries means
+                        // "sent as data".
+                        literal.push(ci);
+                        flush(&mut entries, &mut first, ci + 1)?;
+                    }
+                }
+                k.chunks_printed.fetch_add(1, Ordering::Relaxed);
+                if entries.len() >= PRINTS_FRAME {
+                    flush(&mut entries, &mut first, ci + 1)?;
+                }
+                off += n;
+            }
+            pos += seg;
+        }
+        flush(&mut entries, &mut first, chunks)?;
+        self.send(frame(Kind::Protocol, &Message::PrintsDone))?;
+        Ok(coalesce(literal))
+    }
+}
+
+/// Resumes the volume's writers when dropped, unless the switch happened.
+struct PauseGuard<'a>(&'a Volume);
+impl Drop for PauseGuard<'_> {
+    fn drop(&mut self) {
+        self.0.gate().resume();
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, MigrationError> + Send + 'static,
+) -> Result<T, MigrationError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| MigrationError::Invalid(format!("worker failed: {e}")))?
+}
+
+/// End a round and wait until the destination has written and flushed
+/// everything sent so far (so the final pause has little left to flush).
+async fn sync_round(
+    tx: &mpsc::Sender<Outgoing>,
+    in_rx: &mut mpsc::UnboundedReceiver<Result<Message, MigrationError>>,
+    cancel: &tokio_util::sync::CancellationToken,
+    round: u32,
+    dirty_bytes: u64,
+) -> Result<(), MigrationError> {
+    tx.send(frame(
+        Kind::Protocol,
+        &Message::RoundEnd { round, dirty_bytes },
+    ))
+    .await
+    .map_err(|_| link_closed())?;
+    match next_msg(in_rx, ANSWER_TIMEOUT, Some(cancel)).await? {
+        Message::Synced { round: r } if r == round => Ok(()),
+        m => Err(unexpected(&m, "waiting for the end of a round")),
+    }
+}
+
+async fn attempt(
+    state: &Arc<ServerState>,
+    run: &Arc<MigrationRun>,
+    req: &MigrateRequest,
+    vol: &Arc<Volume>,
+    bm: &Arc<DirtyBitmap>,
+    chunk: u32,
+) -> Result<Switched, MigrationError> {
+    run.set_phase(Phase::Connecting);
+    let stream = connect(state, req, run).await?;
+    let (rd, mut wr) = tokio::io::split(stream);
+    let mut reader = FrameReader::new(rd);
+    let meta = vol.meta();
+    let mut id = [0u8; 16];
+    if let Ok(u) = uuid::Uuid::parse_str(&run.id) {
+        id = *u.as_bytes();
+    }
+    let hello = Message::Hello {
+        min_version: VERSION,
+        max_version: VERSION,
+        migration_id: id,
+        volume: VolumeDescriptor {
+            name: meta.name.clone(),
+            size: vol.size(),
+            block_size: meta.block_size,
+            chunk_size: chunk,
+            uuid: *meta.uuid.as_bytes(),
+            wwn: meta.wwn.clone(),
+        },
+    };
+    let n = super::transport::send(&mut wr, &hello).await?;
+    run.counters
+        .bytes_protocol
+        .fetch_add(n as u64, Ordering::Relaxed);
+    match reader.expect(ANSWER_TIMEOUT).await? {
+        Message::Welcome { .. } => {}
+        Message::Refuse { reason } => return Err(MigrationError::Refused(reason)),
+        m => return Err(unexpected(&m, "waiting for Welcome")),
+    }
+
+    // The writer task owns the socket's write half.
+    let (tx, mut rx) = mpsc::channel::<Outgoing>(16);
+    let wrun = run.clone();
+    let bw = req.bwlimit;
+    let writer = tokio::spawn(async move {
+        let mut limit = RateLimit::new(bw);
+        while let Some(o) = rx.recv().await {
+            match o {
+                Outgoing::Frame { kind, bytes } => {
+                    limit.take(bytes.len()).await;
+                    wr.write_all(&bytes).await?;
+                    let c = &wrun.counters;
+                    let counter = match kind {
+                        Kind::Prints => &c.bytes_fingerprints,
+                        Kind::Data => &c.bytes_data,
+                        Kind::Protocol => &c.bytes_protocol,
+                    };
+                    counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    if rx.is_empty() {
+                        wr.flush().await?;
+                    }
+                }
+            }
+        }
+        wr.flush().await?;
+        let _ = wr.shutdown().await;
+        Ok::<(), std::io::Error>(())
+    });
+    // The reader task forwards what the destination says.
+    let (in_tx, mut in_rx) = mpsc::unbounded_channel::<Result<Message, MigrationError>>();
+    let reader_task = tokio::spawn(async move {
+        loop {
+            let r = reader.next().await;
+            let end = !matches!(r, Ok(Some(_)));
+            let item = match r {
+                Ok(Some(m)) => Ok(m),
+                Ok(None) => Err(link_closed()),
+                Err(e) => Err(e),
+            };
+            if in_tx.send(item).is_err() || end {
+                break;
+            }
+        }
+    });
+    let result = run_phases(run, req, vol, bm, chunk, &tx, &mut in_rx).await;
+    drop(tx);
+    match result {
+        Ok(s) => {
+            let _ = writer.await;
+            reader_task.abort();
+            Ok(s)
+        }
+        Err(e) => {
+            writer.abort();
+            reader_task.abort();
+            Err(e)
+        }
+    }
+}
+
+async fn next_msg(
+    in_rx: &mut mpsc::UnboundedReceiver<Result<Message, MigrationError>>,
+    timeout: Duration,
+    cancel: Option<&tokio_util::sync::CancellationToken>,
+) -> Result<Message, MigrationError> {
+    let never = tokio_util::sync::CancellationToken::new();
+    let cancel = cancel.unwrap_or(&never);
+    let r = tokio::select! {
+        r = tokio::time::timeout(timeout, in_rx.recv()) => r,
+        () = cancel.cancelled() => return Err(MigrationError::Cancelled),
+    };
+    match r {
+        Err(_) => Err(MigrationError::Link(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("destination silent for {timeout:?}"),
+        ))),
+        Ok(None) => Err(link_closed()),
+        Ok(Some(r)) => r,
+    }
+}
+
+async fn run_phases(
+    run: &Arc<MigrationRun>,
+    req: &MigrateRequest,
+    vol: &Arc<Volume>,
+    bm: &Arc<DirtyBitmap>,
+    chunk: u32,
+    tx: &mpsc::Sender<Outgoing>,
+    in_rx: &mut mpsc::UnboundedReceiver<Result<Message, MigrationError>>,
+) -> Result<Switched, MigrationError> {
+    let c = &run.counters;
+    let table = Arc::new(ChunkTable::zeroed(vol.size(), chunk));
+    c.chunks_total.store(table.chunks(), Ordering::Relaxed);
+    for a in [
+        &c.chunks_printed,
+        &c.chunks_zero,
+        &c.chunks_local,
+        &c.chunks_buddy,
+        &c.chunks_resumed,
+        &c.chunks_wanted,
+        &c.chunks_sent,
+        &c.chunks_dirty_sent,
+        &c.rounds,
+    ] {
+        a.store(0, Ordering::Relaxed);
+    }
+    let sender = Arc::new(Sender {
+        tx: tx.clone(),
+        vol: vol.clone(),
+        table: table.clone(),
+        run: run.clone(),
+        chunk: u64::from(chunk),
+        compress: req.compress,
+    });
+
+    // Phases 1 and 2. Everything written from here on is marked in `bm`;
+    // what was written before, the scan reads.
+    run.set_phase(Phase::Fingerprints);
+    let t_start = Instant::now();
+    let tx_start = run.wire.tx.load(Ordering::Relaxed);
+    bm.take();
+    let s = sender.clone();
+    let dedup = req.dedup;
+    let mut scan = tokio::task::spawn_blocking(move || s.scan(dedup));
+    let (want_tx, mut want_rx) = mpsc::unbounded_channel::<Vec<(u64, u32)>>();
+    let s = sender.clone();
+    let data_task = tokio::task::spawn_blocking(move || {
+        while let Some(r) = want_rx.blocking_recv() {
+            s.send_ranges(&r, false)?;
+        }
+        Ok::<(), MigrationError>(())
+    });
+    let mut scan_done = false;
+    loop {
+        tokio::select! {
+            r = &mut scan, if !scan_done => {
+                scan_done = true;
+                let literal = r.map_err(|e| MigrationError::Invalid(format!("scan failed: {e}")))??;
+                if !literal.is_empty() {
+                    let _ = want_tx.send(literal);
+                }
+            }
+            m = next_msg(in_rx, ANSWER_TIMEOUT, Some(&run.cancel)) => match m? {
+                Message::Want { ranges } => {
+                    let n: u64 = ranges.iter().map(|r| u64::from(r.1)).sum();
+                    c.chunks_wanted.fetch_add(n, Ordering::Relaxed);
+                    let _ = want_tx.send(ranges);
+                }
+                Message::WantDone { local_chunks, buddy_chunks } => {
+                    c.chunks_local.store(local_chunks, Ordering::Relaxed);
+                    c.chunks_buddy.store(buddy_chunks, Ordering::Relaxed);
+                    if scan_done { break; }
+                    // The destination finished before our scan did: wait for it.
+                    let literal = (&mut scan).await
+                        .map_err(|e| MigrationError::Invalid(format!("scan failed: {e}")))??;
+                    if !literal.is_empty() {
+                        let _ = want_tx.send(literal);
+                    }
+                    break;
+                }
+                m => return Err(unexpected(&m, "waiting for wants")),
+            }
+        }
+    }
+    drop(want_tx);
+    data_task
+        .await
+        .map_err(|e| MigrationError::Invalid(format!("sender failed: {e}")))??;
+    sync_round(tx, in_rx, &run.cancel, 0, bm.dirty_bytes()).await?;
+    let fingerprints_s = t_start.elapsed().as_secs_f64();
+    let sent = run.wire.tx.load(Ordering::Relaxed) - tx_start;
+    let mut rate = if req.bwlimit > 0 {
+        req.bwlimit as f64
+    } else {
+        DEFAULT_RATE
+    };
+    if sent > (4 << 20) {
+        rate = sent as f64 / fingerprints_s.max(1e-3);
+    }
+
+    // Phase 3: dirty rounds until the rest fits the downtime target.
+    run.set_phase(Phase::Rounds);
+    let t_rounds = Instant::now();
+    let budget = req.max_downtime.as_secs_f64() * 0.5;
+    let mut prev_dirty = u64::MAX;
+    let mut throttle = Duration::ZERO;
+    let mut converged = true;
+    loop {
+        let dirty = bm.dirty_bytes();
+        c.dirty_bytes.store(dirty, Ordering::Relaxed);
+        if dirty as f64 / rate <= budget {
+            break;
+        }
+        let round = c.rounds.load(Ordering::Relaxed) as u32;
+        if round >= req.max_rounds {
+            converged = false;
+            tracing::warn!(migration = %run.id, dirty, "round limit reached; pausing longer than the target");
+            break;
+        }
+        // Auto-converge: the guest dirties as fast as the link drains.
+        if round >= 2 && dirty.saturating_mul(10) > prev_dirty.saturating_mul(9) {
+            throttle = (throttle * 2).clamp(Duration::from_micros(500), Duration::from_millis(100));
+            vol.gate().set_throttle(throttle);
+            c.throttle_us
+                .fetch_max(throttle.as_micros() as u64, Ordering::Relaxed);
+            tracing::info!(migration = %run.id, ?throttle, "auto-converge: slowing guest writes");
+        }
+        prev_dirty = dirty;
+        let t = Instant::now();
+        let tx0 = run.wire.tx.load(Ordering::Relaxed);
+        let ranges = coalesce(bm.take().into_iter().map(|o| o / u64::from(chunk)));
+        let s = sender.clone();
+        blocking(move || s.send_ranges(&ranges, true)).await?;
+        let round = round + 1;
+        c.rounds.store(u64::from(round), Ordering::Relaxed);
+        sync_round(tx, in_rx, &run.cancel, round, dirty).await?;
+        let moved = run.wire.tx.load(Ordering::Relaxed) - tx0;
+        if moved > (1 << 20) {
+            rate = moved as f64 / t.elapsed().as_secs_f64().max(1e-3);
+        }
+        if run.cancel.is_cancelled() {
+            return Err(MigrationError::Cancelled);
+        }
+    }
+    let rounds_s = t_rounds.elapsed().as_secs_f64();
+
+    // Phase 4: pause, send the rest, digest, switch.
+    run.set_phase(Phase::Paused);
+    tx.send(frame(Kind::Protocol, &Message::Pause))
+        .await
+        .map_err(|_| link_closed())?;
+    vol.gate().set_throttle(Duration::ZERO);
+    let v = vol.clone();
+    let t_pause = Instant::now();
+    let paused = blocking(move || Ok(v.gate().pause(Duration::from_secs(10)))).await?;
+    tracing::debug!(elapsed = ?t_pause.elapsed(), "pause: writers drained");
+    if !paused {
+        return Err(MigrationError::Invalid(
+            "writes in flight did not finish within 10 s; not pausing".into(),
+        ));
+    }
+    let pause_start = Instant::now();
+    let guard = PauseGuard(vol);
+    let ranges = coalesce(bm.take().into_iter().map(|o| o / u64::from(chunk)));
+    let s = sender.clone();
+    blocking(move || s.send_ranges(&ranges, true)).await?;
+    let source_digest = table.digest();
+    tracing::debug!(elapsed = ?pause_start.elapsed(), "pause: last chunks queued, digest computed");
+    tx.send(frame(
+        Kind::Protocol,
+        &Message::Digest {
+            digest: source_digest,
+        },
+    ))
+    .await
+    .map_err(|_| link_closed())?;
+    // The destination commits on Switch only if its digest matched, so
+    // both go in one round trip.
+    tx.send(frame(
+        Kind::Protocol,
+        &Message::Switch {
+            location: String::new(),
+        },
+    ))
+    .await
+    .map_err(|_| link_closed())?;
+    let dest_digest = match next_msg(in_rx, ANSWER_TIMEOUT, None).await? {
+        Message::DigestResult { matches, digest } => {
+            if !matches || digest != source_digest {
+                return Err(MigrationError::DigestMismatch {
+                    source_digest: hex(&source_digest),
+                    destination_digest: hex(&digest),
+                });
+            }
+            digest
+        }
+        m => return Err(unexpected(&m, "waiting for the digest")),
+    };
+    tracing::debug!(elapsed = ?pause_start.elapsed(), "pause: digest answered");
+    let location = match next_msg(in_rx, ANSWER_TIMEOUT, None).await {
+        Ok(Message::Done { location }) => location,
+        Ok(m) => return Err(unexpected(&m, "waiting for Done")),
+        Err(e) => {
+            tracing::error!(migration = %run.id, "no Done after Switch: the destination may hold a complete copy; the source stays authoritative");
+            return Err(e);
+        }
+    };
+    tracing::debug!(elapsed = ?pause_start.elapsed(), "pause: destination done");
+    let v = vol.clone();
+    let loc = location.clone();
+    blocking(move || v.set_moved(&loc).map_err(Into::into)).await?;
+    // Writers held by the pause now fail with "moved" and follow the volume.
+    drop(guard);
+    let pause = pause_start.elapsed();
+    tracing::info!(migration = %run.id, volume = %run.volume, to = %location, pause_ms = pause.as_secs_f64() * 1e3, "migration switched");
+    Ok(Switched {
+        location,
+        pause,
+        converged,
+        source_digest,
+        dest_digest,
+        fingerprints_s,
+        rounds_s,
+    })
+}
