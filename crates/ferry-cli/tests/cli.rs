@@ -26,10 +26,17 @@ impl Serve {
     fn start(pool: &Path) -> Serve {
         let nbd = format!("127.0.0.1:{}", free_port());
         let admin = format!("127.0.0.1:{}", free_port());
+        Self::start_on(pool, &nbd, &admin, &[])
+    }
+
+    /// On given addresses, with extra `ferry serve` arguments.
+    fn start_on(pool: &Path, nbd: &str, admin: &str, extra: &[&str]) -> Serve {
+        let (nbd, admin) = (nbd.to_string(), admin.to_string());
         let child = Command::new(FERRY)
             .args(["serve", "--pool"])
             .arg(pool)
             .args(["--nbd", &nbd, "--admin", &admin])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -291,4 +298,112 @@ fn flush_on_one_connection_covers_writes_of_another() {
         let data = c.read(8192, 65536).await.unwrap();
         assert!(data.iter().all(|&x| x == 0x5c));
     });
+}
+
+/// `ferry migrate --json` between two `ferry serve` processes that trust
+/// each other through `ferry certs`; the destination is killed with -9 in
+/// the middle and restarted, and the migration resumes and completes.
+#[test]
+fn migrate_resumes_after_the_destination_is_killed() {
+    let d = tempfile::tempdir().unwrap();
+    let (pa, pb) = (d.path().join("a"), d.path().join("b"));
+    let mig = format!("127.0.0.1:{}", free_port());
+    let (dst_nbd, dst_admin) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let src = Serve::start(&pa);
+    let dst = Serve::start_on(&pb, &dst_nbd, &dst_admin, &["--migrate", &mig]);
+    let certs = |args: &[&str]| {
+        let out = Command::new(FERRY)
+            .args(["certs"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let (pa_s, pb_s) = (pa.display().to_string(), pb.display().to_string());
+    assert!(certs(&["show", "--pool", &pa_s]).contains("sha256"));
+    certs(&["trust", &format!("{pb_s}/tls/cert.pem"), "--pool", &pa_s]);
+    certs(&["trust", &format!("{pa_s}/tls/cert.pem"), "--pool", &pb_s]);
+    assert_eq!(certs(&["list", "--pool", &pa_s]).lines().count(), 1);
+
+    let img = d.path().join("img");
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let data: Vec<u8> = (0..(24usize << 20))
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(&img, &data).unwrap();
+    src.ferry(&["volume", "create", "vm", "--size", "32M"]);
+    src.ferry(&["volume", "import", "vm", img.to_str().unwrap()]);
+
+    let migrate = Command::new(FERRY)
+        .args([
+            "migrate",
+            "vm",
+            "--to",
+            &mig,
+            "--bwlimit",
+            "6M",
+            "--no-compress",
+            "--json",
+        ])
+        .env("FERRY_ADMIN", &src.admin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kill the destination once part of the copy has arrived.
+    let t = Instant::now();
+    loop {
+        let v = ureq::get(&format!("http://{dst_admin}/v1/volumes/vm")).call();
+        if let Ok(r) = v {
+            let j: serde_json::Value = r.into_json().unwrap();
+            if j["allocated_bytes"].as_u64().unwrap_or(0) >= 6 << 20 {
+                break;
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "no progress");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    dst.kill9();
+    std::thread::sleep(Duration::from_millis(500));
+    let dst = Serve::start_on(&pb, &dst_nbd, &dst_admin, &["--migrate", &mig]);
+    let out = migrate.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(r["result"], "switched");
+    assert!(r["attempts"].as_u64().unwrap() >= 2, "{r}");
+    assert!(r["chunks"]["resumed"].as_u64().unwrap() > 0, "{r}");
+    assert!(
+        r["bytes"]["resent_after_failures"].as_u64().unwrap() > 0,
+        "{r}"
+    );
+    assert_eq!(r["digest"]["matches"], true);
+    let got = std::fs::read(pb.join("volumes/vm/data.raw")).unwrap();
+    assert_eq!(&got[..data.len()], &data[..]);
+    assert!(got[data.len()..].iter().all(|&b| b == 0));
+    // The volume is served by the destination now, under the same identity.
+    let info: serde_json::Value =
+        serde_json::from_str(&dst.ferry(&["volume", "info", "vm"])).unwrap();
+    let src_info: serde_json::Value =
+        serde_json::from_str(&src.ferry(&["volume", "info", "vm"])).unwrap();
+    assert_eq!(info["wwn"], src_info["wwn"]);
+    assert_eq!(src_info["moved_to"], dst_nbd.as_str());
+    assert!(info.get("incoming").is_none());
 }

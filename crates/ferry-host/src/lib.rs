@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
-pub use downstream::serve;
+pub use downstream::{serve, Listener};
 
 #[derive(Debug, Error)]
 pub enum HostError {

@@ -98,6 +98,8 @@ pub enum Message {
     WantDone {
         local_chunks: u64,
         buddy_chunks: u64,
+        /// Already in place from an earlier attempt (resume).
+        resumed_chunks: u64,
     },
     Data {
         offset: u64,
@@ -218,9 +220,11 @@ impl Message {
             Message::WantDone {
                 local_chunks,
                 buddy_chunks,
+                resumed_chunks,
             } => {
                 out.put_u64(*local_chunks);
                 out.put_u64(*buddy_chunks);
+                out.put_u64(*resumed_chunks);
             }
             Message::Data {
                 offset,
@@ -414,6 +418,7 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
         7 => Message::WantDone {
             local_chunks: p.u64()?,
             buddy_chunks: p.u64()?,
+            resumed_chunks: p.u64()?,
         },
         8 => {
             let offset = p.u64()?;
@@ -564,6 +569,7 @@ mod tests {
             Message::WantDone {
                 local_chunks: 10,
                 buddy_chunks: 3,
+                resumed_chunks: 2,
             },
             Message::Data {
                 offset: 4096,

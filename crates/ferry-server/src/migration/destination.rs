@@ -384,10 +384,8 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
     loop {
         let m = tokio::select! {
             m = reader.expect(IDLE_TIMEOUT) => m?,
-            () = shutdown.cancelled() => {
-                let _ = send(&mut wr, &Message::Abort { reason: "destination daemon shutting down".into() }).await;
-                return Err(MigrationError::Cancelled);
-            }
+            // Close without Abort: the source resumes once this daemon is back.
+            () = shutdown.cancelled() => return Err(MigrationError::Cancelled),
         };
         match m {
             Message::Prints {
@@ -415,6 +413,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
                     &Message::WantDone {
                         local_chunks: stats.local,
                         buddy_chunks: 0,
+                        resumed_chunks: stats.resumed,
                     },
                 )
                 .await?;

@@ -673,7 +673,8 @@ async fn run_phases(
                     c.chunks_wanted.fetch_add(n, Ordering::Relaxed);
                     let _ = want_tx.send(ranges);
                 }
-                Message::WantDone { local_chunks, buddy_chunks } => {
+                Message::WantDone { local_chunks, buddy_chunks, resumed_chunks } => {
+                    c.chunks_resumed.store(resumed_chunks, Ordering::Relaxed);
                     c.chunks_local.store(local_chunks, Ordering::Relaxed);
                     c.chunks_buddy.store(buddy_chunks, Ordering::Relaxed);
                     if scan_done { break; }

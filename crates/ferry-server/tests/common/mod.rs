@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 pub struct TestServer {
     pub nbd: SocketAddr,
     pub admin: SocketAddr,
+    pub migration: Option<SocketAddr>,
     pub pool: PathBuf,
     pub state: Arc<ServerState>,
     shutdown: CancellationToken,
@@ -22,6 +23,12 @@ pub struct TestServer {
 
 impl TestServer {
     pub fn start(pool: &Path) -> TestServer {
+        Self::start_with(pool, |_| {})
+    }
+
+    /// Start with the configuration adjusted by `f` (listeners default to
+    /// 127.0.0.1:0).
+    pub fn start_with(pool: &Path, f: impl FnOnce(&mut Config)) -> TestServer {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -33,6 +40,7 @@ impl TestServer {
         };
         config.nbd.listen = "127.0.0.1:0".into();
         config.admin.listen = "127.0.0.1:0".into();
+        f(&mut config);
         let daemon = rt.block_on(Daemon::bind(config)).unwrap();
         let a = daemon.addrs();
         let state = daemon.state();
@@ -41,6 +49,7 @@ impl TestServer {
         TestServer {
             nbd: a.nbd.unwrap(),
             admin: a.admin.unwrap(),
+            migration: a.migration,
             pool: pool.to_path_buf(),
             state,
             shutdown,

@@ -1,0 +1,452 @@
+//! Live migration between two real daemons over TLS: local rebuild, the
+//! switch seen through `ferry host` by fio, refusals, and link faults and a
+//! destination restart injected with toxiproxy.
+
+mod common;
+#[path = "common/toxiproxy.rs"]
+mod toxiproxy;
+
+use common::{have, run, sha, TestServer};
+use ferry_server::migration::source::{start, MigrateRequest};
+use ferry_server::migration::tls::CertStore;
+use ferry_server::migration::{MigrationRun, Phase, Report};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+
+fn destination(pool: &Path) -> TestServer {
+    destination_on(pool, "127.0.0.1:0")
+}
+
+fn destination_on(pool: &Path, addr: &str) -> TestServer {
+    let addr = addr.to_string();
+    TestServer::start_with(pool, move |c| c.migration.listen = addr)
+}
+
+/// Each daemon trusts the other's certificate.
+fn trust_each_other(a: &Path, b: &Path) {
+    let (sa, sb) = (CertStore::new(a), CertStore::new(b));
+    sa.ensure_identity().unwrap();
+    sb.ensure_identity().unwrap();
+    sa.trust(&sb.cert_path(), Some("peer")).unwrap();
+    sb.trust(&sa.cert_path(), Some("peer")).unwrap();
+}
+
+/// Deterministic pseudo-random bytes.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn migrate(src: &TestServer, req: MigrateRequest) -> Arc<MigrationRun> {
+    let _g = src.rt().enter();
+    start(src.state.clone(), req).unwrap()
+}
+
+fn wait(run: &MigrationRun, limit: Duration) -> Report {
+    let deadline = Instant::now() + limit;
+    loop {
+        if matches!(run.phase(), Phase::Switched | Phase::Failed) {
+            if let Some(r) = run.report.lock().clone() {
+                return r;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "migration did not end: {}",
+            run.status()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn request(volume: &str, to: String) -> MigrateRequest {
+    MigrateRequest {
+        volume: volume.into(),
+        to,
+        ..MigrateRequest::default()
+    }
+}
+
+#[test]
+fn migration_rebuilds_local_blocks_sends_the_rest_and_switches() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+    let src = TestServer::start(&pa);
+    let dst = destination(&pb);
+    trust_each_other(&pa, &pb);
+
+    // The destination holds a base image; the source volume is that base
+    // plus new data, plus zeroes.
+    let base = noise(24 * MIB as usize, 7);
+    let extra = noise(8 * MIB as usize, 99);
+    let b = dst.create("base", 64 * MIB);
+    b.write_at(0, &base, false).unwrap();
+    ferry_server::indexer::rebuild_volume(&dst.state, &b).unwrap();
+    let v = src.create("vm", 64 * MIB);
+    v.write_at(0, &base, false).unwrap();
+    v.write_at(40 * MIB, &extra, false).unwrap();
+    let wwn = v.meta().wwn;
+
+    let to = dst.migration.unwrap().to_string();
+    let r = wait(&migrate(&src, request("vm", to)), Duration::from_secs(120));
+    assert_eq!(r.result, "switched", "{r:?}");
+    assert!(r.digest.matches);
+    assert_eq!(r.digest.source, r.digest.destination);
+    assert!(r.tls);
+    let base_chunks = 24 * MIB / 4096;
+    let extra_chunks = 8 * MIB / 4096;
+    assert_eq!(r.chunks.local, base_chunks, "{:?}", r.chunks);
+    assert_eq!(r.chunks.sent, extra_chunks, "{:?}", r.chunks);
+    assert_eq!(r.chunks.zero, 64 * MIB / 4096 - base_chunks - extra_chunks);
+    // Literal data is what crossed; fingerprints are small next to it.
+    assert!(r.bytes.data_raw == extra_chunks * 4096);
+    assert!(r.bytes.wire_tx < (8 + 2) * MIB, "{:?}", r.bytes);
+    assert_eq!(r.new_location.as_deref(), Some(&*dst.nbd.to_string()));
+
+    // The copy is whole, complete, exported, and keeps the identity.
+    let copy = dst.state.pool.get("vm").unwrap();
+    assert!(copy.incoming().is_none());
+    assert_eq!(copy.meta().wwn, wwn);
+    assert_eq!(sha(v.data_path()), sha(copy.data_path()));
+    if have("qemu-img") {
+        run(Command::new("qemu-img").args([
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            &v.data_path().display().to_string(),
+            &dst.uri("vm"),
+        ]));
+    }
+    // The source refuses writes and reads, and says where the volume went.
+    assert!(v.write_at(0, b"x", false).is_err());
+    assert_eq!(v.moved_to(), Some(dst.nbd.to_string()));
+    let e = src
+        .rt()
+        .block_on(ferry_client::NbdClient::connect(
+            &src.nbd.to_string(),
+            "vm",
+            &Default::default(),
+        ))
+        .err()
+        .expect("a moved export is refused");
+    assert!(e.to_string().contains(ferry_nbd::MOVED_PREFIX), "{e}");
+}
+
+#[test]
+fn index_off_sends_every_nonzero_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+    let src = TestServer::start(&pa);
+    let dst = destination(&pb);
+    trust_each_other(&pa, &pb);
+    let data = noise(4 * MIB as usize, 3);
+    let b = dst.create("base", 16 * MIB);
+    b.write_at(0, &data, false).unwrap();
+    ferry_server::indexer::rebuild_volume(&dst.state, &b).unwrap();
+    let v = src.create("vm", 16 * MIB);
+    v.write_at(MIB, &data, false).unwrap();
+    let mut req = request("vm", dst.migration.unwrap().to_string());
+    req.dedup = false;
+    let r = wait(&migrate(&src, req), Duration::from_secs(60));
+    assert_eq!(r.result, "switched", "{r:?}");
+    assert_eq!(r.chunks.local, 0);
+    assert_eq!(r.chunks.sent, 4 * MIB / 4096);
+    assert_eq!(
+        sha(v.data_path()),
+        sha(dst.state.pool.get("vm").unwrap().data_path())
+    );
+}
+
+#[test]
+fn untrusted_or_conflicting_destinations_refuse_and_the_source_is_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+    let src = TestServer::start(&pa);
+    let dst = destination(&pb);
+    let v = src.create("vm", 8 * MIB);
+    v.write_at(0, &noise(MIB as usize, 5), false).unwrap();
+    let before = sha(v.data_path());
+    let to = dst.migration.unwrap().to_string();
+
+    // No trust either way: the TLS handshake fails, nothing is created.
+    let mut req = request("vm", to.clone());
+    req.retry_for = Duration::ZERO;
+    let r = wait(&migrate(&src, req.clone()), Duration::from_secs(30));
+    assert_eq!(r.result, "failed");
+    assert!(dst.state.pool.get("vm").is_err());
+    assert!(v.moved_to().is_none());
+    v.write_at(0, b"still writable", false).unwrap();
+    v.write_at(0, &noise(MIB as usize, 5), false).unwrap();
+    assert!(v.bitmap_names().iter().all(|b| !b.starts_with("migration")));
+
+    // Trusted, but the name is taken there: refused, not retried.
+    trust_each_other(&pa, &pb);
+    dst.create("vm", 8 * MIB);
+    let r = wait(&migrate(&src, req), Duration::from_secs(30));
+    assert_eq!(r.result, "failed");
+    assert!(r.error.unwrap().contains("already exists"));
+    assert_eq!(r.attempts, 1);
+    assert_eq!(sha(v.data_path()), before);
+    assert!(v.moved_to().is_none());
+
+    // Plaintext is refused by a TLS listener (no Hello gets through).
+    let mut req = request("vm", to);
+    req.plaintext = true;
+    req.retry_for = Duration::ZERO;
+    let r = wait(&migrate(&src, req), Duration::from_secs(30));
+    assert_eq!(r.result, "failed");
+}
+
+#[test]
+fn fio_writes_through_ferry_host_see_no_error_across_the_switch() {
+    if !have("fio") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+    let src = TestServer::start(&pa);
+    let dst = destination(&pb);
+    trust_each_other(&pa, &pb);
+    let v = src.create("vm", 128 * MIB);
+    v.write_at(0, &noise(16 * MIB as usize, 11), false).unwrap();
+
+    // The agent, on its own runtime like a separate process.
+    let agent_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let up = Arc::new(
+        agent_rt
+            .block_on(ferry_host::Upstream::connect(
+                &src.nbd.to_string(),
+                "vm",
+                ferry_host::DEFAULT_HOLD,
+            ))
+            .unwrap(),
+    );
+    let listener = agent_rt
+        .block_on(ferry_host::Listener::bind("127.0.0.1:0"))
+        .unwrap();
+    let agent_addr = listener.local_addr().unwrap();
+    agent_rt.spawn(ferry_host::serve(listener, up.clone(), shutdown.clone()));
+
+    let fio = std::thread::spawn(move || {
+        Command::new("fio")
+            .args([
+                "--name=verify",
+                "--ioengine=nbd",
+                &format!("--uri=nbd://{agent_addr}/vm"),
+                "--rw=randwrite",
+                "--bs=4k",
+                "--iodepth=8",
+                "--offset=64m",
+                "--size=32m",
+                "--rate=2m",
+                "--time_based",
+                "--runtime=6",
+                "--verify=crc32c",
+                "--verify_fatal=1",
+                "--do_verify=1",
+            ])
+            .current_dir(std::env::temp_dir())
+            .output()
+            .unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut req = request("vm", dst.migration.unwrap().to_string());
+    req.bwlimit = 8 * MIB;
+    let r = wait(&migrate(&src, req), Duration::from_secs(120));
+    assert_eq!(r.result, "switched", "{r:?}");
+    let out = fio.join().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "fio failed:\n{text}");
+    assert!(text.contains("err= 0"), "{text}");
+    let (switches, _, _) = up.stats();
+    assert_eq!(switches, 1);
+    assert_eq!(up.server(), dst.nbd.to_string());
+    shutdown.cancel();
+}
+
+/// Wait until the destination copy holds `bytes` of data.
+fn wait_for_bytes_at(
+    dst: &TestServer,
+    name: &str,
+    bytes: u64,
+    deadline: Instant,
+    run: &MigrationRun,
+) {
+    loop {
+        if let Ok(v) = dst.state.pool.get(name) {
+            if v.allocated_bytes() >= bytes {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "no progress: {}", run.status());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_cut_link_resumes_without_resending_what_arrived() {
+    if !have("toxiproxy-server") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+    let src = TestServer::start(&pa);
+    let dst = destination(&pb);
+    trust_each_other(&pa, &pb);
+    let v = src.create("vm", 64 * MIB);
+    v.write_at(0, &noise(32 * MIB as usize, 21), false).unwrap();
+    let tp = toxiproxy::Toxiproxy::start();
+    let to = tp.proxy("mig", &dst.migration.unwrap().to_string());
+    // 16 MB/s, so the cut lands mid-transfer.
+    tp.add_toxic(
+        "mig",
+        "slow",
+        "bandwidth",
+        "upstream",
+        serde_json::json!({"rate": 16_000}),
+    );
+    let mut req = request("vm", to);
+    req.compress = false;
+    let run = migrate(&src, req);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    wait_for_bytes_at(&dst, "vm", 8 * MIB, deadline, &run);
+    tp.add_toxic(
+        "mig",
+        "cut",
+        "reset_peer",
+        "upstream",
+        serde_json::json!({"timeout": 0}),
+    );
+    while run
+        .counters
+        .attempts
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 2
+    {
+        assert!(Instant::now() < deadline, "no retry: {}", run.status());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    tp.remove_toxic("mig", "cut");
+    let r = wait(&run, Duration::from_secs(120));
+    assert_eq!(r.result, "switched", "{r:?}");
+    assert!(r.attempts >= 2, "{r:?}");
+    assert!(r.chunks.resumed > 0, "nothing kept: {:?}", r.chunks);
+    assert!(r.bytes.resent_after_failures > 0);
+    // The last attempt sent only what had not arrived before.
+    assert!(r.chunks.sent < 32 * MIB / 4096, "{:?}", r.chunks);
+    assert_eq!(
+        sha(v.data_path()),
+        sha(dst.state.pool.get("vm").unwrap().data_path())
+    );
+}
+
+#[test]
+fn a_restarted_destination_resumes_into_its_incomplete_copy() {
+    if !have("toxiproxy-server") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+    let src = TestServer::start(&pa);
+    let dst = destination(&pb);
+    trust_each_other(&pa, &pb);
+    let v = src.create("vm", 64 * MIB);
+    v.write_at(0, &noise(32 * MIB as usize, 33), false).unwrap();
+    let tp = toxiproxy::Toxiproxy::start();
+    let to = tp.proxy("mig", &dst.migration.unwrap().to_string());
+    tp.add_toxic(
+        "mig",
+        "slow",
+        "bandwidth",
+        "upstream",
+        serde_json::json!({"rate": 16_000}),
+    );
+    let mut req = request("vm", to);
+    req.compress = false;
+    let run = migrate(&src, req);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    wait_for_bytes_at(&dst, "vm", 8 * MIB, deadline, &run);
+    dst.stop();
+    // Back on the same pool, on a new port behind the same proxy.
+    let dst = destination(&pb);
+    let copy = dst.state.pool.get("vm").unwrap();
+    assert!(
+        copy.incoming().is_some(),
+        "the copy must be marked incomplete"
+    );
+    tp.set_upstream("mig", &dst.migration.unwrap().to_string());
+    tp.remove_toxic("mig", "slow");
+    let r = wait(&run, Duration::from_secs(120));
+    assert_eq!(r.result, "switched", "{r:?}");
+    assert!(r.attempts >= 2);
+    assert!(r.chunks.resumed > 0, "{:?}", r.chunks);
+    assert_eq!(
+        sha(v.data_path()),
+        sha(dst.state.pool.get("vm").unwrap().data_path())
+    );
+}
+
+#[test]
+fn writes_during_the_migration_arrive_and_auto_converge_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+    let src = TestServer::start(&pa);
+    let dst = destination(&pb);
+    trust_each_other(&pa, &pb);
+    let v = src.create("vm", 64 * MIB);
+    v.write_at(0, &noise(16 * MIB as usize, 44), false).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (v2, stop2) = (v.clone(), stop.clone());
+    // A guest writing as fast as it can, until the switch stops it.
+    let writer = std::thread::spawn(move || {
+        let mut n = 0u64;
+        let block = noise(64 << 10, 5);
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            let off = (n * 7919 % 1000) * (64 << 10);
+            if v2.write_at(off, &block, false).is_err() {
+                break;
+            }
+            n += 1;
+        }
+        n
+    });
+    let mut req = request("vm", dst.migration.unwrap().to_string());
+    req.bwlimit = 16 * MIB;
+    req.max_downtime = Duration::from_millis(50);
+    let r = wait(&migrate(&src, req), Duration::from_secs(120));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let writes = writer.join().unwrap();
+    assert!(r.converged, "{r:?}");
+    assert!(
+        r.auto_converge.max_delay_us > 0,
+        "the guest outran the link; it must be slowed: {r:?}"
+    );
+    assert_eq!(r.result, "switched", "{r:?}");
+    assert!(writes > 0);
+    assert!(r.rounds >= 1, "{r:?}");
+    assert!(r.chunks.dirty_resent > 0);
+    assert_eq!(
+        sha(v.data_path()),
+        sha(dst.state.pool.get("vm").unwrap().data_path())
+    );
+}
