@@ -11,7 +11,7 @@ want_test=0
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(build-essential pkg-config ca-certificates curl e2fsprogs)
 if [ "$want_test" = 1 ]; then
-  pkgs+=(qemu-utils libnbd-bin nbdkit fio python3)
+  pkgs+=(qemu-utils libnbd-bin nbdkit fio python3 rsync)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
@@ -36,6 +36,23 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 if command -v rustup >/dev/null 2>&1; then
   rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt || true
+fi
+
+# toxiproxy: the emulated WAN of the demo, and link faults in the tests. Pinned.
+if ! command -v toxiproxy-server >/dev/null 2>&1; then
+  GO=$(command -v go || true)
+  [ -z "$GO" ] && [ -x /usr/local/go/bin/go ] && GO=/usr/local/go/bin/go
+  if [ -z "$GO" ]; then
+    apt-get install -y -q golang-go
+    GO=$(command -v go)
+  fi
+  # v2.9.0 needs Go 1.22; Debian 12's Go 1.19 builds v2.5.0 (same API).
+  if "$GO" version | grep -Eq 'go1\.(1[0-9]|2[01])([. ]|$)'; then tp=v2.5.0; else tp=v2.9.0; fi
+  echo "== go install toxiproxy $tp"
+  tmp=$(mktemp -d)
+  GOBIN="$tmp" "$GO" install "github.com/Shopify/toxiproxy/v2/cmd/server@$tp"
+  install -m 0755 "$tmp/server" /usr/local/bin/toxiproxy-server
+  rm -rf "$tmp"
 fi
 
 if [ "$want_test" = 1 ]; then

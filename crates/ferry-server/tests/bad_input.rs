@@ -373,3 +373,196 @@ fn disc_drains_in_flight_writes_before_closing() {
     v.read_at(0, &mut data).unwrap();
     assert!(data.iter().all(|&x| x == 0x77));
 }
+
+// ---- the migration listener -------------------------------------------
+
+mod migration_input {
+    use super::common::TestServer;
+    use bytes::{Bytes, BytesMut};
+    use ferry_migration::{Encoding, FrameDecoder, Message, PrintEntry, VolumeDescriptor};
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+
+    /// A destination whose loopback listener speaks plaintext, so the tests
+    /// can write frames by hand.
+    fn plaintext_destination(pool: &std::path::Path) -> TestServer {
+        TestServer::start_with(pool, |c| {
+            c.migration.listen = "127.0.0.1:0".into();
+            c.migration.plaintext = true;
+        })
+    }
+
+    fn hello(name: &str, size: u64, chunk: u32, id: u8) -> Message {
+        Message::Hello {
+            min_version: 1,
+            max_version: 1,
+            migration_id: [id; 16],
+            volume: VolumeDescriptor {
+                name: name.into(),
+                size,
+                block_size: 512,
+                chunk_size: chunk,
+                uuid: [id; 16],
+                wwn: "naa.3000000000000001".into(),
+            },
+        }
+    }
+
+    fn connect(s: &TestServer) -> TcpStream {
+        let c = TcpStream::connect(s.migration.unwrap()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c
+    }
+
+    fn send(c: &mut TcpStream, m: &Message) {
+        let mut b = BytesMut::new();
+        m.encode(&mut b);
+        c.write_all(&b).unwrap();
+    }
+
+    /// Read until one message arrives or the peer closes (`None`).
+    fn recv(c: &mut TcpStream) -> Option<Message> {
+        let mut buf = BytesMut::new();
+        let mut d = FrameDecoder::new();
+        let mut tmp = [0u8; 4096];
+        loop {
+            if let Ok(Some(m)) = d.decode(&mut buf) {
+                return Some(m);
+            }
+            match c.read(&mut tmp) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => buf.extend_from_slice(&tmp[..n]),
+            }
+        }
+    }
+
+    fn welcomed(c: &mut TcpStream) {
+        match recv(c) {
+            Some(Message::Welcome { .. }) => {}
+            other => panic!("expected Welcome, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn garbage_and_bad_hellos_are_refused_without_creating_anything() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = plaintext_destination(dir.path());
+        let mut c = connect(&s);
+        c.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        assert!(recv(&mut c).is_none(), "garbage must close the link");
+
+        let mut c = connect(&s);
+        send(&mut c, &hello("odd", 1 << 20, 1000, 1));
+        assert!(matches!(recv(&mut c), Some(Message::Refuse { .. })));
+
+        // A size whose chunk table would not fit in memory.
+        let mut c = connect(&s);
+        send(&mut c, &hello("huge", 1 << 60, 4096, 8));
+        assert!(matches!(recv(&mut c), Some(Message::Refuse { .. })));
+
+        let mut c = connect(&s);
+        send(&mut c, &hello("../escape", 1 << 20, 4096, 2));
+        assert!(matches!(recv(&mut c), Some(Message::Refuse { .. })));
+
+        let mut c = connect(&s);
+        let mut h = hello("v2", 1 << 20, 4096, 3);
+        if let Message::Hello {
+            min_version,
+            max_version,
+            ..
+        } = &mut h
+        {
+            *min_version = 7;
+            *max_version = 9;
+        }
+        send(&mut c, &h);
+        assert!(matches!(recv(&mut c), Some(Message::Refuse { .. })));
+        assert!(s.state.pool.list().is_empty());
+    }
+
+    #[test]
+    fn bad_frames_mid_migration_drop_the_link_and_leave_the_copy_incomplete() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = plaintext_destination(dir.path());
+        let size = 1u64 << 20;
+
+        // Fingerprints past the end.
+        let mut c = connect(&s);
+        send(&mut c, &hello("a", size, 4096, 4));
+        welcomed(&mut c);
+        send(
+            &mut c,
+            &Message::Prints {
+                first_chunk: 10_000,
+                entries: vec![PrintEntry::Print([1; 32])],
+            },
+        );
+        assert!(recv(&mut c).is_none());
+
+        // Data that is not zstd, and data past the end.
+        let mut c = connect(&s);
+        send(&mut c, &hello("b", size, 4096, 5));
+        welcomed(&mut c);
+        send(
+            &mut c,
+            &Message::Data {
+                offset: 0,
+                encoding: Encoding::Zstd,
+                raw_len: 4096,
+                bytes: Bytes::from_static(b"not zstd at all"),
+            },
+        );
+        assert!(recv(&mut c).is_none());
+        let mut c = connect(&s);
+        send(&mut c, &hello("c", size, 4096, 6));
+        welcomed(&mut c);
+        send(
+            &mut c,
+            &Message::Data {
+                offset: size,
+                encoding: Encoding::Raw,
+                raw_len: 4096,
+                bytes: Bytes::from(vec![7u8; 4096]),
+            },
+        );
+        assert!(recv(&mut c).is_none());
+
+        // A switch without a matching digest is refused.
+        let mut c = connect(&s);
+        send(&mut c, &hello("d", size, 4096, 7));
+        welcomed(&mut c);
+        send(
+            &mut c,
+            &Message::Switch {
+                location: String::new(),
+            },
+        );
+        assert!(matches!(recv(&mut c), Some(Message::Abort { .. })));
+
+        for name in ["a", "b", "c", "d"] {
+            let v = s.state.pool.get(name).unwrap();
+            assert!(v.incoming().is_some(), "{name} must stay incomplete");
+        }
+        // Incomplete copies are not exported.
+        let r = s.rt().block_on(ferry_client::NbdClient::connect(
+            &s.nbd.to_string(),
+            "b",
+            &Default::default(),
+        ));
+        assert!(r.is_err());
+        // The same id resumes; another id for the same name is refused.
+        let mut c = connect(&s);
+        send(&mut c, &hello("b", size, 4096, 5));
+        assert!(matches!(
+            recv(&mut c),
+            Some(Message::Welcome {
+                resume: Some(_),
+                ..
+            })
+        ));
+        let mut c = connect(&s);
+        send(&mut c, &hello("b", size, 4096, 9));
+        assert!(matches!(recv(&mut c), Some(Message::Refuse { .. })));
+    }
+}

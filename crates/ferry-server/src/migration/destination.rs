@@ -341,6 +341,8 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
         Err(format!(
             "chunk size {chunk} is not a power of two from 512 B to 64 KiB"
         ))
+    } else if let Err(e) = super::check_chunks(desc.size, chunk) {
+        Err(e)
     } else {
         tokio::task::spawn_blocking(move || prepare(&st, &id2, &d2, peer))
             .await

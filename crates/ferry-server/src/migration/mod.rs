@@ -320,6 +320,22 @@ struct TableInner {
     groups: Vec<Option<[u8; 32]>>,
 }
 
+/// Most chunks one migration tracks (16 B of RAM each at both ends): 1 TiB
+/// at the default 4 KiB chunk. Larger volumes need a larger
+/// `index.block_size`.
+pub const MAX_CHUNKS: u64 = 1 << 28;
+
+/// Refuse volumes whose chunk table would be too large.
+pub fn check_chunks(size: u64, chunk: u32) -> Result<(), String> {
+    let n = size.div_ceil(u64::from(chunk.max(1)));
+    if n > MAX_CHUNKS {
+        return Err(format!(
+            "a volume of {size} bytes has {n} chunks of {chunk} bytes; a migration tracks at most {MAX_CHUNKS} (use a larger index.block_size)"
+        ));
+    }
+    Ok(())
+}
+
 /// Entries per digest group.
 const GROUP: usize = 4096;
 

@@ -98,6 +98,8 @@ pub fn start(
             req.volume, r.id
         )));
     }
+    super::check_chunks(vol.size(), state.config.index.block_size)
+        .map_err(MigrationError::Invalid)?;
     if req.to.is_empty() {
         return Err(MigrationError::Invalid("no destination given".into()));
     }
@@ -710,8 +712,8 @@ async fn run_phases(
     run.set_phase(Phase::Rounds);
     let t_rounds = Instant::now();
     let budget = req.max_downtime.as_secs_f64() * 0.5;
-    let mut prev_dirty = u64::MAX;
     let mut throttle = Duration::ZERO;
+    let mut since_take = t_start;
     let mut converged = true;
     loop {
         let dirty = bm.dirty_bytes();
@@ -725,15 +727,18 @@ async fn run_phases(
             tracing::warn!(migration = %run.id, dirty, "round limit reached; pausing longer than the target");
             break;
         }
-        // Auto-converge: the guest dirties as fast as the link drains.
-        if round >= 2 && dirty.saturating_mul(10) > prev_dirty.saturating_mul(9) {
-            throttle = (throttle * 2).clamp(Duration::from_micros(500), Duration::from_millis(100));
+        // Auto-converge: when the guest dirties more than half of what the
+        // link drains, it would never fit the pause; slow its writes
+        // (doubling the per-write delay each round it still does).
+        let dirty_rate = dirty as f64 / since_take.elapsed().as_secs_f64().max(1e-3);
+        if dirty_rate > rate * 0.5 {
+            throttle = (throttle * 2).clamp(Duration::from_millis(1), Duration::from_millis(100));
             vol.gate().set_throttle(throttle);
             c.throttle_us
                 .fetch_max(throttle.as_micros() as u64, Ordering::Relaxed);
-            tracing::info!(migration = %run.id, ?throttle, "auto-converge: slowing guest writes");
+            tracing::info!(migration = %run.id, ?throttle, dirty_rate, link_rate = rate, "auto-converge: slowing guest writes");
         }
-        prev_dirty = dirty;
+        since_take = Instant::now();
         let t = Instant::now();
         let tx0 = run.wire.tx.load(Ordering::Relaxed);
         let ranges = coalesce(bm.take().into_iter().map(|o| o / u64::from(chunk)));
