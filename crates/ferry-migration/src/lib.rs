@@ -44,5 +44,8 @@ pub const VERSION: u16 = 1;
 pub const MAX_PAYLOAD: u32 = 64 << 20;
 /// Frame header length.
 pub const HEADER_LEN: usize = 12;
+/// Largest zstd window (log2 bytes) of an `Encoding::ZstdStream`: a
+/// decoder needs this much memory, and refuses streams that ask for more.
+pub const STREAM_WINDOW_LOG: u32 = 27;
 /// Frame magic, "FRYM".
 pub const MAGIC: u32 = 0x4652_594d;

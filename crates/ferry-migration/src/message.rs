@@ -68,7 +68,12 @@ pub struct ResumePoint {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Encoding {
     Raw = 1,
+    /// One zstd frame of its own.
     Zstd = 2,
+    /// The next flushed piece of one zstd stream that runs through the whole
+    /// connection (window up to [`crate::STREAM_WINDOW_LOG`], long-distance
+    /// matching): decodable only in order, after every earlier piece.
+    ZstdStream = 3,
 }
 
 /// A protocol message.
@@ -425,6 +430,7 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
             let encoding = match p.u8()? {
                 1 => Encoding::Raw,
                 2 => Encoding::Zstd,
+                3 => Encoding::ZstdStream,
                 e => return Err(malformed(what, format!("encoding {e}"))),
             };
             let raw_len = p.u32()?;

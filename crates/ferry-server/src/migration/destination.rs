@@ -161,6 +161,8 @@ struct Receiver {
     chunk: u64,
     resumed: bool,
     use_index: bool,
+    /// The connection's zstd stream, once the first piece arrives.
+    stream: parking_lot::Mutex<Option<super::stream::StreamDecoder>>,
 }
 
 impl Receiver {
@@ -277,6 +279,17 @@ impl Receiver {
                 zstd::bulk::decompress(bytes, raw_len as usize)
                     .map_err(|e| MigrationError::Invalid(format!("bad zstd data: {e}")))?,
             ),
+            Encoding::ZstdStream => {
+                let mut st = self.stream.lock();
+                let dec = match st.as_mut() {
+                    Some(d) => d,
+                    None => st.insert(super::stream::StreamDecoder::new()?),
+                };
+                std::borrow::Cow::Owned(
+                    dec.piece(bytes, raw_len as usize)
+                        .map_err(|e| MigrationError::Invalid(format!("bad zstd stream: {e}")))?,
+                )
+            }
         };
         if raw.len() != raw_len as usize {
             return Err(MigrationError::Invalid(format!(
@@ -380,6 +393,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
         chunk: u64::from(chunk),
         resumed,
         use_index: chunk == state.index.block_size(),
+        stream: parking_lot::Mutex::new(None),
     });
     let mut stats = FillStats::default();
     let mut digest_ok: Option<bool> = None;
@@ -430,8 +444,15 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
                 blocking(move || r.data(offset, encoding, raw_len, &bytes)).await?;
             }
             Message::RoundEnd { round, .. } => {
-                let v = vol.clone();
-                blocking(move || v.flush().map_err(Into::into)).await?;
+                // Flush, and hash the digest groups so the pause only
+                // re-hashes what the last chunks change.
+                let r = rx.clone();
+                blocking(move || {
+                    r.vol.flush()?;
+                    r.table.digest();
+                    Ok(())
+                })
+                .await?;
                 send(&mut wr, &Message::Synced { round }).await?;
             }
             Message::Pause => {}

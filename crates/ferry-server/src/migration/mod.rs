@@ -16,6 +16,7 @@
 
 pub mod destination;
 pub mod source;
+mod stream;
 pub mod tls;
 mod transport;
 

@@ -324,7 +324,8 @@ struct Sender {
     table: Arc<ChunkTable>,
     run: Arc<MigrationRun>,
     chunk: u64,
-    compress: bool,
+    /// The connection's zstd stream, when compressing.
+    stream: Option<parking_lot::Mutex<super::stream::StreamEncoder>>,
 }
 
 impl Sender {
@@ -350,13 +351,6 @@ impl Sender {
                 buf.resize(len as usize, 0);
                 self.vol.read_at(off, &mut buf)?;
                 self.table.record(c, &buf);
-                let (encoding, bytes) = self.encode(&buf);
-                let m = Message::Data {
-                    offset: off,
-                    encoding,
-                    raw_len: len as u32,
-                    bytes,
-                };
                 let k = &self.run.counters;
                 k.bytes_data_raw.fetch_add(len, Ordering::Relaxed);
                 if dirty {
@@ -364,27 +358,49 @@ impl Sender {
                 } else {
                     k.chunks_sent.fetch_add(n, Ordering::Relaxed);
                 }
-                self.send(frame(Kind::Data, &m))?;
+                self.send_data(off, &buf)?;
                 c += n;
             }
         }
         Ok(())
     }
 
-    fn encode(&self, raw: &[u8]) -> (Encoding, Bytes) {
-        if self.compress {
-            if let Ok(z) = zstd::bulk::compress(raw, 1) {
-                if z.len() < raw.len() - raw.len() / 16 {
-                    return (Encoding::Zstd, Bytes::from(z));
-                }
+    /// Queue one `Data` frame; literal data goes through the connection's
+    /// zstd stream (under its lock, so pieces leave in stream order).
+    fn send_data(&self, offset: u64, raw: &[u8]) -> Result<(), MigrationError> {
+        let raw_len = raw.len() as u32;
+        match &self.stream {
+            Some(st) => {
+                let mut st = st.lock();
+                let z = st.piece(raw)?;
+                let m = Message::Data {
+                    offset,
+                    encoding: Encoding::ZstdStream,
+                    raw_len,
+                    bytes: Bytes::from(z),
+                };
+                self.send(frame(Kind::Data, &m))
+            }
+            None => {
+                let m = Message::Data {
+                    offset,
+                    encoding: Encoding::Raw,
+                    raw_len,
+                    bytes: Bytes::copy_from_slice(raw),
+                };
+                self.send(frame(Kind::Data, &m))
             }
         }
-        (Encoding::Raw, Bytes::copy_from_slice(raw))
     }
 
-    /// Phase 1: fingerprint every chunk; zero runs as intervals. Returns
-    /// the non-zero chunks when fingerprints are off (they are all sent).
-    fn scan(&self, dedup: bool) -> Result<Vec<(u64, u32)>, MigrationError> {
+    /// Phase 1: fingerprint every chunk; zero runs as intervals. When
+    /// fingerprints are off, the non-zero chunks go to `literal_tx` segment
+    /// by segment instead (they are all sent).
+    fn scan(
+        &self,
+        dedup: bool,
+        literal_tx: &mpsc::UnboundedSender<Vec<(u64, u32)>>,
+    ) -> Result<(), MigrationError> {
         let size = self.vol.size();
         let chunks = self.table.chunks();
         const SEGMENT: u64 = 8 << 20;
@@ -442,11 +458,15 @@ impl Sender {
                 }
                 off += n;
             }
+            if !literal.is_empty() {
+                literal_tx
+                    .send(coalesce(literal.drain(..)))
+                    .map_err(|_| link_closed())?;
+            }
             pos += seg;
         }
         flush(&mut entries, &mut first, chunks)?;
-        self.send(frame(Kind::Protocol, &Message::PrintsDone))?;
-        Ok(coalesce(literal))
+        self.send(frame(Kind::Protocol, &Message::PrintsDone))
     }
 }
 
@@ -639,7 +659,11 @@ async fn run_phases(
         table: table.clone(),
         run: run.clone(),
         chunk: u64::from(chunk),
-        compress: req.compress,
+        stream: if req.compress {
+            Some(parking_lot::Mutex::new(super::stream::StreamEncoder::new()?))
+        } else {
+            None
+        },
     });
 
     // Phases 1 and 2. Everything written from here on is marked in `bm`;
@@ -650,8 +674,9 @@ async fn run_phases(
     bm.take();
     let s = sender.clone();
     let dedup = req.dedup;
-    let mut scan = tokio::task::spawn_blocking(move || s.scan(dedup));
     let (want_tx, mut want_rx) = mpsc::unbounded_channel::<Vec<(u64, u32)>>();
+    let literal_tx = want_tx.clone();
+    let mut scan = tokio::task::spawn_blocking(move || s.scan(dedup, &literal_tx));
     let s = sender.clone();
     let data_task = tokio::task::spawn_blocking(move || {
         while let Some(r) = want_rx.blocking_recv() {
@@ -664,10 +689,7 @@ async fn run_phases(
         tokio::select! {
             r = &mut scan, if !scan_done => {
                 scan_done = true;
-                let literal = r.map_err(|e| MigrationError::Invalid(format!("scan failed: {e}")))??;
-                if !literal.is_empty() {
-                    let _ = want_tx.send(literal);
-                }
+                r.map_err(|e| MigrationError::Invalid(format!("scan failed: {e}")))??;
             }
             m = next_msg(in_rx, ANSWER_TIMEOUT, Some(&run.cancel)) => match m? {
                 Message::Want { ranges } => {
@@ -681,11 +703,8 @@ async fn run_phases(
                     c.chunks_buddy.store(buddy_chunks, Ordering::Relaxed);
                     if scan_done { break; }
                     // The destination finished before our scan did: wait for it.
-                    let literal = (&mut scan).await
+                    (&mut scan).await
                         .map_err(|e| MigrationError::Invalid(format!("scan failed: {e}")))??;
-                    if !literal.is_empty() {
-                        let _ = want_tx.send(literal);
-                    }
                     break;
                 }
                 m => return Err(unexpected(&m, "waiting for wants")),
@@ -757,7 +776,10 @@ async fn run_phases(
     }
     let rounds_s = t_rounds.elapsed().as_secs_f64();
 
-    // Phase 4: pause, send the rest, digest, switch.
+    // Phase 4: pause, send the rest, digest, switch. Hash the digest groups
+    // now, so the pause re-hashes only what the last chunks change.
+    let t = table.clone();
+    blocking(move || Ok(t.digest())).await?;
     run.set_phase(Phase::Paused);
     tx.send(frame(Kind::Protocol, &Message::Pause))
         .await

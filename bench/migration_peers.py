@@ -1,0 +1,402 @@
+#!/usr/bin/env python3
+"""Moving a disk image across an emulated WAN: ferry against its peers.
+
+The destination already holds a base OS image; the source holds a bigger
+install of the same OS (or, for the cross pair, of the previous release).
+Over the same toxiproxy link (bandwidth cap each way, latency each way),
+one after the other in one run, this measures bytes through the link and
+wall time for:
+
+  ferry          ferry migrate (fingerprints first, rebuild from local blocks)
+  ferry-noindex  ferry migrate --no-dedup (every non-zero block sent: the seed's baseline)
+  qemu-mirror    qemu-storage-daemon blockdev-mirror (sync=full) to an NBD export at the destination
+  rsync          rsync -z --inplace --no-whole-file, the base image as basis (rsync daemon)
+  casync         casync make at the source, casync extract --seed=base at the destination over HTTP
+
+and the pause of a ferry migration with an idle volume and under a steady
+random-write load (through ferry host). Images come from bench/similarity.sh
+(debootstrap + mke2fs -d). Prints a markdown table; --json for raw results.
+
+  python3 bench/migration_peers.py [--rtt 20 --rtt 100] [--mbit 100] [--pairs same,cross]
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FERRY = os.path.join(ROOT, "target", "release", "ferry")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def http(method, url, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.read()
+
+
+def wait_http(url, secs=30):
+    end = time.time() + secs
+    while time.time() < end:
+        try:
+            http("GET", url)
+            return
+        except Exception:
+            time.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def wait_port(port, secs=30):
+    end = time.time() + secs
+    while time.time() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"port {port} did not open")
+
+
+class Link:
+    """A toxiproxy proxy with a bandwidth cap and latency on both streams."""
+
+    def __init__(self, work, mbit, rtt_ms):
+        self.api_port = free_port()
+        self.proc = subprocess.Popen(
+            ["toxiproxy-server", "-host", "127.0.0.1", "-port", str(self.api_port), "-proxy-metrics"],
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "toxiproxy.log"), "w"))
+        self.api = f"http://127.0.0.1:{self.api_port}"
+        wait_http(self.api + "/version")
+        self.kbps = int(mbit * 1000 / 8)
+        self.rtt = rtt_ms
+        self.n = 0
+
+    def proxy(self, upstream):
+        """A new proxy (fresh byte counters) to `upstream`; returns its port."""
+        self.n += 1
+        name = f"p{self.n}"
+        port = free_port()
+        http("POST", self.api + "/proxies",
+             {"name": name, "listen": f"127.0.0.1:{port}", "upstream": upstream, "enabled": True})
+        for s in ("upstream", "downstream"):
+            http("POST", f"{self.api}/proxies/{name}/toxics",
+                 {"name": f"rate-{s}", "type": "bandwidth", "stream": s, "attributes": {"rate": self.kbps}})
+            http("POST", f"{self.api}/proxies/{name}/toxics",
+                 {"name": f"delay-{s}", "type": "latency", "stream": s,
+                  "attributes": {"latency": self.rtt // 2}})
+        return name, port
+
+    def bytes(self, name):
+        """Bytes carried by proxy `name`, both directions (toxiproxy metrics)."""
+        text = http("GET", self.api + "/metrics").decode()
+        total = 0
+        for line in text.splitlines():
+            if line.startswith("toxiproxy_proxy_sent_bytes_total") and f'proxy="{name}"' in line:
+                total += int(float(line.rsplit(" ", 1)[1]))
+        return total
+
+    def close(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+class Daemon:
+    def __init__(self, pool, migrate=False):
+        self.nbd, self.admin = free_port(), free_port()
+        args = [FERRY, "serve", "--pool", pool, "--nbd", f"127.0.0.1:{self.nbd}",
+                "--admin", f"127.0.0.1:{self.admin}"]
+        self.mig = None
+        if migrate:
+            self.mig = free_port()
+            args += ["--migrate", f"127.0.0.1:{self.mig}"]
+        env = dict(os.environ, FERRY_LOG="warn")
+        self.proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL,
+                                     stderr=open(pool + ".log", "w"))
+        wait_http(f"http://127.0.0.1:{self.admin}/v1/server")
+
+    def ferry(self, *args):
+        env = dict(os.environ, FERRY_ADMIN=f"127.0.0.1:{self.admin}")
+        return subprocess.run([FERRY, *args], env=env, check=True, capture_output=True, text=True).stdout
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def volume_size(path):
+    return os.path.getsize(path)
+
+
+def run_ferry(work, link, base, image, dedup=True, load=False):
+    pa, pb = os.path.join(work, "a"), os.path.join(work, "b")
+    for p in (pa, pb):
+        shutil.rmtree(p, ignore_errors=True)
+    subprocess.run([FERRY, "certs", "show", "--pool", pa], check=True, capture_output=True)
+    subprocess.run([FERRY, "certs", "show", "--pool", pb], check=True, capture_output=True)
+    subprocess.run([FERRY, "certs", "trust", f"{pb}/tls/cert.pem", "--pool", pa], check=True, capture_output=True)
+    subprocess.run([FERRY, "certs", "trust", f"{pa}/tls/cert.pem", "--pool", pb], check=True, capture_output=True)
+    src, dst = Daemon(pa), Daemon(pb, migrate=True)
+    extra = []
+    try:
+        dst.ferry("volume", "create", "base", "--size", str(volume_size(base)))
+        dst.ferry("volume", "import", "base", base)
+        src.ferry("volume", "create", "vm", "--size", str(volume_size(image)))
+        src.ferry("volume", "import", "vm", image)
+        name, port = link.proxy(f"127.0.0.1:{dst.mig}")
+        if load:
+            hport = free_port()
+            extra.append(subprocess.Popen(
+                [FERRY, "host", "--server", f"127.0.0.1:{src.nbd}", "--volume", "vm",
+                 "--listen", f"127.0.0.1:{hport}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            wait_port(hport)
+            extra.append(subprocess.Popen(
+                [FERRY, "bench", "--nbd", f"127.0.0.1:{hport}", "--export", "vm", "--rw", "randwrite",
+                 "--bs", "4K", "--iodepth", "1", "--range", "256M", "--runtime", "600"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            time.sleep(2)
+        args = ["migrate", "vm", "--to", f"127.0.0.1:{port}", "--json", "--max-downtime", "100ms"]
+        if not dedup:
+            args.append("--no-dedup")
+        t = time.time()
+        report = json.loads(src.ferry(*args))
+        secs = time.time() - t
+        return {"bytes": link.bytes(name), "seconds": secs, "report": report}
+    finally:
+        for p in extra:
+            p.kill()
+            p.wait()
+        src.stop()
+        dst.stop()
+
+
+def qmp(sock_path):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sock_path)
+    f = s.makefile("rw")
+    json.loads(f.readline())
+    f.write(json.dumps({"execute": "qmp_capabilities"}) + "\n")
+    f.flush()
+    json.loads(f.readline())
+
+    def call(cmd, **args):
+        f.write(json.dumps({"execute": cmd, "arguments": args}) + "\n")
+        f.flush()
+        while True:
+            m = json.loads(f.readline())
+            if "return" in m or "error" in m:
+                if "error" in m:
+                    raise RuntimeError(f"{cmd}: {m['error']}")
+                return m["return"]
+    return call
+
+
+def run_qemu_mirror(work, link, image):
+    target = os.path.join(work, "mirror-target.raw")
+    with open(target, "wb") as f:
+        f.truncate(volume_size(image))
+    nport = free_port()
+    dst = subprocess.Popen(
+        ["qemu-storage-daemon", "--blockdev", f"file,filename={target},node-name=t",
+         "--nbd-server", f"addr.type=inet,addr.host=127.0.0.1,addr.port={nport}",
+         "--export", "type=nbd,id=e,node-name=t,name=t,writable=on"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(nport)
+    name, port = link.proxy(f"127.0.0.1:{nport}")
+    qsock = os.path.join(work, "qmp.sock")
+    src = subprocess.Popen(
+        ["qemu-storage-daemon", "--blockdev", f"file,filename={image},node-name=s,read-only=on",
+         "--chardev", f"socket,id=q,path={qsock},server=on,wait=off", "--monitor", "chardev=q"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            if os.path.exists(qsock):
+                break
+            time.sleep(0.05)
+        call = qmp(qsock)
+        t = time.time()
+        call("blockdev-add", driver="nbd", **{"node-name": "tgt"},
+             server={"type": "inet", "host": "127.0.0.1", "port": str(port)}, export="t")
+        call("blockdev-mirror", **{"job-id": "m"}, device="s", target="tgt", sync="full")
+        while True:
+            jobs = call("query-jobs")
+            st = jobs[0]["status"] if jobs else "gone"
+            if st == "ready":
+                call("job-complete", id="m")
+            if st in ("concluded", "gone", "null"):
+                break
+            time.sleep(0.1)
+        secs = time.time() - t
+    finally:
+        for p in (src, dst):
+            p.kill()
+            p.wait()
+    # toxiproxy counts a connection's bytes when it closes.
+    ok = subprocess.run(["cmp", "-s", image, target]).returncode == 0
+    os.unlink(target)
+    return {"bytes": link.bytes(name), "seconds": secs, "verified": ok}
+
+
+def run_rsync(work, link, base, image):
+    d = os.path.join(work, "rsync-dst")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    rport = free_port()
+    conf = os.path.join(work, "rsyncd.conf")
+    with open(conf, "w") as f:
+        f.write(f"port = {rport}\naddress = 127.0.0.1\nuse chroot = no\n"
+                f"[m]\npath = {d}\nread only = no\nuid = root\ngid = root\n")
+    daemon = subprocess.Popen(["rsync", "--daemon", "--no-detach", f"--config={conf}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(rport)
+    name, port = link.proxy(f"127.0.0.1:{rport}")
+    try:
+        t = time.time()
+        # The basis: the destination's base image, copied locally under the new name.
+        subprocess.run(["cp", "--sparse=always", base, os.path.join(d, "vm.img")], check=True)
+        subprocess.run(["rsync", "-z", "--inplace", "--no-whole-file", image,
+                        f"rsync://127.0.0.1:{port}/m/vm.img"], check=True)
+        secs = time.time() - t
+        ok = subprocess.run(["cmp", "-s", image, os.path.join(d, "vm.img")]).returncode == 0
+        return {"bytes": link.bytes(name), "seconds": secs, "verified": ok}
+    finally:
+        daemon.kill()
+        daemon.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def run_casync(work, link, base, image):
+    s = os.path.join(work, "casync-src")
+    shutil.rmtree(s, ignore_errors=True)
+    os.makedirs(s)
+    hport = free_port()
+    srv = subprocess.Popen([sys.executable, "-m", "http.server", str(hport), "--bind", "127.0.0.1",
+                            "--directory", s], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(hport)
+    name, port = link.proxy(f"127.0.0.1:{hport}")
+    out = os.path.join(work, "casync-out.img")
+    try:
+        t = time.time()
+        subprocess.run(["casync", "make", f"--store={s}/store.castr", f"{s}/vm.caibx", image],
+                       check=True, capture_output=True)
+        subprocess.run(["casync", "extract", f"--store=http://127.0.0.1:{port}/store.castr",
+                        f"--seed={base}", f"http://127.0.0.1:{port}/vm.caibx", out],
+                       check=True, capture_output=True)
+        secs = time.time() - t
+        ok = subprocess.run(["cmp", "-s", image, out]).returncode == 0
+        return {"bytes": link.bytes(name), "seconds": secs, "verified": ok}
+    finally:
+        srv.kill()
+        srv.wait()
+        shutil.rmtree(s, ignore_errors=True)
+        if os.path.exists(out):
+            os.unlink(out)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rtt", type=int, action="append", help="round-trip time in ms (repeatable)")
+    ap.add_argument("--mbit", type=float, default=100)
+    ap.add_argument("--pairs", default="same", help="same,cross")
+    ap.add_argument("--peers", default="ferry,ferry-noindex,qemu-mirror,rsync,casync")
+    ap.add_argument("--images", default="/tmp/ferry-similarity")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    rtts = a.rtt or [20, 100]
+    if not all(os.path.exists(os.path.join(a.images, f)) for f in ("min.img", "lamp.img")):
+        subprocess.run(["bash", os.path.join(ROOT, "bench", "similarity.sh"), a.images], check=True)
+    if "cross" in a.pairs and not os.path.exists(os.path.join(a.images, "trixie-min.img")):
+        subprocess.run(["bash", os.path.join(ROOT, "bench", "similarity.sh"), a.images],
+                       env=dict(os.environ, RELEASE="trixie"), check=True)
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "ferry-cli"], cwd=ROOT, check=True)
+    pairs = {
+        "same": (os.path.join(a.images, "min.img"), os.path.join(a.images, "lamp.img")),
+        "cross": (os.path.join(a.images, "trixie-min.img"), os.path.join(a.images, "lamp.img")),
+    }
+    results = []
+    work = tempfile.mkdtemp(prefix="ferry-migbench-")
+    try:
+        for pair in a.pairs.split(","):
+            base, image = pairs[pair]
+            for rtt in rtts:
+                link = Link(work, a.mbit, rtt)
+                try:
+                    for peer in a.peers.split(","):
+                        if peer == "ferry":
+                            r = run_ferry(work, link, base, image)
+                        elif peer == "ferry-noindex":
+                            r = run_ferry(work, link, base, image, dedup=False)
+                        elif peer == "qemu-mirror":
+                            r = run_qemu_mirror(work, link, image)
+                        elif peer == "rsync":
+                            r = run_rsync(work, link, base, image)
+                        elif peer == "casync":
+                            r = run_casync(work, link, base, image)
+                        else:
+                            raise SystemExit(f"unknown peer {peer}")
+                        r.update(pair=pair, rtt=rtt, peer=peer)
+                        results.append(r)
+                        print(f"{pair} rtt={rtt}ms {peer}: {r['bytes'] / 1e6:.1f} MB, {r['seconds']:.1f} s",
+                              file=sys.stderr, flush=True)
+                    if "ferry" in a.peers.split(","):
+                        for load in (False, True):
+                            r = run_ferry(work, link, base, image, load=load)
+                            r.update(pair=pair, rtt=rtt, peer="ferry-pause-" + ("load" if load else "idle"))
+                            results.append(r)
+                            print(f"{pair} rtt={rtt}ms pause ({'load' if load else 'idle'}): "
+                                  f"{r['report']['time']['pause_ms']:.0f} ms", file=sys.stderr, flush=True)
+                finally:
+                    link.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if a.json:
+        print(json.dumps(results, indent=1))
+        return
+    print(f"Link: {a.mbit:g} Mbit/s each way (toxiproxy bandwidth + latency toxics); "
+          "bytes are both directions through the proxy.\n")
+    print("| pair | RTT | tool | MB on the wire | time s | bytes vs ferry | time vs ferry | check |")
+    print("|---|---|---|---|---|---|---|---|")
+    for pair in a.pairs.split(","):
+        for rtt in rtts:
+            rows = [r for r in results if r["pair"] == pair and r["rtt"] == rtt and not r["peer"].startswith("ferry-pause")]
+            f = next((r for r in rows if r["peer"] == "ferry"), None)
+            for r in rows:
+                check = "digest" if "report" in r and r["report"]["digest"]["matches"] else (
+                    "cmp" if r.get("verified") else "FAILED" if "verified" in r or "report" in r else "")
+                rb = f"{r['bytes'] / f['bytes']:.2f}" if f else ""
+                rt = f"{r['seconds'] / f['seconds']:.2f}" if f else ""
+                print(f"| {pair} | {rtt} ms | {r['peer']} | {r['bytes'] / 1e6:.1f} | {r['seconds']:.1f} | {rb} | {rt} | {check} |")
+    print()
+    print("| pair | RTT | ferry phase | value |")
+    print("|---|---|---|---|")
+    for r in results:
+        if r["peer"] == "ferry":
+            rep = r["report"]
+            busy = rep["bytes"]["wire_tx"] / max(rep["time"]["fingerprints_s"] + rep["time"]["rounds_s"], 1e-3)
+            print(f"| {r['pair']} | {r['rtt']} ms | chunks zero / local / sent | "
+                  f"{rep['chunks']['zero']} / {rep['chunks']['local']} / {rep['chunks']['sent']} |")
+            print(f"| {r['pair']} | {r['rtt']} ms | link use while sending | "
+                  f"{100 * busy / (a.mbit * 1e6 / 8):.0f}% |")
+        if r["peer"].startswith("ferry-pause"):
+            rep = r["report"]
+            print(f"| {r['pair']} | {r['rtt']} ms | pause, {r['peer'][12:]} | {rep['time']['pause_ms']:.0f} ms "
+                  f"(rounds {rep['rounds']}, throttle max {rep['auto_converge']['max_delay_us']} us) |")
+
+
+if __name__ == "__main__":
+    main()
