@@ -450,3 +450,62 @@ fn writes_during_the_migration_arrive_and_auto_converge_reports() {
         sha(dst.state.pool.get("vm").unwrap().data_path())
     );
 }
+
+#[test]
+fn a_link_lost_at_the_switch_keeps_writes_held_until_the_outcome_is_known() {
+    if !have("toxiproxy-server") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+    let src = TestServer::start(&pa);
+    let dst = destination(&pb);
+    trust_each_other(&pa, &pb);
+    let v = src.create("vm", 32 * MIB);
+    v.write_at(0, &noise(4 * MIB as usize, 55), false).unwrap();
+    let tp = toxiproxy::Toxiproxy::start();
+    let to = tp.proxy("mig", &dst.migration.unwrap().to_string());
+    // Slow answers give the test time to cut the way back once the pause starts.
+    tp.add_toxic(
+        "mig",
+        "slow",
+        "latency",
+        "downstream",
+        serde_json::json!({"latency": 300}),
+    );
+    let run = migrate(&src, request("vm", to));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while run.phase() != Phase::Paused {
+        assert!(Instant::now() < deadline, "never paused: {}", run.status());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The destination gets Switch and commits; its Done never arrives.
+    tp.add_toxic(
+        "mig",
+        "void",
+        "timeout",
+        "downstream",
+        serde_json::json!({"timeout": 0}),
+    );
+    while run
+        .counters
+        .attempts
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 2
+    {
+        assert!(Instant::now() < deadline, "no retry: {}", run.status());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Meanwhile the guest's writes are held, not failed and not applied.
+    assert!(v.gate().is_paused());
+    let copy = dst.state.pool.get("vm").unwrap();
+    assert!(copy.incoming().is_none(), "the destination committed");
+    tp.remove_toxic("mig", "void");
+    let r = wait(&run, Duration::from_secs(60));
+    assert_eq!(r.result, "switched", "{r:?}");
+    assert!(r.attempts >= 2);
+    assert_eq!(v.moved_to(), Some(dst.nbd.to_string()));
+    assert!(!v.gate().is_paused());
+    assert!(v.write_at(0, b"late", false).is_err());
+    assert_eq!(sha(v.data_path()), sha(copy.data_path()));
+}

@@ -59,6 +59,10 @@ pub struct VolumeMeta {
     /// Set on a migration destination until the copy is complete.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incoming: Option<IncomingMigration>,
+    /// The migration that brought this volume here, once it completed (a
+    /// source that lost the link at the switch asks about it again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrived: Option<IncomingMigration>,
 }
 
 /// An unfinished incoming migration: the copy is incomplete and not exported.
@@ -89,6 +93,7 @@ impl VolumeMeta {
             bitmaps: Vec::new(),
             moved_to: None,
             incoming: None,
+            arrived: None,
         }
     }
 

@@ -707,12 +707,20 @@ impl Volume {
         self.meta.lock().incoming.clone()
     }
 
-    /// Record (durably) the incoming-migration state; `None` marks the copy
-    /// complete.
-    pub fn set_incoming(&self, incoming: Option<IncomingMigration>) -> Result<()> {
+    /// Mark (durably) the copy of an incoming migration complete: it is
+    /// exported from now on, and remembers which migration brought it.
+    pub fn complete_incoming(&self) -> Result<()> {
         let mut m = self.meta.lock();
-        m.incoming = incoming;
+        let done = m.incoming.take();
+        if done.is_some() {
+            m.arrived = done;
+        }
         m.store(&self.dir.join("meta.json"))
+    }
+
+    /// The completed migration that brought this volume here, if any.
+    pub fn arrived(&self) -> Option<IncomingMigration> {
+        self.meta.lock().arrived.clone()
     }
 
     pub(crate) fn mark_deleted(&self) {

@@ -103,20 +103,31 @@ fn advertised_nbd(state: &ServerState, local: Option<SocketAddr>) -> String {
     }
 }
 
-/// Open or create the copy for this migration; `Ok((volume, resumed))`.
+/// What a Hello finds here.
+enum Prepared {
+    /// The copy to fill, and whether it is a resumed one.
+    Copy(Arc<Volume>, bool),
+    /// This migration already switched here (the source lost our `Done`).
+    AlreadySwitched,
+}
+
+/// Open or create the copy for this migration.
 fn prepare(
     state: &ServerState,
     id: &str,
     d: &VolumeDescriptor,
     peer: SocketAddr,
-) -> Result<(Arc<Volume>, bool), String> {
+) -> Result<Prepared, String> {
     match state.pool.get(&d.name) {
+        Ok(v) if v.incoming().is_none() && v.arrived().is_some_and(|a| a.id == id) => {
+            Ok(Prepared::AlreadySwitched)
+        }
         Ok(v) => match v.incoming() {
             Some(inc) if inc.id == id => {
                 if v.size() != d.size {
                     return Err("the incomplete copy has a different size".into());
                 }
-                Ok((v, true))
+                Ok(Prepared::Copy(v, true))
             }
             Some(inc) => Err(format!(
                 "volume {} is the incomplete copy of another migration ({}); delete it first",
@@ -139,7 +150,7 @@ fn prepare(
             state
                 .pool
                 .create(&d.name, &opts)
-                .map(|v| (v, false))
+                .map(|v| Prepared::Copy(v, false))
                 .map_err(|e| e.to_string())
         }
         Err(e) => Err(e.to_string()),
@@ -362,7 +373,13 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
             .map_err(|e| MigrationError::Invalid(e.to_string()))?
     };
     let (vol, resumed) = match prepared {
-        Ok(x) => x,
+        Ok(Prepared::Copy(v, r)) => (v, r),
+        Ok(Prepared::AlreadySwitched) => {
+            tracing::info!(%peer, volume = %desc.name, migration = %id, "source asks again after the switch: it is done");
+            let location = advertised_nbd(state, local);
+            send(&mut wr, &Message::Done { location }).await?;
+            return Ok(desc.name);
+        }
         Err(reason) => {
             send(
                 &mut wr,
@@ -492,7 +509,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
                 let v = vol.clone();
                 blocking(move || {
                     v.flush()?;
-                    v.set_incoming(None)?;
+                    v.complete_incoming()?;
                     Ok(())
                 })
                 .await?;

@@ -27,6 +27,9 @@ const DATA_FRAME: u64 = 1 << 20;
 const PRINTS_FRAME: usize = 8192;
 /// How long to wait for an answer that needs no disk work on the peer.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long the paused source waits for the destination's answers beyond
+/// the time the last data needs on the link.
+const PAUSE_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Link rate assumed before one is measured (100 Mbit/s).
 const DEFAULT_RATE: f64 = 12.5e6;
 
@@ -154,18 +157,38 @@ async fn migrate(
         Err(e) => Err(MigrationError::from(e)),
         Ok(bm) => {
             let mut last;
+            let mut pending: Option<PendingSwitch> = None;
+            let mut streak: Option<Instant> = None;
             loop {
                 run.counters.attempts.fetch_add(1, Ordering::Relaxed);
                 let sent_before = frame_bytes(run);
-                last = attempt(state, run, req, &vol, &bm, chunk).await;
+                let began = Instant::now();
+                let job = Job {
+                    run,
+                    req,
+                    vol: &vol,
+                    bm: &bm,
+                    chunk,
+                };
+                last = attempt(state, &job, &mut pending).await;
+                // The retry window counts from the first of consecutive
+                // failures; an attempt that ran a while was progress.
+                if began.elapsed() > Duration::from_secs(10) {
+                    streak = None;
+                }
+                let since = *streak.get_or_insert_with(Instant::now);
                 match &last {
-                    Err(e) if e.transient() && run.started.elapsed() < req.retry_for => {
+                    Err(e) if e.transient() && since.elapsed() < req.retry_for => {
                         let lost = frame_bytes(run) - sent_before;
                         run.counters
                             .bytes_lost_to_failures
                             .fetch_add(lost, Ordering::Relaxed);
-                        tracing::warn!(migration = %run.id, error = %e, "migration link failed; resuming");
-                        run.set_phase(Phase::Connecting);
+                        if pending.is_some() {
+                            tracing::warn!(migration = %run.id, error = %e, "link lost during the switch; guest writes stay held until the destination says whether it committed");
+                        } else {
+                            tracing::warn!(migration = %run.id, error = %e, "migration link failed; resuming");
+                            run.set_phase(Phase::Connecting);
+                        }
                         tokio::select! {
                             () = tokio::time::sleep(Duration::from_secs(1)) => {}
                             () = run.cancel.cancelled() => break,
@@ -173,6 +196,12 @@ async fn migrate(
                     }
                     _ => break,
                 }
+            }
+            if pending.is_some() {
+                tracing::error!(migration = %run.id, volume = %run.volume, "the link failed during the switch and the destination did not answer again: the source stays authoritative and writable; check whether the destination committed its copy (a volume without `incoming`) and delete it before migrating again");
+                last = Err(MigrationError::Invalid(
+                    "the link failed during the switch and the destination could not be asked whether it committed; the source stays authoritative".into(),
+                ));
             }
             vol.gate().set_throttle(Duration::ZERO);
             vol.gate().resume();
@@ -470,12 +499,28 @@ impl Sender {
     }
 }
 
-/// Resumes the volume's writers when dropped, unless the switch happened.
-struct PauseGuard<'a>(&'a Volume);
+/// Resumes the volume's writers when dropped, unless disarmed (the switch
+/// happened, or its outcome is unknown).
+struct PauseGuard<'a> {
+    vol: &'a Volume,
+    armed: bool,
+}
 impl Drop for PauseGuard<'_> {
     fn drop(&mut self) {
-        self.0.gate().resume();
+        if self.armed {
+            self.vol.gate().resume();
+        }
     }
+}
+
+/// A switch whose answer was lost with the link: the guest's writes stay
+/// paused until a new connection learns whether the destination committed.
+struct PendingSwitch {
+    pause_start: Instant,
+    source_digest: [u8; 32],
+    converged: bool,
+    fingerprints_s: f64,
+    rounds_s: f64,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -507,15 +552,31 @@ async fn sync_round(
     }
 }
 
+/// What every attempt of one migration works on.
+struct Job<'a> {
+    run: &'a Arc<MigrationRun>,
+    req: &'a MigrateRequest,
+    vol: &'a Arc<Volume>,
+    /// The migration's dirty bitmap (granularity = chunk).
+    bm: &'a Arc<DirtyBitmap>,
+    chunk: u32,
+}
+
 async fn attempt(
     state: &Arc<ServerState>,
-    run: &Arc<MigrationRun>,
-    req: &MigrateRequest,
-    vol: &Arc<Volume>,
-    bm: &Arc<DirtyBitmap>,
-    chunk: u32,
+    job: &Job<'_>,
+    pending: &mut Option<PendingSwitch>,
 ) -> Result<Switched, MigrationError> {
-    run.set_phase(Phase::Connecting);
+    let Job {
+        run,
+        req,
+        vol,
+        chunk,
+        ..
+    } = *job;
+    if pending.is_none() {
+        run.set_phase(Phase::Connecting);
+    }
     let stream = connect(state, req, run).await?;
     let (rd, mut wr) = tokio::io::split(stream);
     let mut reader = FrameReader::new(rd);
@@ -542,8 +603,37 @@ async fn attempt(
         .bytes_protocol
         .fetch_add(n as u64, Ordering::Relaxed);
     match reader.expect(ANSWER_TIMEOUT).await? {
-        Message::Welcome { .. } => {}
-        Message::Refuse { reason } => return Err(MigrationError::Refused(reason)),
+        Message::Welcome { .. } => {
+            if pending.take().is_some() {
+                tracing::warn!(migration = %run.id, "the destination had not committed; the guest writes again and the migration resumes");
+                vol.gate().resume();
+            }
+        }
+        // The destination committed before the link failed: finish here.
+        Message::Done { location } if pending.is_some() => {
+            let p = pending.take().expect("checked just above");
+            let v = vol.clone();
+            let loc = location.clone();
+            let moved = blocking(move || v.set_moved(&loc).map_err(Into::into)).await;
+            vol.gate().resume();
+            moved?;
+            tracing::info!(migration = %run.id, to = %location, "the destination had committed; switched");
+            return Ok(Switched {
+                location,
+                pause: p.pause_start.elapsed(),
+                converged: p.converged,
+                source_digest: p.source_digest,
+                dest_digest: p.source_digest,
+                fingerprints_s: p.fingerprints_s,
+                rounds_s: p.rounds_s,
+            });
+        }
+        Message::Refuse { reason } => {
+            if pending.take().is_some() {
+                vol.gate().resume();
+            }
+            return Err(MigrationError::Refused(reason));
+        }
         m => return Err(unexpected(&m, "waiting for Welcome")),
     }
 
@@ -591,7 +681,7 @@ async fn attempt(
             }
         }
     });
-    let result = run_phases(run, req, vol, bm, chunk, &tx, &mut in_rx).await;
+    let result = run_phases(job, &tx, &mut in_rx, pending).await;
     drop(tx);
     match result {
         Ok(s) => {
@@ -629,14 +719,18 @@ async fn next_msg(
 }
 
 async fn run_phases(
-    run: &Arc<MigrationRun>,
-    req: &MigrateRequest,
-    vol: &Arc<Volume>,
-    bm: &Arc<DirtyBitmap>,
-    chunk: u32,
+    job: &Job<'_>,
     tx: &mpsc::Sender<Outgoing>,
     in_rx: &mut mpsc::UnboundedReceiver<Result<Message, MigrationError>>,
+    pending: &mut Option<PendingSwitch>,
 ) -> Result<Switched, MigrationError> {
+    let Job {
+        run,
+        req,
+        vol,
+        bm,
+        chunk,
+    } = *job;
     let c = &run.counters;
     let table = Arc::new(ChunkTable::zeroed(vol.size(), chunk));
     c.chunks_total.store(table.chunks(), Ordering::Relaxed);
@@ -795,7 +889,8 @@ async fn run_phases(
         ));
     }
     let pause_start = Instant::now();
-    let guard = PauseGuard(vol);
+    let data_before_pause = run.counters.bytes_data_raw.load(Ordering::Relaxed);
+    let mut guard = PauseGuard { vol, armed: true };
     let ranges = coalesce(bm.take().into_iter().map(|o| o / u64::from(chunk)));
     let s = sender.clone();
     blocking(move || s.send_ranges(&ranges, true)).await?;
@@ -819,28 +914,44 @@ async fn run_phases(
     ))
     .await
     .map_err(|_| link_closed())?;
-    let dest_digest = match next_msg(in_rx, ANSWER_TIMEOUT, None).await? {
-        Message::DigestResult { matches, digest } => {
-            if !matches || digest != source_digest {
-                return Err(MigrationError::DigestMismatch {
-                    source_digest: hex(&source_digest),
-                    destination_digest: hex(&digest),
-                });
+    // From here a lost link leaves the outcome unknown: keep the guest
+    // paused and ask again on a new connection.
+    let last_bytes = run.counters.bytes_data_raw.load(Ordering::Relaxed) - data_before_pause;
+    let wait = PAUSE_ANSWER_TIMEOUT + Duration::from_secs_f64(2.0 * last_bytes as f64 / rate);
+    let answers = async {
+        let dest_digest = match next_msg(in_rx, wait, None).await? {
+            Message::DigestResult { matches, digest } => {
+                if !matches || digest != source_digest {
+                    return Err(MigrationError::DigestMismatch {
+                        source_digest: hex(&source_digest),
+                        destination_digest: hex(&digest),
+                    });
+                }
+                digest
             }
-            digest
+            m => return Err(unexpected(&m, "waiting for the digest")),
+        };
+        tracing::debug!(elapsed = ?pause_start.elapsed(), "pause: digest answered");
+        match next_msg(in_rx, wait, None).await? {
+            Message::Done { location } => Ok((dest_digest, location)),
+            m => Err(unexpected(&m, "waiting for Done")),
         }
-        m => return Err(unexpected(&m, "waiting for the digest")),
     };
-    tracing::debug!(elapsed = ?pause_start.elapsed(), "pause: digest answered");
-    let location = match next_msg(in_rx, ANSWER_TIMEOUT, None).await {
-        Ok(Message::Done { location }) => location,
-        Ok(m) => return Err(unexpected(&m, "waiting for Done")),
-        Err(e) => {
-            tracing::error!(migration = %run.id, "no Done after Switch: the destination may hold a complete copy; the source stays authoritative");
+    let (dest_digest, location) = match answers.await {
+        Ok(x) => x,
+        Err(e) if e.transient() => {
+            guard.armed = false;
+            *pending = Some(PendingSwitch {
+                pause_start,
+                source_digest,
+                converged,
+                fingerprints_s,
+                rounds_s,
+            });
             return Err(e);
         }
+        Err(e) => return Err(e),
     };
-    tracing::debug!(elapsed = ?pause_start.elapsed(), "pause: destination done");
     let v = vol.clone();
     let loc = location.clone();
     blocking(move || v.set_moved(&loc).map_err(Into::into)).await?;
