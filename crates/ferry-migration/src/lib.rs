@@ -18,6 +18,10 @@
 //!    | Switch{old location} -------------------->|  destination owns the volume
 //!    |<------------------------- Done{nbd location}|  source marks it moved there
 //!  either side: Abort{reason} ends the migration; the source volume is untouched.
+//!
+//!  destination                              buddy server (same LAN)
+//!    | Lookup{block_size, [BLAKE3]} ------------>|  instead of Hello
+//!    |<------------------ Found{[block | none]}  |  repeated, then close
 //! ```
 //!
 //! Destination states: `Greeting -> Receiving prints -> Receiving data

@@ -5,7 +5,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use thiserror::Error;
 
 /// The highest message type of this version.
-const LAST_TYPE: u16 = 16;
+const LAST_TYPE: u16 = 18;
 /// Longest string field (volume name, WWN, reasons, locations).
 const MAX_STRING: usize = 4096;
 /// Most entries in one `Prints`, ranges in one `Want` or `ResumePoint`.
@@ -140,6 +140,17 @@ pub enum Message {
     Synced {
         round: u32,
     },
+    /// To a buddy server (instead of `Hello`): which of these blocks of
+    /// `block_size` bytes do you hold?
+    Lookup {
+        block_size: u32,
+        prints: Vec<[u8; 32]>,
+    },
+    /// A buddy's answer, in the order asked: the block's bytes (verified
+    /// against the print by the buddy, and again by the asker) or nothing.
+    Found {
+        blocks: Vec<Option<Bytes>>,
+    },
 }
 
 impl Message {
@@ -162,6 +173,8 @@ impl Message {
             Message::Done { .. } => 14,
             Message::Abort { .. } => 15,
             Message::Synced { .. } => 16,
+            Message::Lookup { .. } => 17,
+            Message::Found { .. } => 18,
         }
     }
 
@@ -252,6 +265,26 @@ impl Message {
                 out.put_slice(digest);
             }
             Message::Synced { round } => out.put_u32(*round),
+            Message::Lookup { block_size, prints } => {
+                out.put_u32(*block_size);
+                out.put_u32(count(prints.len()));
+                for p in prints {
+                    out.put_slice(p);
+                }
+            }
+            Message::Found { blocks } => {
+                out.put_u32(count(blocks.len()));
+                for b in blocks {
+                    match b {
+                        None => out.put_u8(0),
+                        Some(d) => {
+                            out.put_u8(1);
+                            out.put_u32(count(d.len()));
+                            out.put_slice(d);
+                        }
+                    }
+                }
+            }
             Message::PrintsDone | Message::Pause => {}
         }
         let len = u32::try_from(out.len() - start - HEADER_LEN).unwrap_or(u32::MAX);
@@ -368,6 +401,8 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
         14 => "Done",
         15 => "Abort",
         16 => "Synced",
+        17 => "Lookup",
+        18 => "Found",
         other => return Err(WireError::UnknownType(other)),
     };
     let mut p = Payload { b: payload, what };
@@ -476,7 +511,32 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
         15 => Message::Abort {
             reason: p.string()?,
         },
-        _ => Message::Synced { round: p.u32()? },
+        16 => Message::Synced { round: p.u32()? },
+        17 => {
+            let block_size = p.u32()?;
+            let n = p.items()?;
+            let mut prints = Vec::with_capacity((n as usize).min(p.b.remaining() / 32));
+            for _ in 0..n {
+                prints.push(p.array()?);
+            }
+            Message::Lookup { block_size, prints }
+        }
+        _ => {
+            let n = p.items()?;
+            let mut blocks = Vec::with_capacity((n as usize).min(p.b.remaining()));
+            for _ in 0..n {
+                blocks.push(match p.u8()? {
+                    0 => None,
+                    1 => {
+                        let len = p.u32()? as usize;
+                        p.need(len)?;
+                        Some(p.b.split_to(len))
+                    }
+                    t => return Err(malformed(what, format!("block tag {t}"))),
+                });
+            }
+            Message::Found { blocks }
+        }
     };
     p.end()?;
     Ok(m)
@@ -609,6 +669,13 @@ mod tests {
                 reason: "link lost".into(),
             },
             Message::Synced { round: 3 },
+            Message::Lookup {
+                block_size: 4096,
+                prints: vec![[5; 32], [6; 32]],
+            },
+            Message::Found {
+                blocks: vec![None, Some(Bytes::from_static(b"block"))],
+            },
         ]
     }
 
@@ -649,8 +716,8 @@ mod tests {
             Err(WireError::UnknownType(0))
         );
         assert_eq!(
-            d.decode(&mut frame(17, 0, 0)),
-            Err(WireError::UnknownType(17))
+            d.decode(&mut frame(19, 0, 0)),
+            Err(WireError::UnknownType(19))
         );
         assert_eq!(
             d.decode(&mut frame(5, 1, 0)),

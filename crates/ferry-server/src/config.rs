@@ -23,6 +23,7 @@
 //! listen = ""                    # e.g. "0.0.0.0:10900" accepts incoming migrations
 //! advertise_nbd = ""             # NBD HOST:PORT clients are sent to; "" = derived
 //! plaintext = false              # loopback only: no TLS (for tests)
+//! buddies = []                   # ["10.0.0.5:10900"]: same-site daemons to take blocks from
 //! ```
 
 use serde::Deserialize;
@@ -73,6 +74,11 @@ pub struct MigrationConfig {
     pub advertise_nbd: String,
     /// Accept migrations without TLS. Refused unless `listen` is loopback.
     pub plaintext: bool,
+    /// Migration listeners (`HOST:PORT`) of daemons on this site whose
+    /// blocks an incoming migration may use before asking the source
+    /// (buddy servers). Each must trust this daemon's certificate and be
+    /// trusted by it.
+    pub buddies: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]

@@ -482,6 +482,57 @@ mod migration_input {
     }
 
     #[test]
+    fn buddy_lookups_answer_unknown_blocks_with_nothing_and_refuse_huge_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = plaintext_destination(dir.path());
+        let mut c = connect(&s);
+        send(
+            &mut c,
+            &Message::Lookup {
+                block_size: 4096,
+                prints: vec![[3; 32]; 5],
+            },
+        );
+        match recv(&mut c) {
+            Some(Message::Found { blocks }) => {
+                assert_eq!(blocks.len(), 5);
+                assert!(blocks.iter().all(Option::is_none));
+            }
+            other => panic!("expected Found, got {other:?}"),
+        }
+        // Another block size than the index's: nothing, not an error.
+        send(
+            &mut c,
+            &Message::Lookup {
+                block_size: 512,
+                prints: vec![[3; 32]],
+            },
+        );
+        assert!(matches!(recv(&mut c), Some(Message::Found { .. })));
+        send(
+            &mut c,
+            &Message::Lookup {
+                block_size: 4096,
+                prints: vec![[3; 32]; 5000],
+            },
+        );
+        assert!(recv(&mut c).is_none(), "an oversized lookup ends the link");
+        // A Hello after lookups is not a migration.
+        let mut c = connect(&s);
+        send(
+            &mut c,
+            &Message::Lookup {
+                block_size: 4096,
+                prints: vec![],
+            },
+        );
+        assert!(matches!(recv(&mut c), Some(Message::Found { .. })));
+        send(&mut c, &hello("sneaky", 1 << 20, 4096, 1));
+        assert!(recv(&mut c).is_none());
+        assert!(s.state.pool.list().is_empty());
+    }
+
+    #[test]
     fn bad_frames_mid_migration_drop_the_link_and_leave_the_copy_incomplete() {
         let dir = tempfile::tempdir().unwrap();
         let s = plaintext_destination(dir.path());

@@ -31,8 +31,9 @@ fn trust_each_other(a: &Path, b: &Path) {
     let (sa, sb) = (CertStore::new(a), CertStore::new(b));
     sa.ensure_identity().unwrap();
     sb.ensure_identity().unwrap();
-    sa.trust(&sb.cert_path(), Some("peer")).unwrap();
-    sb.trust(&sa.cert_path(), Some("peer")).unwrap();
+    let name = |p: &Path| p.file_name().unwrap().to_string_lossy().into_owned();
+    sa.trust(&sb.cert_path(), Some(&name(b))).unwrap();
+    sb.trust(&sa.cert_path(), Some(&name(a))).unwrap();
 }
 
 /// Deterministic pseudo-random bytes.
@@ -508,4 +509,45 @@ fn a_link_lost_at_the_switch_keeps_writes_held_until_the_outcome_is_known() {
     assert!(!v.gate().is_paused());
     assert!(v.write_at(0, b"late", false).is_err());
     assert_eq!(sha(v.data_path()), sha(copy.data_path()));
+}
+
+#[test]
+fn a_buddy_on_the_destination_site_supplies_blocks_the_destination_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb, pc) = (
+        dir.path().join("a"),
+        dir.path().join("b"),
+        dir.path().join("c"),
+    );
+    let src = TestServer::start(&pa);
+    let buddy = destination(&pc);
+    let buddy_addr = buddy.migration.unwrap().to_string();
+    let dst = TestServer::start_with(&pb, move |c| {
+        c.migration.listen = "127.0.0.1:0".into();
+        c.migration.buddies = vec!["127.0.0.1:1".into(), buddy_addr];
+    });
+    trust_each_other(&pa, &pb);
+    trust_each_other(&pb, &pc);
+    // The base image is on the buddy only; the destination itself is empty.
+    let base = noise(8 * MIB as usize, 77);
+    let extra = noise(2 * MIB as usize, 78);
+    let b = buddy.create("golden", 16 * MIB);
+    b.write_at(0, &base, false).unwrap();
+    ferry_server::indexer::rebuild_volume(&buddy.state, &b).unwrap();
+    let v = src.create("vm", 16 * MIB);
+    v.write_at(0, &base, false).unwrap();
+    v.write_at(12 * MIB, &extra, false).unwrap();
+    let r = wait(
+        &migrate(&src, request("vm", dst.migration.unwrap().to_string())),
+        Duration::from_secs(60),
+    );
+    assert_eq!(r.result, "switched", "{r:?}");
+    // One buddy address is dead; the live one supplied the base.
+    assert_eq!(r.chunks.buddy, 8 * MIB / 4096, "{:?}", r.chunks);
+    assert_eq!(r.chunks.local, 0);
+    assert_eq!(r.chunks.sent, 2 * MIB / 4096);
+    assert_eq!(
+        sha(v.data_path()),
+        sha(dst.state.pool.get("vm").unwrap().data_path())
+    );
 }

@@ -79,6 +79,7 @@ pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: Can
                 },
             };
             match r {
+                Ok(name) if name.is_empty() => {}
                 Ok(name) => tracing::info!(%peer, volume = %name, "incoming migration complete"),
                 Err(e) => tracing::warn!(%peer, error = %e, "incoming migration stopped; the copy stays incomplete"),
             }
@@ -161,6 +162,7 @@ fn prepare(
 #[derive(Debug, Default)]
 struct FillStats {
     local: u64,
+    buddy: u64,
     resumed: u64,
 }
 
@@ -178,13 +180,13 @@ struct Receiver {
 
 impl Receiver {
     /// Handle one `Prints` frame (blocking): fill what can be filled here,
-    /// return the chunks to ask for.
+    /// return the chunks (with their prints) still missing.
     fn prints(
         &self,
         first: u64,
         entries: &[PrintEntry],
         stats: &mut FillStats,
-    ) -> Result<Vec<(u64, u32)>, MigrationError> {
+    ) -> Result<Vec<(u64, [u8; 32])>, MigrationError> {
         let total = self.table.chunks();
         let mut want = Vec::new();
         let mut i = first;
@@ -231,13 +233,38 @@ impl Receiver {
                         self.table.set(i, p);
                         stats.local += 1;
                     } else {
-                        want.push(i);
+                        want.push((i, p));
                     }
                     i += 1;
                 }
             }
         }
-        Ok(coalesce(want))
+        Ok(want)
+    }
+
+    /// Write the blocks buddies sent that match their prints (blocking);
+    /// returns what is still missing and how many were filled.
+    fn fill_from_buddies(
+        &self,
+        missing: Vec<(u64, [u8; 32])>,
+        found: Vec<Option<bytes::Bytes>>,
+    ) -> Result<(Vec<(u64, [u8; 32])>, u64), MigrationError> {
+        let mut still = Vec::new();
+        let mut filled = 0;
+        for ((chunk, p), block) in missing.into_iter().zip(found) {
+            match block {
+                Some(b)
+                    if b.len() == self.table.len_of(chunk)
+                        && ferry_index::verify(&b, &Fingerprint(p)) =>
+                {
+                    self.vol.write_at(chunk * self.chunk, &b, false)?;
+                    self.table.set(chunk, p);
+                    filled += 1;
+                }
+                _ => still.push((chunk, p)),
+            }
+        }
+        Ok((still, filled))
     }
 
     /// Look the fingerprint up in the local index, re-hash each candidate,
@@ -355,6 +382,11 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
             }
             (hex(&migration_id), volume)
         }
+        m @ Message::Lookup { .. } => {
+            let n = super::buddy::serve(state, &mut reader, &mut wr, Some(m)).await?;
+            tracing::info!(%peer, blocks = n, "served blocks as a buddy");
+            return Ok(String::new());
+        }
         m => return Err(unexpected(&m, "waiting for Hello")),
     };
     let chunk = desc.chunk_size;
@@ -414,6 +446,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
     });
     let mut stats = FillStats::default();
     let mut digest_ok: Option<bool> = None;
+    let mut buddies: Option<super::buddy::Buddies> = None;
     loop {
         let m = tokio::select! {
             m = reader.expect(IDLE_TIMEOUT) => m?,
@@ -427,14 +460,30 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
             } => {
                 let r = rx.clone();
                 let mut s = std::mem::take(&mut stats);
-                let (want, s) = blocking(move || {
+                let (mut missing, s) = blocking(move || {
                     let w = r.prints(first_chunk, &entries, &mut s)?;
                     Ok((w, s))
                 })
                 .await?;
                 stats = s;
-                if !want.is_empty() {
-                    send(&mut wr, &Message::Want { ranges: want }).await?;
+                if !missing.is_empty() && rx.use_index && !state.config.migration.buddies.is_empty()
+                {
+                    if buddies.is_none() {
+                        buddies = Some(super::buddy::Buddies::connect(state).await);
+                    }
+                    if let Some(b) = buddies.as_mut().filter(|b| !b.is_empty()) {
+                        let prints: Vec<[u8; 32]> = missing.iter().map(|m| m.1).collect();
+                        let found = b.fetch(chunk, &prints).await;
+                        let r = rx.clone();
+                        let (still, n) =
+                            blocking(move || r.fill_from_buddies(missing, found)).await?;
+                        stats.buddy += n;
+                        missing = still;
+                    }
+                }
+                if !missing.is_empty() {
+                    let ranges = coalesce(missing.iter().map(|m| m.0));
+                    send(&mut wr, &Message::Want { ranges }).await?;
                 }
             }
             Message::PrintsDone => {
@@ -445,7 +494,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
                     &mut wr,
                     &Message::WantDone {
                         local_chunks: stats.local,
-                        buddy_chunks: 0,
+                        buddy_chunks: stats.buddy,
                         resumed_chunks: stats.resumed,
                     },
                 )

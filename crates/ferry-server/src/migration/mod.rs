@@ -14,6 +14,7 @@
 //!   source or re-hashed from a local volume and found equal to the
 //!   source's fingerprint (`ferry_index::verify`).
 
+pub mod buddy;
 pub mod destination;
 pub mod source;
 mod stream;
@@ -89,6 +90,8 @@ fn name_of(m: &ferry_migration::Message) -> &'static str {
         M::Done { .. } => "Done",
         M::Abort { .. } => "Abort",
         M::Synced { .. } => "Synced",
+        M::Lookup { .. } => "Lookup",
+        M::Found { .. } => "Found",
     }
 }
 

@@ -288,27 +288,32 @@ async fn connect(
     req: &MigrateRequest,
     run: &MigrationRun,
 ) -> Result<BoxStream, MigrationError> {
-    let tcp = tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio::net::TcpStream::connect(&req.to),
-    )
-    .await
-    .map_err(|_| {
-        std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("connecting to {}", req.to),
-        )
-    })??;
+    dial(state, &req.to, req.plaintext, run.wire.clone()).await
+}
+
+/// Connect to another daemon's migration listener: TLS with pinned
+/// certificates, or plaintext when asked and both ends are loopback.
+pub(crate) async fn dial(
+    state: &ServerState,
+    to: &str,
+    plaintext: bool,
+    wire: Arc<super::WireCounters>,
+) -> Result<BoxStream, MigrationError> {
+    let tcp = tokio::time::timeout(Duration::from_secs(10), tokio::net::TcpStream::connect(to))
+        .await
+        .map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::TimedOut, format!("connecting to {to}"))
+        })??;
     tcp.set_nodelay(true)?;
     let loopback = tcp.peer_addr()?.ip().is_loopback() && tcp.local_addr()?.ip().is_loopback();
-    let counted = Counted::new(tcp, run.wire.clone());
-    if req.plaintext {
+    let counted = Counted::new(tcp, wire);
+    if plaintext {
         if !loopback {
             return Err(MigrationError::Invalid(
                 "plaintext migrations are only allowed between two loopback addresses".into(),
             ));
         }
-        tracing::warn!(to = %req.to, "PLAINTEXT migration (no TLS): loopback only, never across sites");
+        tracing::warn!(%to, "PLAINTEXT migration link (no TLS): loopback only, never across sites");
         return Ok(Box::new(counted));
     }
     let cfg = CertStore::new(state.pool.root()).client_config()?;
