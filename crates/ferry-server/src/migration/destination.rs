@@ -158,6 +158,9 @@ fn prepare(
     }
 }
 
+/// Chunks still missing, with the source's print of each.
+type Missing = Vec<(u64, [u8; 32])>;
+
 /// What the prints phase found.
 #[derive(Debug, Default)]
 struct FillStats {
@@ -186,7 +189,7 @@ impl Receiver {
         first: u64,
         entries: &[PrintEntry],
         stats: &mut FillStats,
-    ) -> Result<Vec<(u64, [u8; 32])>, MigrationError> {
+    ) -> Result<Missing, MigrationError> {
         let total = self.table.chunks();
         let mut want = Vec::new();
         let mut i = first;
@@ -246,9 +249,9 @@ impl Receiver {
     /// returns what is still missing and how many were filled.
     fn fill_from_buddies(
         &self,
-        missing: Vec<(u64, [u8; 32])>,
+        missing: Missing,
         found: Vec<Option<bytes::Bytes>>,
-    ) -> Result<(Vec<(u64, [u8; 32])>, u64), MigrationError> {
+    ) -> Result<(Missing, u64), MigrationError> {
         let mut still = Vec::new();
         let mut filled = 0;
         for ((chunk, p), block) in missing.into_iter().zip(found) {
