@@ -551,3 +551,71 @@ fn a_buddy_on_the_destination_site_supplies_blocks_the_destination_lacks() {
         sha(dst.state.pool.get("vm").unwrap().data_path())
     );
 }
+
+#[test]
+fn a_link_cut_during_the_dirty_rounds_resumes_and_loses_no_write() {
+    if !have("toxiproxy-server") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+    let src = TestServer::start(&pa);
+    let dst = destination(&pb);
+    trust_each_other(&pa, &pb);
+    let v = src.create("vm", 32 * MIB);
+    v.write_at(0, &noise(8 * MIB as usize, 66), false).unwrap();
+    let tp = toxiproxy::Toxiproxy::start();
+    let to = tp.proxy("mig", &dst.migration.unwrap().to_string());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (v2, stop2) = (v.clone(), stop.clone());
+    let writer = std::thread::spawn(move || {
+        let block = noise(4096, 9);
+        let mut n = 0u64;
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            if v2
+                .write_at((n * 7919 % 4096) * 4096, &block, false)
+                .is_err()
+            {
+                break;
+            }
+            n += 1;
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    });
+    let mut req = request("vm", to);
+    req.bwlimit = 4 * MIB;
+    req.max_downtime = Duration::from_millis(20);
+    let run = migrate(&src, req);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while run.phase() != Phase::Rounds {
+        assert!(Instant::now() < deadline, "no rounds: {}", run.status());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    tp.add_toxic(
+        "mig",
+        "cut",
+        "reset_peer",
+        "upstream",
+        serde_json::json!({"timeout": 0}),
+    );
+    while run
+        .counters
+        .attempts
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 2
+    {
+        assert!(Instant::now() < deadline, "no retry: {}", run.status());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    tp.remove_toxic("mig", "cut");
+    let r = wait(&run, Duration::from_secs(120));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    assert_eq!(r.result, "switched", "{r:?}");
+    assert!(r.attempts >= 2);
+    assert!(r.chunks.resumed > 0, "{:?}", r.chunks);
+    assert_eq!(
+        sha(v.data_path()),
+        sha(dst.state.pool.get("vm").unwrap().data_path())
+    );
+}
