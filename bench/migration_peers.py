@@ -219,25 +219,33 @@ def run_qemu_mirror(work, link, image):
     wait_port(nport)
     name, port = link.proxy(f"127.0.0.1:{nport}")
     qsock = os.path.join(work, "qmp.sock")
+    if os.path.exists(qsock):
+        os.unlink(qsock)
     src = subprocess.Popen(
         ["qemu-storage-daemon", "--blockdev", f"file,filename={image},node-name=s,read-only=on",
          "--chardev", f"socket,id=q,path={qsock},server=on,wait=off", "--monitor", "chardev=q"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+        call = None
         for _ in range(200):
-            if os.path.exists(qsock):
+            try:
+                call = qmp(qsock)
                 break
-            time.sleep(0.05)
-        call = qmp(qsock)
+            except OSError:
+                time.sleep(0.05)
+        if call is None:
+            raise RuntimeError("qemu-storage-daemon QMP did not come up")
         t = time.time()
         call("blockdev-add", driver="nbd", **{"node-name": "tgt"},
              server={"type": "inet", "host": "127.0.0.1", "port": str(port)}, export="t")
         call("blockdev-mirror", **{"job-id": "m"}, device="s", target="tgt", sync="full")
+        completing = False
         while True:
-            jobs = call("query-jobs")
+            jobs = [j for j in call("query-jobs") if j["id"] == "m"]
             st = jobs[0]["status"] if jobs else "gone"
-            if st == "ready":
+            if st == "ready" and not completing:
                 call("job-complete", id="m")
+                completing = True
             if st in ("concluded", "gone", "null"):
                 break
             time.sleep(0.1)
@@ -281,6 +289,8 @@ def run_rsync(work, link, base, image):
 
 
 CASYNC_MADE = {}
+# casync fetches chunks one HTTP request at a time; at 100 ms RTT that is slow.
+CASYNC_TIMEOUT = 300
 
 
 def run_casync(work, link, base, image):
@@ -303,9 +313,14 @@ def run_casync(work, link, base, image):
     out = os.path.join(work, "casync-out.img")
     try:
         t = time.time()
-        subprocess.run(["casync", "extract", f"--store=http://127.0.0.1:{port}/store.castr",
-                        f"--seed={base}", f"http://127.0.0.1:{port}/vm.caibx", out],
-                       check=True, capture_output=True)
+        try:
+            subprocess.run(["casync", "extract", f"--store=http://127.0.0.1:{port}/store.castr",
+                            f"--seed={base}", f"http://127.0.0.1:{port}/vm.caibx", out],
+                           check=True, capture_output=True, timeout=CASYNC_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return {"bytes": link.bytes(name), "seconds": make_secs + CASYNC_TIMEOUT,
+                    "make_seconds": make_secs, "extract_seconds": None, "verified": False,
+                    "note": f"extract did not finish in {CASYNC_TIMEOUT} s"}
         extract_secs = time.time() - t
     finally:
         srv.kill()
@@ -324,6 +339,7 @@ def main():
     ap.add_argument("--peers", default="ferry,ferry-noindex,qemu-mirror,rsync,casync")
     ap.add_argument("--images", default="/tmp/ferry-similarity")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--log", help="append each result as a JSON line to this file as it comes")
     a = ap.parse_args()
     rtts = a.rtt or [20, 100]
     if not all(os.path.exists(os.path.join(a.images, f)) for f in ("min.img", "lamp.img")):
@@ -359,6 +375,9 @@ def main():
                             raise SystemExit(f"unknown peer {peer}")
                         r.update(pair=pair, rtt=rtt, peer=peer)
                         results.append(r)
+                        if a.log:
+                            with open(a.log, "a") as f:
+                                f.write(json.dumps(r) + "\n")
                         print(f"{pair} rtt={rtt}ms {peer}: {r['bytes'] / 1e6:.1f} MB, {r['seconds']:.1f} s",
                               file=sys.stderr, flush=True)
                     if "ferry" in a.peers.split(","):
@@ -366,6 +385,9 @@ def main():
                             r = run_ferry(work, link, base, image, load=load)
                             r.update(pair=pair, rtt=rtt, peer="ferry-pause-" + ("load" if load else "idle"))
                             results.append(r)
+                            if a.log:
+                                with open(a.log, "a") as f:
+                                    f.write(json.dumps(r) + "\n")
                             print(f"{pair} rtt={rtt}ms pause ({'load' if load else 'idle'}): "
                                   f"{r['report']['time']['pause_ms']:.0f} ms", file=sys.stderr, flush=True)
                 finally:
