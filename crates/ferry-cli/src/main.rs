@@ -303,39 +303,33 @@ fn serve(a: ServeArgs) -> Result<()> {
     }
     runtime()?.block_on(async move {
         let daemon = ferry_server::Daemon::bind(config).await?;
-        let shutdown = CancellationToken::new();
-        let sd = shutdown.clone();
-        tokio::spawn(async move {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("installing SIGTERM handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {},
-                _ = term.recv() => {},
-            }
-            tracing::info!("shutting down: draining connections");
-            sd.cancel();
-        });
+        let shutdown = cancel_on_signal()?;
         daemon.run(shutdown).await?;
         Ok(())
     })
 }
 
+/// A token cancelled on SIGINT or SIGTERM (call inside the runtime).
+fn cancel_on_signal() -> Result<CancellationToken> {
+    let shutdown = CancellationToken::new();
+    let sd = shutdown.clone();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = term.recv() => {},
+        }
+        tracing::info!("shutting down: draining connections");
+        sd.cancel();
+    });
+    Ok(shutdown)
+}
+
 fn host(server: &str, volume: &str, listen: &[String]) -> Result<()> {
     init_logging();
     runtime()?.block_on(async move {
-        let shutdown = CancellationToken::new();
-        let sd = shutdown.clone();
-        tokio::spawn(async move {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("installing SIGTERM handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {},
-                _ = term.recv() => {},
-            }
-            sd.cancel();
-        });
+        let shutdown = cancel_on_signal()?;
         ferry_host::run(server, volume, listen, shutdown).await?;
         Ok(())
     })

@@ -8,7 +8,7 @@
 
 use super::tls::CertStore;
 use super::transport::{send, Counted, FrameReader, WireCounters};
-use super::{coalesce, hex, unexpected, ChunkTable, MigrationError};
+use super::{blocking, coalesce, hex, unexpected, ChunkTable, MigrationError};
 use crate::ServerState;
 use ferry_index::Fingerprint;
 use ferry_migration::{Encoding, Message, PrintEntry, VolumeDescriptor, VERSION};
@@ -344,12 +344,16 @@ impl Receiver {
     }
 }
 
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, MigrationError> + Send + 'static,
-) -> Result<T, MigrationError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| MigrationError::Invalid(format!("worker failed: {e}")))?
+/// Tell the source why not, and end.
+async fn refuse<W: AsyncWrite + Unpin, T>(wr: &mut W, reason: String) -> Result<T, MigrationError> {
+    send(
+        wr,
+        &Message::Refuse {
+            reason: reason.clone(),
+        },
+    )
+    .await?;
+    Err(MigrationError::Refused(reason))
 }
 
 /// Serve one incoming migration connection; returns the volume name once
@@ -374,14 +378,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
                 let reason = format!(
                     "this daemon speaks migration version {VERSION}, the source {min_version}..{max_version}"
                 );
-                send(
-                    &mut wr,
-                    &Message::Refuse {
-                        reason: reason.clone(),
-                    },
-                )
-                .await?;
-                return Err(MigrationError::Refused(reason));
+                return refuse(&mut wr, reason).await;
             }
             (hex(&migration_id), volume)
         }
@@ -416,14 +413,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
             return Ok(desc.name);
         }
         Err(reason) => {
-            send(
-                &mut wr,
-                &Message::Refuse {
-                    reason: reason.clone(),
-                },
-            )
-            .await?;
-            return Err(MigrationError::Refused(reason));
+            return refuse(&mut wr, reason).await;
         }
     };
     tracing::info!(%peer, volume = %desc.name, migration = %id, resumed, "incoming migration");

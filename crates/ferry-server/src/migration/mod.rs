@@ -71,6 +71,15 @@ impl MigrationError {
     }
 }
 
+/// Run blocking engine work on a worker thread.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, MigrationError> + Send + 'static,
+) -> Result<T, MigrationError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| MigrationError::Invalid(format!("worker failed: {e}")))?
+}
+
 fn name_of(m: &ferry_migration::Message) -> &'static str {
     use ferry_migration::Message as M;
     match m {

@@ -8,7 +8,7 @@
 use super::tls::{server_name, CertStore};
 use super::transport::{BoxStream, Counted, FrameReader, RateLimit};
 use super::{
-    coalesce, hex, unexpected, ChunkTable, MigrationError, MigrationRun, Phase, Report,
+    blocking, coalesce, hex, unexpected, ChunkTable, MigrationError, MigrationRun, Phase, Report,
     ReportBytes, ReportChunks, ReportDigest, ReportThrottle, ReportTime,
 };
 use crate::ServerState;
@@ -403,27 +403,25 @@ impl Sender {
     /// zstd stream (under its lock, so pieces leave in stream order).
     fn send_data(&self, offset: u64, raw: &[u8]) -> Result<(), MigrationError> {
         let raw_len = raw.len() as u32;
+        let data = |encoding, bytes| Message::Data {
+            offset,
+            encoding,
+            raw_len,
+            bytes,
+        };
         match &self.stream {
             Some(st) => {
                 let mut st = st.lock();
                 let z = st.piece(raw)?;
-                let m = Message::Data {
-                    offset,
-                    encoding: Encoding::ZstdStream,
-                    raw_len,
-                    bytes: Bytes::from(z),
-                };
-                self.send(frame(Kind::Data, &m))
+                self.send(frame(
+                    Kind::Data,
+                    &data(Encoding::ZstdStream, Bytes::from(z)),
+                ))
             }
-            None => {
-                let m = Message::Data {
-                    offset,
-                    encoding: Encoding::Raw,
-                    raw_len,
-                    bytes: Bytes::copy_from_slice(raw),
-                };
-                self.send(frame(Kind::Data, &m))
-            }
+            None => self.send(frame(
+                Kind::Data,
+                &data(Encoding::Raw, Bytes::copy_from_slice(raw)),
+            )),
         }
     }
 
@@ -528,14 +526,6 @@ struct PendingSwitch {
     rounds_s: f64,
 }
 
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, MigrationError> + Send + 'static,
-) -> Result<T, MigrationError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| MigrationError::Invalid(format!("worker failed: {e}")))?
-}
-
 /// End a round and wait until the destination has written and flushed
 /// everything sent so far (so the final pause has little left to flush).
 async fn sync_round(
@@ -615,8 +605,13 @@ async fn attempt(
             }
         }
         // The destination committed before the link failed: finish here.
-        Message::Done { location } if pending.is_some() => {
-            let p = pending.take().expect("checked just above");
+        Message::Done { location } => {
+            let Some(p) = pending.take() else {
+                return Err(unexpected(
+                    &Message::Done { location },
+                    "waiting for Welcome",
+                ));
+            };
             let v = vol.clone();
             let loc = location.clone();
             let moved = blocking(move || v.set_moved(&loc).map_err(Into::into)).await;

@@ -230,6 +230,11 @@ fn write_private(path: &Path, data: &[u8]) -> Result<(), CertError> {
     f.sync_all().map_err(io("fsync", path))
 }
 
+/// Only TLS 1.3 is configured; a 1.2 signature never reaches a verifier.
+fn tls12_refused() -> TlsError {
+    TlsError::General("TLS 1.2 is not accepted between ferry daemons".into())
+}
+
 /// Accepts exactly the certificates in the trusted directory, both as
 /// client and as server, and checks the TLS 1.3 handshake signature.
 #[derive(Debug)]
@@ -256,6 +261,12 @@ impl Pinned {
                 rustls::CertificateError::UnknownIssuer,
             ))
         }
+    }
+
+    fn schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 
     fn tls13(
@@ -292,9 +303,7 @@ impl ServerCertVerifier for Pinned {
         _cert: &CertificateDer<'_>,
         _dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, TlsError> {
-        Err(TlsError::PeerIncompatible(
-            rustls::PeerIncompatible::Tls13RequiredForQuic,
-        ))
+        Err(tls12_refused())
     }
 
     fn verify_tls13_signature(
@@ -307,9 +316,7 @@ impl ServerCertVerifier for Pinned {
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.schemes()
     }
 }
 
@@ -334,9 +341,7 @@ impl ClientCertVerifier for Pinned {
         _cert: &CertificateDer<'_>,
         _dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, TlsError> {
-        Err(TlsError::PeerIncompatible(
-            rustls::PeerIncompatible::Tls13RequiredForQuic,
-        ))
+        Err(tls12_refused())
     }
 
     fn verify_tls13_signature(
@@ -349,8 +354,6 @@ impl ClientCertVerifier for Pinned {
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.schemes()
     }
 }
