@@ -323,9 +323,10 @@ pub(crate) async fn dial(
     Ok(Box::new(tls))
 }
 
-/// A frame for the writer task.
-enum Outgoing {
-    Frame { kind: Kind, bytes: Bytes },
+/// An encoded frame for the writer task, and what it counts as.
+struct Outgoing {
+    kind: Kind,
+    bytes: Bytes,
 }
 
 #[derive(Clone, Copy)]
@@ -338,7 +339,7 @@ enum Kind {
 fn frame(kind: Kind, m: &Message) -> Outgoing {
     let mut b = BytesMut::new();
     m.encode(&mut b);
-    Outgoing::Frame {
+    Outgoing {
         kind,
         bytes: b.freeze(),
     }
@@ -643,22 +644,18 @@ async fn attempt(
     let bw = req.bwlimit;
     let writer = tokio::spawn(async move {
         let mut limit = RateLimit::new(bw);
-        while let Some(o) = rx.recv().await {
-            match o {
-                Outgoing::Frame { kind, bytes } => {
-                    limit.take(bytes.len()).await;
-                    wr.write_all(&bytes).await?;
-                    let c = &wrun.counters;
-                    let counter = match kind {
-                        Kind::Prints => &c.bytes_fingerprints,
-                        Kind::Data => &c.bytes_data,
-                        Kind::Protocol => &c.bytes_protocol,
-                    };
-                    counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                    if rx.is_empty() {
-                        wr.flush().await?;
-                    }
-                }
+        while let Some(Outgoing { kind, bytes }) = rx.recv().await {
+            limit.take(bytes.len()).await;
+            wr.write_all(&bytes).await?;
+            let c = &wrun.counters;
+            let counter = match kind {
+                Kind::Prints => &c.bytes_fingerprints,
+                Kind::Data => &c.bytes_data,
+                Kind::Protocol => &c.bytes_protocol,
+            };
+            counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            if rx.is_empty() {
+                wr.flush().await?;
             }
         }
         wr.flush().await?;
