@@ -116,6 +116,14 @@ struct ServeArgs {
     /// NBD HOST:PORT to send clients to after a migration arrives here.
     #[arg(long)]
     advertise_nbd: Option<String>,
+    /// Serve every volume as an iSCSI target on this portal (HOST:PORT);
+    /// repeat for more portals (multipath). Without an ACL or CHAP in the
+    /// config file, only loopback portals answer.
+    #[arg(long = "iscsi", value_name = "ADDR")]
+    iscsi: Vec<String>,
+    /// Base IQN: volume V is target "<BASE>:V".
+    #[arg(long)]
+    iscsi_base_iqn: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -300,6 +308,12 @@ fn serve(a: ServeArgs) -> Result<()> {
     }
     if let Some(n) = a.advertise_nbd {
         config.migration.advertise_nbd = n;
+    }
+    if !a.iscsi.is_empty() {
+        config.iscsi.listen = a.iscsi;
+    }
+    if let Some(b) = a.iscsi_base_iqn {
+        config.iscsi.base_iqn = b;
     }
     runtime()?.block_on(async move {
         let daemon = ferry_server::Daemon::bind(config).await?;

@@ -24,6 +24,16 @@
 //! advertise_nbd = ""             # NBD HOST:PORT clients are sent to; "" = derived
 //! plaintext = false              # loopback only: no TLS (for tests)
 //! buddies = []                   # ["10.0.0.5:10900"]: same-site daemons to take blocks from
+//!
+//! [iscsi]
+//! listen = []                    # portals, e.g. ["0.0.0.0:3260"]; each is its own portal group
+//! base_iqn = "iqn.2026-11.io.ferry"   # volume v is target "<base_iqn>:v", LUN 0
+//! acl = []                       # initiator IQNs allowed on every target ([] = any)
+//! chap_user = ""                 # one-way CHAP for every target ("" = off)
+//! chap_secret = ""
+//! mutual_user = ""               # mutual CHAP: what the target answers with
+//! mutual_secret = ""
+//! [iscsi.targets.VOLUME]         # per-volume overrides of acl / chap_* / mutual_*
 //! ```
 
 use serde::Deserialize;
@@ -60,6 +70,69 @@ pub struct Config {
     pub storage: StorageConfig,
     pub index: IndexConfig,
     pub migration: MigrationConfig,
+    pub iscsi: IscsiConfig,
+}
+
+/// Who may reach a target: an ACL of initiator names and CHAP secrets.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct IscsiAccess {
+    pub acl: Vec<String>,
+    pub chap_user: String,
+    pub chap_secret: String,
+    pub mutual_user: String,
+    pub mutual_secret: String,
+}
+
+/// The iSCSI target.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct IscsiConfig {
+    /// Portals (`HOST:PORT`); empty turns the target off.
+    pub listen: Vec<String>,
+    /// Targets are named `<base_iqn>:<volume>`.
+    pub base_iqn: String,
+    /// Defaults for every target (and discovery).
+    pub acl: Vec<String>,
+    pub chap_user: String,
+    pub chap_secret: String,
+    pub mutual_user: String,
+    pub mutual_secret: String,
+    /// Per-volume overrides (replace the defaults wholesale).
+    pub targets: std::collections::BTreeMap<String, IscsiAccess>,
+}
+
+pub const DEFAULT_BASE_IQN: &str = "iqn.2026-11.io.ferry";
+
+impl Default for IscsiConfig {
+    fn default() -> Self {
+        IscsiConfig {
+            listen: Vec::new(),
+            base_iqn: DEFAULT_BASE_IQN.into(),
+            acl: Vec::new(),
+            chap_user: String::new(),
+            chap_secret: String::new(),
+            mutual_user: String::new(),
+            mutual_secret: String::new(),
+            targets: Default::default(),
+        }
+    }
+}
+
+impl IscsiConfig {
+    /// The access rules of `volume`'s target (its override, or the defaults).
+    pub fn access(&self, volume: Option<&str>) -> IscsiAccess {
+        if let Some(t) = volume.and_then(|v| self.targets.get(v)) {
+            return t.clone();
+        }
+        IscsiAccess {
+            acl: self.acl.clone(),
+            chap_user: self.chap_user.clone(),
+            chap_secret: self.chap_secret.clone(),
+            mutual_user: self.mutual_user.clone(),
+            mutual_secret: self.mutual_secret.clone(),
+        }
+    }
 }
 
 /// Incoming migrations (the destination side).
@@ -128,6 +201,7 @@ impl Default for Config {
             storage: StorageConfig::default(),
             index: IndexConfig::default(),
             migration: MigrationConfig::default(),
+            iscsi: IscsiConfig::default(),
         }
     }
 }
@@ -220,5 +294,12 @@ mod tests {
         assert_eq!(c.nbd.max_in_flight, 128);
         assert_eq!(c.admin.listen, DEFAULT_ADMIN_ADDR);
         assert!(Config::parse("bogus = 1").is_err());
+        let c = Config::parse(
+            "[iscsi]\nlisten = [\"127.0.0.1:3260\"]\nchap_user = \"u\"\n[iscsi.targets.v]\nacl = [\"iqn.x\"]\n",
+        )
+        .unwrap();
+        assert_eq!(c.iscsi.base_iqn, DEFAULT_BASE_IQN);
+        assert_eq!(c.iscsi.access(Some("w")).chap_user, "u");
+        assert_eq!(c.iscsi.targets["v"].acl, vec!["iqn.x".to_string()]);
     }
 }

@@ -9,6 +9,7 @@
 pub mod admin;
 pub mod config;
 pub mod indexer;
+pub mod iscsi;
 pub mod metrics;
 pub mod migration;
 pub mod nbd;
@@ -64,6 +65,7 @@ pub struct ServerState {
     pub metrics: Metrics,
     pub addrs: BoundAddrs,
     pub migrations: migration::Registry,
+    pub iscsi: iscsi::IscsiState,
 }
 
 /// A daemon with its pool open and its listeners bound.
@@ -72,6 +74,7 @@ pub struct Daemon {
     nbd: Option<TcpListener>,
     admin: Option<TcpListener>,
     migration: Option<TcpListener>,
+    iscsi: Vec<TcpListener>,
 }
 
 async fn bind(what: &'static str, addr: &str) -> Result<Option<TcpListener>, ServerError> {
@@ -106,6 +109,14 @@ impl Daemon {
         let nbd = bind("NBD", &config.nbd.listen).await?;
         let admin = bind("admin", &config.admin.listen).await?;
         let migration = bind("migration", &config.migration.listen).await?;
+        let mut iscsi = Vec::new();
+        for addr in &config.iscsi.listen {
+            if let Some(l) = bind("iSCSI", addr).await? {
+                iscsi.push(l);
+            }
+        }
+        let iscsi_state = iscsi::IscsiState::default();
+        *iscsi_state.portals.lock() = iscsi.iter().filter_map(|l| l.local_addr().ok()).collect();
         if migration.is_some() && !config.migration.plaintext {
             // Make the daemon's certificate now, so it can be shown and
             // trusted before the first migration.
@@ -126,10 +137,12 @@ impl Daemon {
                 metrics: Metrics::new(),
                 addrs,
                 migrations: migration::Registry::default(),
+                iscsi: iscsi_state,
             }),
             nbd,
             admin,
             migration,
+            iscsi,
         })
     }
 
@@ -147,6 +160,10 @@ impl Daemon {
         if let Some(l) = self.nbd {
             tracing::info!(addr = ?self.state.addrs.nbd, "NBD listening");
             tasks.spawn(nbd::serve(l, self.state.clone(), shutdown.clone()));
+        }
+        for (i, l) in self.iscsi.into_iter().enumerate() {
+            tracing::info!(addr = ?l.local_addr().ok(), portal_group = i + 1, "iSCSI portal listening");
+            tasks.spawn(iscsi::serve(l, i, self.state.clone(), shutdown.clone()));
         }
         tasks.spawn(indexer::run(self.state.clone(), shutdown.clone()));
         if let Some(l) = self.migration {

@@ -1,0 +1,144 @@
+//! SCSI for ferry: a direct-access logical unit (SPC-4 / SBC-3) that decodes
+//! CDBs, keeps the unit's shared state (reservations, unit attentions, mode
+//! pages) and executes each command against a [`BlockDevice`]. The transport
+//! (iSCSI) hands it a CDB and the data-out bytes and gets back a status,
+//! data-in bytes and sense data; nothing here touches a socket.
+
+mod cdb;
+mod inquiry;
+mod lu;
+mod mode;
+mod opcodes;
+mod pr;
+pub mod sense;
+
+pub use lu::{LogicalUnit, LuConfig};
+pub use sense::Sense;
+
+use thiserror::Error;
+
+/// SCSI status codes (SAM-5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Status {
+    Good = 0x00,
+    CheckCondition = 0x02,
+    ConditionMet = 0x04,
+    Busy = 0x08,
+    ReservationConflict = 0x18,
+    TaskSetFull = 0x28,
+    TaskAborted = 0x40,
+}
+
+/// What a device operation can fail with; each maps to one sense triple.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum DeviceError {
+    #[error("range outside the device")]
+    OutOfRange,
+    #[error("device is read-only")]
+    ReadOnly,
+    #[error("device is gone: {0}")]
+    Gone(String),
+    #[error("no space left to allocate blocks")]
+    NoSpace,
+    #[error("I/O error: {0}")]
+    Io(String),
+}
+
+/// The storage behind a logical unit. Offsets and lengths are in bytes and
+/// always whole logical blocks.
+pub trait BlockDevice: Send + Sync {
+    fn size(&self) -> u64;
+    fn read_only(&self) -> bool;
+    /// Sparse: unmapped blocks are deallocated and read back as zeroes.
+    fn thin(&self) -> bool;
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError>;
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), DeviceError>;
+    /// Make the range read as zeroes; `unmap` allows deallocating it.
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        unmap: bool,
+        fua: bool,
+    ) -> Result<(), DeviceError>;
+    /// Deallocate the range (advisory on thick devices).
+    fn unmap(&self, offset: u64, len: u64) -> Result<(), DeviceError>;
+    fn flush(&self) -> Result<(), DeviceError>;
+    fn prefetch(&self, offset: u64, len: u64) -> Result<(), DeviceError>;
+    /// Allocation map of `[offset, offset+len)`: `(offset, length, mapped)`
+    /// runs in order, covering at least `offset`.
+    fn mapping(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64, bool)>, DeviceError>;
+}
+
+/// The identity a logical unit reports (INQUIRY, VPD 0x80/0x83).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The volume's name (product identification and T10 vendor id).
+    pub name: String,
+    /// 8-byte NAA designator (the volume's WWN, kept across migration).
+    pub naa: [u8; 8],
+    /// Unit serial number (VPD 0x80).
+    pub serial: String,
+    /// The iSCSI target name this unit is reached through.
+    pub target_name: String,
+    /// Target port group and relative port of the portal in use.
+    pub port_group: u16,
+    pub relative_port: u16,
+}
+
+/// One I_T nexus: an initiator port seen through this target.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Nexus {
+    /// `<initiator name>,i,0x<ISID>` (the iSCSI initiator port name).
+    pub initiator_port: String,
+    /// Relative target port the nexus came in on.
+    pub relative_port: u16,
+}
+
+/// The outcome of one command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScsiResponse {
+    pub status: Status,
+    /// Data-in bytes (already cut to the allocation length).
+    pub data: Vec<u8>,
+    /// Encoded sense data when `status` is CHECK CONDITION.
+    pub sense: Vec<u8>,
+    /// Bytes the command asked to move (SPDTL): data-in for reads, the
+    /// data-out size it needs for writes. The transport compares it with
+    /// the expected transfer length to set residuals.
+    pub transfer_len: u64,
+}
+
+impl ScsiResponse {
+    pub fn good(data: Vec<u8>) -> Self {
+        let transfer_len = data.len() as u64;
+        ScsiResponse {
+            status: Status::Good,
+            data,
+            sense: Vec::new(),
+            transfer_len,
+        }
+    }
+    pub fn status(status: Status) -> Self {
+        ScsiResponse {
+            status,
+            data: Vec::new(),
+            sense: Vec::new(),
+            transfer_len: 0,
+        }
+    }
+}
+
+/// Parse a volume WWN string like `naa.3xxxxxxxxxxxxxxx` into 8 bytes.
+pub fn naa_bytes(wwn: &str) -> Option<[u8; 8]> {
+    let hex = wwn.strip_prefix("naa.")?;
+    if hex.len() != 16 {
+        return None;
+    }
+    let mut out = [0u8; 8];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(i * 2..i * 2 + 2)?, 16).ok()?;
+    }
+    Some(out)
+}

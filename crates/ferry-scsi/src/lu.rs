@@ -1,0 +1,861 @@
+//! One logical unit: shared state (mode pages, reservations, unit
+//! attentions, medium-removal prevention) and the dispatch of every CDB to
+//! its handler.
+
+use crate::cdb::{be16, be24, be32, be64, byte};
+use crate::inquiry::{
+    self, MAX_COMPARE_WRITE_BLOCKS, MAX_TRANSFER_BLOCKS, MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS,
+    MAX_WRITE_SAME_BLOCKS,
+};
+use crate::mode::{self, ModeState, PageControl};
+use crate::opcodes;
+use crate::pr::{Access, Reservations};
+use crate::sense::Sense;
+use crate::{BlockDevice, DeviceError, Identity, Nexus, ScsiResponse, Status};
+use parking_lot::{Mutex, RwLock};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// Geometry and provisioning of a logical unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LuConfig {
+    /// Logical block size in bytes (512 or 4096).
+    pub block_size: u32,
+    /// Physical block size reported to initiators.
+    pub physical_block: u32,
+    /// Thin provisioned: UNMAP deallocates and unmapped blocks read zero.
+    pub thin: bool,
+}
+
+#[derive(Debug, Default)]
+struct LuState {
+    mode: ModeState,
+    res: Reservations,
+    /// Pending unit attentions per initiator port.
+    ua: HashMap<String, Vec<Sense>>,
+    /// Initiator ports that have sent a command (they get unit attentions).
+    seen: HashSet<String>,
+    /// Initiator ports that prevent medium removal.
+    prevent: HashSet<String>,
+    blocks: u64,
+}
+
+/// A logical unit backed by a [`BlockDevice`].
+pub struct LogicalUnit {
+    dev: Arc<dyn BlockDevice>,
+    id: Identity,
+    cfg: LuConfig,
+    state: Mutex<LuState>,
+    /// Plain writes share it; COMPARE AND WRITE and ORWRITE take it alone,
+    /// so their read-modify-write is atomic against every other writer of
+    /// this unit.
+    atomic: RwLock<()>,
+}
+
+type Outcome = Result<ScsiResponse, Sense>;
+
+fn dev_sense(e: &DeviceError, write: bool) -> Sense {
+    match e {
+        DeviceError::OutOfRange => Sense::LBA_OUT_OF_RANGE,
+        DeviceError::ReadOnly => Sense::WRITE_PROTECTED,
+        DeviceError::Gone(_) => Sense::LU_NOT_ACCESSIBLE,
+        DeviceError::NoSpace => Sense::SPACE_ALLOCATION_FAILED,
+        DeviceError::Io(_) if write => Sense::WRITE_ERROR,
+        DeviceError::Io(_) => Sense::UNRECOVERED_READ_ERROR,
+    }
+}
+
+fn access_of(opcode: u8) -> Access {
+    match opcode {
+        0x12 | 0xa0 | 0x03 | 0x5e | 0x5f | 0xa3 | 0x17 | 0x57 => Access::Always,
+        0x00 | 0x25 | 0x1e => Access::Meta,
+        0x9e => Access::Meta,
+        0x16 | 0x56 => Access::Spc2,
+        0x08 | 0x28 | 0xa8 | 0x88 | 0x2f | 0xaf | 0x8f | 0x34 | 0x90 | 0x1a | 0x5a | 0x37
+        | 0xb7 => Access::Read,
+        _ => Access::Write,
+    }
+}
+
+fn cut(mut data: Vec<u8>, alloc: usize) -> ScsiResponse {
+    data.truncate(alloc);
+    ScsiResponse::good(data)
+}
+
+/// Where the LBA, length and flags of a medium-access CDB live.
+struct Rw {
+    lba: u64,
+    blocks: u64,
+    flags: u8,
+}
+
+fn rw_fields(cdb: &[u8]) -> Rw {
+    let op = byte(cdb, 0);
+    match op {
+        0x08 | 0x0a => {
+            let n = u64::from(byte(cdb, 4));
+            Rw {
+                lba: u64::from(be24(cdb, 1) & 0x1f_ffff),
+                blocks: if n == 0 { 256 } else { n },
+                flags: 0,
+            }
+        }
+        0x28 | 0x2a | 0x2e | 0x2f | 0x34 | 0x35 | 0x41 => Rw {
+            lba: u64::from(be32(cdb, 2)),
+            blocks: u64::from(be16(cdb, 7)),
+            flags: byte(cdb, 1),
+        },
+        0xa8 | 0xaa | 0xae | 0xaf => Rw {
+            lba: u64::from(be32(cdb, 2)),
+            blocks: u64::from(be32(cdb, 6)),
+            flags: byte(cdb, 1),
+        },
+        0x89 => Rw {
+            lba: be64(cdb, 2),
+            blocks: u64::from(byte(cdb, 13)),
+            flags: byte(cdb, 1),
+        },
+        _ => Rw {
+            lba: be64(cdb, 2),
+            blocks: u64::from(be32(cdb, 10)),
+            flags: byte(cdb, 1),
+        },
+    }
+}
+
+fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
+    a.iter().zip(b).position(|(x, y)| x != y)
+}
+
+impl LogicalUnit {
+    pub fn new(dev: Arc<dyn BlockDevice>, id: Identity, cfg: LuConfig) -> LogicalUnit {
+        let blocks = dev.size() / u64::from(cfg.block_size);
+        LogicalUnit {
+            dev,
+            id,
+            cfg,
+            state: Mutex::new(LuState {
+                blocks,
+                ..LuState::default()
+            }),
+            atomic: RwLock::new(()),
+        }
+    }
+
+    pub fn identity(&self) -> &Identity {
+        &self.id
+    }
+    pub fn block_size(&self) -> u32 {
+        self.cfg.block_size
+    }
+    fn bs(&self) -> u64 {
+        u64::from(self.cfg.block_size)
+    }
+    fn blocks(&self) -> u64 {
+        self.dev.size() / self.bs()
+    }
+
+    /// Encode sense data in the format the control mode page selects.
+    pub fn sense_bytes(&self, s: &Sense) -> Vec<u8> {
+        s.encode(self.state.lock().mode.d_sense)
+    }
+
+    fn check_condition(&self, s: Sense, transfer_len: u64) -> ScsiResponse {
+        ScsiResponse {
+            status: Status::CheckCondition,
+            data: Vec::new(),
+            sense: self.sense_bytes(&s),
+            transfer_len,
+        }
+    }
+
+    /// Queue a unit attention for every initiator port that has been seen.
+    fn unit_attention_all(st: &mut LuState, s: Sense) {
+        let ports: Vec<String> = st.seen.iter().cloned().collect();
+        for p in ports {
+            let q = st.ua.entry(p).or_default();
+            if !q.contains(&s) {
+                q.push(s);
+            }
+        }
+    }
+
+    /// LOGICAL UNIT RESET (and TARGET WARM/COLD RESET, `power_on`):
+    /// SPC-2 reservations and removal prevention end; every nexus
+    /// gets a unit attention, the issuer included.
+    pub fn reset(&self, power_on: bool, issuer: Option<&Nexus>) {
+        let mut st = self.state.lock();
+        st.res.reset();
+        st.prevent.clear();
+        st.mode = ModeState::default();
+        let s = if power_on {
+            Sense::POWER_ON_RESET
+        } else {
+            Sense::BUS_DEVICE_RESET
+        };
+        Self::unit_attention_all(&mut st, s);
+        if let Some(n) = issuer {
+            // The issuer gets one too (SAM-5), even before its first command.
+            let q = st.ua.entry(n.initiator_port.clone()).or_default();
+            if !q.contains(&s) {
+                q.push(s);
+            }
+        }
+    }
+
+    /// The I_T nexus ended (logout, connection loss, or a new session
+    /// reinstating it): its SPC-2 reservation, removal prevention and
+    /// pending unit attentions go; persistent reservations stay.
+    pub fn nexus_lost(&self, nexus: &Nexus) {
+        let mut st = self.state.lock();
+        st.res.nexus_lost(&nexus.initiator_port);
+        st.prevent.remove(&nexus.initiator_port);
+        st.seen.remove(&nexus.initiator_port);
+        st.ua.remove(&nexus.initiator_port);
+    }
+
+    /// Execute one command. `data_out` holds the data-out bytes the
+    /// initiator sent (the transport's expected transfer length).
+    pub fn execute(&self, nexus: &Nexus, cdb: &[u8], data_out: &[u8]) -> ScsiResponse {
+        let opcode = byte(cdb, 0);
+        {
+            let mut st = self.state.lock();
+            let blocks = self.blocks();
+            if blocks != st.blocks {
+                st.blocks = blocks;
+                Self::unit_attention_all(&mut st, Sense::CAPACITY_CHANGED);
+            }
+            st.seen.insert(nexus.initiator_port.clone());
+            if !matches!(opcode, 0x12 | 0xa0 | 0x03) {
+                if let Some(q) = st.ua.get_mut(&nexus.initiator_port) {
+                    if !q.is_empty() {
+                        let s = q.remove(0);
+                        drop(st);
+                        return self.check_condition(s, 0);
+                    }
+                }
+            }
+            if !st.res.check(&nexus.initiator_port, access_of(opcode)) {
+                return ScsiResponse::status(Status::ReservationConflict);
+            }
+        }
+        match self.dispatch(nexus, cdb, data_out) {
+            Ok(r) => r,
+            Err(s) => {
+                let transfer_len = self.expected_out(cdb);
+                self.check_condition(s, transfer_len)
+            }
+        }
+    }
+
+    /// The data-out length a write-class CDB calls for (0 for others).
+    fn expected_out(&self, cdb: &[u8]) -> u64 {
+        let rw = rw_fields(cdb);
+        match byte(cdb, 0) {
+            0x0a | 0x2a | 0xaa | 0x8a | 0x2e | 0xae | 0x8e | 0x8b | 0x9c => rw.blocks * self.bs(),
+            0x89 => 2 * rw.blocks * self.bs(),
+            _ => 0,
+        }
+    }
+
+    fn range(&self, lba: u64, blocks: u64) -> Result<(u64, u64), Sense> {
+        let total = self.blocks();
+        match lba.checked_add(blocks) {
+            Some(end) if end <= total && lba <= total => Ok((lba * self.bs(), blocks * self.bs())),
+            _ => Err(Sense::LBA_OUT_OF_RANGE.with_info(lba)),
+        }
+    }
+
+    fn writable(&self) -> Result<(), Sense> {
+        if self.dev.read_only() {
+            return Err(Sense::WRITE_PROTECTED);
+        }
+        if self.state.lock().mode.swp {
+            return Err(Sense::new(crate::sense::DATA_PROTECT, 0x27, 0x02));
+        }
+        Ok(())
+    }
+
+    fn fua(&self, flags: u8) -> bool {
+        flags & 0x08 != 0 || !self.state.lock().mode.wce
+    }
+
+    fn dispatch(&self, nexus: &Nexus, cdb: &[u8], out: &[u8]) -> Outcome {
+        let op = byte(cdb, 0);
+        let port = &nexus.initiator_port;
+        match op {
+            0x00 => Ok(ScsiResponse::good(Vec::new())),
+            0x03 => {
+                let alloc = usize::from(byte(cdb, 4));
+                let desc = byte(cdb, 1) & 0x01 != 0;
+                let s = {
+                    let mut st = self.state.lock();
+                    match st.ua.get_mut(port) {
+                        Some(q) if !q.is_empty() => q.remove(0),
+                        _ => Sense::new(crate::sense::NO_SENSE, 0, 0),
+                    }
+                };
+                Ok(cut(s.encode(desc), alloc))
+            }
+            0x12 => self.inquiry(nexus, cdb),
+            0x1a | 0x5a => self.mode_sense(cdb),
+            0x15 | 0x55 => self.mode_select(cdb, out),
+            0x16 | 0x56 => {
+                if op == 0x16 && byte(cdb, 1) & 0x01 != 0 || op == 0x56 && byte(cdb, 1) & 0x12 != 0
+                {
+                    return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, None));
+                }
+                if self.state.lock().res.spc2_reserve(port) {
+                    Ok(ScsiResponse::good(Vec::new()))
+                } else {
+                    Ok(ScsiResponse::status(Status::ReservationConflict))
+                }
+            }
+            0x17 | 0x57 => {
+                self.state.lock().res.spc2_release(port);
+                Ok(ScsiResponse::good(Vec::new()))
+            }
+            0x1b => {
+                let loej = byte(cdb, 4) & 0x02 != 0;
+                let start = byte(cdb, 4) & 0x01 != 0;
+                let power = byte(cdb, 4) >> 4;
+                if loej && !start && power == 0 && !self.state.lock().prevent.is_empty() {
+                    return Err(Sense::MEDIUM_REMOVAL_PREVENTED);
+                }
+                Ok(ScsiResponse::good(Vec::new()))
+            }
+            0x1e => {
+                let mut st = self.state.lock();
+                match byte(cdb, 4) & 0x03 {
+                    0 => {
+                        st.prevent.remove(port);
+                    }
+                    1 => {
+                        st.prevent.insert(port.clone());
+                    }
+                    _ => return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 4, Some(1))),
+                }
+                Ok(ScsiResponse::good(Vec::new()))
+            }
+            0x25 => {
+                if byte(cdb, 8) & 0x01 == 0 && be32(cdb, 2) != 0 {
+                    return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 2, None));
+                }
+                let last = self.blocks().saturating_sub(1);
+                let mut d = (last.min(u64::from(u32::MAX)) as u32)
+                    .to_be_bytes()
+                    .to_vec();
+                d.extend_from_slice(&self.cfg.block_size.to_be_bytes());
+                Ok(ScsiResponse::good(d))
+            }
+            0x9e => match byte(cdb, 1) & 0x1f {
+                0x10 => {
+                    let alloc = be32(cdb, 10) as usize;
+                    let mut d = vec![0u8; 32];
+                    d[0..8].copy_from_slice(&self.blocks().saturating_sub(1).to_be_bytes());
+                    d[8..12].copy_from_slice(&self.cfg.block_size.to_be_bytes());
+                    let exp = (self.cfg.physical_block / self.cfg.block_size.max(1)).max(1);
+                    d[13] = exp.trailing_zeros() as u8 & 0x0f;
+                    if self.cfg.thin {
+                        d[14] = 0x80 | 0x40; // LBPME, LBPRZ
+                    }
+                    Ok(cut(d, alloc))
+                }
+                0x12 => self.get_lba_status(cdb),
+                _ => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4))),
+            },
+            0xa0 => {
+                let alloc = be32(cdb, 6) as usize;
+                if alloc < 16 {
+                    return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 6, None));
+                }
+                if !matches!(byte(cdb, 2), 0x00 | 0x01 | 0x02 | 0x10 | 0x11 | 0x12) {
+                    return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 2, None));
+                }
+                let mut d = vec![0u8; 16];
+                d[3] = 8;
+                Ok(cut(d, alloc))
+            }
+            0xa3 => {
+                if byte(cdb, 1) & 0x1f != 0x0c {
+                    return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4)));
+                }
+                let alloc = be32(cdb, 6) as usize;
+                Ok(cut(opcodes::report(cdb)?, alloc))
+            }
+            0x5e => {
+                let alloc = crate::pr::pr_in_alloc(cdb);
+                let d = self.state.lock().res.pr_in(cdb)?;
+                Ok(cut(d, alloc))
+            }
+            0x5f => {
+                let r = {
+                    let mut st = self.state.lock();
+                    match st.res.pr_out(port, cdb, out) {
+                        Ok((_, notices)) => {
+                            for (p, s) in notices {
+                                st.ua.entry(p).or_default().push(s);
+                            }
+                            Ok(())
+                        }
+                        Err(e) => Err(e),
+                    }
+                };
+                match r {
+                    Ok(()) => Ok(ScsiResponse::good(Vec::new())),
+                    Err((Status::CheckCondition, Some(s))) => Err(s),
+                    Err((status, _)) => Ok(ScsiResponse::status(status)),
+                }
+            }
+            0x37 | 0xb7 => {
+                let flags = byte(cdb, if op == 0x37 { 2 } else { 1 }) & 0x1f;
+                let (mut d, alloc) = if op == 0x37 {
+                    (vec![0, flags, 0, 0], usize::from(be16(cdb, 7)))
+                } else {
+                    (vec![0, flags, 0, 0, 0, 0, 0, 0], be32(cdb, 6) as usize)
+                };
+                d.truncate(alloc);
+                Ok(ScsiResponse::good(d))
+            }
+            0x08 | 0x28 | 0xa8 | 0x88 => self.read(cdb),
+            0x0a | 0x2a | 0xaa | 0x8a => self.write(cdb, out, false),
+            0x2e | 0xae | 0x8e => self.write(cdb, out, true),
+            0x2f | 0xaf | 0x8f => self.verify(cdb, out),
+            0x34 | 0x90 => {
+                let rw = rw_fields(cdb);
+                let (off, len) = self.range(rw.lba, rw.blocks)?;
+                if len > 0 {
+                    self.dev
+                        .prefetch(off, len)
+                        .map_err(|e| dev_sense(&e, false))?;
+                }
+                Ok(ScsiResponse::good(Vec::new()))
+            }
+            0x35 | 0x91 => {
+                let rw = rw_fields(cdb);
+                self.range(rw.lba, rw.blocks)?;
+                self.dev.flush().map_err(|e| dev_sense(&e, true))?;
+                Ok(ScsiResponse::good(Vec::new()))
+            }
+            0x41 | 0x93 => self.write_same(cdb, out),
+            0x42 => self.unmap(cdb, out),
+            0x89 => self.compare_and_write(cdb, out),
+            0x9c => self.write_atomic(cdb, out),
+            0x8b => self.orwrite(cdb, out),
+            _ => Err(Sense::INVALID_OPCODE),
+        }
+    }
+
+    fn inquiry(&self, nexus: &Nexus, cdb: &[u8]) -> Outcome {
+        let alloc = usize::from(be16(cdb, 3));
+        let evpd = byte(cdb, 1) & 0x01 != 0;
+        if byte(cdb, 1) & 0xfe != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, None));
+        }
+        if !evpd {
+            if byte(cdb, 2) != 0 {
+                return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 2, None));
+            }
+            return Ok(cut(inquiry::standard(&self.id), alloc));
+        }
+        let mut id = self.id.clone();
+        id.relative_port = nexus.relative_port;
+        match inquiry::vpd(byte(cdb, 2), &id, &self.cfg, self.blocks()) {
+            Some(d) => Ok(cut(d, alloc)),
+            None => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 2, None)),
+        }
+    }
+
+    fn mode_sense(&self, cdb: &[u8]) -> Outcome {
+        let ten = byte(cdb, 0) == 0x5a;
+        let dbd = byte(cdb, 1) & 0x08 != 0;
+        let llbaa = ten && byte(cdb, 1) & 0x10 != 0;
+        let pc = match byte(cdb, 2) >> 6 {
+            0 => PageControl::Current,
+            1 => PageControl::Changeable,
+            2 => PageControl::Default,
+            _ => return Err(Sense::SAVING_PARAMS_UNSUPPORTED),
+        };
+        let alloc = if ten {
+            usize::from(be16(cdb, 7))
+        } else {
+            usize::from(byte(cdb, 4))
+        };
+        let st = self.state.lock().mode;
+        let pages = mode::pages(byte(cdb, 2) & 0x3f, byte(cdb, 3), &st, pc)?;
+        let mut desc = Vec::new();
+        if !dbd {
+            let blocks = self.blocks();
+            if llbaa {
+                desc.extend_from_slice(&blocks.to_be_bytes());
+                desc.extend_from_slice(&[0, 0, 0, 0]);
+                desc.extend_from_slice(&self.cfg.block_size.to_be_bytes());
+            } else {
+                desc.extend_from_slice(&(blocks.min(0xffff_ffff) as u32).to_be_bytes());
+                desc.push(0);
+                desc.extend_from_slice(&self.cfg.block_size.to_be_bytes()[1..]);
+            }
+        }
+        let mut dsp = 0x10; // DPOFUA
+        if self.dev.read_only() || st.swp {
+            dsp |= 0x80;
+        }
+        let mut d = if ten {
+            let total = 8 + desc.len() + pages.len();
+            let mut h = ((total - 2) as u16).to_be_bytes().to_vec();
+            h.extend_from_slice(&[0, dsp, if llbaa { 1 } else { 0 }, 0]);
+            h.extend_from_slice(&(desc.len() as u16).to_be_bytes());
+            h
+        } else {
+            let total = 4 + desc.len() + pages.len();
+            vec![(total - 1).min(255) as u8, 0, dsp, desc.len() as u8]
+        };
+        d.extend_from_slice(&desc);
+        d.extend_from_slice(&pages);
+        Ok(cut(d, alloc))
+    }
+
+    fn mode_select(&self, cdb: &[u8], out: &[u8]) -> Outcome {
+        let ten = byte(cdb, 0) == 0x55;
+        if byte(cdb, 1) & 0x01 != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(0)));
+        }
+        let len = if ten {
+            usize::from(be16(cdb, 7))
+        } else {
+            usize::from(byte(cdb, 4))
+        };
+        let p = &out[..len.min(out.len())];
+        let hdr = if ten { 8 } else { 4 };
+        if p.is_empty() {
+            return Ok(ScsiResponse::good(Vec::new()));
+        }
+        if p.len() < hdr {
+            return Err(Sense::PARAM_LIST_LENGTH_ERROR);
+        }
+        let bdl = if ten {
+            usize::from(be16(p, 6))
+        } else {
+            usize::from(p[3])
+        };
+        let Some(rest) = p.get(hdr + bdl..) else {
+            return Err(Sense::PARAM_LIST_LENGTH_ERROR);
+        };
+        let mut st = self.state.lock();
+        let mut m = st.mode;
+        mode::select(rest, &mut m)?;
+        st.mode = m;
+        Ok(ScsiResponse::good(Vec::new()))
+    }
+
+    fn read(&self, cdb: &[u8]) -> Outcome {
+        let rw = rw_fields(cdb);
+        if rw.flags >> 5 != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(7)));
+        }
+        if rw.blocks > u64::from(MAX_TRANSFER_BLOCKS) {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 7, None));
+        }
+        let (off, len) = self.range(rw.lba, rw.blocks)?;
+        let mut buf = vec![0u8; len as usize];
+        if len > 0 {
+            self.dev
+                .read_at(off, &mut buf)
+                .map_err(|e| dev_sense(&e, false))?;
+        }
+        Ok(ScsiResponse::good(buf))
+    }
+
+    /// Data-out must be exactly what the CDB calls for; otherwise nothing
+    /// is written and the transport reports the residual.
+    fn need_out(out: &[u8], want: u64) -> Result<(), Sense> {
+        if out.len() as u64 != want {
+            return Err(Sense::new(crate::sense::ILLEGAL_REQUEST, 0x0e, 0x03));
+        }
+        Ok(())
+    }
+
+    fn write(&self, cdb: &[u8], out: &[u8], verify: bool) -> Outcome {
+        let rw = rw_fields(cdb);
+        if rw.flags >> 5 != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(7)));
+        }
+        if rw.blocks > u64::from(MAX_TRANSFER_BLOCKS) {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 7, None));
+        }
+        let (off, len) = self.range(rw.lba, rw.blocks)?;
+        self.writable()?;
+        // When the transport's expected length differs from the CDB's, only
+        // the overlap is written (FCP-4 / SAM-5 residual rule a); the
+        // transport reports the residual.
+        let n = (out.len() as u64).min(len) as usize;
+        if n > 0 {
+            let _shared = self.atomic.read();
+            self.dev
+                .write_at(off, &out[..n], verify || self.fua(rw.flags))
+                .map_err(|e| dev_sense(&e, true))?;
+        }
+        let mut r = ScsiResponse::good(Vec::new());
+        r.transfer_len = len;
+        Ok(r)
+    }
+
+    fn verify(&self, cdb: &[u8], out: &[u8]) -> Outcome {
+        let rw = rw_fields(cdb);
+        if rw.flags >> 5 != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(7)));
+        }
+        let bytchk = (rw.flags >> 1) & 0x03;
+        if bytchk == 2 {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(2)));
+        }
+        if rw.blocks > u64::from(MAX_TRANSFER_BLOCKS) {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 7, None));
+        }
+        let (off, len) = self.range(rw.lba, rw.blocks)?;
+        let want = match bytchk {
+            0 => 0,
+            1 => len,
+            _ => self.bs().min(len),
+        };
+        Self::need_out(out, want)?;
+        let mut medium = vec![0u8; len as usize];
+        if len > 0 {
+            self.dev
+                .read_at(off, &mut medium)
+                .map_err(|e| dev_sense(&e, false))?;
+        }
+        if bytchk != 0 {
+            let bs = self.bs() as usize;
+            let mismatch = if bytchk == 1 {
+                first_difference(&medium, out)
+            } else {
+                medium
+                    .chunks(bs)
+                    .enumerate()
+                    .find_map(|(i, blk)| first_difference(blk, out).map(|p| i * bs + p))
+            };
+            if let Some(at) = mismatch {
+                return Err(Sense::MISCOMPARE_DURING_VERIFY.with_info(at as u64));
+            }
+        }
+        let mut r = ScsiResponse::good(Vec::new());
+        r.transfer_len = want;
+        Ok(r)
+    }
+
+    fn write_same(&self, cdb: &[u8], out: &[u8]) -> Outcome {
+        let rw = rw_fields(cdb);
+        let sixteen = byte(cdb, 0) == 0x93;
+        let unmap = rw.flags & 0x08 != 0;
+        let anchor = rw.flags & 0x10 != 0;
+        let ndob = sixteen && rw.flags & 0x01 != 0;
+        if rw.flags >> 5 != 0 || anchor {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, None));
+        }
+        if rw.blocks == 0 || rw.blocks > MAX_WRITE_SAME_BLOCKS {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(
+                true,
+                if sixteen { 10 } else { 7 },
+                None,
+            ));
+        }
+        let (off, len) = self.range(rw.lba, rw.blocks)?;
+        self.writable()?;
+        let bs = self.bs() as usize;
+        let zero_block = vec![0u8; bs];
+        let block: &[u8] = if ndob {
+            Self::need_out(out, 0)?;
+            &zero_block
+        } else {
+            Self::need_out(out, bs as u64)?;
+            out
+        };
+        let fua = self.fua(rw.flags);
+        let _shared = self.atomic.read();
+        if block.iter().all(|b| *b == 0) {
+            self.dev
+                .write_zeroes(off, len, unmap && self.cfg.thin, fua)
+                .map_err(|e| dev_sense(&e, true))?;
+        } else {
+            let chunk_blocks = ((1usize << 20) / bs).max(1);
+            let pattern: Vec<u8> = block.repeat(chunk_blocks);
+            let mut pos = 0u64;
+            while pos < len {
+                let n = (len - pos).min(pattern.len() as u64) as usize;
+                self.dev
+                    .write_at(off + pos, &pattern[..n], fua)
+                    .map_err(|e| dev_sense(&e, true))?;
+                pos += n as u64;
+            }
+        }
+        let mut r = ScsiResponse::good(Vec::new());
+        r.transfer_len = out.len() as u64;
+        Ok(r)
+    }
+
+    fn unmap(&self, cdb: &[u8], out: &[u8]) -> Outcome {
+        if byte(cdb, 1) & 0x01 != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(0)));
+        }
+        let len = usize::from(be16(cdb, 7));
+        let p = &out[..len.min(out.len())];
+        if p.is_empty() {
+            return Ok(ScsiResponse::good(Vec::new()));
+        }
+        if p.len() < 8 {
+            return Err(Sense::PARAM_LIST_LENGTH_ERROR);
+        }
+        self.writable()?;
+        let bd_len = usize::from(be16(p, 2)).min(p.len() - 8);
+        let descs = &p[8..8 + bd_len - bd_len % 16];
+        if (descs.len() / 16) as u32 > MAX_UNMAP_DESCRIPTORS {
+            return Err(Sense::INVALID_FIELD_IN_PARAM_LIST.field(false, 2, None));
+        }
+        let mut ranges = Vec::new();
+        for d in descs.chunks(16) {
+            let lba = be64(d, 0);
+            let n = u64::from(be32(d, 8));
+            if n > u64::from(MAX_UNMAP_BLOCKS) {
+                return Err(Sense::INVALID_FIELD_IN_PARAM_LIST);
+            }
+            ranges.push(self.range(lba, n)?);
+        }
+        let _shared = self.atomic.read();
+        for (off, n) in ranges {
+            if n > 0 {
+                self.dev.unmap(off, n).map_err(|e| dev_sense(&e, true))?;
+            }
+        }
+        Ok(ScsiResponse::good(Vec::new()))
+    }
+
+    fn get_lba_status(&self, cdb: &[u8]) -> Outcome {
+        let lba = be64(cdb, 2);
+        let alloc = be32(cdb, 10) as usize;
+        let total = self.blocks();
+        if lba >= total {
+            return Err(Sense::LBA_OUT_OF_RANGE);
+        }
+        let bs = self.bs();
+        let max_desc = (alloc.saturating_sub(8) / 16).clamp(1, 512);
+        let span = ((total - lba) * bs).min(1 << 30);
+        let map = self
+            .dev
+            .mapping(lba * bs, span)
+            .map_err(|e| dev_sense(&e, false))?;
+        let mut body = Vec::new();
+        let mut n = 0;
+        for (off, len, mapped) in map {
+            let start = (off / bs).max(lba);
+            let end = ((off + len).div_ceil(bs)).min(total);
+            if end <= start {
+                continue;
+            }
+            body.extend_from_slice(&start.to_be_bytes());
+            body.extend_from_slice(&((end - start).min(u64::from(u32::MAX)) as u32).to_be_bytes());
+            body.push(if mapped { 0 } else { 1 });
+            body.extend_from_slice(&[0, 0, 0]);
+            n += 1;
+            if n == max_desc {
+                break;
+            }
+        }
+        let mut d = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(&[0, 0, 0, 0]);
+        d.extend_from_slice(&body);
+        Ok(cut(d, alloc))
+    }
+
+    fn compare_and_write(&self, cdb: &[u8], out: &[u8]) -> Outcome {
+        let rw = rw_fields(cdb);
+        if rw.flags >> 5 != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(7)));
+        }
+        if rw.blocks > u64::from(MAX_COMPARE_WRITE_BLOCKS) {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 13, None));
+        }
+        if rw.blocks == 0 && !out.is_empty() {
+            // The block count is one byte: 256 blocks wrap to 0.
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 13, None));
+        }
+        let (off, len) = self.range(rw.lba, rw.blocks)?;
+        self.writable()?;
+        Self::need_out(out, 2 * len)?;
+        if len == 0 {
+            return Ok(ScsiResponse::good(Vec::new()));
+        }
+        let (verify, write) = out.split_at(len as usize);
+        let _alone = self.atomic.write();
+        let mut medium = vec![0u8; len as usize];
+        self.dev
+            .read_at(off, &mut medium)
+            .map_err(|e| dev_sense(&e, false))?;
+        if let Some(at) = first_difference(&medium, verify) {
+            return Err(Sense::MISCOMPARE_DURING_VERIFY.with_info(at as u64));
+        }
+        self.dev
+            .write_at(off, write, self.fua(rw.flags))
+            .map_err(|e| dev_sense(&e, true))?;
+        let mut r = ScsiResponse::good(Vec::new());
+        r.transfer_len = 2 * len;
+        Ok(r)
+    }
+
+    /// WRITE ATOMIC(16): the whole range is written or none of it, and no
+    /// other write of this unit interleaves with it.
+    fn write_atomic(&self, cdb: &[u8], out: &[u8]) -> Outcome {
+        let rw = rw_fields(cdb);
+        if rw.flags >> 5 != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(7)));
+        }
+        if be16(cdb, 10) != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 10, None));
+        }
+        if rw.blocks > u64::from(inquiry::MAX_ATOMIC_BLOCKS) {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 12, None));
+        }
+        let (off, len) = self.range(rw.lba, rw.blocks)?;
+        self.writable()?;
+        Self::need_out(out, len)?;
+        if len > 0 {
+            let _alone = self.atomic.write();
+            self.dev
+                .write_at(off, out, self.fua(rw.flags))
+                .map_err(|e| dev_sense(&e, true))?;
+        }
+        let mut r = ScsiResponse::good(Vec::new());
+        r.transfer_len = len;
+        Ok(r)
+    }
+
+    fn orwrite(&self, cdb: &[u8], out: &[u8]) -> Outcome {
+        let rw = rw_fields(cdb);
+        if rw.flags >> 5 != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(7)));
+        }
+        if rw.blocks > u64::from(MAX_TRANSFER_BLOCKS) {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 10, None));
+        }
+        let (off, len) = self.range(rw.lba, rw.blocks)?;
+        self.writable()?;
+        Self::need_out(out, len)?;
+        if len == 0 {
+            return Ok(ScsiResponse::good(Vec::new()));
+        }
+        let _alone = self.atomic.write();
+        let mut medium = vec![0u8; len as usize];
+        self.dev
+            .read_at(off, &mut medium)
+            .map_err(|e| dev_sense(&e, false))?;
+        for (m, o) in medium.iter_mut().zip(out) {
+            *m |= *o;
+        }
+        self.dev
+            .write_at(off, &medium, self.fua(rw.flags))
+            .map_err(|e| dev_sense(&e, true))?;
+        let mut r = ScsiResponse::good(Vec::new());
+        r.transfer_len = len;
+        Ok(r)
+    }
+}

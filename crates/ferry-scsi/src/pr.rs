@@ -1,0 +1,428 @@
+//! Reservations: SPC-4 persistent reservations (PERSISTENT RESERVE IN/OUT)
+//! and SPC-2 RESERVE/RELEASE, and the access check every command passes.
+
+use crate::cdb::{be16, be32, be64, byte};
+use crate::sense::Sense;
+use crate::Status;
+use std::collections::BTreeMap;
+
+pub const WRITE_EXCLUSIVE: u8 = 1;
+pub const EXCLUSIVE_ACCESS: u8 = 3;
+pub const WRITE_EXCLUSIVE_RO: u8 = 5;
+pub const EXCLUSIVE_ACCESS_RO: u8 = 6;
+pub const WRITE_EXCLUSIVE_AR: u8 = 7;
+pub const EXCLUSIVE_ACCESS_AR: u8 = 8;
+
+fn valid_type(t: u8) -> bool {
+    matches!(t, 1 | 3 | 5 | 6 | 7 | 8)
+}
+fn all_registrants(t: u8) -> bool {
+    matches!(t, WRITE_EXCLUSIVE_AR | EXCLUSIVE_ACCESS_AR)
+}
+fn registrants_only(t: u8) -> bool {
+    matches!(t, WRITE_EXCLUSIVE_RO | EXCLUSIVE_ACCESS_RO)
+}
+
+/// How a command touches the medium, for the reservation check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Never conflicts (INQUIRY, REPORT LUNS, REQUEST SENSE, PR IN/OUT...).
+    Always,
+    /// Reports unit state: allowed under a persistent reservation, not
+    /// under another nexus's SPC-2 reservation (TEST UNIT READY, READ
+    /// CAPACITY, PREVENT ALLOW).
+    Meta,
+    /// Reads the medium or its state.
+    Read,
+    /// Changes the medium.
+    Write,
+    /// SPC-2 RESERVE/RELEASE: conflict with any persistent reservation.
+    Spc2,
+}
+
+#[derive(Debug, Default)]
+pub struct Reservations {
+    generation: u32,
+    /// Registered I_T nexuses and their keys.
+    keys: BTreeMap<String, u64>,
+    /// The persistent reservation: holder (ignored for all-registrants
+    /// types) and type.
+    held: Option<(String, u8)>,
+    /// SPC-2 reservation holder.
+    spc2: Option<String>,
+}
+
+/// Unit attentions to queue for other nexuses.
+pub type Notices = Vec<(String, Sense)>;
+
+fn conflict() -> Result<(Vec<u8>, Notices), (Status, Option<Sense>)> {
+    Err((Status::ReservationConflict, None))
+}
+
+impl Reservations {
+    fn is_holder(&self, nexus: &str) -> bool {
+        match &self.held {
+            Some((_, t)) if all_registrants(*t) => self.keys.contains_key(nexus),
+            Some((h, _)) => h == nexus,
+            None => false,
+        }
+    }
+
+    /// May `nexus` run a command with this access?
+    pub fn check(&self, nexus: &str, access: Access) -> bool {
+        if access == Access::Always {
+            return true;
+        }
+        if let Some(h) = &self.spc2 {
+            if h != nexus {
+                return false;
+            }
+        }
+        if access == Access::Spc2 {
+            return self.held.is_none();
+        }
+        if access == Access::Meta {
+            return true;
+        }
+        let Some((_, t)) = &self.held else {
+            return true;
+        };
+        if self.is_holder(nexus) {
+            return true;
+        }
+        let registered = self.keys.contains_key(nexus);
+        match *t {
+            WRITE_EXCLUSIVE => access == Access::Read,
+            EXCLUSIVE_ACCESS => false,
+            WRITE_EXCLUSIVE_RO | WRITE_EXCLUSIVE_AR => registered || access == Access::Read,
+            EXCLUSIVE_ACCESS_RO | EXCLUSIVE_ACCESS_AR => registered,
+            _ => true,
+        }
+    }
+
+    pub fn spc2_reserve(&mut self, nexus: &str) -> bool {
+        if self.held.is_some() {
+            return false;
+        }
+        match &self.spc2 {
+            Some(h) if h != nexus => false,
+            _ => {
+                self.spc2 = Some(nexus.to_string());
+                true
+            }
+        }
+    }
+
+    pub fn spc2_release(&mut self, nexus: &str) {
+        if self.spc2.as_deref() == Some(nexus) {
+            self.spc2 = None;
+        }
+    }
+
+    /// A LUN or target reset: SPC-2 reservations go, persistent ones stay.
+    pub fn reset(&mut self) {
+        self.spc2 = None;
+    }
+
+    /// The nexus is gone (logout, connection loss).
+    pub fn nexus_lost(&mut self, nexus: &str) {
+        self.spc2_release(nexus);
+    }
+
+    /// PERSISTENT RESERVE IN.
+    pub fn pr_in(&self, cdb: &[u8]) -> Result<Vec<u8>, Sense> {
+        let sa = byte(cdb, 1) & 0x1f;
+        let mut d = self.generation.to_be_bytes().to_vec();
+        match sa {
+            0 => {
+                let keys: Vec<u8> = self.keys.values().flat_map(|k| k.to_be_bytes()).collect();
+                d.extend_from_slice(&(keys.len() as u32).to_be_bytes());
+                d.extend_from_slice(&keys);
+            }
+            1 => match &self.held {
+                Some((h, t)) => {
+                    d.extend_from_slice(&16u32.to_be_bytes());
+                    let key = if all_registrants(*t) {
+                        0
+                    } else {
+                        self.keys.get(h).copied().unwrap_or(0)
+                    };
+                    d.extend_from_slice(&key.to_be_bytes());
+                    d.extend_from_slice(&[0, 0, 0, 0, 0, *t & 0x0f, 0, 0]);
+                }
+                None => d.extend_from_slice(&0u32.to_be_bytes()),
+            },
+            2 => {
+                d = vec![0, 8, 0x00, 0x80, 0, 0, 0, 0];
+                // Types supported: WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX / EX_AC_AR.
+                d[4] = 0x80 | 0x40 | 0x20 | 0x08 | 0x02;
+                d[5] = 0x01;
+            }
+            3 => {
+                let mut body = Vec::new();
+                for (nexus, key) in &self.keys {
+                    let holder = self.is_holder(nexus);
+                    let mut desc = key.to_be_bytes().to_vec();
+                    desc.extend_from_slice(&[0, 0, 0, 0]);
+                    desc.push(if holder { 0x01 } else { 0 });
+                    desc.push(if holder {
+                        self.held.as_ref().map(|h| h.1).unwrap_or(0)
+                    } else {
+                        0
+                    });
+                    desc.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+                    // iSCSI TransportID, format 01: name,i,0xISID.
+                    let mut tid = vec![0x45, 0];
+                    let mut name = nexus.as_bytes().to_vec();
+                    name.push(0);
+                    while !name.len().is_multiple_of(4) {
+                        name.push(0);
+                    }
+                    tid.extend_from_slice(&(name.len() as u16).to_be_bytes());
+                    tid.extend_from_slice(&name);
+                    desc.extend_from_slice(&(tid.len() as u32).to_be_bytes());
+                    desc.extend_from_slice(&tid);
+                    body.extend_from_slice(&desc);
+                }
+                d.extend_from_slice(&(body.len() as u32).to_be_bytes());
+                d.extend_from_slice(&body);
+            }
+            _ => return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4))),
+        }
+        Ok(d)
+    }
+
+    /// PERSISTENT RESERVE OUT from `nexus` with parameter list `p`.
+    pub fn pr_out(
+        &mut self,
+        nexus: &str,
+        cdb: &[u8],
+        p: &[u8],
+    ) -> Result<(Vec<u8>, Notices), (Status, Option<Sense>)> {
+        let sa = byte(cdb, 1) & 0x1f;
+        let scope = byte(cdb, 2) >> 4;
+        let rtype = byte(cdb, 2) & 0x0f;
+        let len = be32(cdb, 5) as usize;
+        let bad_cdb = |b| {
+            Err((
+                Status::CheckCondition,
+                Some(Sense::INVALID_FIELD_IN_CDB.field(true, b, None)),
+            ))
+        };
+        if sa > 7 {
+            return bad_cdb(1);
+        }
+        if len != 24 || p.len() < 24 {
+            return Err((Status::CheckCondition, Some(Sense::PARAM_LIST_LENGTH_ERROR)));
+        }
+        let key = be64(p, 0);
+        let sa_key = be64(p, 8);
+        let flags = byte(p, 20);
+        if flags & 0x0d != 0 {
+            // SPEC_I_PT, APTPL and ALL_TG_PT are not supported.
+            return Err((
+                Status::CheckCondition,
+                Some(Sense::INVALID_FIELD_IN_PARAM_LIST.field(false, 20, None)),
+            ));
+        }
+        let mine = self.keys.get(nexus).copied();
+        let mut notices = Notices::new();
+        match sa {
+            0 | 6 => {
+                // REGISTER / REGISTER AND IGNORE EXISTING KEY
+                if sa == 0 {
+                    match mine {
+                        None if key != 0 => return conflict(),
+                        Some(k) if k != key => return conflict(),
+                        _ => {}
+                    }
+                }
+                if sa_key == 0 {
+                    if mine.is_some() {
+                        self.unregister(nexus, &mut notices);
+                    }
+                } else {
+                    self.keys.insert(nexus.to_string(), sa_key);
+                }
+                self.generation = self.generation.wrapping_add(1);
+            }
+            1 => {
+                if mine != Some(key) {
+                    return conflict();
+                }
+                if scope != 0 {
+                    return bad_cdb(2);
+                }
+                if !valid_type(rtype) {
+                    return bad_cdb(2);
+                }
+                match &self.held {
+                    None => self.held = Some((nexus.to_string(), rtype)),
+                    Some((_, t)) if *t == rtype && self.is_holder(nexus) => {}
+                    Some(_) => return conflict(),
+                }
+            }
+            2 => {
+                if mine != Some(key) {
+                    return conflict();
+                }
+                if let Some((_, t)) = self.held.clone() {
+                    if self.is_holder(nexus) {
+                        if t != rtype || scope != 0 {
+                            return Err((
+                                Status::CheckCondition,
+                                Some(Sense::INVALID_RELEASE_OF_PR),
+                            ));
+                        }
+                        self.held = None;
+                        if t != WRITE_EXCLUSIVE && t != EXCLUSIVE_ACCESS {
+                            for n in self.keys.keys().filter(|n| *n != nexus) {
+                                notices.push((n.clone(), Sense::RESERVATIONS_RELEASED));
+                            }
+                        }
+                    }
+                }
+            }
+            3 => {
+                if mine != Some(key) {
+                    return conflict();
+                }
+                for n in self.keys.keys().filter(|n| *n != nexus) {
+                    notices.push((n.clone(), Sense::RESERVATIONS_PREEMPTED));
+                }
+                self.keys.clear();
+                self.held = None;
+                self.generation = self.generation.wrapping_add(1);
+            }
+            4 | 5 => {
+                if mine != Some(key) {
+                    return conflict();
+                }
+                let holder_key = match &self.held {
+                    Some((h, t)) if !all_registrants(*t) => self.keys.get(h).copied(),
+                    _ => None,
+                };
+                let ar = matches!(&self.held, Some((_, t)) if all_registrants(*t));
+                if sa_key == 0 && !ar {
+                    return Err((
+                        Status::CheckCondition,
+                        Some(Sense::INVALID_FIELD_IN_PARAM_LIST.field(false, 8, None)),
+                    ));
+                }
+                if !valid_type(rtype) && self.held.is_some() {
+                    return bad_cdb(2);
+                }
+                let victims: Vec<String> = self
+                    .keys
+                    .iter()
+                    .filter(|(n, k)| *n != nexus && (sa_key == 0 || **k == sa_key))
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                let takes =
+                    holder_key == Some(sa_key) || (ar && (sa_key == 0 || self.held.is_some()));
+                if victims.is_empty() && !takes {
+                    return conflict();
+                }
+                for v in &victims {
+                    self.keys.remove(v);
+                    notices.push((v.clone(), Sense::REGISTRATIONS_PREEMPTED));
+                }
+                if takes {
+                    self.held = Some((nexus.to_string(), rtype));
+                }
+                self.generation = self.generation.wrapping_add(1);
+            }
+            _ => return bad_cdb(1),
+        }
+        Ok((Vec::new(), notices))
+    }
+
+    fn unregister(&mut self, nexus: &str, notices: &mut Notices) {
+        self.keys.remove(nexus);
+        match &self.held {
+            Some((h, t)) if !all_registrants(*t) && h == nexus => {
+                let t = *t;
+                self.held = None;
+                if registrants_only(t) {
+                    for n in self.keys.keys() {
+                        notices.push((n.clone(), Sense::RESERVATIONS_RELEASED));
+                    }
+                }
+            }
+            Some((_, t)) if all_registrants(*t) && self.keys.is_empty() => self.held = None,
+            _ => {}
+        }
+    }
+}
+
+/// The service action field's allowed range for PR IN (checked by tests).
+pub fn pr_in_alloc(cdb: &[u8]) -> usize {
+    usize::from(be16(cdb, 7))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn out(
+        r: &mut Reservations,
+        n: &str,
+        sa: u8,
+        t: u8,
+        key: u64,
+        sa_key: u64,
+    ) -> Result<(), Status> {
+        let mut cdb = [0u8; 10];
+        cdb[0] = 0x5f;
+        cdb[1] = sa;
+        cdb[2] = t;
+        cdb[8] = 24;
+        let mut p = [0u8; 24];
+        p[0..8].copy_from_slice(&key.to_be_bytes());
+        p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+        r.pr_out(n, &cdb, &p).map(|_| ()).map_err(|e| e.0)
+    }
+
+    #[test]
+    fn write_exclusive_lets_others_read_only() {
+        let mut r = Reservations::default();
+        out(&mut r, "a", 0, 0, 0, 1).unwrap();
+        out(&mut r, "b", 0, 0, 0, 2).unwrap();
+        assert_eq!(
+            out(&mut r, "a", 1, WRITE_EXCLUSIVE, 2, 0),
+            Err(Status::ReservationConflict)
+        );
+        out(&mut r, "a", 1, WRITE_EXCLUSIVE, 1, 0).unwrap();
+        assert!(r.check("a", Access::Write));
+        assert!(r.check("b", Access::Read));
+        assert!(!r.check("b", Access::Write));
+        assert!(!r.check("c", Access::Write));
+        // Preempt: b takes over.
+        out(&mut r, "b", 4, EXCLUSIVE_ACCESS, 2, 1).unwrap();
+        assert!(!r.check("a", Access::Read));
+        assert!(r.check("b", Access::Write));
+    }
+
+    #[test]
+    fn registrants_only_and_unregister_releases() {
+        let mut r = Reservations::default();
+        out(&mut r, "a", 0, 0, 0, 1).unwrap();
+        out(&mut r, "b", 0, 0, 0, 2).unwrap();
+        out(&mut r, "a", 1, EXCLUSIVE_ACCESS_RO, 1, 0).unwrap();
+        assert!(r.check("b", Access::Write));
+        assert!(!r.check("c", Access::Read));
+        out(&mut r, "a", 0, 0, 1, 0).unwrap(); // unregister
+        assert!(r.check("c", Access::Write));
+    }
+
+    #[test]
+    fn spc2_blocks_others() {
+        let mut r = Reservations::default();
+        assert!(r.spc2_reserve("a"));
+        assert!(!r.spc2_reserve("b"));
+        assert!(!r.check("b", Access::Read));
+        assert!(r.check("b", Access::Always));
+        r.nexus_lost("a");
+        assert!(r.check("b", Access::Write));
+    }
+}

@@ -1,0 +1,363 @@
+//! One iSCSI connection: the login phase, then the full feature phase. The
+//! connection task owns the protocol session; SCSI commands run on worker
+//! threads and their results come back over a channel, so a slow command
+//! never blocks the others or the socket.
+
+use super::PortalTargets;
+use crate::ServerState;
+use bytes::{Bytes, BytesMut};
+use ferry_iscsi::login::{LoginFailure, OUR_MAX_RECV_DATA};
+use ferry_iscsi::pdu::BHS_LEN;
+use ferry_iscsi::session::TmfFunction;
+use ferry_iscsi::{
+    CommandResult, Event, Login, LoginStep, Pdu, PduDecoder, PduError, ScsiTask, Session,
+    SessionError, SessionType,
+};
+use ferry_scsi::{LogicalUnit, Nexus, Sense};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// How long an initiator may take over each login step.
+const LOGIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Idle time before the target pings the initiator with a NOP-In.
+const KEEPALIVE: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Error)]
+pub enum ConnError {
+    #[error("socket: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("framing: {0}")]
+    Pdu(#[from] PduError),
+    #[error("{0}")]
+    Session(#[from] SessionError),
+    #[error("login failed: {0:?}")]
+    Login(LoginFailure),
+    #[error("login timed out")]
+    Timeout,
+    #[error("no keepalive answer")]
+    Dead,
+}
+
+/// Append the wire form of `p` to `out`, keeping large data segments as
+/// their own buffers (no copy) when there is no data digest.
+fn wire(p: &Pdu, hd: bool, dd: bool, out: &mut Vec<Bytes>) {
+    if p.data.len() < 4096 || dd {
+        out.push(p.to_bytes(hd, dd));
+        return;
+    }
+    let mut h = BytesMut::with_capacity(BHS_LEN + p.ahs.len() + 4);
+    p.encode_header(hd, &mut h);
+    out.push(h.freeze());
+    out.push(p.data.clone());
+    let pad = (4 - p.data.len() % 4) % 4;
+    if pad > 0 {
+        out.push(Bytes::from_static(&[0u8; 3][..pad]));
+    }
+}
+
+async fn read_pdu(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    dec: &PduDecoder,
+) -> Result<Option<Pdu>, ConnError> {
+    loop {
+        if let Some(p) = dec.decode(buf)? {
+            return Ok(Some(p));
+        }
+        let n = tokio::time::timeout(LOGIN_TIMEOUT, stream.read_buf(buf))
+            .await
+            .map_err(|_| ConnError::Timeout)??;
+        if n == 0 {
+            return Ok(None);
+        }
+    }
+}
+
+pub async fn run(
+    mut stream: TcpStream,
+    portal: usize,
+    state: &Arc<ServerState>,
+    shutdown: CancellationToken,
+) -> Result<(), ConnError> {
+    stream.set_nodelay(true)?;
+    let local = stream.local_addr()?;
+    let targets = PortalTargets {
+        state,
+        portal,
+        local,
+    };
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let mut dec = PduDecoder::new(OUR_MAX_RECV_DATA);
+    let mut login = Login::new(rand::random(), state.iscsi.tsih());
+    let params = loop {
+        let Some(pdu) = read_pdu(&mut stream, &mut buf, &dec).await? else {
+            return Ok(());
+        };
+        match login.feed(&pdu, &targets) {
+            LoginStep::Continue(p) => stream.write_all(&p.to_bytes(false, false)).await?,
+            LoginStep::Done(p, params) => {
+                stream.write_all(&p.to_bytes(false, false)).await?;
+                break params;
+            }
+            LoginStep::Fail(p, why) => {
+                let _ = stream.write_all(&p.to_bytes(false, false)).await;
+                tracing::info!(initiator = %login.params().initiator_name, ?why, "iSCSI login refused");
+                return Err(ConnError::Login(why));
+            }
+        }
+    };
+    dec.header_digest = params.header_digest;
+    dec.data_digest = params.data_digest;
+    let unit = match (params.session_type, &params.target_name) {
+        (SessionType::Normal, Some(t)) => match targets.volume_of(t) {
+            Some(v) => Some(state.iscsi.units.unit(&v, t)),
+            None => return Ok(()),
+        },
+        _ => None,
+    };
+    let nexus = Nexus {
+        initiator_port: params.initiator_port(),
+        relative_port: portal as u16 + 1,
+    };
+    tracing::debug!(initiator = %params.initiator_name, target = ?params.target_name, "iSCSI session starts");
+    let session_key = (
+        nexus.initiator_port.clone(),
+        params.target_name.clone().unwrap_or_default(),
+    );
+    let mine = shutdown.child_token();
+    let id = state.iscsi.session_ids.fetch_add(1, Ordering::Relaxed);
+    if let Some((_, old)) = state
+        .iscsi
+        .sessions
+        .lock()
+        .insert(session_key.clone(), (id, mine.clone()))
+    {
+        // Session reinstatement: the old session with this ISID ends.
+        old.cancel();
+    }
+    if let Some(lu) = &unit {
+        // A new session is a new I_T nexus, even when it reuses the ISID of
+        // one whose connection is still being torn down.
+        lu.nexus_lost(&nexus);
+    }
+    let result = full_feature(
+        stream,
+        buf,
+        dec,
+        *params,
+        unit.clone(),
+        &nexus,
+        &targets,
+        mine,
+    )
+    .await;
+    {
+        // Remove our entry unless a reinstating session replaced it.
+        let mut sessions = state.iscsi.sessions.lock();
+        if sessions.get(&session_key).is_some_and(|(i, _)| *i == id) {
+            sessions.remove(&session_key);
+        }
+    }
+    if let Some(lu) = unit {
+        lu.nexus_lost(&nexus);
+    }
+    result
+}
+
+/// Run one command on the unit, mapping LUNs other than 0.
+fn execute(lu: &LogicalUnit, nexus: &Nexus, t: &ScsiTask) -> CommandResult {
+    let r = if t.lun != 0 {
+        match t.cdb.first() {
+            Some(0x12) if t.cdb.get(1).is_some_and(|b| b & 1 == 0) => {
+                // INQUIRY to an absent LUN: peripheral qualifier 3.
+                let mut d = vec![0u8; 36];
+                d[0] = 0x7f;
+                d[2] = 0x06;
+                d[3] = 0x12;
+                d[4] = 31;
+                let alloc = usize::from(u16::from_be_bytes([t.cdb[3], t.cdb[4]]));
+                d.truncate(alloc);
+                ferry_scsi::ScsiResponse::good(d)
+            }
+            Some(0xa0) | Some(0x03) => lu.execute(nexus, &t.cdb, &t.data_out),
+            _ => ferry_scsi::ScsiResponse {
+                status: ferry_scsi::Status::CheckCondition,
+                data: Vec::new(),
+                sense: lu.sense_bytes(&Sense::LUN_NOT_SUPPORTED),
+                transfer_len: 0,
+            },
+        }
+    } else {
+        lu.execute(nexus, &t.cdb, &t.data_out)
+    };
+    CommandResult {
+        status: r.status as u8,
+        data: Bytes::from(r.data),
+        sense: Bytes::from(r.sense),
+        transfer_len: r.transfer_len,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn full_feature(
+    stream: TcpStream,
+    mut buf: BytesMut,
+    dec: PduDecoder,
+    params: ferry_iscsi::SessionParams,
+    unit: Option<Arc<LogicalUnit>>,
+    nexus: &Nexus,
+    targets: &PortalTargets<'_>,
+    shutdown: CancellationToken,
+) -> Result<(), ConnError> {
+    let (hd, dd) = (params.header_digest, params.data_digest);
+    let mut session = Session::new(params);
+    let (mut rd, wr) = stream.into_split();
+    let (tx, rx) = mpsc::channel::<Vec<Bytes>>(256);
+    let writer = tokio::spawn(write_loop(wr, rx));
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u32, CommandResult)>();
+    let mut out: Vec<Pdu> = Vec::new();
+    let mut events: Vec<Event> = Vec::new();
+    let mut running = 0usize;
+    let mut ping_outstanding = 0u32;
+    let mut idle = tokio::time::interval(KEEPALIVE);
+    idle.tick().await;
+    let mut result = Ok(());
+    let mut closing = false;
+    loop {
+        // Decode and handle every whole PDU buffered.
+        loop {
+            let pdu = match dec.decode(&mut buf) {
+                Ok(Some(p)) => p,
+                Ok(None) => break,
+                Err(e) => {
+                    result = Err(e.into());
+                    closing = true;
+                    break;
+                }
+            };
+            ping_outstanding = 0;
+            if let Err(e) = session.receive(pdu, targets, &mut out, &mut events) {
+                result = Err(e.into());
+                closing = true;
+                break;
+            }
+            for ev in events.drain(..) {
+                match ev {
+                    Event::Execute(task) => {
+                        let Some(lu) = unit.clone() else { continue };
+                        let nexus = nexus.clone();
+                        let done = done_tx.clone();
+                        running += 1;
+                        tokio::task::spawn_blocking(move || {
+                            let r = execute(&lu, &nexus, &task);
+                            let _ = done.send((task.itt, r));
+                        });
+                    }
+                    Event::Reset { function, lun } => {
+                        if let Some(lu) = &unit {
+                            match (function, lun) {
+                                (TmfFunction::LunReset, Some(0)) => lu.reset(false, Some(nexus)),
+                                (TmfFunction::LunReset, _) => {}
+                                _ => lu.reset(true, Some(nexus)),
+                            }
+                        }
+                        if function == TmfFunction::TargetColdReset {
+                            closing = true;
+                        }
+                    }
+                    Event::Logout => closing = true,
+                }
+            }
+            if closing {
+                break;
+            }
+        }
+        if !out.is_empty() {
+            let mut frames = Vec::with_capacity(out.len() * 2);
+            for p in out.drain(..) {
+                wire(&p, hd, dd, &mut frames);
+            }
+            if tx.send(frames).await.is_err() {
+                break;
+            }
+        }
+        if closing {
+            break;
+        }
+        buf.reserve(dec.wanted(&buf).max(64 * 1024));
+        tokio::select! {
+            r = rd.read_buf(&mut buf) => match r {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => { result = Err(e.into()); break; }
+            },
+            Some((itt, r)) = done_rx.recv() => {
+                running -= 1;
+                session.complete(itt, &r, &mut out);
+            }
+            _ = idle.tick() => {
+                if ping_outstanding >= 3 {
+                    result = Err(ConnError::Dead);
+                    break;
+                }
+                if running == 0 {
+                    ping_outstanding += 1;
+                    out.push(session.ping(ping_outstanding));
+                }
+            }
+            () = shutdown.cancelled() => {
+                // Ask the initiator to log out, then close.
+                out.push(session.request_logout(0));
+                closing = true;
+            }
+        }
+        if closing {
+            // Let running commands answer before the connection goes.
+            while running > 0 {
+                match done_rx.recv().await {
+                    Some((itt, r)) => {
+                        running -= 1;
+                        session.complete(itt, &r, &mut out);
+                    }
+                    None => break,
+                }
+            }
+            let mut frames = Vec::new();
+            for p in out.drain(..) {
+                wire(&p, hd, dd, &mut frames);
+            }
+            let _ = tx.send(frames).await;
+            break;
+        }
+    }
+    // Commands still running finish on their threads; their answers have
+    // nowhere to go.
+    drop(tx);
+    let _ = writer.await;
+    result
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Receiver<Vec<Bytes>>) {
+    let mut batch: Vec<Bytes> = Vec::with_capacity(64);
+    while let Some(first) = rx.recv().await {
+        batch.extend(first);
+        while batch.len() < 256 {
+            match rx.try_recv() {
+                Ok(b) => batch.extend(b),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = ferry_client::write_all_vectored(&mut wr, &mut batch).await {
+            tracing::debug!(error = %e, "iSCSI write failed; dropping remaining PDUs");
+            while rx.recv().await.is_some() {}
+            return;
+        }
+    }
+    let _ = wr.shutdown().await;
+}

@@ -1,0 +1,135 @@
+//! A pool volume seen as a SCSI block device, and the per-volume logical
+//! units shared by every session and portal.
+
+use ferry_scsi::{BlockDevice, DeviceError, Identity, LogicalUnit, LuConfig};
+use ferry_storage::{StorageError, Volume, ZeroMode};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Adapter from [`Volume`] to [`BlockDevice`]: every write goes through
+/// the volume's write path, so it passes the migration write gate and marks
+/// every dirty bitmap exactly as an NBD write does.
+pub struct VolumeDevice(pub Arc<Volume>);
+
+fn dev_err(e: StorageError) -> DeviceError {
+    match e {
+        StorageError::OutOfRange { .. } => DeviceError::OutOfRange,
+        StorageError::ReadOnly(_) => DeviceError::ReadOnly,
+        StorageError::NotFound(n) => DeviceError::Gone(format!("volume {n} was deleted")),
+        StorageError::Moved { to, .. } => DeviceError::Gone(format!("moved to {to}")),
+        e => match e.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => DeviceError::NoSpace,
+            _ => DeviceError::Io(e.to_string()),
+        },
+    }
+}
+
+impl BlockDevice for VolumeDevice {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read_only(&self) -> bool {
+        self.0.read_only()
+    }
+    fn thin(&self) -> bool {
+        self.0.is_sparse()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+        self.0.read_at(offset, buf).map_err(dev_err)
+    }
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), DeviceError> {
+        self.0.write_at(offset, data, fua).map_err(dev_err)
+    }
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        unmap: bool,
+        fua: bool,
+    ) -> Result<(), DeviceError> {
+        let mode = ZeroMode {
+            may_punch: unmap,
+            fast_only: false,
+        };
+        self.0.write_zeroes(offset, len, mode, fua).map_err(dev_err)
+    }
+    fn unmap(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
+        self.0.trim(offset, len, false).map_err(dev_err)
+    }
+    fn flush(&self) -> Result<(), DeviceError> {
+        self.0.flush().map_err(dev_err)
+    }
+    fn prefetch(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
+        self.0.cache(offset, len).map_err(dev_err)
+    }
+    fn mapping(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64, bool)>, DeviceError> {
+        let ext = self.0.extents(offset, len, 1024).map_err(dev_err)?;
+        Ok(ext
+            .into_iter()
+            .map(|e| (e.offset, e.length, !e.hole))
+            .collect())
+    }
+}
+
+/// A volume and the logical unit made for it.
+type Unit = (Arc<Volume>, Arc<LogicalUnit>);
+
+/// The logical unit of each exported volume, created on first use.
+#[derive(Default)]
+pub struct UnitTable {
+    units: Mutex<HashMap<String, Unit>>,
+}
+
+impl UnitTable {
+    pub fn unit(&self, volume: &Arc<Volume>, target_name: &str) -> Arc<LogicalUnit> {
+        let name = volume.name();
+        let mut units = self.units.lock();
+        if let Some((v, lu)) = units.get(&name) {
+            if Arc::ptr_eq(v, volume) {
+                return lu.clone();
+            }
+        }
+        let m = volume.meta();
+        let naa = ferry_scsi::naa_bytes(&m.wwn).unwrap_or_else(|| {
+            let b = m.uuid.as_bytes();
+            let mut n = [0u8; 8];
+            n.copy_from_slice(&b[..8]);
+            n[0] = 0x30 | (n[0] & 0x0f);
+            n
+        });
+        let block_size = if volume.direct_io() {
+            volume.block_size()
+        } else {
+            512
+        };
+        let lu = Arc::new(LogicalUnit::new(
+            Arc::new(VolumeDevice(volume.clone())),
+            Identity {
+                name: name.clone(),
+                naa,
+                serial: m.uuid.simple().to_string(),
+                target_name: target_name.to_string(),
+                port_group: 1,
+                relative_port: 1,
+            },
+            LuConfig {
+                block_size,
+                // Physical = logical: UNMAP granularity is reported in VPD 0xB0.
+                physical_block: block_size,
+                thin: volume.is_sparse(),
+            },
+        ));
+        units.insert(name, (volume.clone(), lu.clone()));
+        lu
+    }
+
+    /// Every unit (for target resets).
+    pub fn all(&self) -> Vec<Arc<LogicalUnit>> {
+        self.units
+            .lock()
+            .values()
+            .map(|(_, lu)| lu.clone())
+            .collect()
+    }
+}

@@ -1,0 +1,190 @@
+//! The iSCSI target: one listener per portal, each volume a target
+//! `<base IQN>:<volume>` with the volume at LUN 0. The protocol lives in
+//! `ferry-iscsi` (no I/O) and the SCSI commands in `ferry-scsi`; this module
+//! wires them to sockets and to the pool.
+//!
+//! Access: an ACL of initiator names and/or CHAP per target (config). With
+//! neither configured, only loopback portals answer (and a warning is
+//! logged); any other portal refuses logins.
+
+mod connection;
+mod device;
+
+pub use device::{UnitTable, VolumeDevice};
+
+use crate::config::IscsiAccess;
+use crate::ServerState;
+use ferry_iscsi::login::ChapSecret;
+use ferry_iscsi::{TargetPolicy, Targets};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// State the iSCSI connections share.
+#[derive(Default)]
+pub struct IscsiState {
+    pub units: UnitTable,
+    /// Bound portals, in configuration order (portal group = index + 1).
+    pub portals: Mutex<Vec<SocketAddr>>,
+    next_tsih: AtomicU16,
+    session_ids: AtomicU64,
+    /// Live sessions by (initiator port, target): a new login with the same
+    /// ISID reinstates (closes) the old session.
+    #[allow(clippy::type_complexity)]
+    sessions: Mutex<HashMap<(String, String), (u64, CancellationToken)>>,
+}
+
+impl std::fmt::Debug for IscsiState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IscsiState")
+            .field("portals", &self.portals.lock())
+            .finish()
+    }
+}
+
+impl IscsiState {
+    fn tsih(&self) -> u16 {
+        loop {
+            let t = self.next_tsih.fetch_add(1, Ordering::Relaxed);
+            if t != 0 {
+                return t;
+            }
+        }
+    }
+}
+
+/// The target name of a volume.
+pub fn target_name(base: &str, volume: &str) -> String {
+    format!("{base}:{volume}")
+}
+
+fn policy_of(a: &IscsiAccess, loopback: bool) -> TargetPolicy {
+    let chap = (!a.chap_user.is_empty()).then(|| ChapSecret {
+        user: a.chap_user.clone(),
+        secret: a.chap_secret.as_bytes().to_vec(),
+        mutual: (!a.mutual_user.is_empty())
+            .then(|| (a.mutual_user.clone(), a.mutual_secret.as_bytes().to_vec())),
+    });
+    TargetPolicy {
+        open: loopback && chap.is_none() && a.acl.is_empty(),
+        chap,
+        acl: a.acl.clone(),
+    }
+}
+
+/// The targets seen through one portal.
+pub struct PortalTargets<'a> {
+    pub state: &'a ServerState,
+    pub portal: usize,
+    pub local: SocketAddr,
+}
+
+impl PortalTargets<'_> {
+    /// The volume behind a target name, if it is exported.
+    pub fn volume_of(&self, target: &str) -> Option<Arc<ferry_storage::Volume>> {
+        let base = &self.state.config.iscsi.base_iqn;
+        let name = target.strip_prefix(base.as_str())?.strip_prefix(':')?;
+        let v = self.state.pool.get(name).ok()?;
+        (v.moved_to().is_none() && v.incoming().is_none()).then_some(v)
+    }
+
+    fn loopback(&self) -> bool {
+        self.local.ip().is_loopback()
+    }
+}
+
+impl Targets for PortalTargets<'_> {
+    fn policy(&self, target: &str) -> Option<TargetPolicy> {
+        let v = self.volume_of(target)?;
+        let access = self.state.config.iscsi.access(Some(&v.name()));
+        Some(policy_of(&access, self.loopback()))
+    }
+
+    fn discovery_policy(&self) -> TargetPolicy {
+        policy_of(&self.state.config.iscsi.access(None), self.loopback())
+    }
+
+    fn send_targets(&self, initiator: &str, only: Option<&str>) -> Vec<(String, String)> {
+        let base = &self.state.config.iscsi.base_iqn;
+        let portals = self.state.iscsi.portals.lock().clone();
+        let mut out = Vec::new();
+        for v in self.state.pool.list() {
+            if v.moved_to().is_some() || v.incoming().is_some() {
+                continue;
+            }
+            let name = target_name(base, &v.name());
+            if only.is_some_and(|o| o != name) {
+                continue;
+            }
+            let acl = self.state.config.iscsi.access(Some(&v.name())).acl;
+            if !acl.is_empty() && !acl.iter().any(|a| a == initiator) {
+                continue;
+            }
+            out.push(("TargetName".to_string(), name));
+            for (i, p) in portals.iter().enumerate() {
+                let ip = if p.ip().is_unspecified() {
+                    self.local.ip()
+                } else {
+                    p.ip()
+                };
+                let addr = SocketAddr::new(ip, p.port());
+                out.push(("TargetAddress".to_string(), format!("{addr},{}", i + 1)));
+            }
+        }
+        out
+    }
+
+    fn portal_group(&self) -> u16 {
+        self.portal as u16 + 1
+    }
+}
+
+/// Serve one portal until `shutdown` fires.
+pub async fn serve(
+    listener: TcpListener,
+    portal: usize,
+    state: Arc<ServerState>,
+    shutdown: CancellationToken,
+) {
+    let tracker = TaskTracker::new();
+    let cfg = &state.config.iscsi;
+    let local = listener.local_addr().ok();
+    let unprotected = cfg.acl.is_empty() && cfg.chap_user.is_empty();
+    if unprotected {
+        if local.is_some_and(|a| a.ip().is_loopback()) {
+            tracing::warn!(portal = ?local, "iSCSI portal has no ACL and no CHAP: answering loopback initiators only");
+        } else {
+            tracing::warn!(portal = ?local, "iSCSI portal has no ACL and no CHAP and is not loopback: targets without their own ACL or CHAP refuse every login");
+        }
+    }
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "iSCSI accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => break,
+        };
+        let state = state.clone();
+        let shutdown = shutdown.clone();
+        tracker.spawn(async move {
+            state.metrics.connections.inc();
+            match connection::run(stream, portal, &state, shutdown).await {
+                Ok(()) => tracing::debug!(%peer, "iSCSI connection finished"),
+                Err(e) => tracing::info!(%peer, error = %e, "iSCSI connection closed"),
+            }
+            state.metrics.connections.dec();
+        });
+    }
+    tracker.close();
+    tracker.wait().await;
+}
