@@ -11,7 +11,9 @@ want_test=0
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(build-essential pkg-config ca-certificates curl e2fsprogs)
 if [ "$want_test" = 1 ]; then
-  pkgs+=(qemu-utils libnbd-bin nbdkit fio python3 rsync)
+  # libiscsi-bin: iscsi-test-cu, iscsi-ls, iscsi-inq, iscsi-perf; qemu-block-extra:
+  # qemu-img and qemu-io over iscsi://; tgt: the peer in bench/iscsi_peers.py.
+  pkgs+=(qemu-utils qemu-block-extra libnbd-bin nbdkit fio python3 rsync libiscsi-bin tgt)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -100,7 +100,7 @@ pub fn vpd(code: u8, id: &Identity, cfg: &LuConfig, blocks: u64) -> Option<Vec<u
         }
         0xb0 => {
             let mut b = vec![0u8; 0x3c];
-            b[0] = 0x01; // WSNZ: WRITE SAME with zero blocks is refused
+            b[0] = 0x00; // WSNZ 0: WRITE SAME of zero blocks runs to the end
             b[1] = MAX_COMPARE_WRITE_BLOCKS;
             let phys = (cfg.physical_block / cfg.block_size.max(1)) as u16;
             b[2..4].copy_from_slice(&phys.max(1).to_be_bytes());

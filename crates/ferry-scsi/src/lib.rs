@@ -7,6 +7,7 @@
 mod cdb;
 mod inquiry;
 mod lu;
+pub mod memory;
 mod mode;
 mod opcodes;
 mod pr;

@@ -653,14 +653,17 @@ impl LogicalUnit {
         if rw.flags >> 5 != 0 || anchor {
             return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, None));
         }
-        if rw.blocks == 0 || rw.blocks > MAX_WRITE_SAME_BLOCKS {
-            return Err(Sense::INVALID_FIELD_IN_CDB.field(
-                true,
-                if sixteen { 10 } else { 7 },
-                None,
-            ));
+        // Zero blocks means "to the end of the medium" (WSNZ is 0).
+        let blocks = if rw.blocks == 0 {
+            self.blocks().saturating_sub(rw.lba)
+        } else {
+            rw.blocks
+        };
+        if blocks > MAX_WRITE_SAME_BLOCKS {
+            let at = if sixteen { 10 } else { 7 };
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, at, None));
         }
-        let (off, len) = self.range(rw.lba, rw.blocks)?;
+        let (off, len) = self.range(rw.lba, blocks)?;
         self.writable()?;
         let bs = self.bs() as usize;
         let zero_block = vec![0u8; bs];
@@ -673,9 +676,12 @@ impl LogicalUnit {
         };
         let fua = self.fua(rw.flags);
         let _shared = self.atomic.read();
-        if block.iter().all(|b| *b == 0) {
+        // With UNMAP set on a thin unit the blocks are deallocated (and read
+        // back as zeroes, LBPRZ) whatever the data-out block holds.
+        let deallocate = unmap && self.cfg.thin;
+        if deallocate || block.iter().all(|b| *b == 0) {
             self.dev
-                .write_zeroes(off, len, unmap && self.cfg.thin, fua)
+                .write_zeroes(off, len, deallocate, fua)
                 .map_err(|e| dev_sense(&e, true))?;
         } else {
             let chunk_blocks = ((1usize << 20) / bs).max(1);
@@ -857,5 +863,108 @@ impl LogicalUnit {
         let mut r = ScsiResponse::good(Vec::new());
         r.transfer_len = len;
         Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryDevice;
+
+    fn unit() -> LogicalUnit {
+        LogicalUnit::new(
+            Arc::new(MemoryDevice::new(1 << 20, false)),
+            Identity {
+                name: "v".into(),
+                naa: [0x3f, 1, 2, 3, 4, 5, 6, 7],
+                serial: "abc".into(),
+                target_name: "iqn.x:v".into(),
+                port_group: 1,
+                relative_port: 1,
+            },
+            LuConfig {
+                block_size: 512,
+                physical_block: 512,
+                thin: true,
+            },
+        )
+    }
+
+    fn nexus(n: &str) -> Nexus {
+        Nexus {
+            initiator_port: n.into(),
+            relative_port: 1,
+        }
+    }
+
+    fn cdb16(op: u8, lba: u64, blocks: u32) -> Vec<u8> {
+        let mut c = vec![0u8; 16];
+        c[0] = op;
+        c[2..10].copy_from_slice(&lba.to_be_bytes());
+        c[10..14].copy_from_slice(&blocks.to_be_bytes());
+        c
+    }
+
+    #[test]
+    fn write_read_and_out_of_range() {
+        let lu = unit();
+        let a = nexus("a");
+        let r = lu.execute(&a, &cdb16(0x8a, 2, 1), &[7u8; 512]);
+        assert_eq!(r.status, Status::Good);
+        let r = lu.execute(&a, &cdb16(0x88, 2, 1), &[]);
+        assert_eq!(r.data, vec![7u8; 512]);
+        let r = lu.execute(&a, &cdb16(0x88, 2047, 2), &[]);
+        assert_eq!(r.status, Status::CheckCondition);
+        assert_eq!((r.sense[2], r.sense[12]), (0x05, 0x21));
+        let r = lu.execute(&a, &[0xff, 0, 0, 0, 0, 0], &[]);
+        assert_eq!((r.sense[2], r.sense[12]), (0x05, 0x20));
+    }
+
+    #[test]
+    fn compare_and_write_miscompare_keeps_data() {
+        let lu = unit();
+        let a = nexus("a");
+        lu.execute(&a, &cdb16(0x8a, 0, 1), &[1u8; 512]);
+        let mut caw = cdb16(0x89, 0, 0);
+        caw[13] = 1;
+        caw[10..13].fill(0);
+        let mut out = vec![2u8; 512];
+        out.extend_from_slice(&[3u8; 512]);
+        let r = lu.execute(&a, &caw, &out);
+        assert_eq!((r.sense[2], r.sense[12]), (0x0e, 0x1d));
+        assert_eq!(lu.execute(&a, &cdb16(0x88, 0, 1), &[]).data, vec![1u8; 512]);
+        out[..512].fill(1);
+        assert_eq!(lu.execute(&a, &caw, &out).status, Status::Good);
+        assert_eq!(lu.execute(&a, &cdb16(0x88, 0, 1), &[]).data, vec![3u8; 512]);
+    }
+
+    #[test]
+    fn reset_raises_unit_attention_once() {
+        let lu = unit();
+        let (a, b) = (nexus("a"), nexus("b"));
+        let tur = [0u8; 6];
+        lu.execute(&b, &tur, &[]);
+        lu.reset(false, Some(&a));
+        for n in [&a, &b] {
+            let r = lu.execute(n, &tur, &[]);
+            assert_eq!((r.sense[2], r.sense[12], r.sense[13]), (0x06, 0x29, 0x03));
+            assert_eq!(lu.execute(n, &tur, &[]).status, Status::Good);
+        }
+    }
+
+    #[test]
+    fn spc2_reservation_conflicts() {
+        let lu = unit();
+        let (a, b) = (nexus("a"), nexus("b"));
+        assert_eq!(
+            lu.execute(&a, &[0x16, 0, 0, 0, 0, 0], &[]).status,
+            Status::Good
+        );
+        assert_eq!(
+            lu.execute(&b, &cdb16(0x88, 0, 1), &[]).status,
+            Status::ReservationConflict
+        );
+        lu.nexus_lost(&a);
+        assert_eq!(lu.execute(&b, &cdb16(0x88, 0, 1), &[]).status, Status::Good);
     }
 }
