@@ -8,7 +8,7 @@ const PRODUCT: &[u8; 16] = b"ferry volume    ";
 const REVISION: &[u8; 4] = b"0001";
 
 /// VPD pages in ascending order (page 0x00 lists them).
-pub const VPD_PAGES: [u8; 7] = [0x00, 0x80, 0x83, 0x86, 0xb0, 0xb1, 0xb2];
+pub const VPD_PAGES: [u8; 8] = [0x00, 0x80, 0x83, 0x86, 0x8f, 0xb0, 0xb1, 0xb2];
 
 /// Most blocks one READ/WRITE may move (reported in VPD 0xB0).
 pub const MAX_TRANSFER_BLOCKS: u32 = 65536;
@@ -28,7 +28,7 @@ pub fn standard(id: &Identity) -> Vec<u8> {
     d[2] = 0x06; // SPC-4
     d[3] = 0x12; // HISUP, response data format 2
     d[4] = (d.len() - 5) as u8;
-    d[5] = 0x10; // TPGS = implicit ALUA (all ports active/optimized)
+    d[5] = 0x10 | 0x08; // TPGS = implicit ALUA; 3PC: EXTENDED COPY
     d[7] = 0x02; // CMDQUE
     d[8..16].copy_from_slice(VENDOR);
     let mut product = *PRODUCT;
@@ -92,6 +92,7 @@ pub fn vpd(code: u8, id: &Identity, cfg: &LuConfig, blocks: u64) -> Option<Vec<u
             designator(&mut b, 0x03, 0x80 | 0x20 | 0x08, &name);
             page(0x83, b)
         }
+        0x8f => crate::xcopy::vpd_page(),
         0x86 => {
             // Extended INQUIRY data: HEADSUP/ORDSUP/SIMPSUP, V_SUP off.
             let mut b = vec![0u8; 60];

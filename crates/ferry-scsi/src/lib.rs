@@ -12,9 +12,11 @@ mod mode;
 mod opcodes;
 mod pr;
 pub mod sense;
+pub mod xcopy;
 
 pub use lu::{LogicalUnit, LuConfig};
 pub use sense::Sense;
+pub use xcopy::CopyTargets;
 
 use thiserror::Error;
 

@@ -11,6 +11,7 @@ use crate::mode::{self, ModeState, PageControl};
 use crate::opcodes;
 use crate::pr::{Access, Reservations};
 use crate::sense::Sense;
+use crate::xcopy::{self, CopyTargets};
 use crate::{BlockDevice, DeviceError, Identity, Nexus, ScsiResponse, Status};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{HashMap, HashSet};
@@ -38,6 +39,9 @@ struct LuState {
     /// Initiator ports that prevent medium removal.
     prevent: HashSet<String>,
     blocks: u64,
+    /// EXTENDED COPY results kept for RECEIVE COPY RESULTS, by initiator
+    /// port and list identifier.
+    copies: HashMap<(String, u8), xcopy::CopyStatus>,
 }
 
 /// A logical unit backed by a [`BlockDevice`].
@@ -50,6 +54,8 @@ pub struct LogicalUnit {
     /// so their read-modify-write is atomic against every other writer of
     /// this unit.
     atomic: RwLock<()>,
+    /// Resolves other units for EXTENDED COPY.
+    copy_targets: RwLock<Option<Arc<dyn CopyTargets>>>,
 }
 
 type Outcome = Result<ScsiResponse, Sense>;
@@ -67,7 +73,7 @@ fn dev_sense(e: &DeviceError, write: bool) -> Sense {
 
 fn access_of(opcode: u8) -> Access {
     match opcode {
-        0x12 | 0xa0 | 0x03 | 0x5e | 0x5f | 0xa3 | 0x17 | 0x57 => Access::Always,
+        0x12 | 0xa0 | 0x03 | 0x5e | 0x5f | 0xa3 | 0x17 | 0x57 | 0x84 => Access::Always,
         0x00 | 0x25 | 0x1e => Access::Meta,
         0x9e => Access::Meta,
         0x16 | 0x56 => Access::Spc2,
@@ -139,7 +145,13 @@ impl LogicalUnit {
                 ..LuState::default()
             }),
             atomic: RwLock::new(()),
+            copy_targets: RwLock::new(None),
         }
+    }
+
+    /// Let EXTENDED COPY reach other units (by NAA designator).
+    pub fn set_copy_targets(&self, t: Arc<dyn CopyTargets>) {
+        *self.copy_targets.write() = Some(t);
     }
 
     pub fn identity(&self) -> &Identity {
@@ -441,6 +453,21 @@ impl LogicalUnit {
             0x42 => self.unmap(cdb, out),
             0x89 => self.compare_and_write(cdb, out),
             0x9c => self.write_atomic(cdb, out),
+            0x83 => self.extended_copy(nexus, cdb, out),
+            0x84 => {
+                let alloc = be32(cdb, 10) as usize;
+                match byte(cdb, 1) & 0x1f {
+                    0x00 => {
+                        let key = (port.clone(), byte(cdb, 2));
+                        match self.state.lock().copies.get(&key) {
+                            Some(s) => Ok(cut(xcopy::copy_status(s), alloc)),
+                            None => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 2, None)),
+                        }
+                    }
+                    0x03 => Ok(cut(xcopy::operating_parameters(), alloc)),
+                    _ => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4))),
+                }
+            }
             0x8b => self.orwrite(cdb, out),
             _ => Err(Sense::INVALID_OPCODE),
         }
@@ -806,6 +833,91 @@ impl LogicalUnit {
         let mut r = ScsiResponse::good(Vec::new());
         r.transfer_len = 2 * len;
         Ok(r)
+    }
+
+    /// The device a CSCD descriptor names: this unit, or another unit the
+    /// host resolves by NAA.
+    fn copy_device(&self, t: &xcopy::Target) -> Option<Arc<dyn BlockDevice>> {
+        let mut t10 = inquiry::VENDOR.to_vec();
+        t10.extend_from_slice(self.id.serial.as_bytes());
+        match t.designator_type {
+            3 if t.designator == self.id.naa => Some(self.dev.clone()),
+            1 if t.designator == t10[..t10.len().min(20)] => Some(self.dev.clone()),
+            3 => self
+                .copy_targets
+                .read()
+                .as_ref()
+                .and_then(|r| r.device_by_naa(&t.designator)),
+            _ => None,
+        }
+    }
+
+    /// EXTENDED COPY (LID1): every segment is checked before any is copied.
+    fn extended_copy(&self, nexus: &Nexus, cdb: &[u8], out: &[u8]) -> Outcome {
+        if byte(cdb, 1) & 0x1f != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4)));
+        }
+        let len = be32(cdb, 10) as usize;
+        let Some(list) = xcopy::parse(&out[..len.min(out.len())])? else {
+            return Ok(ScsiResponse::good(Vec::new()));
+        };
+        let mut devices = Vec::new();
+        for t in &list.targets {
+            devices.push(self.copy_device(t).ok_or(xcopy::TARGET_NOT_REACHABLE)?);
+        }
+        let bs = self.bs();
+        let mut plan = Vec::new();
+        for s in &list.segments {
+            let (Some(src), Some(dst)) = (devices.get(s.source), devices.get(s.destination)) else {
+                return Err(xcopy::TARGET_NOT_REACHABLE);
+            };
+            let fits = |d: &Arc<dyn BlockDevice>, lba: u64| {
+                lba.checked_add(s.blocks)
+                    .and_then(|e| e.checked_mul(bs))
+                    .is_some_and(|e| e <= d.size())
+            };
+            if !fits(src, s.source_lba) || !fits(dst, s.destination_lba) {
+                return Err(xcopy::COPY_LBA_OUT_OF_RANGE);
+            }
+            if dst.read_only() || (Arc::ptr_eq(dst, &self.dev) && self.state.lock().mode.swp) {
+                return Err(Sense::WRITE_PROTECTED);
+            }
+            plan.push((src.clone(), dst.clone(), s));
+        }
+        let mut status = xcopy::CopyStatus {
+            segments: 0,
+            bytes: 0,
+            failed: false,
+        };
+        let mut result = Ok(());
+        {
+            let _shared = self.atomic.read();
+            for (src, dst, s) in plan {
+                let bytes = s.blocks * bs;
+                if let Err(e) = xcopy::copy_range(
+                    src.as_ref(),
+                    dst.as_ref(),
+                    s.source_lba * bs,
+                    s.destination_lba * bs,
+                    bytes,
+                ) {
+                    status.failed = true;
+                    result = Err(e);
+                    break;
+                }
+                status.segments += 1;
+                status.bytes += bytes;
+            }
+        }
+        if list.hold_status {
+            let mut st = self.state.lock();
+            if st.copies.len() >= 256 {
+                st.copies.clear();
+            }
+            st.copies
+                .insert((nexus.initiator_port.clone(), list.list_id), status);
+        }
+        result.map(|()| ScsiResponse::good(Vec::new()))
     }
 
     /// WRITE ATOMIC(16): the whole range is written or none of it, and no

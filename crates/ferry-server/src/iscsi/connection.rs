@@ -116,7 +116,7 @@ pub async fn run(
     dec.data_digest = params.data_digest;
     let unit = match (params.session_type, &params.target_name) {
         (SessionType::Normal, Some(t)) => match targets.volume_of(t) {
-            Some(v) => Some(state.iscsi.units.unit(&v, t)),
+            Some(v) => Some(state.iscsi.units.unit(&v, t, &state.pool)),
             None => return Ok(()),
         },
         _ => None,

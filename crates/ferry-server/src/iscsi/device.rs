@@ -1,8 +1,8 @@
 //! A pool volume seen as a SCSI block device, and the per-volume logical
 //! units shared by every session and portal.
 
-use ferry_scsi::{BlockDevice, DeviceError, Identity, LogicalUnit, LuConfig};
-use ferry_storage::{StorageError, Volume, ZeroMode};
+use ferry_scsi::{BlockDevice, CopyTargets, DeviceError, Identity, LogicalUnit, LuConfig};
+use ferry_storage::{Pool, StorageError, Volume, ZeroMode};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -72,6 +72,21 @@ impl BlockDevice for VolumeDevice {
     }
 }
 
+/// EXTENDED COPY between volumes of one pool: a CSCD descriptor's NAA is
+/// a volume's WWN.
+pub struct PoolCopyTargets(pub Arc<Pool>);
+
+impl CopyTargets for PoolCopyTargets {
+    fn device_by_naa(&self, naa: &[u8]) -> Option<Arc<dyn BlockDevice>> {
+        self.0
+            .list()
+            .into_iter()
+            .filter(|v| v.moved_to().is_none() && v.incoming().is_none())
+            .find(|v| ferry_scsi::naa_bytes(&v.meta().wwn).is_some_and(|n| n[..] == *naa))
+            .map(|v| Arc::new(VolumeDevice(v)) as Arc<dyn BlockDevice>)
+    }
+}
+
 /// A volume and the logical unit made for it.
 type Unit = (Arc<Volume>, Arc<LogicalUnit>);
 
@@ -82,7 +97,12 @@ pub struct UnitTable {
 }
 
 impl UnitTable {
-    pub fn unit(&self, volume: &Arc<Volume>, target_name: &str) -> Arc<LogicalUnit> {
+    pub fn unit(
+        &self,
+        volume: &Arc<Volume>,
+        target_name: &str,
+        pool: &Arc<Pool>,
+    ) -> Arc<LogicalUnit> {
         let name = volume.name();
         let mut units = self.units.lock();
         if let Some((v, lu)) = units.get(&name) {
@@ -120,6 +140,7 @@ impl UnitTable {
                 thin: volume.is_sparse(),
             },
         ));
+        lu.set_copy_targets(Arc::new(PoolCopyTargets(pool.clone())));
         units.insert(name, (volume.clone(), lu.clone()));
         lu
     }
