@@ -81,6 +81,8 @@ struct Task {
     read: bool,
     write: bool,
     buf: Vec<u8>,
+    /// All the data arrived as immediate data: kept as received, no copy.
+    immediate: Option<Bytes>,
     received: u32,
     /// Unsolicited bytes still expected (before any R2T).
     unsolicited_left: u32,
@@ -330,6 +332,7 @@ impl Session {
                         read,
                         write,
                         buf: Vec::new(),
+                        immediate: None,
                         received: 0,
                         unsolicited_left: u32::MAX,
                         next_r2t_offset: 0,
@@ -364,6 +367,7 @@ impl Session {
             read,
             write,
             buf: Vec::new(),
+            immediate: None,
             received: immediate,
             unsolicited_left,
             next_r2t_offset: 0,
@@ -374,8 +378,12 @@ impl Session {
             aborted: false,
         };
         if write && edtl > 0 {
-            task.buf = vec![0u8; edtl as usize];
-            task.buf[..immediate as usize].copy_from_slice(&p.data);
+            if immediate == edtl {
+                task.immediate = Some(p.data.clone());
+            } else {
+                task.buf = vec![0u8; edtl as usize];
+                task.buf[..immediate as usize].copy_from_slice(&p.data);
+            }
         }
         task.next_r2t_offset = immediate + unsolicited_left;
         self.tasks.insert(itt, task);
@@ -396,12 +404,15 @@ impl Session {
         }
         if !t.write || t.received >= t.edtl {
             t.executing = true;
-            let data = std::mem::take(&mut t.buf);
+            let data = match t.immediate.take() {
+                Some(d) => d,
+                None => Bytes::from(std::mem::take(&mut t.buf)),
+            };
             events.push(Event::Execute(ScsiTask {
                 itt,
                 lun: t.lun,
                 cdb: t.cdb.clone(),
-                data_out: Bytes::from(data),
+                data_out: data,
                 edtl: t.edtl,
                 read: t.read,
                 write: t.write,

@@ -72,6 +72,12 @@ pub trait BlockDevice: Send + Sync {
     /// Allocation map of `[offset, offset+len)`: `(offset, length, mapped)`
     /// runs in order, covering at least `offset`.
     fn mapping(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64, bool)>, DeviceError>;
+    /// Would a write now wait on something other than the page cache (a
+    /// migration pausing or throttling writes)? Callers that run small
+    /// writes on an event loop send them to a worker thread instead.
+    fn writes_may_wait(&self) -> bool {
+        false
+    }
 }
 
 /// The identity a logical unit reports (INQUIRY, VPD 0x80/0x83).

@@ -154,6 +154,12 @@ impl LogicalUnit {
         *self.copy_targets.write() = Some(t);
     }
 
+    /// See [`BlockDevice::writes_may_wait`]; also true when the write cache
+    /// is off (every write then waits for the disk).
+    pub fn writes_may_wait(&self) -> bool {
+        self.dev.writes_may_wait() || !self.state.lock().mode.wce
+    }
+
     pub fn identity(&self) -> &Identity {
         &self.id
     }

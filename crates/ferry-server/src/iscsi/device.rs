@@ -63,6 +63,10 @@ impl BlockDevice for VolumeDevice {
     fn prefetch(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
         self.0.cache(offset, len).map_err(dev_err)
     }
+    fn writes_may_wait(&self) -> bool {
+        let g = self.0.gate();
+        g.is_paused() || !g.throttle().is_zero()
+    }
     fn mapping(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64, bool)>, DeviceError> {
         let ext = self.0.extents(offset, len, 1024).map_err(dev_err)?;
         Ok(ext

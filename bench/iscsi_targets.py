@@ -1,0 +1,103 @@
+"""Start and stop the iSCSI targets compared in bench/: ferry (release
+build) and tgt (Debian `tgt`, file-backed LUN), each on loopback ports of
+its own. Shared by bench/iscsi_peers.py and bench/iscsi_conformance.py."""
+import os, socket, subprocess, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FERRY = os.path.join(ROOT, "target", "release", "ferry")
+IQN = "iqn.2026-11.io.ferry"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def wait_port(port, proc, timeout=20):
+    t = time.time()
+    while time.time() - t < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited early: {proc.args}")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("server did not listen")
+
+
+def ensure_ferry():
+    if not os.path.exists(FERRY):
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "ferry-cli"], cwd=ROOT, check=True)
+
+
+class Ferry:
+    """`ferry serve` with two iSCSI portals; volumes made from images."""
+
+    def __init__(self, work, portals=2):
+        ensure_ferry()
+        self.ports = [free_port() for _ in range(portals)]
+        self.admin = f"127.0.0.1:{free_port()}"
+        args = [FERRY, "serve", "--pool", os.path.join(work, "pool"), "--nbd", "", "--admin", self.admin]
+        for p in self.ports:
+            args += ["--iscsi", f"127.0.0.1:{p}"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(int(self.admin.split(":")[1]), self.proc)
+        for p in self.ports:
+            wait_port(p, self.proc)
+        self.name = "ferry"
+
+    def add(self, volume, image=None, size=None, read_only=False):
+        cmd = [FERRY, "volume", "create", volume, "--admin", self.admin]
+        if image:
+            cmd += ["--path", image]
+        else:
+            cmd += ["--size", str(size)]
+        if read_only:
+            cmd += ["--read-only"]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        return [f"iscsi://127.0.0.1:{p}/{IQN}:{volume}/0" for p in self.ports]
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+class Tgt:
+    """tgtd in the foreground on its own portal and control port."""
+
+    def __init__(self, work):
+        self.port = free_port()
+        self.ctl = str(1000 + self.port % 1000)  # tgtd accepts small control port numbers only
+        self.proc = subprocess.Popen(["tgtd", "-f", "--iscsi", f"portal=127.0.0.1:{self.port}", "-C", self.ctl],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port, self.proc)
+        self.tid = 0
+        self.name = "tgt"
+
+    def adm(self, *args):
+        subprocess.run(["tgtadm", "-C", self.ctl, "--lld", "iscsi"] + list(args), check=True)
+
+    def add(self, volume, image, read_only=False):
+        self.tid += 1
+        iqn = f"iqn.2026-11.test.tgt:{volume}"
+        self.adm("--op", "new", "--mode", "target", "--tid", str(self.tid), "-T", iqn)
+        lu = ["--op", "new", "--mode", "logicalunit", "--tid", str(self.tid), "--lun", "1", "-b", image]
+        if read_only:
+            lu += ["--params", "readonly=1"]
+        self.adm(*lu)
+        self.adm("--op", "bind", "--mode", "target", "--tid", str(self.tid), "-I", "ALL")
+        return [f"iscsi://127.0.0.1:{self.port}/{iqn}/1"]
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
