@@ -544,6 +544,18 @@ impl Session {
         Ok(())
     }
 
+    /// Has task `itt` been aborted (by task management) before it ran?
+    pub fn is_aborted(&self, itt: u32) -> bool {
+        self.tasks.get(&itt).is_some_and(|t| t.aborted)
+    }
+
+    /// Forget an aborted task that was never executed.
+    pub fn discard(&mut self, itt: u32) {
+        if self.is_aborted(itt) {
+            self.tasks.remove(&itt);
+        }
+    }
+
     /// The SCSI layer finished task `itt`: build its Data-In and response.
     pub fn complete(&mut self, itt: u32, r: &CommandResult, out: &mut Vec<Pdu>) {
         let Some(t) = self.tasks.remove(&itt) else {
@@ -729,8 +741,11 @@ impl Session {
                         }
                         0
                     }
-                    None if !sn_lt(self.exp_cmdsn, ref_cmdsn.wrapping_add(1)) => 0,
-                    None => 1,
+                    // Already received (one connection delivers in
+                    // order), so it has completed: the task does not exist.
+                    None if sn_lt(ref_cmdsn, self.exp_cmdsn) => 1,
+                    // Never received: it counts as received and aborted.
+                    None => 0,
                 }
             }
             TmfFunction::AbortTaskSet | TmfFunction::ClearTaskSet => {

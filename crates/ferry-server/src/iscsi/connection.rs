@@ -224,6 +224,19 @@ fn execute(lu: &LogicalUnit, nexus: &Nexus, t: &ScsiTask) -> CommandResult {
     }
 }
 
+/// Run a command on a worker thread; its result comes back on `done`.
+fn spawn_execute(
+    lu: Arc<LogicalUnit>,
+    nexus: Nexus,
+    task: ScsiTask,
+    done: mpsc::UnboundedSender<(u32, CommandResult)>,
+) {
+    tokio::task::spawn_blocking(move || {
+        let r = execute(&lu, &nexus, &task);
+        let _ = done.send((task.itt, r));
+    });
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn full_feature(
     stream: TcpStream,
@@ -243,6 +256,7 @@ async fn full_feature(
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u32, CommandResult)>();
     let mut out: Vec<Pdu> = Vec::new();
     let mut events: Vec<Event> = Vec::new();
+    let mut inline: Vec<ScsiTask> = Vec::new();
     let mut running = 0usize;
     let mut ping_outstanding = 0u32;
     let mut idle = tokio::time::interval(KEEPALIVE);
@@ -272,17 +286,13 @@ async fn full_feature(
                     Event::Execute(task) => {
                         let Some(lu) = unit.clone() else { continue };
                         if inline_ok(&task, &lu) {
-                            let r = execute(&lu, nexus, &task);
-                            session.complete(task.itt, &r, &mut out);
+                            // Run after the rest of this batch is decoded,
+                            // so an ABORT TASK right behind it still counts.
+                            inline.push(task);
                             continue;
                         }
-                        let nexus = nexus.clone();
-                        let done = done_tx.clone();
                         running += 1;
-                        tokio::task::spawn_blocking(move || {
-                            let r = execute(&lu, &nexus, &task);
-                            let _ = done.send((task.itt, r));
-                        });
+                        spawn_execute(lu, nexus.clone(), task, done_tx.clone());
                     }
                     Event::Reset { function, lun } => {
                         if let Some(lu) = &unit {
@@ -301,6 +311,16 @@ async fn full_feature(
             }
             if closing {
                 break;
+            }
+        }
+        if let Some(lu) = &unit {
+            for task in inline.drain(..) {
+                if session.is_aborted(task.itt) {
+                    session.discard(task.itt);
+                } else {
+                    let r = execute(lu, nexus, &task);
+                    session.complete(task.itt, &r, &mut out);
+                }
             }
         }
         if !out.is_empty() {
