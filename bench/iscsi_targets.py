@@ -88,10 +88,10 @@ class Tgt:
         self.tid += 1
         iqn = f"iqn.2026-11.test.tgt:{volume}"
         self.adm("--op", "new", "--mode", "target", "--tid", str(self.tid), "-T", iqn)
-        lu = ["--op", "new", "--mode", "logicalunit", "--tid", str(self.tid), "--lun", "1", "-b", image]
+        self.adm("--op", "new", "--mode", "logicalunit", "--tid", str(self.tid), "--lun", "1", "-b", image)
         if read_only:
-            lu += ["--params", "readonly=1"]
-        self.adm(*lu)
+            self.adm("--op", "update", "--mode", "logicalunit", "--tid", str(self.tid), "--lun", "1",
+                     "--params", "readonly=1")
         self.adm("--op", "bind", "--mode", "target", "--tid", str(self.tid), "-I", "ALL")
         return [f"iscsi://127.0.0.1:{self.port}/{iqn}/1"]
 
