@@ -260,6 +260,63 @@ fn kill_9_keeps_acknowledged_writes() {
     assert_eq!(b[0]["dirty_bytes"], 8 << 20);
 }
 
+/// The same over iSCSI (`ferry serve --iscsi`): a FUA WRITE and a write
+/// followed by SYNCHRONIZE CACHE survive kill -9 of the daemon.
+#[test]
+fn iscsi_fua_and_sync_cache_survive_kill_9() {
+    if !have("qemu-io") || !have("iscsi-ls") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let pool = d.path().join("pool");
+    let portal = format!("127.0.0.1:{}", free_port());
+    let nbd = format!("127.0.0.1:{}", free_port());
+    let admin = format!("127.0.0.1:{}", free_port());
+    let s = Serve::start_on(&pool, &nbd, &admin, &["--iscsi", &portal]);
+    s.ferry(&["volume", "create", "k", "--size", "8M"]);
+    let url = format!("iscsi://{portal}/iqn.2026-11.io.ferry:k/0");
+    let st = Command::new("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            &url,
+            "-c",
+            "write -f -P 0x71 0 64k",
+            "-c",
+            "write -P 0x72 1M 64k",
+            "-c",
+            "flush",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    s.kill9();
+    let s = Serve::start_on(&pool, &nbd, &admin, &["--iscsi", &portal]);
+    let out = Command::new("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            "-r",
+            &url,
+            "-c",
+            "read -P 0x71 0 64k",
+            "-c",
+            "read -P 0x72 1M 64k",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && !text.contains("verification failed"),
+        "{text}"
+    );
+    drop(s);
+}
+
 /// Multi-conn flush: a write acknowledged on one connection and a FLUSH
 /// sent on another; after kill -9 the write is there. (ferry keeps no
 /// user-space write cache; this guards that promise.)

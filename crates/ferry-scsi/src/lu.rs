@@ -1071,6 +1071,70 @@ mod tests {
     }
 
     #[test]
+    fn capacity_change_raises_unit_attention() {
+        let dev = Arc::new(MemoryDevice::new(1 << 20, false));
+        let lu = LogicalUnit::new(
+            dev.clone(),
+            unit().identity().clone(),
+            LuConfig {
+                block_size: 512,
+                physical_block: 512,
+                thin: true,
+            },
+        );
+        let a = nexus("a");
+        let tur = [0u8; 6];
+        assert_eq!(lu.execute(&a, &tur, &[]).status, Status::Good);
+        dev.resize(2 << 20);
+        // INQUIRY does not consume it; TEST UNIT READY reports it once.
+        assert_eq!(
+            lu.execute(&a, &[0x12, 0, 0, 0, 36, 0], &[]).status,
+            Status::Good
+        );
+        let r = lu.execute(&a, &tur, &[]);
+        assert_eq!((r.sense[2], r.sense[12], r.sense[13]), (0x06, 0x2a, 0x09));
+        assert_eq!(lu.execute(&a, &tur, &[]).status, Status::Good);
+        let mut rc = [0u8; 10];
+        rc[0] = 0x25;
+        let r = lu.execute(&a, &rc, &[]);
+        assert_eq!(
+            u32::from_be_bytes([r.data[0], r.data[1], r.data[2], r.data[3]]),
+            4095
+        );
+    }
+
+    #[test]
+    fn persistent_reservation_blocks_other_writers() {
+        let lu = unit();
+        let (a, b) = (nexus("a"), nexus("b"));
+        let prout = |sa: u8, t: u8, key: u64, sa_key: u64| {
+            let mut cdb = vec![0x5f, sa, t, 0, 0, 0, 0, 0, 24, 0];
+            cdb[1] = sa;
+            let mut p = vec![0u8; 24];
+            p[0..8].copy_from_slice(&key.to_be_bytes());
+            p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+            (cdb, p)
+        };
+        let (c, p) = prout(0, 0, 0, 0xa);
+        assert_eq!(lu.execute(&a, &c, &p).status, Status::Good);
+        let (c, p) = prout(1, 1, 0xa, 0);
+        assert_eq!(lu.execute(&a, &c, &p).status, Status::Good);
+        assert_eq!(
+            lu.execute(&b, &cdb16(0x8a, 0, 1), &[1u8; 512]).status,
+            Status::ReservationConflict
+        );
+        assert_eq!(lu.execute(&b, &cdb16(0x88, 0, 1), &[]).status, Status::Good);
+        assert_eq!(
+            lu.execute(&a, &cdb16(0x8a, 0, 1), &[1u8; 512]).status,
+            Status::Good
+        );
+        // READ KEYS shows the one registration.
+        let r = lu.execute(&b, &[0x5e, 0, 0, 0, 0, 0, 0, 0, 64, 0], &[]);
+        assert_eq!(&r.data[4..8], &8u32.to_be_bytes());
+        assert_eq!(&r.data[8..16], &0xau64.to_be_bytes());
+    }
+
+    #[test]
     fn spc2_reservation_conflicts() {
         let lu = unit();
         let (a, b) = (nexus("a"), nexus("b"));

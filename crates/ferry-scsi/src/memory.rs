@@ -17,6 +17,11 @@ impl MemoryDevice {
         }
     }
 
+    /// Grow or shrink the disk (tests of capacity-change attention).
+    pub fn resize(&self, size: usize) {
+        self.data.write().resize(size, 0);
+    }
+
     fn span(&self, offset: u64, len: u64) -> Result<std::ops::Range<usize>, DeviceError> {
         let size = self.data.read().len() as u64;
         match offset.checked_add(len) {
