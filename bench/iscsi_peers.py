@@ -12,9 +12,10 @@ Usage: python3 bench/iscsi_peers.py [--seconds 5] [--repeats 3] [--out FILE]
 Needs (scripts/install-deps.sh --test): libiscsi-bin, tgt, qemu-block-extra,
 a release build of ferry. Run as root (tgtd).
 """
-import argparse, os, re, shutil, statistics, subprocess, sys, tempfile, time
+import argparse, os, re, shutil, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import med, version  # noqa: E402
 from iscsi_targets import Ferry, Tgt  # noqa: E402
 
 IMAGE_MIB = 1024
@@ -53,17 +54,6 @@ JOBS = [  # name, runner
     ("1M seq read qd4 (iscsi-perf)", lambda u, s: iscsi_perf(u, 4, 2048, s, False)),
     ("1M seq read qd4 (qemu-img bench)", lambda u, s: qemu_bench(u, 1 << 20, 4, 400 * s, False)),
 ]
-
-
-def med(xs, k):
-    return statistics.median(x[k] for x in xs)
-
-
-def version(cmd):
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True).stdout.splitlines()[0].strip()
-    except Exception:
-        return "?"
 
 
 def main():

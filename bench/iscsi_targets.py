@@ -1,37 +1,19 @@
 """Start and stop the iSCSI targets compared in bench/: ferry (release
 build) and tgt (Debian `tgt`, file-backed LUN), each on loopback ports of
 its own. Shared by bench/iscsi_peers.py and bench/iscsi_conformance.py."""
-import os, socket, subprocess, time
+import os, subprocess
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FERRY = os.path.join(ROOT, "target", "release", "ferry")
+from common import FERRY, ROOT, ensure_ferry, free_port, wait_port  # noqa: F401
+
 IQN = "iqn.2026-11.io.ferry"
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_port(port, proc, timeout=20):
-    t = time.time()
-    while time.time() - t < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited early: {proc.args}")
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("server did not listen")
-
-
-def ensure_ferry():
-    if not os.path.exists(FERRY):
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "ferry-cli"], cwd=ROOT, check=True)
+def stop(proc):
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 class Ferry:
@@ -62,11 +44,7 @@ class Ferry:
         return [f"iscsi://127.0.0.1:{p}/{IQN}:{volume}/0" for p in self.ports]
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop(self.proc)
 
 
 class Tgt:
@@ -96,8 +74,4 @@ class Tgt:
         return [f"iscsi://127.0.0.1:{self.port}/{iqn}/1"]
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop(self.proc)

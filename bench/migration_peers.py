@@ -32,16 +32,8 @@ import tempfile
 import time
 import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FERRY = os.path.join(ROOT, "target", "release", "ferry")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import FERRY, ROOT, free_port, wait_port  # noqa: E402,F401
 
 
 def http(method, url, body=None):
@@ -60,17 +52,6 @@ def wait_http(url, secs=30):
         except Exception:
             time.sleep(0.05)
     raise RuntimeError(f"{url} did not come up")
-
-
-def wait_port(port, secs=30):
-    end = time.time() + secs
-    while time.time() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"port {port} did not open")
 
 
 class Link:

@@ -9,10 +9,10 @@ which client needs less CPU on a shared 2-core machine).
 Usage: python3 bench/nbd_peers.py [--runtime 5] [--repeats 3] [--only peers|agree] [--out FILE]
 Needs: fio (with the nbd engine), nbdkit, qemu-nbd, a release build of ferry.
 """
-import argparse, json, os, shutil, socket, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, shutil, subprocess, sys, tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FERRY = os.path.join(ROOT, "target", "release", "ferry")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import FERRY, ROOT, free_port, med, version, wait_port  # noqa: E402,F401
 
 ROWS = [  # name, rw, bs, iodepth, connections
     ("4k randread", "randread", "4k", 16, 1),
@@ -33,27 +33,6 @@ AGREE = [  # name, fio rw, bs, rwmixread, iodepth, ferry-bench args
 ]
 
 IMAGE_MIB = 1024
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_port(port, proc, timeout=20):
-    t = time.time()
-    while time.time() - t < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited early: {proc.args}")
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("server did not listen")
 
 
 PIN_SERVER = ["taskset", "-c", "0"]
@@ -107,17 +86,6 @@ def ferry_bench(addr, args, iodepth, runtime):
            "--runtime", str(runtime), "--json"] + args
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)[0]
     return {"iops": r["iops"], "mbps": r["mb_per_s"], "p99_us": r["lat_p99_us"], "cpu": r["client_cpu_pct"]}
-
-
-def med(xs, k):
-    return statistics.median(x[k] for x in xs)
-
-
-def version(cmd):
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True).stdout.splitlines()[0].strip()
-    except Exception:
-        return "?"
 
 
 def main():

@@ -582,14 +582,7 @@ impl LogicalUnit {
     }
 
     fn read(&self, cdb: &[u8]) -> Outcome {
-        let rw = rw_fields(cdb);
-        if rw.flags >> 5 != 0 {
-            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(7)));
-        }
-        if rw.blocks > u64::from(MAX_TRANSFER_BLOCKS) {
-            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 7, None));
-        }
-        let (off, len) = self.range(rw.lba, rw.blocks)?;
+        let (_, off, len) = self.medium_range(cdb, u64::from(MAX_TRANSFER_BLOCKS))?;
         let mut buf = vec![0u8; len as usize];
         if len > 0 {
             self.dev
@@ -597,6 +590,29 @@ impl LogicalUnit {
                 .map_err(|e| dev_sense(&e, false))?;
         }
         Ok(ScsiResponse::good(buf))
+    }
+
+    /// The checks every medium-access CDB shares: no protection information
+    /// (ferry formats none), at most `max` blocks, inside the medium.
+    /// Returns the decoded fields and the byte offset and length.
+    fn medium_range(&self, cdb: &[u8], max: u64) -> Result<(Rw, u64, u64), Sense> {
+        let rw = rw_fields(cdb);
+        if rw.flags >> 5 != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(7)));
+        }
+        if rw.blocks > max {
+            let at = match byte(cdb, 0) {
+                0x89 => 13,
+                0x9c => 12,
+                op if op >> 5 == 5 => 6,
+                op if op >> 5 == 4 => 10,
+                op if op >> 5 == 0 => 4,
+                _ => 7,
+            };
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, at, None));
+        }
+        let (off, len) = self.range(rw.lba, rw.blocks)?;
+        Ok((rw, off, len))
     }
 
     /// Data-out must be exactly what the CDB calls for; otherwise nothing
@@ -609,14 +625,7 @@ impl LogicalUnit {
     }
 
     fn write(&self, cdb: &[u8], out: &[u8], verify: bool) -> Outcome {
-        let rw = rw_fields(cdb);
-        if rw.flags >> 5 != 0 {
-            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(7)));
-        }
-        if rw.blocks > u64::from(MAX_TRANSFER_BLOCKS) {
-            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 7, None));
-        }
-        let (off, len) = self.range(rw.lba, rw.blocks)?;
+        let (rw, off, len) = self.medium_range(cdb, u64::from(MAX_TRANSFER_BLOCKS))?;
         self.writable()?;
         // When the transport's expected length differs from the CDB's, only
         // the overlap is written (FCP-4 / SAM-5 residual rule a); the
@@ -634,18 +643,11 @@ impl LogicalUnit {
     }
 
     fn verify(&self, cdb: &[u8], out: &[u8]) -> Outcome {
-        let rw = rw_fields(cdb);
-        if rw.flags >> 5 != 0 {
-            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(7)));
-        }
-        let bytchk = (rw.flags >> 1) & 0x03;
+        let bytchk = (byte(cdb, 1) >> 1) & 0x03;
         if bytchk == 2 {
             return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(2)));
         }
-        if rw.blocks > u64::from(MAX_TRANSFER_BLOCKS) {
-            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 7, None));
-        }
-        let (off, len) = self.range(rw.lba, rw.blocks)?;
+        let (_, off, len) = self.medium_range(cdb, u64::from(MAX_TRANSFER_BLOCKS))?;
         let want = match bytchk {
             0 => 0,
             1 => len,
@@ -807,18 +809,11 @@ impl LogicalUnit {
     }
 
     fn compare_and_write(&self, cdb: &[u8], out: &[u8]) -> Outcome {
-        let rw = rw_fields(cdb);
-        if rw.flags >> 5 != 0 {
-            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(7)));
-        }
-        if rw.blocks > u64::from(MAX_COMPARE_WRITE_BLOCKS) {
-            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 13, None));
-        }
-        if rw.blocks == 0 && !out.is_empty() {
+        if byte(cdb, 13) == 0 && !out.is_empty() {
             // The block count is one byte: 256 blocks wrap to 0.
             return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 13, None));
         }
-        let (off, len) = self.range(rw.lba, rw.blocks)?;
+        let (rw, off, len) = self.medium_range(cdb, u64::from(MAX_COMPARE_WRITE_BLOCKS))?;
         self.writable()?;
         Self::need_out(out, 2 * len)?;
         if len == 0 {
@@ -929,17 +924,10 @@ impl LogicalUnit {
     /// WRITE ATOMIC(16): the whole range is written or none of it, and no
     /// other write of this unit interleaves with it.
     fn write_atomic(&self, cdb: &[u8], out: &[u8]) -> Outcome {
-        let rw = rw_fields(cdb);
-        if rw.flags >> 5 != 0 {
-            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(7)));
-        }
         if be16(cdb, 10) != 0 {
             return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 10, None));
         }
-        if rw.blocks > u64::from(inquiry::MAX_ATOMIC_BLOCKS) {
-            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 12, None));
-        }
-        let (off, len) = self.range(rw.lba, rw.blocks)?;
+        let (rw, off, len) = self.medium_range(cdb, u64::from(inquiry::MAX_ATOMIC_BLOCKS))?;
         self.writable()?;
         Self::need_out(out, len)?;
         if len > 0 {
@@ -954,14 +942,7 @@ impl LogicalUnit {
     }
 
     fn orwrite(&self, cdb: &[u8], out: &[u8]) -> Outcome {
-        let rw = rw_fields(cdb);
-        if rw.flags >> 5 != 0 {
-            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(7)));
-        }
-        if rw.blocks > u64::from(MAX_TRANSFER_BLOCKS) {
-            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 10, None));
-        }
-        let (off, len) = self.range(rw.lba, rw.blocks)?;
+        let (rw, off, len) = self.medium_range(cdb, u64::from(MAX_TRANSFER_BLOCKS))?;
         self.writable()?;
         Self::need_out(out, len)?;
         if len == 0 {

@@ -28,6 +28,7 @@
 //! [iscsi]
 //! listen = []                    # portals, e.g. ["0.0.0.0:3260"]; each is its own portal group
 //! base_iqn = "iqn.2026-11.io.ferry"   # volume v is target "<base_iqn>:v", LUN 0
+//! max_connections = 1024         # per portal
 //! acl = []                       # initiator IQNs allowed on every target ([] = any)
 //! chap_user = ""                 # one-way CHAP for every target ("" = off)
 //! chap_secret = ""
@@ -92,6 +93,8 @@ pub struct IscsiConfig {
     pub listen: Vec<String>,
     /// Targets are named `<base_iqn>:<volume>`.
     pub base_iqn: String,
+    /// Open iSCSI connections at most, per portal.
+    pub max_connections: usize,
     /// Defaults for every target (and discovery).
     pub acl: Vec<String>,
     pub chap_user: String,
@@ -109,6 +112,7 @@ impl Default for IscsiConfig {
         IscsiConfig {
             listen: Vec::new(),
             base_iqn: DEFAULT_BASE_IQN.into(),
+            max_connections: 1024,
             acl: Vec::new(),
             chap_user: String::new(),
             chap_secret: String::new(),

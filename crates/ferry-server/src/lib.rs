@@ -13,6 +13,7 @@ pub mod iscsi;
 pub mod metrics;
 pub mod migration;
 pub mod nbd;
+pub mod net;
 
 use config::Config;
 use ferry_storage::{Pool, PoolOptions, StorageError};

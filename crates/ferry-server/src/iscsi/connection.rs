@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -252,7 +252,7 @@ async fn full_feature(
     let mut session = Session::new(params);
     let (mut rd, wr) = stream.into_split();
     let (tx, rx) = mpsc::channel::<Vec<Bytes>>(256);
-    let writer = tokio::spawn(write_loop(wr, rx));
+    let writer = tokio::spawn(crate::net::write_loop(wr, rx));
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u32, CommandResult)>();
     let mut out: Vec<Pdu> = Vec::new();
     let mut events: Vec<Event> = Vec::new();
@@ -391,23 +391,4 @@ async fn full_feature(
     drop(tx);
     let _ = writer.await;
     result
-}
-
-async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Receiver<Vec<Bytes>>) {
-    let mut batch: Vec<Bytes> = Vec::with_capacity(64);
-    while let Some(first) = rx.recv().await {
-        batch.extend(first);
-        while batch.len() < 256 {
-            match rx.try_recv() {
-                Ok(b) => batch.extend(b),
-                Err(_) => break,
-            }
-        }
-        if let Err(e) = ferry_client::write_all_vectored(&mut wr, &mut batch).await {
-            tracing::debug!(error = %e, "iSCSI write failed; dropping remaining PDUs");
-            while rx.recv().await.is_some() {}
-            return;
-        }
-    }
-    let _ = wr.shutdown().await;
 }

@@ -23,7 +23,6 @@ use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 /// State the iSCSI connections share.
 #[derive(Default)]
@@ -151,7 +150,6 @@ pub async fn serve(
     state: Arc<ServerState>,
     shutdown: CancellationToken,
 ) {
-    let tracker = TaskTracker::new();
     let cfg = &state.config.iscsi;
     let local = listener.local_addr().ok();
     let unprotected = cfg.acl.is_empty() && cfg.chap_user.is_empty();
@@ -162,29 +160,23 @@ pub async fn serve(
             tracing::warn!(portal = ?local, "iSCSI portal has no ACL and no CHAP and is not loopback: targets without their own ACL or CHAP refuse every login");
         }
     }
-    loop {
-        let (stream, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "iSCSI accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
+    let max = state.config.iscsi.max_connections;
+    let st = state.clone();
+    crate::net::accept_loop(
+        listener,
+        max,
+        state,
+        shutdown.clone(),
+        move |stream, peer| {
+            let state = st.clone();
+            let shutdown = shutdown.clone();
+            async move {
+                match connection::run(stream, portal, &state, shutdown).await {
+                    Ok(()) => tracing::debug!(%peer, "iSCSI connection finished"),
+                    Err(e) => tracing::info!(%peer, error = %e, "iSCSI connection closed"),
                 }
-            },
-            () = shutdown.cancelled() => break,
-        };
-        let state = state.clone();
-        let shutdown = shutdown.clone();
-        tracker.spawn(async move {
-            state.metrics.connections.inc();
-            match connection::run(stream, portal, &state, shutdown).await {
-                Ok(()) => tracing::debug!(%peer, "iSCSI connection finished"),
-                Err(e) => tracing::info!(%peer, error = %e, "iSCSI connection closed"),
             }
-            state.metrics.connections.dec();
-        });
-    }
-    tracker.close();
-    tracker.wait().await;
+        },
+    )
+    .await;
 }

@@ -11,7 +11,7 @@ use ferry_nbd::{Command, HandshakeProgress, NbdError, RequestDecoder, ServerHand
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -95,7 +95,7 @@ async fn transmission(
     let (mut rd, wr) = stream.into_split();
     let max_in_flight = state.config.nbd.max_in_flight.max(1);
     let (tx, rx) = mpsc::channel::<Bytes>(max_in_flight + 8);
-    let writer = tokio::spawn(write_loop(wr, rx));
+    let writer = tokio::spawn(crate::net::write_loop(wr, rx));
     let slots = Arc::new(Semaphore::new(max_in_flight));
     let tracker = TaskTracker::new();
     let ctx = Arc::new(ctx);
@@ -176,24 +176,4 @@ async fn transmission(
     drop(tx);
     let _ = writer.await;
     result
-}
-
-async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Receiver<Bytes>) {
-    let mut batch: Vec<Bytes> = Vec::with_capacity(64);
-    while let Some(first) = rx.recv().await {
-        batch.push(first);
-        while batch.len() < 64 {
-            match rx.try_recv() {
-                Ok(b) => batch.push(b),
-                Err(_) => break,
-            }
-        }
-        if let Err(e) = ferry_client::write_all_vectored(&mut wr, &mut batch).await {
-            tracing::debug!(error = %e, "reply write failed; dropping remaining replies");
-            // Keep draining so senders never block on a dead socket.
-            while rx.recv().await.is_some() {}
-            return;
-        }
-    }
-    let _ = wr.shutdown().await;
 }
