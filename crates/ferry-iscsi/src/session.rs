@@ -106,7 +106,7 @@ pub struct Session {
     next_ttt: u32,
     logged_out: bool,
     /// Data-In PDUs and R2Ts sent (ExpDataSN for the response).
-    stats_dropped: u64,
+    dropped_pdus: u64,
 }
 
 fn lun_of(p: &Pdu) -> u64 {
@@ -124,7 +124,7 @@ impl Session {
             tasks: HashMap::new(),
             next_ttt: 1,
             logged_out: false,
-            stats_dropped: 0,
+            dropped_pdus: 0,
         }
     }
 
@@ -134,7 +134,7 @@ impl Session {
 
     /// PDUs dropped as out of the command window (for logs and tests).
     pub fn dropped(&self) -> u64 {
-        self.stats_dropped
+        self.dropped_pdus
     }
 
     pub fn logged_out(&self) -> bool {
@@ -153,9 +153,13 @@ impl Session {
         if advance {
             self.stat_sn = self.stat_sn.wrapping_add(1);
         }
+        self.stamp_window(p);
+    }
+
+    /// Fill ExpCmdSN/MaxCmdSN only (Data-In without status).
+    fn stamp_window(&self, p: &mut Pdu) {
         p.set_u32(28, self.exp_cmdsn);
-        let max = self.max_cmdsn();
-        p.set_u32(32, max);
+        p.set_u32(32, self.max_cmdsn());
     }
 
     fn reject(&mut self, bad: &Pdu, reason: u8, out: &mut Vec<Pdu>) {
@@ -177,7 +181,7 @@ impl Session {
         }
         let max = self.max_cmdsn();
         if sn_lt(cmdsn, self.exp_cmdsn) || sn_lt(max, cmdsn) {
-            self.stats_dropped += 1;
+            self.dropped_pdus += 1;
             return false;
         }
         // A single connection delivers in order; a CmdSN ahead of the
@@ -320,7 +324,7 @@ impl Session {
             // Bidirectional commands are not supported; oversized
             // transfers are refused before any data is taken.
             let sense = invalid_field_sense();
-            self.respond(itt, p.lun(), edtl, write, 0, 0x02, &sense, 0, out);
+            self.respond(itt, 0x02, &sense, Residual::under(edtl, 0), out);
             if write && !p.final_bit() {
                 // Unsolicited data may follow; remember the tag to skip it.
                 self.tasks.insert(
@@ -489,22 +493,13 @@ impl Session {
             // The command cannot complete as sent: reject the PDU and end
             // the task with a CHECK CONDITION; the connection stays up.
             t.aborted = true;
-            let (lun, edtl, write) = (t.lun, t.edtl, t.write);
+            let edtl = t.edtl;
             if !t.executing {
                 self.tasks.remove(&itt);
             }
             self.reject(&p, 0x04, out);
-            self.respond(
-                itt,
-                lun,
-                edtl,
-                write,
-                0x02,
-                0x02,
-                &data_phase_error_sense(),
-                edtl,
-                out,
-            );
+            let sense = data_phase_error_sense();
+            self.respond(itt, 0x02, &sense, Residual::under(edtl, 0), out);
             return Ok(());
         }
         if ttt == NO_TAG {
@@ -609,9 +604,7 @@ impl Session {
                 self.stamp(&mut d, true);
                 d.set_u32(44, residual);
             } else {
-                let mut tmp = Pdu::new(0);
-                self.stamp(&mut tmp, false);
-                d.bhs[28..36].copy_from_slice(&tmp.bhs[28..36]);
+                self.stamp_window(&mut d);
             }
             d.set_u32(36, data_sn);
             d.set_u32(40, offset as u32);
@@ -624,40 +617,25 @@ impl Session {
             return;
         }
         let exp_data_sn = if t.read { data_sn } else { t.r2t_sn };
-        self.respond(
-            itt, lun, t.edtl, t.write, flags, r.status, &r.sense, residual, out,
-        );
+        let res = Residual {
+            flags,
+            count: residual,
+        };
+        self.respond(itt, r.status, &r.sense, res, out);
         if let Some(last) = out.last_mut() {
             last.set_u32(36, exp_data_sn);
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn respond(
-        &mut self,
-        itt: u32,
-        lun: u64,
-        edtl: u32,
-        _write: bool,
-        flags: u8,
-        status: u8,
-        sense: &[u8],
-        residual: u32,
-        out: &mut Vec<Pdu>,
-    ) {
+    /// A SCSI Response PDU (status, sense data, residual).
+    fn respond(&mut self, itt: u32, status: u8, sense: &[u8], res: Residual, out: &mut Vec<Pdu>) {
         let mut p = Pdu::new(op::SCSI_RESPONSE);
-        let (flags, residual) = if status != 0 && flags == 0 && sense.is_empty() && edtl > 0 {
-            (0x02, edtl)
-        } else {
-            (flags, residual)
-        };
-        p.bhs[1] = 0x80 | flags;
-        p.bhs[2] = 0x00;
+        p.bhs[1] = 0x80 | res.flags;
+        p.bhs[2] = 0x00; // command completed at target
         p.bhs[3] = status;
-        let _ = lun;
         p.set_itt(itt);
         self.stamp(&mut p, true);
-        p.set_u32(44, residual);
+        p.set_u32(44, res.count);
         if !sense.is_empty() {
             let mut d = (sense.len() as u16).to_be_bytes().to_vec();
             d.extend_from_slice(sense);
@@ -814,6 +792,24 @@ impl Session {
     /// Tasks currently known (collecting data or executing).
     pub fn outstanding(&self) -> usize {
         self.tasks.len()
+    }
+}
+
+/// Residual flags (O 0x04 / U 0x02) and count of a SCSI Response.
+#[derive(Debug, Clone, Copy)]
+struct Residual {
+    flags: u8,
+    count: u32,
+}
+
+impl Residual {
+    /// `moved` of `edtl` expected bytes moved: underflow of the rest.
+    fn under(edtl: u32, moved: u32) -> Residual {
+        let count = edtl.saturating_sub(moved);
+        Residual {
+            flags: if count > 0 { 0x02 } else { 0 },
+            count,
+        }
     }
 }
 
