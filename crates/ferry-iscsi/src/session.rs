@@ -105,6 +105,9 @@ pub struct Session {
     tasks: HashMap<u32, Task>,
     next_ttt: u32,
     logged_out: bool,
+    /// A text response longer than one PDU: its target transfer tag and
+    /// the bytes not sent yet (sent as the initiator asks for them).
+    text_rest: Option<(u32, Vec<u8>)>,
     /// Data-In PDUs and R2Ts sent (ExpDataSN for the response).
     dropped_pdus: u64,
 }
@@ -124,6 +127,7 @@ impl Session {
             tasks: HashMap::new(),
             next_ttt: 1,
             logged_out: false,
+            text_rest: None,
             dropped_pdus: 0,
         }
     }
@@ -645,6 +649,18 @@ impl Session {
     }
 
     fn text(&mut self, p: &Pdu, targets: &dyn Targets, out: &mut Vec<Pdu>) {
+        let ttt = p.u32_at(20);
+        if ttt != NO_TAG {
+            // The initiator asks for the next part of a long response.
+            match self.text_rest.take() {
+                Some((tag, rest)) if tag == ttt && p.data.is_empty() => {
+                    self.text_reply(p.itt(), rest, out);
+                }
+                _ => self.reject(p, 0x09, out),
+            }
+            return;
+        }
+        self.text_rest = None;
         let mut answer = Vec::new();
         match text::parse(&p.data) {
             Ok(keys) => {
@@ -669,24 +685,31 @@ impl Session {
                 return;
             }
         }
+        self.text_reply(p.itt(), text::encode(&answer), out);
+    }
+
+    /// Send `data` as a Text Response; what does not fit in the initiator's
+    /// MaxRecvDataSegmentLength waits for a continuation request (C bit
+    /// set, a target transfer tag to ask with).
+    fn text_reply(&mut self, itt: u32, mut data: Vec<u8>, out: &mut Vec<Pdu>) {
+        let max = self.params.max_send_data.max(512) as usize;
         let mut r = Pdu::new(op::TEXT_RESPONSE);
-        r.bhs[1] = 0x80;
-        r.set_itt(p.itt());
-        r.set_u32(20, NO_TAG);
-        self.stamp(&mut r, true);
-        let mut data = text::encode(&answer);
-        let max = self.params.max_send_data as usize;
+        r.set_itt(itt);
         if data.len() > max {
-            // Keep whole pairs that fit; ferry serves one portal per volume
-            // so the list is short, but never send an oversized segment.
-            let mut cut = 0;
-            for (i, b) in data.iter().enumerate() {
-                if *b == 0 && i < max {
-                    cut = i + 1;
-                }
+            let rest = data.split_off(max);
+            let tag = self.next_ttt;
+            self.next_ttt = self.next_ttt.wrapping_add(1).max(1);
+            if self.next_ttt == NO_TAG {
+                self.next_ttt = 1;
             }
-            data.truncate(cut);
+            r.bhs[1] = 0x40; // C: continues; not final
+            r.set_u32(20, tag);
+            self.text_rest = Some((tag, rest));
+        } else {
+            r.bhs[1] = 0x80;
+            r.set_u32(20, NO_TAG);
         }
+        self.stamp(&mut r, true);
         r.data = Bytes::from(data);
         out.push(r);
     }
@@ -830,4 +853,110 @@ fn invalid_field_sense() -> Vec<u8> {
     s[7] = 10;
     s[12] = 0x24;
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::login::TargetPolicy;
+
+    struct Many;
+    impl Targets for Many {
+        fn policy(&self, _: &str) -> Option<TargetPolicy> {
+            None
+        }
+        fn discovery_policy(&self) -> TargetPolicy {
+            TargetPolicy::default()
+        }
+        fn send_targets(&self, _: &str, _: Option<&str>) -> Vec<(String, String)> {
+            (0..100)
+                .flat_map(|i| {
+                    [
+                        (
+                            "TargetName".to_string(),
+                            format!("iqn.2026-11.io.ferry:volume-{i:04}"),
+                        ),
+                        ("TargetAddress".to_string(), "127.0.0.1:3260,1".to_string()),
+                    ]
+                })
+                .collect()
+        }
+        fn portal_group(&self) -> u16 {
+            1
+        }
+    }
+
+    fn discovery() -> Session {
+        Session::new(SessionParams {
+            session_type: SessionType::Discovery,
+            initiator_name: "iqn.i".into(),
+            initiator_alias: None,
+            target_name: None,
+            isid: [0; 6],
+            tsih: 1,
+            cid: 0,
+            header_digest: false,
+            data_digest: false,
+            max_recv_data: 8192,
+            max_send_data: 1024,
+            max_burst: 262144,
+            first_burst: 65536,
+            initial_r2t: true,
+            immediate_data: true,
+            max_outstanding_r2t: 1,
+            data_pdu_in_order: true,
+            data_sequence_in_order: true,
+            default_time2wait: 2,
+            default_time2retain: 0,
+            exp_cmdsn: 1,
+            stat_sn: 1,
+        })
+    }
+
+    fn text_request(itt: u32, cmdsn: u32, ttt: u32, data: &[u8]) -> Pdu {
+        let mut p = Pdu::new(op::TEXT);
+        p.bhs[1] = 0x80;
+        p.set_itt(itt);
+        p.set_u32(20, ttt);
+        p.set_u32(24, cmdsn);
+        p.data = Bytes::copy_from_slice(data);
+        p
+    }
+
+    #[test]
+    fn long_send_targets_answer_continues() {
+        let mut s = discovery();
+        let (mut out, mut ev) = (Vec::new(), Vec::new());
+        s.receive(
+            text_request(5, 1, NO_TAG, b"SendTargets=All\0"),
+            &Many,
+            &mut out,
+            &mut ev,
+        )
+        .unwrap();
+        let mut all = Vec::new();
+        let mut cmdsn = 2;
+        loop {
+            let r = out.pop().unwrap();
+            assert_eq!(r.opcode(), op::TEXT_RESPONSE);
+            assert!(r.data.len() <= 1024);
+            all.extend_from_slice(&r.data);
+            if r.final_bit() {
+                assert_eq!(r.u32_at(20), NO_TAG);
+                break;
+            }
+            assert_eq!(r.bhs[1] & 0x40, 0x40);
+            let ttt = r.u32_at(20);
+            s.receive(text_request(5, cmdsn, ttt, b""), &Many, &mut out, &mut ev)
+                .unwrap();
+            cmdsn += 1;
+        }
+        let pairs: Vec<&[u8]> = all.split(|b| *b == 0).filter(|x| !x.is_empty()).collect();
+        assert_eq!(pairs.len(), 200, "every pair arrives whole once joined");
+        assert!(pairs.iter().all(|p| p.starts_with(b"Target")));
+        // A continuation with a stale tag is rejected.
+        s.receive(text_request(6, cmdsn, 77, b""), &Many, &mut out, &mut ev)
+            .unwrap();
+        assert_eq!(out.pop().unwrap().opcode(), op::REJECT);
+    }
 }

@@ -172,6 +172,11 @@ pub struct ServerView {
     pub admin: Option<String>,
     #[serde(default)]
     pub migration: Option<String>,
+    /// iSCSI portals, in portal-group order.
+    #[serde(default)]
+    pub iscsi: Vec<String>,
+    #[serde(default)]
+    pub iscsi_base_iqn: String,
     /// SHA-256 of this daemon's migration certificate, once it has one.
     #[serde(default)]
     pub cert_fingerprint: Option<String>,
@@ -218,6 +223,14 @@ async fn server_info(State(s): St) -> Json<ServerView> {
         nbd: s.addrs.nbd.map(|a| a.to_string()),
         admin: s.addrs.admin.map(|a| a.to_string()),
         migration: s.addrs.migration.map(|a| a.to_string()),
+        iscsi: s
+            .iscsi
+            .portals
+            .lock()
+            .iter()
+            .map(|a| a.to_string())
+            .collect(),
+        iscsi_base_iqn: s.config.iscsi.base_iqn.clone(),
         cert_fingerprint: crate::migration::tls::CertStore::new(s.pool.root())
             .own_cert()
             .ok()

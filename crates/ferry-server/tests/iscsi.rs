@@ -267,6 +267,26 @@ fn nbd_and_iscsi_see_one_disk_and_iscsi_writes_mark_bitmaps() {
         "iSCSI write not in the dirty bitmap"
     );
     assert!(!b.is_dirty(8 << 20, 65536));
+    // iSCSI commands show in the per-volume metrics.
+    let metrics = ureq::get(&format!("http://{}/metrics", s.admin))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("ferry_requests_total")
+                && l.contains("iscsi_write")
+                && l.contains("shared")),
+        "no iscsi_write in metrics"
+    );
+    let server: serde_json::Value = ureq::get(&format!("http://{}/v1/server", s.admin))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(server["iscsi"].as_array().unwrap().len(), 2);
 }
 
 // ---- raw PDUs -------------------------------------------------------------

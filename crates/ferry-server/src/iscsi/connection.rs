@@ -190,6 +190,48 @@ fn inline_ok(t: &ScsiTask, lu: &LogicalUnit) -> bool {
     }
 }
 
+/// Per-volume metrics of iSCSI commands: reads, writes, and the rest.
+#[derive(Clone)]
+struct CommandMetrics([crate::metrics::OpMetrics; 3]);
+
+impl CommandMetrics {
+    fn new(state: &ServerState, volume: &str) -> Self {
+        CommandMetrics(
+            ["iscsi_read", "iscsi_write", "iscsi_other"].map(|op| state.metrics.op(volume, op)),
+        )
+    }
+
+    fn record(&self, t: &ScsiTask, r: &CommandResult, start: std::time::Instant) {
+        let (m, bytes) = match t.cdb.first() {
+            Some(0x08 | 0x28 | 0xa8 | 0x88) => (&self.0[0], r.data.len()),
+            Some(
+                0x0a | 0x2a | 0xaa | 0x8a | 0x2e | 0xae | 0x8e | 0x89 | 0x8b | 0x9c | 0x41 | 0x93,
+            ) => (&self.0[1], t.data_out.len()),
+            _ => (&self.0[2], 0),
+        };
+        m.ops.inc();
+        m.bytes.inc_by(bytes as u64);
+        m.size.observe(bytes as f64);
+        m.latency.observe(start.elapsed().as_secs_f64());
+        if r.status != 0 {
+            m.errors.inc();
+        }
+    }
+}
+
+/// Run one command on the unit (mapping LUNs other than 0) and record it.
+fn execute_counted(
+    lu: &LogicalUnit,
+    nexus: &Nexus,
+    t: &ScsiTask,
+    m: &CommandMetrics,
+) -> CommandResult {
+    let start = std::time::Instant::now();
+    let r = execute(lu, nexus, t);
+    m.record(t, &r, start);
+    r
+}
+
 /// Run one command on the unit, mapping LUNs other than 0.
 fn execute(lu: &LogicalUnit, nexus: &Nexus, t: &ScsiTask) -> CommandResult {
     let r = if t.lun != 0 {
@@ -229,10 +271,11 @@ fn spawn_execute(
     lu: Arc<LogicalUnit>,
     nexus: Nexus,
     task: ScsiTask,
+    metrics: CommandMetrics,
     done: mpsc::UnboundedSender<(u32, CommandResult)>,
 ) {
     tokio::task::spawn_blocking(move || {
-        let r = execute(&lu, &nexus, &task);
+        let r = execute_counted(&lu, &nexus, &task, &metrics);
         let _ = done.send((task.itt, r));
     });
 }
@@ -249,6 +292,11 @@ async fn full_feature(
     shutdown: CancellationToken,
 ) -> Result<(), ConnError> {
     let (hd, dd) = (params.header_digest, params.data_digest);
+    let volume = unit
+        .as_ref()
+        .map(|u| u.identity().name.clone())
+        .unwrap_or_default();
+    let metrics = CommandMetrics::new(targets.state, &volume);
     let mut session = Session::new(params);
     let (mut rd, wr) = stream.into_split();
     let (tx, rx) = mpsc::channel::<Vec<Bytes>>(256);
@@ -292,7 +340,7 @@ async fn full_feature(
                             continue;
                         }
                         running += 1;
-                        spawn_execute(lu, nexus.clone(), task, done_tx.clone());
+                        spawn_execute(lu, nexus.clone(), task, metrics.clone(), done_tx.clone());
                     }
                     Event::Reset { function, lun } => {
                         if let Some(lu) = &unit {
@@ -318,7 +366,7 @@ async fn full_feature(
                 if session.is_aborted(task.itt) {
                     session.discard(task.itt);
                 } else {
-                    let r = execute(lu, nexus, &task);
+                    let r = execute_counted(lu, nexus, &task, &metrics);
                     session.complete(task.itt, &r, &mut out);
                 }
             }
