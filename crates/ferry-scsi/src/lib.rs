@@ -14,7 +14,7 @@ mod pr;
 pub mod sense;
 pub mod xcopy;
 
-pub use lu::{LogicalUnit, LuConfig};
+pub use lu::{report_luns, LogicalUnit, LuConfig};
 pub use sense::Sense;
 pub use xcopy::CopyTargets;
 

@@ -88,6 +88,32 @@ fn cut(mut data: Vec<u8>, alloc: usize) -> ScsiResponse {
     ScsiResponse::good(data)
 }
 
+/// REPORT LUNS for a target whose units are `luns` (single-level LUNs:
+/// peripheral addressing below 256, flat addressing up to 16383).
+pub fn report_luns(cdb: &[u8], luns: &[u64]) -> Result<Vec<u8>, Sense> {
+    let alloc = be32(cdb, 6) as usize;
+    if alloc < 16 {
+        return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 6, None));
+    }
+    if !matches!(byte(cdb, 2), 0x00 | 0x01 | 0x02 | 0x10 | 0x11 | 0x12) {
+        return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 2, None));
+    }
+    let mut d = ((luns.len() * 8) as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(&[0; 4]);
+    for &l in luns {
+        let mut e = [0u8; 8];
+        if l < 256 {
+            e[1] = l as u8;
+        } else {
+            e[0] = 0x40 | ((l >> 8) as u8 & 0x3f);
+            e[1] = l as u8;
+        }
+        d.extend_from_slice(&e);
+    }
+    d.truncate(alloc);
+    Ok(d)
+}
+
 /// Where the LBA, length and flags of a medium-access CDB live.
 struct Rw {
     lba: u64,
@@ -382,18 +408,7 @@ impl LogicalUnit {
                 0x12 => self.get_lba_status(cdb),
                 _ => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4))),
             },
-            0xa0 => {
-                let alloc = be32(cdb, 6) as usize;
-                if alloc < 16 {
-                    return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 6, None));
-                }
-                if !matches!(byte(cdb, 2), 0x00 | 0x01 | 0x02 | 0x10 | 0x11 | 0x12) {
-                    return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 2, None));
-                }
-                let mut d = vec![0u8; 16];
-                d[3] = 8;
-                Ok(cut(d, alloc))
-            }
+            0xa0 => report_luns(cdb, &[0]).map(ScsiResponse::good),
             0xa3 => {
                 if byte(cdb, 1) & 0x1f != 0x0c {
                     return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4)));

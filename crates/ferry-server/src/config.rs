@@ -34,7 +34,9 @@
 //! chap_secret = ""
 //! mutual_user = ""               # mutual CHAP: what the target answers with
 //! mutual_secret = ""
-//! [iscsi.targets.VOLUME]         # per-volume overrides of acl / chap_* / mutual_*
+//! [iscsi.targets.VOLUME]         # per-target overrides of acl / chap_* / mutual_*
+//! [iscsi.groups]
+//! cluster1 = ["vm1", "vm2"]      # target "<base_iqn>:cluster1" with vm1 at LUN 0, vm2 at LUN 1
 //! ```
 
 use serde::Deserialize;
@@ -101,8 +103,12 @@ pub struct IscsiConfig {
     pub chap_secret: String,
     pub mutual_user: String,
     pub mutual_secret: String,
-    /// Per-volume overrides (replace the defaults wholesale).
+    /// Per-target overrides (replace the defaults wholesale), by volume or
+    /// group name.
     pub targets: std::collections::BTreeMap<String, IscsiAccess>,
+    /// Targets with several LUNs: target `<base_iqn>:<group>` serves the
+    /// listed volumes as LUN 0, 1, ... (at most 256).
+    pub groups: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 pub const DEFAULT_BASE_IQN: &str = "iqn.2026-11.io.ferry";
@@ -119,6 +125,7 @@ impl Default for IscsiConfig {
             mutual_user: String::new(),
             mutual_secret: String::new(),
             targets: Default::default(),
+            groups: Default::default(),
         }
     }
 }

@@ -549,3 +549,43 @@ fn non_loopback_ip() -> Option<std::net::IpAddr> {
     let ip = sock.local_addr().ok()?.ip();
     (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
 }
+
+#[test]
+fn a_group_target_serves_several_volumes_as_luns() {
+    if !have("iscsi-ls") || !have("qemu-io") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path(), |c| {
+        c.iscsi
+            .groups
+            .insert("pair".into(), vec!["g0".into(), "g1".into()]);
+    });
+    let g0 = s.create("g0", 8 << 20);
+    let g1 = s.create("g1", 16 << 20);
+    let p = portals(&s);
+    let ls = run(Command::new("iscsi-ls")
+        .arg("-s")
+        .arg(format!("iscsi://{}", p[0])));
+    assert!(ls.contains(&format!("{IQN}:pair")), "{ls}");
+    assert!(ls.contains("Lun:0"), "{ls}");
+    assert!(ls.contains("Lun:1"), "{ls}");
+    run(Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "write -P 0x11 0 64k"])
+        .arg(format!("iscsi://{}/{IQN}:pair/1", p[0])));
+    run(Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "write -P 0x22 0 64k"])
+        .arg(format!("iscsi://{}/{IQN}:pair/0", p[1])));
+    let mut b = vec![0u8; 65536];
+    g1.read_at(0, &mut b).unwrap();
+    assert!(b.iter().all(|x| *x == 0x11));
+    g0.read_at(0, &mut b).unwrap();
+    assert!(b.iter().all(|x| *x == 0x22));
+    // LUN 2 does not exist.
+    let out = Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "read 0 4k"])
+        .arg(format!("iscsi://{}/{IQN}:pair/2", p[0]))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}

@@ -114,13 +114,22 @@ pub async fn run(
     };
     dec.header_digest = params.header_digest;
     dec.data_digest = params.data_digest;
-    let unit = match (params.session_type, &params.target_name) {
-        (SessionType::Normal, Some(t)) => match targets.volume_of(t) {
-            Some(v) => Some(state.iscsi.units.unit(&v, t, &state.pool)),
+    let luns = match (params.session_type, &params.target_name) {
+        (SessionType::Normal, Some(t)) => match targets.luns_of(t) {
+            Some(vols) => Luns(
+                vols.into_iter()
+                    .map(|(number, v)| Lun {
+                        number,
+                        metrics: CommandMetrics::new(state, &v.name()),
+                        unit: state.iscsi.units.unit(&v, t, &state.pool),
+                    })
+                    .collect(),
+            ),
             None => return Ok(()),
         },
-        _ => None,
+        _ => Luns(Vec::new()),
     };
+    let luns = Arc::new(luns);
     let nexus = Nexus {
         initiator_port: params.initiator_port(),
         relative_port: portal as u16 + 1,
@@ -141,17 +150,15 @@ pub async fn run(
         // Session reinstatement: the old session with this ISID ends.
         old.cancel();
     }
-    if let Some(lu) = &unit {
-        // A new session is a new I_T nexus, even when it reuses the ISID of
-        // one whose connection is still being torn down.
-        lu.nexus_lost(&nexus);
-    }
+    // A new session is a new I_T nexus, even when it reuses the ISID of one
+    // whose connection is still being torn down.
+    luns.nexus_lost(&nexus);
     let result = full_feature(
         stream,
         buf,
         dec,
         *params,
-        unit.clone(),
+        luns.clone(),
         &nexus,
         &targets,
         mine,
@@ -164,9 +171,7 @@ pub async fn run(
             sessions.remove(&session_key);
         }
     }
-    if let Some(lu) = unit {
-        lu.nexus_lost(&nexus);
-    }
+    luns.nexus_lost(&nexus);
     result
 }
 
@@ -219,25 +224,43 @@ impl CommandMetrics {
     }
 }
 
-/// Run one command on the unit (mapping LUNs other than 0) and record it.
-fn execute_counted(
-    lu: &LogicalUnit,
-    nexus: &Nexus,
-    t: &ScsiTask,
-    m: &CommandMetrics,
-) -> CommandResult {
-    let start = std::time::Instant::now();
-    let r = execute(lu, nexus, t);
-    m.record(t, &r, start);
-    r
+/// One logical unit of the session's target.
+struct Lun {
+    number: u64,
+    unit: Arc<LogicalUnit>,
+    metrics: CommandMetrics,
 }
 
-/// Run one command on the unit, mapping LUNs other than 0.
-fn execute(lu: &LogicalUnit, nexus: &Nexus, t: &ScsiTask) -> CommandResult {
-    let r = if t.lun != 0 {
-        match t.cdb.first() {
-            Some(0x12) if t.cdb.get(1).is_some_and(|b| b & 1 == 0) => {
-                // INQUIRY to an absent LUN: peripheral qualifier 3.
+/// The LUNs of the target a session logged in to (none for discovery).
+struct Luns(Vec<Lun>);
+
+impl Luns {
+    fn get(&self, number: u64) -> Option<&Lun> {
+        self.0.iter().find(|l| l.number == number)
+    }
+
+    fn nexus_lost(&self, nexus: &Nexus) {
+        for l in &self.0 {
+            l.unit.nexus_lost(nexus);
+        }
+    }
+
+    /// Run one command: REPORT LUNS answers for the whole target, other
+    /// commands go to their unit; an absent LUN answers INQUIRY with
+    /// peripheral qualifier 3 and everything else with LUN NOT SUPPORTED.
+    fn execute(&self, nexus: &Nexus, t: &ScsiTask) -> CommandResult {
+        let start = std::time::Instant::now();
+        let lun = self.get(t.lun);
+        let r = match (t.cdb.first(), lun) {
+            (Some(0xa0), _) => {
+                let numbers: Vec<u64> = self.0.iter().map(|l| l.number).collect();
+                match ferry_scsi::report_luns(&t.cdb, &numbers) {
+                    Ok(d) => ferry_scsi::ScsiResponse::good(d),
+                    Err(sense) => check_condition(sense),
+                }
+            }
+            (_, Some(l)) => l.unit.execute(nexus, &t.cdb, &t.data_out),
+            (Some(0x12), None) if t.cdb.get(1).is_some_and(|b| b & 1 == 0) => {
                 let mut d = vec![0u8; 36];
                 d[0] = 0x7f;
                 d[2] = 0x06;
@@ -247,35 +270,39 @@ fn execute(lu: &LogicalUnit, nexus: &Nexus, t: &ScsiTask) -> CommandResult {
                 d.truncate(alloc);
                 ferry_scsi::ScsiResponse::good(d)
             }
-            Some(0xa0) | Some(0x03) => lu.execute(nexus, &t.cdb, &t.data_out),
-            _ => ferry_scsi::ScsiResponse {
-                status: ferry_scsi::Status::CheckCondition,
-                data: Vec::new(),
-                sense: lu.sense_bytes(&Sense::LUN_NOT_SUPPORTED),
-                transfer_len: 0,
-            },
+            _ => check_condition(Sense::LUN_NOT_SUPPORTED),
+        };
+        let r = CommandResult {
+            status: r.status as u8,
+            data: Bytes::from(r.data),
+            sense: Bytes::from(r.sense),
+            transfer_len: r.transfer_len,
+        };
+        if let Some(l) = lun {
+            l.metrics.record(t, &r, start);
         }
-    } else {
-        lu.execute(nexus, &t.cdb, &t.data_out)
-    };
-    CommandResult {
-        status: r.status as u8,
-        data: Bytes::from(r.data),
-        sense: Bytes::from(r.sense),
-        transfer_len: r.transfer_len,
+        r
+    }
+}
+
+fn check_condition(sense: Sense) -> ferry_scsi::ScsiResponse {
+    ferry_scsi::ScsiResponse {
+        status: ferry_scsi::Status::CheckCondition,
+        data: Vec::new(),
+        sense: sense.encode(false),
+        transfer_len: 0,
     }
 }
 
 /// Run a command on a worker thread; its result comes back on `done`.
 fn spawn_execute(
-    lu: Arc<LogicalUnit>,
+    luns: Arc<Luns>,
     nexus: Nexus,
     task: ScsiTask,
-    metrics: CommandMetrics,
     done: mpsc::UnboundedSender<(u32, CommandResult)>,
 ) {
     tokio::task::spawn_blocking(move || {
-        let r = execute_counted(&lu, &nexus, &task, &metrics);
+        let r = luns.execute(&nexus, &task);
         let _ = done.send((task.itt, r));
     });
 }
@@ -286,17 +313,12 @@ async fn full_feature(
     mut buf: BytesMut,
     dec: PduDecoder,
     params: ferry_iscsi::SessionParams,
-    unit: Option<Arc<LogicalUnit>>,
+    luns: Arc<Luns>,
     nexus: &Nexus,
     targets: &PortalTargets<'_>,
     shutdown: CancellationToken,
 ) -> Result<(), ConnError> {
     let (hd, dd) = (params.header_digest, params.data_digest);
-    let volume = unit
-        .as_ref()
-        .map(|u| u.identity().name.clone())
-        .unwrap_or_default();
-    let metrics = CommandMetrics::new(targets.state, &volume);
     let mut session = Session::new(params);
     let (mut rd, wr) = stream.into_split();
     let (tx, rx) = mpsc::channel::<Vec<Bytes>>(256);
@@ -332,22 +354,29 @@ async fn full_feature(
             for ev in events.drain(..) {
                 match ev {
                     Event::Execute(task) => {
-                        let Some(lu) = unit.clone() else { continue };
-                        if inline_ok(&task, &lu) {
+                        if luns
+                            .get(task.lun)
+                            .is_some_and(|l| inline_ok(&task, &l.unit))
+                        {
                             // Run after the rest of this batch is decoded,
                             // so an ABORT TASK right behind it still counts.
                             inline.push(task);
                             continue;
                         }
                         running += 1;
-                        spawn_execute(lu, nexus.clone(), task, metrics.clone(), done_tx.clone());
+                        spawn_execute(luns.clone(), nexus.clone(), task, done_tx.clone());
                     }
                     Event::Reset { function, lun } => {
-                        if let Some(lu) = &unit {
-                            match (function, lun) {
-                                (TmfFunction::LunReset, Some(0)) => lu.reset(false, Some(nexus)),
-                                (TmfFunction::LunReset, _) => {}
-                                _ => lu.reset(true, Some(nexus)),
+                        match (function, lun) {
+                            (TmfFunction::LunReset, Some(n)) => {
+                                if let Some(l) = luns.get(n) {
+                                    l.unit.reset(false, Some(nexus));
+                                }
+                            }
+                            _ => {
+                                for l in &luns.0 {
+                                    l.unit.reset(true, Some(nexus));
+                                }
                             }
                         }
                         if function == TmfFunction::TargetColdReset {
@@ -361,14 +390,12 @@ async fn full_feature(
                 break;
             }
         }
-        if let Some(lu) = &unit {
-            for task in inline.drain(..) {
-                if session.is_aborted(task.itt) {
-                    session.discard(task.itt);
-                } else {
-                    let r = execute_counted(lu, nexus, &task, &metrics);
-                    session.complete(task.itt, &r, &mut out);
-                }
+        for task in inline.drain(..) {
+            if session.is_aborted(task.itt) {
+                session.discard(task.itt);
+            } else {
+                let r = luns.execute(nexus, &task);
+                session.complete(task.itt, &r, &mut out);
             }
         }
         if !out.is_empty() {

@@ -84,12 +84,30 @@ pub struct PortalTargets<'a> {
 }
 
 impl PortalTargets<'_> {
-    /// The volume behind a target name, if it is exported.
-    pub fn volume_of(&self, target: &str) -> Option<Arc<ferry_storage::Volume>> {
+    /// The target's name after `<base IQN>:` (a volume or a group).
+    fn suffix<'t>(&self, target: &'t str) -> Option<&'t str> {
         let base = &self.state.config.iscsi.base_iqn;
-        let name = target.strip_prefix(base.as_str())?.strip_prefix(':')?;
-        let v = self.state.pool.get(name).ok()?;
-        (v.moved_to().is_none() && v.incoming().is_none()).then_some(v)
+        target.strip_prefix(base.as_str())?.strip_prefix(':')
+    }
+
+    /// The LUNs behind a target name and their exported volumes: a group's
+    /// volumes at their place in the list, or one volume at LUN 0.
+    pub fn luns_of(&self, target: &str) -> Option<Vec<(u64, Arc<ferry_storage::Volume>)>> {
+        let name = self.suffix(target)?;
+        let exported = |n: &str| {
+            let v = self.state.pool.get(n).ok()?;
+            (v.moved_to().is_none() && v.incoming().is_none()).then_some(v)
+        };
+        let luns: Vec<_> = match self.state.config.iscsi.groups.get(name) {
+            Some(members) => members
+                .iter()
+                .take(256)
+                .enumerate()
+                .filter_map(|(i, m)| exported(m).map(|v| (i as u64, v)))
+                .collect(),
+            None => exported(name).map(|v| (0, v)).into_iter().collect(),
+        };
+        (!luns.is_empty()).then_some(luns)
     }
 
     fn loopback(&self) -> bool {
@@ -99,8 +117,8 @@ impl PortalTargets<'_> {
 
 impl Targets for PortalTargets<'_> {
     fn policy(&self, target: &str) -> Option<TargetPolicy> {
-        let v = self.volume_of(target)?;
-        let access = self.state.config.iscsi.access(Some(&v.name()));
+        self.luns_of(target)?;
+        let access = self.state.config.iscsi.access(self.suffix(target));
         Some(policy_of(&access, self.loopback()))
     }
 
@@ -109,18 +127,23 @@ impl Targets for PortalTargets<'_> {
     }
 
     fn send_targets(&self, initiator: &str, only: Option<&str>) -> Vec<(String, String)> {
-        let base = &self.state.config.iscsi.base_iqn;
+        let cfg = &self.state.config.iscsi;
         let portals = self.state.iscsi.portals.lock().clone();
+        let names = self
+            .state
+            .pool
+            .list()
+            .iter()
+            .map(|v| v.name())
+            .chain(cfg.groups.keys().cloned())
+            .collect::<std::collections::BTreeSet<_>>();
         let mut out = Vec::new();
-        for v in self.state.pool.list() {
-            if v.moved_to().is_some() || v.incoming().is_some() {
+        for n in names {
+            let name = target_name(&cfg.base_iqn, &n);
+            if only.is_some_and(|o| o != name) || self.luns_of(&name).is_none() {
                 continue;
             }
-            let name = target_name(base, &v.name());
-            if only.is_some_and(|o| o != name) {
-                continue;
-            }
-            let acl = self.state.config.iscsi.access(Some(&v.name())).acl;
+            let acl = cfg.access(Some(&n)).acl;
             if !acl.is_empty() && !acl.iter().any(|a| a == initiator) {
                 continue;
             }
