@@ -78,6 +78,11 @@ pub trait BlockDevice: Send + Sync {
     fn writes_may_wait(&self) -> bool {
         false
     }
+    /// Read without blocking (e.g. from the page cache), or `Ok(None)` when
+    /// that would block: the caller then reads on a worker thread.
+    fn try_read_nowait(&self, _offset: u64, _len: usize) -> Result<Option<Vec<u8>>, DeviceError> {
+        Ok(None)
+    }
 }
 
 /// The identity a logical unit reports (INQUIRY, VPD 0x80/0x83).

@@ -199,6 +199,36 @@ impl LogicalUnit {
         self.dev.size() / self.bs()
     }
 
+    /// READ(10)/READ(16) of at most `max` bytes served without blocking, for
+    /// callers on an event loop. `None`: not such a command, something to
+    /// report first (unit attention, reservation), or the data is not in
+    /// memory; run [`LogicalUnit::execute`] on a worker instead.
+    pub fn try_read_nowait(&self, nexus: &Nexus, cdb: &[u8], max: u64) -> Option<ScsiResponse> {
+        if !matches!(byte(cdb, 0), 0x28 | 0x88) {
+            return None;
+        }
+        {
+            let st = self.state.lock();
+            let quiet = st
+                .ua
+                .get(&nexus.initiator_port)
+                .is_none_or(|q| q.is_empty())
+                && st.res.check(&nexus.initiator_port, Access::Read)
+                && st.blocks == self.blocks();
+            if !quiet || !st.seen.contains(&nexus.initiator_port) {
+                return None;
+            }
+        }
+        let (_, off, len) = self
+            .medium_range(cdb, u64::from(MAX_TRANSFER_BLOCKS))
+            .ok()?;
+        if len == 0 || len > max {
+            return None;
+        }
+        let data = self.dev.try_read_nowait(off, len as usize).ok()??;
+        Some(ScsiResponse::good(data))
+    }
+
     /// Encode sense data in the format the control mode page selects.
     pub fn sense_bytes(&self, s: &Sense) -> Vec<u8> {
         s.encode(self.state.lock().mode.d_sense)

@@ -63,6 +63,14 @@ impl BlockDevice for VolumeDevice {
     fn prefetch(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
         self.0.cache(offset, len).map_err(dev_err)
     }
+    fn try_read_nowait(&self, offset: u64, len: usize) -> Result<Option<Vec<u8>>, DeviceError> {
+        let mut buf = bytes::BytesMut::new();
+        match self.0.read_append(offset, len, &mut buf, true) {
+            Ok(true) => Ok(Some(buf.into())),
+            Ok(false) => Ok(None),
+            Err(e) => Err(dev_err(e)),
+        }
+    }
     fn writes_may_wait(&self) -> bool {
         let g = self.0.gate();
         g.is_paused() || !g.throttle().is_zero()
