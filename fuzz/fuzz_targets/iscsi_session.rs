@@ -65,6 +65,7 @@ fuzz_target!(|data: &[u8]| {
             target_name: "iqn.x:v".into(),
             port_group: 1,
             relative_port: 1,
+            port_count: 2,
         },
         LuConfig {
             block_size: 512,

@@ -96,9 +96,12 @@ pub struct Identity {
     pub serial: String,
     /// The iSCSI target name this unit is reached through.
     pub target_name: String,
-    /// Target port group and relative port of the portal in use.
+    /// Target port group and relative port of the portal in use (each
+    /// portal is its own group with one port, both numbered from 1).
     pub port_group: u16,
     pub relative_port: u16,
+    /// How many portals (port groups) lead to this unit.
+    pub port_count: u16,
 }
 
 /// One I_T nexus: an initiator port seen through this target.

@@ -440,11 +440,12 @@ impl LogicalUnit {
             },
             0xa0 => report_luns(cdb, &[0]).map(ScsiResponse::good),
             0xa3 => {
-                if byte(cdb, 1) & 0x1f != 0x0c {
-                    return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4)));
-                }
                 let alloc = be32(cdb, 6) as usize;
-                Ok(cut(opcodes::report(cdb)?, alloc))
+                match byte(cdb, 1) & 0x1f {
+                    0x0a => Ok(cut(self.report_target_port_groups(cdb), alloc)),
+                    0x0c => Ok(cut(opcodes::report(cdb)?, alloc)),
+                    _ => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4))),
+                }
             }
             0x5e => {
                 let alloc = crate::pr::pr_in_alloc(cdb);
@@ -524,6 +525,29 @@ impl LogicalUnit {
         }
     }
 
+    /// REPORT TARGET PORT GROUPS: one group per portal, one port each,
+    /// every group active/optimized (implicit ALUA; any path may be used).
+    fn report_target_port_groups(&self, cdb: &[u8]) -> Vec<u8> {
+        let extended = byte(cdb, 1) >> 5 == 1;
+        let mut body = Vec::new();
+        for g in 1..=self.id.port_count.max(1) {
+            body.push(0x80); // PREF, asymmetric access state 0: active/optimized
+            body.push(0x01); // AO_SUP
+            body.extend_from_slice(&g.to_be_bytes());
+            body.extend_from_slice(&[0, 0, 0, 1]); // status, vendor, port count
+            body.extend_from_slice(&[0, 0]);
+            body.extend_from_slice(&g.to_be_bytes()); // relative target port
+        }
+        let mut d = (body.len() as u32 + if extended { 4 } else { 0 })
+            .to_be_bytes()
+            .to_vec();
+        if extended {
+            d.extend_from_slice(&[0x10, 0, 0, 0]);
+        }
+        d.extend_from_slice(&body);
+        d
+    }
+
     fn inquiry(&self, nexus: &Nexus, cdb: &[u8]) -> Outcome {
         let alloc = usize::from(be16(cdb, 3));
         let evpd = byte(cdb, 1) & 0x01 != 0;
@@ -538,6 +562,7 @@ impl LogicalUnit {
         }
         let mut id = self.id.clone();
         id.relative_port = nexus.relative_port;
+        id.port_group = nexus.relative_port;
         match inquiry::vpd(byte(cdb, 2), &id, &self.cfg, self.blocks()) {
             Some(d) => Ok(cut(d, alloc)),
             None => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 2, None)),
@@ -1025,6 +1050,7 @@ mod tests {
                 target_name: "iqn.x:v".into(),
                 port_group: 1,
                 relative_port: 1,
+                port_count: 2,
             },
             LuConfig {
                 block_size: 512,
@@ -1158,6 +1184,19 @@ mod tests {
         let r = lu.execute(&b, &[0x5e, 0, 0, 0, 0, 0, 0, 0, 64, 0], &[]);
         assert_eq!(&r.data[4..8], &8u32.to_be_bytes());
         assert_eq!(&r.data[8..16], &0xau64.to_be_bytes());
+    }
+
+    #[test]
+    fn target_port_groups_one_per_portal() {
+        let lu = unit();
+        let r = lu.execute(&nexus("a"), &[0xa3, 0x2a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]);
+        assert_eq!(r.status, Status::Good);
+        assert_eq!(r.data[4], 0x10, "extended header");
+        // Two groups of 12 bytes after the 8-byte header.
+        assert_eq!(r.data.len(), 8 + 2 * 12);
+        assert_eq!(&r.data[8 + 2..8 + 4], &1u16.to_be_bytes());
+        assert_eq!(&r.data[20 + 2..20 + 4], &2u16.to_be_bytes());
+        assert_eq!(r.data[8] & 0x0f, 0, "active/optimized");
     }
 
     #[test]

@@ -77,6 +77,7 @@ pub const COMMANDS: &[OpInfo] = &[
     sa(0x9e, 0x10, 16), // READ CAPACITY(16)
     sa(0x9e, 0x12, 16), // GET LBA STATUS
     op(0xa0, 12),       // REPORT LUNS
+    sa(0xa3, 0x0a, 12), // REPORT TARGET PORT GROUPS
     sa(0xa3, 0x0c, 12), // REPORT SUPPORTED OPERATION CODES
     op(0xa8, 12),       // READ(12)
     op(0xaa, 12),       // WRITE(12)

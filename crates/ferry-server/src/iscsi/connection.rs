@@ -114,6 +114,7 @@ pub async fn run(
     };
     dec.header_digest = params.header_digest;
     dec.data_digest = params.data_digest;
+    let portal_count = state.iscsi.portals.lock().len() as u16;
     let luns = match (params.session_type, &params.target_name) {
         (SessionType::Normal, Some(t)) => match targets.luns_of(t) {
             Some(vols) => Luns(
@@ -121,7 +122,7 @@ pub async fn run(
                     .map(|(number, v)| Lun {
                         number,
                         metrics: CommandMetrics::new(state, &v.name()),
-                        unit: state.iscsi.units.unit(&v, t, &state.pool),
+                        unit: state.iscsi.units.unit(&v, t, &state.pool, portal_count),
                     })
                     .collect(),
             ),

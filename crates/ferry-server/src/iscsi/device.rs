@@ -114,6 +114,7 @@ impl UnitTable {
         volume: &Arc<Volume>,
         target_name: &str,
         pool: &Arc<Pool>,
+        portals: u16,
     ) -> Arc<LogicalUnit> {
         let name = volume.name();
         let mut units = self.units.lock();
@@ -144,6 +145,7 @@ impl UnitTable {
                 target_name: target_name.to_string(),
                 port_group: 1,
                 relative_port: 1,
+                port_count: portals,
             },
             LuConfig {
                 block_size,
