@@ -1189,7 +1189,11 @@ mod tests {
     #[test]
     fn target_port_groups_one_per_portal() {
         let lu = unit();
-        let r = lu.execute(&nexus("a"), &[0xa3, 0x2a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]);
+        let r = lu.execute(
+            &nexus("a"),
+            &[0xa3, 0x2a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0],
+            &[],
+        );
         assert_eq!(r.status, Status::Good);
         assert_eq!(r.data[4], 0x10, "extended header");
         // Two groups of 12 bytes after the 8-byte header.
