@@ -85,6 +85,14 @@ pub trait BlockDevice: Send + Sync {
     }
 }
 
+/// Where a unit keeps its persistent reservations when an initiator asks
+/// for them to survive power loss (APTPL).
+pub trait ReservationStore: Send + Sync {
+    fn load(&self) -> Option<String>;
+    /// Save durably before returning; `None` removes what was saved.
+    fn save(&self, state: Option<&str>) -> Result<(), String>;
+}
+
 /// The identity a logical unit reports (INQUIRY, VPD 0x80/0x83).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {

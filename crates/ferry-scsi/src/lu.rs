@@ -56,6 +56,8 @@ pub struct LogicalUnit {
     atomic: RwLock<()>,
     /// Resolves other units for EXTENDED COPY.
     copy_targets: RwLock<Option<Arc<dyn CopyTargets>>>,
+    /// Keeps persistent reservations across restarts (APTPL).
+    pr_store: RwLock<Option<Arc<dyn crate::ReservationStore>>>,
 }
 
 type Outcome = Result<ScsiResponse, Sense>;
@@ -172,7 +174,16 @@ impl LogicalUnit {
             }),
             atomic: RwLock::new(()),
             copy_targets: RwLock::new(None),
+            pr_store: RwLock::new(None),
         }
+    }
+
+    /// Keep APTPL reservations in `store`, and take up any saved there.
+    pub fn set_reservation_store(&self, store: Arc<dyn crate::ReservationStore>) {
+        if let Some(r) = store.load().as_deref().and_then(Reservations::load) {
+            self.state.lock().res = r;
+        }
+        *self.pr_store.write() = Some(store);
     }
 
     /// Let EXTENDED COPY reach other units (by NAA designator).
@@ -455,10 +466,22 @@ impl LogicalUnit {
             0x5f => {
                 let r = {
                     let mut st = self.state.lock();
+                    let was = st.res.persistent();
                     match st.res.pr_out(port, cdb, out) {
                         Ok((_, notices)) => {
                             for (p, s) in notices {
                                 st.ua.entry(p).or_default().push(s);
+                            }
+                            // Saved under the lock, so saves keep the
+                            // order of the changes.
+                            let now = st.res.persistent();
+                            if was || now {
+                                let text = now.then(|| st.res.save());
+                                if let Some(store) = self.pr_store.read().as_ref() {
+                                    if store.save(text.as_deref()).is_err() {
+                                        return Err(Sense::INTERNAL_TARGET_FAILURE);
+                                    }
+                                }
                             }
                             Ok(())
                         }

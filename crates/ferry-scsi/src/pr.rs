@@ -50,6 +50,9 @@ pub struct Reservations {
     held: Option<(String, u8)>,
     /// SPC-2 reservation holder.
     spc2: Option<String>,
+    /// Activate Persist Through Power Loss: the state is saved after every
+    /// change and loaded when the unit is made.
+    aptpl: bool,
 }
 
 /// Unit attentions to queue for other nexuses.
@@ -153,7 +156,9 @@ impl Reservations {
                 None => d.extend_from_slice(&0u32.to_be_bytes()),
             },
             2 => {
-                d = vec![0, 8, 0x00, 0x80, 0, 0, 0, 0];
+                // PTPL_C: persistence through power loss is supported;
+                // PTPL_A: it is active.
+                d = vec![0, 8, 0x01, 0x80 | u8::from(self.aptpl), 0, 0, 0, 0];
                 // Types supported: WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX / EX_AC_AR.
                 d[4] = 0x80 | 0x40 | 0x20 | 0x08 | 0x02;
                 d[5] = 0x01;
@@ -218,8 +223,8 @@ impl Reservations {
         let key = be64(p, 0);
         let sa_key = be64(p, 8);
         let flags = byte(p, 20);
-        if flags & 0x0d != 0 {
-            // SPEC_I_PT, APTPL and ALL_TG_PT are not supported.
+        if flags & 0x0c != 0 {
+            // SPEC_I_PT and ALL_TG_PT are not supported.
             return Err((
                 Status::CheckCondition,
                 Some(Sense::INVALID_FIELD_IN_PARAM_LIST.field(false, 20, None)),
@@ -244,6 +249,8 @@ impl Reservations {
                 } else {
                     self.keys.insert(nexus.to_string(), sa_key);
                 }
+                // APTPL is taken from REGISTER and applies to all state.
+                self.aptpl = flags & 0x01 != 0;
                 self.generation = self.generation.wrapping_add(1);
             }
             1 => {
@@ -337,6 +344,56 @@ impl Reservations {
         Ok((Vec::new(), notices))
     }
 
+    /// Whether the state must be saved (APTPL was set by the last REGISTER).
+    pub fn persistent(&self) -> bool {
+        self.aptpl
+    }
+
+    /// The persistent-reservation state as text, one record a line:
+    /// `generation N`, `key PORT HEX`, `held PORT TYPE` (tab separated;
+    /// initiator port names contain no tabs or newlines).
+    pub fn save(&self) -> String {
+        let mut s = format!("ferry-pr\t1\ngeneration\t{}\n", self.generation);
+        for (port, key) in &self.keys {
+            s.push_str(&format!("key\t{port}\t{key:016x}\n"));
+        }
+        if let Some((port, t)) = &self.held {
+            s.push_str(&format!("held\t{port}\t{t}\n"));
+        }
+        s
+    }
+
+    /// Load what [`Reservations::save`] wrote; None if it is not that.
+    pub fn load(text: &str) -> Option<Reservations> {
+        let mut lines = text.lines();
+        if lines.next()? != "ferry-pr\t1" {
+            return None;
+        }
+        let mut r = Reservations {
+            aptpl: true,
+            ..Reservations::default()
+        };
+        for line in lines {
+            let f: Vec<&str> = line.split('\t').collect();
+            match f.as_slice() {
+                ["generation", g] => r.generation = g.parse().ok()?,
+                ["key", port, key] => {
+                    r.keys
+                        .insert((*port).to_string(), u64::from_str_radix(key, 16).ok()?);
+                }
+                ["held", port, t] => {
+                    let t: u8 = t.parse().ok()?;
+                    if !valid_type(t) {
+                        return None;
+                    }
+                    r.held = Some(((*port).to_string(), t));
+                }
+                _ => return None,
+            }
+        }
+        Some(r)
+    }
+
     fn unregister(&mut self, nexus: &str, notices: &mut Notices) {
         self.keys.remove(nexus);
         match &self.held {
@@ -413,6 +470,26 @@ mod tests {
         assert!(!r.check("c", Access::Read));
         out(&mut r, "a", 0, 0, 1, 0).unwrap(); // unregister
         assert!(r.check("c", Access::Write));
+    }
+
+    #[test]
+    fn aptpl_state_round_trips() {
+        let mut r = Reservations::default();
+        let mut cdb = [0u8; 10];
+        cdb[0] = 0x5f;
+        cdb[8] = 24;
+        let mut p = [0u8; 24];
+        p[8..16].copy_from_slice(&7u64.to_be_bytes());
+        p[20] = 0x01; // APTPL
+        r.pr_out("a,i,0x01", &cdb, &p).unwrap();
+        out(&mut r, "a,i,0x01", 1, WRITE_EXCLUSIVE_RO, 7, 0).unwrap();
+        assert!(r.persistent());
+        let back = Reservations::load(&r.save()).unwrap();
+        assert_eq!(back.keys, r.keys);
+        assert_eq!(back.held, r.held);
+        assert_eq!(back.generation, r.generation);
+        assert!(Reservations::load("garbage").is_none());
+        assert!(Reservations::load("ferry-pr\t1\nheld\tx\t99\n").is_none());
     }
 
     #[test]

@@ -394,6 +394,36 @@ impl Raw {
     }
 }
 
+impl Raw {
+    /// A command whose data-out goes as immediate data.
+    fn command_out(&mut self, cdb: &[u8], data: &[u8]) -> Pdu {
+        let mut p = self.command(cdb, 0);
+        p.bhs[1] = 0x80 | 0x20 | 0x01;
+        p.set_u32(20, data.len() as u32);
+        p.data = Bytes::copy_from_slice(data);
+        p
+    }
+
+    /// Send and wait for the status (and any data-in).
+    fn run(&mut self, p: &Pdu) -> (u8, Vec<u8>) {
+        self.send(p);
+        let mut data = Vec::new();
+        loop {
+            let x = self.recv().expect("answer");
+            match x.opcode() {
+                op::DATA_IN => {
+                    data.extend_from_slice(&x.data);
+                    if x.bhs[1] & 0x01 != 0 {
+                        return (x.bhs[3], data);
+                    }
+                }
+                op::SCSI_RESPONSE => return (x.bhs[3], data),
+                _ => {}
+            }
+        }
+    }
+}
+
 fn read16(lba: u64, blocks: u32) -> [u8; 16] {
     let mut c = [0u8; 16];
     c[0] = 0x88;
@@ -588,4 +618,56 @@ fn a_group_target_serves_several_volumes_as_luns() {
         .output()
         .unwrap();
     assert!(!out.status.success());
+}
+
+/// PERSISTENT RESERVE OUT with APTPL: the registration and the reservation
+/// are saved with the volume and are there after the daemon restarts.
+#[test]
+fn aptpl_reservations_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path(), |_| {});
+    s.create("pr", 1 << 20);
+    let p = portals(&s)[0];
+    let mut r = Raw::login(p, "pr", false);
+    // Clear the power-on state first (a TEST UNIT READY).
+    let tur = r.command(&[0u8; 6], 0);
+    r.run(&tur);
+    let prout = |sa: u8, rtype: u8| {
+        let mut c = [0u8; 10];
+        c[0] = 0x5f;
+        c[1] = sa;
+        c[2] = rtype;
+        c[8] = 24;
+        c
+    };
+    let mut param = [0u8; 24];
+    param[8..16].copy_from_slice(&0xfeedu64.to_be_bytes());
+    param[20] = 0x01; // APTPL
+    let cmd = r.command_out(&prout(0, 0), &param);
+    assert_eq!(r.run(&cmd).0, 0, "REGISTER with APTPL");
+    let mut param = [0u8; 24];
+    param[0..8].copy_from_slice(&0xfeedu64.to_be_bytes());
+    let cmd = r.command_out(&prout(1, 1), &param);
+    assert_eq!(r.run(&cmd).0, 0, "RESERVE write exclusive");
+    drop(r);
+    let pool = s.pool.clone();
+    s.stop();
+    let s = TestServer::start_with(&pool, |c| {
+        c.iscsi.listen = vec!["127.0.0.1:0".into()];
+    });
+    let mut r = Raw::login(portals(&s)[0], "pr", false);
+    let keys = r.command(&[0x5e, 0, 0, 0, 0, 0, 0, 0, 64, 0], 64);
+    let (st, d) = r.run(&keys);
+    assert_eq!(st, 0);
+    assert_eq!(&d[4..8], &8u32.to_be_bytes(), "one key");
+    assert_eq!(&d[8..16], &0xfeedu64.to_be_bytes());
+    let res = r.command(&[0x5e, 1, 0, 0, 0, 0, 0, 0, 64, 0], 64);
+    let (st, d) = r.run(&res);
+    assert_eq!(st, 0);
+    assert_eq!(&d[4..8], &16u32.to_be_bytes(), "a reservation is held");
+    assert_eq!(d[21] & 0x0f, 1, "write exclusive");
+    // Another initiator may read but not write.
+    let mut other = Raw::login(portals(&s)[0], "pr", false);
+    let w = other.command_out(&[0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0], &[0u8; 512]);
+    assert_eq!(other.run(&w).0, 0x18, "RESERVATION CONFLICT");
 }

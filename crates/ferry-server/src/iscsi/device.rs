@@ -1,10 +1,14 @@
 //! A pool volume seen as a SCSI block device, and the per-volume logical
 //! units shared by every session and portal.
 
-use ferry_scsi::{BlockDevice, CopyTargets, DeviceError, Identity, LogicalUnit, LuConfig};
+use ferry_scsi::{
+    BlockDevice, CopyTargets, DeviceError, Identity, LogicalUnit, LuConfig, ReservationStore,
+};
 use ferry_storage::{Pool, StorageError, Volume, ZeroMode};
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Adapter from [`Volume`] to [`BlockDevice`]: every write goes through
@@ -99,6 +103,41 @@ impl CopyTargets for PoolCopyTargets {
     }
 }
 
+/// Persistent reservations with APTPL, in `volumes/<name>/reservations`
+/// (written to a temporary file, synced, renamed, directory synced).
+pub struct FileReservationStore(pub PathBuf);
+
+impl ReservationStore for FileReservationStore {
+    fn load(&self) -> Option<String> {
+        std::fs::read_to_string(&self.0).ok()
+    }
+
+    fn save(&self, state: Option<&str>) -> Result<(), String> {
+        let dir = self.0.parent().ok_or("no directory")?;
+        let result = match state {
+            Some(text) => {
+                let tmp = self.0.with_extension("tmp");
+                std::fs::File::create(&tmp)
+                    .and_then(|mut f| {
+                        f.write_all(text.as_bytes())?;
+                        f.sync_all()
+                    })
+                    .and_then(|()| std::fs::rename(&tmp, &self.0))
+            }
+            None => match std::fs::remove_file(&self.0) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                r => r,
+            },
+        };
+        result
+            .and_then(|()| std::fs::File::open(dir)?.sync_all())
+            .map_err(|e| {
+                tracing::error!(path = %self.0.display(), error = %e, "saving persistent reservations failed");
+                e.to_string()
+            })
+    }
+}
+
 /// A volume and the logical unit made for it.
 type Unit = (Arc<Volume>, Arc<LogicalUnit>);
 
@@ -155,6 +194,8 @@ impl UnitTable {
             },
         ));
         lu.set_copy_targets(Arc::new(PoolCopyTargets(pool.clone())));
+        let pr_file = pool.root().join("volumes").join(&name).join("reservations");
+        lu.set_reservation_store(Arc::new(FileReservationStore(pr_file)));
         units.insert(name, (volume.clone(), lu.clone()));
         lu
     }
