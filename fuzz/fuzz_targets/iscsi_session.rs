@@ -5,7 +5,7 @@
 #![no_main]
 
 use bytes::BytesMut;
-use ferry_iscsi::login::{SessionParams, SessionType, TargetPolicy};
+use ferry_iscsi::login::{SessionParams, TargetPolicy};
 use ferry_iscsi::{CommandResult, Event, PduDecoder, Session, Targets};
 use ferry_scsi::memory::MemoryDevice;
 use ferry_scsi::{Identity, LogicalUnit, LuConfig, Nexus};
@@ -33,15 +33,9 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let params = SessionParams {
-        session_type: SessionType::Normal,
         initiator_name: "iqn.i".into(),
-        initiator_alias: None,
         target_name: Some("iqn.x:v".into()),
-        isid: [0; 6],
         tsih: 1,
-        cid: 0,
-        header_digest: false,
-        data_digest: false,
         max_recv_data: 8192,
         max_send_data: 512,
         max_burst: 4096,
@@ -49,12 +43,7 @@ fuzz_target!(|data: &[u8]| {
         initial_r2t: mode & 1 != 0,
         immediate_data: mode & 2 != 0,
         max_outstanding_r2t: 2,
-        data_pdu_in_order: true,
-        data_sequence_in_order: true,
-        default_time2wait: 2,
-        default_time2retain: 0,
-        exp_cmdsn: 0,
-        stat_sn: 0,
+        ..SessionParams::default()
     };
     let lu = LogicalUnit::new(
         Arc::new(MemoryDevice::new(64 * 1024, mode & 4 != 0)),

@@ -84,6 +84,37 @@ pub struct SessionParams {
     pub stat_sn: u32,
 }
 
+impl Default for SessionParams {
+    /// The values RFC 7143 gives a key nobody negotiates (ErrorRecoveryLevel
+    /// 0, as ferry runs), for a normal session not yet named.
+    fn default() -> Self {
+        SessionParams {
+            session_type: SessionType::Normal,
+            initiator_name: String::new(),
+            initiator_alias: None,
+            target_name: None,
+            isid: [0; 6],
+            tsih: 0,
+            cid: 0,
+            header_digest: false,
+            data_digest: false,
+            max_recv_data: OUR_MAX_RECV_DATA,
+            max_send_data: 8192,
+            max_burst: 262_144,
+            first_burst: 65_536,
+            initial_r2t: true,
+            immediate_data: true,
+            max_outstanding_r2t: 1,
+            data_pdu_in_order: true,
+            data_sequence_in_order: true,
+            default_time2wait: 2,
+            default_time2retain: 0,
+            exp_cmdsn: 0,
+            stat_sn: 0,
+        }
+    }
+}
+
 impl SessionParams {
     /// The initiator port name (`<name>,i,0x<ISID>`) that identifies the
     /// I_T nexus for reservations.
@@ -192,28 +223,8 @@ impl Login {
             auth: Auth::Start,
             policy: None,
             params: SessionParams {
-                session_type: SessionType::Normal,
-                initiator_name: String::new(),
-                initiator_alias: None,
-                target_name: None,
-                isid: [0; 6],
                 tsih,
-                cid: 0,
-                header_digest: false,
-                data_digest: false,
-                max_recv_data: OUR_MAX_RECV_DATA,
-                max_send_data: 8192,
-                max_burst: 262_144,
-                first_burst: 65_536,
-                initial_r2t: true,
-                immediate_data: true,
-                max_outstanding_r2t: 1,
-                data_pdu_in_order: true,
-                data_sequence_in_order: true,
-                default_time2wait: 2,
-                default_time2retain: 0,
-                exp_cmdsn: 0,
-                stat_sn: 0,
+                ..SessionParams::default()
             },
             pending_text: Vec::new(),
             declared_mrdsl: false,

@@ -890,26 +890,11 @@ mod tests {
         Session::new(SessionParams {
             session_type: SessionType::Discovery,
             initiator_name: "iqn.i".into(),
-            initiator_alias: None,
-            target_name: None,
-            isid: [0; 6],
             tsih: 1,
-            cid: 0,
-            header_digest: false,
-            data_digest: false,
-            max_recv_data: 8192,
             max_send_data: 1024,
-            max_burst: 262144,
-            first_burst: 65536,
-            initial_r2t: true,
-            immediate_data: true,
-            max_outstanding_r2t: 1,
-            data_pdu_in_order: true,
-            data_sequence_in_order: true,
-            default_time2wait: 2,
-            default_time2retain: 0,
             exp_cmdsn: 1,
             stat_sn: 1,
+            ..SessionParams::default()
         })
     }
 
