@@ -2,9 +2,9 @@
 //! real ext4 disk image (built with `mke2fs -d` when available), imported
 //! through the admin API, then every benchmark profile against it.
 
-use crate::admin_client::AdminClient;
 use anyhow::{Context, Result};
 use clap::Args;
+use ferry_api::{AdminClient, CreateVolume, Size};
 use ferry_server::config::Config;
 use std::path::Path;
 use std::process::Command;
@@ -83,18 +83,19 @@ pub fn run(a: DemoArgs) -> Result<()> {
 
     let c = AdminClient::new(&admin);
     let size = std::fs::metadata(&image)?.len();
-    c.post_json(
-        "/v1/volumes",
-        serde_json::json!({"name": "demo", "size": size}),
-    )?;
+    c.create_volume(&CreateVolume {
+        name: "demo".into(),
+        size: Some(Size::Bytes(size)),
+        ..CreateVolume::default()
+    })?;
     let t = std::time::Instant::now();
-    let r = c.import("demo", &image)?;
+    let r = crate::transfer::import(&c, "demo", &image)?;
     eprintln!(
         "== imported {} MiB in {:.2}s ({} MiB data, {} MiB holes); export nbd://{nbd}/demo",
         size >> 20,
         t.elapsed().as_secs_f64(),
-        r["written"].as_u64().unwrap_or(0) >> 20,
-        r["zeroed"].as_u64().unwrap_or(0) >> 20
+        r.written >> 20,
+        r.zeroed >> 20
     );
     let mut reports = Vec::new();
     for p in ferry_bench::expand_profiles(&["all".into()]).map_err(anyhow::Error::msg)? {
@@ -118,13 +119,12 @@ pub fn run(a: DemoArgs) -> Result<()> {
     println!();
     print!("{}", ferry_bench::table(&reports));
     println!("(cpu% here is client and server together: the demo runs both in one process)");
-    let v = c.get_json("/v1/volumes/demo")?;
-    println!(
-        "\nvolume demo: {} bytes, wwn {}, uuid {}",
-        v["size"],
-        v["wwn"].as_str().unwrap_or("?"),
-        v["uuid"].as_str().unwrap_or("?")
-    );
+    if let Some(v) = c.volume("demo")? {
+        println!(
+            "\nvolume demo: {} bytes, wwn {}, uuid {}",
+            v.size, v.wwn, v.uuid
+        );
+    }
     shutdown.cancel();
     rt.block_on(server)??;
     Ok(())

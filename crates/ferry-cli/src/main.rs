@@ -1,12 +1,12 @@
 //! `ferry`: the storage daemon, its admin commands, and the load generator.
 
-mod admin_client;
 mod demo;
 mod migrate;
+mod transfer;
 
-use admin_client::AdminClient;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use ferry_api::{AdminClient, BitmapRequest, CreateVolume, Size};
 use ferry_server::config::{parse_size, Config, DEFAULT_ADMIN_ADDR};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -52,6 +52,13 @@ enum Cmd {
     Migrate {
         #[command(flatten)]
         args: migrate::MigrateArgs,
+        #[command(flatten)]
+        admin: AdminArg,
+    },
+    /// Release a migration started with --hold-switch: pause the guest's
+    /// writes and switch now (or as soon as it converges).
+    MigrateSwitch {
+        id: ferry_api::MigrationId,
         #[command(flatten)]
         admin: AdminArg,
     },
@@ -256,6 +263,7 @@ fn main() -> Result<()> {
         Cmd::Bitmap { cmd, admin } => bitmap(cmd, &AdminClient::new(&admin.admin)),
         Cmd::Index { cmd, admin } => index(cmd, &AdminClient::new(&admin.admin)),
         Cmd::Migrate { args, admin } => migrate::migrate(args, &AdminClient::new(&admin.admin)),
+        Cmd::MigrateSwitch { id, admin } => migrate::release(&id, &AdminClient::new(&admin.admin)),
         Cmd::Certs { cmd, pool } => migrate::certs(cmd, pool),
         Cmd::Host {
             server,
@@ -349,7 +357,7 @@ fn host(server: &str, volume: &str, listen: &[String]) -> Result<()> {
     })
 }
 
-fn print_json(v: &serde_json::Value) -> Result<()> {
+fn print_json(v: &impl serde::Serialize) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
@@ -386,14 +394,17 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
             let path = path
                 .map(|p| std::fs::canonicalize(&p).with_context(|| format!("{}", p.display())))
                 .transpose()?;
-            print_json(&c.post_json(
-                "/v1/volumes",
-                serde_json::json!({"name": name, "size": size, "block_size": block_size,
-                    "preallocate": preallocate, "path": path, "read_only": read_only}),
-            )?)
+            print_json(&c.create_volume(&CreateVolume {
+                name,
+                size: size.map(Size::Bytes),
+                block_size: Some(block_size),
+                preallocate,
+                path,
+                read_only,
+            })?)
         }
         VolumeCmd::List { json } => {
-            let v = c.get_json("/v1/volumes")?;
+            let v = c.volumes()?;
             if json {
                 return print_json(&v);
             }
@@ -401,30 +412,32 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
                 "{:<24} {:>12} {:>12} {:>6} {:<13} {:<20}",
                 "NAME", "SIZE", "ALLOCATED", "BLOCK", "BACKING", "WWN"
             );
-            for vol in v.as_array().into_iter().flatten() {
+            for vol in &v {
+                let backing = match &vol.backing {
+                    ferry_api::Backing::Sparse => "sparse",
+                    ferry_api::Backing::Preallocated => "preallocated",
+                    ferry_api::Backing::External { .. } => "external",
+                };
                 println!(
                     "{:<24} {:>12} {:>12} {:>6} {:<13} {:<20}",
-                    vol["name"].as_str().unwrap_or("?"),
-                    human(vol["size"].as_u64().unwrap_or(0)),
-                    human(vol["allocated_bytes"].as_u64().unwrap_or(0)),
-                    vol["block_size"].as_u64().unwrap_or(0),
-                    vol["backing"]["kind"].as_str().unwrap_or("?"),
-                    vol["wwn"].as_str().unwrap_or("?"),
+                    vol.name,
+                    human(vol.size),
+                    human(vol.allocated_bytes),
+                    vol.block_size,
+                    backing,
+                    vol.wwn,
                 );
             }
             Ok(())
         }
-        VolumeCmd::Info { name } => print_json(&c.get_json(&format!("/v1/volumes/{name}"))?),
+        VolumeCmd::Info { name } => print_json(&c.get_volume(&name)?),
         VolumeCmd::Resize {
             name,
             size,
             allow_shrink,
-        } => print_json(&c.post_json(
-            &format!("/v1/volumes/{name}/resize"),
-            serde_json::json!({"size": parse_size(&size)?, "allow_shrink": allow_shrink}),
-        )?),
+        } => print_json(&c.resize_volume(&name, Size::Bytes(parse_size(&size)?), allow_shrink)?),
         VolumeCmd::Delete { name } => {
-            c.delete(&format!("/v1/volumes/{name}"))?;
+            c.delete_volume(&name)?;
             eprintln!("deleted {name}");
             Ok(())
         }
@@ -433,34 +446,35 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
                 .with_context(|| format!("{}", file.display()))?
                 .len();
             match c.volume(&name)? {
-                Some(v) if v.meta.size < len => {
+                Some(v) if v.size < len => {
                     bail!(
                         "{} ({len} bytes) does not fit in volume {name} ({} bytes)",
                         file.display(),
-                        v.meta.size
+                        v.size
                     )
                 }
                 Some(_) => {}
                 None => {
                     let size = len.div_ceil(512) * 512;
-                    c.post_json(
-                        "/v1/volumes",
-                        serde_json::json!({"name": name, "size": size}),
-                    )?;
+                    c.create_volume(&CreateVolume {
+                        name: name.clone(),
+                        size: Some(Size::Bytes(size)),
+                        ..CreateVolume::default()
+                    })?;
                     eprintln!("created volume {name} of {}", human(size));
                 }
             }
-            let r = c.import(&name, &file)?;
+            let r = transfer::import(c, &name, &file)?;
             eprintln!(
                 "imported {} into {name}: {} written, {} left as holes",
-                human(r["bytes"].as_u64().unwrap_or(0)),
-                human(r["written"].as_u64().unwrap_or(0)),
-                human(r["zeroed"].as_u64().unwrap_or(0))
+                human(r.bytes),
+                human(r.written),
+                human(r.zeroed)
             );
             Ok(())
         }
         VolumeCmd::Export { name, file } => {
-            let n = c.export(&name, &file)?;
+            let n = transfer::export(c, &name, &file)?;
             eprintln!("exported {} from {name} to {}", human(n), file.display());
             Ok(())
         }
@@ -475,62 +489,55 @@ fn bitmap(cmd: BitmapCmd, c: &AdminClient) -> Result<()> {
             granularity,
             persistent,
         } => {
-            let g = parse_size(&granularity)?;
-            print_json(&c.post_json(
-                &format!("/v1/volumes/{volume}/bitmaps"),
-                serde_json::json!({"name": name, "granularity": g, "persistent": persistent}),
+            let granularity = u32::try_from(parse_size(&granularity)?)
+                .context("granularity must be below 4 GiB")?;
+            print_json(&c.create_bitmap(
+                &volume,
+                &BitmapRequest {
+                    name,
+                    granularity,
+                    persistent,
+                },
             )?)
         }
-        BitmapCmd::List { volume } => {
-            print_json(&c.get_json(&format!("/v1/volumes/{volume}/bitmaps"))?)
-        }
-        BitmapCmd::Clear { volume, name } => print_json(&c.post_json(
-            &format!("/v1/volumes/{volume}/bitmaps/{name}/clear"),
-            serde_json::json!({}),
-        )?),
-        BitmapCmd::Remove { volume, name } => {
-            c.delete(&format!("/v1/volumes/{volume}/bitmaps/{name}"))
-        }
+        BitmapCmd::List { volume } => print_json(&c.bitmaps(&volume)?),
+        BitmapCmd::Clear { volume, name } => print_json(&c.clear_bitmap(&volume, &name)?),
+        BitmapCmd::Remove { volume, name } => Ok(c.delete_bitmap(&volume, &name)?),
     }
 }
 
 fn index(cmd: IndexCmd, c: &AdminClient) -> Result<()> {
     match cmd {
         IndexCmd::Status { json } => {
-            let s = c.get_json("/v1/index")?;
+            let s = c.index_status()?;
             if json {
                 return print_json(&s);
             }
             println!(
                 "block size {}  entries {}  RAM {} ({:.3} B/entry)  on disk {}  lookups {}  hits {}",
-                s["block_size"],
-                s["entries"],
-                human(s["memory_bytes"].as_u64().unwrap_or(0)),
-                s["memory_bytes_per_entry"].as_f64().unwrap_or(0.0),
-                human(s["disk_bytes"].as_u64().unwrap_or(0)),
-                s["lookups"],
-                s["hits"]
+                s.block_size,
+                s.entries,
+                human(s.memory_bytes),
+                s.memory_bytes_per_entry,
+                human(s.disk_bytes),
+                s.lookups,
+                s.hits
             );
-            for v in s["volumes"].as_array().into_iter().flatten() {
+            for v in &s.volumes {
                 println!(
                     "  {:<24} {:>12} entries  {:>10} RAM",
-                    v["volume"].as_str().unwrap_or("?"),
-                    v["entries"],
-                    human(v["memory_bytes"].as_u64().unwrap_or(0))
+                    v.volume,
+                    v.entries,
+                    human(v.memory_bytes)
                 );
             }
             Ok(())
         }
         IndexCmd::Rebuild { volume } => {
-            let r = c.post_json("/v1/index/rebuild", serde_json::json!({ "volume": volume }))?;
-            for v in r.as_array().into_iter().flatten() {
+            for v in c.index_rebuild(volume.as_deref())? {
                 eprintln!(
                     "{}: {} blocks ({} zero) hashed in {:.2}s, {:.0} MB/s",
-                    v["volume"].as_str().unwrap_or("?"),
-                    v["blocks"],
-                    v["zero_blocks"],
-                    v["seconds"].as_f64().unwrap_or(0.0),
-                    v["mb_per_s"].as_f64().unwrap_or(0.0)
+                    v.volume, v.blocks, v.zero_blocks, v.seconds, v.mb_per_s
                 );
             }
             Ok(())

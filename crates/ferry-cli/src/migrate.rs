@@ -2,11 +2,11 @@
 //! follow it with a progress bar, print the report) and `ferry certs` (the
 //! daemon's migration certificate and the peers it trusts).
 
-use crate::admin_client::AdminClient;
 use crate::human;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
-use ferry_server::migration::tls::{fingerprint, CertStore};
+use ferry_api::{AdminClient, MigrateRequest, MigrationId, MigrationPhase, Report, Size};
+use ferry_migration_engine::tls::{fingerprint, CertStore};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -19,6 +19,11 @@ pub struct MigrateArgs {
     /// Migration listener of the destination daemon, HOST:PORT.
     #[arg(long)]
     pub to: String,
+    /// Name the migration (a UUID): running the same command again with
+    /// the same id follows the migration already started instead of
+    /// starting another.
+    #[arg(long)]
+    pub id: Option<MigrationId>,
     /// Target for the final pause of guest writes (e.g. 100ms, 1s).
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     pub max_downtime: Duration,
@@ -40,33 +45,30 @@ pub struct MigrateArgs {
     /// Keep resuming after link failures this long.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub retry_for: Duration,
+    /// Converge, then wait before pausing the guest until
+    /// `ferry migrate-switch ID` (or POST /v1/migrations/ID/switch).
+    #[arg(long)]
+    pub hold_switch: bool,
     /// Print the final report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
 }
 
-fn num(v: &serde_json::Value, k: &str) -> u64 {
-    v.get(k).and_then(|x| x.as_u64()).unwrap_or(0)
-}
-
 pub fn migrate(a: MigrateArgs, c: &AdminClient) -> Result<()> {
-    let mut body = serde_json::json!({
-        "to": a.to,
-        "plaintext": a.plaintext,
-        "max_downtime_ms": a.max_downtime.as_millis() as u64,
-        "max_rounds": a.max_rounds,
-        "dedup": !a.no_dedup,
-        "compress": !a.no_compress,
-        "retry_for_s": a.retry_for.as_secs(),
-    });
-    if let Some(b) = &a.bwlimit {
-        body["bwlimit"] = serde_json::Value::String(b.clone());
-    }
-    let started = c.post_json(&format!("/v1/volumes/{}/migrate", a.volume), body)?;
-    let id = started["id"]
-        .as_str()
-        .context("the daemon did not return a migration id")?
-        .to_string();
+    let req = MigrateRequest {
+        to: a.to.clone(),
+        id: a.id.clone(),
+        plaintext: a.plaintext,
+        max_downtime_ms: Some(u64::try_from(a.max_downtime.as_millis()).unwrap_or(u64::MAX)),
+        bwlimit: a.bwlimit.as_deref().map(Size::from),
+        max_rounds: Some(a.max_rounds),
+        dedup: Some(!a.no_dedup),
+        compress: Some(!a.no_compress),
+        retry_for_s: Some(a.retry_for.as_secs()),
+        hold_switch: a.hold_switch,
+    };
+    let started = c.migrate(&a.volume, &req)?;
+    let id = started.id.clone();
     let tty = std::io::stderr().is_terminal();
     let pb = if tty {
         let pb = ProgressBar::new(1);
@@ -81,89 +83,89 @@ pub fn migrate(a: MigrateArgs, c: &AdminClient) -> Result<()> {
     } else {
         None
     };
-    let mut last_phase = String::new();
-    let status = loop {
-        let s = c.get_json(&format!("/v1/migrations/{id}"))?;
-        let phase = s["phase"].as_str().unwrap_or("?").to_string();
+    let mut last_phase: Option<MigrationPhase> = None;
+    let status = c.watch_migration(&id, |s| {
         if let Some(pb) = &pb {
-            let total = num(&s, "chunks_total").max(1);
-            pb.set_length(total);
-            pb.set_position(num(&s, "chunks_printed"));
-            pb.set_prefix(phase.clone());
-            let secs = s["elapsed_s"].as_f64().unwrap_or(0.0).max(1e-3);
-            let tx = num(&s, "wire_tx_bytes");
+            pb.set_length(s.chunks_total.max(1));
+            pb.set_position(s.chunks_printed);
+            pb.set_prefix(s.phase.to_string());
+            let secs = s.elapsed_s.max(1e-3);
             pb.set_message(format!(
                 "sent {} at {}/s, rebuilt locally {:.0}%, round {}, dirty {}",
-                human(tx),
-                human((tx as f64 / secs) as u64),
-                s["rebuilt_share"].as_f64().unwrap_or(0.0) * 100.0,
-                num(&s, "round"),
-                human(num(&s, "dirty_bytes")),
+                human(s.wire_tx_bytes),
+                human(per_second(s.wire_tx_bytes, secs)),
+                s.rebuilt_share * 100.0,
+                s.round,
+                human(s.dirty_bytes),
             ));
-        } else if phase != last_phase {
-            eprintln!("migration {id}: {phase}");
+        } else if last_phase != Some(s.phase) {
+            eprintln!("migration {id}: {}", s.phase);
         }
-        last_phase = phase.clone();
-        if phase == "switched" || phase == "failed" {
-            break s;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+        last_phase = Some(s.phase);
+    })?;
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
-    let report = status["report"].clone();
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_summary(&report);
+    if let Some(report) = &status.report {
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(report)?);
+        } else {
+            print_summary(report);
+        }
     }
-    if status["phase"] != "switched" {
+    if status.phase != MigrationPhase::Switched {
         bail!(
             "migration failed: {}",
-            status["error"].as_str().unwrap_or("unknown error")
+            status.error.as_deref().unwrap_or("unknown error")
         );
     }
     Ok(())
 }
 
-fn print_summary(r: &serde_json::Value) {
-    let b = &r["bytes"];
-    let ch = &r["chunks"];
-    let t = &r["time"];
+/// `ferry migrate-switch ID`: release a migration held before its switch.
+pub fn release(id: &MigrationId, c: &AdminClient) -> Result<()> {
+    let s = c.release_switch(id)?;
+    eprintln!("migration {id}: switch released (phase {})", s.phase);
+    Ok(())
+}
+
+#[allow(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss
+)]
+fn per_second(bytes: u64, secs: f64) -> u64 {
+    // Display only: a rate in bytes per second fits easily.
+    (bytes as f64 / secs) as u64
+}
+
+fn print_summary(r: &Report) {
+    let b = &r.bytes;
+    let ch = &r.chunks;
+    let t = &r.time;
     println!(
-        "volume {} -> {} ({}): {}",
-        r["volume"].as_str().unwrap_or(""),
-        r["to"].as_str().unwrap_or(""),
-        r["new_location"].as_str().unwrap_or("-"),
-        r["result"].as_str().unwrap_or("")
+        "volume {} -> {} ({}): {:?}",
+        r.volume,
+        r.to,
+        r.new_location.as_deref().unwrap_or("-"),
+        r.result
     );
     println!(
         "  wire: {} sent, {} received; fingerprints {}, data {} ({} raw), protocol {}",
-        human(num(b, "wire_tx")),
-        human(num(b, "wire_rx")),
-        human(num(b, "fingerprints")),
-        human(num(b, "data")),
-        human(num(b, "data_raw")),
-        human(num(b, "protocol")),
+        human(b.wire_tx),
+        human(b.wire_rx),
+        human(b.fingerprints),
+        human(b.data),
+        human(b.data_raw),
+        human(b.protocol),
     );
     println!(
         "  chunks: {} total, {} zero, {} local, {} resumed, {} sent, {} resent dirty",
-        num(ch, "total"),
-        num(ch, "zero"),
-        num(ch, "local"),
-        num(ch, "resumed"),
-        num(ch, "sent"),
-        num(ch, "dirty_resent"),
+        ch.total, ch.zero, ch.local, ch.resumed, ch.sent, ch.dirty_resent,
     );
     println!(
-        "  time: {:.2} s total, fingerprints {:.2} s, rounds {:.2} s ({} rounds), pause {:.1} ms; digest match: {}",
-        t["total_s"].as_f64().unwrap_or(0.0),
-        t["fingerprints_s"].as_f64().unwrap_or(0.0),
-        t["rounds_s"].as_f64().unwrap_or(0.0),
-        num(r, "rounds"),
-        t["pause_ms"].as_f64().unwrap_or(0.0),
-        r["digest"]["matches"],
+        "  time: {:.2} s total, fingerprints {:.2} s, rounds {:.2} s ({} rounds), held {:.2} s, pause {:.1} ms; digest match: {}",
+        t.total_s, t.fingerprints_s, t.rounds_s, r.rounds, t.held_s, t.pause_ms, r.digest.matches,
     );
 }
 

@@ -24,8 +24,9 @@
 //!    |<------------------ Found{[block | none]}  |  repeated, then close
 //! ```
 //!
-//! Destination states: `Greeting -> Receiving prints -> Receiving data
-//! (rounds) -> Paused -> Verifying -> Switched`.
+//! Destination states: `Greeting -> Prints -> Transfer (rounds) -> Paused
+//! -> Verifying -> Switched`, enforced message by message by
+//! [`order::DestinationOrder`]; the source's side by [`order::SourceOrder`].
 //!
 //! Frames: `u32 magic "FRYM", u16 type, u16 flags (0), u32 payload length`,
 //! then the payload, big endian. Type 0 is `Invalid` and never sent; an
@@ -37,10 +38,13 @@
 //! message types; it must not change the layout of these.
 
 mod message;
+pub mod order;
 
 pub use message::{
-    Encoding, FrameDecoder, Message, PrintEntry, ResumePoint, VolumeDescriptor, WireError,
+    Encoding, FrameDecoder, Message, MessageType, PrintEntry, ResumePoint, VolumeDescriptor,
+    WireError,
 };
+pub use order::{DestinationOrder, ProtocolViolation, SourceOrder};
 
 /// Protocol version spoken by this build.
 pub const VERSION: u16 = 1;

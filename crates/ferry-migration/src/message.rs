@@ -4,8 +4,6 @@ use crate::{HEADER_LEN, MAGIC, MAX_PAYLOAD};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use thiserror::Error;
 
-/// The highest message type of this version.
-const LAST_TYPE: u16 = 18;
 /// Longest string field (volume name, WWN, reasons, locations).
 const MAX_STRING: usize = 4096;
 /// Most entries in one `Prints`, ranges in one `Want` or `ResumePoint`.
@@ -74,6 +72,84 @@ pub enum Encoding {
     /// connection (window up to [`crate::STREAM_WINDOW_LOG`], long-distance
     /// matching): decodable only in order, after every earlier piece.
     ZstdStream = 3,
+}
+
+/// Every message type of this version, with its wire number. The one
+/// table: encoding, decoding and names all go through it. 0 is `Invalid`
+/// and never sent; numbers are never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum MessageType {
+    Hello = 1,
+    Welcome = 2,
+    Refuse = 3,
+    Prints = 4,
+    PrintsDone = 5,
+    Want = 6,
+    WantDone = 7,
+    Data = 8,
+    RoundEnd = 9,
+    Pause = 10,
+    Digest = 11,
+    DigestResult = 12,
+    Switch = 13,
+    Done = 14,
+    Abort = 15,
+    Synced = 16,
+    Lookup = 17,
+    Found = 18,
+}
+
+impl MessageType {
+    /// Every type, in wire order.
+    pub const ALL: [MessageType; 18] = [
+        MessageType::Hello,
+        MessageType::Welcome,
+        MessageType::Refuse,
+        MessageType::Prints,
+        MessageType::PrintsDone,
+        MessageType::Want,
+        MessageType::WantDone,
+        MessageType::Data,
+        MessageType::RoundEnd,
+        MessageType::Pause,
+        MessageType::Digest,
+        MessageType::DigestResult,
+        MessageType::Switch,
+        MessageType::Done,
+        MessageType::Abort,
+        MessageType::Synced,
+        MessageType::Lookup,
+        MessageType::Found,
+    ];
+
+    /// The type with this wire number; `None` for 0 and unknown numbers.
+    pub fn from_wire(ty: u16) -> Option<MessageType> {
+        MessageType::ALL.iter().copied().find(|t| *t as u16 == ty)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            MessageType::Hello => "Hello",
+            MessageType::Welcome => "Welcome",
+            MessageType::Refuse => "Refuse",
+            MessageType::Prints => "Prints",
+            MessageType::PrintsDone => "PrintsDone",
+            MessageType::Want => "Want",
+            MessageType::WantDone => "WantDone",
+            MessageType::Data => "Data",
+            MessageType::RoundEnd => "RoundEnd",
+            MessageType::Pause => "Pause",
+            MessageType::Digest => "Digest",
+            MessageType::DigestResult => "DigestResult",
+            MessageType::Switch => "Switch",
+            MessageType::Done => "Done",
+            MessageType::Abort => "Abort",
+            MessageType::Synced => "Synced",
+            MessageType::Lookup => "Lookup",
+            MessageType::Found => "Found",
+        }
+    }
 }
 
 /// A protocol message.
@@ -154,28 +230,38 @@ pub enum Message {
 }
 
 impl Message {
+    /// The message's type.
+    pub fn kind(&self) -> MessageType {
+        match self {
+            Message::Hello { .. } => MessageType::Hello,
+            Message::Welcome { .. } => MessageType::Welcome,
+            Message::Refuse { .. } => MessageType::Refuse,
+            Message::Prints { .. } => MessageType::Prints,
+            Message::PrintsDone => MessageType::PrintsDone,
+            Message::Want { .. } => MessageType::Want,
+            Message::WantDone { .. } => MessageType::WantDone,
+            Message::Data { .. } => MessageType::Data,
+            Message::RoundEnd { .. } => MessageType::RoundEnd,
+            Message::Pause => MessageType::Pause,
+            Message::Digest { .. } => MessageType::Digest,
+            Message::DigestResult { .. } => MessageType::DigestResult,
+            Message::Switch { .. } => MessageType::Switch,
+            Message::Done { .. } => MessageType::Done,
+            Message::Abort { .. } => MessageType::Abort,
+            Message::Synced { .. } => MessageType::Synced,
+            Message::Lookup { .. } => MessageType::Lookup,
+            Message::Found { .. } => MessageType::Found,
+        }
+    }
+
     /// The wire type number (never 0).
     pub fn ty(&self) -> u16 {
-        match self {
-            Message::Hello { .. } => 1,
-            Message::Welcome { .. } => 2,
-            Message::Refuse { .. } => 3,
-            Message::Prints { .. } => 4,
-            Message::PrintsDone => 5,
-            Message::Want { .. } => 6,
-            Message::WantDone { .. } => 7,
-            Message::Data { .. } => 8,
-            Message::RoundEnd { .. } => 9,
-            Message::Pause => 10,
-            Message::Digest { .. } => 11,
-            Message::DigestResult { .. } => 12,
-            Message::Switch { .. } => 13,
-            Message::Done { .. } => 14,
-            Message::Abort { .. } => 15,
-            Message::Synced { .. } => 16,
-            Message::Lookup { .. } => 17,
-            Message::Found { .. } => 18,
-        }
+        self.kind() as u16
+    }
+
+    /// The message's name, for errors and logs.
+    pub fn name(&self) -> &'static str {
+        self.kind().name()
     }
 
     /// Append the framed message to `out`.
@@ -384,30 +470,12 @@ impl Payload {
 }
 
 fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
-    let what = match ty {
-        1 => "Hello",
-        2 => "Welcome",
-        3 => "Refuse",
-        4 => "Prints",
-        5 => "PrintsDone",
-        6 => "Want",
-        7 => "WantDone",
-        8 => "Data",
-        9 => "RoundEnd",
-        10 => "Pause",
-        11 => "Digest",
-        12 => "DigestResult",
-        13 => "Switch",
-        14 => "Done",
-        15 => "Abort",
-        16 => "Synced",
-        17 => "Lookup",
-        18 => "Found",
-        other => return Err(WireError::UnknownType(other)),
-    };
+    use MessageType as T;
+    let kind = MessageType::from_wire(ty).ok_or(WireError::UnknownType(ty))?;
+    let what = kind.name();
     let mut p = Payload { b: payload, what };
-    let m = match ty {
-        1 => Message::Hello {
+    let m = match kind {
+        T::Hello => Message::Hello {
             min_version: p.u16()?,
             max_version: p.u16()?,
             migration_id: p.array()?,
@@ -420,7 +488,7 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
                 wwn: p.string()?,
             },
         },
-        2 => {
+        T::Welcome => {
             let version = p.u16()?;
             let resume = match p.u8()? {
                 0 => None,
@@ -432,10 +500,10 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
             };
             Message::Welcome { version, resume }
         }
-        3 => Message::Refuse {
+        T::Refuse => Message::Refuse {
             reason: p.string()?,
         },
-        4 => {
+        T::Prints => {
             let first_chunk = p.u64()?;
             let n = p.items()?;
             let mut entries = Vec::with_capacity((n as usize).min(p.b.remaining() / 5));
@@ -451,16 +519,16 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
                 entries,
             }
         }
-        5 => Message::PrintsDone,
-        6 => Message::Want {
+        T::PrintsDone => Message::PrintsDone,
+        T::Want => Message::Want {
             ranges: p.ranges()?,
         },
-        7 => Message::WantDone {
+        T::WantDone => Message::WantDone {
             local_chunks: p.u64()?,
             buddy_chunks: p.u64()?,
             resumed_chunks: p.u64()?,
         },
-        8 => {
+        T::Data => {
             let offset = p.u64()?;
             let encoding = match p.u8()? {
                 1 => Encoding::Raw,
@@ -485,13 +553,13 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
                 bytes,
             }
         }
-        9 => Message::RoundEnd {
+        T::RoundEnd => Message::RoundEnd {
             round: p.u32()?,
             dirty_bytes: p.u64()?,
         },
-        10 => Message::Pause,
-        11 => Message::Digest { digest: p.array()? },
-        12 => {
+        T::Pause => Message::Pause,
+        T::Digest => Message::Digest { digest: p.array()? },
+        T::DigestResult => {
             let matches = match p.u8()? {
                 0 => false,
                 1 => true,
@@ -502,17 +570,17 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
                 digest: p.array()?,
             }
         }
-        13 => Message::Switch {
+        T::Switch => Message::Switch {
             location: p.string()?,
         },
-        14 => Message::Done {
+        T::Done => Message::Done {
             location: p.string()?,
         },
-        15 => Message::Abort {
+        T::Abort => Message::Abort {
             reason: p.string()?,
         },
-        16 => Message::Synced { round: p.u32()? },
-        17 => {
+        T::Synced => Message::Synced { round: p.u32()? },
+        T::Lookup => {
             let block_size = p.u32()?;
             let n = p.items()?;
             let mut prints = Vec::with_capacity((n as usize).min(p.b.remaining() / 32));
@@ -521,7 +589,7 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
             }
             Message::Lookup { block_size, prints }
         }
-        _ => {
+        T::Found => {
             let n = p.items()?;
             let mut blocks = Vec::with_capacity((n as usize).min(p.b.remaining()));
             for _ in 0..n {
@@ -572,7 +640,7 @@ impl FrameDecoder {
         let ty = u16::from_be_bytes(buf[4..6].try_into().expect("2 bytes"));
         let flags = u16::from_be_bytes(buf[6..8].try_into().expect("2 bytes"));
         let len = u32::from_be_bytes(buf[8..12].try_into().expect("4 bytes"));
-        if ty == 0 || ty > LAST_TYPE {
+        if MessageType::from_wire(ty).is_none() {
             return Err(WireError::UnknownType(ty));
         }
         if flags != 0 {

@@ -7,32 +7,58 @@
 use crate::config::parse_size;
 use crate::ServerState;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::{Bytes, BytesMut};
-use ferry_storage::{BitmapInfo, CreateOptions, StorageError, Volume, VolumeMeta, ZeroMode};
+use ferry_api::{
+    BitmapRequest, BitmapView, CreateVolume, ErrorBody, ImportReport, IncomingMigration,
+    MigrateRequest, MigrationId, MigrationStatus, RebuildReport, RebuildRequest, ResizeVolume,
+    ServerView, Size, VolumeView,
+};
+use ferry_migration_engine::{self as migration, MigrationError, MigrationHost};
+use ferry_storage::{BitmapInfo, CreateOptions, StorageError, Volume, ZeroMode};
 use futures_util::StreamExt;
-use serde::{Deserialize, Serialize};
+use serde::de::DeserializeOwned;
 use std::sync::Arc;
 
 /// An error answer of the admin API.
 #[derive(Debug)]
 pub struct ApiError(StatusCode, String);
 
+/// Who is at fault for a storage error.
+fn storage_status(e: &StorageError) -> StatusCode {
+    match e {
+        StorageError::NotFound(_) | StorageError::BitmapNotFound(_) => StatusCode::NOT_FOUND,
+        StorageError::Exists(_) | StorageError::BitmapExists(_) | StorageError::Moved { .. } => {
+            StatusCode::CONFLICT
+        }
+        StorageError::InvalidName(_)
+        | StorageError::Invalid(_)
+        | StorageError::OutOfRange { .. }
+        | StorageError::ReadOnly(_) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
 impl From<StorageError> for ApiError {
     fn from(e: StorageError) -> Self {
+        ApiError(storage_status(&e), e.to_string())
+    }
+}
+
+/// Refusals to start a migration: who is at fault decides the status.
+impl From<MigrationError> for ApiError {
+    fn from(e: MigrationError) -> Self {
         let code = match &e {
-            StorageError::NotFound(_) | StorageError::BitmapNotFound(_) => StatusCode::NOT_FOUND,
-            StorageError::Exists(_)
-            | StorageError::BitmapExists(_)
-            | StorageError::Moved { .. } => StatusCode::CONFLICT,
-            StorageError::InvalidName(_)
-            | StorageError::Invalid(_)
-            | StorageError::OutOfRange { .. }
-            | StorageError::ReadOnly(_) => StatusCode::BAD_REQUEST,
+            MigrationError::Storage(se) => storage_status(se),
+            MigrationError::AlreadyMigrating { .. }
+            | MigrationError::IdTaken { .. }
+            | MigrationError::VolumeState { .. } => StatusCode::CONFLICT,
+            MigrationError::BadRequest(_) => StatusCode::BAD_REQUEST,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(code, e.to_string())
@@ -41,7 +67,7 @@ impl From<StorageError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.0, Json(serde_json::json!({ "error": self.1 }))).into_response()
+        (self.0, Json(ErrorBody { error: self.1 })).into_response()
     }
 }
 
@@ -52,6 +78,30 @@ fn bad(msg: impl Into<String>) -> ApiError {
 impl From<crate::indexer::IndexerError> for ApiError {
     fn from(e: crate::indexer::IndexerError) -> Self {
         ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+    }
+}
+
+/// A JSON body whose rejections (wrong content type, bad JSON, wrong
+/// fields) answer `{"error"}` like every other error.
+pub struct ApiJson<T>(pub T);
+
+#[axum::async_trait]
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(r) => Err(ApiError(rejection_status(&r), r.body_text())),
+        }
+    }
+}
+
+fn rejection_status(r: &JsonRejection) -> StatusCode {
+    match r {
+        JsonRejection::MissingJsonContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        JsonRejection::JsonDataError(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        _ => StatusCode::BAD_REQUEST,
     }
 }
 
@@ -69,117 +119,54 @@ where
         .map_err(ApiError::from)
 }
 
-/// A size given as a number of bytes or a string such as "10G".
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum SizeArg {
-    Bytes(u64),
-    Text(String),
-}
-
-impl SizeArg {
-    fn bytes(&self) -> Result<u64, ApiError> {
-        match self {
-            SizeArg::Bytes(b) => Ok(*b),
-            SizeArg::Text(t) => parse_size(t).map_err(|e| bad(e.to_string())),
-        }
+/// The bytes a size names.
+fn size_bytes(s: &Size) -> Result<u64, ApiError> {
+    match s {
+        Size::Bytes(b) => Ok(*b),
+        Size::Text(t) => parse_size(t).map_err(|e| bad(e.to_string())),
     }
 }
 
-#[derive(Debug, Deserialize)]
-pub struct CreateRequest {
-    pub name: String,
-    pub size: Option<SizeArg>,
-    #[serde(default)]
-    pub block_size: Option<u32>,
-    #[serde(default)]
-    pub preallocate: bool,
-    #[serde(default)]
-    pub path: Option<std::path::PathBuf>,
-    #[serde(default)]
-    pub read_only: bool,
+fn bitmap_view(b: BitmapInfo) -> BitmapView {
+    BitmapView {
+        name: b.name,
+        granularity: b.granularity,
+        persistent: b.persistent,
+        dirty_bytes: b.dirty_bytes,
+        dirty_chunks: b.dirty_chunks,
+    }
 }
 
-#[derive(Debug, Deserialize)]
-pub struct ResizeRequest {
-    pub size: SizeArg,
-    #[serde(default)]
-    pub allow_shrink: bool,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct BitmapRequest {
-    pub name: String,
-    #[serde(default = "default_granularity")]
-    pub granularity: u32,
-    #[serde(default)]
-    pub persistent: bool,
-}
-
-fn default_granularity() -> u32 {
-    65536
-}
-
-/// A volume as the API shows it.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct VolumeView {
-    #[serde(flatten)]
-    pub meta: VolumeMeta,
-    pub allocated_bytes: u64,
-    pub data_path: std::path::PathBuf,
-    pub direct_io: bool,
-    pub dirty_bitmaps: Vec<BitmapView>,
-}
-
-/// A bitmap as the API shows it.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct BitmapView {
-    pub name: String,
-    pub granularity: u32,
-    pub persistent: bool,
-    pub dirty_bytes: u64,
-    pub dirty_chunks: u64,
-}
-
-impl From<BitmapInfo> for BitmapView {
-    fn from(b: BitmapInfo) -> Self {
-        BitmapView {
-            name: b.name,
-            granularity: b.granularity,
-            persistent: b.persistent,
-            dirty_bytes: b.dirty_bytes,
-            dirty_chunks: b.dirty_chunks,
-        }
+fn incoming_view(m: ferry_storage::IncomingMigration) -> IncomingMigration {
+    IncomingMigration {
+        id: m.id,
+        source: m.source,
     }
 }
 
 fn view(v: &Volume) -> VolumeView {
+    let m = v.meta();
     VolumeView {
-        meta: v.meta(),
+        name: m.name,
+        size: m.size,
+        block_size: m.block_size,
+        uuid: m.uuid.to_string(),
+        wwn: m.wwn,
+        created_unix: m.created_unix,
+        backing: match m.backing {
+            ferry_storage::Backing::Sparse => ferry_api::Backing::Sparse,
+            ferry_storage::Backing::Preallocated => ferry_api::Backing::Preallocated,
+            ferry_storage::Backing::External { path } => ferry_api::Backing::External { path },
+        },
+        read_only: m.read_only,
         allocated_bytes: v.allocated_bytes(),
         data_path: v.data_path().to_path_buf(),
         direct_io: v.direct_io(),
-        dirty_bitmaps: v.bitmaps().into_iter().map(Into::into).collect(),
+        dirty_bitmaps: v.bitmaps().into_iter().map(bitmap_view).collect(),
+        moved_to: m.moved_to,
+        incoming: m.incoming.map(incoming_view),
+        arrived: m.arrived.map(incoming_view),
     }
-}
-
-/// What the daemon is and where it listens.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct ServerView {
-    pub version: String,
-    pub pool: std::path::PathBuf,
-    pub nbd: Option<String>,
-    pub admin: Option<String>,
-    #[serde(default)]
-    pub migration: Option<String>,
-    /// iSCSI portals, in portal-group order.
-    #[serde(default)]
-    pub iscsi: Vec<String>,
-    #[serde(default)]
-    pub iscsi_base_iqn: String,
-    /// SHA-256 of this daemon's migration certificate, once it has one.
-    #[serde(default)]
-    pub cert_fingerprint: Option<String>,
 }
 
 type St = State<Arc<ServerState>>;
@@ -212,6 +199,8 @@ pub fn router(state: Arc<ServerState>) -> Router {
             "/v1/migrations/:id",
             get(get_migration).delete(cancel_migration),
         )
+        .route("/v1/migrations/:id/events", get(migration_events))
+        .route("/v1/migrations/:id/switch", post(release_switch))
         .route("/metrics", get(metrics))
         .with_state(state)
 }
@@ -231,10 +220,10 @@ async fn server_info(State(s): St) -> Json<ServerView> {
             .map(|a| a.to_string())
             .collect(),
         iscsi_base_iqn: s.config.iscsi.base_iqn.clone(),
-        cert_fingerprint: crate::migration::tls::CertStore::new(s.pool.root())
+        cert_fingerprint: migration::tls::CertStore::new(s.pool.root())
             .own_cert()
             .ok()
-            .map(|c| crate::migration::tls::fingerprint(&c)),
+            .map(|c| migration::tls::fingerprint(&c)),
     })
 }
 
@@ -244,10 +233,10 @@ async fn list(State(s): St) -> Json<Vec<VolumeView>> {
 
 async fn create(
     State(s): St,
-    Json(r): Json<CreateRequest>,
+    ApiJson(r): ApiJson<CreateVolume>,
 ) -> ApiResult<(StatusCode, Json<VolumeView>)> {
     let size = match &r.size {
-        Some(sz) => sz.bytes()?,
+        Some(sz) => size_bytes(sz)?,
         None if r.path.is_some() => 0,
         None => return Err(bad("size is required")),
     };
@@ -282,10 +271,10 @@ async fn delete(State(s): St, Path(name): Path<String>) -> ApiResult<StatusCode>
 async fn resize(
     State(s): St,
     Path(name): Path<String>,
-    Json(r): Json<ResizeRequest>,
+    ApiJson(r): ApiJson<ResizeVolume>,
 ) -> ApiResult<Json<VolumeView>> {
     let v = s.pool.get(&name)?;
-    let size = r.size.bytes()?;
+    let size = size_bytes(&r.size)?;
     let v2 = v.clone();
     blocking(move || v2.resize(size, r.allow_shrink)).await?;
     Ok(Json(view(&v)))
@@ -299,7 +288,7 @@ async fn import(
     State(s): St,
     Path(name): Path<String>,
     body: Body,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<ImportReport>> {
     let v = s.pool.get(&name)?;
     let size = v.size();
     let mut stream = body.into_data_stream();
@@ -355,14 +344,16 @@ async fn import(
     let v2 = v.clone();
     blocking(move || v2.flush()).await?;
     // The imported content is what other volumes will be rebuilt from.
-    let (st, v2) = (s.clone(), v.clone());
-    tokio::task::spawn_blocking(move || match crate::indexer::rebuild_volume(&st, &v2) {
+    let (index, v2) = (s.index.clone(), v.clone());
+    tokio::task::spawn_blocking(move || match crate::indexer::rebuild_volume(&index, &v2) {
         Ok(r) => tracing::info!(volume = %v2.name(), blocks = r.blocks, "re-indexed after import"),
         Err(e) => tracing::warn!(volume = %v2.name(), error = %e, "indexing after import failed"),
     });
-    Ok(Json(
-        serde_json::json!({ "bytes": offset, "written": written, "zeroed": zeroed }),
-    ))
+    Ok(Json(ImportReport {
+        bytes: offset,
+        written,
+        zeroed,
+    }))
 }
 
 /// Stream the whole volume out as a raw image.
@@ -402,7 +393,7 @@ async fn list_bitmaps(State(s): St, Path(name): Path<String>) -> ApiResult<Json<
             .get(&name)?
             .bitmaps()
             .into_iter()
-            .map(Into::into)
+            .map(bitmap_view)
             .collect(),
     ))
 }
@@ -410,18 +401,18 @@ async fn list_bitmaps(State(s): St, Path(name): Path<String>) -> ApiResult<Json<
 async fn create_bitmap(
     State(s): St,
     Path(name): Path<String>,
-    Json(r): Json<BitmapRequest>,
+    ApiJson(r): ApiJson<BitmapRequest>,
 ) -> ApiResult<(StatusCode, Json<BitmapView>)> {
     let v = s.pool.get(&name)?;
     let b = v.create_bitmap(&r.name, r.granularity, r.persistent)?;
-    Ok((StatusCode::CREATED, Json(b.info().into())))
+    Ok((StatusCode::CREATED, Json(bitmap_view(b.info()))))
 }
 
 async fn get_bitmap(
     State(s): St,
     Path((name, bm)): Path<(String, String)>,
 ) -> ApiResult<Json<BitmapView>> {
-    Ok(Json(s.pool.get(&name)?.bitmap(&bm)?.info().into()))
+    Ok(Json(bitmap_view(s.pool.get(&name)?.bitmap(&bm)?.info())))
 }
 
 async fn delete_bitmap(
@@ -438,7 +429,7 @@ async fn clear_bitmap(
 ) -> ApiResult<Json<BitmapView>> {
     let b = s.pool.get(&name)?.bitmap(&bm)?;
     b.clear();
-    Ok(Json(b.info().into()))
+    Ok(Json(bitmap_view(b.info())))
 }
 
 async fn metrics(State(s): St) -> impl IntoResponse {
@@ -452,32 +443,32 @@ async fn metrics(State(s): St) -> impl IntoResponse {
     )
 }
 
-#[derive(Debug, Deserialize, Default)]
-pub struct RebuildRequest {
-    /// One volume; all volumes when absent.
-    #[serde(default)]
-    pub volume: Option<String>,
-}
-
-/// One volume's rebuild result.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct RebuildReport {
-    pub volume: String,
-    pub bytes: u64,
-    pub read_bytes: u64,
-    pub blocks: u64,
-    pub zero_blocks: u64,
-    pub seconds: f64,
-    pub mb_per_s: f64,
-}
-
-async fn index_status(State(s): St) -> Json<ferry_index::IndexStatus> {
-    Json(s.index.status())
+async fn index_status(State(s): St) -> Json<ferry_api::IndexStatus> {
+    let st = s.index.status();
+    Json(ferry_api::IndexStatus {
+        block_size: st.block_size,
+        entries: st.entries,
+        memory_bytes: st.memory_bytes,
+        memory_bytes_per_entry: st.memory_bytes_per_entry,
+        disk_bytes: st.disk_bytes,
+        lookups: st.lookups,
+        hits: st.hits,
+        volumes: st
+            .volumes
+            .into_iter()
+            .map(|v| ferry_api::VolumeIndexStatus {
+                volume: v.volume,
+                entries: v.entries,
+                memory_bytes: v.memory_bytes,
+                volume_size: v.volume_size,
+            })
+            .collect(),
+    })
 }
 
 async fn index_rebuild(
     State(s): St,
-    body: Option<Json<RebuildRequest>>,
+    body: Option<ApiJson<RebuildRequest>>,
 ) -> ApiResult<Json<Vec<RebuildReport>>> {
     let req = body.map(|b| b.0).unwrap_or_default();
     let vols = match &req.volume {
@@ -489,7 +480,7 @@ async fn index_rebuild(
         vols.iter()
             .map(|v| {
                 let name = v.name();
-                let st = crate::indexer::rebuild_volume(&state, v)?;
+                let st = crate::indexer::rebuild_volume(&state.index, v)?;
                 Ok(RebuildReport {
                     volume: name,
                     bytes: st.bytes,
@@ -506,34 +497,17 @@ async fn index_rebuild(
     Ok(Json(out))
 }
 
-/// `POST /v1/volumes/NAME/migrate`: what to migrate where, and how.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MigrateBody {
-    /// `HOST:PORT` of the destination's migration listener.
-    pub to: String,
-    #[serde(default)]
-    pub plaintext: bool,
-    /// Target for the final pause, in milliseconds (default 100).
-    pub max_downtime_ms: Option<u64>,
-    /// Link cap, bytes per second or a size per second ("12M").
-    pub bwlimit: Option<SizeArg>,
-    pub max_rounds: Option<u32>,
-    /// false: send every non-zero chunk (the full-copy baseline).
-    pub dedup: Option<bool>,
-    pub compress: Option<bool>,
-    /// Keep resuming after link failures this long (default 60 s).
-    pub retry_for_s: Option<u64>,
-}
-
+/// `POST /v1/volumes/NAME/migrate`: 202 and the new migration's status,
+/// or 200 and the status of the one already started under the same id.
 async fn migrate(
     State(s): St,
     Path(name): Path<String>,
-    Json(b): Json<MigrateBody>,
-) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
-    use crate::migration::source::{start, MigrateRequest};
-    let d = MigrateRequest::default();
-    let req = MigrateRequest {
+    ApiJson(b): ApiJson<MigrateRequest>,
+) -> ApiResult<(StatusCode, Json<MigrationStatus>)> {
+    use migration::source::{start, MigrateRequest as EngineRequest, Started};
+    let d = EngineRequest::default();
+    let req = EngineRequest {
+        id: b.id,
         volume: name,
         to: b.to,
         plaintext: b.plaintext,
@@ -541,7 +515,7 @@ async fn migrate(
             .max_downtime_ms
             .map_or(d.max_downtime, std::time::Duration::from_millis),
         bwlimit: match &b.bwlimit {
-            Some(x) => x.bytes()?,
+            Some(x) => size_bytes(x)?,
             None => 0,
         },
         max_rounds: b.max_rounds.unwrap_or(d.max_rounds),
@@ -550,33 +524,93 @@ async fn migrate(
         retry_for: b
             .retry_for_s
             .map_or(d.retry_for, std::time::Duration::from_secs),
+        hold_switch: b.hold_switch,
     };
-    let run = start(s.clone(), req).map_err(|e| match e {
-        crate::migration::MigrationError::Storage(se) => ApiError::from(se),
-        e => bad(e.to_string()),
-    })?;
-    Ok((StatusCode::ACCEPTED, Json(run.status())))
+    let host: Arc<dyn MigrationHost> = s.clone();
+    match start(host, req)? {
+        Started::New(run) => Ok((StatusCode::ACCEPTED, Json(run.status()))),
+        Started::Existing(run) => Ok((StatusCode::OK, Json(run.status()))),
+    }
 }
 
-async fn list_migrations(State(s): St) -> Json<Vec<serde_json::Value>> {
+fn migration_id(id: &str) -> ApiResult<MigrationId> {
+    id.parse()
+        .map_err(|e: ferry_api::migration::BadMigrationId| {
+            ApiError(StatusCode::NOT_FOUND, e.to_string())
+        })
+}
+
+fn run_of(s: &ServerState, id: &str) -> ApiResult<Arc<migration::MigrationRun>> {
+    let id = migration_id(id)?;
+    s.migrations
+        .get(&id)
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no migration {id}")))
+}
+
+async fn list_migrations(State(s): St) -> Json<Vec<MigrationStatus>> {
     Json(s.migrations.list().iter().map(|r| r.status()).collect())
 }
 
-async fn get_migration(State(s): St, Path(id): Path<String>) -> ApiResult<Json<serde_json::Value>> {
-    s.migrations
-        .get(&id)
-        .map(|r| Json(r.status()))
-        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no migration {id}")))
+async fn get_migration(State(s): St, Path(id): Path<String>) -> ApiResult<Json<MigrationStatus>> {
+    Ok(Json(run_of(&s, &id)?.status()))
 }
 
 async fn cancel_migration(
     State(s): St,
     Path(id): Path<String>,
-) -> ApiResult<Json<serde_json::Value>> {
-    let r = s
-        .migrations
-        .get(&id)
-        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no migration {id}")))?;
+) -> ApiResult<Json<MigrationStatus>> {
+    let r = run_of(&s, &id)?;
     r.cancel.cancel();
     Ok(Json(r.status()))
+}
+
+/// `POST /v1/migrations/{id}/switch`: let a migration started with
+/// `hold_switch` pause the guest and switch (at once if it is ready, as
+/// soon as it converges otherwise). 409 once it has ended.
+async fn release_switch(State(s): St, Path(id): Path<String>) -> ApiResult<Json<MigrationStatus>> {
+    let r = run_of(&s, &id)?;
+    if !r.release_switch() {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("migration {} has already ended ({})", r.id, r.phase()),
+        ));
+    }
+    Ok(Json(r.status()))
+}
+
+/// How often the event stream reports progress between phase changes.
+const EVENT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// `GET /v1/migrations/{id}/events`: newline-delimited JSON, one
+/// `MigrationStatus` at once, then one on every phase change and every
+/// 250 ms of progress, the last one when the migration has ended.
+async fn migration_events(State(s): St, Path(id): Path<String>) -> ApiResult<Response> {
+    let run = run_of(&s, &id)?;
+    let changes = run.subscribe();
+    let stream = futures_util::stream::unfold(
+        (run, changes, None::<MigrationStatus>, false),
+        |(run, mut changes, last, done)| async move {
+            if done {
+                return None;
+            }
+            if last.is_some() {
+                tokio::select! {
+                    _ = changes.changed() => {}
+                    () = tokio::time::sleep(EVENT_INTERVAL) => {}
+                }
+            }
+            let st = run.status();
+            let end = st.phase.is_terminal();
+            let mut line = serde_json::to_vec(&st).unwrap_or_default();
+            line.push(b'\n');
+            Some((
+                Ok::<_, std::convert::Infallible>(Bytes::from(line)),
+                (run, changes, Some(st), end),
+            ))
+        },
+    );
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .body(Body::from_stream(stream))
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
 }

@@ -10,7 +10,7 @@
 //! candidates are verified by full BLAKE3 before use.)
 
 use crate::ServerState;
-use ferry_index::{IndexError, ScanStats};
+use ferry_index::{IndexError, PoolIndex, ScanStats};
 use ferry_storage::{StorageError, Volume};
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,23 +29,23 @@ pub enum IndexerError {
 
 /// Make sure the volume has its indexer bitmap, and empty it: the scan that
 /// follows covers everything written so far.
-fn reset_bitmap(state: &ServerState, v: &Volume) -> Result<(), StorageError> {
+fn reset_bitmap(index: &PoolIndex, v: &Volume) -> Result<(), StorageError> {
     match v.bitmap(INDEX_BITMAP) {
         Ok(b) => {
             b.clear();
             Ok(())
         }
         Err(StorageError::BitmapNotFound(_)) => v
-            .create_bitmap(INDEX_BITMAP, state.index.block_size(), true)
+            .create_bitmap(INDEX_BITMAP, index.block_size(), true)
             .map(drop),
         Err(e) => Err(e),
     }
 }
 
 /// Scan a whole volume into the index (blocking).
-pub fn rebuild_volume(state: &ServerState, v: &Volume) -> Result<ScanStats, IndexerError> {
-    reset_bitmap(state, v)?;
-    Ok(state.index.rebuild(&v.name(), v.data_path())?)
+pub fn rebuild_volume(index: &PoolIndex, v: &Volume) -> Result<ScanStats, IndexerError> {
+    reset_bitmap(index, v)?;
+    Ok(index.rebuild(&v.name(), v.data_path())?)
 }
 
 /// Re-hash what changed in one volume since the last pass (blocking).
@@ -58,7 +58,8 @@ fn refresh_volume(state: &ServerState, v: &Volume) -> Result<usize, IndexerError
         Ok(b) => b,
         // Indexed before this daemon tracked writes: start over.
         Err(StorageError::BitmapNotFound(_)) => {
-            return rebuild_volume(state, v).map(|s| s.blocks as usize)
+            return rebuild_volume(&state.index, v)
+                .map(|s| usize::try_from(s.blocks).unwrap_or(usize::MAX))
         }
         Err(e) => return Err(e.into()),
     };

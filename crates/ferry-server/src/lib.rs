@@ -11,11 +11,11 @@ pub mod config;
 pub mod indexer;
 pub mod iscsi;
 pub mod metrics;
-pub mod migration;
 pub mod nbd;
 pub mod net;
 
 use config::Config;
+use ferry_migration_engine as migration;
 use ferry_storage::{Pool, PoolOptions, StorageError};
 use metrics::Metrics;
 use std::net::SocketAddr;
@@ -171,7 +171,7 @@ impl Daemon {
             tracing::info!(addr = ?self.state.addrs.migration, "accepting migrations");
             tasks.spawn(migration::destination::serve(
                 l,
-                self.state.clone(),
+                self.state.clone() as Arc<dyn migration::MigrationHost>,
                 shutdown.clone(),
             ));
         }
@@ -204,5 +204,61 @@ impl Daemon {
             .map_err(ServerError::Close)?;
         tracing::info!("pool closed cleanly");
         Ok(())
+    }
+}
+
+/// The migration engine runs on the daemon's pool, index and settings.
+impl migration::MigrationHost for ServerState {
+    fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    fn index(&self) -> &Arc<ferry_index::PoolIndex> {
+        &self.index
+    }
+
+    fn registry(&self) -> &migration::Registry {
+        &self.migrations
+    }
+
+    fn chunk_size(&self) -> u32 {
+        self.config.index.block_size
+    }
+
+    fn plaintext(&self) -> bool {
+        self.config.migration.plaintext
+    }
+
+    fn buddies(&self) -> &[String] {
+        &self.config.migration.buddies
+    }
+
+    /// `migration.advertise_nbd` if set; otherwise the NBD listener, with
+    /// an unspecified address replaced by the one the migration came in on.
+    fn advertised_nbd(&self, local: Option<SocketAddr>) -> String {
+        if !self.config.migration.advertise_nbd.is_empty() {
+            return self.config.migration.advertise_nbd.clone();
+        }
+        match (self.addrs.nbd, local) {
+            (Some(mut nbd), Some(l)) if nbd.ip().is_unspecified() => {
+                nbd.set_ip(l.ip());
+                nbd.to_string()
+            }
+            (Some(nbd), _) => nbd.to_string(),
+            (None, _) => String::new(),
+        }
+    }
+
+    fn migration_finished(&self, report: &ferry_api::Report) {
+        self.metrics.migration_finished(report);
+    }
+
+    fn volume_arrived(&self, vol: &Arc<ferry_storage::Volume>) {
+        let (index, v) = (self.index.clone(), vol.clone());
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = indexer::rebuild_volume(&index, &v) {
+                tracing::warn!(error = %e, "indexing the migrated volume failed");
+            }
+        });
     }
 }

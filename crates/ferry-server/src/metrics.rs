@@ -314,7 +314,8 @@ impl Metrics {
     }
 
     /// Account for a finished outgoing migration.
-    pub fn migration_finished(&self, ok: bool, r: &crate::migration::Report) {
+    pub fn migration_finished(&self, r: &ferry_api::Report) {
+        let ok = r.result == ferry_api::MigrationResult::Switched;
         let result = if ok { "switched" } else { "failed" };
         self.migrations
             .get_or_create(&ResultLabels {

@@ -616,4 +616,51 @@ mod migration_input {
         send(&mut c, &hello("b", size, 4096, 9));
         assert!(matches!(recv(&mut c), Some(Message::Refuse { .. })));
     }
+
+    #[test]
+    fn messages_out_of_order_are_aborted_with_the_reason_and_leave_the_copy_incomplete() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = plaintext_destination(dir.path());
+        let size = 1u64 << 20;
+        let digest = Message::Digest { digest: [0; 32] };
+        let round = |n| Message::RoundEnd {
+            round: n,
+            dirty_bytes: 0,
+        };
+        let cases: Vec<(&str, u8, Vec<Message>)> = vec![
+            ("p", 20, vec![Message::Pause]),
+            ("q", 21, vec![round(0)]),
+            ("r", 22, vec![Message::PrintsDone, digest.clone()]),
+            ("s", 23, vec![Message::PrintsDone, round(1)]),
+            ("t", 24, vec![hello("t", size, 4096, 24)]),
+            (
+                "u",
+                25,
+                vec![Message::PrintsDone, Message::Synced { round: 0 }],
+            ),
+        ];
+        for (name, id, msgs) in cases {
+            let mut c = connect(&s);
+            send(&mut c, &hello(name, size, 4096, id));
+            welcomed(&mut c);
+            let (last, init) = msgs.split_last().unwrap();
+            for m in init {
+                send(&mut c, m);
+            }
+            if !init.is_empty() {
+                // PrintsDone is answered with WantDone.
+                assert!(matches!(recv(&mut c), Some(Message::WantDone { .. })));
+            }
+            send(&mut c, last);
+            match recv(&mut c) {
+                Some(Message::Abort { reason }) => {
+                    assert!(reason.contains("not allowed"), "{name}: {reason}")
+                }
+                other => panic!("{name}: expected Abort, got {other:?}"),
+            }
+            assert!(recv(&mut c).is_none(), "{name}: the link ends");
+            let v = s.state.pool.get(name).unwrap();
+            assert!(v.incoming().is_some(), "{name} must stay incomplete");
+        }
+    }
 }

@@ -7,9 +7,9 @@ mod common;
 mod toxiproxy;
 
 use common::{have, run, sha, TestServer};
-use ferry_server::migration::source::{start, MigrateRequest};
-use ferry_server::migration::tls::CertStore;
-use ferry_server::migration::{MigrationRun, Phase, Report};
+use ferry_migration_engine::source::{start, MigrateRequest};
+use ferry_migration_engine::tls::CertStore;
+use ferry_migration_engine::{MigrationResult, MigrationRun, Phase, Report};
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -51,7 +51,7 @@ fn noise(len: usize, seed: u64) -> Vec<u8> {
 
 fn migrate(src: &TestServer, req: MigrateRequest) -> Arc<MigrationRun> {
     let _g = src.rt().enter();
-    start(src.state.clone(), req).unwrap()
+    start(src.state.clone(), req).unwrap().run().clone()
 }
 
 fn wait(run: &MigrationRun, limit: Duration) -> Report {
@@ -64,7 +64,7 @@ fn wait(run: &MigrationRun, limit: Duration) -> Report {
         }
         assert!(
             Instant::now() < deadline,
-            "migration did not end: {}",
+            "migration did not end: {:?}",
             run.status()
         );
         std::thread::sleep(Duration::from_millis(20));
@@ -93,7 +93,7 @@ fn migration_rebuilds_local_blocks_sends_the_rest_and_switches() {
     let extra = noise(8 * MIB as usize, 99);
     let b = dst.create("base", 64 * MIB);
     b.write_at(0, &base, false).unwrap();
-    ferry_server::indexer::rebuild_volume(&dst.state, &b).unwrap();
+    ferry_server::indexer::rebuild_volume(&dst.state.index, &b).unwrap();
     let v = src.create("vm", 64 * MIB);
     v.write_at(0, &base, false).unwrap();
     v.write_at(40 * MIB, &extra, false).unwrap();
@@ -101,7 +101,7 @@ fn migration_rebuilds_local_blocks_sends_the_rest_and_switches() {
 
     let to = dst.migration.unwrap().to_string();
     let r = wait(&migrate(&src, request("vm", to)), Duration::from_secs(120));
-    assert_eq!(r.result, "switched", "{r:?}");
+    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
     assert!(r.digest.matches);
     assert_eq!(r.digest.source, r.digest.destination);
     assert!(r.tls);
@@ -156,13 +156,13 @@ fn index_off_sends_every_nonzero_block() {
     let data = noise(4 * MIB as usize, 3);
     let b = dst.create("base", 16 * MIB);
     b.write_at(0, &data, false).unwrap();
-    ferry_server::indexer::rebuild_volume(&dst.state, &b).unwrap();
+    ferry_server::indexer::rebuild_volume(&dst.state.index, &b).unwrap();
     let v = src.create("vm", 16 * MIB);
     v.write_at(MIB, &data, false).unwrap();
     let mut req = request("vm", dst.migration.unwrap().to_string());
     req.dedup = false;
     let r = wait(&migrate(&src, req), Duration::from_secs(60));
-    assert_eq!(r.result, "switched", "{r:?}");
+    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
     assert_eq!(r.chunks.local, 0);
     assert_eq!(r.chunks.sent, 4 * MIB / 4096);
     assert_eq!(
@@ -186,7 +186,7 @@ fn untrusted_or_conflicting_destinations_refuse_and_the_source_is_untouched() {
     let mut req = request("vm", to.clone());
     req.retry_for = Duration::ZERO;
     let r = wait(&migrate(&src, req.clone()), Duration::from_secs(30));
-    assert_eq!(r.result, "failed");
+    assert_eq!(r.result, MigrationResult::Failed);
     assert!(dst.state.pool.get("vm").is_err());
     assert!(v.moved_to().is_none());
     v.write_at(0, b"still writable", false).unwrap();
@@ -197,7 +197,7 @@ fn untrusted_or_conflicting_destinations_refuse_and_the_source_is_untouched() {
     trust_each_other(&pa, &pb);
     dst.create("vm", 8 * MIB);
     let r = wait(&migrate(&src, req), Duration::from_secs(30));
-    assert_eq!(r.result, "failed");
+    assert_eq!(r.result, MigrationResult::Failed);
     assert!(r.error.unwrap().contains("already exists"));
     assert_eq!(r.attempts, 1);
     assert_eq!(sha(v.data_path()), before);
@@ -208,7 +208,7 @@ fn untrusted_or_conflicting_destinations_refuse_and_the_source_is_untouched() {
     req.plaintext = true;
     req.retry_for = Duration::ZERO;
     let r = wait(&migrate(&src, req), Duration::from_secs(30));
-    assert_eq!(r.result, "failed");
+    assert_eq!(r.result, MigrationResult::Failed);
 }
 
 #[test]
@@ -272,7 +272,7 @@ fn fio_writes_through_ferry_host_see_no_error_across_the_switch() {
     let mut req = request("vm", dst.migration.unwrap().to_string());
     req.bwlimit = 8 * MIB;
     let r = wait(&migrate(&src, req), Duration::from_secs(120));
-    assert_eq!(r.result, "switched", "{r:?}");
+    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
     let out = fio.join().unwrap();
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
@@ -298,7 +298,7 @@ fn wait_for_bytes_at(
                 return;
             }
         }
-        assert!(Instant::now() < deadline, "no progress: {}", run.status());
+        assert!(Instant::now() < deadline, "no progress: {:?}", run.status());
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -343,13 +343,13 @@ fn a_cut_link_resumes_without_resending_what_arrived() {
         .load(std::sync::atomic::Ordering::Relaxed)
         < 2
     {
-        assert!(Instant::now() < deadline, "no retry: {}", run.status());
+        assert!(Instant::now() < deadline, "no retry: {:?}", run.status());
         std::thread::sleep(Duration::from_millis(10));
     }
     std::thread::sleep(Duration::from_millis(300));
     tp.remove_toxic("mig", "cut");
     let r = wait(&run, Duration::from_secs(120));
-    assert_eq!(r.result, "switched", "{r:?}");
+    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
     assert!(r.attempts >= 2, "{r:?}");
     assert!(r.chunks.resumed > 0, "nothing kept: {:?}", r.chunks);
     assert!(r.bytes.resent_after_failures > 0);
@@ -398,7 +398,7 @@ fn a_restarted_destination_resumes_into_its_incomplete_copy() {
     tp.set_upstream("mig", &dst.migration.unwrap().to_string());
     tp.remove_toxic("mig", "slow");
     let r = wait(&run, Duration::from_secs(120));
-    assert_eq!(r.result, "switched", "{r:?}");
+    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
     assert!(r.attempts >= 2);
     assert!(r.chunks.resumed > 0, "{:?}", r.chunks);
     assert_eq!(
@@ -442,7 +442,7 @@ fn writes_during_the_migration_arrive_and_auto_converge_reports() {
         r.auto_converge.max_delay_us > 0,
         "the guest outran the link; it must be slowed: {r:?}"
     );
-    assert_eq!(r.result, "switched", "{r:?}");
+    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
     assert!(writes > 0);
     assert!(r.rounds >= 1, "{r:?}");
     assert!(r.chunks.dirty_resent > 0);
@@ -477,7 +477,11 @@ fn a_link_lost_at_the_switch_keeps_writes_held_until_the_outcome_is_known() {
     let run = migrate(&src, request("vm", to));
     let deadline = Instant::now() + Duration::from_secs(60);
     while run.phase() != Phase::Paused {
-        assert!(Instant::now() < deadline, "never paused: {}", run.status());
+        assert!(
+            Instant::now() < deadline,
+            "never paused: {:?}",
+            run.status()
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     // The destination gets Switch and commits; its Done never arrives.
@@ -494,7 +498,7 @@ fn a_link_lost_at_the_switch_keeps_writes_held_until_the_outcome_is_known() {
         .load(std::sync::atomic::Ordering::Relaxed)
         < 2
     {
-        assert!(Instant::now() < deadline, "no retry: {}", run.status());
+        assert!(Instant::now() < deadline, "no retry: {:?}", run.status());
         std::thread::sleep(Duration::from_millis(20));
     }
     // Meanwhile the guest's writes are held, not failed and not applied.
@@ -503,7 +507,7 @@ fn a_link_lost_at_the_switch_keeps_writes_held_until_the_outcome_is_known() {
     assert!(copy.incoming().is_none(), "the destination committed");
     tp.remove_toxic("mig", "void");
     let r = wait(&run, Duration::from_secs(60));
-    assert_eq!(r.result, "switched", "{r:?}");
+    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
     assert!(r.attempts >= 2);
     assert_eq!(v.moved_to(), Some(dst.nbd.to_string()));
     assert!(!v.gate().is_paused());
@@ -533,7 +537,7 @@ fn a_buddy_on_the_destination_site_supplies_blocks_the_destination_lacks() {
     let extra = noise(2 * MIB as usize, 78);
     let b = buddy.create("golden", 16 * MIB);
     b.write_at(0, &base, false).unwrap();
-    ferry_server::indexer::rebuild_volume(&buddy.state, &b).unwrap();
+    ferry_server::indexer::rebuild_volume(&buddy.state.index, &b).unwrap();
     let v = src.create("vm", 16 * MIB);
     v.write_at(0, &base, false).unwrap();
     v.write_at(12 * MIB, &extra, false).unwrap();
@@ -541,7 +545,7 @@ fn a_buddy_on_the_destination_site_supplies_blocks_the_destination_lacks() {
         &migrate(&src, request("vm", dst.migration.unwrap().to_string())),
         Duration::from_secs(60),
     );
-    assert_eq!(r.result, "switched", "{r:?}");
+    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
     // One buddy address is dead; the live one supplied the base.
     assert_eq!(r.chunks.buddy, 8 * MIB / 4096, "{:?}", r.chunks);
     assert_eq!(r.chunks.local, 0);
@@ -588,7 +592,7 @@ fn a_link_cut_during_the_dirty_rounds_resumes_and_loses_no_write() {
     let run = migrate(&src, req);
     let deadline = Instant::now() + Duration::from_secs(60);
     while run.phase() != Phase::Rounds {
-        assert!(Instant::now() < deadline, "no rounds: {}", run.status());
+        assert!(Instant::now() < deadline, "no rounds: {:?}", run.status());
         std::thread::sleep(Duration::from_millis(5));
     }
     tp.add_toxic(
@@ -604,14 +608,14 @@ fn a_link_cut_during_the_dirty_rounds_resumes_and_loses_no_write() {
         .load(std::sync::atomic::Ordering::Relaxed)
         < 2
     {
-        assert!(Instant::now() < deadline, "no retry: {}", run.status());
+        assert!(Instant::now() < deadline, "no retry: {:?}", run.status());
         std::thread::sleep(Duration::from_millis(10));
     }
     tp.remove_toxic("mig", "cut");
     let r = wait(&run, Duration::from_secs(120));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     writer.join().unwrap();
-    assert_eq!(r.result, "switched", "{r:?}");
+    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
     assert!(r.attempts >= 2);
     assert!(r.chunks.resumed > 0, "{:?}", r.chunks);
     assert_eq!(

@@ -1,7 +1,13 @@
 //! Live migration of volumes between daemons (seed 002, chapters 3-5): the
 //! source side ([`source`]), the destination side ([`destination`]), TLS
-//! with pinned certificates ([`tls`]), and what both share: the registry of
-//! runs the admin API shows, the report, and the per-chunk digest table.
+//! with pinned certificates ([`tls`]), the convergence policy
+//! ([`converge`]), and what both sides share: the registry of runs the
+//! admin API shows, the report, and the per-chunk digest table.
+//!
+//! The engine knows nothing of the daemon around it: what it needs (the
+//! pool, the fingerprint index, settings, notifications) comes through
+//! [`MigrationHost`]. The wire format and the order of messages are
+//! `ferry-migration`'s; this crate does the I/O.
 //!
 //! Invariants:
 //! - The source volume stays authoritative and writable until the
@@ -13,17 +19,27 @@
 //! - Every chunk written at the destination was either received from the
 //!   source or re-hashed from a local volume and found equal to the
 //!   source's fingerprint (`ferry_index::verify`).
+//! - With `hold_switch`, the guest is never paused before the caller
+//!   released the switch; until then the source keeps sending dirty rounds.
 
 pub mod buddy;
+pub mod converge;
 pub mod destination;
+mod host;
 pub mod source;
 mod stream;
 pub mod tls;
 mod transport;
 
-use ferry_migration::WireError;
+pub use ferry_api::{
+    MigrationId, MigrationPhase as Phase, MigrationResult, MigrationStatus, Report, ReportBytes,
+    ReportChunks, ReportDigest, ReportThrottle, ReportTime,
+};
+pub use host::MigrationHost;
+pub use transport::WireCounters;
+
+use ferry_migration::{ProtocolViolation, WireError};
 use parking_lot::Mutex;
-use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -31,14 +47,15 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
-pub use transport::WireCounters;
-
+/// Why a migration, or one attempt of it, did not go on.
 #[derive(Debug, Error)]
 pub enum MigrationError {
     #[error("link: {0}")]
     Link(#[from] std::io::Error),
     #[error("protocol: {0}")]
     Wire(#[from] WireError),
+    #[error("protocol: {0}")]
+    Order(#[from] ProtocolViolation),
     #[error("protocol: unexpected {got} while {during}")]
     Unexpected {
         got: &'static str,
@@ -52,15 +69,38 @@ pub enum MigrationError {
     PeerAborted(String),
     #[error("storage: {0}")]
     Storage(#[from] ferry_storage::StorageError),
+    /// The volume cannot be migrated in the state it is in.
+    #[error("volume {volume} {reason}")]
+    VolumeState { volume: String, reason: String },
+    /// Another migration of the volume has not ended.
+    #[error("volume {volume} is already migrating ({id})")]
+    AlreadyMigrating { volume: String, id: MigrationId },
+    /// A caller-named id is taken by a migration of something else.
+    #[error("migration id {id} is already used for volume {volume} to {to}")]
+    IdTaken {
+        id: MigrationId,
+        volume: String,
+        to: String,
+    },
+    /// The request itself is wrong (no destination, too many chunks, ...).
     #[error("{0}")]
-    Invalid(String),
+    BadRequest(String),
+    /// The peer sent something that contradicts what it said before.
+    #[error("bad data from the peer: {0}")]
+    BadData(String),
+    #[error("writes in flight did not finish within {0:?}; not pausing")]
+    PauseTimeout(Duration),
+    #[error("the link failed during the switch and the destination could not be asked whether it committed; the source stays authoritative")]
+    SwitchUnknown,
+    #[error("a worker thread failed: {0}")]
+    Worker(String),
+    #[error("cancelled")]
+    Cancelled,
     #[error("digests differ: source {source_digest}, destination {destination_digest}")]
     DigestMismatch {
         source_digest: String,
         destination_digest: String,
     },
-    #[error("cancelled")]
-    Cancelled,
 }
 
 impl MigrationError {
@@ -77,31 +117,7 @@ pub(crate) async fn blocking<T: Send + 'static>(
 ) -> Result<T, MigrationError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| MigrationError::Invalid(format!("worker failed: {e}")))?
-}
-
-fn name_of(m: &ferry_migration::Message) -> &'static str {
-    use ferry_migration::Message as M;
-    match m {
-        M::Hello { .. } => "Hello",
-        M::Welcome { .. } => "Welcome",
-        M::Refuse { .. } => "Refuse",
-        M::Prints { .. } => "Prints",
-        M::PrintsDone => "PrintsDone",
-        M::Want { .. } => "Want",
-        M::WantDone { .. } => "WantDone",
-        M::Data { .. } => "Data",
-        M::RoundEnd { .. } => "RoundEnd",
-        M::Pause => "Pause",
-        M::Digest { .. } => "Digest",
-        M::DigestResult { .. } => "DigestResult",
-        M::Switch { .. } => "Switch",
-        M::Done { .. } => "Done",
-        M::Abort { .. } => "Abort",
-        M::Synced { .. } => "Synced",
-        M::Lookup { .. } => "Lookup",
-        M::Found { .. } => "Found",
-    }
+        .map_err(|e| MigrationError::Worker(e.to_string()))?
 }
 
 fn unexpected(m: &ferry_migration::Message, during: &'static str) -> MigrationError {
@@ -109,21 +125,9 @@ fn unexpected(m: &ferry_migration::Message, during: &'static str) -> MigrationEr
         return MigrationError::PeerAborted(reason.clone());
     }
     MigrationError::Unexpected {
-        got: name_of(m),
+        got: m.name(),
         during,
     }
-}
-
-/// Where a migration is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    Connecting,
-    Fingerprints,
-    Rounds,
-    Paused,
-    Switched,
-    Failed,
 }
 
 /// Live counters of one migration (source side).
@@ -157,7 +161,7 @@ fn get(a: &AtomicU64) -> u64 {
 /// One migration the daemon started (source side), as the admin API shows it.
 #[derive(Debug)]
 pub struct MigrationRun {
-    pub id: String,
+    pub id: MigrationId,
     pub volume: String,
     pub to: String,
     pub started: Instant,
@@ -168,14 +172,44 @@ pub struct MigrationRun {
     pub report: Mutex<Option<Report>>,
     pub error: Mutex<Option<String>>,
     pub cancel: CancellationToken,
+    /// Started with `hold_switch`: wait for [`MigrationRun::release_switch`].
+    pub hold_switch: bool,
+    /// Fired when the caller lets the switch go (or at once without a hold).
+    pub switch_go: CancellationToken,
+    /// Bumped on every phase change, so watchers wake without polling.
+    changed: tokio::sync::watch::Sender<u64>,
 }
 
 impl MigrationRun {
+    pub(crate) fn new(id: MigrationId, volume: &str, to: &str, hold_switch: bool) -> Self {
+        let switch_go = CancellationToken::new();
+        if !hold_switch {
+            switch_go.cancel();
+        }
+        MigrationRun {
+            id,
+            volume: volume.to_string(),
+            to: to.to_string(),
+            started: Instant::now(),
+            counters: Counters::default(),
+            wire: Arc::default(),
+            phase: Mutex::new(Phase::Connecting),
+            phase_times: Mutex::default(),
+            report: Mutex::default(),
+            error: Mutex::default(),
+            cancel: CancellationToken::new(),
+            hold_switch,
+            switch_go,
+            changed: tokio::sync::watch::channel(0).0,
+        }
+    }
+
     pub fn set_phase(&self, p: Phase) {
         let mut cur = self.phase.lock();
         if *cur != p {
             *cur = p;
             self.phase_times.lock().push((p, self.started.elapsed()));
+            self.changed.send_modify(|v| *v += 1);
         }
     }
 
@@ -183,121 +217,65 @@ impl MigrationRun {
         *self.phase.lock()
     }
 
+    /// Wakes on every phase change.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Let a held migration pause the guest and switch. Answers whether the
+    /// release can still matter (false once it has ended).
+    pub fn release_switch(&self) -> bool {
+        self.switch_go.cancel();
+        !self.phase().is_terminal()
+    }
+
     /// What `GET /v1/migrations/ID` answers while it runs and after.
-    pub fn status(&self) -> serde_json::Value {
+    pub fn status(&self) -> MigrationStatus {
         let c = &self.counters;
         let total = get(&c.chunks_total).max(1);
         let rebuilt = get(&c.chunks_zero) + get(&c.chunks_local) + get(&c.chunks_buddy);
-        serde_json::json!({
-            "id": self.id,
-            "volume": self.volume,
-            "to": self.to,
-            "phase": self.phase(),
-            "elapsed_s": self.started.elapsed().as_secs_f64(),
-            "chunks_total": get(&c.chunks_total),
-            "chunks_printed": get(&c.chunks_printed),
-            "chunks_sent": get(&c.chunks_sent),
-            "chunks_wanted": get(&c.chunks_wanted),
-            "rebuilt_share": rebuilt as f64 / total as f64,
-            "round": get(&c.rounds),
-            "dirty_bytes": get(&c.dirty_bytes),
-            "wire_tx_bytes": get(&self.wire.tx),
-            "wire_rx_bytes": get(&self.wire.rx),
-            "throttle_us": get(&c.throttle_us),
-            "attempts": get(&c.attempts),
-            "error": self.error.lock().clone(),
-            "report": self.report.lock().clone(),
-        })
+        MigrationStatus {
+            id: self.id.clone(),
+            volume: self.volume.clone(),
+            to: self.to.clone(),
+            phase: self.phase(),
+            elapsed_s: self.started.elapsed().as_secs_f64(),
+            chunks_total: get(&c.chunks_total),
+            chunks_printed: get(&c.chunks_printed),
+            chunks_sent: get(&c.chunks_sent),
+            chunks_wanted: get(&c.chunks_wanted),
+            rebuilt_share: ratio(rebuilt, total),
+            round: get(&c.rounds),
+            dirty_bytes: get(&c.dirty_bytes),
+            wire_tx_bytes: get(&self.wire.tx),
+            wire_rx_bytes: get(&self.wire.rx),
+            throttle_us: get(&c.throttle_us),
+            attempts: get(&c.attempts),
+            hold_switch: self.hold_switch,
+            switch_released: self.switch_go.is_cancelled(),
+            error: self.error.lock().clone(),
+            report: self.report.lock().clone(),
+        }
     }
 }
 
-/// The final account of a migration (`ferry migrate --json`).
-#[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    pub id: String,
-    pub volume: String,
-    pub to: String,
-    pub result: &'static str,
-    pub error: Option<String>,
-    pub new_location: Option<String>,
-    pub size: u64,
-    pub chunk_size: u32,
-    pub dedup: bool,
-    pub compress: bool,
-    pub tls: bool,
-    pub bytes: ReportBytes,
-    pub chunks: ReportChunks,
-    pub time: ReportTime,
-    pub rounds: u64,
-    pub converged: bool,
-    pub auto_converge: ReportThrottle,
-    pub attempts: u64,
-    pub digest: ReportDigest,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ReportBytes {
-    /// Frame bytes of `Prints` (fingerprints and zero runs).
-    pub fingerprints: u64,
-    /// Frame bytes of `Data` (after compression).
-    pub data: u64,
-    /// Raw bytes those `Data` frames carried.
-    pub data_raw: u64,
-    /// Every other frame, both directions.
-    pub protocol: u64,
-    /// Bytes that crossed the socket, TLS included: sent / received.
-    pub wire_tx: u64,
-    pub wire_rx: u64,
-    /// Frame bytes sent by attempts that failed before a resume.
-    pub resent_after_failures: u64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ReportChunks {
-    pub total: u64,
-    pub zero: u64,
-    pub local: u64,
-    pub buddy: u64,
-    /// Already in place at the destination from an earlier attempt.
-    pub resumed: u64,
-    /// Sent because the destination could not rebuild them.
-    pub sent: u64,
-    /// Sent again because the guest wrote them during the migration.
-    pub dirty_resent: u64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ReportTime {
-    pub total_s: f64,
-    pub fingerprints_s: f64,
-    pub rounds_s: f64,
-    pub pause_ms: f64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ReportThrottle {
-    pub max_delay_us: u64,
-    pub writes_delayed: u64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ReportDigest {
-    pub source: String,
-    pub destination: String,
-    pub matches: bool,
+/// `a / b` as a share; exact enough for display (both below 2^53 here).
+#[allow(clippy::cast_precision_loss)]
+fn ratio(a: u64, b: u64) -> f64 {
+    a as f64 / b as f64
 }
 
 /// The migrations this daemon has started.
 #[derive(Debug, Default)]
 pub struct Registry {
-    runs: Mutex<BTreeMap<String, Arc<MigrationRun>>>,
+    runs: Mutex<BTreeMap<MigrationId, Arc<MigrationRun>>>,
 }
 
 impl Registry {
     pub fn insert(&self, r: Arc<MigrationRun>) {
         self.runs.lock().insert(r.id.clone(), r);
     }
-    pub fn get(&self, id: &str) -> Option<Arc<MigrationRun>> {
+    pub fn get(&self, id: &MigrationId) -> Option<Arc<MigrationRun>> {
         self.runs.lock().get(id).cloned()
     }
     pub fn list(&self) -> Vec<Arc<MigrationRun>> {
@@ -308,7 +286,7 @@ impl Registry {
         self.runs
             .lock()
             .values()
-            .find(|r| r.volume == volume && !matches!(r.phase(), Phase::Switched | Phase::Failed))
+            .find(|r| r.volume == volume && !r.phase().is_terminal())
             .cloned()
     }
 }
@@ -339,12 +317,12 @@ struct TableInner {
 pub const MAX_CHUNKS: u64 = 1 << 28;
 
 /// Refuse volumes whose chunk table would be too large.
-pub fn check_chunks(size: u64, chunk: u32) -> Result<(), String> {
+pub fn check_chunks(size: u64, chunk: u32) -> Result<(), MigrationError> {
     let n = size.div_ceil(u64::from(chunk.max(1)));
     if n > MAX_CHUNKS {
-        return Err(format!(
+        return Err(MigrationError::BadRequest(format!(
             "a volume of {size} bytes has {n} chunks of {chunk} bytes; a migration tracks at most {MAX_CHUNKS} (use a larger index.block_size)"
-        ));
+        )));
     }
     Ok(())
 }

@@ -8,8 +8,7 @@
 //! with `Lookup` instead of `Hello`), with the same TLS and trust.
 
 use super::transport::{send, FrameReader};
-use super::MigrationError;
-use crate::ServerState;
+use super::{MigrationError, MigrationHost};
 use bytes::Bytes;
 use ferry_index::Fingerprint;
 use ferry_migration::Message;
@@ -22,14 +21,14 @@ pub const LOOKUP_BATCH: usize = 1024;
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The block with this fingerprint from this daemon's volumes, verified.
-fn find_block(state: &ServerState, block_size: u32, fp: &Fingerprint) -> Option<Vec<u8>> {
-    if block_size != state.index.block_size() {
+fn find_block(state: &dyn MigrationHost, block_size: u32, fp: &Fingerprint) -> Option<Vec<u8>> {
+    if block_size != state.index().block_size() {
         return None;
     }
     let bs = u64::from(block_size);
     let mut buf = vec![0u8; block_size as usize];
-    for (name, block) in state.index.lookup(fp, 4).ok()? {
-        let Ok(v) = state.pool.get(&name) else {
+    for (name, block) in state.index().lookup(fp, 4).ok()? {
+        let Ok(v) = state.pool().get(&name) else {
             continue;
         };
         if v.incoming().is_some() || block * bs + bs > v.size() {
@@ -44,7 +43,7 @@ fn find_block(state: &ServerState, block_size: u32, fp: &Fingerprint) -> Option<
 
 /// Answer lookups on one connection until it closes (buddy side).
 pub async fn serve<R, W>(
-    state: &Arc<ServerState>,
+    state: &Arc<dyn MigrationHost>,
     reader: &mut FrameReader<R>,
     wr: &mut W,
     mut first: Option<Message>,
@@ -70,7 +69,7 @@ where
             return Err(super::unexpected(&m, "serving lookups"));
         };
         if prints.len() > LOOKUP_BATCH {
-            return Err(MigrationError::Invalid(format!(
+            return Err(MigrationError::BadData(format!(
                 "lookup of {} prints (at most {LOOKUP_BATCH})",
                 prints.len()
             )));
@@ -79,11 +78,11 @@ where
         let blocks = tokio::task::spawn_blocking(move || {
             prints
                 .iter()
-                .map(|p| find_block(&st, block_size, &Fingerprint(*p)).map(Bytes::from))
+                .map(|p| find_block(st.as_ref(), block_size, &Fingerprint(*p)).map(Bytes::from))
                 .collect::<Vec<_>>()
         })
         .await
-        .map_err(|e| MigrationError::Invalid(format!("lookup worker failed: {e}")))?;
+        .map_err(|e| MigrationError::Worker(format!("lookup: {e}")))?;
         served += blocks.iter().filter(|b| b.is_some()).count() as u64;
         send(wr, &Message::Found { blocks }).await?;
     }
@@ -104,10 +103,10 @@ pub struct Buddies {
 
 impl Buddies {
     /// Connect to every configured buddy that answers.
-    pub async fn connect(state: &ServerState) -> Buddies {
+    pub async fn connect(state: &dyn MigrationHost) -> Buddies {
         let mut buddies = Vec::new();
-        for addr in &state.config.migration.buddies {
-            let plaintext = state.config.migration.plaintext;
+        for addr in state.buddies() {
+            let plaintext = state.plaintext();
             match super::source::dial(state, addr, plaintext, Default::default()).await {
                 Ok(s) => {
                     let (r, w) = tokio::io::split(s);

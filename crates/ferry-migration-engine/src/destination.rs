@@ -8,10 +8,10 @@
 
 use super::tls::CertStore;
 use super::transport::{send, Counted, FrameReader, WireCounters};
-use super::{blocking, coalesce, hex, unexpected, ChunkTable, MigrationError};
-use crate::ServerState;
+use super::{blocking, coalesce, hex, unexpected, ChunkTable, MigrationError, MigrationHost};
+use ferry_api::MigrationId;
 use ferry_index::Fingerprint;
-use ferry_migration::{Encoding, Message, PrintEntry, VolumeDescriptor, VERSION};
+use ferry_migration::{DestinationOrder, Encoding, Message, PrintEntry, VolumeDescriptor, VERSION};
 use ferry_storage::{CreateOptions, IncomingMigration, StorageError, Volume, ZeroMode};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,9 +27,13 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 const MAX_CANDIDATES: usize = 4;
 
 /// Accept migrations until `shutdown`.
-pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: CancellationToken) {
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<dyn MigrationHost>,
+    shutdown: CancellationToken,
+) {
     let local = listener.local_addr().ok();
-    let plaintext = state.config.migration.plaintext;
+    let plaintext = state.plaintext();
     if plaintext && !local.is_some_and(|a| a.ip().is_loopback()) {
         tracing::error!("migration.plaintext is only allowed on a loopback listener; refusing to accept migrations");
         return;
@@ -40,7 +44,7 @@ pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: Can
     let tls = if plaintext {
         None
     } else {
-        match CertStore::new(state.pool.root()).server_config() {
+        match CertStore::new(state.pool().root()).server_config() {
             Ok(c) => Some(tokio_rustls::TlsAcceptor::from(c)),
             Err(e) => {
                 tracing::error!(error = %e, "migration TLS unavailable; not accepting migrations");
@@ -89,21 +93,6 @@ pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: Can
     conns.shutdown().await;
 }
 
-/// The NBD location clients are sent to after the switch.
-fn advertised_nbd(state: &ServerState, local: Option<SocketAddr>) -> String {
-    if !state.config.migration.advertise_nbd.is_empty() {
-        return state.config.migration.advertise_nbd.clone();
-    }
-    match (state.addrs.nbd, local) {
-        (Some(mut nbd), Some(l)) if nbd.ip().is_unspecified() => {
-            nbd.set_ip(l.ip());
-            nbd.to_string()
-        }
-        (Some(nbd), _) => nbd.to_string(),
-        (None, _) => String::new(),
-    }
-}
-
 /// What a Hello finds here.
 enum Prepared {
     /// The copy to fill, and whether it is a resumed one.
@@ -112,29 +101,49 @@ enum Prepared {
     AlreadySwitched,
 }
 
+/// Why this daemon will not take a migration; the source is told, and
+/// does not retry.
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    #[error("the incomplete copy has a different size")]
+    SizeDiffers,
+    #[error(
+        "volume {name} is the incomplete copy of another migration ({other}); delete it first"
+    )]
+    OtherMigration { name: String, other: String },
+    #[error("volume {0} already exists here")]
+    Exists(String),
+    #[error("chunk size {0} is not a power of two from 512 B to 64 KiB")]
+    ChunkSize(u32),
+    #[error("{0}")]
+    Engine(#[from] MigrationError),
+    #[error("{0}")]
+    Storage(#[from] StorageError),
+}
+
 /// Open or create the copy for this migration.
 fn prepare(
-    state: &ServerState,
+    state: &dyn MigrationHost,
     id: &str,
     d: &VolumeDescriptor,
     peer: SocketAddr,
-) -> Result<Prepared, String> {
-    match state.pool.get(&d.name) {
+) -> Result<Prepared, Refusal> {
+    match state.pool().get(&d.name) {
         Ok(v) if v.incoming().is_none() && v.arrived().is_some_and(|a| a.id == id) => {
             Ok(Prepared::AlreadySwitched)
         }
         Ok(v) => match v.incoming() {
             Some(inc) if inc.id == id => {
                 if v.size() != d.size {
-                    return Err("the incomplete copy has a different size".into());
+                    return Err(Refusal::SizeDiffers);
                 }
                 Ok(Prepared::Copy(v, true))
             }
-            Some(inc) => Err(format!(
-                "volume {} is the incomplete copy of another migration ({}); delete it first",
-                d.name, inc.id
-            )),
-            None => Err(format!("volume {} already exists here", d.name)),
+            Some(inc) => Err(Refusal::OtherMigration {
+                name: d.name.clone(),
+                other: inc.id,
+            }),
+            None => Err(Refusal::Exists(d.name.clone())),
         },
         Err(StorageError::NotFound(_)) => {
             let uuid = uuid::Uuid::from_bytes(d.uuid);
@@ -148,13 +157,12 @@ fn prepare(
                 }),
                 ..CreateOptions::default()
             };
-            state
-                .pool
+            Ok(state
+                .pool()
                 .create(&d.name, &opts)
-                .map(|v| Prepared::Copy(v, false))
-                .map_err(|e| e.to_string())
+                .map(|v| Prepared::Copy(v, false))?)
         }
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -171,7 +179,7 @@ struct FillStats {
 
 /// Per-connection state.
 struct Receiver {
-    state: Arc<ServerState>,
+    state: Arc<dyn MigrationHost>,
     vol: Arc<Volume>,
     table: Arc<ChunkTable>,
     chunk: u64,
@@ -196,7 +204,7 @@ impl Receiver {
         let mut buf = vec![0u8; self.chunk as usize];
         for e in entries {
             if i >= total {
-                return Err(MigrationError::Invalid(format!(
+                return Err(MigrationError::BadData(format!(
                     "fingerprint for chunk {i} past the end ({total} chunks)"
                 )));
             }
@@ -278,7 +286,7 @@ impl Receiver {
         fp: &Fingerprint,
         buf: &mut [u8],
     ) -> Result<bool, MigrationError> {
-        let cands = match self.state.index.lookup(fp, MAX_CANDIDATES) {
+        let cands = match self.state.index().lookup(fp, MAX_CANDIDATES) {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "index lookup failed; asking the source");
@@ -286,7 +294,7 @@ impl Receiver {
             }
         };
         for (name, block) in cands {
-            let Ok(v) = self.state.pool.get(&name) else {
+            let Ok(v) = self.state.pool().get(&name) else {
                 continue;
             };
             let off = block * self.chunk;
@@ -310,7 +318,7 @@ impl Receiver {
         bytes: &[u8],
     ) -> Result<(), MigrationError> {
         if !offset.is_multiple_of(self.chunk) {
-            return Err(MigrationError::Invalid(format!(
+            return Err(MigrationError::BadData(format!(
                 "data at {offset} is not chunk aligned"
             )));
         }
@@ -318,7 +326,7 @@ impl Receiver {
             Encoding::Raw => std::borrow::Cow::Borrowed(bytes),
             Encoding::Zstd => std::borrow::Cow::Owned(
                 zstd::bulk::decompress(bytes, raw_len as usize)
-                    .map_err(|e| MigrationError::Invalid(format!("bad zstd data: {e}")))?,
+                    .map_err(|e| MigrationError::BadData(format!("bad zstd data: {e}")))?,
             ),
             Encoding::ZstdStream => {
                 let mut st = self.stream.lock();
@@ -328,12 +336,12 @@ impl Receiver {
                 };
                 std::borrow::Cow::Owned(
                     dec.piece(bytes, raw_len as usize)
-                        .map_err(|e| MigrationError::Invalid(format!("bad zstd stream: {e}")))?,
+                        .map_err(|e| MigrationError::BadData(format!("bad zstd stream: {e}")))?,
                 )
             }
         };
         if raw.len() != raw_len as usize {
-            return Err(MigrationError::Invalid(format!(
+            return Err(MigrationError::BadData(format!(
                 "data frame says {raw_len} bytes, holds {}",
                 raw.len()
             )));
@@ -359,7 +367,7 @@ async fn refuse<W: AsyncWrite + Unpin, T>(wr: &mut W, reason: String) -> Result<
 /// Serve one incoming migration connection; returns the volume name once
 /// it has switched.
 async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
-    state: &Arc<ServerState>,
+    state: &Arc<dyn MigrationHost>,
     stream: S,
     peer: SocketAddr,
     local: Option<SocketAddr>,
@@ -367,7 +375,10 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
 ) -> Result<String, MigrationError> {
     let (rd, mut wr) = tokio::io::split(stream);
     let mut reader = FrameReader::new(rd);
-    let (id, desc) = match reader.expect(Duration::from_secs(30)).await? {
+    let mut order = DestinationOrder::new();
+    let first = reader.expect(Duration::from_secs(30)).await?;
+    order.receive(&first)?;
+    let (id, desc) = match first {
         Message::Hello {
             min_version,
             max_version,
@@ -380,7 +391,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
                 );
                 return refuse(&mut wr, reason).await;
             }
-            (hex(&migration_id), volume)
+            (MigrationId::from_bytes(migration_id).to_string(), volume)
         }
         m @ Message::Lookup { .. } => {
             let n = super::buddy::serve(state, &mut reader, &mut wr, Some(m)).await?;
@@ -394,26 +405,24 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
     let st = state.clone();
     let (id2, d2) = (id.clone(), desc.clone());
     let prepared = if bad_chunk {
-        Err(format!(
-            "chunk size {chunk} is not a power of two from 512 B to 64 KiB"
-        ))
+        Err(Refusal::ChunkSize(chunk))
     } else if let Err(e) = super::check_chunks(desc.size, chunk) {
-        Err(e)
+        Err(e.into())
     } else {
-        tokio::task::spawn_blocking(move || prepare(&st, &id2, &d2, peer))
+        tokio::task::spawn_blocking(move || prepare(st.as_ref(), &id2, &d2, peer))
             .await
-            .map_err(|e| MigrationError::Invalid(e.to_string()))?
+            .map_err(|e| MigrationError::Worker(e.to_string()))?
     };
     let (vol, resumed) = match prepared {
         Ok(Prepared::Copy(v, r)) => (v, r),
         Ok(Prepared::AlreadySwitched) => {
             tracing::info!(%peer, volume = %desc.name, migration = %id, "source asks again after the switch: it is done");
-            let location = advertised_nbd(state, local);
+            let location = state.advertised_nbd(local);
             send(&mut wr, &Message::Done { location }).await?;
             return Ok(desc.name);
         }
         Err(reason) => {
-            return refuse(&mut wr, reason).await;
+            return refuse(&mut wr, reason.to_string()).await;
         }
     };
     tracing::info!(%peer, volume = %desc.name, migration = %id, resumed, "incoming migration");
@@ -434,7 +443,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
         table: Arc::new(ChunkTable::zeroed(desc.size, chunk)),
         chunk: u64::from(chunk),
         resumed,
-        use_index: chunk == state.index.block_size(),
+        use_index: chunk == state.index().block_size(),
         stream: parking_lot::Mutex::new(None),
     });
     let mut stats = FillStats::default();
@@ -446,6 +455,11 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
             // Close without Abort: the source resumes once this daemon is back.
             () = shutdown.cancelled() => return Err(MigrationError::Cancelled),
         };
+        if let Err(v) = order.receive(&m) {
+            let reason = v.to_string();
+            let _ = send(&mut wr, &Message::Abort { reason }).await;
+            return Err(v.into());
+        }
         match m {
             Message::Prints {
                 first_chunk,
@@ -459,10 +473,9 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
                 })
                 .await?;
                 stats = s;
-                if !missing.is_empty() && rx.use_index && !state.config.migration.buddies.is_empty()
-                {
+                if !missing.is_empty() && rx.use_index && !state.buddies().is_empty() {
                     if buddies.is_none() {
-                        buddies = Some(super::buddy::Buddies::connect(state).await);
+                        buddies = Some(super::buddy::Buddies::connect(state.as_ref()).await);
                     }
                     if let Some(b) = buddies.as_mut().filter(|b| !b.is_empty()) {
                         let prints: Vec<[u8; 32]> = missing.iter().map(|m| m.1).collect();
@@ -546,7 +559,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
                         },
                     )
                     .await?;
-                    return Err(MigrationError::Invalid(reason));
+                    return Err(MigrationError::Refused(reason));
                 }
                 let v = vol.clone();
                 blocking(move || {
@@ -555,16 +568,10 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
                     Ok(())
                 })
                 .await?;
-                let location = advertised_nbd(state, local);
+                let location = state.advertised_nbd(local);
                 send(&mut wr, &Message::Done { location }).await?;
                 // Index the new volume so it can be a base for later migrations.
-                let st = state.clone();
-                let v = vol.clone();
-                tokio::task::spawn_blocking(move || {
-                    if let Err(e) = crate::indexer::rebuild_volume(&st, &v) {
-                        tracing::warn!(error = %e, "indexing the migrated volume failed");
-                    }
-                });
+                state.volume_arrived(&vol);
                 return Ok(desc.name);
             }
             Message::Abort { reason } => return Err(MigrationError::PeerAborted(reason)),

@@ -5,16 +5,18 @@
 //! A link failure before `Done` reconnects and resumes (same migration id)
 //! until `retry_for` runs out; the destination keeps what already matches.
 
+use super::converge::{self, ConvergePolicy, RoundStats, Step};
 use super::tls::{server_name, CertStore};
 use super::transport::{BoxStream, Counted, FrameReader, RateLimit};
 use super::{
-    blocking, coalesce, hex, unexpected, ChunkTable, MigrationError, MigrationRun, Phase, Report,
-    ReportBytes, ReportChunks, ReportDigest, ReportThrottle, ReportTime,
+    blocking, coalesce, hex, unexpected, ChunkTable, MigrationError, MigrationHost, MigrationId,
+    MigrationResult, MigrationRun, Phase, Report, ReportBytes, ReportChunks, ReportDigest,
+    ReportThrottle, ReportTime,
 };
-use crate::ServerState;
 use bytes::{Bytes, BytesMut};
-use ferry_migration::{Encoding, Message, PrintEntry, VolumeDescriptor, VERSION};
+use ferry_migration::{Encoding, Message, PrintEntry, SourceOrder, VolumeDescriptor, VERSION};
 use ferry_storage::{DirtyBitmap, Volume};
+use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,10 +34,16 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 const PAUSE_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Link rate assumed before one is measured (100 Mbit/s).
 const DEFAULT_RATE: f64 = 12.5e6;
+/// Longest wait for writes in flight to finish when pausing.
+const PAUSE_DRAIN: Duration = Duration::from_secs(10);
+/// While held before the switch, send what the guest dirtied this often.
+const HOLD_ROUND: Duration = Duration::from_millis(200);
 
 /// What `ferry migrate` asks for.
 #[derive(Debug, Clone)]
 pub struct MigrateRequest {
+    /// The caller's name for the migration; a fresh one when absent.
+    pub id: Option<MigrationId>,
     pub volume: String,
     /// `HOST:PORT` of the destination's migration listener.
     pub to: String,
@@ -53,11 +61,15 @@ pub struct MigrateRequest {
     pub compress: bool,
     /// Keep reconnecting after link failures this long.
     pub retry_for: Duration,
+    /// Converge, then wait for [`MigrationRun::release_switch`] before
+    /// pausing the guest.
+    pub hold_switch: bool,
 }
 
 impl Default for MigrateRequest {
     fn default() -> Self {
         MigrateRequest {
+            id: None,
             volume: String::new(),
             to: String::new(),
             plaintext: false,
@@ -67,71 +79,84 @@ impl Default for MigrateRequest {
             dedup: true,
             compress: true,
             retry_for: Duration::from_secs(60),
+            hold_switch: false,
         }
     }
 }
 
-/// Validate and start a migration in the background.
-pub fn start(
-    state: Arc<ServerState>,
-    req: MigrateRequest,
-) -> Result<Arc<MigrationRun>, MigrationError> {
-    let vol = state.pool.get(&req.volume)?;
+/// A migration the caller asked for: a new one, or the one it already
+/// started under the same id.
+#[derive(Debug, Clone)]
+pub enum Started {
+    New(Arc<MigrationRun>),
+    Existing(Arc<MigrationRun>),
+}
+
+impl Started {
+    pub fn run(&self) -> &Arc<MigrationRun> {
+        match self {
+            Started::New(r) | Started::Existing(r) => r,
+        }
+    }
+}
+
+/// Validate and start a migration in the background. A request naming the
+/// id of a migration already started for the same volume and destination
+/// answers that migration (idempotent retry).
+pub fn start(host: Arc<dyn MigrationHost>, req: MigrateRequest) -> Result<Started, MigrationError> {
+    if let Some(id) = &req.id {
+        if let Some(r) = host.registry().get(id) {
+            if r.volume == req.volume && r.to == req.to {
+                return Ok(Started::Existing(r));
+            }
+            return Err(MigrationError::IdTaken {
+                id: id.clone(),
+                volume: r.volume.clone(),
+                to: r.to.clone(),
+            });
+        }
+    }
+    let vol = host.pool().get(&req.volume)?;
+    let state_err = |reason: String| MigrationError::VolumeState {
+        volume: req.volume.clone(),
+        reason,
+    };
     if let Some(to) = vol.moved_to() {
-        return Err(MigrationError::Invalid(format!(
-            "volume {} has already moved to {to}",
-            req.volume
-        )));
+        return Err(state_err(format!("has already moved to {to}")));
     }
     if vol.incoming().is_some() {
-        return Err(MigrationError::Invalid(format!(
-            "volume {} is the unfinished copy of an incoming migration",
-            req.volume
-        )));
+        return Err(state_err(
+            "is the unfinished copy of an incoming migration".into(),
+        ));
     }
     if vol.read_only() {
-        return Err(MigrationError::Invalid(format!(
-            "volume {} is read-only",
-            req.volume
-        )));
+        return Err(state_err("is read-only".into()));
     }
-    if let Some(r) = state.migrations.active_for(&req.volume) {
-        return Err(MigrationError::Invalid(format!(
-            "volume {} is already migrating ({})",
-            req.volume, r.id
-        )));
+    if let Some(r) = host.registry().active_for(&req.volume) {
+        return Err(MigrationError::AlreadyMigrating {
+            volume: req.volume.clone(),
+            id: r.id.clone(),
+        });
     }
-    super::check_chunks(vol.size(), state.config.index.block_size)
-        .map_err(MigrationError::Invalid)?;
+    super::check_chunks(vol.size(), host.chunk_size())?;
     if req.to.is_empty() {
-        return Err(MigrationError::Invalid("no destination given".into()));
+        return Err(MigrationError::BadRequest("no destination given".into()));
     }
-    let run = Arc::new(MigrationRun {
-        id: uuid::Uuid::new_v4().simple().to_string(),
-        volume: req.volume.clone(),
-        to: req.to.clone(),
-        started: Instant::now(),
-        counters: Default::default(),
-        wire: Default::default(),
-        phase: parking_lot::Mutex::new(Phase::Connecting),
-        phase_times: Default::default(),
-        report: Default::default(),
-        error: Default::default(),
-        cancel: Default::default(),
-    });
-    state.migrations.insert(run.clone());
+    let id = req.id.clone().unwrap_or_else(MigrationId::random);
+    let run = Arc::new(MigrationRun::new(id, &req.volume, &req.to, req.hold_switch));
+    host.registry().insert(run.clone());
     let r = run.clone();
     tokio::spawn(async move {
-        let report = migrate(&state, &r, &req, vol).await;
-        let ok = report.result == "switched";
-        state.metrics.migration_finished(ok, &report);
+        let report = migrate(&host, &r, &req, vol).await;
+        let ok = report.result == MigrationResult::Switched;
+        host.migration_finished(&report);
         if !ok {
             *r.error.lock() = report.error.clone();
         }
         *r.report.lock() = Some(report);
         r.set_phase(if ok { Phase::Switched } else { Phase::Failed });
     });
-    Ok(run)
+    Ok(Started::New(run))
 }
 
 /// How one attempt ended well.
@@ -143,16 +168,17 @@ struct Switched {
     dest_digest: [u8; 32],
     fingerprints_s: f64,
     rounds_s: f64,
+    held_s: f64,
 }
 
 async fn migrate(
-    state: &Arc<ServerState>,
+    state: &Arc<dyn MigrationHost>,
     run: &Arc<MigrationRun>,
     req: &MigrateRequest,
     vol: Arc<Volume>,
 ) -> Report {
-    let chunk = state.config.index.block_size;
-    let bm_name = format!("migration-{}", &run.id[..12]);
+    let chunk = state.chunk_size();
+    let bm_name = format!("migration-{}", &run.id.as_str()[..12]);
     let outcome = match vol.create_bitmap(&bm_name, chunk, false) {
         Err(e) => Err(MigrationError::from(e)),
         Ok(bm) => {
@@ -199,9 +225,7 @@ async fn migrate(
             }
             if pending.is_some() {
                 tracing::error!(migration = %run.id, volume = %run.volume, "the link failed during the switch and the destination did not answer again: the source stays authoritative and writable; check whether the destination committed its copy (a volume without `incoming`) and delete it before migrating again");
-                last = Err(MigrationError::Invalid(
-                    "the link failed during the switch and the destination could not be asked whether it committed; the source stays authoritative".into(),
-                ));
+                last = Err(MigrationError::SwitchUnknown);
             }
             vol.gate().set_throttle(Duration::ZERO);
             vol.gate().resume();
@@ -215,10 +239,10 @@ async fn migrate(
     let g = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     let (delayed, _) = vol.gate().throttled();
     let (result, error, sw) = match outcome {
-        Ok(s) => ("switched", None, Some(s)),
+        Ok(s) => (MigrationResult::Switched, None, Some(s)),
         Err(e) => {
             tracing::error!(migration = %run.id, error = %e, "migration failed; the source volume stays authoritative");
-            ("failed", Some(e.to_string()), None)
+            (MigrationResult::Failed, Some(e.to_string()), None)
         }
     };
     let wire_rx = g(&run.wire.rx);
@@ -256,6 +280,7 @@ async fn migrate(
             total_s: run.started.elapsed().as_secs_f64(),
             fingerprints_s: sw.as_ref().map_or(0.0, |s| s.fingerprints_s),
             rounds_s: sw.as_ref().map_or(0.0, |s| s.rounds_s),
+            held_s: sw.as_ref().map_or(0.0, |s| s.held_s),
             pause_ms: sw.as_ref().map_or(0.0, |s| s.pause.as_secs_f64() * 1e3),
         },
         rounds: g(&c.rounds),
@@ -284,7 +309,7 @@ fn frame_bytes(run: &MigrationRun) -> u64 {
 }
 
 async fn connect(
-    state: &ServerState,
+    state: &dyn MigrationHost,
     req: &MigrateRequest,
     run: &MigrationRun,
 ) -> Result<BoxStream, MigrationError> {
@@ -294,7 +319,7 @@ async fn connect(
 /// Connect to another daemon's migration listener: TLS with pinned
 /// certificates, or plaintext when asked and both ends are loopback.
 pub(crate) async fn dial(
-    state: &ServerState,
+    state: &dyn MigrationHost,
     to: &str,
     plaintext: bool,
     wire: Arc<super::WireCounters>,
@@ -309,14 +334,14 @@ pub(crate) async fn dial(
     let counted = Counted::new(tcp, wire);
     if plaintext {
         if !loopback {
-            return Err(MigrationError::Invalid(
+            return Err(MigrationError::BadRequest(
                 "plaintext migrations are only allowed between two loopback addresses".into(),
             ));
         }
         tracing::warn!(%to, "PLAINTEXT migration link (no TLS): loopback only, never across sites");
         return Ok(Box::new(counted));
     }
-    let cfg = CertStore::new(state.pool.root()).client_config()?;
+    let cfg = CertStore::new(state.pool().root()).client_config()?;
     let tls = tokio_rustls::TlsConnector::from(cfg)
         .connect(server_name(), counted)
         .await?;
@@ -403,7 +428,8 @@ impl Sender {
     /// Queue one `Data` frame; literal data goes through the connection's
     /// zstd stream (under its lock, so pieces leave in stream order).
     fn send_data(&self, offset: u64, raw: &[u8]) -> Result<(), MigrationError> {
-        let raw_len = raw.len() as u32;
+        let raw_len = u32::try_from(raw.len())
+            .map_err(|_| MigrationError::BadRequest("data frame over 4 GiB".into()))?;
         let data = |encoding, bytes| Message::Data {
             offset,
             encoding,
@@ -525,26 +551,39 @@ struct PendingSwitch {
     converged: bool,
     fingerprints_s: f64,
     rounds_s: f64,
+    held_s: f64,
 }
 
 /// End a round and wait until the destination has written and flushed
 /// everything sent so far (so the final pause has little left to flush).
 async fn sync_round(
-    tx: &mpsc::Sender<Outgoing>,
+    link: &Link<'_>,
     in_rx: &mut mpsc::UnboundedReceiver<Result<Message, MigrationError>>,
     cancel: &tokio_util::sync::CancellationToken,
     round: u32,
     dirty_bytes: u64,
 ) -> Result<(), MigrationError> {
-    tx.send(frame(
-        Kind::Protocol,
-        &Message::RoundEnd { round, dirty_bytes },
-    ))
-    .await
-    .map_err(|_| link_closed())?;
+    link.send(Message::RoundEnd { round, dirty_bytes }).await?;
     match next_msg(in_rx, ANSWER_TIMEOUT, Some(cancel)).await? {
         Message::Synced { round: r } if r == round => Ok(()),
         m => Err(unexpected(&m, "waiting for the end of a round")),
+    }
+}
+
+/// The protocol messages of one connection go out through here, so the
+/// order checker knows what was sent before the answers come back.
+struct Link<'a> {
+    tx: &'a mpsc::Sender<Outgoing>,
+    order: &'a Mutex<SourceOrder>,
+}
+
+impl Link<'_> {
+    async fn send(&self, m: Message) -> Result<(), MigrationError> {
+        self.order.lock().sent(&m);
+        self.tx
+            .send(frame(Kind::Protocol, &m))
+            .await
+            .map_err(|_| link_closed())
     }
 }
 
@@ -559,7 +598,7 @@ struct Job<'a> {
 }
 
 async fn attempt(
-    state: &Arc<ServerState>,
+    state: &Arc<dyn MigrationHost>,
     job: &Job<'_>,
     pending: &mut Option<PendingSwitch>,
 ) -> Result<Switched, MigrationError> {
@@ -573,14 +612,12 @@ async fn attempt(
     if pending.is_none() {
         run.set_phase(Phase::Connecting);
     }
-    let stream = connect(state, req, run).await?;
+    let stream = connect(state.as_ref(), req, run).await?;
     let (rd, mut wr) = tokio::io::split(stream);
     let mut reader = FrameReader::new(rd);
     let meta = vol.meta();
-    let mut id = [0u8; 16];
-    if let Ok(u) = uuid::Uuid::parse_str(&run.id) {
-        id = *u.as_bytes();
-    }
+    let id = run.id.bytes();
+    let order = Arc::new(Mutex::new(SourceOrder::new(pending.is_some())));
     let hello = Message::Hello {
         min_version: VERSION,
         max_version: VERSION,
@@ -598,7 +635,9 @@ async fn attempt(
     run.counters
         .bytes_protocol
         .fetch_add(n as u64, Ordering::Relaxed);
-    match reader.expect(ANSWER_TIMEOUT).await? {
+    let answer = reader.expect(ANSWER_TIMEOUT).await?;
+    order.lock().receive(&answer)?;
+    match answer {
         Message::Welcome { .. } => {
             if pending.take().is_some() {
                 tracing::warn!(migration = %run.id, "the destination had not committed; the guest writes again and the migration resumes");
@@ -627,6 +666,7 @@ async fn attempt(
                 dest_digest: p.source_digest,
                 fingerprints_s: p.fingerprints_s,
                 rounds_s: p.rounds_s,
+                held_s: p.held_s,
             });
         }
         Message::Refuse { reason } => {
@@ -664,12 +704,16 @@ async fn attempt(
     });
     // The reader task forwards what the destination says.
     let (in_tx, mut in_rx) = mpsc::unbounded_channel::<Result<Message, MigrationError>>();
+    let reader_order = order.clone();
     let reader_task = tokio::spawn(async move {
         loop {
             let r = reader.next().await;
             let end = !matches!(r, Ok(Some(_)));
             let item = match r {
-                Ok(Some(m)) => Ok(m),
+                Ok(Some(m)) => match reader_order.lock().receive(&m) {
+                    Ok(_) => Ok(m),
+                    Err(v) => Err(unexpected_or(&m, v)),
+                },
                 Ok(None) => Err(link_closed()),
                 Err(e) => Err(e),
             };
@@ -678,7 +722,11 @@ async fn attempt(
             }
         }
     });
-    let result = run_phases(job, &tx, &mut in_rx, pending).await;
+    let link = Link {
+        tx: &tx,
+        order: &order,
+    };
+    let result = run_phases(job, &link, &mut in_rx, pending).await;
     drop(tx);
     match result {
         Ok(s) => {
@@ -691,6 +739,15 @@ async fn attempt(
             reader_task.abort();
             Err(e)
         }
+    }
+}
+
+/// An out-of-order message, unless it is the peer's `Abort` (its reason
+/// says more than the order does).
+fn unexpected_or(m: &Message, v: ferry_migration::ProtocolViolation) -> MigrationError {
+    match m {
+        Message::Abort { reason } => MigrationError::PeerAborted(reason.clone()),
+        _ => MigrationError::Order(v),
     }
 }
 
@@ -717,7 +774,7 @@ async fn next_msg(
 
 async fn run_phases(
     job: &Job<'_>,
-    tx: &mpsc::Sender<Outgoing>,
+    link: &Link<'_>,
     in_rx: &mut mpsc::UnboundedReceiver<Result<Message, MigrationError>>,
     pending: &mut Option<PendingSwitch>,
 ) -> Result<Switched, MigrationError> {
@@ -744,6 +801,7 @@ async fn run_phases(
     ] {
         a.store(0, Ordering::Relaxed);
     }
+    let tx = link.tx;
     let sender = Arc::new(Sender {
         tx: tx.clone(),
         vol: vol.clone(),
@@ -780,7 +838,7 @@ async fn run_phases(
         tokio::select! {
             r = &mut scan, if !scan_done => {
                 scan_done = true;
-                r.map_err(|e| MigrationError::Invalid(format!("scan failed: {e}")))??;
+                r.map_err(|e| MigrationError::Worker(format!("scan: {e}")))??;
             }
             m = next_msg(in_rx, ANSWER_TIMEOUT, Some(&run.cancel)) => match m? {
                 Message::Want { ranges } => {
@@ -795,7 +853,7 @@ async fn run_phases(
                     if scan_done { break; }
                     // The destination finished before our scan did: wait for it.
                     (&mut scan).await
-                        .map_err(|e| MigrationError::Invalid(format!("scan failed: {e}")))??;
+                        .map_err(|e| MigrationError::Worker(format!("scan: {e}")))??;
                     break;
                 }
                 m => return Err(unexpected(&m, "waiting for wants")),
@@ -805,48 +863,87 @@ async fn run_phases(
     drop(want_tx);
     data_task
         .await
-        .map_err(|e| MigrationError::Invalid(format!("sender failed: {e}")))??;
-    sync_round(tx, in_rx, &run.cancel, 0, bm.dirty_bytes()).await?;
+        .map_err(|e| MigrationError::Worker(format!("sender: {e}")))??;
+    sync_round(link, in_rx, &run.cancel, 0, bm.dirty_bytes()).await?;
     let fingerprints_s = t_start.elapsed().as_secs_f64();
     let sent = run.wire.tx.load(Ordering::Relaxed) - tx_start;
     let mut rate = if req.bwlimit > 0 {
-        req.bwlimit as f64
+        converge::to_f64(req.bwlimit)
     } else {
         DEFAULT_RATE
     };
     if sent > (4 << 20) {
-        rate = sent as f64 / fingerprints_s.max(1e-3);
+        rate = converge::to_f64(sent) / fingerprints_s.max(1e-3);
     }
 
-    // Phase 3: dirty rounds until the rest fits the downtime target.
+    // Phase 3: dirty rounds until the rest fits the downtime target
+    // (`converge::decide`); with a hold, keep the delta small by sending
+    // rounds until the caller releases the switch.
     run.set_phase(Phase::Rounds);
     let t_rounds = Instant::now();
-    let budget = req.max_downtime.as_secs_f64() * 0.5;
+    let policy = ConvergePolicy {
+        max_downtime: req.max_downtime,
+        max_rounds: req.max_rounds,
+        ..ConvergePolicy::default()
+    };
     let mut throttle = Duration::ZERO;
     let mut since_take = t_start;
     let mut converged = true;
+    let mut held: Option<Instant> = None;
+    // Rounds sent while held do not count against `max_rounds`.
+    let mut held_rounds = 0u32;
     loop {
         let dirty = bm.dirty_bytes();
         c.dirty_bytes.store(dirty, Ordering::Relaxed);
-        if dirty as f64 / rate <= budget {
-            break;
-        }
-        let round = c.rounds.load(Ordering::Relaxed) as u32;
-        if round >= req.max_rounds {
-            converged = false;
-            tracing::warn!(migration = %run.id, dirty, "round limit reached; pausing longer than the target");
-            break;
-        }
-        // Auto-converge: when the guest dirties more than half of what the
-        // link drains, it would never fit the pause; slow its writes
-        // (doubling the per-write delay each round it still does).
-        let dirty_rate = dirty as f64 / since_take.elapsed().as_secs_f64().max(1e-3);
-        if dirty_rate > rate * 0.5 {
-            throttle = (throttle * 2).clamp(Duration::from_millis(1), Duration::from_millis(100));
-            vol.gate().set_throttle(throttle);
-            c.throttle_us
-                .fetch_max(throttle.as_micros() as u64, Ordering::Relaxed);
-            tracing::info!(migration = %run.id, ?throttle, dirty_rate, link_rate = rate, "auto-converge: slowing guest writes");
+        let round = u32::try_from(c.rounds.load(Ordering::Relaxed)).unwrap_or(u32::MAX);
+        let go = run.switch_go.is_cancelled();
+        let stats = RoundStats {
+            round: round.saturating_sub(held_rounds),
+            dirty_bytes: dirty,
+            since_take_s: since_take.elapsed().as_secs_f64(),
+            link_rate: rate,
+            throttle,
+        };
+        let step = converge::decide(&stats, &policy);
+        match step {
+            Step::Pause | Step::PauseUnconverged if go => {
+                if step == Step::PauseUnconverged {
+                    converged = false;
+                    tracing::warn!(migration = %run.id, dirty, "round limit reached; pausing longer than the target");
+                }
+                break;
+            }
+            Step::Pause | Step::PauseUnconverged => {
+                // Ready, and held: wait for the release (or a little while,
+                // then send what the guest dirtied meanwhile).
+                if held.is_none() {
+                    held = Some(Instant::now());
+                    run.set_phase(Phase::ReadyToSwitch);
+                    tracing::info!(migration = %run.id, "converged; holding before the switch until released");
+                }
+                tokio::select! {
+                    () = run.switch_go.cancelled() => {}
+                    () = run.cancel.cancelled() => return Err(MigrationError::Cancelled),
+                    () = tokio::time::sleep(HOLD_ROUND) => {}
+                }
+                if run.switch_go.is_cancelled() && dirty == bm.dirty_bytes() {
+                    continue;
+                }
+                if !run.switch_go.is_cancelled() {
+                    held_rounds = held_rounds.saturating_add(1);
+                }
+            }
+            Step::Round { throttle: t } => {
+                if t != throttle {
+                    throttle = t;
+                    vol.gate().set_throttle(throttle);
+                    c.throttle_us.fetch_max(
+                        u64::try_from(throttle.as_micros()).unwrap_or(u64::MAX),
+                        Ordering::Relaxed,
+                    );
+                    tracing::info!(migration = %run.id, ?throttle, dirty, link_rate = rate, "auto-converge: slowing guest writes");
+                }
+            }
         }
         since_take = Instant::now();
         let t = Instant::now();
@@ -854,17 +951,18 @@ async fn run_phases(
         let ranges = coalesce(bm.take().into_iter().map(|o| o / u64::from(chunk)));
         let s = sender.clone();
         blocking(move || s.send_ranges(&ranges, true)).await?;
-        let round = round + 1;
+        let round = round.saturating_add(1);
         c.rounds.store(u64::from(round), Ordering::Relaxed);
-        sync_round(tx, in_rx, &run.cancel, round, dirty).await?;
+        sync_round(link, in_rx, &run.cancel, round, dirty).await?;
         let moved = run.wire.tx.load(Ordering::Relaxed) - tx0;
         if moved > (1 << 20) {
-            rate = moved as f64 / t.elapsed().as_secs_f64().max(1e-3);
+            rate = converge::to_f64(moved) / t.elapsed().as_secs_f64().max(1e-3);
         }
         if run.cancel.is_cancelled() {
             return Err(MigrationError::Cancelled);
         }
     }
+    let held_s = held.map_or(0.0, |h| h.elapsed().as_secs_f64());
     let rounds_s = t_rounds.elapsed().as_secs_f64();
 
     // Phase 4: pause, send the rest, digest, switch. Hash the digest groups
@@ -872,18 +970,14 @@ async fn run_phases(
     let t = table.clone();
     blocking(move || Ok(t.digest())).await?;
     run.set_phase(Phase::Paused);
-    tx.send(frame(Kind::Protocol, &Message::Pause))
-        .await
-        .map_err(|_| link_closed())?;
+    link.send(Message::Pause).await?;
     vol.gate().set_throttle(Duration::ZERO);
     let v = vol.clone();
     let t_pause = Instant::now();
-    let paused = blocking(move || Ok(v.gate().pause(Duration::from_secs(10)))).await?;
+    let paused = blocking(move || Ok(v.gate().pause(PAUSE_DRAIN))).await?;
     tracing::debug!(elapsed = ?t_pause.elapsed(), "pause: writers drained");
     if !paused {
-        return Err(MigrationError::Invalid(
-            "writes in flight did not finish within 10 s; not pausing".into(),
-        ));
+        return Err(MigrationError::PauseTimeout(PAUSE_DRAIN));
     }
     let pause_start = Instant::now();
     let data_before_pause = run.counters.bytes_data_raw.load(Ordering::Relaxed);
@@ -893,28 +987,20 @@ async fn run_phases(
     blocking(move || s.send_ranges(&ranges, true)).await?;
     let source_digest = table.digest();
     tracing::debug!(elapsed = ?pause_start.elapsed(), "pause: last chunks queued, digest computed");
-    tx.send(frame(
-        Kind::Protocol,
-        &Message::Digest {
-            digest: source_digest,
-        },
-    ))
-    .await
-    .map_err(|_| link_closed())?;
+    link.send(Message::Digest {
+        digest: source_digest,
+    })
+    .await?;
     // The destination commits on Switch only if its digest matched, so
     // both go in one round trip.
-    tx.send(frame(
-        Kind::Protocol,
-        &Message::Switch {
-            location: String::new(),
-        },
-    ))
-    .await
-    .map_err(|_| link_closed())?;
+    link.send(Message::Switch {
+        location: String::new(),
+    })
+    .await?;
     // From here a lost link leaves the outcome unknown: keep the guest
     // paused and ask again on a new connection.
     let last_bytes = run.counters.bytes_data_raw.load(Ordering::Relaxed) - data_before_pause;
-    let wait = PAUSE_ANSWER_TIMEOUT + Duration::from_secs_f64(2.0 * last_bytes as f64 / rate);
+    let wait = PAUSE_ANSWER_TIMEOUT + converge::drain_time(last_bytes.saturating_mul(2), rate);
     let answers = async {
         let dest_digest = match next_msg(in_rx, wait, None).await? {
             Message::DigestResult { matches, digest } => {
@@ -944,6 +1030,7 @@ async fn run_phases(
                 converged,
                 fingerprints_s,
                 rounds_s,
+                held_s,
             });
             return Err(e);
         }
@@ -964,5 +1051,6 @@ async fn run_phases(
         dest_digest,
         fingerprints_s,
         rounds_s,
+        held_s,
     })
 }

@@ -1,0 +1,283 @@
+//! A blocking client of the admin API (one `ureq` agent, typed calls).
+//!
+//! Errors say whose fault they are: the daemon could not be reached, it
+//! answered with an error status (and its `{"error"}` message), or its
+//! answer did not decode as the type this build expects.
+
+use crate::index::{IndexStatus, RebuildReport, RebuildRequest};
+use crate::migration::{MigrateRequest, MigrationId, MigrationStatus};
+use crate::server::ServerView;
+use crate::volume::VolumeView;
+use crate::volume::{BitmapRequest, BitmapView, CreateVolume, ImportReport, ResizeVolume, Size};
+use crate::ErrorBody;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::io::{BufRead, BufReader, Read};
+use thiserror::Error;
+
+/// A failed admin API call.
+#[derive(Debug, Error)]
+pub enum ClientError {
+    /// No answer: nothing listens there, or the connection broke.
+    #[error("cannot reach the ferry admin API at {base} (is `ferry serve` running? set --admin or FERRY_ADMIN): {detail}")]
+    Unreachable { base: String, detail: String },
+    /// The daemon answered with an error status.
+    #[error("admin API answered {status}: {message}")]
+    Status { status: u16, message: String },
+    /// The answer is not what this client expects.
+    #[error("admin API answer to {path} does not decode: {detail}")]
+    Decode { path: String, detail: String },
+}
+
+impl ClientError {
+    /// The HTTP status of an error answer.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, ClientError>;
+
+/// A client of one daemon's admin API.
+#[derive(Debug, Clone)]
+pub struct AdminClient {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl AdminClient {
+    /// `url` is `HOST:PORT` or `http://HOST:PORT`.
+    pub fn new(url: &str) -> Self {
+        let base = if url.starts_with("http://") || url.starts_with("https://") {
+            url.trim_end_matches('/').to_string()
+        } else {
+            format!("http://{}", url.trim_end_matches('/'))
+        };
+        AdminClient {
+            base,
+            agent: ureq::AgentBuilder::new().build(),
+        }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    fn check(&self, r: std::result::Result<ureq::Response, ureq::Error>) -> Result<ureq::Response> {
+        match r {
+            Ok(r) => Ok(r),
+            Err(ureq::Error::Status(status, resp)) => {
+                let text = resp.into_string().unwrap_or_default();
+                let message = serde_json::from_str::<ErrorBody>(&text)
+                    .map(|b| b.error)
+                    .unwrap_or_else(|_| {
+                        if text.is_empty() {
+                            "no details".into()
+                        } else {
+                            text
+                        }
+                    });
+                Err(ClientError::Status { status, message })
+            }
+            Err(e) => Err(ClientError::Unreachable {
+                base: self.base.clone(),
+                detail: e.to_string(),
+            }),
+        }
+    }
+
+    fn decode<T: DeserializeOwned>(path: &str, r: ureq::Response) -> Result<T> {
+        let text = r.into_string().map_err(|e| ClientError::Decode {
+            path: path.into(),
+            detail: e.to_string(),
+        })?;
+        serde_json::from_str(&text).map_err(|e| ClientError::Decode {
+            path: path.into(),
+            detail: e.to_string(),
+        })
+    }
+
+    fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        let r = self.check(self.agent.get(&self.url(path)).call())?;
+        Self::decode(path, r)
+    }
+
+    fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T> {
+        let r = self.check(self.agent.post(&self.url(path)).send_json(body))?;
+        Self::decode(path, r)
+    }
+
+    fn delete(&self, path: &str) -> Result<()> {
+        self.check(self.agent.delete(&self.url(path)).call())?;
+        Ok(())
+    }
+
+    pub fn server(&self) -> Result<ServerView> {
+        self.get("/v1/server")
+    }
+
+    pub fn volumes(&self) -> Result<Vec<VolumeView>> {
+        self.get("/v1/volumes")
+    }
+
+    pub fn create_volume(&self, req: &CreateVolume) -> Result<VolumeView> {
+        self.post("/v1/volumes", req)
+    }
+
+    /// The volume; a 404 error when the daemon has no such volume.
+    pub fn get_volume(&self, name: &str) -> Result<VolumeView> {
+        self.get(&format!("/v1/volumes/{name}"))
+    }
+
+    /// The volume, or `None` when the daemon has no such volume.
+    pub fn volume(&self, name: &str) -> Result<Option<VolumeView>> {
+        match self.get_volume(name) {
+            Err(ClientError::Status { status: 404, .. }) => Ok(None),
+            r => r.map(Some),
+        }
+    }
+
+    pub fn delete_volume(&self, name: &str) -> Result<()> {
+        self.delete(&format!("/v1/volumes/{name}"))
+    }
+
+    pub fn resize_volume(&self, name: &str, size: Size, allow_shrink: bool) -> Result<VolumeView> {
+        self.post(
+            &format!("/v1/volumes/{name}/resize"),
+            &ResizeVolume { size, allow_shrink },
+        )
+    }
+
+    /// Stream `len` bytes of a raw image into the volume from offset 0.
+    pub fn import(&self, name: &str, data: impl Read, len: u64) -> Result<ImportReport> {
+        let path = format!("/v1/volumes/{name}/data");
+        let r = self.check(
+            self.agent
+                .put(&self.url(&path))
+                .set("Content-Type", "application/octet-stream")
+                .set("Content-Length", &len.to_string())
+                .send(data),
+        )?;
+        Self::decode(&path, r)
+    }
+
+    /// The whole volume as a stream, and its length.
+    pub fn export(&self, name: &str) -> Result<(u64, Box<dyn Read + Send + Sync>)> {
+        let r = self.check(
+            self.agent
+                .get(&self.url(&format!("/v1/volumes/{name}/data")))
+                .call(),
+        )?;
+        let len = r
+            .header("Content-Length")
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(0);
+        Ok((len, r.into_reader()))
+    }
+
+    pub fn bitmaps(&self, volume: &str) -> Result<Vec<BitmapView>> {
+        self.get(&format!("/v1/volumes/{volume}/bitmaps"))
+    }
+
+    pub fn create_bitmap(&self, volume: &str, req: &BitmapRequest) -> Result<BitmapView> {
+        self.post(&format!("/v1/volumes/{volume}/bitmaps"), req)
+    }
+
+    pub fn clear_bitmap(&self, volume: &str, bitmap: &str) -> Result<BitmapView> {
+        self.post(
+            &format!("/v1/volumes/{volume}/bitmaps/{bitmap}/clear"),
+            &serde_json::Value::Null,
+        )
+    }
+
+    pub fn delete_bitmap(&self, volume: &str, bitmap: &str) -> Result<()> {
+        self.delete(&format!("/v1/volumes/{volume}/bitmaps/{bitmap}"))
+    }
+
+    pub fn index_status(&self) -> Result<IndexStatus> {
+        self.get("/v1/index")
+    }
+
+    pub fn index_rebuild(&self, volume: Option<&str>) -> Result<Vec<RebuildReport>> {
+        self.post(
+            "/v1/index/rebuild",
+            &RebuildRequest {
+                volume: volume.map(str::to_string),
+            },
+        )
+    }
+
+    /// Start a migration (or, with the id of one already started for the
+    /// same volume and destination, get that one).
+    pub fn migrate(&self, volume: &str, req: &MigrateRequest) -> Result<MigrationStatus> {
+        self.post(&format!("/v1/volumes/{volume}/migrate"), req)
+    }
+
+    pub fn migrations(&self) -> Result<Vec<MigrationStatus>> {
+        self.get("/v1/migrations")
+    }
+
+    pub fn migration(&self, id: &MigrationId) -> Result<MigrationStatus> {
+        self.get(&format!("/v1/migrations/{id}"))
+    }
+
+    /// Cancel a migration that has not paused the guest yet.
+    pub fn cancel_migration(&self, id: &MigrationId) -> Result<MigrationStatus> {
+        let path = format!("/v1/migrations/{id}");
+        let r = self.check(self.agent.delete(&self.url(&path)).call())?;
+        Self::decode(&path, r)
+    }
+
+    /// Release a migration held before its switch (`hold_switch`).
+    pub fn release_switch(&self, id: &MigrationId) -> Result<MigrationStatus> {
+        self.post(
+            &format!("/v1/migrations/{id}/switch"),
+            &serde_json::Value::Null,
+        )
+    }
+
+    /// Follow a migration as the daemon reports it (one status per change,
+    /// pushed by the daemon), calling `each` for every status, until it
+    /// ends; returns the last status.
+    pub fn watch_migration(
+        &self,
+        id: &MigrationId,
+        mut each: impl FnMut(&MigrationStatus),
+    ) -> Result<MigrationStatus> {
+        let path = format!("/v1/migrations/{id}/events");
+        let r = self.check(self.agent.get(&self.url(&path)).call())?;
+        let mut last: Option<MigrationStatus> = None;
+        for line in BufReader::new(r.into_reader()).lines() {
+            let line = line.map_err(|e| ClientError::Unreachable {
+                base: self.base.clone(),
+                detail: format!("event stream broke: {e}"),
+            })?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let s: MigrationStatus =
+                serde_json::from_str(&line).map_err(|e| ClientError::Decode {
+                    path: path.clone(),
+                    detail: e.to_string(),
+                })?;
+            each(&s);
+            let done = s.phase.is_terminal();
+            last = Some(s);
+            if done {
+                break;
+            }
+        }
+        match last {
+            Some(s) if s.phase.is_terminal() => Ok(s),
+            // The stream ended early (daemon restarting?): ask once more.
+            _ => self.migration(id),
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! The admin API of a ferry daemon, as types: every request body and every
+//! answer of `docs/admin-api.md`, and a blocking [`client::AdminClient`]
+//! that speaks them. The daemon serves these types, the CLI and the layers
+//! above the storage server (VM host, controller) call through the client;
+//! nobody builds or reads the API's JSON by hand.
+//!
+//! Compatibility: fields are only ever added, with `#[serde(default)]`, so
+//! an older client reads a newer daemon's answers and the other way round.
+//! Enumerations (`MigrationPhase`, `MigrationResult`, `BackingKind`) are
+//! closed: a client meeting a value it does not know reports a decode error
+//! rather than guessing.
+
+pub mod client;
+pub mod index;
+pub mod migration;
+pub mod server;
+pub mod volume;
+
+pub use client::{AdminClient, ClientError};
+pub use index::{IndexStatus, RebuildReport, RebuildRequest, VolumeIndexStatus};
+pub use migration::{
+    MigrateRequest, MigrationId, MigrationPhase, MigrationResult, MigrationStatus, Report,
+    ReportBytes, ReportChunks, ReportDigest, ReportThrottle, ReportTime, SwitchAnswer,
+};
+pub use server::ServerView;
+pub use volume::{
+    Backing, BitmapRequest, BitmapView, CreateVolume, ImportReport, IncomingMigration,
+    ResizeVolume, Size, VolumeView,
+};
+
+use serde::{Deserialize, Serialize};
+
+/// The body of every error answer: `{"error": "..."}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}

@@ -1,0 +1,135 @@
+//! Volumes and their dirty bitmaps as the admin API shows them, and the
+//! bodies that create, resize and fill them.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// A size given as a number of bytes or a string such as `"10G"`; the
+/// daemon parses the string (binary units: K, M, G, T).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+impl From<u64> for Size {
+    fn from(b: u64) -> Self {
+        Size::Bytes(b)
+    }
+}
+
+impl From<&str> for Size {
+    fn from(s: &str) -> Self {
+        Size::Text(s.to_string())
+    }
+}
+
+/// `POST /v1/volumes`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CreateVolume {
+    pub name: String,
+    /// Required unless `path` names an existing file (its size is used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<Size>,
+    /// 512 (default) or 4096.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u32>,
+    #[serde(default)]
+    pub preallocate: bool,
+    /// An existing file or device outside the pool to serve (never deleted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// `POST /v1/volumes/{name}/resize`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ResizeVolume {
+    pub size: Size,
+    #[serde(default)]
+    pub allow_shrink: bool,
+}
+
+/// `POST /v1/volumes/{name}/bitmaps`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BitmapRequest {
+    pub name: String,
+    #[serde(default = "default_granularity")]
+    pub granularity: u32,
+    #[serde(default)]
+    pub persistent: bool,
+}
+
+fn default_granularity() -> u32 {
+    65536
+}
+
+/// Where a volume's bytes live.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Backing {
+    /// A sparse raw file in the pool.
+    Sparse,
+    /// A raw file in the pool with every block allocated.
+    Preallocated,
+    /// A file or device outside the pool.
+    External { path: PathBuf },
+}
+
+/// An unfinished (`incoming`) or finished (`arrived`) incoming migration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IncomingMigration {
+    pub id: String,
+    pub source: String,
+}
+
+/// A dirty bitmap.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BitmapView {
+    pub name: String,
+    pub granularity: u32,
+    pub persistent: bool,
+    pub dirty_bytes: u64,
+    pub dirty_chunks: u64,
+}
+
+/// A volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeView {
+    pub name: String,
+    pub size: u64,
+    /// Logical block size presented to clients.
+    pub block_size: u32,
+    pub uuid: String,
+    /// NAA identifier (`naa.3…`) that a migrated copy keeps.
+    pub wwn: String,
+    pub created_unix: u64,
+    pub backing: Backing,
+    #[serde(default)]
+    pub read_only: bool,
+    pub allocated_bytes: u64,
+    pub data_path: PathBuf,
+    #[serde(default)]
+    pub direct_io: bool,
+    #[serde(default)]
+    pub dirty_bitmaps: Vec<BitmapView>,
+    /// Set after the volume migrated away: the NBD `HOST:PORT` it lives at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_to: Option<String>,
+    /// Set while this is the unfinished copy of an incoming migration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incoming: Option<IncomingMigration>,
+    /// The migration that brought it here, once complete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrived: Option<IncomingMigration>,
+}
+
+/// The answer to `PUT /v1/volumes/{name}/data`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportReport {
+    pub bytes: u64,
+    pub written: u64,
+    pub zeroed: u64,
+}

@@ -1,0 +1,33 @@
+//! What the engine needs from the daemon that runs it: the pool and its
+//! fingerprint index, a few settings, the registry of runs, and two
+//! notifications. `ferry-server`'s `ServerState` implements it; a test or
+//! another daemon can implement it with nothing else of the server.
+
+use crate::Registry;
+use ferry_api::Report;
+use ferry_index::PoolIndex;
+use ferry_storage::{Pool, Volume};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+pub trait MigrationHost: Send + Sync + 'static {
+    /// The volumes: sources are read from it, copies created in it.
+    fn pool(&self) -> &Arc<Pool>;
+    /// Where the destination looks for blocks it already holds.
+    fn index(&self) -> &Arc<PoolIndex>;
+    /// The migrations this daemon started (source side).
+    fn registry(&self) -> &Registry;
+    /// Bytes per fingerprinted chunk (the index's block size).
+    fn chunk_size(&self) -> u32;
+    /// Plaintext migration links (loopback only) instead of TLS.
+    fn plaintext(&self) -> bool;
+    /// Migration listeners of same-site daemons to ask for blocks.
+    fn buddies(&self) -> &[String];
+    /// The NBD `HOST:PORT` clients are sent to once a volume arrived here;
+    /// `local` is the address the migration connection came in on.
+    fn advertised_nbd(&self, local: Option<SocketAddr>) -> String;
+    /// A migration this daemon started has ended (metrics, logs).
+    fn migration_finished(&self, _report: &Report) {}
+    /// A volume arrived here complete (index it so it can be a base).
+    fn volume_arrived(&self, _vol: &Arc<Volume>) {}
+}
