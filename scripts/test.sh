@@ -20,13 +20,19 @@ fuzz_secs="${FERRY_FUZZ_SECONDS:-20}"
 if command -v cargo-fuzz >/dev/null 2>&1 && rustup run nightly rustc --version >/dev/null 2>&1; then
   for t in $(cd fuzz && cargo +nightly fuzz list); do
     echo "== fuzz $t for ${fuzz_secs}s"
-    (cd fuzz && cargo +nightly fuzz run "$t" -- -max_total_time="$fuzz_secs" 2>&1 | grep -E 'Done|ERROR|panicked|SUMMARY|deadly' ) 
+    (cd fuzz && cargo +nightly fuzz run "$t" -- -max_total_time="$fuzz_secs" 2>&1 | grep -E 'Done|ERROR|panicked|SUMMARY|deadly|^error' ; exit "${PIPESTATUS[0]}")
+    rc=$?
     if [ -n "$(ls -A fuzz/artifacts/"$t" 2>/dev/null)" ]; then
       echo "fuzz target $t found a crash: fuzz/artifacts/$t"; fail=1
+    elif [ "$rc" != 0 ]; then
+      echo "fuzz target $t did not build or run (exit $rc)"; fail=1
     fi
   done
+elif [ "${CI:-}" = "true" ]; then
+  # CI must fuzz: a missing tool is a failure, not a skip.
+  echo "FAIL: fuzz smoke runs cannot run (cargo-fuzz or nightly missing)"; fail=1
 else
-  echo "SKIP: fuzz smoke runs (cargo-fuzz or nightly missing)"
+  echo "SKIP: fuzz smoke runs (cargo-fuzz or nightly missing; CI fails here)"
 fi
 
 echo "== cargo test"

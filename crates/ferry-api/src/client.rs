@@ -4,6 +4,7 @@
 //! answered with an error status (and its `{"error"}` message), or its
 //! answer did not decode as the type this build expects.
 
+use crate::host::{AttachRequest, AttachedVolume};
 use crate::index::{IndexStatus, RebuildReport, RebuildRequest};
 use crate::migration::{MigrateRequest, MigrationId, MigrationStatus};
 use crate::server::ServerView;
@@ -279,5 +280,27 @@ impl AdminClient {
             // The stream ended early (daemon restarting?): ask once more.
             _ => self.migration(id),
         }
+    }
+
+    /// The volumes a `ferry host` agent forwards (this client pointed at
+    /// its control address).
+    pub fn host_volumes(&self) -> Result<Vec<AttachedVolume>> {
+        self.get("/v1/volumes")
+    }
+
+    /// Ask a `ferry host` agent to forward a volume.
+    pub fn host_attach(&self, volume: &str, server: &str) -> Result<AttachedVolume> {
+        self.post(
+            "/v1/volumes",
+            &AttachRequest {
+                volume: volume.into(),
+                server: server.into(),
+            },
+        )
+    }
+
+    /// Ask a `ferry host` agent to stop offering a volume.
+    pub fn host_detach(&self, volume: &str) -> Result<()> {
+        self.delete(&format!("/v1/volumes/{volume}"))
     }
 }

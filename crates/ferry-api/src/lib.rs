@@ -11,12 +11,14 @@
 //! rather than guessing.
 
 pub mod client;
+pub mod host;
 pub mod index;
 pub mod migration;
 pub mod server;
 pub mod volume;
 
 pub use client::{AdminClient, ClientError};
+pub use host::{AttachRequest, AttachedVolume};
 pub use index::{IndexStatus, RebuildReport, RebuildRequest, VolumeIndexStatus};
 pub use migration::{
     MigrateRequest, MigrationId, MigrationPhase, MigrationResult, MigrationStatus, Report,

@@ -65,15 +65,19 @@ enum Cmd {
     /// The agent on a VM host: a stable local NBD endpoint for one volume
     /// that follows it when it migrates.
     Host {
-        /// NBD HOST:PORT of the server that holds the volume now.
-        #[arg(long)]
-        server: String,
-        /// Volume (export) name.
-        #[arg(long)]
-        volume: String,
+        /// NBD HOST:PORT of the server that holds --volume now.
+        #[arg(long, requires = "volume")]
+        server: Option<String>,
+        /// Volume (export) name to forward from the start.
+        #[arg(long, requires = "server")]
+        volume: Option<String>,
         /// Where the hypervisor connects: HOST:PORT or unix:PATH (repeatable).
         #[arg(long, required = true)]
         listen: Vec<String>,
+        /// Control API (HTTP) for attaching and detaching more volumes,
+        /// e.g. 127.0.0.1:10890.
+        #[arg(long)]
+        control: Option<String>,
     },
     /// The daemon's migration certificate and the peers it trusts.
     Certs {
@@ -269,7 +273,8 @@ fn main() -> Result<()> {
             server,
             volume,
             listen,
-        } => host(&server, &volume, &listen),
+            control,
+        } => host(server.zip(volume), &listen, control.as_deref()),
         Cmd::Bench(a) => bench(a),
         Cmd::Demo(a) => demo::run(a),
     }
@@ -348,11 +353,15 @@ fn cancel_on_signal() -> Result<CancellationToken> {
     Ok(shutdown)
 }
 
-fn host(server: &str, volume: &str, listen: &[String]) -> Result<()> {
+fn host(first: Option<(String, String)>, listen: &[String], control: Option<&str>) -> Result<()> {
+    if first.is_none() && control.is_none() {
+        bail!("give --server and --volume, or --control to attach volumes later");
+    }
     init_logging();
+    let volumes: Vec<(String, String)> = first.into_iter().collect();
     runtime()?.block_on(async move {
         let shutdown = cancel_on_signal()?;
-        ferry_host::run(server, volume, listen, shutdown).await?;
+        ferry_host::run_agent(&volumes, listen, control, shutdown).await?;
         Ok(())
     })
 }

@@ -10,7 +10,12 @@
 //! writes the same bytes at the same offset again), and a request is only
 //! answered once it succeeded somewhere, so the client never sees an error
 //! from a migration.
+//!
+//! One agent serves every volume of its host's guests ([`Agent`]): each is
+//! an export under its own name on the agent's listeners, attached and
+//! detached through the control API ([`control`], `ferry_api::host`).
 
+pub mod control;
 mod downstream;
 
 use ferry_client::{ClientError, ConnectOptions, ExportDetails, NbdClient};
@@ -21,7 +26,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
-pub use downstream::{serve, Listener};
+pub use downstream::{serve, Forwarder, Listener};
 
 #[derive(Debug, Error)]
 pub enum HostError {
@@ -38,6 +43,8 @@ pub enum HostError {
         #[source]
         source: std::io::Error,
     },
+    #[error("volume {0} is already attached")]
+    Attached(String),
     #[error("volume {volume}: no server answered for {waited:?} (last tried {server})")]
     Unreachable {
         volume: String,
@@ -228,21 +235,102 @@ impl Upstream {
     }
 }
 
-/// Run the agent for one volume until `shutdown`: listen on every address
-/// of `listen` (`HOST:PORT` or `unix:PATH`).
+/// The volumes one agent forwards, by name.
+pub struct Agent {
+    volumes: parking_lot::RwLock<std::collections::BTreeMap<String, Arc<Upstream>>>,
+    hold: Duration,
+}
+
+impl Agent {
+    /// An agent with no volumes; requests wait up to `hold` for a server.
+    pub fn new(hold: Duration) -> Arc<Agent> {
+        Arc::new(Agent {
+            volumes: Default::default(),
+            hold,
+        })
+    }
+
+    /// An agent forwarding one volume already connected.
+    pub fn single(up: Arc<Upstream>) -> Arc<Agent> {
+        let a = Agent::new(up.hold);
+        a.volumes.write().insert(up.volume().to_string(), up);
+        a
+    }
+
+    /// Connect to `volume` at `server` (following moves) and offer it.
+    pub async fn attach(&self, server: &str, volume: &str) -> Result<Arc<Upstream>, HostError> {
+        if self.get(volume).is_some() {
+            return Err(HostError::Attached(volume.into()));
+        }
+        let up = Arc::new(Upstream::connect(server, volume, self.hold).await?);
+        let mut v = self.volumes.write();
+        if v.contains_key(volume) {
+            return Err(HostError::Attached(volume.into()));
+        }
+        v.insert(volume.to_string(), up.clone());
+        tracing::info!(volume, server = %up.server(), "attached");
+        Ok(up)
+    }
+
+    /// Stop offering `volume` to new connections (open ones keep it).
+    pub fn detach(&self, volume: &str) -> Option<Arc<Upstream>> {
+        self.volumes.write().remove(volume)
+    }
+
+    pub fn get(&self, volume: &str) -> Option<Arc<Upstream>> {
+        self.volumes.read().get(volume).cloned()
+    }
+
+    pub fn list(&self) -> Vec<Arc<Upstream>> {
+        self.volumes.read().values().cloned().collect()
+    }
+}
+
+/// Run the agent until `shutdown`: forward `volumes` (`(server, volume)`
+/// pairs), listen on every address of `listen` (`HOST:PORT` or
+/// `unix:PATH`), and serve the control API on `control` if given.
+pub async fn run_agent(
+    volumes: &[(String, String)],
+    listen: &[String],
+    control: Option<&str>,
+    shutdown: CancellationToken,
+) -> Result<(), HostError> {
+    let agent = Agent::new(DEFAULT_HOLD);
+    for (server, volume) in volumes {
+        agent.attach(server, volume).await?;
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for l in listen {
+        let listener = downstream::Listener::bind(l).await?;
+        tracing::info!(listen = %l, "serving NBD");
+        tasks.spawn(serve(listener, agent.clone(), shutdown.clone()));
+    }
+    if let Some(addr) = control {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| HostError::Listen {
+                addr: addr.into(),
+                source,
+            })?;
+        tracing::info!(control = %addr, "control API listening");
+        tasks.spawn(control::serve(l, agent.clone(), shutdown.clone()));
+    }
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Run the agent for one volume until `shutdown`.
 pub async fn run(
     server: &str,
     volume: &str,
     listen: &[String],
     shutdown: CancellationToken,
 ) -> Result<(), HostError> {
-    let up = Arc::new(Upstream::connect(server, volume, DEFAULT_HOLD).await?);
-    let mut tasks = tokio::task::JoinSet::new();
-    for l in listen {
-        let listener = downstream::Listener::bind(l).await?;
-        tracing::info!(listen = %l, volume, server = %up.server(), "serving");
-        tasks.spawn(serve(listener, up.clone(), shutdown.clone()));
-    }
-    while tasks.join_next().await.is_some() {}
-    Ok(())
+    run_agent(
+        &[(server.to_string(), volume.to_string())],
+        listen,
+        None,
+        shutdown,
+    )
+    .await
 }

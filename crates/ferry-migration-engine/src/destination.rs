@@ -430,10 +430,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
         &mut wr,
         &Message::Welcome {
             version: VERSION,
-            resume: resumed.then(|| ferry_migration::ResumePoint {
-                round: 0,
-                have: Vec::new(),
-            }),
+            resumed,
         },
     )
     .await?;
@@ -549,7 +546,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
                 )
                 .await?;
             }
-            Message::Switch { .. } => {
+            Message::Switch => {
                 if digest_ok != Some(true) {
                     let reason = "switch refused: no matching digest".to_string();
                     send(

@@ -993,10 +993,7 @@ async fn run_phases(
     .await?;
     // The destination commits on Switch only if its digest matched, so
     // both go in one round trip.
-    link.send(Message::Switch {
-        location: String::new(),
-    })
-    .await?;
+    link.send(Message::Switch).await?;
     // From here a lost link leaves the outcome unknown: keep the guest
     // paused and ask again on a new connection.
     let last_bytes = run.counters.bytes_data_raw.load(Ordering::Relaxed) - data_before_pause;

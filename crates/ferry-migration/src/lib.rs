@@ -4,7 +4,7 @@
 //! ```text
 //!  source                                   destination
 //!    | Hello{versions, id, volume} ------------>|
-//!    |<----------- Welcome{version, resume} / Refuse
+//!    |<---------- Welcome{version, resumed} / Refuse
 //!    | Prints{first, [zero run | BLAKE3]} ...  ->|  phase 1: fingerprints, zero runs as intervals
 //!    | PrintsDone ------------------------------>|
 //!    |<------------------------- Want{ranges} ...|  phase 2: what it cannot rebuild locally,
@@ -15,7 +15,7 @@
 //!    | Pause ----------------------------------->|  phase 4: writes paused at the source
 //!    | Data ... , Digest{blake3} --------------->|
 //!    |<-------------------- DigestResult{matches}|
-//!    | Switch{old location} -------------------->|  destination owns the volume
+//!    | Switch ---------------------------------->|  destination owns the volume
 //!    |<------------------------- Done{nbd location}|  source marks it moved there
 //!  either side: Abort{reason} ends the migration; the source volume is untouched.
 //!
@@ -34,20 +34,22 @@
 //! error, never guessed at.
 //!
 //! Versions: `Hello` carries the range the source speaks; `Welcome` names
-//! the one chosen. Version 1 is this document. A later version may add
-//! message types; it must not change the layout of these.
+//! the one chosen, and a destination refuses a source whose range does not
+//! include its own. Version 2 is this document; it removed two fields
+//! version 1 always sent empty (`Switch.location`, the resume point of
+//! `Welcome`, now one `resumed` flag). A later version may add message
+//! types; changing the layout of one needs a new version number, as here.
 
 mod message;
 pub mod order;
 
 pub use message::{
-    Encoding, FrameDecoder, Message, MessageType, PrintEntry, ResumePoint, VolumeDescriptor,
-    WireError,
+    Encoding, FrameDecoder, Message, MessageType, PrintEntry, VolumeDescriptor, WireError,
 };
 pub use order::{DestinationOrder, ProtocolViolation, SourceOrder};
 
 /// Protocol version spoken by this build.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Largest payload of one frame.
 pub const MAX_PAYLOAD: u32 = 64 << 20;
 /// Frame header length.

@@ -6,7 +6,7 @@ use thiserror::Error;
 
 /// Longest string field (volume name, WWN, reasons, locations).
 const MAX_STRING: usize = 4096;
-/// Most entries in one `Prints`, ranges in one `Want` or `ResumePoint`.
+/// Most entries in one `Prints`, ranges in one `Want`, prints in one `Lookup`.
 const MAX_ITEMS: u32 = 1 << 20;
 
 /// A frame that cannot be accepted; the connection ends with it.
@@ -52,14 +52,6 @@ pub enum PrintEntry {
     Zero(u32),
     /// The BLAKE3 of one chunk.
     Print([u8; 32]),
-}
-
-/// What a restarted destination already holds, verified.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResumePoint {
-    pub round: u32,
-    /// Chunk ranges `(first, count)` already in place.
-    pub have: Vec<(u64, u32)>,
 }
 
 /// How `Data` bytes are encoded. 0 is invalid.
@@ -163,7 +155,9 @@ pub enum Message {
     },
     Welcome {
         version: u16,
-        resume: Option<ResumePoint>,
+        /// The destination holds an incomplete copy from an earlier
+        /// attempt of this migration and will keep what matches.
+        resumed: bool,
     },
     Refuse {
         reason: String,
@@ -200,9 +194,8 @@ pub enum Message {
         matches: bool,
         digest: [u8; 32],
     },
-    Switch {
-        location: String,
-    },
+    /// Commit (only after a matching digest); no payload.
+    Switch,
     /// The destination owns the volume now; `location` is its NBD
     /// `HOST:PORT`, where clients go next.
     Done {
@@ -245,7 +238,7 @@ impl Message {
             Message::Pause => MessageType::Pause,
             Message::Digest { .. } => MessageType::Digest,
             Message::DigestResult { .. } => MessageType::DigestResult,
-            Message::Switch { .. } => MessageType::Switch,
+            Message::Switch => MessageType::Switch,
             Message::Done { .. } => MessageType::Done,
             Message::Abort { .. } => MessageType::Abort,
             Message::Synced { .. } => MessageType::Synced,
@@ -288,19 +281,12 @@ impl Message {
                 out.put_slice(&volume.uuid);
                 put_str(out, &volume.wwn);
             }
-            Message::Welcome { version, resume } => {
+            Message::Welcome { version, resumed } => {
                 out.put_u16(*version);
-                match resume {
-                    None => out.put_u8(0),
-                    Some(r) => {
-                        out.put_u8(1);
-                        out.put_u32(r.round);
-                        put_ranges(out, &r.have);
-                    }
-                }
+                out.put_u8(u8::from(*resumed));
             }
             Message::Refuse { reason } | Message::Abort { reason } => put_str(out, reason),
-            Message::Switch { location } | Message::Done { location } => put_str(out, location),
+            Message::Done { location } => put_str(out, location),
             Message::Prints {
                 first_chunk,
                 entries,
@@ -371,7 +357,7 @@ impl Message {
                     }
                 }
             }
-            Message::PrintsDone | Message::Pause => {}
+            Message::PrintsDone | Message::Pause | Message::Switch => {}
         }
         let len = u32::try_from(out.len() - start - HEADER_LEN).unwrap_or(u32::MAX);
         out[start + 8..start + 12].copy_from_slice(&len.to_be_bytes());
@@ -490,15 +476,12 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
         },
         T::Welcome => {
             let version = p.u16()?;
-            let resume = match p.u8()? {
-                0 => None,
-                1 => Some(ResumePoint {
-                    round: p.u32()?,
-                    have: p.ranges()?,
-                }),
-                t => return Err(malformed(what, format!("resume tag {t}"))),
+            let resumed = match p.u8()? {
+                0 => false,
+                1 => true,
+                t => return Err(malformed(what, format!("resumed flag {t}"))),
             };
-            Message::Welcome { version, resume }
+            Message::Welcome { version, resumed }
         }
         T::Refuse => Message::Refuse {
             reason: p.string()?,
@@ -570,9 +553,7 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
                 digest: p.array()?,
             }
         }
-        T::Switch => Message::Switch {
-            location: p.string()?,
-        },
+        T::Switch => Message::Switch,
         T::Done => Message::Done {
             location: p.string()?,
         },
@@ -679,15 +660,12 @@ mod tests {
                 volume: vol,
             },
             Message::Welcome {
-                version: 1,
-                resume: None,
+                version: 2,
+                resumed: false,
             },
             Message::Welcome {
-                version: 1,
-                resume: Some(ResumePoint {
-                    round: 2,
-                    have: vec![(0, 10), (100, 5)],
-                }),
+                version: 2,
+                resumed: true,
             },
             Message::Refuse {
                 reason: "volume exists".into(),
@@ -727,9 +705,7 @@ mod tests {
                 matches: true,
                 digest: [2; 32],
             },
-            Message::Switch {
-                location: "10.0.0.2:10809".into(),
-            },
+            Message::Switch,
             Message::Done {
                 location: "10.0.0.3:10809".into(),
             },

@@ -187,7 +187,7 @@ impl SourceOrder {
         match m {
             Message::RoundEnd { round, .. } => self.unsynced.push_back(*round),
             Message::Digest { .. } => self.state = SourceState::Verdict,
-            Message::Switch { .. } => self.switch_sent = true,
+            Message::Switch => self.switch_sent = true,
             _ => {}
         }
     }
@@ -239,8 +239,8 @@ mod tests {
 
     fn hello() -> Message {
         Message::Hello {
-            min_version: 1,
-            max_version: 1,
+            min_version: 2,
+            max_version: 2,
             migration_id: [1; 16],
             volume: VolumeDescriptor {
                 name: "v".into(),
@@ -287,9 +287,7 @@ mod tests {
             Message::Pause,
             data(),
             Message::Digest { digest: [0; 32] },
-            Message::Switch {
-                location: String::new(),
-            },
+            Message::Switch,
         ];
         for m in &seq {
             o.receive(m).unwrap();
@@ -319,9 +317,7 @@ mod tests {
                 Message::PrintsDone,
                 round(0),
                 Message::Pause,
-                Message::Switch {
-                    location: String::new(),
-                },
+                Message::Switch,
             ],
             vec![
                 hello(),
@@ -335,8 +331,8 @@ mod tests {
             vec![
                 hello(),
                 Message::Welcome {
-                    version: 1,
-                    resume: None,
+                    version: 2,
+                    resumed: false,
                 },
             ],
             vec![
@@ -377,8 +373,8 @@ mod tests {
             })
             .is_err());
         o.receive(&Message::Welcome {
-            version: 1,
-            resume: None,
+            version: 2,
+            resumed: false,
         })
         .unwrap();
         o.receive(&Message::Want {
@@ -430,9 +426,7 @@ mod tests {
             .is_err(),
             "no Switch sent"
         );
-        o.sent(&Message::Switch {
-            location: String::new(),
-        });
+        o.sent(&Message::Switch);
         o.receive(&Message::Done {
             location: "x".into(),
         })

@@ -21,6 +21,23 @@ pub const MAX_WRITE_SAME_BLOCKS: u64 = 0x0040_0000;
 /// Most blocks one WRITE ATOMIC(16) may write.
 pub const MAX_ATOMIC_BLOCKS: u32 = 2048;
 
+/// Standard INQUIRY data for a LUN the target does not have (peripheral
+/// qualifier 3: "not capable of supporting a device here"), as SPC-4
+/// requires instead of an error; `None` when the CDB asks for a VPD page
+/// (EVPD set), which such a LUN answers with LUN NOT SUPPORTED.
+pub fn absent_lun(cdb: &[u8]) -> Option<Vec<u8>> {
+    if cdb.len() < 6 || cdb[1] & 1 != 0 {
+        return None;
+    }
+    let mut d = vec![0u8; 36];
+    d[0] = 0x7f; // qualifier 3, device type 0x1f (unknown)
+    d[2] = 0x06; // SPC-4
+    d[3] = 0x12; // HISUP, response data format 2
+    d[4] = 31; // additional length
+    d.truncate(usize::from(u16::from_be_bytes([cdb[3], cdb[4]])));
+    Some(d)
+}
+
 pub fn standard(id: &Identity) -> Vec<u8> {
     let mut d = vec![0u8; 74];
     d[0] = 0x00; // peripheral qualifier 0, direct access block device
@@ -140,4 +157,18 @@ pub fn vpd(code: u8, id: &Identity, cfg: &LuConfig, blocks: u64) -> Option<Vec<u
         }
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod absent_lun_tests {
+    use super::*;
+
+    #[test]
+    fn absent_lun_inquiry_has_qualifier_3_and_honours_the_allocation_length() {
+        let d = absent_lun(&[0x12, 0, 0, 0, 96, 0]).unwrap();
+        assert_eq!((d.len(), d[0], d[4]), (36, 0x7f, 31));
+        assert_eq!(absent_lun(&[0x12, 0, 0, 0, 5, 0]).unwrap().len(), 5);
+        assert!(absent_lun(&[0x12, 1, 0x80, 0, 96, 0]).is_none(), "EVPD");
+        assert!(absent_lun(&[0x12, 0]).is_none(), "short CDB");
+    }
 }

@@ -10,11 +10,13 @@ mod lu;
 pub mod memory;
 mod mode;
 mod opcodes;
-mod pr;
+pub mod pr;
 pub mod sense;
 pub mod xcopy;
 
+pub use inquiry::absent_lun;
 pub use lu::{report_luns, LogicalUnit, LuConfig};
+pub use opcodes::op;
 pub use sense::Sense;
 pub use xcopy::CopyTargets;
 

@@ -8,7 +8,7 @@ use crate::inquiry::{
     MAX_WRITE_SAME_BLOCKS,
 };
 use crate::mode::{self, ModeState, PageControl};
-use crate::opcodes;
+use crate::opcodes::{self, op};
 use crate::pr::{Access, Reservations};
 use crate::sense::Sense;
 use crate::xcopy::{self, CopyTargets};
@@ -75,12 +75,33 @@ fn dev_sense(e: &DeviceError, write: bool) -> Sense {
 
 fn access_of(opcode: u8) -> Access {
     match opcode {
-        0x12 | 0xa0 | 0x03 | 0x5e | 0x5f | 0xa3 | 0x17 | 0x57 | 0x84 => Access::Always,
-        0x00 | 0x25 | 0x1e => Access::Meta,
-        0x9e => Access::Meta,
-        0x16 | 0x56 => Access::Spc2,
-        0x08 | 0x28 | 0xa8 | 0x88 | 0x2f | 0xaf | 0x8f | 0x34 | 0x90 | 0x1a | 0x5a | 0x37
-        | 0xb7 => Access::Read,
+        op::INQUIRY
+        | op::REPORT_LUNS
+        | op::REQUEST_SENSE
+        | op::PERSISTENT_RESERVE_IN
+        | op::PERSISTENT_RESERVE_OUT
+        | op::MAINTENANCE_IN
+        | op::RELEASE_6
+        | op::RELEASE_10
+        | op::RECEIVE_COPY_RESULTS => Access::Always,
+        op::TEST_UNIT_READY | op::READ_CAPACITY_10 | op::PREVENT_ALLOW_MEDIUM_REMOVAL => {
+            Access::Meta
+        }
+        op::SERVICE_ACTION_IN_16 => Access::Meta,
+        op::RESERVE_6 | op::RESERVE_10 => Access::Spc2,
+        0x08
+        | 0x28
+        | 0xa8
+        | 0x88
+        | 0x2f
+        | 0xaf
+        | 0x8f
+        | 0x34
+        | 0x90
+        | 0x1a
+        | 0x5a
+        | 0x37
+        | op::READ_DEFECT_DATA_12 => Access::Read,
         _ => Access::Write,
     }
 }
@@ -126,7 +147,7 @@ struct Rw {
 fn rw_fields(cdb: &[u8]) -> Rw {
     let op = byte(cdb, 0);
     match op {
-        0x08 | 0x0a => {
+        op::READ_6 | op::WRITE_6 => {
             let n = u64::from(byte(cdb, 4));
             Rw {
                 lba: u64::from(be24(cdb, 1) & 0x1f_ffff),
@@ -134,17 +155,23 @@ fn rw_fields(cdb: &[u8]) -> Rw {
                 flags: 0,
             }
         }
-        0x28 | 0x2a | 0x2e | 0x2f | 0x34 | 0x35 | 0x41 => Rw {
+        op::READ_10
+        | op::WRITE_10
+        | op::WRITE_AND_VERIFY_10
+        | op::VERIFY_10
+        | op::PRE_FETCH_10
+        | op::SYNCHRONIZE_CACHE_10
+        | op::WRITE_SAME_10 => Rw {
             lba: u64::from(be32(cdb, 2)),
             blocks: u64::from(be16(cdb, 7)),
             flags: byte(cdb, 1),
         },
-        0xa8 | 0xaa | 0xae | 0xaf => Rw {
+        op::READ_12 | op::WRITE_12 | op::WRITE_AND_VERIFY_12 | op::VERIFY_12 => Rw {
             lba: u64::from(be32(cdb, 2)),
             blocks: u64::from(be32(cdb, 6)),
             flags: byte(cdb, 1),
         },
-        0x89 => Rw {
+        op::COMPARE_AND_WRITE => Rw {
             lba: be64(cdb, 2),
             blocks: u64::from(byte(cdb, 13)),
             flags: byte(cdb, 1),
@@ -311,7 +338,7 @@ impl LogicalUnit {
                 Self::unit_attention_all(&mut st, Sense::CAPACITY_CHANGED);
             }
             st.seen.insert(nexus.initiator_port.clone());
-            if !matches!(opcode, 0x12 | 0xa0 | 0x03) {
+            if !matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE) {
                 if let Some(q) = st.ua.get_mut(&nexus.initiator_port) {
                     if !q.is_empty() {
                         let s = q.remove(0);
@@ -337,8 +364,16 @@ impl LogicalUnit {
     fn expected_out(&self, cdb: &[u8]) -> u64 {
         let rw = rw_fields(cdb);
         match byte(cdb, 0) {
-            0x0a | 0x2a | 0xaa | 0x8a | 0x2e | 0xae | 0x8e | 0x8b | 0x9c => rw.blocks * self.bs(),
-            0x89 => 2 * rw.blocks * self.bs(),
+            op::WRITE_6
+            | op::WRITE_10
+            | op::WRITE_12
+            | op::WRITE_16
+            | op::WRITE_AND_VERIFY_10
+            | op::WRITE_AND_VERIFY_12
+            | op::WRITE_AND_VERIFY_16
+            | op::ORWRITE_16
+            | op::WRITE_ATOMIC_16 => rw.blocks * self.bs(),
+            op::COMPARE_AND_WRITE => 2 * rw.blocks * self.bs(),
             _ => 0,
         }
     }
@@ -369,8 +404,8 @@ impl LogicalUnit {
         let op = byte(cdb, 0);
         let port = &nexus.initiator_port;
         match op {
-            0x00 => Ok(ScsiResponse::good(Vec::new())),
-            0x03 => {
+            op::TEST_UNIT_READY => Ok(ScsiResponse::good(Vec::new())),
+            op::REQUEST_SENSE => {
                 let alloc = usize::from(byte(cdb, 4));
                 let desc = byte(cdb, 1) & 0x01 != 0;
                 let s = {
@@ -382,10 +417,10 @@ impl LogicalUnit {
                 };
                 Ok(cut(s.encode(desc), alloc))
             }
-            0x12 => self.inquiry(nexus, cdb),
-            0x1a | 0x5a => self.mode_sense(cdb),
-            0x15 | 0x55 => self.mode_select(cdb, out),
-            0x16 | 0x56 => {
+            op::INQUIRY => self.inquiry(nexus, cdb),
+            op::MODE_SENSE_6 | op::MODE_SENSE_10 => self.mode_sense(cdb),
+            op::MODE_SELECT_6 | op::MODE_SELECT_10 => self.mode_select(cdb, out),
+            op::RESERVE_6 | op::RESERVE_10 => {
                 if op == 0x16 && byte(cdb, 1) & 0x01 != 0 || op == 0x56 && byte(cdb, 1) & 0x12 != 0
                 {
                     return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, None));
@@ -396,11 +431,11 @@ impl LogicalUnit {
                     Ok(ScsiResponse::status(Status::ReservationConflict))
                 }
             }
-            0x17 | 0x57 => {
+            op::RELEASE_6 | op::RELEASE_10 => {
                 self.state.lock().res.spc2_release(port);
                 Ok(ScsiResponse::good(Vec::new()))
             }
-            0x1b => {
+            op::START_STOP_UNIT => {
                 let loej = byte(cdb, 4) & 0x02 != 0;
                 let start = byte(cdb, 4) & 0x01 != 0;
                 let power = byte(cdb, 4) >> 4;
@@ -409,7 +444,7 @@ impl LogicalUnit {
                 }
                 Ok(ScsiResponse::good(Vec::new()))
             }
-            0x1e => {
+            op::PREVENT_ALLOW_MEDIUM_REMOVAL => {
                 let mut st = self.state.lock();
                 match byte(cdb, 4) & 0x03 {
                     0 => {
@@ -422,7 +457,7 @@ impl LogicalUnit {
                 }
                 Ok(ScsiResponse::good(Vec::new()))
             }
-            0x25 => {
+            op::READ_CAPACITY_10 => {
                 if byte(cdb, 8) & 0x01 == 0 && be32(cdb, 2) != 0 {
                     return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 2, None));
                 }
@@ -433,7 +468,7 @@ impl LogicalUnit {
                 d.extend_from_slice(&self.cfg.block_size.to_be_bytes());
                 Ok(ScsiResponse::good(d))
             }
-            0x9e => match byte(cdb, 1) & 0x1f {
+            op::SERVICE_ACTION_IN_16 => match byte(cdb, 1) & 0x1f {
                 0x10 => {
                     let alloc = be32(cdb, 10) as usize;
                     let mut d = vec![0u8; 32];
@@ -449,8 +484,8 @@ impl LogicalUnit {
                 0x12 => self.get_lba_status(cdb),
                 _ => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4))),
             },
-            0xa0 => report_luns(cdb, &[0]).map(ScsiResponse::good),
-            0xa3 => {
+            op::REPORT_LUNS => report_luns(cdb, &[0]).map(ScsiResponse::good),
+            op::MAINTENANCE_IN => {
                 let alloc = be32(cdb, 6) as usize;
                 match byte(cdb, 1) & 0x1f {
                     0x0a => Ok(cut(self.report_target_port_groups(cdb), alloc)),
@@ -458,12 +493,12 @@ impl LogicalUnit {
                     _ => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4))),
                 }
             }
-            0x5e => {
+            op::PERSISTENT_RESERVE_IN => {
                 let alloc = crate::pr::pr_in_alloc(cdb);
                 let d = self.state.lock().res.pr_in(cdb)?;
                 Ok(cut(d, alloc))
             }
-            0x5f => {
+            op::PERSISTENT_RESERVE_OUT => {
                 let r = {
                     let mut st = self.state.lock();
                     let was = st.res.persistent();
@@ -494,7 +529,7 @@ impl LogicalUnit {
                     Err((status, _)) => Ok(ScsiResponse::status(status)),
                 }
             }
-            0x37 | 0xb7 => {
+            op::READ_DEFECT_DATA_10 | op::READ_DEFECT_DATA_12 => {
                 let flags = byte(cdb, if op == 0x37 { 2 } else { 1 }) & 0x1f;
                 let (mut d, alloc) = if op == 0x37 {
                     (vec![0, flags, 0, 0], usize::from(be16(cdb, 7)))
@@ -504,11 +539,13 @@ impl LogicalUnit {
                 d.truncate(alloc);
                 Ok(ScsiResponse::good(d))
             }
-            0x08 | 0x28 | 0xa8 | 0x88 => self.read(cdb),
-            0x0a | 0x2a | 0xaa | 0x8a => self.write(cdb, out, false),
-            0x2e | 0xae | 0x8e => self.write(cdb, out, true),
-            0x2f | 0xaf | 0x8f => self.verify(cdb, out),
-            0x34 | 0x90 => {
+            op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => self.read(cdb),
+            op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16 => self.write(cdb, out, false),
+            op::WRITE_AND_VERIFY_10 | op::WRITE_AND_VERIFY_12 | op::WRITE_AND_VERIFY_16 => {
+                self.write(cdb, out, true)
+            }
+            op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => self.verify(cdb, out),
+            op::PRE_FETCH_10 | op::PRE_FETCH_16 => {
                 let rw = rw_fields(cdb);
                 let (off, len) = self.range(rw.lba, rw.blocks)?;
                 if len > 0 {
@@ -518,18 +555,18 @@ impl LogicalUnit {
                 }
                 Ok(ScsiResponse::good(Vec::new()))
             }
-            0x35 | 0x91 => {
+            op::SYNCHRONIZE_CACHE_10 | op::SYNCHRONIZE_CACHE_16 => {
                 let rw = rw_fields(cdb);
                 self.range(rw.lba, rw.blocks)?;
                 self.dev.flush().map_err(|e| dev_sense(&e, true))?;
                 Ok(ScsiResponse::good(Vec::new()))
             }
-            0x41 | 0x93 => self.write_same(cdb, out),
-            0x42 => self.unmap(cdb, out),
-            0x89 => self.compare_and_write(cdb, out),
-            0x9c => self.write_atomic(cdb, out),
-            0x83 => self.extended_copy(nexus, cdb, out),
-            0x84 => {
+            op::WRITE_SAME_10 | op::WRITE_SAME_16 => self.write_same(cdb, out),
+            op::UNMAP => self.unmap(cdb, out),
+            op::COMPARE_AND_WRITE => self.compare_and_write(cdb, out),
+            op::WRITE_ATOMIC_16 => self.write_atomic(cdb, out),
+            op::EXTENDED_COPY => self.extended_copy(nexus, cdb, out),
+            op::RECEIVE_COPY_RESULTS => {
                 let alloc = be32(cdb, 10) as usize;
                 match byte(cdb, 1) & 0x1f {
                     0x00 => {
@@ -543,7 +580,7 @@ impl LogicalUnit {
                     _ => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4))),
                 }
             }
-            0x8b => self.orwrite(cdb, out),
+            op::ORWRITE_16 => self.orwrite(cdb, out),
             _ => Err(Sense::INVALID_OPCODE),
         }
     }
@@ -695,8 +732,8 @@ impl LogicalUnit {
         }
         if rw.blocks > max {
             let at = match byte(cdb, 0) {
-                0x89 => 13,
-                0x9c => 12,
+                op::COMPARE_AND_WRITE => 13,
+                op::WRITE_ATOMIC_16 => 12,
                 op if op >> 5 == 5 => 6,
                 op if op >> 5 == 4 => 10,
                 op if op >> 5 == 0 => 4,

@@ -27,63 +27,115 @@ const fn sa(opcode: u8, service_action: u16, cdb_len: u8) -> OpInfo {
     }
 }
 
+/// Operation codes by name (SPC-4 / SBC-3), so code says which command it
+/// means; [`COMMANDS`] and every dispatch use these.
+pub mod op {
+    pub const TEST_UNIT_READY: u8 = 0x00;
+    pub const REQUEST_SENSE: u8 = 0x03;
+    pub const READ_6: u8 = 0x08;
+    pub const WRITE_6: u8 = 0x0a;
+    pub const INQUIRY: u8 = 0x12;
+    pub const MODE_SELECT_6: u8 = 0x15;
+    pub const RESERVE_6: u8 = 0x16;
+    pub const RELEASE_6: u8 = 0x17;
+    pub const MODE_SENSE_6: u8 = 0x1a;
+    pub const START_STOP_UNIT: u8 = 0x1b;
+    pub const PREVENT_ALLOW_MEDIUM_REMOVAL: u8 = 0x1e;
+    pub const READ_CAPACITY_10: u8 = 0x25;
+    pub const READ_10: u8 = 0x28;
+    pub const WRITE_10: u8 = 0x2a;
+    pub const WRITE_AND_VERIFY_10: u8 = 0x2e;
+    pub const VERIFY_10: u8 = 0x2f;
+    pub const PRE_FETCH_10: u8 = 0x34;
+    pub const SYNCHRONIZE_CACHE_10: u8 = 0x35;
+    pub const READ_DEFECT_DATA_10: u8 = 0x37;
+    pub const WRITE_SAME_10: u8 = 0x41;
+    pub const UNMAP: u8 = 0x42;
+    pub const MODE_SELECT_10: u8 = 0x55;
+    pub const RESERVE_10: u8 = 0x56;
+    pub const RELEASE_10: u8 = 0x57;
+    pub const MODE_SENSE_10: u8 = 0x5a;
+    pub const PERSISTENT_RESERVE_IN: u8 = 0x5e;
+    pub const PERSISTENT_RESERVE_OUT: u8 = 0x5f;
+    pub const EXTENDED_COPY: u8 = 0x83;
+    pub const RECEIVE_COPY_RESULTS: u8 = 0x84;
+    pub const READ_16: u8 = 0x88;
+    pub const COMPARE_AND_WRITE: u8 = 0x89;
+    pub const WRITE_16: u8 = 0x8a;
+    pub const ORWRITE_16: u8 = 0x8b;
+    pub const WRITE_AND_VERIFY_16: u8 = 0x8e;
+    pub const VERIFY_16: u8 = 0x8f;
+    pub const PRE_FETCH_16: u8 = 0x90;
+    pub const SYNCHRONIZE_CACHE_16: u8 = 0x91;
+    pub const WRITE_SAME_16: u8 = 0x93;
+    pub const WRITE_ATOMIC_16: u8 = 0x9c;
+    pub const SERVICE_ACTION_IN_16: u8 = 0x9e;
+    pub const REPORT_LUNS: u8 = 0xa0;
+    pub const MAINTENANCE_IN: u8 = 0xa3;
+    pub const READ_12: u8 = 0xa8;
+    pub const WRITE_12: u8 = 0xaa;
+    pub const WRITE_AND_VERIFY_12: u8 = 0xae;
+    pub const VERIFY_12: u8 = 0xaf;
+    pub const READ_DEFECT_DATA_12: u8 = 0xb7;
+}
+
 pub const COMMANDS: &[OpInfo] = &[
-    op(0x00, 6),     // TEST UNIT READY
-    op(0x03, 6),     // REQUEST SENSE
-    op(0x08, 6),     // READ(6)
-    op(0x0a, 6),     // WRITE(6)
-    op(0x12, 6),     // INQUIRY
-    op(0x15, 6),     // MODE SELECT(6)
-    op(0x16, 6),     // RESERVE(6)
-    op(0x17, 6),     // RELEASE(6)
-    op(0x1a, 6),     // MODE SENSE(6)
-    op(0x1b, 6),     // START STOP UNIT
-    op(0x1e, 6),     // PREVENT ALLOW MEDIUM REMOVAL
-    op(0x25, 10),    // READ CAPACITY(10)
-    op(0x28, 10),    // READ(10)
-    op(0x2a, 10),    // WRITE(10)
-    op(0x2e, 10),    // WRITE AND VERIFY(10)
-    op(0x2f, 10),    // VERIFY(10)
-    op(0x34, 10),    // PRE-FETCH(10)
-    op(0x35, 10),    // SYNCHRONIZE CACHE(10)
-    op(0x37, 10),    // READ DEFECT DATA(10)
-    op(0x41, 10),    // WRITE SAME(10)
-    op(0x42, 10),    // UNMAP
-    op(0x55, 10),    // MODE SELECT(10)
-    op(0x56, 10),    // RESERVE(10)
-    op(0x57, 10),    // RELEASE(10)
-    op(0x5a, 10),    // MODE SENSE(10)
-    sa(0x5e, 0, 10), // PERSISTENT RESERVE IN
-    sa(0x5e, 1, 10),
-    sa(0x5e, 2, 10),
-    sa(0x5e, 3, 10),
-    sa(0x5f, 0, 10), // PERSISTENT RESERVE OUT
-    sa(0x5f, 1, 10),
-    sa(0x5f, 2, 10),
-    sa(0x5f, 3, 10),
-    sa(0x5f, 4, 10),
-    sa(0x5f, 5, 10),
-    sa(0x5f, 6, 10),
-    op(0x88, 16),       // READ(16)
-    op(0x89, 16),       // COMPARE AND WRITE
-    op(0x8a, 16),       // WRITE(16)
-    op(0x8b, 16),       // ORWRITE(16)
-    op(0x8e, 16),       // WRITE AND VERIFY(16)
-    op(0x8f, 16),       // VERIFY(16)
-    op(0x90, 16),       // PRE-FETCH(16)
-    op(0x91, 16),       // SYNCHRONIZE CACHE(16)
-    op(0x93, 16),       // WRITE SAME(16)
-    op(0x9c, 16),       // WRITE ATOMIC(16)
-    sa(0x9e, 0x10, 16), // READ CAPACITY(16)
-    sa(0x9e, 0x12, 16), // GET LBA STATUS
-    op(0xa0, 12),       // REPORT LUNS
-    sa(0xa3, 0x0a, 12), // REPORT TARGET PORT GROUPS
-    sa(0xa3, 0x0c, 12), // REPORT SUPPORTED OPERATION CODES
-    op(0xa8, 12),       // READ(12)
-    op(0xaa, 12),       // WRITE(12)
-    op(0xae, 12),       // WRITE AND VERIFY(12)
-    op(0xaf, 12),       // VERIFY(12)
-    op(0xb7, 12),       // READ DEFECT DATA(12)
+    op(op::TEST_UNIT_READY, 6),              // TEST UNIT READY
+    op(op::REQUEST_SENSE, 6),                // REQUEST SENSE
+    op(op::READ_6, 6),                       // READ(6)
+    op(op::WRITE_6, 6),                      // WRITE(6)
+    op(op::INQUIRY, 6),                      // INQUIRY
+    op(op::MODE_SELECT_6, 6),                // MODE SELECT(6)
+    op(op::RESERVE_6, 6),                    // RESERVE(6)
+    op(op::RELEASE_6, 6),                    // RELEASE(6)
+    op(op::MODE_SENSE_6, 6),                 // MODE SENSE(6)
+    op(op::START_STOP_UNIT, 6),              // START STOP UNIT
+    op(op::PREVENT_ALLOW_MEDIUM_REMOVAL, 6), // PREVENT ALLOW MEDIUM REMOVAL
+    op(op::READ_CAPACITY_10, 10),            // READ CAPACITY(10)
+    op(op::READ_10, 10),                     // READ(10)
+    op(op::WRITE_10, 10),                    // WRITE(10)
+    op(op::WRITE_AND_VERIFY_10, 10),         // WRITE AND VERIFY(10)
+    op(op::VERIFY_10, 10),                   // VERIFY(10)
+    op(op::PRE_FETCH_10, 10),                // PRE-FETCH(10)
+    op(op::SYNCHRONIZE_CACHE_10, 10),        // SYNCHRONIZE CACHE(10)
+    op(op::READ_DEFECT_DATA_10, 10),         // READ DEFECT DATA(10)
+    op(op::WRITE_SAME_10, 10),               // WRITE SAME(10)
+    op(op::UNMAP, 10),                       // UNMAP
+    op(op::MODE_SELECT_10, 10),              // MODE SELECT(10)
+    op(op::RESERVE_10, 10),                  // RESERVE(10)
+    op(op::RELEASE_10, 10),                  // RELEASE(10)
+    op(op::MODE_SENSE_10, 10),               // MODE SENSE(10)
+    sa(op::PERSISTENT_RESERVE_IN, 0, 10),    // PERSISTENT RESERVE IN
+    sa(op::PERSISTENT_RESERVE_IN, 1, 10),
+    sa(op::PERSISTENT_RESERVE_IN, 2, 10),
+    sa(op::PERSISTENT_RESERVE_IN, 3, 10),
+    sa(op::PERSISTENT_RESERVE_OUT, 0, 10), // PERSISTENT RESERVE OUT
+    sa(op::PERSISTENT_RESERVE_OUT, 1, 10),
+    sa(op::PERSISTENT_RESERVE_OUT, 2, 10),
+    sa(op::PERSISTENT_RESERVE_OUT, 3, 10),
+    sa(op::PERSISTENT_RESERVE_OUT, 4, 10),
+    sa(op::PERSISTENT_RESERVE_OUT, 5, 10),
+    sa(op::PERSISTENT_RESERVE_OUT, 6, 10),
+    op(op::READ_16, 16),                    // READ(16)
+    op(op::COMPARE_AND_WRITE, 16),          // COMPARE AND WRITE
+    op(op::WRITE_16, 16),                   // WRITE(16)
+    op(op::ORWRITE_16, 16),                 // ORWRITE(16)
+    op(op::WRITE_AND_VERIFY_16, 16),        // WRITE AND VERIFY(16)
+    op(op::VERIFY_16, 16),                  // VERIFY(16)
+    op(op::PRE_FETCH_16, 16),               // PRE-FETCH(16)
+    op(op::SYNCHRONIZE_CACHE_16, 16),       // SYNCHRONIZE CACHE(16)
+    op(op::WRITE_SAME_16, 16),              // WRITE SAME(16)
+    op(op::WRITE_ATOMIC_16, 16),            // WRITE ATOMIC(16)
+    sa(op::SERVICE_ACTION_IN_16, 0x10, 16), // READ CAPACITY(16)
+    sa(op::SERVICE_ACTION_IN_16, 0x12, 16), // GET LBA STATUS
+    op(op::REPORT_LUNS, 12),                // REPORT LUNS
+    sa(op::MAINTENANCE_IN, 0x0a, 12),       // REPORT TARGET PORT GROUPS
+    sa(op::MAINTENANCE_IN, 0x0c, 12),       // REPORT SUPPORTED OPERATION CODES
+    op(op::READ_12, 12),                    // READ(12)
+    op(op::WRITE_12, 12),                   // WRITE(12)
+    op(op::WRITE_AND_VERIFY_12, 12),        // WRITE AND VERIFY(12)
+    op(op::VERIFY_12, 12),                  // VERIFY(12)
+    op(op::READ_DEFECT_DATA_12, 12),        // READ DEFECT DATA(12)
 ];
 
 /// Opcodes whose service action field selects the command.

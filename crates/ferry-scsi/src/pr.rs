@@ -350,25 +350,51 @@ impl Reservations {
     }
 
     /// The persistent-reservation state as text, one record a line:
-    /// `generation N`, `key PORT HEX`, `held PORT TYPE` (tab separated;
-    /// initiator port names contain no tabs or newlines).
+    ///
+    /// ```text
+    /// ferry-pr <TAB> 2                  format and version
+    /// generation <TAB> N
+    /// key <TAB> PORT <TAB> HEX          one per registered I_T nexus
+    /// held <TAB> PORT <TAB> TYPE        the reservation, if any
+    /// sum <TAB> HEX                     BLAKE3 (16 bytes) of every line above
+    /// ```
+    ///
+    /// Tab separated (initiator port names contain no tabs or newlines);
+    /// at most [`MAX_SAVED`] bytes are ever read back.
     pub fn save(&self) -> String {
-        let mut s = format!("ferry-pr\t1\ngeneration\t{}\n", self.generation);
+        let mut s = format!("ferry-pr\t2\ngeneration\t{}\n", self.generation);
         for (port, key) in &self.keys {
             s.push_str(&format!("key\t{port}\t{key:016x}\n"));
         }
         if let Some((port, t)) = &self.held {
             s.push_str(&format!("held\t{port}\t{t}\n"));
         }
+        let sum = checksum(&s);
+        s.push_str(&format!("sum\t{sum}\n"));
         s
     }
 
-    /// Load what [`Reservations::save`] wrote; None if it is not that.
+    /// Load what [`Reservations::save`] wrote; None if it is not that (too
+    /// large, wrong format, a bad record or a checksum that does not match).
+    /// Version 1 files (written before the checksum) are still read.
     pub fn load(text: &str) -> Option<Reservations> {
-        let mut lines = text.lines();
-        if lines.next()? != "ferry-pr\t1" {
+        if text.len() > MAX_SAVED {
             return None;
         }
+        let body = match text.strip_prefix("ferry-pr\t2\n") {
+            Some(_) => {
+                let cut = text.trim_end_matches('\n').rfind('\n')? + 1;
+                let (body, last) = text.split_at(cut);
+                if last.trim_end_matches('\n') != format!("sum\t{}", checksum(body)) {
+                    return None;
+                }
+                body
+            }
+            None if text.starts_with("ferry-pr\t1\n") => text,
+            None => return None,
+        };
+        let mut lines = body.lines();
+        lines.next()?;
         let mut r = Reservations {
             aptpl: true,
             ..Reservations::default()
@@ -410,6 +436,18 @@ impl Reservations {
             _ => {}
         }
     }
+}
+
+/// Largest saved reservation state read back (1 MiB: far more than any
+/// initiator count a target serves).
+pub const MAX_SAVED: usize = 1 << 20;
+
+/// First 16 bytes of the BLAKE3 of `text`, as hex.
+fn checksum(text: &str) -> String {
+    blake3::hash(text.as_bytes()).as_bytes()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The service action field's allowed range for PR IN (checked by tests).
@@ -490,6 +528,21 @@ mod tests {
         assert_eq!(back.generation, r.generation);
         assert!(Reservations::load("garbage").is_none());
         assert!(Reservations::load("ferry-pr\t1\nheld\tx\t99\n").is_none());
+        // Version 2 carries a checksum: any change to a record is refused.
+        let mut r = Reservations::default();
+        r.keys.insert("iqn.a,i,0x1".into(), 0xabc);
+        r.held = Some(("iqn.a,i,0x1".into(), 1));
+        r.generation = 7;
+        let saved = r.save();
+        let back = Reservations::load(&saved).unwrap();
+        assert_eq!((back.generation, back.held.clone()), (7, r.held.clone()));
+        assert!(
+            Reservations::load(&saved.replace("0000000000000abc", "0000000000000abd")).is_none()
+        );
+        assert!(Reservations::load(&saved.replace("generation\t7", "generation\t8")).is_none());
+        assert!(Reservations::load(&saved[..saved.len() - 5]).is_none());
+        let huge = format!("ferry-pr\t1\n{}", "generation\t1\n".repeat(MAX_SAVED / 10));
+        assert!(Reservations::load(&huge).is_none());
     }
 
     #[test]

@@ -244,7 +244,11 @@ fn fio_writes_through_ferry_host_see_no_error_across_the_switch() {
         .block_on(ferry_host::Listener::bind("127.0.0.1:0"))
         .unwrap();
     let agent_addr = listener.local_addr().unwrap();
-    agent_rt.spawn(ferry_host::serve(listener, up.clone(), shutdown.clone()));
+    agent_rt.spawn(ferry_host::serve(
+        listener,
+        ferry_host::Agent::single(up.clone()),
+        shutdown.clone(),
+    ));
 
     let fio = std::thread::spawn(move || {
         Command::new("fio")

@@ -58,7 +58,13 @@ pub struct Volume {
 }
 
 /// `preadv2`/`pwritev2` on one buffer; `Ok(n)` bytes done.
-fn rw_raw(
+///
+/// # Safety
+///
+/// `ptr` must point to `len` bytes that stay valid for the whole call:
+/// readable when `write`, writable (possibly uninitialised) otherwise, and
+/// not accessed by anything else meanwhile.
+unsafe fn rw_raw(
     file: &File,
     write: bool,
     ptr: *mut u8,
@@ -72,9 +78,9 @@ fn rw_raw(
         iov_base: ptr.cast(),
         iov_len: len,
     };
-    // SAFETY: `iov` describes `len` bytes at `ptr`, which the caller guarantees
-    // are valid (readable for writes, writable for reads) for this call; the
-    // descriptor is owned by `file`.
+    // SAFETY: `iov` describes `len` bytes at `ptr`, which this function's
+    // contract makes valid (readable for writes, writable for reads) for the
+    // call; the descriptor is owned by `file`.
     let r = unsafe {
         if write {
             libc::pwritev2(file.as_raw_fd(), &iov, 1, off, flags)
@@ -317,14 +323,19 @@ impl Volume {
         let mut done = 0usize;
         while done < len {
             let spare = &mut out.spare_capacity_mut()[done..len];
-            match rw_raw(
-                &self.file,
-                false,
-                spare.as_mut_ptr().cast(),
-                len - done,
-                offset + done as u64,
-                flags,
-            ) {
+            // SAFETY: `spare` is this vector's own spare capacity, at least
+            // `len - done` bytes, borrowed mutably for the call.
+            let r = unsafe {
+                rw_raw(
+                    &self.file,
+                    false,
+                    spare.as_mut_ptr().cast(),
+                    len - done,
+                    offset + done as u64,
+                    flags,
+                )
+            };
+            match r {
                 Ok(0) => {
                     return Err(self.io_err(
                         "read",
@@ -360,14 +371,18 @@ impl Volume {
                 break Ok(true);
             }
             let rest = &data[done..];
-            match rw_raw(
-                &self.file,
-                true,
-                rest.as_ptr().cast_mut(),
-                rest.len(),
-                offset + done as u64,
-                libc::RWF_NOWAIT,
-            ) {
+            // SAFETY: `rest` is a live borrowed slice; a write only reads it.
+            let r = unsafe {
+                rw_raw(
+                    &self.file,
+                    true,
+                    rest.as_ptr().cast_mut(),
+                    rest.len(),
+                    offset + done as u64,
+                    libc::RWF_NOWAIT,
+                )
+            };
+            match r {
                 Ok(0) => break Ok(false),
                 Ok(n) => done += n,
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}

@@ -13,6 +13,7 @@ use ferry_iscsi::{
     CommandResult, Event, Login, LoginStep, Pdu, PduDecoder, PduError, ScsiTask, Session,
     SessionError, SessionType,
 };
+use ferry_scsi::op;
 use ferry_scsi::{LogicalUnit, Nexus, Sense};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -187,16 +188,23 @@ const INLINE_READ_MAX: u64 = 128 * 1024;
 fn inline_ok(t: &ScsiTask, lu: &LogicalUnit) -> bool {
     const INLINE_WRITE_MAX: usize = 64 * 1024;
     match t.cdb.first() {
-        Some(0x2a) | Some(0x8a) => {
+        Some(&(op::WRITE_10 | op::WRITE_16)) => {
             t.data_out.len() <= INLINE_WRITE_MAX
                 && t.cdb.get(1).is_some_and(|f| f & 0x08 == 0)
                 && !lu.writes_may_wait()
         }
         // Tried without blocking; a miss goes to a worker thread.
-        Some(0x28) | Some(0x88) => true,
-        // TEST UNIT READY, INQUIRY, MODE SENSE, READ CAPACITY, REPORT LUNS.
-        Some(0x00) | Some(0x12) | Some(0x1a) | Some(0x5a) | Some(0x25) | Some(0xa0) => true,
-        Some(0x9e) => t.cdb.get(1).is_some_and(|sa| sa & 0x1f == 0x10),
+        Some(&(op::READ_10 | op::READ_16)) => true,
+        Some(
+            &(op::TEST_UNIT_READY
+            | op::INQUIRY
+            | op::MODE_SENSE_6
+            | op::MODE_SENSE_10
+            | op::READ_CAPACITY_10
+            | op::REPORT_LUNS),
+        ) => true,
+        // READ CAPACITY(16) only, of the SERVICE ACTION IN(16) family.
+        Some(&op::SERVICE_ACTION_IN_16) => t.cdb.get(1).is_some_and(|sa| sa & 0x1f == 0x10),
         _ => false,
     }
 }
@@ -214,9 +222,22 @@ impl CommandMetrics {
 
     fn record(&self, t: &ScsiTask, r: &CommandResult, start: std::time::Instant) {
         let (m, bytes) = match t.cdb.first() {
-            Some(0x08 | 0x28 | 0xa8 | 0x88) => (&self.0[0], r.data.len()),
+            Some(&(op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16)) => {
+                (&self.0[0], r.data.len())
+            }
             Some(
-                0x0a | 0x2a | 0xaa | 0x8a | 0x2e | 0xae | 0x8e | 0x89 | 0x8b | 0x9c | 0x41 | 0x93,
+                &(op::WRITE_6
+                | op::WRITE_10
+                | op::WRITE_12
+                | op::WRITE_16
+                | op::WRITE_AND_VERIFY_10
+                | op::WRITE_AND_VERIFY_12
+                | op::WRITE_AND_VERIFY_16
+                | op::COMPARE_AND_WRITE
+                | op::ORWRITE_16
+                | op::WRITE_ATOMIC_16
+                | op::WRITE_SAME_10
+                | op::WRITE_SAME_16),
             ) => (&self.0[1], t.data_out.len()),
             _ => (&self.0[2], 0),
         };
@@ -273,7 +294,7 @@ impl Luns {
         let start = std::time::Instant::now();
         let lun = self.get(t.lun);
         let r = match (t.cdb.first(), lun) {
-            (Some(0xa0), _) => {
+            (Some(&op::REPORT_LUNS), _) => {
                 let numbers: Vec<u64> = self.0.iter().map(|l| l.number).collect();
                 match ferry_scsi::report_luns(&t.cdb, &numbers) {
                     Ok(d) => ferry_scsi::ScsiResponse::good(d),
@@ -281,16 +302,10 @@ impl Luns {
                 }
             }
             (_, Some(l)) => l.unit.execute(nexus, &t.cdb, &t.data_out),
-            (Some(0x12), None) if t.cdb.get(1).is_some_and(|b| b & 1 == 0) => {
-                let mut d = vec![0u8; 36];
-                d[0] = 0x7f;
-                d[2] = 0x06;
-                d[3] = 0x12;
-                d[4] = 31;
-                let alloc = usize::from(u16::from_be_bytes([t.cdb[3], t.cdb[4]]));
-                d.truncate(alloc);
-                ferry_scsi::ScsiResponse::good(d)
-            }
+            (Some(&op::INQUIRY), None) => match ferry_scsi::absent_lun(&t.cdb) {
+                Some(d) => ferry_scsi::ScsiResponse::good(d),
+                None => check_condition(Sense::LUN_NOT_SUPPORTED),
+            },
             _ => check_condition(Sense::LUN_NOT_SUPPORTED),
         };
         let r = CommandResult {
@@ -414,7 +429,7 @@ async fn full_feature(
         for task in inline.drain(..) {
             if session.is_aborted(task.itt) {
                 session.discard(task.itt);
-            } else if matches!(task.cdb.first(), Some(0x28 | 0x88)) {
+            } else if matches!(task.cdb.first(), Some(&(op::READ_10 | op::READ_16))) {
                 match luns.try_read_nowait(nexus, &task) {
                     Some(r) => session.complete(task.itt, &r, &mut out),
                     None => {

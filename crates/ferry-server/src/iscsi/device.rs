@@ -109,7 +109,17 @@ pub struct FileReservationStore(pub PathBuf);
 
 impl ReservationStore for FileReservationStore {
     fn load(&self) -> Option<String> {
-        std::fs::read_to_string(&self.0).ok()
+        use std::io::Read;
+        let limit = u64::try_from(ferry_scsi::pr::MAX_SAVED).unwrap_or(u64::MAX) + 1;
+        let mut text = String::new();
+        std::fs::File::open(&self.0)
+            .and_then(|f| f.take(limit).read_to_string(&mut text))
+            .ok()?;
+        if text.len() > ferry_scsi::pr::MAX_SAVED {
+            tracing::error!(path = %self.0.display(), "persistent reservations file over 1 MiB; ignored");
+            return None;
+        }
+        Some(text)
     }
 
     fn save(&self, state: Option<&str>) -> Result<(), String> {

@@ -194,7 +194,7 @@ pub fn execute_blocking(ctx: &ConnContext, req: &Request) -> Bytes {
     ctx.finish(req, start, out)
 }
 
-fn error_reply(ctx: &ConnContext, req: &Request, code: ErrorCode, msg: &str) -> Bytes {
+pub fn error_reply(ctx: &ConnContext, req: &Request, code: ErrorCode, msg: &str) -> Bytes {
     let mut b = BytesMut::new();
     if ctx.structured && matches!(req.command, Command::Read | Command::BlockStatus) {
         reply::error(&mut b, req.cookie, code, msg);

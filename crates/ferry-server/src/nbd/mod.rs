@@ -1,5 +1,6 @@
-//! The NBD server: a listener that accepts connections up to a cap, runs the
-//! handshake, then serves requests pipelined and answered out of order.
+//! The NBD server of the daemon: a listener that accepts connections up to
+//! a cap, each served by `ferry_nbd_server` with the pool as its backend
+//! (handshake, then requests pipelined and answered out of order).
 //!
 //! Each connection is independent: a protocol error, a vanished client or a
 //! failed request ends at most that one connection, never the daemon.
@@ -30,7 +31,10 @@ pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: Can
             let state = st.clone();
             let shutdown = shutdown.clone();
             async move {
-                if let Err(e) = connection::run(stream, &state, shutdown).await {
+                let _ = stream.set_nodelay(true);
+                let backend = connection::PoolBackend(state);
+                if let Err(e) = ferry_nbd_server::serve_connection(stream, &backend, shutdown).await
+                {
                     tracing::info!(%peer, error = %e, "NBD connection closed");
                 } else {
                     tracing::debug!(%peer, "NBD connection finished");

@@ -1,0 +1,241 @@
+//! The one NBD server loop of ferry. `ferry serve` (volumes of its pool)
+//! and `ferry host` (volumes forwarded to whichever server holds them) are
+//! both an [`NbdBackend`]: what exports exist, and how a request on one is
+//! answered. Everything else is here, once: the newstyle handshake over the
+//! socket (the I/O-free `ferry_nbd::ServerHandshake` does the protocol),
+//! a per-step handshake timeout, the transmission loop that decodes
+//! requests, bounds those in flight, runs each the way its backend says
+//! ([`Dispatch`]), and a writer task that sends replies in completion order,
+//! batching whatever is ready into one vectored write.
+//!
+//! Lifecycle of a connection: greeting, options until `NBD_OPT_GO`, then
+//! requests until `NBD_CMD_DISC`, end of stream, a protocol error or
+//! shutdown; in every case each request already accepted is finished and
+//! answered before the socket closes (FLUSH semantics hold for a client
+//! that disconnects right after a write).
+
+mod writer;
+
+pub use writer::{write_loop, Frames};
+
+use bytes::{Bytes, BytesMut};
+use ferry_nbd::{
+    Command, ExportCatalog, HandshakeProgress, NbdError, Negotiated, Request, RequestDecoder,
+    ServerHandshake,
+};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How long a client may take over each handshake step.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a connection ended early.
+#[derive(Debug, Error)]
+pub enum ConnError {
+    #[error("protocol error: {0}")]
+    Protocol(#[from] NbdError),
+    #[error("socket: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("handshake timed out")]
+    Timeout,
+    /// The backend could not open the export the client chose.
+    #[error("export {0:?} cannot be served: {1}")]
+    Open(String, String),
+}
+
+/// How a request is answered.
+pub enum Dispatch {
+    /// Already answered (on the connection's task; it must not block).
+    Ready(Bytes),
+    /// Answer on tokio's blocking pool.
+    Blocking(Box<dyn FnOnce() -> Bytes + Send>),
+    /// Answer on an async task.
+    Async(Pin<Box<dyn Future<Output = Bytes> + Send>>),
+}
+
+/// One negotiated export on one connection: turns requests into answers.
+pub trait ExportHandler: Send + Sync + 'static {
+    /// How to answer `req`. `Ready` answers skip the in-flight bound.
+    fn dispatch(self: &Arc<Self>, req: Request) -> Dispatch;
+}
+
+/// What a server serves.
+pub trait NbdBackend: Send + Sync + 'static {
+    type Handler: ExportHandler;
+    /// The exports the handshake offers.
+    fn catalog(&self) -> Box<dyn ExportCatalog + '_>;
+    /// Open the export the client chose.
+    fn open(&self, neg: &Negotiated) -> Result<Arc<Self::Handler>, String>;
+    /// Requests in flight per connection, beyond which reading pauses.
+    fn max_in_flight(&self) -> usize {
+        128
+    }
+}
+
+/// A stream that splits into owned halves (TCP, unix).
+pub trait SplitStream: Send + 'static {
+    type Read: AsyncRead + Unpin + Send + 'static;
+    type Write: AsyncWrite + Unpin + Send + 'static;
+    fn into_halves(self) -> (Self::Read, Self::Write);
+}
+
+impl SplitStream for tokio::net::TcpStream {
+    type Read = tokio::net::tcp::OwnedReadHalf;
+    type Write = tokio::net::tcp::OwnedWriteHalf;
+    fn into_halves(self) -> (Self::Read, Self::Write) {
+        self.into_split()
+    }
+}
+
+impl SplitStream for tokio::net::UnixStream {
+    type Read = tokio::net::unix::OwnedReadHalf;
+    type Write = tokio::net::unix::OwnedWriteHalf;
+    fn into_halves(self) -> (Self::Read, Self::Write) {
+        self.into_split()
+    }
+}
+
+/// Serve one client connection until it ends or `shutdown` fires.
+pub async fn serve_connection<B: NbdBackend, S: SplitStream>(
+    stream: S,
+    backend: &B,
+    shutdown: CancellationToken,
+) -> Result<(), ConnError> {
+    let (mut rd, mut wr) = stream.into_halves();
+    let Some((neg, buf)) = handshake(&mut rd, &mut wr, backend).await? else {
+        return Ok(());
+    };
+    let handler = backend
+        .open(&neg)
+        .map_err(|e| ConnError::Open(neg.export.name.clone(), e))?;
+    tracing::debug!(export = %neg.export.name, structured = neg.structured_replies, "NBD transmission starts");
+    transmission(rd, wr, buf, handler, backend.max_in_flight(), shutdown).await
+}
+
+async fn handshake<B: NbdBackend, R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    rd: &mut R,
+    wr: &mut W,
+    backend: &B,
+) -> Result<Option<(Negotiated, BytesMut)>, ConnError> {
+    wr.write_all(&ServerHandshake::greeting()).await?;
+    let mut hs = ServerHandshake::new();
+    let mut buf = BytesMut::with_capacity(4096);
+    let mut out = BytesMut::new();
+    loop {
+        let progress = hs.feed(&mut buf, backend.catalog().as_ref(), &mut out)?;
+        if !out.is_empty() {
+            wr.write_all(&out).await?;
+            out.clear();
+        }
+        match progress {
+            HandshakeProgress::Done(n) => return Ok(Some((*n, buf))),
+            HandshakeProgress::Aborted => return Ok(None),
+            HandshakeProgress::NeedMore => {
+                let n = tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.read_buf(&mut buf))
+                    .await
+                    .map_err(|_| ConnError::Timeout)??;
+                if n == 0 {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
+async fn transmission<H: ExportHandler, R, W>(
+    mut rd: R,
+    wr: W,
+    mut buf: BytesMut,
+    handler: Arc<H>,
+    max_in_flight: usize,
+    shutdown: CancellationToken,
+) -> Result<(), ConnError>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let max_in_flight = max_in_flight.max(1);
+    let (tx, rx) = mpsc::channel::<Bytes>(max_in_flight + 8);
+    let writer = tokio::spawn(write_loop(wr, rx));
+    let slots = Arc::new(Semaphore::new(max_in_flight));
+    let tracker = TaskTracker::new();
+    let mut decoder = RequestDecoder::new();
+    let mut result = Ok(());
+    'conn: loop {
+        loop {
+            let req = match decoder.decode(&mut buf) {
+                Ok(Some(r)) => r,
+                Ok(None) => break,
+                Err(e) => {
+                    result = Err(e.into());
+                    break 'conn;
+                }
+            };
+            if req.command == Command::Disc {
+                break 'conn;
+            }
+            let work = match handler.dispatch(req) {
+                Dispatch::Ready(reply) => {
+                    if tx.send(reply).await.is_err() {
+                        break 'conn;
+                    }
+                    continue;
+                }
+                work => work,
+            };
+            let permit = tokio::select! {
+                p = slots.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => break 'conn,
+                },
+                () = shutdown.cancelled() => break 'conn,
+            };
+            let tx = tx.clone();
+            match work {
+                Dispatch::Blocking(f) => {
+                    tracker.spawn_blocking(move || {
+                        let reply = f();
+                        drop(permit);
+                        // The client may be gone; its replies have nowhere to go.
+                        let _ = tx.blocking_send(reply);
+                    });
+                }
+                Dispatch::Async(fut) => {
+                    tracker.spawn(async move {
+                        let reply = fut.await;
+                        drop(permit);
+                        let _ = tx.send(reply).await;
+                    });
+                }
+                Dispatch::Ready(_) => unreachable!("answered above"),
+            }
+        }
+        buf.reserve(decoder.wanted(buf.len()).max(256 * 1024));
+        let n = tokio::select! {
+            r = rd.read_buf(&mut buf) => match r {
+                Ok(n) => n,
+                Err(e) => { result = Err(e.into()); break 'conn; }
+            },
+            () = shutdown.cancelled() => break 'conn,
+        };
+        if n == 0 {
+            if !buf.is_empty() {
+                tracing::info!(bytes = buf.len(), "client closed mid-request");
+            }
+            break;
+        }
+    }
+    // Drain: every accepted request finishes and is answered.
+    tracker.close();
+    tracker.wait().await;
+    drop(tx);
+    let _ = writer.await;
+    result
+}
