@@ -3,7 +3,8 @@ for a server to listen, medians and tool versions."""
 import os, socket, statistics, subprocess, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FERRY = os.path.join(ROOT, "target", "release", "ferry")
+# FERRY_BIN points the benches at another build (A/B runs against main).
+FERRY = os.environ.get("FERRY_BIN") or os.path.join(ROOT, "target", "release", "ferry")
 
 
 def ensure_ferry():

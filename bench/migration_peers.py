@@ -328,7 +328,8 @@ def main():
     if "cross" in a.pairs and not os.path.exists(os.path.join(a.images, "trixie-min.img")):
         subprocess.run(["bash", os.path.join(ROOT, "bench", "similarity.sh"), a.images],
                        env=dict(os.environ, RELEASE="trixie"), check=True)
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "ferry-cli"], cwd=ROOT, check=True)
+    if not os.environ.get("FERRY_BIN"):
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "ferry-cli"], cwd=ROOT, check=True)
     pairs = {
         "same": (os.path.join(a.images, "min.img"), os.path.join(a.images, "lamp.img")),
         "cross": (os.path.join(a.images, "trixie-min.img"), os.path.join(a.images, "lamp.img")),

@@ -145,8 +145,11 @@ impl AdminClient {
         }
     }
 
-    pub fn delete_volume(&self, name: &str) -> Result<()> {
-        self.delete(&format!("/v1/volumes/{name}"))
+    /// Delete a volume; refused (409) while a client or a migration holds
+    /// it, unless `force` (which never overrides a migration).
+    pub fn delete_volume(&self, name: &str, force: bool) -> Result<()> {
+        let q = if force { "?force=true" } else { "" };
+        self.delete(&format!("/v1/volumes/{name}{q}"))
     }
 
     pub fn resize_volume(&self, name: &str, size: Size, allow_shrink: bool) -> Result<VolumeView> {

@@ -118,6 +118,10 @@ pub struct VolumeView {
     /// Set after the volume migrated away: the NBD `HOST:PORT` it lives at.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moved_to: Option<String>,
+    /// An image import began and has not finished: the content is partial
+    /// and the volume is not exported until an import completes.
+    #[serde(default)]
+    pub importing: bool,
     /// Set while this is the unfinished copy of an incoming migration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incoming: Option<IncomingMigration>,

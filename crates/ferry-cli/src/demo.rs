@@ -37,7 +37,7 @@ fn build_image(path: &Path, mib: u64) -> Result<&'static str> {
     if ok {
         return Ok("ext4 image of /usr/share/doc (mke2fs -d)");
     }
-    let mut data = vec![0u8; (mib << 20) as usize];
+    let mut data = vec![0u8; usize::try_from(mib << 20)?];
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     for (i, chunk) in data.chunks_mut(1 << 20).enumerate() {
         if i % 3 == 2 {
@@ -48,9 +48,9 @@ fn build_image(path: &Path, mib: u64) -> Result<&'static str> {
             x ^= x >> 7;
             x ^= x << 17;
             *b = if i % 3 == 0 {
-                b"ferry demo text "[(x % 16) as usize]
+                b"ferry demo text "[usize::from(x.to_le_bytes()[0] % 16)]
             } else {
-                x as u8
+                x.to_le_bytes()[0]
             };
         }
     }

@@ -170,7 +170,13 @@ enum VolumeCmd {
         allow_shrink: bool,
     },
     /// Delete a volume and its data.
-    Delete { name: String },
+    Delete {
+        name: String,
+        /// Delete even while NBD clients or iSCSI sessions use it (they get
+        /// errors); never while it migrates.
+        #[arg(long)]
+        force: bool,
+    },
     /// Copy a raw image into a volume (created to fit if missing).
     Import { name: String, file: PathBuf },
     /// Copy a volume out to a sparse raw image.
@@ -418,7 +424,7 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
                 return print_json(&v);
             }
             println!(
-                "{:<24} {:>12} {:>12} {:>6} {:<13} {:<20}",
+                "{:<24} {:>12} {:>12} {:>6} {:<13} {:<20} STATE",
                 "NAME", "SIZE", "ALLOCATED", "BLOCK", "BACKING", "WWN"
             );
             for vol in &v {
@@ -427,8 +433,14 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
                     ferry_api::Backing::Preallocated => "preallocated",
                     ferry_api::Backing::External { .. } => "external",
                 };
+                let state = match (&vol.moved_to, &vol.incoming) {
+                    (Some(to), _) => format!("moved to {to}"),
+                    (None, Some(m)) => format!("incomplete (incoming migration {})", m.id),
+                    (None, None) if vol.importing => "incomplete (import did not finish)".into(),
+                    (None, None) => "ready".into(),
+                };
                 println!(
-                    "{:<24} {:>12} {:>12} {:>6} {:<13} {:<20}",
+                    "{:<24} {:>12} {:>12} {:>6} {:<13} {:<20} {state}",
                     vol.name,
                     human(vol.size),
                     human(vol.allocated_bytes),
@@ -445,8 +457,8 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
             size,
             allow_shrink,
         } => print_json(&c.resize_volume(&name, Size::Bytes(parse_size(&size)?), allow_shrink)?),
-        VolumeCmd::Delete { name } => {
-            c.delete_volume(&name)?;
+        VolumeCmd::Delete { name, force } => {
+            c.delete_volume(&name, force)?;
             eprintln!("deleted {name}");
             Ok(())
         }

@@ -1,5 +1,7 @@
 //! The `ferry` binary as users run it: `ferry serve` as a child process,
 //! volume commands, bench, and durability across `kill -9`.
+// Test fixtures: sizes, offsets and byte patterns the test itself chooses.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 use std::net::TcpListener;
 use std::path::Path;

@@ -453,7 +453,11 @@ fn on_chunk(
                     buf[..w.len()].copy_from_slice(&w);
                 }
                 if ty == REPLY_TYPE_OFFSET_DATA {
-                    buf[rel as usize..(rel + len) as usize].copy_from_slice(&payload);
+                    // The chunk was checked to lie inside the read (u32 lengths).
+                    let (from, to) = (usize::try_from(rel), usize::try_from(rel + len));
+                    if let (Ok(from), Ok(to)) = (from, to) {
+                        buf[from..to].copy_from_slice(&payload);
+                    }
                 }
             }
         }

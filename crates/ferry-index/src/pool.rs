@@ -174,7 +174,7 @@ impl PoolIndex {
                 keys.push((b, None));
                 continue;
             }
-            let n = bs.min(size - off) as usize;
+            let n = usize::try_from(bs.min(size - off)).unwrap_or(usize::MAX);
             f.read_exact_at(&mut buf[..n], off)
                 .map_err(|e| IndexError::io("read", data, e))?;
             let blk = &buf[..n];

@@ -186,7 +186,8 @@ impl VolumeRun {
         self.file
             .read_exact_at(&mut page, (p as u64 + 1) * PAGE as u64)
             .map_err(|e| IndexError::io("read", &self.path, e))?;
-        let n = (self.entries - (p * PER_PAGE) as u64).min(PER_PAGE as u64) as usize;
+        let left = self.entries.saturating_sub((p * PER_PAGE) as u64);
+        let n = usize::try_from(left).map_or(PER_PAGE, |l| l.min(PER_PAGE));
         Ok((0..n)
             .map(|i| {
                 let k = u64::from_le_bytes(page[i * ENTRY..i * ENTRY + 8].try_into().expect("8"));

@@ -74,7 +74,7 @@ pub fn scan_blocks(
                 let len = CHUNK.min(size - off);
                 let has_data = next_data(file, off).is_some_and(|d| d < off + len);
                 let item = if has_data {
-                    let mut buf = vec![0u8; len as usize];
+                    let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
                     file.read_exact_at(&mut buf, off)
                         .map(|()| (off, Some(buf)))
                         .map_err(|e| IndexError::io("read", path, e))
@@ -98,7 +98,7 @@ pub fn scan_blocks(
                     .collect(),
                 None => {
                     let n = CHUNK.min(size - off).div_ceil(bs);
-                    vec![None; n as usize]
+                    vec![None; usize::try_from(n).unwrap_or(usize::MAX)]
                 }
             };
             stats.read_bytes += buf.as_ref().map_or(0, |b| b.len() as u64);

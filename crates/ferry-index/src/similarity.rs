@@ -93,7 +93,7 @@ mod tests {
         let data: Vec<u8> = (0..(1 << 20))
             .map(|_| {
                 x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-                (x >> 33) as u8
+                (x >> 33).to_le_bytes()[0]
             })
             .collect();
         std::fs::write(&base, &data).unwrap();

@@ -58,7 +58,7 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
         bits += 6;
         if bits >= 8 {
             bits -= 8;
-            out.push((acc >> bits) as u8);
+            out.push((acc >> bits).to_le_bytes()[0]);
         }
     }
     Some(out)

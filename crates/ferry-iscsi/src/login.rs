@@ -149,6 +149,8 @@ pub enum LoginFailure {
     SessionDoesNotExist,
     InvalidRequest,
     Initiator,
+    /// The target has no room for another connection (status 03/02).
+    OutOfResources,
 }
 
 impl LoginFailure {
@@ -162,6 +164,7 @@ impl LoginFailure {
             LoginFailure::UnsupportedVersion => (2, 5),
             LoginFailure::SessionDoesNotExist => (2, 0x0a),
             LoginFailure::InvalidRequest => (2, 0x0b),
+            LoginFailure::OutOfResources => (3, 2),
         }
     }
 }
@@ -208,9 +211,7 @@ fn yn(b: bool) -> String {
 }
 fn num(v: &str, lo: u32, hi: u32) -> Option<u32> {
     let n: u64 = v.parse().ok()?;
-    (u64::from(lo)..=u64::from(hi))
-        .contains(&n)
-        .then_some(n as u32)
+    u32::try_from(n).ok().filter(|n| (lo..=hi).contains(n))
 }
 
 impl Login {
@@ -266,6 +267,19 @@ impl Login {
         p.bhs[36] = class;
         p.bhs[37] = detail;
         LoginStep::Fail(p, why)
+    }
+
+    /// Answer the first login request with "out of resources" (status
+    /// 03/02): the portal is at its connection limit. The initiator may try
+    /// again later.
+    pub fn refuse_busy(&mut self, req: &Pdu) -> Pdu {
+        self.itt = req.itt();
+        self.params.isid.copy_from_slice(&req.bhs[8..14]);
+        self.params.exp_cmdsn = req.u32_at(24);
+        self.params.stat_sn = req.u32_at(28);
+        match self.fail(LoginFailure::OutOfResources) {
+            LoginStep::Fail(p, _) | LoginStep::Continue(p) | LoginStep::Done(p, _) => p,
+        }
     }
 
     /// Handle one login request PDU.

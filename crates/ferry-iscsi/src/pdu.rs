@@ -107,8 +107,13 @@ impl Pdu {
     /// segment, its padding and digest follow separately.
     pub fn encode_header(&self, header_digest: bool, out: &mut BytesMut) {
         let mut bhs = self.bhs;
-        bhs[4] = (self.ahs.len() / 4) as u8;
-        let dl = (self.data.len() as u32).to_be_bytes();
+        // Our own PDUs: no AHS over 1 KiB, data segments within the
+        // negotiated MaxRecvDataSegmentLength (< 2^24).
+        debug_assert!(self.ahs.len() / 4 <= 255 && self.data.len() < 1 << 24);
+        bhs[4] = u8::try_from(self.ahs.len() / 4).unwrap_or(u8::MAX);
+        let dl = u32::try_from(self.data.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes();
         bhs[5..8].copy_from_slice(&dl[1..]);
         let start = out.len();
         out.put_slice(&bhs);

@@ -146,7 +146,7 @@ impl Session {
     }
 
     fn max_cmdsn(&self) -> u32 {
-        let busy = self.tasks.len() as u32;
+        let busy = u32::try_from(self.tasks.len()).unwrap_or(u32::MAX);
         self.exp_cmdsn
             .wrapping_add(COMMAND_WINDOW.saturating_sub(busy).max(1) - 1)
     }
@@ -322,7 +322,8 @@ impl Session {
             }
             ahs = &ahs[next..];
         }
-        let immediate = p.data.len() as u32;
+        // The decoder bounds data segments to 2^24 bytes.
+        let immediate = u32::try_from(p.data.len()).unwrap_or(u32::MAX);
         let bad = |why| Err(SessionError::Protocol(why));
         if (read && write) || edtl > MAX_TRANSFER {
             // Bidirectional commands are not supported; oversized
@@ -466,7 +467,7 @@ impl Session {
         let ttt = p.u32_at(20);
         let offset = p.u32_at(40);
         let data_sn = p.u32_at(36);
-        let len = p.data.len() as u32;
+        let len = u32::try_from(p.data.len()).unwrap_or(u32::MAX);
         let Some(t) = self.tasks.get_mut(&itt) else {
             // Data for a task that is gone (aborted or never existed): drop.
             return Ok(());
@@ -580,7 +581,7 @@ impl Session {
         } else {
             (0, 0)
         };
-        let residual = residual.min(u64::from(u32::MAX)) as u32;
+        let residual = u32::try_from(residual).unwrap_or(u32::MAX);
         let max_seg = self.params.max_send_data.max(512) as usize;
         let collapse = r.status == 0 && r.sense.is_empty();
         let mut data_sn = 0u32;
@@ -611,7 +612,8 @@ impl Session {
                 self.stamp_window(&mut d);
             }
             d.set_u32(36, data_sn);
-            d.set_u32(40, offset as u32);
+            // Offsets stay below the expected length, a u32.
+            d.set_u32(40, u32::try_from(offset).unwrap_or(u32::MAX));
             d.data = data.slice(offset..offset + n);
             out.push(d);
             data_sn += 1;
@@ -641,7 +643,10 @@ impl Session {
         self.stamp(&mut p, true);
         p.set_u32(44, res.count);
         if !sense.is_empty() {
-            let mut d = (sense.len() as u16).to_be_bytes().to_vec();
+            let mut d = u16::try_from(sense.len())
+                .unwrap_or(u16::MAX)
+                .to_be_bytes()
+                .to_vec();
             d.extend_from_slice(sense);
             p.data = Bytes::from(d);
         }

@@ -113,12 +113,23 @@ enum Refusal {
     OtherMigration { name: String, other: String },
     #[error("volume {0} already exists here")]
     Exists(String),
+    #[error("not enough space here: the copy needs {need} bytes, the pool has {free} free (and keeps migration.reserve_bytes)")]
+    NoSpace { need: u64, free: u64 },
     #[error("chunk size {0} is not a power of two from 512 B to 64 KiB")]
     ChunkSize(u32),
     #[error("{0}")]
     Engine(#[from] MigrationError),
     #[error("{0}")]
     Storage(#[from] StorageError),
+}
+
+/// Refuse a copy that would not fit in the pool's file system.
+fn check_space(state: &dyn MigrationHost, need: u64) -> Result<(), Refusal> {
+    let free = state.pool().free_bytes().map_err(Refusal::Storage)?;
+    if need.saturating_add(state.reserve_bytes()) > free {
+        return Err(Refusal::NoSpace { need, free });
+    }
+    Ok(())
 }
 
 /// Open or create the copy for this migration.
@@ -137,6 +148,7 @@ fn prepare(
                 if v.size() != d.size {
                     return Err(Refusal::SizeDiffers);
                 }
+                check_space(state, d.allocated.saturating_sub(v.allocated_bytes()))?;
                 Ok(Prepared::Copy(v, true))
             }
             Some(inc) => Err(Refusal::OtherMigration {
@@ -146,6 +158,7 @@ fn prepare(
             None => Err(Refusal::Exists(d.name.clone())),
         },
         Err(StorageError::NotFound(_)) => {
+            check_space(state, d.allocated)?;
             let uuid = uuid::Uuid::from_bytes(d.uuid);
             let opts = CreateOptions {
                 size: d.size,
@@ -201,7 +214,7 @@ impl Receiver {
         let total = self.table.chunks();
         let mut want = Vec::new();
         let mut i = first;
-        let mut buf = vec![0u8; self.chunk as usize];
+        let mut buf = vec![0u8; usize::try_from(self.chunk).unwrap_or(usize::MAX)];
         for e in entries {
             if i >= total {
                 return Err(MigrationError::BadData(format!(
@@ -425,6 +438,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
             return refuse(&mut wr, reason.to_string()).await;
         }
     };
+    let _hold = vol.hold(ferry_storage::Holder::IncomingMigration);
     tracing::info!(%peer, volume = %desc.name, migration = %id, resumed, "incoming migration");
     send(
         &mut wr,
@@ -446,133 +460,154 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
     let mut stats = FillStats::default();
     let mut digest_ok: Option<bool> = None;
     let mut buddies: Option<super::buddy::Buddies> = None;
-    loop {
-        let m = tokio::select! {
-            m = reader.expect(IDLE_TIMEOUT) => m?,
-            // Close without Abort: the source resumes once this daemon is back.
-            () = shutdown.cancelled() => return Err(MigrationError::Cancelled),
-        };
-        if let Err(v) = order.receive(&m) {
-            let reason = v.to_string();
-            let _ = send(&mut wr, &Message::Abort { reason }).await;
-            return Err(v.into());
-        }
-        match m {
-            Message::Prints {
-                first_chunk,
-                entries,
-            } => {
-                let r = rx.clone();
-                let mut s = std::mem::take(&mut stats);
-                let (mut missing, s) = blocking(move || {
-                    let w = r.prints(first_chunk, &entries, &mut s)?;
-                    Ok((w, s))
-                })
-                .await?;
-                stats = s;
-                if !missing.is_empty() && rx.use_index && !state.buddies().is_empty() {
-                    if buddies.is_none() {
-                        buddies = Some(super::buddy::Buddies::connect(state.as_ref()).await);
+    let outcome: Result<String, MigrationError> = async {
+        loop {
+            let m = tokio::select! {
+                m = reader.expect(IDLE_TIMEOUT) => m?,
+                // Close without Abort: the source resumes once this daemon is back.
+                () = shutdown.cancelled() => return Err(MigrationError::Cancelled),
+            };
+            if let Err(v) = order.receive(&m) {
+                let reason = v.to_string();
+                let _ = send(&mut wr, &Message::Abort { reason }).await;
+                return Err(v.into());
+            }
+            match m {
+                Message::Prints {
+                    first_chunk,
+                    entries,
+                } => {
+                    let r = rx.clone();
+                    let mut s = std::mem::take(&mut stats);
+                    let (mut missing, s) = blocking(move || {
+                        let w = r.prints(first_chunk, &entries, &mut s)?;
+                        Ok((w, s))
+                    })
+                    .await?;
+                    stats = s;
+                    if !missing.is_empty() && rx.use_index && !state.buddies().is_empty() {
+                        if buddies.is_none() {
+                            buddies = Some(super::buddy::Buddies::connect(state.as_ref()).await);
+                        }
+                        if let Some(b) = buddies.as_mut().filter(|b| !b.is_empty()) {
+                            let prints: Vec<[u8; 32]> = missing.iter().map(|m| m.1).collect();
+                            let found = b.fetch(chunk, &prints).await;
+                            let r = rx.clone();
+                            let (still, n) =
+                                blocking(move || r.fill_from_buddies(missing, found)).await?;
+                            stats.buddy += n;
+                            missing = still;
+                        }
                     }
-                    if let Some(b) = buddies.as_mut().filter(|b| !b.is_empty()) {
-                        let prints: Vec<[u8; 32]> = missing.iter().map(|m| m.1).collect();
-                        let found = b.fetch(chunk, &prints).await;
-                        let r = rx.clone();
-                        let (still, n) =
-                            blocking(move || r.fill_from_buddies(missing, found)).await?;
-                        stats.buddy += n;
-                        missing = still;
+                    if !missing.is_empty() {
+                        let ranges = coalesce(missing.iter().map(|m| m.0));
+                        send(&mut wr, &Message::Want { ranges }).await?;
                     }
                 }
-                if !missing.is_empty() {
-                    let ranges = coalesce(missing.iter().map(|m| m.0));
-                    send(&mut wr, &Message::Want { ranges }).await?;
-                }
-            }
-            Message::PrintsDone => {
-                if stats.resumed > 0 {
-                    tracing::info!(volume = %desc.name, chunks = stats.resumed, "resume: chunks already in place");
-                }
-                send(
-                    &mut wr,
-                    &Message::WantDone {
-                        local_chunks: stats.local,
-                        buddy_chunks: stats.buddy,
-                        resumed_chunks: stats.resumed,
-                    },
-                )
-                .await?;
-            }
-            Message::Data {
-                offset,
-                encoding,
-                raw_len,
-                bytes,
-            } => {
-                let r = rx.clone();
-                blocking(move || r.data(offset, encoding, raw_len, &bytes)).await?;
-            }
-            Message::RoundEnd { round, .. } => {
-                // Flush, and hash the digest groups so the pause only
-                // re-hashes what the last chunks change.
-                let r = rx.clone();
-                blocking(move || {
-                    r.vol.flush()?;
-                    r.table.digest();
-                    Ok(())
-                })
-                .await?;
-                send(&mut wr, &Message::Synced { round }).await?;
-            }
-            Message::Pause => {}
-            Message::Digest { digest } => {
-                let r = rx.clone();
-                let mine = blocking(move || {
-                    r.vol.flush()?;
-                    Ok(r.table.digest())
-                })
-                .await?;
-                let matches = mine == digest;
-                digest_ok = Some(matches);
-                if !matches {
-                    tracing::error!(volume = %desc.name, source = %hex(&digest), destination = %hex(&mine), "migration digest mismatch");
-                }
-                send(
-                    &mut wr,
-                    &Message::DigestResult {
-                        matches,
-                        digest: mine,
-                    },
-                )
-                .await?;
-            }
-            Message::Switch => {
-                if digest_ok != Some(true) {
-                    let reason = "switch refused: no matching digest".to_string();
+                Message::PrintsDone => {
+                    if stats.resumed > 0 {
+                        tracing::info!(volume = %desc.name, chunks = stats.resumed, "resume: chunks already in place");
+                    }
                     send(
                         &mut wr,
-                        &Message::Abort {
-                            reason: reason.clone(),
+                        &Message::WantDone {
+                            local_chunks: stats.local,
+                            buddy_chunks: stats.buddy,
+                            resumed_chunks: stats.resumed,
                         },
                     )
                     .await?;
-                    return Err(MigrationError::Refused(reason));
                 }
-                let v = vol.clone();
-                blocking(move || {
-                    v.flush()?;
-                    v.complete_incoming()?;
-                    Ok(())
-                })
-                .await?;
-                let location = state.advertised_nbd(local);
-                send(&mut wr, &Message::Done { location }).await?;
-                // Index the new volume so it can be a base for later migrations.
-                state.volume_arrived(&vol);
-                return Ok(desc.name);
+                Message::Data {
+                    offset,
+                    encoding,
+                    raw_len,
+                    bytes,
+                } => {
+                    let r = rx.clone();
+                    blocking(move || r.data(offset, encoding, raw_len, &bytes)).await?;
+                }
+                Message::RoundEnd { round, .. } => {
+                    // Flush, and hash the digest groups so the pause only
+                    // re-hashes what the last chunks change.
+                    let r = rx.clone();
+                    blocking(move || {
+                        r.vol.flush()?;
+                        r.table.digest();
+                        Ok(())
+                    })
+                    .await?;
+                    send(&mut wr, &Message::Synced { round }).await?;
+                }
+                Message::Pause => {}
+                Message::Digest { digest } => {
+                    let r = rx.clone();
+                    let mine = blocking(move || {
+                        r.vol.flush()?;
+                        Ok(r.table.digest())
+                    })
+                    .await?;
+                    let matches = mine == digest;
+                    digest_ok = Some(matches);
+                    if !matches {
+                        tracing::error!(volume = %desc.name, source = %hex(&digest), destination = %hex(&mine), "migration digest mismatch");
+                    }
+                    send(
+                        &mut wr,
+                        &Message::DigestResult {
+                            matches,
+                            digest: mine,
+                        },
+                    )
+                    .await?;
+                }
+                Message::Switch => {
+                    if digest_ok != Some(true) {
+                        let reason = "switch refused: no matching digest".to_string();
+                        send(
+                            &mut wr,
+                            &Message::Abort {
+                                reason: reason.clone(),
+                            },
+                        )
+                        .await?;
+                        return Err(MigrationError::Refused(reason));
+                    }
+                    let v = vol.clone();
+                    blocking(move || {
+                        v.flush()?;
+                        v.complete_incoming()?;
+                        Ok(())
+                    })
+                    .await?;
+                    let location = state.advertised_nbd(local);
+                    send(&mut wr, &Message::Done { location }).await?;
+                    // Index the new volume so it can be a base for later migrations.
+                    state.volume_arrived(&vol);
+                    return Ok(desc.name);
+                }
+                Message::Abort { reason } => return Err(MigrationError::PeerAborted(reason)),
+                m => return Err(unexpected(&m, "receiving a migration")),
             }
-            Message::Abort { reason } => return Err(MigrationError::PeerAborted(reason)),
-            m => return Err(unexpected(&m, "receiving a migration")),
         }
     }
+    .await;
+    // Tell the source why, when another attempt could not do better (a
+    // full disk, bad data, a message out of order); a lost link or a
+    // shutdown ends silently and the source resumes.
+    if let Err(e) = &outcome {
+        if !matches!(
+            e,
+            MigrationError::Link(_)
+                | MigrationError::Wire(_)
+                | MigrationError::Cancelled
+                | MigrationError::PeerAborted(_)
+                | MigrationError::Refused(_)
+                | MigrationError::Order(_)
+        ) {
+            let reason = format!("destination: {e}");
+            let _ = send(&mut wr, &Message::Abort { reason }).await;
+        }
+    }
+    outcome
 }

@@ -23,6 +23,10 @@ pub trait MigrationHost: Send + Sync + 'static {
     fn plaintext(&self) -> bool;
     /// Migration listeners of same-site daemons to ask for blocks.
     fn buddies(&self) -> &[String];
+    /// Bytes the pool must keep free after an incoming copy is complete.
+    fn reserve_bytes(&self) -> u64 {
+        64 << 20
+    }
     /// The NBD `HOST:PORT` clients are sent to once a volume arrived here;
     /// `local` is the address the migration connection came in on.
     fn advertised_nbd(&self, local: Option<SocketAddr>) -> String;

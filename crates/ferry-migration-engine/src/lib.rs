@@ -51,7 +51,7 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Error)]
 pub enum MigrationError {
     #[error("link: {0}")]
-    Link(#[from] std::io::Error),
+    Link(std::io::Error),
     #[error("protocol: {0}")]
     Wire(#[from] WireError),
     #[error("protocol: {0}")]
@@ -63,6 +63,11 @@ pub enum MigrationError {
     },
     #[error("TLS: {0}")]
     Tls(#[from] tls::CertError),
+    /// The peer's certificate was refused, or ours was (`ferry certs`).
+    #[error(
+        "TLS handshake refused: {0} (are both daemons' certificates trusted? see `ferry certs`)"
+    )]
+    Handshake(String),
     #[error("refused by the destination: {0}")]
     Refused(String),
     #[error("aborted by the peer: {0}")]
@@ -101,6 +106,23 @@ pub enum MigrationError {
         source_digest: String,
         destination_digest: String,
     },
+}
+
+/// Socket errors are link errors (worth resuming), except a TLS peer
+/// refusing our certificate or presenting one we refuse: that is a trust
+/// problem another attempt would meet again.
+impl From<std::io::Error> for MigrationError {
+    fn from(e: std::io::Error) -> Self {
+        let refused = e
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .filter(|t| tls::is_trust_failure(t))
+            .cloned();
+        match refused {
+            Some(t) => MigrationError::Handshake(t.to_string()),
+            None => MigrationError::Link(e),
+        }
+    }
 }
 
 impl MigrationError {
@@ -336,12 +358,18 @@ fn short(p: &[u8; 32]) -> [u8; 16] {
     s
 }
 
+/// A chunk number or byte count of a table as an index: a table holds at
+/// most [`MAX_CHUNKS`] (2^28) chunks of at most 64 KiB, so it always fits.
+fn idx(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
 impl TableInner {
     fn set(&mut self, i: u64, p: [u8; 16]) {
-        if let Some(slot) = self.prints.get_mut(i as usize) {
+        if let Some(slot) = self.prints.get_mut(idx(i)) {
             if *slot != p {
                 *slot = p;
-                self.groups[i as usize / GROUP] = None;
+                self.groups[idx(i) / GROUP] = None;
             }
         }
     }
@@ -351,10 +379,10 @@ impl ChunkTable {
     /// A table for a volume that reads as zeroes everywhere.
     pub fn zeroed(size: u64, chunk: u32) -> ChunkTable {
         let chunk = u64::from(chunk);
-        let n = size.div_ceil(chunk) as usize;
-        let mut prints = vec![short(&zero_print(chunk as usize)); n];
+        let n = idx(size.div_ceil(chunk));
+        let mut prints = vec![short(&zero_print(idx(chunk))); n];
         if let Some(last) = prints.last_mut() {
-            let len = (size - (n as u64 - 1) * chunk) as usize;
+            let len = idx(size - (n as u64 - 1) * chunk);
             *last = short(&zero_print(len));
         }
         ChunkTable {
@@ -373,7 +401,7 @@ impl ChunkTable {
 
     /// Bytes in chunk `i` (the last one may be short).
     pub fn len_of(&self, i: u64) -> usize {
-        (self.size - i * self.chunk).min(self.chunk) as usize
+        idx((self.size - i * self.chunk).min(self.chunk))
     }
 
     /// Record `data`, which starts at chunk `first`, hashing each chunk.
@@ -398,7 +426,7 @@ impl ChunkTable {
     }
 
     pub fn set_zero(&self, first: u64, count: u64) {
-        let full = short(&zero_print(self.chunk as usize));
+        let full = short(&zero_print(idx(self.chunk)));
         let n = self.chunks();
         let mut t = self.inner.lock();
         for i in first..(first + count).min(n) {

@@ -178,6 +178,7 @@ async fn migrate(
     vol: Arc<Volume>,
 ) -> Report {
     let chunk = state.chunk_size();
+    let _hold = vol.hold(ferry_storage::Holder::OutgoingMigration);
     let bm_name = format!("migration-{}", &run.id.as_str()[..12]);
     let outcome = match vol.create_bitmap(&bm_name, chunk, false) {
         Err(e) => Err(MigrationError::from(e)),
@@ -344,8 +345,22 @@ pub(crate) async fn dial(
     let cfg = CertStore::new(state.pool().root()).client_config()?;
     let tls = tokio_rustls::TlsConnector::from(cfg)
         .connect(server_name(), counted)
-        .await?;
+        .await
+        .map_err(handshake_error)?;
     Ok(Box::new(tls))
+}
+
+/// A TLS handshake that failed for any TLS reason (not a cut link) fails
+/// the migration at once: another attempt would fail the same way.
+fn handshake_error(e: std::io::Error) -> MigrationError {
+    let tls = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .cloned();
+    match tls {
+        Some(t) => MigrationError::Handshake(t.to_string()),
+        None => MigrationError::Link(e),
+    }
 }
 
 /// An encoded frame for the writer task, and what it counts as.
@@ -408,7 +423,7 @@ impl Sender {
                 if len == 0 {
                     break;
                 }
-                buf.resize(len as usize, 0);
+                buf.resize(usize::try_from(len).unwrap_or(usize::MAX), 0);
                 self.vol.read_at(off, &mut buf)?;
                 self.table.record(c, &buf);
                 let k = &self.run.counters;
@@ -486,7 +501,7 @@ impl Sender {
                 return Err(MigrationError::Cancelled);
             }
             let seg = SEGMENT.min(size - pos);
-            buf.resize(seg as usize, 0);
+            buf.resize(usize::try_from(seg).unwrap_or(usize::MAX), 0);
             self.vol.read_at(pos, &mut buf)?;
             let mut off = 0usize;
             while off < buf.len() {
@@ -629,6 +644,7 @@ async fn attempt(
             chunk_size: chunk,
             uuid: *meta.uuid.as_bytes(),
             wwn: meta.wwn.clone(),
+            allocated: vol.allocated_bytes(),
         },
     };
     let n = super::transport::send(&mut wr, &hello).await?;

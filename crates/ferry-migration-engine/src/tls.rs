@@ -357,3 +357,24 @@ impl ClientCertVerifier for Pinned {
         self.schemes()
     }
 }
+
+/// A TLS error that means "not trusted" (our verdict on the peer's
+/// certificate, or the peer's on ours), as opposed to a damaged link.
+pub fn is_trust_failure(e: &TlsError) -> bool {
+    use rustls::AlertDescription as A;
+    match e {
+        TlsError::InvalidCertificate(_) | TlsError::NoCertificatesPresented => true,
+        TlsError::AlertReceived(a) => matches!(
+            a,
+            A::BadCertificate
+                | A::UnsupportedCertificate
+                | A::CertificateRevoked
+                | A::CertificateExpired
+                | A::CertificateUnknown
+                | A::UnknownCA
+                | A::AccessDenied
+                | A::CertificateRequired
+        ),
+        _ => false,
+    }
+}

@@ -43,6 +43,8 @@ pub struct VolumeDescriptor {
     pub uuid: [u8; 16],
     /// NAA identifier the copy keeps.
     pub wwn: String,
+    /// Bytes the source holds allocated (what a sparse copy needs on disk).
+    pub allocated: u64,
 }
 
 /// One fingerprint-stream entry.
@@ -280,6 +282,7 @@ impl Message {
                 out.put_u32(volume.chunk_size);
                 out.put_slice(&volume.uuid);
                 put_str(out, &volume.wwn);
+                out.put_u64(volume.allocated);
             }
             Message::Welcome { version, resumed } => {
                 out.put_u16(*version);
@@ -472,6 +475,7 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
                 chunk_size: p.u32()?,
                 uuid: p.array()?,
                 wwn: p.string()?,
+                allocated: p.u64()?,
             },
         },
         T::Welcome => {
@@ -651,6 +655,7 @@ mod tests {
             chunk_size: 4096,
             uuid: [7; 16],
             wwn: "naa.3123456789abcdef".into(),
+            allocated: 0,
         };
         vec![
             Message::Hello {

@@ -249,6 +249,7 @@ mod tests {
                 chunk_size: 4096,
                 uuid: [2; 16],
                 wwn: "naa.3".into(),
+                allocated: 0,
             },
         }
     }

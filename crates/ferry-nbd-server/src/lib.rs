@@ -8,6 +8,13 @@
 //! ([`Dispatch`]), and a writer task that sends replies in completion order,
 //! batching whatever is ready into one vectored write.
 //!
+//! Memory: every request is charged, before it is dispatched, the bytes it
+//! will hold until its reply is written (a READ its length, a WRITE its
+//! payload, others a little), against a per-connection budget and an
+//! optional budget shared by all connections ([`ReplyBudget`]). A client
+//! that stops reading its replies therefore stops being read, and holds at
+//! most its budget; the bytes come back as the writer gets them out.
+//!
 //! Lifecycle of a connection: greeting, options until `NBD_OPT_GO`, then
 //! requests until `NBD_CMD_DISC`, end of stream, a protocol error or
 //! shutdown; in every case each request already accepted is finished and
@@ -16,7 +23,7 @@
 
 mod writer;
 
-pub use writer::{write_loop, Frames};
+pub use writer::{write_loop, Frames, Held, Reply};
 
 use bytes::{Bytes, BytesMut};
 use ferry_nbd::{
@@ -33,8 +40,9 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// How long a client may take over each handshake step.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a client may take over each handshake step: an idle client
+/// must not hold a connection slot for long before it even chose an export.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a connection ended early.
 #[derive(Debug, Error)]
@@ -66,6 +74,41 @@ pub trait ExportHandler: Send + Sync + 'static {
     fn dispatch(self: &Arc<Self>, req: Request) -> Dispatch;
 }
 
+/// How many bytes of requests and replies may wait in memory.
+#[derive(Debug, Clone)]
+pub struct ReplyBudget {
+    /// Per connection (raised to at least one largest request).
+    pub per_connection: usize,
+    /// Shared by every connection of the server, if bounded.
+    pub total: Option<Arc<Semaphore>>,
+}
+
+impl Default for ReplyBudget {
+    fn default() -> Self {
+        ReplyBudget {
+            per_connection: DEFAULT_CONNECTION_BUDGET,
+            total: None,
+        }
+    }
+}
+
+/// Default bytes one connection may hold in requests and replies.
+pub const DEFAULT_CONNECTION_BUDGET: usize = 64 << 20;
+
+/// What one request is charged: the reply or payload it holds, plus room
+/// for headers.
+fn cost(req: &Request) -> u32 {
+    let body = match req.command {
+        Command::Read => req.length,
+        Command::Write => req
+            .payload
+            .as_ref()
+            .map_or(0, |p| u32::try_from(p.len()).unwrap_or(u32::MAX)),
+        _ => 0,
+    };
+    body.saturating_add(4096)
+}
+
 /// What a server serves.
 pub trait NbdBackend: Send + Sync + 'static {
     type Handler: ExportHandler;
@@ -76,6 +119,10 @@ pub trait NbdBackend: Send + Sync + 'static {
     /// Requests in flight per connection, beyond which reading pauses.
     fn max_in_flight(&self) -> usize {
         128
+    }
+    /// Bytes requests and replies may hold in memory.
+    fn reply_budget(&self) -> ReplyBudget {
+        ReplyBudget::default()
     }
 }
 
@@ -116,7 +163,11 @@ pub async fn serve_connection<B: NbdBackend, S: SplitStream>(
         .open(&neg)
         .map_err(|e| ConnError::Open(neg.export.name.clone(), e))?;
     tracing::debug!(export = %neg.export.name, structured = neg.structured_replies, "NBD transmission starts");
-    transmission(rd, wr, buf, handler, backend.max_in_flight(), shutdown).await
+    let limits = Limits {
+        in_flight: backend.max_in_flight(),
+        budget: backend.reply_budget(),
+    };
+    transmission(rd, wr, buf, handler, limits, shutdown).await
 }
 
 async fn handshake<B: NbdBackend, R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
@@ -149,20 +200,44 @@ async fn handshake<B: NbdBackend, R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     }
 }
 
+struct Limits {
+    in_flight: usize,
+    budget: ReplyBudget,
+}
+
+/// Take `n` bytes of the connection's budget and of the shared one.
+async fn charge(conn: &Arc<Semaphore>, total: Option<&Arc<Semaphore>>, n: u32) -> Option<Held> {
+    let c = conn.clone().acquire_many_owned(n).await.ok()?;
+    let t = match total {
+        Some(t) => Some(t.clone().acquire_many_owned(n).await.ok()?),
+        None => None,
+    };
+    Some(Held::new(c, t))
+}
+
 async fn transmission<H: ExportHandler, R, W>(
     mut rd: R,
     wr: W,
     mut buf: BytesMut,
     handler: Arc<H>,
-    max_in_flight: usize,
+    limits: Limits,
     shutdown: CancellationToken,
 ) -> Result<(), ConnError>
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let max_in_flight = max_in_flight.max(1);
-    let (tx, rx) = mpsc::channel::<Bytes>(max_in_flight + 8);
+    let max_in_flight = limits.in_flight.max(1);
+    // At least one largest request must fit, or it would wait forever.
+    let floor = usize::try_from(ferry_nbd::MAX_REQUEST_LEN).unwrap_or(usize::MAX) + 8192;
+    let per_conn = limits
+        .budget
+        .per_connection
+        .max(floor)
+        .min(Semaphore::MAX_PERMITS);
+    let budget = Arc::new(Semaphore::new(per_conn));
+    let total = limits.budget.total.clone();
+    let (tx, rx) = mpsc::channel::<Reply>(max_in_flight + 8);
     let writer = tokio::spawn(write_loop(wr, rx));
     let slots = Arc::new(Semaphore::new(max_in_flight));
     let tracker = TaskTracker::new();
@@ -181,9 +256,20 @@ where
             if req.command == Command::Disc {
                 break 'conn;
             }
+            // Wait (not reading further) until the budget has room.
+            // An oversized READ is refused by validation; its charge is
+            // capped so it cannot wait for more than the budget holds.
+            let n = cost(&req).min(u32::try_from(per_conn).unwrap_or(u32::MAX));
+            let held = tokio::select! {
+                h = charge(&budget, total.as_ref(), n) => match h {
+                    Some(h) => h,
+                    None => break 'conn,
+                },
+                () = shutdown.cancelled() => break 'conn,
+            };
             let work = match handler.dispatch(req) {
-                Dispatch::Ready(reply) => {
-                    if tx.send(reply).await.is_err() {
+                Dispatch::Ready(bytes) => {
+                    if tx.send(Reply { bytes, held }).await.is_err() {
                         break 'conn;
                     }
                     continue;
@@ -201,17 +287,17 @@ where
             match work {
                 Dispatch::Blocking(f) => {
                     tracker.spawn_blocking(move || {
-                        let reply = f();
+                        let bytes = f();
                         drop(permit);
                         // The client may be gone; its replies have nowhere to go.
-                        let _ = tx.blocking_send(reply);
+                        let _ = tx.blocking_send(Reply { bytes, held });
                     });
                 }
                 Dispatch::Async(fut) => {
                     tracker.spawn(async move {
-                        let reply = fut.await;
+                        let bytes = fut.await;
                         drop(permit);
-                        let _ = tx.send(reply).await;
+                        let _ = tx.send(Reply { bytes, held }).await;
                     });
                 }
                 Dispatch::Ready(_) => unreachable!("answered above"),

@@ -33,15 +33,34 @@ pub struct ApiError(StatusCode, String);
 fn storage_status(e: &StorageError) -> StatusCode {
     match e {
         StorageError::NotFound(_) | StorageError::BitmapNotFound(_) => StatusCode::NOT_FOUND,
-        StorageError::Exists(_) | StorageError::BitmapExists(_) | StorageError::Moved { .. } => {
-            StatusCode::CONFLICT
-        }
+        StorageError::Exists(_)
+        | StorageError::BitmapExists(_)
+        | StorageError::InUse { .. }
+        | StorageError::Moved { .. } => StatusCode::CONFLICT,
         StorageError::InvalidName(_)
         | StorageError::Invalid(_)
         | StorageError::OutOfRange { .. }
         | StorageError::ReadOnly(_) => StatusCode::BAD_REQUEST,
+        // A size the pool's file system cannot hold is the caller's to fix.
+        _ if matches!(e.raw_os_error(), Some(libc::EFBIG | libc::EINVAL)) => {
+            StatusCode::BAD_REQUEST
+        }
+        StorageError::Io { source, .. }
+            if matches!(
+                source.kind(),
+                std::io::ErrorKind::InvalidInput | std::io::ErrorKind::NotFound
+            ) =>
+        {
+            StatusCode::BAD_REQUEST
+        }
+        _ if e.raw_os_error() == Some(libc::ENOSPC) => StatusCode::INSUFFICIENT_STORAGE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
+}
+
+/// Bitmap names the daemon uses itself: the index's, and each migration's.
+fn reserved_bitmap(name: &str) -> bool {
+    name.starts_with("ferry-") || name.starts_with("migration-")
 }
 
 impl From<StorageError> for ApiError {
@@ -164,6 +183,7 @@ fn view(v: &Volume) -> VolumeView {
         direct_io: v.direct_io(),
         dirty_bitmaps: v.bitmaps().into_iter().map(bitmap_view).collect(),
         moved_to: m.moved_to,
+        importing: m.importing,
         incoming: m.incoming.map(incoming_view),
         arrived: m.arrived.map(incoming_view),
     }
@@ -259,10 +279,21 @@ async fn info(State(s): St, Path(name): Path<String>) -> ApiResult<Json<VolumeVi
     Ok(Json(view(&v)))
 }
 
-async fn delete(State(s): St, Path(name): Path<String>) -> ApiResult<StatusCode> {
+/// `DELETE /v1/volumes/{name}[?force=true]`.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct DeleteQuery {
+    #[serde(default)]
+    pub force: bool,
+}
+
+async fn delete(
+    State(s): St,
+    Path(name): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<DeleteQuery>,
+) -> ApiResult<StatusCode> {
     let pool = s.pool.clone();
     let n = name.clone();
-    blocking(move || pool.delete(&n)).await?;
+    blocking(move || pool.delete(&n, q.force)).await?;
     s.index.remove(&name);
     tracing::info!(volume = %name, "volume deleted");
     Ok(StatusCode::NO_CONTENT)
@@ -291,6 +322,10 @@ async fn import(
 ) -> ApiResult<Json<ImportReport>> {
     let v = s.pool.get(&name)?;
     let size = v.size();
+    // Durably incomplete until the whole image is in and flushed: a crash
+    // or a broken upload leaves a volume that says so and is not exported.
+    let v2 = v.clone();
+    blocking(move || v2.set_importing(true)).await?;
     let mut stream = body.into_data_stream();
     let mut pending = BytesMut::with_capacity(IO_CHUNK);
     let mut offset = 0u64;
@@ -342,7 +377,11 @@ async fn import(
         }
     }
     let v2 = v.clone();
-    blocking(move || v2.flush()).await?;
+    blocking(move || {
+        v2.flush()?;
+        v2.set_importing(false)
+    })
+    .await?;
     // The imported content is what other volumes will be rebuilt from.
     let (index, v2) = (s.index.clone(), v.clone());
     tokio::task::spawn_blocking(move || match crate::indexer::rebuild_volume(&index, &v2) {
@@ -366,7 +405,7 @@ async fn export(State(s): St, Path(name): Path<String>) -> ApiResult<Response> {
             if off >= size {
                 return None;
             }
-            let n = (size - off).min(IO_CHUNK as u64) as usize;
+            let n = usize::try_from(size - off).map_or(IO_CHUNK, |n| n.min(IO_CHUNK));
             let r = tokio::task::spawn_blocking(move || {
                 let mut b = vec![0u8; n];
                 v.read_at(off, &mut b).map(|()| Bytes::from(b))
@@ -404,6 +443,12 @@ async fn create_bitmap(
     ApiJson(r): ApiJson<BitmapRequest>,
 ) -> ApiResult<(StatusCode, Json<BitmapView>)> {
     let v = s.pool.get(&name)?;
+    if reserved_bitmap(&r.name) {
+        return Err(bad(format!(
+            "bitmap name {:?} is reserved (names starting with ferry- or migration- are the daemon's own)",
+            r.name
+        )));
+    }
     let b = v.create_bitmap(&r.name, r.granularity, r.persistent)?;
     Ok((StatusCode::CREATED, Json(bitmap_view(b.info()))))
 }

@@ -6,8 +6,11 @@
 //!
 //! [nbd]
 //! listen = "127.0.0.1:10809"     # "" turns the NBD listener off
-//! max_connections = 1024
+//! max_connections = 1024         # then new clients get the greeting and a close
+//! max_connections_per_peer = 512 # per client address
 //! max_in_flight = 128            # requests per connection
+//! max_queued_bytes = 67108864    # requests + replies held per connection
+//! max_queued_bytes_total = 1073741824  # the same, all connections together
 //!
 //! [admin]
 //! listen = "127.0.0.1:10880"     # "" turns the admin API off
@@ -28,7 +31,8 @@
 //! [iscsi]
 //! listen = []                    # portals, e.g. ["0.0.0.0:3260"]; each is its own portal group
 //! base_iqn = "iqn.2026-11.io.ferry"   # volume v is target "<base_iqn>:v", LUN 0
-//! max_connections = 1024         # per portal
+//! max_connections = 1024         # per portal; then logins get "out of resources"
+//! max_connections_per_peer = 512
 //! acl = []                       # initiator IQNs allowed on every target ([] = any)
 //! chap_user = ""                 # one-way CHAP for every target ("" = off)
 //! chap_secret = ""
@@ -97,6 +101,8 @@ pub struct IscsiConfig {
     pub base_iqn: String,
     /// Open iSCSI connections at most, per portal.
     pub max_connections: usize,
+    /// Connections one peer address may hold (0: no cap of its own).
+    pub max_connections_per_peer: usize,
     /// Defaults for every target (and discovery).
     pub acl: Vec<String>,
     pub chap_user: String,
@@ -119,6 +125,7 @@ impl Default for IscsiConfig {
             listen: Vec::new(),
             base_iqn: DEFAULT_BASE_IQN.into(),
             max_connections: 1024,
+            max_connections_per_peer: 512,
             acl: Vec::new(),
             chap_user: String::new(),
             chap_secret: String::new(),
@@ -147,7 +154,7 @@ impl IscsiConfig {
 }
 
 /// Incoming migrations (the destination side).
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct MigrationConfig {
     /// Where to accept migrations; "" turns the listener off.
@@ -163,6 +170,21 @@ pub struct MigrationConfig {
     /// (buddy servers). Each must trust this daemon's certificate and be
     /// trusted by it.
     pub buddies: Vec<String>,
+    /// Bytes the pool's file system keeps free: an incoming copy that would
+    /// leave less is refused before anything is written.
+    pub reserve_bytes: u64,
+}
+
+impl Default for MigrationConfig {
+    fn default() -> Self {
+        MigrationConfig {
+            listen: String::new(),
+            advertise_nbd: String::new(),
+            plaintext: false,
+            buddies: Vec::new(),
+            reserve_bytes: 64 << 20,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -188,7 +210,14 @@ impl Default for IndexConfig {
 pub struct NbdConfig {
     pub listen: String,
     pub max_connections: usize,
+    /// Connections one peer address may hold (0: no cap of its own).
+    pub max_connections_per_peer: usize,
     pub max_in_flight: usize,
+    /// Bytes of requests and unsent replies one connection may hold; a
+    /// client that does not read its replies is not read further.
+    pub max_queued_bytes: usize,
+    /// The same, over all connections together.
+    pub max_queued_bytes_total: usize,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -222,7 +251,10 @@ impl Default for NbdConfig {
         NbdConfig {
             listen: DEFAULT_NBD_ADDR.into(),
             max_connections: 1024,
+            max_connections_per_peer: 512,
             max_in_flight: 128,
+            max_queued_bytes: 64 << 20,
+            max_queued_bytes_total: 1 << 30,
         }
     }
 }

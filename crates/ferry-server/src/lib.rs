@@ -233,6 +233,10 @@ impl migration::MigrationHost for ServerState {
         &self.config.migration.buddies
     }
 
+    fn reserve_bytes(&self) -> u64 {
+        self.config.migration.reserve_bytes
+    }
+
     /// `migration.advertise_nbd` if set; otherwise the NBD listener, with
     /// an unspecified address replaced by the one the migration came in on.
     fn advertised_nbd(&self, local: Option<SocketAddr>) -> String {

@@ -130,6 +130,8 @@ pub struct Metrics {
     pub request_size: HistFamily<OpLabels>,
     pub in_flight: Family<VolumeLabels, Gauge>,
     pub connections: Gauge,
+    /// Connections refused over a connection limit.
+    pub connections_refused: Counter,
     volume_size: Family<VolumeLabels, Gauge>,
     volume_allocated: Family<VolumeLabels, Gauge>,
     bitmap_dirty: Family<BitmapLabels, Gauge>,
@@ -175,6 +177,7 @@ impl Metrics {
         let request_size: HistFamily<OpLabels> = Family::new_with_constructor(size_hist);
         let in_flight = Family::<VolumeLabels, Gauge>::default();
         let connections = Gauge::default();
+        let connections_refused = Counter::default();
         let volume_size = Family::<VolumeLabels, Gauge>::default();
         let volume_allocated = Family::<VolumeLabels, Gauge>::default();
         let bitmap_dirty = Family::<BitmapLabels, Gauge>::default();
@@ -210,6 +213,11 @@ impl Metrics {
             "nbd_connections",
             "Open NBD connections",
             connections.clone(),
+        );
+        registry.register(
+            "connections_refused",
+            "Connections refused over a connection limit (NBD and iSCSI)",
+            connections_refused.clone(),
         );
         registry.register("volume_size_bytes", "Volume size", volume_size.clone());
         registry.register(
@@ -279,6 +287,7 @@ impl Metrics {
             request_size,
             in_flight,
             connections,
+            connections_refused,
             volume_size,
             volume_allocated,
             bitmap_dirty,

@@ -1,4 +1,6 @@
 //! The admin API over real HTTP, and the metrics endpoint.
+// Test fixtures: sizes, offsets and byte patterns the test itself chooses.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 mod common;
 use common::*;

@@ -1,6 +1,8 @@
 //! Hand-made bad bytes against a real server: each gets the right NBD answer
 //! or closes that one connection; other connections and the volume's data
 //! are never harmed.
+// Test fixtures: sizes, offsets and byte patterns the test itself chooses.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 mod common;
 use bytes::BytesMut;
@@ -104,6 +106,17 @@ fn closed(t: &mut TcpStream) -> bool {
     }
 }
 
+/// Resident memory of this process (the daemon runs in it), in bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
 /// A healthy connection still reads correct data.
 fn healthy(s: &TestServer, export: &str, offset: u64, expect: &[u8]) {
     let (mut t, mut buf) = go(s, export, false);
@@ -122,6 +135,40 @@ fn healthy(s: &TestServer, export: &str, offset: u64, expect: &[u8]) {
         } => assert_eq!(&data[..], expect),
         r => panic!("unexpected {r:?}"),
     }
+}
+
+/// A client that pipelines many large READs and never reads the replies
+/// holds at most its reply budget: the daemon stops reading it instead of
+/// queueing gigabytes, other clients are served, and the memory comes back
+/// when it leaves.
+#[test]
+fn a_client_that_never_reads_replies_cannot_grow_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = TestServer::start(dir.path());
+    let v = s.create("big", 64 << 20);
+    v.write_at(0, &vec![0x5a; 8 << 20], false).unwrap();
+    let before = rss();
+    let mut hogs = Vec::new();
+    for _ in 0..3 {
+        let (mut t, _) = go(&s, "big", false);
+        // 2,000 reads of 1 MiB: 2 GiB of replies if they were all queued.
+        let mut b = BytesMut::new();
+        for i in 0..2000u64 {
+            encode_request(&mut b, 0, Command::Read, i, (i % 8) << 20, 1 << 20);
+        }
+        t.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = t.write_all(&b);
+        hogs.push(t);
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let grown = rss().saturating_sub(before);
+    // Three connections at 64 MiB each, plus socket buffers and slack.
+    assert!(grown < 400 << 20, "daemon grew by {} MiB", grown >> 20);
+    // Others are still served while the hogs stall.
+    healthy(&s, "big", 4096, &[0x5a; 4096]);
+    drop(hogs);
+    std::thread::sleep(Duration::from_millis(500));
+    healthy(&s, "big", 0, &[0x5a; 4096]);
 }
 
 #[test]
@@ -405,6 +452,7 @@ mod migration_input {
                 chunk_size: chunk,
                 uuid: [id; 16],
                 wwn: "naa.3000000000000001".into(),
+                allocated: 0,
             },
         }
     }
@@ -434,6 +482,18 @@ mod migration_input {
                 Ok(0) | Err(_) => return None,
                 Ok(n) => buf.extend_from_slice(&tmp[..n]),
             }
+        }
+    }
+
+    /// The destination says why (Abort), then closes the link: bad data
+    /// is not a link fault for the source to resume from.
+    fn aborted(c: &mut TcpStream) -> String {
+        match recv(c) {
+            Some(Message::Abort { reason }) => {
+                assert!(recv(c).is_none(), "the link ends after Abort");
+                reason
+            }
+            other => panic!("expected Abort, got {other:?}"),
         }
     }
 
@@ -549,7 +609,7 @@ mod migration_input {
                 entries: vec![PrintEntry::Print([1; 32])],
             },
         );
-        assert!(recv(&mut c).is_none());
+        aborted(&mut c);
 
         // Data that is not zstd, and data past the end.
         let mut c = connect(&s);
@@ -564,7 +624,7 @@ mod migration_input {
                 bytes: Bytes::from_static(b"not zstd at all"),
             },
         );
-        assert!(recv(&mut c).is_none());
+        aborted(&mut c);
         let mut c = connect(&s);
         send(&mut c, &hello("c", size, 4096, 6));
         welcomed(&mut c);
@@ -577,7 +637,7 @@ mod migration_input {
                 bytes: Bytes::from(vec![7u8; 4096]),
             },
         );
-        assert!(recv(&mut c).is_none());
+        aborted(&mut c);
 
         // A switch without a matching digest is refused.
         let mut c = connect(&s);

@@ -1,6 +1,8 @@
 //! One `ferry host` agent forwarding several volumes, attached and detached
 //! through its control API, served by the same NBD connection loop as the
 //! daemon (`ferry_nbd_server`), read by real clients.
+// Test fixtures: sizes, offsets and byte patterns the test itself chooses.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 mod common;
 

@@ -2,6 +2,8 @@
 //! (`iscsi-test-cu`), its command-line tools, qemu-img over `iscsi://`
 //! with CHAP, the same volume over NBD and iSCSI at once, and hand-made bad
 //! PDUs on raw sockets.
+// Test fixtures: sizes, offsets and byte patterns the test itself chooses.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 mod common;
 
@@ -670,4 +672,32 @@ fn aptpl_reservations_survive_a_restart() {
     let mut other = Raw::login(portals(&s)[0], "pr", false);
     let w = other.command_out(&[0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0], &[0u8; 512]);
     assert_eq!(other.run(&w).0, 0x18, "RESERVATION CONFLICT");
+}
+
+/// Over the portal's connection limit a login is answered "out of
+/// resources" (03/02) at once, instead of waiting in the listen queue; a
+/// slot that frees up is usable again.
+#[test]
+fn logins_over_the_connection_limit_get_out_of_resources() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path(), |c| c.iscsi.max_connections = 2);
+    s.create("lim", 1 << 20);
+    let p = portals(&s)[0];
+    let a = Raw::login(p, "lim", false);
+    let _b = Raw::login(p, "lim", false);
+    let t = std::time::Instant::now();
+    let mut c = Raw::connect(p);
+    c.send(&login_pdu(
+        &format!("InitiatorName=iqn.2026-11.test:late\nTargetName={IQN}:lim\nSessionType=Normal\nAuthMethod=None\n"),
+        1,
+        3,
+    ));
+    let resp = c.recv().expect("a login response, not a hang");
+    assert_eq!(resp.opcode(), op::LOGIN_RESPONSE);
+    assert_eq!(&resp.bhs[36..38], &[3, 2], "out of resources");
+    assert!(c.recv().is_none(), "then the connection closes");
+    assert!(t.elapsed() < Duration::from_secs(5));
+    drop(a);
+    std::thread::sleep(Duration::from_millis(300));
+    let _d = Raw::login(p, "lim", false);
 }

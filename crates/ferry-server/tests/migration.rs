@@ -1,6 +1,8 @@
 //! Live migration between two real daemons over TLS: local rebuild, the
 //! switch seen through `ferry host` by fio, refusals, and link faults and a
 //! destination restart injected with toxiproxy.
+// Test fixtures: sizes, offsets and byte patterns the test itself chooses.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 mod common;
 #[path = "common/toxiproxy.rs"]
@@ -182,11 +184,39 @@ fn untrusted_or_conflicting_destinations_refuse_and_the_source_is_untouched() {
     let before = sha(v.data_path());
     let to = dst.migration.unwrap().to_string();
 
-    // No trust either way: the TLS handshake fails, nothing is created.
+    // No trust either way: the TLS handshake fails at once (a trust
+    // problem is not retried for `retry_for`), nothing is created.
+    let started = Instant::now();
+    let r = wait(
+        &migrate(&src, request("vm", to.clone())),
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.result, MigrationResult::Failed);
+    assert_eq!(r.attempts, 1, "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(
+        r.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("TLS handshake refused"),
+        "{r:?}"
+    );
+    // Trusted by the source only: the destination refuses the source's
+    // certificate; also not retried.
+    let sa = CertStore::new(&pa);
+    sa.ensure_identity().unwrap();
+    sa.trust(&CertStore::new(&pb).cert_path(), Some("b"))
+        .unwrap();
+    let started = Instant::now();
+    let r = wait(
+        &migrate(&src, request("vm", to.clone())),
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.result, MigrationResult::Failed);
+    assert!(started.elapsed() < Duration::from_secs(10), "{r:?}");
+    assert!(r.error.as_deref().unwrap_or("").contains("TLS"), "{r:?}");
     let mut req = request("vm", to.clone());
     req.retry_for = Duration::ZERO;
-    let r = wait(&migrate(&src, req.clone()), Duration::from_secs(30));
-    assert_eq!(r.result, MigrationResult::Failed);
     assert!(dst.state.pool.get("vm").is_err());
     assert!(v.moved_to().is_none());
     v.write_at(0, b"still writable", false).unwrap();

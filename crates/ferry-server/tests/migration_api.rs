@@ -2,6 +2,8 @@
 //! against two real daemons: a migration held before its switch while the
 //! guest keeps writing, released by the caller; idempotent ids; the event
 //! stream; and the error answers.
+// Test fixtures: sizes, offsets and byte patterns the test itself chooses.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 mod common;
 

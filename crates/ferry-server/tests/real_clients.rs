@@ -1,5 +1,7 @@
 //! ferry serve against the programs users use: qemu-img, qemu-io, nbdinfo,
 //! nbdcopy and fio, plus restart with data intact.
+// Test fixtures: sizes, offsets and byte patterns the test itself chooses.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 mod common;
 use common::*;

@@ -278,12 +278,21 @@ impl DirtyBitmap {
         let gran = u32_at(12);
         let size = u64_at(16);
         let n = u64_at(24);
-        let bm = DirtyBitmap::new(name, gran, size, true).map_err(|e| corrupt(e.to_string()))?;
-        if n != words_for(size, gran) as u64 || body.len() as u64 != 32 + n * 8 {
+        // Check the counts against the file before allocating anything: the
+        // size field alone must never decide how much memory is taken.
+        if gran == 0 || !gran.is_power_of_two() {
+            return Err(corrupt(format!("granularity {gran}")));
+        }
+        let body_words = (body.len() as u64 - 32) / 8;
+        if n != body_words
+            || body.len() as u64 != 32 + n * 8
+            || u64::try_from(words_for(size, gran)).ok() != Some(n)
+        {
             return Err(corrupt(format!(
-                "word count {n} does not match size {size}"
+                "word count {n} does not match size {size} and a body of {body_words} words"
             )));
         }
+        let bm = DirtyBitmap::new(name, gran, size, true).map_err(|e| corrupt(e.to_string()))?;
         {
             let words = bm.words.read();
             for (i, w) in words.iter().enumerate() {
@@ -297,6 +306,29 @@ impl DirtyBitmap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A valid header and checksum that claim an enormous volume must be
+    /// refused from the counts, before anything is allocated.
+    #[test]
+    fn a_huge_claimed_size_is_refused_without_allocating() {
+        let mut body = Vec::new();
+        body.extend_from_slice(MAGIC);
+        body.extend_from_slice(&VERSION.to_le_bytes());
+        body.extend_from_slice(&512u32.to_le_bytes());
+        body.extend_from_slice(&(1u64 << 62).to_le_bytes());
+        body.extend_from_slice(&1u64.to_le_bytes());
+        body.extend_from_slice(&0u64.to_le_bytes());
+        let h = blake3::hash(&body);
+        body.extend_from_slice(h.as_bytes());
+        let e = DirtyBitmap::decode("x", &body, Path::new("x")).unwrap_err();
+        assert!(e.to_string().contains("word count"), "{e}");
+        // Granularity 0 is refused too (it would divide by zero).
+        body[12..16].copy_from_slice(&0u32.to_le_bytes());
+        let n = body.len() - 32;
+        let h = blake3::hash(&body[..n]);
+        body[n..].copy_from_slice(h.as_bytes());
+        assert!(DirtyBitmap::decode("x", &body, Path::new("x")).is_err());
+    }
 
     #[test]
     fn mark_take_extents() {
@@ -352,13 +384,13 @@ mod tests {
         fn marks_match_a_reference_model(ops in proptest::collection::vec((0u64..100_000, 0u64..20_000), 1..50)) {
             let size = 120_000u64;
             let g = 1024u64;
-            let b = DirtyBitmap::new("b", g as u32, size, false).unwrap();
-            let mut model = vec![false; size.div_ceil(g) as usize];
+            let b = DirtyBitmap::new("b", u32::try_from(g).unwrap(), size, false).unwrap();
+            let mut model = vec![false; usize::try_from(size.div_ceil(g)).unwrap()];
             for (off, len) in ops {
                 b.mark(off, len);
                 if len > 0 {
                     for c in off / g..=(off + len - 1) / g {
-                        if let Some(m) = model.get_mut(c as usize) { *m = true; }
+                        if let Some(m) = model.get_mut(usize::try_from(c).unwrap()) { *m = true; }
                     }
                 }
             }

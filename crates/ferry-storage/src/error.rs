@@ -23,6 +23,14 @@ pub enum StorageError {
     BitmapExists(String),
     #[error("volume {name:?} has moved to {to}")]
     Moved { name: String, to: String },
+    /// Deleting a volume something holds.
+    #[error("volume {name:?} is in use by {held_by}{hint}")]
+    InUse {
+        name: String,
+        held_by: crate::HeldBy,
+        /// How to override, when that is allowed.
+        hint: &'static str,
+    },
     #[error("zeroing cannot be done fast here")]
     NotFast,
     #[error("{op} {path}: {source}")]

@@ -63,6 +63,10 @@ pub struct VolumeMeta {
     /// source that lost the link at the switch asks about it again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arrived: Option<IncomingMigration>,
+    /// An image import began and has not finished: the content is partial,
+    /// so the volume is not exported until an import completes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub importing: bool,
 }
 
 /// An unfinished incoming migration: the copy is incomplete and not exported.
@@ -94,6 +98,7 @@ impl VolumeMeta {
             moved_to: None,
             incoming: None,
             arrived: None,
+            importing: false,
         }
     }
 

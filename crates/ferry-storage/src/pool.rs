@@ -107,6 +107,61 @@ impl Pool {
         &self.root
     }
 
+    /// Bytes an unprivileged writer may still allocate in the pool's file
+    /// system (`statvfs`: available blocks times the fragment size).
+    pub fn free_bytes(&self) -> Result<u64> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(self.root.as_os_str().as_bytes())
+            .map_err(|e| StorageError::Invalid(e.to_string()))?;
+        let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+        // SAFETY: `path` is a NUL-terminated string and `st` points to
+        // writable memory of the size statvfs fills.
+        let r = unsafe { libc::statvfs(path.as_ptr(), st.as_mut_ptr()) };
+        if r != 0 {
+            return Err(StorageError::io(
+                "statvfs",
+                &self.root,
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: statvfs returned 0, so it initialised `st`.
+        let st = unsafe { st.assume_init() };
+        Ok(st.f_bavail.saturating_mul(st.f_frsize))
+    }
+
+    /// An external backing file must be a regular file or a block device,
+    /// outside the pool, and not another volume's data.
+    fn check_external(&self, path: &Path) -> Result<()> {
+        use std::os::unix::fs::FileTypeExt;
+        let real = fs::canonicalize(path).map_err(|e| StorageError::io("resolve", path, e))?;
+        let ft = fs::metadata(&real)
+            .map_err(|e| StorageError::io("stat", &real, e))?
+            .file_type();
+        if !(ft.is_file() || ft.is_block_device()) {
+            return Err(StorageError::Invalid(format!(
+                "{} is not a regular file or a block device",
+                path.display()
+            )));
+        }
+        let root = fs::canonicalize(&self.root).unwrap_or_else(|_| self.root.clone());
+        if real.starts_with(&root) {
+            return Err(StorageError::Invalid(format!(
+                "{} is inside the pool; a volume's path must be outside it",
+                path.display()
+            )));
+        }
+        for v in self.list() {
+            if fs::canonicalize(v.data_path()).is_ok_and(|p| p == real) {
+                return Err(StorageError::Invalid(format!(
+                    "{} is already the data of volume {}",
+                    path.display(),
+                    v.name()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Create a volume.
     pub fn create(&self, name: &str, o: &CreateOptions) -> Result<Arc<Volume>> {
         check_name(name)?;
@@ -126,6 +181,7 @@ impl Pool {
         };
         let mut size = o.size;
         if let Backing::External { path } = &backing {
+            self.check_external(path)?;
             let f = fs::File::open(path).map_err(|e| StorageError::io("open", path, e))?;
             use std::io::Seek;
             let mut f = f;
@@ -202,12 +258,30 @@ impl Pool {
     }
 
     /// Delete a volume and its pool files (an external backing file stays).
-    pub fn delete(&self, name: &str) -> Result<()> {
-        let v = self
-            .volumes
-            .write()
-            .remove(name)
-            .ok_or_else(|| StorageError::NotFound(name.into()))?;
+    /// Delete a volume and its files. Refused while a migration holds it
+    /// (always) or a client does (unless `force`: the clients then get
+    /// errors).
+    pub fn delete(&self, name: &str, force: bool) -> Result<()> {
+        let v = {
+            let mut vols = self.volumes.write();
+            let v = vols
+                .get(name)
+                .ok_or_else(|| StorageError::NotFound(name.into()))?;
+            let held_by = v.held_by();
+            if held_by.has_migration() || (!held_by.is_empty() && !force) {
+                return Err(StorageError::InUse {
+                    name: name.into(),
+                    hint: if held_by.has_migration() {
+                        " (wait for the migration to end, or cancel it)"
+                    } else {
+                        " (force deletes it anyway; its clients get errors)"
+                    },
+                    held_by,
+                });
+            }
+            vols.remove(name)
+                .ok_or_else(|| StorageError::NotFound(name.into()))?
+        };
         v.mark_deleted();
         let dir = v.dir().to_path_buf();
         let gone = self

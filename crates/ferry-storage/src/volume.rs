@@ -55,6 +55,8 @@ pub struct Volume {
     gate: WriteGate,
     /// Set once the volume has moved to another server: writes fail.
     moved: AtomicBool,
+    /// Clients and migrations that hold it.
+    holders: crate::holders::Holders,
 }
 
 /// `preadv2`/`pwritev2` on one buffer; `Ok(n)` bytes done.
@@ -159,6 +161,26 @@ impl Volume {
         let file = oo
             .open(&data_path)
             .map_err(|e| StorageError::io("open", &data_path, e))?;
+        // One writer per data file: a second volume (or another ferry)
+        // aliasing it would write behind the first one's dirty bitmaps.
+        // Read-only volumes may share a file with each other.
+        let how = if meta.read_only {
+            libc::LOCK_SH
+        } else {
+            libc::LOCK_EX
+        };
+        // SAFETY: flock on a descriptor `file` owns; no memory is involved.
+        if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                StorageError::Invalid(format!(
+                    "data file {} is in use by another volume or process",
+                    data_path.display()
+                ))
+            } else {
+                StorageError::io("lock", &data_path, e)
+            });
+        }
         let unclean = dir.join(IN_USE).exists();
         let mut bitmaps = Vec::new();
         for spec in &meta.bitmaps {
@@ -203,6 +225,7 @@ impl Volume {
             meta: Mutex::new(meta),
             bitmaps: RwLock::new(bitmaps),
             deleted: AtomicBool::new(false),
+            holders: Default::default(),
             nowait_writes: AtomicBool::new(true),
             gate: WriteGate::default(),
         })
@@ -461,10 +484,10 @@ impl Volume {
             return Err(StorageError::NotFast);
         }
         const CHUNK: u64 = 1 << 20;
-        let mut zeros = AlignedBuf::zeroed(CHUNK as usize);
+        let mut zeros = AlignedBuf::zeroed(1 << 20);
         let mut pos = offset;
         while pos < offset + len {
-            let n = CHUNK.min(offset + len - pos) as usize;
+            let n = usize::try_from(CHUNK.min(offset + len - pos)).unwrap_or(usize::MAX);
             self.file
                 .write_all_at(zeros.as_mut_slice(n), pos)
                 .map_err(|e| self.io_err("write zeroes", e))?;
@@ -638,29 +661,42 @@ impl Volume {
             )));
         }
         let old = m.size;
-        match &m.backing {
-            Backing::External { .. } => {
-                return Err(StorageError::Invalid(
-                    "external volumes cannot be resized by ferry".into(),
-                ))
-            }
-            Backing::Preallocated if new_size > old => {
-                fallocate(&self.file, 0, old, new_size - old)
-                    .map_err(|e| self.io_err("fallocate", e))?;
-            }
-            _ => self
-                .file
-                .set_len(new_size)
-                .map_err(|e| self.io_err("truncate", e))?,
+        if let Backing::External { .. } = m.backing {
+            return Err(StorageError::Invalid(
+                "external volumes cannot be resized by ferry".into(),
+            ));
         }
-        if matches!(m.backing, Backing::Preallocated) && new_size < old {
+        // All or nothing: the metadata in memory changes only after the
+        // file and meta.json both did; a failure puts the file back.
+        let mut next = m.clone();
+        next.size = new_size;
+        let meta_path = self.dir.join("meta.json");
+        if new_size > old {
+            // Grow the file first; an unchanged meta.json keeps the old size.
+            let grown = match &m.backing {
+                Backing::Preallocated => fallocate(&self.file, 0, old, new_size - old)
+                    .map_err(|e| self.io_err("fallocate", e)),
+                _ => self
+                    .file
+                    .set_len(new_size)
+                    .map_err(|e| self.io_err("truncate", e)),
+            };
+            let done = grown
+                .and_then(|()| self.file.sync_all().map_err(|e| self.io_err("fsync", e)))
+                .and_then(|()| next.store(&meta_path));
+            if let Err(e) = done {
+                let _ = self.file.set_len(old);
+                return Err(e);
+            }
+        } else {
+            // Shrink the metadata first: a file left longer is harmless.
+            next.store(&meta_path)?;
             self.file
                 .set_len(new_size)
+                .and_then(|()| self.file.sync_all())
                 .map_err(|e| self.io_err("truncate", e))?;
         }
-        self.file.sync_all().map_err(|e| self.io_err("fsync", e))?;
-        m.size = new_size;
-        m.store(&self.dir.join("meta.json"))?;
+        *m = next;
         self.size.store(new_size, Ordering::Release);
         for b in self.bitmaps.read().iter() {
             b.resize(new_size);
@@ -726,16 +762,60 @@ impl Volume {
     /// exported from now on, and remembers which migration brought it.
     pub fn complete_incoming(&self) -> Result<()> {
         let mut m = self.meta.lock();
-        let done = m.incoming.take();
+        let mut next = m.clone();
+        let done = next.incoming.take();
         if done.is_some() {
-            m.arrived = done;
+            next.arrived = done;
         }
-        m.store(&self.dir.join("meta.json"))
+        next.store(&self.dir.join("meta.json"))?;
+        *m = next;
+        Ok(())
+    }
+
+    /// Mark (durably) an image import as begun (`true`) or finished: while
+    /// it is marked, the volume holds a partial image and is not exported,
+    /// also after a crash and restart.
+    pub fn set_importing(&self, importing: bool) -> Result<()> {
+        let mut m = self.meta.lock();
+        if m.importing == importing {
+            return Ok(());
+        }
+        let mut next = m.clone();
+        next.importing = importing;
+        next.store(&self.dir.join("meta.json"))?;
+        *m = next;
+        Ok(())
+    }
+
+    /// An import began and did not finish.
+    pub fn importing(&self) -> bool {
+        self.meta.lock().importing
+    }
+
+    /// Offered to clients (NBD export, iSCSI LUN): not moved away, not an
+    /// unfinished migration copy, not a half-done import.
+    pub fn is_serving(&self) -> bool {
+        let m = self.meta.lock();
+        m.moved_to.is_none() && m.incoming.is_none() && !m.importing
     }
 
     /// The completed migration that brought this volume here, if any.
     pub fn arrived(&self) -> Option<IncomingMigration> {
         self.meta.lock().arrived.clone()
+    }
+
+    /// Count `kind` as holding the volume until the guard is dropped.
+    pub fn hold(self: &Arc<Self>, kind: crate::Holder) -> crate::HoldGuard {
+        crate::HoldGuard::new(self.clone(), kind)
+    }
+
+    /// Who holds the volume now.
+    pub fn held_by(&self) -> crate::HeldBy {
+        self.holders.snapshot()
+    }
+
+    pub(crate) fn holders(&self) -> &crate::holders::Holders {
+        &self.holders
     }
 
     pub(crate) fn mark_deleted(&self) {

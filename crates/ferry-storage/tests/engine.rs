@@ -1,5 +1,7 @@
 //! Engine tests: volumes, persistence across reopen, allocation map, and the
 //! bitmap invariant under concurrent writers racing with take().
+// Test fixtures: sizes, offsets and byte patterns the test itself chooses.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 use ferry_storage::{CreateOptions, Pool, PoolOptions, StorageError, ZeroMode};
 use rand::{Rng, SeedableRng};
@@ -118,7 +120,7 @@ fn preallocated_and_resize_and_delete() {
     assert_eq!(v.bitmap("b").unwrap().dirty_bytes(), 1 << 20);
     assert!(v.resize(1 << 20, false).is_err());
     v.resize(1 << 20, true).unwrap();
-    p.delete("pre").unwrap();
+    p.delete("pre", false).unwrap();
     assert!(p.get("pre").is_err());
     assert!(v.write_at(0, b"x", false).is_err());
     let p2 = Pool::open(d.path(), PoolOptions::default()).unwrap();
@@ -141,7 +143,7 @@ fn external_backing_file_is_kept_on_delete() {
         )
         .unwrap();
     assert_eq!(v.size(), 8192);
-    p.delete("ext").unwrap();
+    p.delete("ext", false).unwrap();
     assert!(ext.exists());
 }
 

@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// How long an initiator may take over each login step.
-const LOGIN_TIMEOUT: Duration = Duration::from_secs(30);
+const LOGIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle time before the target pings the initiator with a NOP-In.
 const KEEPALIVE: Duration = Duration::from_secs(30);
 
@@ -80,6 +80,19 @@ async fn read_pdu(
     }
 }
 
+/// Answer a connection over the portal's limit: its first login request
+/// gets "out of resources" (status 03/02), then the connection closes.
+pub async fn refuse_busy(mut stream: TcpStream) {
+    let mut buf = BytesMut::with_capacity(8192);
+    let dec = PduDecoder::new(OUR_MAX_RECV_DATA);
+    if let Ok(Some(pdu)) = read_pdu(&mut stream, &mut buf, &dec).await {
+        let mut login = Login::new([0; 16], 0);
+        let p = login.refuse_busy(&pdu);
+        let _ = stream.write_all(&p.to_bytes(false, false)).await;
+    }
+    let _ = stream.shutdown().await;
+}
+
 pub async fn run(
     mut stream: TcpStream,
     portal: usize,
@@ -115,7 +128,7 @@ pub async fn run(
     };
     dec.header_digest = params.header_digest;
     dec.data_digest = params.data_digest;
-    let portal_count = state.iscsi.portals.lock().len() as u16;
+    let portal_count = u16::try_from(state.iscsi.portals.lock().len()).unwrap_or(u16::MAX);
     let luns = match (params.session_type, &params.target_name) {
         (SessionType::Normal, Some(t)) => match targets.luns_of(t) {
             Some(vols) => Luns(
@@ -124,6 +137,7 @@ pub async fn run(
                         number,
                         metrics: CommandMetrics::new(state, &v.name()),
                         unit: state.iscsi.units.unit(&v, t, &state.pool, portal_count),
+                        _hold: v.hold(ferry_storage::Holder::IscsiSession),
                     })
                     .collect(),
             ),
@@ -134,7 +148,7 @@ pub async fn run(
     let luns = Arc::new(luns);
     let nexus = Nexus {
         initiator_port: params.initiator_port(),
-        relative_port: portal as u16 + 1,
+        relative_port: u16::try_from(portal + 1).unwrap_or(u16::MAX),
     };
     tracing::debug!(initiator = %params.initiator_name, target = ?params.target_name, "iSCSI session starts");
     let session_key = (
@@ -256,6 +270,8 @@ struct Lun {
     number: u64,
     unit: Arc<LogicalUnit>,
     metrics: CommandMetrics,
+    /// Counts this session as a client of the volume.
+    _hold: ferry_storage::HoldGuard,
 }
 
 /// The LUNs of the target a session logged in to (none for discovery).

@@ -97,7 +97,7 @@ impl CopyTargets for PoolCopyTargets {
         self.0
             .list()
             .into_iter()
-            .filter(|v| v.moved_to().is_none() && v.incoming().is_none())
+            .filter(|v| v.is_serving())
             .find(|v| ferry_scsi::naa_bytes(&v.meta().wwn).is_some_and(|n| n[..] == *naa))
             .map(|v| Arc::new(VolumeDevice(v)) as Arc<dyn BlockDevice>)
     }

@@ -96,7 +96,7 @@ impl PortalTargets<'_> {
         let name = self.suffix(target)?;
         let exported = |n: &str| {
             let v = self.state.pool.get(n).ok()?;
-            (v.moved_to().is_none() && v.incoming().is_none()).then_some(v)
+            v.is_serving().then_some(v)
         };
         let luns: Vec<_> = match self.state.config.iscsi.groups.get(name) {
             Some(members) => members
@@ -162,7 +162,7 @@ impl Targets for PortalTargets<'_> {
     }
 
     fn portal_group(&self) -> u16 {
-        self.portal as u16 + 1
+        u16::try_from(self.portal + 1).unwrap_or(u16::MAX)
     }
 }
 
@@ -183,11 +183,14 @@ pub async fn serve(
             tracing::warn!(portal = ?local, "iSCSI portal has no ACL and no CHAP and is not loopback: targets without their own ACL or CHAP refuse every login");
         }
     }
-    let max = state.config.iscsi.max_connections;
+    let limits = crate::net::ConnLimits {
+        max: state.config.iscsi.max_connections,
+        per_peer: state.config.iscsi.max_connections_per_peer,
+    };
     let st = state.clone();
     crate::net::accept_loop(
         listener,
-        max,
+        limits,
         state,
         shutdown.clone(),
         move |stream, peer| {
@@ -200,6 +203,7 @@ pub async fn serve(
                 }
             }
         },
+        |stream, _peer, _why| connection::refuse_busy(stream),
     )
     .await;
 }

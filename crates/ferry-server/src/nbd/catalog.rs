@@ -23,10 +23,10 @@ pub fn export_info(v: &Volume) -> ExportInfo {
     }
 }
 
-/// A volume is exported unless it has moved away or is the unfinished copy
-/// of an incoming migration.
+/// A volume is exported unless it has moved away, is the unfinished copy
+/// of an incoming migration, or holds a half-done import.
 fn exported(v: &Volume) -> bool {
-    v.moved_to().is_none() && v.incoming().is_none()
+    v.is_serving()
 }
 
 impl ExportCatalog for PoolCatalog<'_> {

@@ -7,30 +7,55 @@ use super::catalog::PoolCatalog;
 use super::exec::{self, ConnContext};
 use crate::ServerState;
 use ferry_nbd::{ErrorCode, ExportCatalog, Negotiated, Request};
-use ferry_nbd_server::{Dispatch, ExportHandler, NbdBackend};
+use ferry_nbd_server::{Dispatch, ExportHandler, NbdBackend, ReplyBudget};
 use std::sync::Arc;
+use tokio::sync::Semaphore;
 
-/// The daemon's pool, served over NBD.
-pub struct PoolBackend(pub Arc<ServerState>);
+/// The daemon's pool, served over NBD; `total` is the reply budget all its
+/// connections share.
+pub struct PoolBackend {
+    pub state: Arc<ServerState>,
+    pub total: Arc<Semaphore>,
+}
+
+impl PoolBackend {
+    /// The budget shared by every connection of this daemon.
+    pub fn total_budget(state: &ServerState) -> Arc<Semaphore> {
+        let floor = state.config.nbd.max_queued_bytes.max(64 << 20);
+        let n = state
+            .config
+            .nbd
+            .max_queued_bytes_total
+            .clamp(floor.min(Semaphore::MAX_PERMITS), Semaphore::MAX_PERMITS);
+        Arc::new(Semaphore::new(n))
+    }
+}
 
 impl NbdBackend for PoolBackend {
     type Handler = ConnContext;
 
     fn catalog(&self) -> Box<dyn ExportCatalog + '_> {
-        Box::new(PoolCatalog(&self.0.pool))
+        Box::new(PoolCatalog(&self.state.pool))
     }
 
     fn open(&self, neg: &Negotiated) -> Result<Arc<ConnContext>, String> {
         let volume = self
-            .0
+            .state
             .pool
             .get(&neg.export.name)
             .map_err(|e| e.to_string())?;
-        Ok(Arc::new(ConnContext::new(volume, neg, &self.0)))
+        Ok(Arc::new(ConnContext::new(volume, neg, &self.state)))
     }
 
     fn max_in_flight(&self) -> usize {
-        self.0.config.nbd.max_in_flight
+        self.state.config.nbd.max_in_flight
+    }
+
+    fn reply_budget(&self) -> ReplyBudget {
+        ReplyBudget {
+            per_connection: self.state.config.nbd.max_queued_bytes,
+            total: Some(self.total.clone()),
+        }
     }
 }
 

@@ -18,6 +18,8 @@ const MAX_EXTENTS: usize = 2048;
 /// Per-connection state shared by the request tasks.
 pub struct ConnContext {
     volume: Arc<Volume>,
+    /// Counts this connection as a client of the volume.
+    _hold: ferry_storage::HoldGuard,
     structured: bool,
     contexts: Vec<MetaContext>,
     min_block: u32,
@@ -44,6 +46,7 @@ impl ConnContext {
             contexts: neg.meta_contexts.clone(),
             min_block: neg.export.min_block,
             in_flight: state.metrics.in_flight(&name),
+            _hold: volume.hold(ferry_storage::Holder::NbdClient),
             metrics: OPS.map(|c| state.metrics.op(&name, c.name())),
             volume,
         }

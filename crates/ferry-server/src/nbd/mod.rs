@@ -20,27 +20,55 @@ use tokio_util::sync::CancellationToken;
 /// Serve NBD on `listener` until `shutdown` fires, then let open connections
 /// finish their in-flight requests and return.
 pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: CancellationToken) {
-    let max = state.config.nbd.max_connections;
+    let limits = crate::net::ConnLimits {
+        max: state.config.nbd.max_connections,
+        per_peer: state.config.nbd.max_connections_per_peer,
+    };
     let st = state.clone();
+    let total = connection::PoolBackend::total_budget(&state);
     crate::net::accept_loop(
         listener,
-        max,
+        limits,
         state,
         shutdown.clone(),
         move |stream, peer| {
-            let state = st.clone();
+            let backend = connection::PoolBackend {
+                state: st.clone(),
+                total: total.clone(),
+            };
             let shutdown = shutdown.clone();
             async move {
                 let _ = stream.set_nodelay(true);
-                let backend = connection::PoolBackend(state);
-                if let Err(e) = ferry_nbd_server::serve_connection(stream, &backend, shutdown).await
-                {
-                    tracing::info!(%peer, error = %e, "NBD connection closed");
-                } else {
-                    tracing::debug!(%peer, "NBD connection finished");
+                let r = ferry_nbd_server::serve_connection(stream, &backend, shutdown).await;
+                give_back_memory().await;
+                match r {
+                    Err(e) => tracing::info!(%peer, error = %e, "NBD connection closed"),
+                    Ok(()) => tracing::debug!(%peer, "NBD connection finished"),
                 }
             }
         },
+        |mut stream, _peer, _why| async move {
+            // NBD has no "busy" answer before an export is chosen: the
+            // greeting, then a close, so the client fails at once instead
+            // of waiting in the listen queue.
+            use tokio::io::AsyncWriteExt;
+            let _ = stream
+                .write_all(&ferry_nbd::ServerHandshake::greeting())
+                .await;
+            let _ = stream.shutdown().await;
+        },
     )
+    .await;
+}
+
+/// Return freed heap to the system once a connection is gone: glibc keeps
+/// what large replies used in its arenas otherwise, and the daemon would
+/// look as big as its busiest moment forever.
+async fn give_back_memory() {
+    let _ = tokio::task::spawn_blocking(|| {
+        // SAFETY: malloc_trim only releases free memory of the allocator;
+        // it takes no pointers and is safe to call from any thread.
+        unsafe { libc::malloc_trim(0) }
+    })
     .await;
 }
