@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -62,8 +62,17 @@ pub enum ConnError {
 pub enum Dispatch {
     /// Already answered (on the connection's task; it must not block).
     Ready(Bytes),
-    /// Answer on tokio's blocking pool.
+    /// Answer on tokio's blocking pool, on a thread of its own.
     Blocking(Box<dyn FnOnce() -> Bytes + Send>),
+    /// Blocking work that is quick once started (a buffered write): it may
+    /// run on one worker with the other such requests decoded from the same
+    /// read of the socket, one after another, so a pipeline of small writes
+    /// costs one thread hand-off and one reply wake-up instead of one each.
+    /// `bytes` is its size, which bounds a batch.
+    Batchable {
+        work: Box<dyn FnOnce() -> Bytes + Send>,
+        bytes: usize,
+    },
     /// Answer on an async task.
     Async(Pin<Box<dyn Future<Output = Bytes> + Send>>),
 }
@@ -205,6 +214,74 @@ struct Limits {
     budget: ReplyBudget,
 }
 
+/// Requests in one batch at most, and their payload bytes: a batch is cut
+/// there so that large writes still spread over the worker threads.
+const BATCH_MOST: usize = 32;
+const BATCH_BYTES: usize = 256 << 10;
+
+/// Batchable requests waiting to run together, each with what it holds.
+type Batch = Vec<(
+    Box<dyn FnOnce() -> Bytes + Send>,
+    OwnedSemaphorePermit,
+    Held,
+)>;
+
+/// Run `batch` on one blocking worker, in order; its replies go to the
+/// writer together.
+fn flush_batch(
+    batch: &mut Batch,
+    batch_bytes: &mut usize,
+    tracker: &TaskTracker,
+    tx: &mpsc::Sender<Out>,
+) {
+    *batch_bytes = 0;
+    if batch.is_empty() {
+        return;
+    }
+    let items = std::mem::take(batch);
+    let tx = tx.clone();
+    tracker.spawn_blocking(move || {
+        let mut replies = Vec::with_capacity(items.len());
+        for (work, permit, held) in items {
+            let bytes = work();
+            drop(permit);
+            replies.push(Reply { bytes, held });
+        }
+        // The client may be gone; its replies have nowhere to go.
+        let _ = tx.blocking_send(Out::Many(replies));
+    });
+}
+
+/// What the reader hands the writer: one reply or a batch's replies.
+enum Out {
+    One(Reply),
+    Many(Vec<Reply>),
+}
+
+impl Frames for Out {
+    fn append_to(self, batch: &mut Vec<Bytes>, hold: &mut Vec<Held>) {
+        match self {
+            Out::One(r) => r.append_to(batch, hold),
+            Out::Many(rs) => {
+                for r in rs {
+                    r.append_to(batch, hold);
+                }
+            }
+        }
+    }
+}
+
+/// Take `n` bytes of the connection's budget and of the shared one at
+/// once, if both have room.
+fn try_charge(conn: &Arc<Semaphore>, total: Option<&Arc<Semaphore>>, n: u32) -> Option<Held> {
+    let c = conn.clone().try_acquire_many_owned(n).ok()?;
+    let t = match total {
+        Some(t) => Some(t.clone().try_acquire_many_owned(n).ok()?),
+        None => None,
+    };
+    Some(Held::new(c, t))
+}
+
 /// Take `n` bytes of the connection's budget and of the shared one.
 async fn charge(conn: &Arc<Semaphore>, total: Option<&Arc<Semaphore>>, n: u32) -> Option<Held> {
     let c = conn.clone().acquire_many_owned(n).await.ok()?;
@@ -237,12 +314,14 @@ where
         .min(Semaphore::MAX_PERMITS);
     let budget = Arc::new(Semaphore::new(per_conn));
     let total = limits.budget.total.clone();
-    let (tx, rx) = mpsc::channel::<Reply>(max_in_flight + 8);
+    let (tx, rx) = mpsc::channel::<Out>(max_in_flight + 8);
     let writer = tokio::spawn(write_loop(wr, rx));
     let slots = Arc::new(Semaphore::new(max_in_flight));
     let tracker = TaskTracker::new();
     let mut decoder = RequestDecoder::new();
     let mut result = Ok(());
+    let mut batch: Batch = Vec::new();
+    let mut batch_bytes = 0usize;
     'conn: loop {
         loop {
             let req = match decoder.decode(&mut buf) {
@@ -260,29 +339,50 @@ where
             // An oversized READ is refused by validation; its charge is
             // capped so it cannot wait for more than the budget holds.
             let n = cost(&req).min(u32::try_from(per_conn).unwrap_or(u32::MAX));
-            let held = tokio::select! {
-                h = charge(&budget, total.as_ref(), n) => match h {
-                    Some(h) => h,
-                    None => break 'conn,
-                },
-                () = shutdown.cancelled() => break 'conn,
+            // What is batched runs before waiting: it holds budget too.
+            let held = match try_charge(&budget, total.as_ref(), n) {
+                Some(h) => h,
+                None => {
+                    flush_batch(&mut batch, &mut batch_bytes, &tracker, &tx);
+                    tokio::select! {
+                        h = charge(&budget, total.as_ref(), n) => match h {
+                            Some(h) => h,
+                            None => break 'conn,
+                        },
+                        () = shutdown.cancelled() => break 'conn,
+                    }
+                }
             };
             let work = match handler.dispatch(req) {
                 Dispatch::Ready(bytes) => {
-                    if tx.send(Reply { bytes, held }).await.is_err() {
+                    if tx.send(Out::One(Reply { bytes, held })).await.is_err() {
                         break 'conn;
                     }
                     continue;
                 }
                 work => work,
             };
-            let permit = tokio::select! {
-                p = slots.clone().acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => break 'conn,
-                },
-                () = shutdown.cancelled() => break 'conn,
+            let permit = match slots.clone().try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => {
+                    flush_batch(&mut batch, &mut batch_bytes, &tracker, &tx);
+                    tokio::select! {
+                        p = slots.clone().acquire_owned() => match p {
+                            Ok(p) => p,
+                            Err(_) => break 'conn,
+                        },
+                        () = shutdown.cancelled() => break 'conn,
+                    }
+                }
             };
+            if let Dispatch::Batchable { work, bytes } = work {
+                batch.push((work, permit, held));
+                batch_bytes += bytes;
+                if batch.len() >= BATCH_MOST || batch_bytes >= BATCH_BYTES {
+                    flush_batch(&mut batch, &mut batch_bytes, &tracker, &tx);
+                }
+                continue;
+            }
             let tx = tx.clone();
             match work {
                 Dispatch::Blocking(f) => {
@@ -290,19 +390,23 @@ where
                         let bytes = f();
                         drop(permit);
                         // The client may be gone; its replies have nowhere to go.
-                        let _ = tx.blocking_send(Reply { bytes, held });
+                        let _ = tx.blocking_send(Out::One(Reply { bytes, held }));
                     });
                 }
                 Dispatch::Async(fut) => {
                     tracker.spawn(async move {
                         let bytes = fut.await;
                         drop(permit);
-                        let _ = tx.send(Reply { bytes, held }).await;
+                        let _ = tx.send(Out::One(Reply { bytes, held })).await;
                     });
                 }
-                Dispatch::Ready(_) => unreachable!("answered above"),
+                Dispatch::Ready(_) | Dispatch::Batchable { .. } => {
+                    unreachable!("answered or batched above")
+                }
             }
         }
+        // Everything decoded from this read is dispatched: run the batch.
+        flush_batch(&mut batch, &mut batch_bytes, &tracker, &tx);
         buf.reserve(decoder.wanted(buf.len()).max(256 * 1024));
         let n = tokio::select! {
             r = rd.read_buf(&mut buf) => match r {
@@ -319,6 +423,7 @@ where
         }
     }
     // Drain: every accepted request finishes and is answered.
+    flush_batch(&mut batch, &mut batch_bytes, &tracker, &tx);
     tracker.close();
     tracker.wait().await;
     drop(tx);

@@ -423,6 +423,30 @@ impl Volume {
         result
     }
 
+    /// A small buffered write done on the caller's thread right away, for a
+    /// server's event loop: `Ok(false)` (nothing written) when the volume
+    /// bypasses the page cache or the write gate is paused or throttled
+    /// (a migration needs the write to wait). Without RWF_NOWAIT support it
+    /// is a plain `pwrite` into the page cache, which can only wait on the
+    /// kernel's dirty-page throttling. Bitmaps are marked as by `write_at`.
+    pub fn write_buffered_now(&self, offset: u64, data: &[u8]) -> Result<bool> {
+        if self.nowait_writes() {
+            return self.try_write_nowait(offset, data);
+        }
+        self.check(offset, data.len() as u64, true)?;
+        if self.direct {
+            return Ok(false);
+        }
+        let Some(_ticket) = self.gate.try_enter() else {
+            return Ok(false);
+        };
+        self.check_not_moved()?;
+        let r = self.file.write_all_at(data, offset);
+        self.mark(offset, data.len() as u64);
+        r.map_err(|e| self.io_err("write", e))?;
+        Ok(true)
+    }
+
     /// False once the file system refused a non-blocking buffered write
     /// (ext4 does): callers should go straight to a worker thread.
     pub fn nowait_writes(&self) -> bool {

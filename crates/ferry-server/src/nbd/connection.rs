@@ -6,7 +6,8 @@
 use super::catalog::PoolCatalog;
 use super::exec::{self, ConnContext};
 use crate::ServerState;
-use ferry_nbd::{ErrorCode, ExportCatalog, Negotiated, Request};
+use ferry_nbd::consts::CMD_FLAG_FUA;
+use ferry_nbd::{Command, ErrorCode, ExportCatalog, Negotiated, Request};
 use ferry_nbd_server::{Dispatch, ExportHandler, NbdBackend, ReplyBudget};
 use std::sync::Arc;
 use tokio::sync::Semaphore;
@@ -76,6 +77,15 @@ impl ExportHandler for ConnContext {
                     Err(e) => exec::error_reply(&ctx, &fallback, ErrorCode::Io, &e.to_string()),
                 }
             }));
+        }
+        // Buffered writes without FUA are quick once on a thread: batch
+        // them with their neighbours (one hand-off for a pipeline of them).
+        if req.command == Command::Write && !req.has_flag(CMD_FLAG_FUA) && !self.direct_io() {
+            let bytes = req.payload.as_ref().map_or(0, |p| p.len());
+            return Dispatch::Batchable {
+                work: Box::new(move || exec::execute_blocking(&ctx, &req)),
+                bytes,
+            };
         }
         Dispatch::Blocking(Box::new(move || exec::execute_blocking(&ctx, &req)))
     }

@@ -52,6 +52,11 @@ impl ConnContext {
         }
     }
 
+    /// The volume bypasses the page cache (writes wait for the disk).
+    pub fn direct_io(&self) -> bool {
+        self.volume.direct_io()
+    }
+
     /// Worth trying a large READ/WRITE without blocking on an async task?
     pub fn may_try_nowait(&self, req: &Request) -> bool {
         match req.command {
@@ -142,6 +147,16 @@ pub fn try_inline(ctx: &ConnContext, req: &Request) -> Option<Bytes> {
     };
     if !small {
         return None;
+    }
+    if req.command == Command::Write && !req.has_flag(CMD_FLAG_FUA) {
+        // A small buffered write costs less than handing it to a thread.
+        let data = req.payload.as_deref().unwrap_or_default();
+        let out = match ctx.volume.write_buffered_now(req.offset, data) {
+            Ok(true) => Ok(ok_reply(req.cookie)),
+            Ok(false) => return None,
+            Err(e) => Err((errno_for(&e, req.command), e.to_string())),
+        };
+        return Some(ctx.finish(req, start, out));
     }
     attempt_nowait(ctx, req).map(|out| ctx.finish(req, start, out))
 }
