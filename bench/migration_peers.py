@@ -124,6 +124,10 @@ def volume_size(path):
     return os.path.getsize(path)
 
 
+# How long the guest workload of the loaded pause runs (covers the move).
+GUEST_SECONDS = 45
+
+
 def run_ferry(work, link, base, image, dedup=True, load=False):
     pa, pb = os.path.join(work, "a"), os.path.join(work, "b")
     for p in (pa, pb):
@@ -146,10 +150,15 @@ def run_ferry(work, link, base, image, dedup=True, load=False):
                 [FERRY, "host", "--server", f"127.0.0.1:{src.nbd}", "--volume", "vm",
                  "--listen", f"127.0.0.1:{hport}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             wait_port(hport)
-            extra.append(subprocess.Popen(
+            # The guest: 4 KiB random writes at queue depth 1 through the
+            # agent, for longer than the migration; its largest write latency
+            # is the longest stall the guest saw (the pause as the guest sees
+            # it, plus any auto-converge delay and flush burst).
+            guest = subprocess.Popen(
                 [FERRY, "bench", "--nbd", f"127.0.0.1:{hport}", "--export", "vm", "--rw", "randwrite",
-                 "--bs", "4K", "--iodepth", "1", "--range", "256M", "--runtime", "600"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                 "--bs", "4K", "--iodepth", "1", "--range", "256M", "--runtime", str(GUEST_SECONDS), "--json"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            extra.append(guest)
             time.sleep(2)
         args = ["migrate", "vm", "--to", f"127.0.0.1:{port}", "--json", "--max-downtime", "100ms"]
         if not dedup:
@@ -157,7 +166,15 @@ def run_ferry(work, link, base, image, dedup=True, load=False):
         t = time.time()
         report = json.loads(src.ferry(*args))
         secs = time.time() - t
-        return {"bytes": link.bytes(name), "seconds": secs, "report": report}
+        out = {"bytes": link.bytes(name), "seconds": secs, "report": report}
+        if load:
+            try:
+                g = json.loads(guest.communicate(timeout=GUEST_SECONDS + 60)[0])[0]
+                out["guest_max_ms"] = g["lat_max_us"] / 1e3
+                out["guest_p99_ms"] = g["lat_p99_us"] / 1e3
+            except (subprocess.TimeoutExpired, ValueError, IndexError, KeyError) as e:
+                print(f"guest bench gave no report: {e}", file=sys.stderr)
+        return out
     finally:
         for p in extra:
             p.kill()
@@ -317,6 +334,7 @@ def main():
     ap.add_argument("--rtt", type=int, action="append", help="round-trip time in ms (repeatable)")
     ap.add_argument("--mbit", type=float, default=100)
     ap.add_argument("--pairs", default="same", help="same,cross")
+    # "pause-load" alone runs only the loaded pause measurement.
     ap.add_argument("--peers", default="ferry,ferry-noindex,qemu-mirror,rsync,casync")
     ap.add_argument("--images", default="/tmp/ferry-similarity")
     ap.add_argument("--json", action="store_true")
@@ -343,6 +361,8 @@ def main():
                 link = Link(work, a.mbit, rtt)
                 try:
                     for peer in a.peers.split(","):
+                        if peer == "pause-load":
+                            continue  # only the loaded pause run, below
                         if peer == "ferry":
                             r = run_ferry(work, link, base, image)
                         elif peer == "ferry-noindex":
@@ -362,16 +382,19 @@ def main():
                                 f.write(json.dumps(r) + "\n")
                         print(f"{pair} rtt={rtt}ms {peer}: {r['bytes'] / 1e6:.1f} MB, {r['seconds']:.1f} s",
                               file=sys.stderr, flush=True)
-                    if "ferry" in a.peers.split(","):
-                        for load in (False, True):
+                    peers = a.peers.split(",")
+                    if "ferry" in peers or "pause-load" in peers:
+                        for load in (False, True) if "ferry" in peers else (True,):
                             r = run_ferry(work, link, base, image, load=load)
                             r.update(pair=pair, rtt=rtt, peer="ferry-pause-" + ("load" if load else "idle"))
                             results.append(r)
                             if a.log:
                                 with open(a.log, "a") as f:
                                     f.write(json.dumps(r) + "\n")
+                            seen = (f", largest guest write {r['guest_max_ms']:.0f} ms"
+                                    if "guest_max_ms" in r else "")
                             print(f"{pair} rtt={rtt}ms pause ({'load' if load else 'idle'}): "
-                                  f"{r['report']['time']['pause_ms']:.0f} ms", file=sys.stderr, flush=True)
+                                  f"{r['report']['time']['pause_ms']:.0f} ms{seen}", file=sys.stderr, flush=True)
                 finally:
                     link.close()
     finally:
@@ -406,8 +429,10 @@ def main():
                   f"{100 * busy / (a.mbit * 1e6 / 8):.0f}% |")
         if r["peer"].startswith("ferry-pause"):
             rep = r["report"]
+            seen = (f"; largest write latency the guest saw {r['guest_max_ms']:.0f} ms"
+                    if "guest_max_ms" in r else "")
             print(f"| {r['pair']} | {r['rtt']} ms | pause, {r['peer'][12:]} | {rep['time']['pause_ms']:.0f} ms "
-                  f"(rounds {rep['rounds']}, throttle max {rep['auto_converge']['max_delay_us']} us) |")
+                  f"(rounds {rep['rounds']}, throttle max {rep['auto_converge']['max_delay_us']} us){seen} |")
 
 
 if __name__ == "__main__":
