@@ -377,6 +377,160 @@ async fn refuse<W: AsyncWrite + Unpin, T>(wr: &mut W, reason: String) -> Result<
     Err(MigrationError::Refused(reason))
 }
 
+/// Serve one migration after the greeting: prints, data, rounds, the
+/// digest and the switch, each message checked against the protocol's
+/// order first. Returns the volume's name once it switched here.
+#[allow(clippy::too_many_arguments)]
+async fn transfer<R, W>(
+    state: &Arc<dyn MigrationHost>,
+    rx: &Arc<Receiver>,
+    reader: &mut FrameReader<R>,
+    wr: &mut W,
+    order: &mut DestinationOrder,
+    shutdown: &CancellationToken,
+    local: Option<SocketAddr>,
+    desc: &VolumeDescriptor,
+) -> Result<String, MigrationError>
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
+    let vol = &rx.vol;
+    let chunk = desc.chunk_size;
+    let mut stats = FillStats::default();
+    let mut digest_ok: Option<bool> = None;
+    let mut buddies: Option<super::buddy::Buddies> = None;
+    loop {
+        let m = tokio::select! {
+            m = reader.expect(IDLE_TIMEOUT) => m?,
+            // Close without Abort: the source resumes once this daemon is back.
+            () = shutdown.cancelled() => return Err(MigrationError::Cancelled),
+        };
+        if let Err(v) = order.receive(&m) {
+            let reason = v.to_string();
+            let _ = send(wr, &Message::Abort { reason }).await;
+            return Err(v.into());
+        }
+        match m {
+            Message::Prints {
+                first_chunk,
+                entries,
+            } => {
+                let r = rx.clone();
+                let mut s = std::mem::take(&mut stats);
+                let (mut missing, s) = blocking(move || {
+                    let w = r.prints(first_chunk, &entries, &mut s)?;
+                    Ok((w, s))
+                })
+                .await?;
+                stats = s;
+                if !missing.is_empty() && rx.use_index && !state.buddies().is_empty() {
+                    if buddies.is_none() {
+                        buddies = Some(super::buddy::Buddies::connect(state.as_ref()).await);
+                    }
+                    if let Some(b) = buddies.as_mut().filter(|b| !b.is_empty()) {
+                        let prints: Vec<[u8; 32]> = missing.iter().map(|m| m.1).collect();
+                        let found = b.fetch(chunk, &prints).await;
+                        let r = rx.clone();
+                        let (still, n) =
+                            blocking(move || r.fill_from_buddies(missing, found)).await?;
+                        stats.buddy += n;
+                        missing = still;
+                    }
+                }
+                if !missing.is_empty() {
+                    let ranges = coalesce(missing.iter().map(|m| m.0));
+                    send(wr, &Message::Want { ranges }).await?;
+                }
+            }
+            Message::PrintsDone => {
+                if stats.resumed > 0 {
+                    tracing::info!(volume = %desc.name, chunks = stats.resumed, "resume: chunks already in place");
+                }
+                send(
+                    wr,
+                    &Message::WantDone {
+                        local_chunks: stats.local,
+                        buddy_chunks: stats.buddy,
+                        resumed_chunks: stats.resumed,
+                    },
+                )
+                .await?;
+            }
+            Message::Data {
+                offset,
+                encoding,
+                raw_len,
+                bytes,
+            } => {
+                let r = rx.clone();
+                blocking(move || r.data(offset, encoding, raw_len, &bytes)).await?;
+            }
+            Message::RoundEnd { round, .. } => {
+                // Flush, and hash the digest groups so the pause only
+                // re-hashes what the last chunks change.
+                let r = rx.clone();
+                blocking(move || {
+                    r.vol.flush()?;
+                    r.table.digest();
+                    Ok(())
+                })
+                .await?;
+                send(wr, &Message::Synced { round }).await?;
+            }
+            Message::Pause => {}
+            Message::Digest { digest } => {
+                let r = rx.clone();
+                let mine = blocking(move || {
+                    r.vol.flush()?;
+                    Ok(r.table.digest())
+                })
+                .await?;
+                let matches = mine == digest;
+                digest_ok = Some(matches);
+                if !matches {
+                    tracing::error!(volume = %desc.name, source = %hex(&digest), destination = %hex(&mine), "migration digest mismatch");
+                }
+                send(
+                    wr,
+                    &Message::DigestResult {
+                        matches,
+                        digest: mine,
+                    },
+                )
+                .await?;
+            }
+            Message::Switch => {
+                if digest_ok != Some(true) {
+                    let reason = "switch refused: no matching digest".to_string();
+                    send(
+                        wr,
+                        &Message::Abort {
+                            reason: reason.clone(),
+                        },
+                    )
+                    .await?;
+                    return Err(MigrationError::Refused(reason));
+                }
+                let v = vol.clone();
+                blocking(move || {
+                    v.flush()?;
+                    v.complete_incoming()?;
+                    Ok(())
+                })
+                .await?;
+                let location = state.advertised_nbd(local);
+                send(wr, &Message::Done { location }).await?;
+                // Index the new volume so it can be a base for later migrations.
+                state.volume_arrived(vol);
+                return Ok(desc.name.clone());
+            }
+            Message::Abort { reason } => return Err(MigrationError::PeerAborted(reason)),
+            m => return Err(unexpected(&m, "receiving a migration")),
+        }
+    }
+}
+
 /// Serve one incoming migration connection; returns the volume name once
 /// it has switched.
 async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
@@ -457,140 +611,16 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
         use_index: chunk == state.index().block_size(),
         stream: parking_lot::Mutex::new(None),
     });
-    let mut stats = FillStats::default();
-    let mut digest_ok: Option<bool> = None;
-    let mut buddies: Option<super::buddy::Buddies> = None;
-    let outcome: Result<String, MigrationError> = async {
-        loop {
-            let m = tokio::select! {
-                m = reader.expect(IDLE_TIMEOUT) => m?,
-                // Close without Abort: the source resumes once this daemon is back.
-                () = shutdown.cancelled() => return Err(MigrationError::Cancelled),
-            };
-            if let Err(v) = order.receive(&m) {
-                let reason = v.to_string();
-                let _ = send(&mut wr, &Message::Abort { reason }).await;
-                return Err(v.into());
-            }
-            match m {
-                Message::Prints {
-                    first_chunk,
-                    entries,
-                } => {
-                    let r = rx.clone();
-                    let mut s = std::mem::take(&mut stats);
-                    let (mut missing, s) = blocking(move || {
-                        let w = r.prints(first_chunk, &entries, &mut s)?;
-                        Ok((w, s))
-                    })
-                    .await?;
-                    stats = s;
-                    if !missing.is_empty() && rx.use_index && !state.buddies().is_empty() {
-                        if buddies.is_none() {
-                            buddies = Some(super::buddy::Buddies::connect(state.as_ref()).await);
-                        }
-                        if let Some(b) = buddies.as_mut().filter(|b| !b.is_empty()) {
-                            let prints: Vec<[u8; 32]> = missing.iter().map(|m| m.1).collect();
-                            let found = b.fetch(chunk, &prints).await;
-                            let r = rx.clone();
-                            let (still, n) =
-                                blocking(move || r.fill_from_buddies(missing, found)).await?;
-                            stats.buddy += n;
-                            missing = still;
-                        }
-                    }
-                    if !missing.is_empty() {
-                        let ranges = coalesce(missing.iter().map(|m| m.0));
-                        send(&mut wr, &Message::Want { ranges }).await?;
-                    }
-                }
-                Message::PrintsDone => {
-                    if stats.resumed > 0 {
-                        tracing::info!(volume = %desc.name, chunks = stats.resumed, "resume: chunks already in place");
-                    }
-                    send(
-                        &mut wr,
-                        &Message::WantDone {
-                            local_chunks: stats.local,
-                            buddy_chunks: stats.buddy,
-                            resumed_chunks: stats.resumed,
-                        },
-                    )
-                    .await?;
-                }
-                Message::Data {
-                    offset,
-                    encoding,
-                    raw_len,
-                    bytes,
-                } => {
-                    let r = rx.clone();
-                    blocking(move || r.data(offset, encoding, raw_len, &bytes)).await?;
-                }
-                Message::RoundEnd { round, .. } => {
-                    // Flush, and hash the digest groups so the pause only
-                    // re-hashes what the last chunks change.
-                    let r = rx.clone();
-                    blocking(move || {
-                        r.vol.flush()?;
-                        r.table.digest();
-                        Ok(())
-                    })
-                    .await?;
-                    send(&mut wr, &Message::Synced { round }).await?;
-                }
-                Message::Pause => {}
-                Message::Digest { digest } => {
-                    let r = rx.clone();
-                    let mine = blocking(move || {
-                        r.vol.flush()?;
-                        Ok(r.table.digest())
-                    })
-                    .await?;
-                    let matches = mine == digest;
-                    digest_ok = Some(matches);
-                    if !matches {
-                        tracing::error!(volume = %desc.name, source = %hex(&digest), destination = %hex(&mine), "migration digest mismatch");
-                    }
-                    send(
-                        &mut wr,
-                        &Message::DigestResult {
-                            matches,
-                            digest: mine,
-                        },
-                    )
-                    .await?;
-                }
-                Message::Switch => {
-                    if digest_ok != Some(true) {
-                        let reason = "switch refused: no matching digest".to_string();
-                        send(
-                            &mut wr,
-                            &Message::Abort {
-                                reason: reason.clone(),
-                            },
-                        )
-                        .await?;
-                        return Err(MigrationError::Refused(reason));
-                    }
-                    let v = vol.clone();
-                    blocking(move || {
-                        v.flush()?;
-                        v.complete_incoming()?;
-                        Ok(())
-                    })
-                    .await?;
-                    let location = state.advertised_nbd(local);
-                    send(&mut wr, &Message::Done { location }).await?;
-                    // Index the new volume so it can be a base for later migrations.
-                    state.volume_arrived(&vol);
-                    return Ok(desc.name);
-                }
-                Message::Abort { reason } => return Err(MigrationError::PeerAborted(reason)),
-                m => return Err(unexpected(&m, "receiving a migration")),
-            }
-        }
-    }
+    let outcome = transfer(
+        state,
+        &rx,
+        &mut reader,
+        &mut wr,
+        &mut order,
+        shutdown,
+        local,
+        &desc,
+    )
     .await;
     // Tell the source why, when another attempt could not do better (a
     // full disk, bad data, a message out of order); a lost link or a

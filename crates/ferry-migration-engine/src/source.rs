@@ -788,6 +788,9 @@ async fn next_msg(
     }
 }
 
+/// One connection's conversation, phase by phase (seed 002, Fig. 3): the
+/// counters are reset (a resumed attempt counts again), then
+/// [`fingerprint_phase`], [`dirty_rounds`] and [`pause_and_switch`].
 async fn run_phases(
     job: &Job<'_>,
     link: &Link<'_>,
@@ -798,8 +801,8 @@ async fn run_phases(
         run,
         req,
         vol,
-        bm,
         chunk,
+        ..
     } = *job;
     let c = &run.counters;
     let table = Arc::new(ChunkTable::zeroed(vol.size(), chunk));
@@ -817,9 +820,8 @@ async fn run_phases(
     ] {
         a.store(0, Ordering::Relaxed);
     }
-    let tx = link.tx;
     let sender = Arc::new(Sender {
-        tx: tx.clone(),
+        tx: link.tx.clone(),
         vol: vol.clone(),
         table: table.clone(),
         run: run.clone(),
@@ -831,6 +833,32 @@ async fn run_phases(
         },
     });
 
+    let (t_start, fingerprints_s, rate) = fingerprint_phase(job, link, in_rx, &sender).await?;
+    let rounds = dirty_rounds(job, link, in_rx, &sender, t_start, rate).await?;
+    pause_and_switch(
+        job,
+        link,
+        in_rx,
+        &sender,
+        &table,
+        pending,
+        fingerprints_s,
+        rounds,
+    )
+    .await
+}
+
+/// Phases 1 and 2: fingerprints out, wants answered with data, until the
+/// destination has everything but what the guest dirtied (round 0 synced).
+/// Returns when it started, its seconds and the link rate it measured.
+async fn fingerprint_phase(
+    job: &Job<'_>,
+    link: &Link<'_>,
+    in_rx: &mut mpsc::UnboundedReceiver<Result<Message, MigrationError>>,
+    sender: &Arc<Sender>,
+) -> Result<(Instant, f64, f64), MigrationError> {
+    let Job { run, req, bm, .. } = *job;
+    let c = &run.counters;
     // Phases 1 and 2. Everything written from here on is marked in `bm`;
     // what was written before, the scan reads.
     run.set_phase(Phase::Fingerprints);
@@ -883,7 +911,7 @@ async fn run_phases(
     sync_round(link, in_rx, &run.cancel, 0, bm.dirty_bytes()).await?;
     let fingerprints_s = t_start.elapsed().as_secs_f64();
     let sent = run.wire.tx.load(Ordering::Relaxed) - tx_start;
-    let mut rate = if req.bwlimit > 0 {
+    let mut rate = if job.req.bwlimit > 0 {
         converge::to_f64(req.bwlimit)
     } else {
         DEFAULT_RATE
@@ -892,6 +920,36 @@ async fn run_phases(
         rate = converge::to_f64(sent) / fingerprints_s.max(1e-3);
     }
 
+    Ok((t_start, fingerprints_s, rate))
+}
+
+/// How the dirty rounds ended.
+struct RoundsDone {
+    converged: bool,
+    rounds_s: f64,
+    held_s: f64,
+    /// The link rate last measured.
+    rate: f64,
+}
+
+/// Phase 3: dirty rounds until the rest fits the downtime target; held
+/// before the switch until released when the caller asked for a hold.
+async fn dirty_rounds(
+    job: &Job<'_>,
+    link: &Link<'_>,
+    in_rx: &mut mpsc::UnboundedReceiver<Result<Message, MigrationError>>,
+    sender: &Arc<Sender>,
+    t_start: Instant,
+    mut rate: f64,
+) -> Result<RoundsDone, MigrationError> {
+    let Job {
+        run,
+        req,
+        vol,
+        bm,
+        chunk,
+    } = *job;
+    let c = &run.counters;
     // Phase 3: dirty rounds until the rest fits the downtime target
     // (`converge::decide`); with a hold, keep the delta small by sending
     // rounds until the caller releases the switch.
@@ -981,6 +1039,35 @@ async fn run_phases(
     let held_s = held.map_or(0.0, |h| h.elapsed().as_secs_f64());
     let rounds_s = t_rounds.elapsed().as_secs_f64();
 
+    Ok(RoundsDone {
+        converged,
+        rounds_s,
+        held_s,
+        rate,
+    })
+}
+
+/// Phase 4: pause the guest's writes, send the last chunks, the digest and
+/// `Switch`, and on `Done` mark the volume moved. A link lost after
+/// `Switch` leaves the outcome unknown: the writes stay held (`pending`).
+#[allow(clippy::too_many_arguments)]
+async fn pause_and_switch(
+    job: &Job<'_>,
+    link: &Link<'_>,
+    in_rx: &mut mpsc::UnboundedReceiver<Result<Message, MigrationError>>,
+    sender: &Arc<Sender>,
+    table: &Arc<ChunkTable>,
+    pending: &mut Option<PendingSwitch>,
+    fingerprints_s: f64,
+    rounds: RoundsDone,
+) -> Result<Switched, MigrationError> {
+    let Job {
+        run,
+        vol,
+        bm,
+        chunk,
+        ..
+    } = *job;
     // Phase 4: pause, send the rest, digest, switch. Hash the digest groups
     // now, so the pause re-hashes only what the last chunks change.
     let t = table.clone();
@@ -1013,7 +1100,8 @@ async fn run_phases(
     // From here a lost link leaves the outcome unknown: keep the guest
     // paused and ask again on a new connection.
     let last_bytes = run.counters.bytes_data_raw.load(Ordering::Relaxed) - data_before_pause;
-    let wait = PAUSE_ANSWER_TIMEOUT + converge::drain_time(last_bytes.saturating_mul(2), rate);
+    let wait =
+        PAUSE_ANSWER_TIMEOUT + converge::drain_time(last_bytes.saturating_mul(2), rounds.rate);
     let answers = async {
         let dest_digest = match next_msg(in_rx, wait, None).await? {
             Message::DigestResult { matches, digest } => {
@@ -1040,10 +1128,10 @@ async fn run_phases(
             *pending = Some(PendingSwitch {
                 pause_start,
                 source_digest,
-                converged,
+                converged: rounds.converged,
                 fingerprints_s,
-                rounds_s,
-                held_s,
+                rounds_s: rounds.rounds_s,
+                held_s: rounds.held_s,
             });
             return Err(e);
         }
@@ -1059,11 +1147,11 @@ async fn run_phases(
     Ok(Switched {
         location,
         pause,
-        converged,
+        converged: rounds.converged,
         source_digest,
         dest_digest,
         fingerprints_s,
-        rounds_s,
-        held_s,
+        rounds_s: rounds.rounds_s,
+        held_s: rounds.held_s,
     })
 }
