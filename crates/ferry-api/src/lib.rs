@@ -27,7 +27,7 @@ pub use migration::{
 pub use server::ServerView;
 pub use volume::{
     Backing, BitmapRequest, BitmapView, CreateVolume, ImportReport, IncomingMigration,
-    ResizeVolume, Size, VolumeView,
+    OutgoingMigration, ResizeVolume, Size, VolumeView,
 };
 
 use serde::{Deserialize, Serialize};

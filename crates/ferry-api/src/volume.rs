@@ -85,6 +85,14 @@ pub struct IncomingMigration {
     pub source: String,
 }
 
+/// The journal of an outgoing migration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutgoingMigration {
+    pub id: String,
+    /// The destination's migration listener.
+    pub to: String,
+}
+
 /// A dirty bitmap.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BitmapView {
@@ -122,6 +130,10 @@ pub struct VolumeView {
     /// and the volume is not exported until an import completes.
     #[serde(default)]
     pub importing: bool,
+    /// A migration of this volume away began and has not switched; the
+    /// same migration started again resumes under this id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outgoing: Option<OutgoingMigration>,
     /// Set while this is the unfinished copy of an incoming migration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incoming: Option<IncomingMigration>,

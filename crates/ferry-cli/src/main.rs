@@ -437,6 +437,12 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
                     (Some(to), _) => format!("moved to {to}"),
                     (None, Some(m)) => format!("incomplete (incoming migration {})", m.id),
                     (None, None) if vol.importing => "incomplete (import did not finish)".into(),
+                    (None, None) if vol.outgoing.is_some() => {
+                        format!(
+                            "migration to {} not finished",
+                            vol.outgoing.as_ref().map_or("", |o| &o.to)
+                        )
+                    }
                     (None, None) => "ready".into(),
                 };
                 println!(

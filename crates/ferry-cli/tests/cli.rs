@@ -466,3 +466,118 @@ fn migrate_resumes_after_the_destination_is_killed() {
     assert_eq!(src_info["moved_to"], dst_nbd.as_str());
     assert!(info.get("incoming").is_none());
 }
+
+/// The source daemon killed with -9 in the middle of a migration: restarted
+/// on the same pool, the same `ferry migrate` command resumes under the
+/// journaled migration id, and the destination keeps what it already had.
+#[test]
+fn migrate_resumes_after_the_source_is_killed() {
+    let d = tempfile::tempdir().unwrap();
+    let (pa, pb) = (d.path().join("a"), d.path().join("b"));
+    let mig = format!("127.0.0.1:{}", free_port());
+    let (src_nbd, src_admin) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let (dst_nbd, dst_admin) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let src = Serve::start_on(&pa, &src_nbd, &src_admin, &[]);
+    let dst = Serve::start_on(&pb, &dst_nbd, &dst_admin, &["--migrate", &mig]);
+    let (pa_s, pb_s) = (pa.display().to_string(), pb.display().to_string());
+    for args in [vec!["show", "--pool", &pa_s], vec!["show", "--pool", &pb_s]] {
+        assert!(Command::new(FERRY)
+            .arg("certs")
+            .args(&args)
+            .status()
+            .unwrap()
+            .success());
+    }
+    let trust_a = format!("{pb_s}/tls/cert.pem");
+    let trust_b = format!("{pa_s}/tls/cert.pem");
+    for args in [
+        vec!["trust", &trust_a, "--pool", &pa_s],
+        vec!["trust", &trust_b, "--pool", &pb_s],
+    ] {
+        assert!(Command::new(FERRY)
+            .arg("certs")
+            .args(&args)
+            .status()
+            .unwrap()
+            .success());
+    }
+    let img = d.path().join("img");
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let data: Vec<u8> = (0..(24usize << 20))
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(&img, &data).unwrap();
+    src.ferry(&["volume", "create", "vm", "--size", "32M"]);
+    src.ferry(&["volume", "import", "vm", img.to_str().unwrap()]);
+    let first = Command::new(FERRY)
+        .args([
+            "migrate",
+            "vm",
+            "--to",
+            &mig,
+            "--bwlimit",
+            "6M",
+            "--no-compress",
+            "--json",
+        ])
+        .env("FERRY_ADMIN", &src_admin)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill the source once part of the copy has arrived.
+    let t = Instant::now();
+    loop {
+        let v = ureq::get(&format!("http://{dst_admin}/v1/volumes/vm")).call();
+        if let Ok(r) = v {
+            let j: serde_json::Value = r.into_json().unwrap();
+            if j["allocated_bytes"].as_u64().unwrap_or(0) >= 6 << 20 {
+                break;
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "no progress");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    src.kill9();
+    let _ = first.wait_with_output();
+    // Restarted: the volume says which migration it was in, and the same
+    // command resumes it.
+    let _src = Serve::start_on(&pa, &src_nbd, &src_admin, &[]);
+    let meta = std::fs::read_to_string(pa.join("volumes/vm/meta.json")).unwrap();
+    assert!(meta.contains("\"outgoing\""), "{meta}");
+    let out = Command::new(FERRY)
+        .args(["migrate", "vm", "--to", &mig, "--json"])
+        .env("FERRY_ADMIN", &src_admin)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(r["result"], "switched");
+    assert!(r["chunks"]["resumed"].as_u64().unwrap() >= 1024, "{r}");
+    assert!(
+        r["chunks"]["sent"].as_u64().unwrap() < 24 * 256,
+        "only what was missing: {r}"
+    );
+    let got = std::fs::read(pb.join("volumes/vm/data.raw")).unwrap();
+    assert_eq!(&got[..data.len()], &data[..]);
+    // Switched: the journal is gone.
+    let meta = std::fs::read_to_string(pa.join("volumes/vm/meta.json")).unwrap();
+    assert!(!meta.contains("\"outgoing\""), "{meta}");
+    drop(dst);
+}

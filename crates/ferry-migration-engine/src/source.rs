@@ -142,7 +142,25 @@ pub fn start(host: Arc<dyn MigrationHost>, req: MigrateRequest) -> Result<Starte
     if req.to.is_empty() {
         return Err(MigrationError::BadRequest("no destination given".into()));
     }
-    let id = req.id.clone().unwrap_or_else(MigrationId::random);
+    // A migration to the same destination that began before (this daemon
+    // crashed or restarted, or it failed) resumes under its id, so the
+    // destination keeps the chunks of its copy that already match.
+    let journaled = vol
+        .outgoing()
+        .filter(|o| o.to == req.to)
+        .and_then(|o| o.id.parse::<MigrationId>().ok());
+    let id = match (&req.id, journaled) {
+        (Some(id), _) => id.clone(),
+        (None, Some(j)) => {
+            tracing::info!(volume = %req.volume, migration = %j, "resuming the journaled migration");
+            j
+        }
+        (None, None) => MigrationId::random(),
+    };
+    vol.set_outgoing(Some(ferry_storage::OutgoingMigration {
+        id: id.to_string(),
+        to: req.to.clone(),
+    }))?;
     let run = Arc::new(MigrationRun::new(id, &req.volume, &req.to, req.hold_switch));
     host.registry().insert(run.clone());
     let r = run.clone();

@@ -184,6 +184,9 @@ fn view(v: &Volume) -> VolumeView {
         dirty_bitmaps: v.bitmaps().into_iter().map(bitmap_view).collect(),
         moved_to: m.moved_to,
         importing: m.importing,
+        outgoing: m
+            .outgoing
+            .map(|o| ferry_api::OutgoingMigration { id: o.id, to: o.to }),
         incoming: m.incoming.map(incoming_view),
         arrived: m.arrived.map(incoming_view),
     }

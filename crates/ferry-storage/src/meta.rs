@@ -67,6 +67,21 @@ pub struct VolumeMeta {
     /// so the volume is not exported until an import completes.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub importing: bool,
+    /// A migration of this volume to another daemon began and has not
+    /// switched: its id, so that the same migration started again (after a
+    /// crash or restart of this daemon) resumes into the destination's copy
+    /// instead of starting over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outgoing: Option<OutgoingMigration>,
+}
+
+/// The journal of an outgoing migration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutgoingMigration {
+    /// Migration id (32 hex digits).
+    pub id: String,
+    /// The destination's migration listener.
+    pub to: String,
 }
 
 /// An unfinished incoming migration: the copy is incomplete and not exported.
@@ -99,6 +114,7 @@ impl VolumeMeta {
             incoming: None,
             arrived: None,
             importing: false,
+            outgoing: None,
         }
     }
 

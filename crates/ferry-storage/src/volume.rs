@@ -761,8 +761,12 @@ impl Volume {
     /// paused so no write is half-way through.
     pub fn set_moved(&self, location: &str) -> Result<()> {
         let mut m = self.meta.lock();
-        m.moved_to = Some(location.to_string());
-        m.store(&self.dir.join("meta.json"))?;
+        let mut next = m.clone();
+        next.moved_to = Some(location.to_string());
+        // The migration is over: nothing left to resume.
+        next.outgoing = None;
+        next.store(&self.dir.join("meta.json"))?;
+        *m = next;
         self.moved.store(true, Ordering::SeqCst);
         Ok(())
     }
@@ -771,8 +775,10 @@ impl Volume {
     /// operator (`ferry volume reclaim`).
     pub fn clear_moved(&self) -> Result<()> {
         let mut m = self.meta.lock();
-        m.moved_to = None;
-        m.store(&self.dir.join("meta.json"))?;
+        let mut next = m.clone();
+        next.moved_to = None;
+        next.store(&self.dir.join("meta.json"))?;
+        *m = next;
         self.moved.store(false, Ordering::SeqCst);
         Ok(())
     }
@@ -806,6 +812,24 @@ impl Volume {
         }
         let mut next = m.clone();
         next.importing = importing;
+        next.store(&self.dir.join("meta.json"))?;
+        *m = next;
+        Ok(())
+    }
+
+    /// The journaled outgoing migration, if one began and did not switch.
+    pub fn outgoing(&self) -> Option<crate::OutgoingMigration> {
+        self.meta.lock().outgoing.clone()
+    }
+
+    /// Journal (durably) an outgoing migration, or clear the journal.
+    pub fn set_outgoing(&self, o: Option<crate::OutgoingMigration>) -> Result<()> {
+        let mut m = self.meta.lock();
+        if m.outgoing == o {
+            return Ok(());
+        }
+        let mut next = m.clone();
+        next.outgoing = o;
         next.store(&self.dir.join("meta.json"))?;
         *m = next;
         Ok(())
