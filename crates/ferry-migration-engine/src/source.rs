@@ -142,6 +142,14 @@ pub fn start(host: Arc<dyn MigrationHost>, req: MigrateRequest) -> Result<Starte
     if req.to.is_empty() {
         return Err(MigrationError::BadRequest("no destination given".into()));
     }
+    if let Some(o) = vol.outgoing().filter(|o| o.switch_sent && vol.in_doubt()) {
+        if o.to != req.to {
+            return Err(state_err(format!(
+                "is held: its migration to {} may have switched; migrate it to {} again to find out",
+                o.to, o.to
+            )));
+        }
+    }
     // A migration to the same destination that began before (this daemon
     // crashed or restarted, or it failed) resumes under its id, so the
     // destination keeps the chunks of its copy that already match.
@@ -157,9 +165,11 @@ pub fn start(host: Arc<dyn MigrationHost>, req: MigrateRequest) -> Result<Starte
         }
         (None, None) => MigrationId::random(),
     };
+    let switch_sent = vol.in_doubt() && vol.outgoing().is_some_and(|o| o.switch_sent);
     vol.set_outgoing(Some(ferry_storage::OutgoingMigration {
         id: id.to_string(),
         to: req.to.clone(),
+        switch_sent,
     }))?;
     let run = Arc::new(MigrationRun::new(id, &req.volume, &req.to, req.hold_switch));
     host.registry().insert(run.clone());
@@ -202,7 +212,16 @@ async fn migrate(
         Err(e) => Err(MigrationError::from(e)),
         Ok(bm) => {
             let mut last;
-            let mut pending: Option<PendingSwitch> = None;
+            // Held since a restart: the switch may have happened; the first
+            // Hello asks the destination.
+            let mut pending: Option<PendingSwitch> = vol.in_doubt().then(|| PendingSwitch {
+                pause_start: Instant::now(),
+                source_digest: [0; 32],
+                converged: false,
+                fingerprints_s: 0.0,
+                rounds_s: 0.0,
+                held_s: 0.0,
+            });
             let mut streak: Option<Instant> = None;
             loop {
                 run.counters.attempts.fetch_add(1, Ordering::Relaxed);
@@ -243,8 +262,20 @@ async fn migrate(
                 }
             }
             if pending.is_some() {
-                tracing::error!(migration = %run.id, volume = %run.volume, "the link failed during the switch and the destination did not answer again: the source stays authoritative and writable; check whether the destination committed its copy (a volume without `incoming`) and delete it before migrating again");
+                tracing::error!(migration = %run.id, volume = %run.volume, "the link failed during the switch and the destination did not answer again: the volume is held (no I/O) until the same migration is run again and the destination says whether it committed");
+                vol.set_in_doubt(true);
                 last = Err(MigrationError::SwitchUnknown);
+            } else if last.is_err() {
+                // The destination did not commit: nothing is in doubt.
+                let v = vol.clone();
+                let _ = blocking(move || {
+                    if let Some(mut o) = v.outgoing() {
+                        o.switch_sent = false;
+                        v.set_outgoing(Some(o))?;
+                    }
+                    Ok(())
+                })
+                .await;
             }
             vol.gate().set_throttle(Duration::ZERO);
             vol.gate().resume();
@@ -675,6 +706,16 @@ async fn attempt(
         Message::Welcome { .. } => {
             if pending.take().is_some() {
                 tracing::warn!(migration = %run.id, "the destination had not committed; the guest writes again and the migration resumes");
+                let v = vol.clone();
+                blocking(move || {
+                    if let Some(mut o) = v.outgoing() {
+                        o.switch_sent = false;
+                        v.set_outgoing(Some(o))?;
+                    }
+                    Ok(())
+                })
+                .await?;
+                vol.set_in_doubt(false);
                 vol.gate().resume();
             }
         }
@@ -689,6 +730,9 @@ async fn attempt(
             let v = vol.clone();
             let loc = location.clone();
             let moved = blocking(move || v.set_moved(&loc).map_err(Into::into)).await;
+            if moved.is_ok() {
+                vol.set_in_doubt(false);
+            }
             vol.gate().resume();
             moved?;
             tracing::info!(migration = %run.id, to = %location, "the destination had committed; switched");
@@ -1090,6 +1134,18 @@ async fn pause_and_switch(
     // now, so the pause re-hashes only what the last chunks change.
     let t = table.clone();
     blocking(move || Ok(t.digest())).await?;
+    // Journal that the switch may happen from here (before the guest is
+    // paused, so it costs the guest nothing): a crash from now on leaves
+    // the volume held until the destination is asked.
+    let v = vol.clone();
+    blocking(move || {
+        if let Some(mut o) = v.outgoing() {
+            o.switch_sent = true;
+            v.set_outgoing(Some(o))?;
+        }
+        Ok(())
+    })
+    .await?;
     run.set_phase(Phase::Paused);
     link.send(Message::Pause).await?;
     vol.gate().set_throttle(Duration::ZERO);

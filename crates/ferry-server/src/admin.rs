@@ -36,6 +36,7 @@ fn storage_status(e: &StorageError) -> StatusCode {
         StorageError::Exists(_)
         | StorageError::BitmapExists(_)
         | StorageError::InUse { .. }
+        | StorageError::InDoubt { .. }
         | StorageError::Moved { .. } => StatusCode::CONFLICT,
         StorageError::InvalidName(_)
         | StorageError::Invalid(_)

@@ -327,3 +327,98 @@ fn an_import_cut_half_way_stays_marked_incomplete_and_unexported_until_one_finis
     let got = s.rt().block_on(cl.read(0, 4096)).unwrap();
     assert!(got.iter().all(|&b| b == 0xcd));
 }
+
+/// Rewrite a stopped daemon's volume metadata as if it had crashed just
+/// after sending Switch: no `moved_to`, the migration journaled with
+/// `switch_sent`.
+fn journal_switch_sent(pool: &std::path::Path, volume: &str, id: &str, to: &str) {
+    let path = pool.join("volumes").join(volume).join("meta.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let o = m.as_object_mut().unwrap();
+    o.remove("moved_to");
+    o.insert(
+        "outgoing".into(),
+        serde_json::json!({"id": id, "to": to, "switch_sent": true}),
+    );
+    std::fs::write(&path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+}
+
+#[test]
+fn a_source_restarted_after_switch_holds_the_volume_until_the_destination_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let pa = dir.path().join("a");
+    let src = TestServer::start(&pa);
+    let dst = TestServer::start_with(&dir.path().join("b"), |c| {
+        c.migration.listen = "127.0.0.1:0".into();
+        c.migration.plaintext = true;
+    });
+    let to = dst.migration.unwrap().to_string();
+    let req = MigrateRequest {
+        to: to.clone(),
+        plaintext: true,
+        ..MigrateRequest::default()
+    };
+    src.create("vm", 8 * MIB)
+        .write_at(0, &vec![5; 4 << 20], false)
+        .unwrap();
+    src.create("w2", 8 * MIB)
+        .write_at(0, &vec![6; 4 << 20], false)
+        .unwrap();
+    let c = AdminClient::new(&src.admin.to_string());
+    // vm: moved for real; then the source "forgets" it learned so.
+    let run = c.migrate("vm", &req).unwrap();
+    assert_eq!(
+        c.watch_migration(&run.id, |_| {}).unwrap().phase,
+        MigrationPhase::Switched
+    );
+    src.stop();
+    journal_switch_sent(&pa, "vm", run.id.as_str(), &to);
+    // w2: "crashed" before the destination committed anything.
+    let other = ferry_api::MigrationId::random();
+    journal_switch_sent(&pa, "w2", other.as_str(), &to);
+    let src = TestServer::start(&pa);
+    let c = AdminClient::new(&src.admin.to_string());
+    for name in ["vm", "w2"] {
+        let v = src.state.pool.get(name).unwrap();
+        assert!(v.in_doubt(), "{name}");
+        assert!(
+            v.write_at(0, b"x", false).is_err(),
+            "{name}: no writes while in doubt"
+        );
+        let nbd = src.rt().block_on(ferry_client::NbdClient::connect(
+            &src.nbd.to_string(),
+            name,
+            &Default::default(),
+        ));
+        assert!(nbd.is_err(), "{name}: not served while in doubt");
+        assert!(c.get_volume(name).unwrap().outgoing.is_some());
+    }
+    // Only the same destination can settle it.
+    let e = c
+        .migrate(
+            "vm",
+            &MigrateRequest {
+                to: "127.0.0.1:1".into(),
+                ..req.clone()
+            },
+        )
+        .unwrap_err();
+    assert_eq!(e.status(), Some(409), "{e}");
+    // The destination had committed vm: the source learns it, marks it moved.
+    let r = c.migrate("vm", &req).unwrap();
+    let last = c.watch_migration(&r.id, |_| {}).unwrap();
+    assert_eq!(last.phase, MigrationPhase::Switched, "{last:?}");
+    assert_eq!(r.id, run.id, "the journaled id is reused");
+    let v = c.get_volume("vm").unwrap();
+    assert_eq!(v.moved_to.as_deref(), Some(&*dst.nbd.to_string()));
+    assert!(v.outgoing.is_none());
+    // It had not committed w2: the guest writes again and the move goes on.
+    let r = c.migrate("w2", &req).unwrap();
+    let last = c.watch_migration(&r.id, |_| {}).unwrap();
+    assert_eq!(last.phase, MigrationPhase::Switched, "{last:?}");
+    let copy = dst.state.pool.get("w2").unwrap();
+    let mut b = vec![0u8; 4096];
+    copy.read_at(0, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 6));
+}

@@ -21,6 +21,8 @@ pub enum StorageError {
     BitmapNotFound(String),
     #[error("dirty bitmap {0:?} already exists")]
     BitmapExists(String),
+    #[error("volume {name:?} is held: its migration to {to} may have switched; run the same migration again to ask the destination")]
+    InDoubt { name: String, to: String },
     #[error("volume {name:?} has moved to {to}")]
     Moved { name: String, to: String },
     /// Deleting a volume something holds.

@@ -82,6 +82,12 @@ pub struct OutgoingMigration {
     pub id: String,
     /// The destination's migration listener.
     pub to: String,
+    /// Set just before the guest is paused for the switch: from here the
+    /// destination may have committed without this daemon learning it, so
+    /// after a crash the volume is held (not served, not writable) until
+    /// the destination is asked (the same migration started again).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub switch_sent: bool,
 }
 
 /// An unfinished incoming migration: the copy is incomplete and not exported.

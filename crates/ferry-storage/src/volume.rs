@@ -55,6 +55,9 @@ pub struct Volume {
     gate: WriteGate,
     /// Set once the volume has moved to another server: writes fail.
     moved: AtomicBool,
+    /// Whether its last migration switched is unknown: writes fail and it
+    /// is not served until the destination is asked.
+    in_doubt: AtomicBool,
     /// Clients and migrations that hold it.
     holders: crate::holders::Holders,
 }
@@ -222,6 +225,7 @@ impl Volume {
             read_only: meta.read_only,
             sparse: matches!(meta.backing, Backing::Sparse | Backing::External { .. }),
             moved: AtomicBool::new(meta.moved_to.is_some()),
+            in_doubt: AtomicBool::new(meta.outgoing.as_ref().is_some_and(|o| o.switch_sent)),
             meta: Mutex::new(meta),
             bitmaps: RwLock::new(bitmaps),
             deleted: AtomicBool::new(false),
@@ -284,6 +288,19 @@ impl Volume {
     /// Fails once the volume has moved (checked inside the write gate, so a
     /// write held by a migration's pause fails if the switch happened).
     fn check_not_moved(&self) -> Result<()> {
+        if self.in_doubt.load(Ordering::SeqCst) {
+            let to = self
+                .meta
+                .lock()
+                .outgoing
+                .as_ref()
+                .map(|o| o.to.clone())
+                .unwrap_or_default();
+            return Err(StorageError::InDoubt {
+                name: self.name.clone(),
+                to,
+            });
+        }
         if self.moved.load(Ordering::SeqCst) {
             let to = self.meta.lock().moved_to.clone().unwrap_or_default();
             return Err(StorageError::Moved {
@@ -841,10 +858,26 @@ impl Volume {
     }
 
     /// Offered to clients (NBD export, iSCSI LUN): not moved away, not an
-    /// unfinished migration copy, not a half-done import.
+    /// unfinished migration copy, not a half-done import, not in doubt.
     pub fn is_serving(&self) -> bool {
         let m = self.meta.lock();
-        m.moved_to.is_none() && m.incoming.is_none() && !m.importing
+        m.moved_to.is_none()
+            && m.incoming.is_none()
+            && !m.importing
+            && !self.in_doubt.load(Ordering::SeqCst)
+    }
+
+    /// Whether the last migration's switch is unknown (see
+    /// [`crate::OutgoingMigration::switch_sent`]).
+    pub fn in_doubt(&self) -> bool {
+        self.in_doubt.load(Ordering::SeqCst)
+    }
+
+    /// Hold the volume (no writes, not served) until its migration's
+    /// outcome is known, or release it (`false`): the destination answered
+    /// that it did not commit.
+    pub fn set_in_doubt(&self, doubt: bool) {
+        self.in_doubt.store(doubt, Ordering::SeqCst);
     }
 
     /// The completed migration that brought this volume here, if any.

@@ -22,6 +22,9 @@ fn dev_err(e: StorageError) -> DeviceError {
         StorageError::ReadOnly(_) => DeviceError::ReadOnly,
         StorageError::NotFound(n) => DeviceError::Gone(format!("volume {n} was deleted")),
         StorageError::Moved { to, .. } => DeviceError::Gone(format!("moved to {to}")),
+        StorageError::InDoubt { to, .. } => {
+            DeviceError::Gone(format!("held until its migration to {to} is resolved"))
+        }
         e => match e.raw_os_error() {
             Some(libc::ENOSPC) | Some(libc::EDQUOT) => DeviceError::NoSpace,
             _ => DeviceError::Io(e.to_string()),

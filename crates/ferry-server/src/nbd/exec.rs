@@ -82,7 +82,9 @@ pub fn errno_for(e: &StorageError, cmd: Command) -> ErrorCode {
         StorageError::ReadOnly(_) => ErrorCode::Perm,
         StorageError::NotFast => ErrorCode::NotSup,
         // The client reconnects and learns the new location (ferry host does).
-        StorageError::NotFound(_) | StorageError::Moved { .. } => ErrorCode::Shutdown,
+        StorageError::NotFound(_) | StorageError::Moved { .. } | StorageError::InDoubt { .. } => {
+            ErrorCode::Shutdown
+        }
         _ => match e.raw_os_error() {
             Some(libc::ENOSPC) | Some(libc::EDQUOT) => ErrorCode::NoSpc,
             Some(libc::ENOMEM) => ErrorCode::NoMem,
