@@ -105,7 +105,7 @@ enum Prepared {
 /// does not retry.
 #[derive(Debug, thiserror::Error)]
 enum Refusal {
-    #[error("the incomplete copy has a different size")]
+    #[error("the copy here has a different size or block size")]
     SizeDiffers,
     #[error(
         "volume {name} is the incomplete copy of another migration ({other}); delete it first"
@@ -142,6 +142,24 @@ fn prepare(
     match state.pool().get(&d.name) {
         Ok(v) if v.incoming().is_none() && v.arrived().is_some_and(|a| a.id == id) => {
             Ok(Prepared::AlreadySwitched)
+        }
+        // The volume comes back to a daemon that still holds the copy it
+        // left: that copy is the basis, only what changed since crosses.
+        Ok(v)
+            if v.incoming().is_none()
+                && v.moved_to().is_some()
+                && v.meta().uuid.as_bytes() == &d.uuid =>
+        {
+            if v.size() != d.size || v.meta().block_size != d.block_size {
+                return Err(Refusal::SizeDiffers);
+            }
+            check_space(state, d.allocated.saturating_sub(v.allocated_bytes()))?;
+            v.reclaim_for_incoming(IncomingMigration {
+                id: id.to_string(),
+                source: peer.to_string(),
+            })?;
+            tracing::info!(volume = %d.name, migration = %id, "the volume comes back: its moved-away copy is the basis");
+            Ok(Prepared::Copy(v, true))
         }
         Ok(v) => match v.incoming() {
             Some(inc) if inc.id == id => {

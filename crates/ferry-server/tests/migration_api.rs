@@ -201,3 +201,84 @@ fn bad_bodies_get_json_errors_and_clients_name_the_fault() {
     let e = AdminClient::new("127.0.0.1:1").volumes().unwrap_err();
     assert!(matches!(e, ClientError::Unreachable { .. }), "{e}");
 }
+
+/// There and back and there again: each return finds the copy the volume
+/// left behind and sends only what the guest wrote since it left.
+#[test]
+fn a_volume_that_comes_back_sends_only_what_changed_while_it_was_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = |c: &mut ferry_server::config::Config| {
+        c.migration.listen = "127.0.0.1:0".into();
+        c.migration.plaintext = true;
+    };
+    let a = TestServer::start_with(&dir.path().join("a"), listener);
+    let b = TestServer::start_with(&dir.path().join("b"), listener);
+    let noise = |n: usize, seed: u8| -> Vec<u8> {
+        let mut x = u64::from(seed) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x.to_le_bytes()[0]
+            })
+            .collect()
+    };
+    a.create("vm", 32 * MIB)
+        .write_at(0, &noise(16 << 20, 1), false)
+        .unwrap();
+    let move_to = |from: &TestServer, to: &TestServer| {
+        let c = client(from);
+        let run = c
+            .migrate(
+                "vm",
+                &MigrateRequest {
+                    to: to.migration.unwrap().to_string(),
+                    plaintext: true,
+                    compress: Some(false),
+                    ..MigrateRequest::default()
+                },
+            )
+            .unwrap();
+        let last = c.watch_migration(&run.id, |_| {}).unwrap();
+        assert_eq!(last.phase, MigrationPhase::Switched, "{last:?}");
+        last.report.unwrap()
+    };
+    let first = move_to(&a, &b);
+    assert_eq!(first.chunks.sent, 4096, "the first trip sends everything");
+    // Away at b, the guest writes 1 MiB; coming back sends about that.
+    b.state
+        .pool
+        .get("vm")
+        .unwrap()
+        .write_at(20 << 20, &noise(1 << 20, 2), false)
+        .unwrap();
+    let back = move_to(&b, &a);
+    assert!(back.chunks.resumed >= 4096, "{:?}", back.chunks);
+    assert!(back.chunks.sent <= 256 + 8, "{:?}", back.chunks);
+    assert!(
+        back.bytes.data_raw <= (1 << 20) + (32 << 10),
+        "{:?}",
+        back.bytes
+    );
+    assert_eq!(
+        sha(a.state.pool.get("vm").unwrap().data_path()),
+        sha(b.state.pool.get("vm").unwrap().data_path())
+    );
+    // And there again, after another 1 MiB written at a.
+    a.state
+        .pool
+        .get("vm")
+        .unwrap()
+        .write_at(4 << 20, &noise(1 << 20, 3), false)
+        .unwrap();
+    let again = move_to(&a, &b);
+    assert!(again.chunks.sent <= 256 + 8, "{:?}", again.chunks);
+    assert_eq!(
+        sha(a.state.pool.get("vm").unwrap().data_path()),
+        sha(b.state.pool.get("vm").unwrap().data_path())
+    );
+    let v = b.state.pool.get("vm").unwrap();
+    assert!(v.moved_to().is_none() && v.incoming().is_none());
+    assert!(a.state.pool.get("vm").unwrap().moved_to().is_some());
+}

@@ -788,6 +788,27 @@ impl Volume {
         Ok(())
     }
 
+    /// Turn this moved-away copy into the target of a migration bringing
+    /// the volume back (same identity): it becomes the unfinished copy of
+    /// `incoming` (not served, writable by the migration only), and the
+    /// migration keeps every chunk of it that still matches.
+    pub fn reclaim_for_incoming(&self, incoming: IncomingMigration) -> Result<()> {
+        let mut m = self.meta.lock();
+        if m.moved_to.is_none() {
+            return Err(StorageError::Invalid(format!(
+                "volume {} has not moved away",
+                m.name
+            )));
+        }
+        let mut next = m.clone();
+        next.moved_to = None;
+        next.incoming = Some(incoming);
+        next.store(&self.dir.join("meta.json"))?;
+        *m = next;
+        self.moved.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
     /// Make the volume writable here again after a move was undone by an
     /// operator (`ferry volume reclaim`).
     pub fn clear_moved(&self) -> Result<()> {
