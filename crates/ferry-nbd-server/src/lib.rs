@@ -219,37 +219,70 @@ struct Limits {
 const BATCH_MOST: usize = 32;
 const BATCH_BYTES: usize = 256 << 10;
 
-/// Batchable requests waiting to run together, each with what it holds.
-type Batch = Vec<(
+/// One batched request: its work, its in-flight slot and its budget.
+type Batched = (
     Box<dyn FnOnce() -> Bytes + Send>,
     OwnedSemaphorePermit,
     Held,
-)>;
+);
 
-/// Run `batch` on one blocking worker, in order; its replies go to the
-/// writer together.
-fn flush_batch(
+/// Batchable requests waiting to run together, each with what it holds,
+/// and their payload bytes.
+#[derive(Default)]
+struct Batch {
+    items: Vec<Batched>,
+    bytes: usize,
+}
+
+impl Batch {
+    /// Add a request; a full batch starts running.
+    fn push(&mut self, work: Batched, bytes: usize, tracker: &TaskTracker, tx: &mpsc::Sender<Out>) {
+        self.items.push(work);
+        self.bytes += bytes;
+        if self.items.len() >= BATCH_MOST || self.bytes >= BATCH_BYTES {
+            self.flush(tracker, tx);
+        }
+    }
+
+    /// Run the batch on one blocking worker, in order; its replies go to
+    /// the writer together.
+    fn flush(&mut self, tracker: &TaskTracker, tx: &mpsc::Sender<Out>) {
+        self.bytes = 0;
+        if self.items.is_empty() {
+            return;
+        }
+        let items = std::mem::take(&mut self.items);
+        let tx = tx.clone();
+        tracker.spawn_blocking(move || {
+            let mut replies = Vec::with_capacity(items.len());
+            for (work, permit, held) in items {
+                let bytes = work();
+                drop(permit);
+                replies.push(Reply { bytes, held });
+            }
+            // The client may be gone; its replies have nowhere to go.
+            let _ = tx.blocking_send(Out::Many(replies));
+        });
+    }
+}
+
+/// An in-flight slot; when none is free, what is batched runs first (it
+/// holds slots too), then this waits. `None`: the connection is ending.
+async fn take_slot(
+    slots: &Arc<Semaphore>,
     batch: &mut Batch,
-    batch_bytes: &mut usize,
     tracker: &TaskTracker,
     tx: &mpsc::Sender<Out>,
-) {
-    *batch_bytes = 0;
-    if batch.is_empty() {
-        return;
+    shutdown: &CancellationToken,
+) -> Option<OwnedSemaphorePermit> {
+    if let Ok(p) = slots.clone().try_acquire_owned() {
+        return Some(p);
     }
-    let items = std::mem::take(batch);
-    let tx = tx.clone();
-    tracker.spawn_blocking(move || {
-        let mut replies = Vec::with_capacity(items.len());
-        for (work, permit, held) in items {
-            let bytes = work();
-            drop(permit);
-            replies.push(Reply { bytes, held });
-        }
-        // The client may be gone; its replies have nowhere to go.
-        let _ = tx.blocking_send(Out::Many(replies));
-    });
+    batch.flush(tracker, tx);
+    tokio::select! {
+        p = slots.clone().acquire_owned() => p.ok(),
+        () = shutdown.cancelled() => None,
+    }
 }
 
 /// What the reader hands the writer: one reply or a batch's replies.
@@ -320,8 +353,7 @@ where
     let tracker = TaskTracker::new();
     let mut decoder = RequestDecoder::new();
     let mut result = Ok(());
-    let mut batch: Batch = Vec::new();
-    let mut batch_bytes = 0usize;
+    let mut batch = Batch::default();
     'conn: loop {
         loop {
             let req = match decoder.decode(&mut buf) {
@@ -343,7 +375,7 @@ where
             let held = match try_charge(&budget, total.as_ref(), n) {
                 Some(h) => h,
                 None => {
-                    flush_batch(&mut batch, &mut batch_bytes, &tracker, &tx);
+                    batch.flush(&tracker, &tx);
                     tokio::select! {
                         h = charge(&budget, total.as_ref(), n) => match h {
                             Some(h) => h,
@@ -353,39 +385,27 @@ where
                     }
                 }
             };
-            let work = match handler.dispatch(req) {
+            match handler.dispatch(req) {
                 Dispatch::Ready(bytes) => {
                     if tx.send(Out::One(Reply { bytes, held })).await.is_err() {
                         break 'conn;
                     }
-                    continue;
                 }
-                work => work,
-            };
-            let permit = match slots.clone().try_acquire_owned() {
-                Ok(p) => p,
-                Err(_) => {
-                    flush_batch(&mut batch, &mut batch_bytes, &tracker, &tx);
-                    tokio::select! {
-                        p = slots.clone().acquire_owned() => match p {
-                            Ok(p) => p,
-                            Err(_) => break 'conn,
-                        },
-                        () = shutdown.cancelled() => break 'conn,
-                    }
+                Dispatch::Batchable { work, bytes } => {
+                    let Some(permit) =
+                        take_slot(&slots, &mut batch, &tracker, &tx, &shutdown).await
+                    else {
+                        break 'conn;
+                    };
+                    batch.push((work, permit, held), bytes, &tracker, &tx);
                 }
-            };
-            if let Dispatch::Batchable { work, bytes } = work {
-                batch.push((work, permit, held));
-                batch_bytes += bytes;
-                if batch.len() >= BATCH_MOST || batch_bytes >= BATCH_BYTES {
-                    flush_batch(&mut batch, &mut batch_bytes, &tracker, &tx);
-                }
-                continue;
-            }
-            let tx = tx.clone();
-            match work {
                 Dispatch::Blocking(f) => {
+                    let Some(permit) =
+                        take_slot(&slots, &mut batch, &tracker, &tx, &shutdown).await
+                    else {
+                        break 'conn;
+                    };
+                    let tx = tx.clone();
                     tracker.spawn_blocking(move || {
                         let bytes = f();
                         drop(permit);
@@ -394,19 +414,22 @@ where
                     });
                 }
                 Dispatch::Async(fut) => {
+                    let Some(permit) =
+                        take_slot(&slots, &mut batch, &tracker, &tx, &shutdown).await
+                    else {
+                        break 'conn;
+                    };
+                    let tx = tx.clone();
                     tracker.spawn(async move {
                         let bytes = fut.await;
                         drop(permit);
                         let _ = tx.send(Out::One(Reply { bytes, held })).await;
                     });
                 }
-                Dispatch::Ready(_) | Dispatch::Batchable { .. } => {
-                    unreachable!("answered or batched above")
-                }
             }
         }
         // Everything decoded from this read is dispatched: run the batch.
-        flush_batch(&mut batch, &mut batch_bytes, &tracker, &tx);
+        batch.flush(&tracker, &tx);
         buf.reserve(decoder.wanted(buf.len()).max(256 * 1024));
         let n = tokio::select! {
             r = rd.read_buf(&mut buf) => match r {
@@ -423,7 +446,7 @@ where
         }
     }
     // Drain: every accepted request finishes and is answered.
-    flush_batch(&mut batch, &mut batch_bytes, &tracker, &tx);
+    batch.flush(&tracker, &tx);
     tracker.close();
     tracker.wait().await;
     drop(tx);
