@@ -142,11 +142,14 @@ pub fn start(host: Arc<dyn MigrationHost>, req: MigrateRequest) -> Result<Starte
     if req.to.is_empty() {
         return Err(MigrationError::BadRequest("no destination given".into()));
     }
-    if let Some(o) = vol.outgoing().filter(|o| o.switch_sent && vol.in_doubt()) {
-        if o.to != req.to {
+    // In doubt (the journal says the switch may have been sent), only the
+    // journaled migration may run: it asks the destination what happened.
+    if let Some(o) = vol.outgoing().filter(|_| vol.in_doubt()) {
+        let other_id = req.id.as_ref().is_some_and(|id| id.as_str() != o.id);
+        if o.to != req.to || other_id {
             return Err(state_err(format!(
-                "is held: its migration to {} may have switched; migrate it to {} again to find out",
-                o.to, o.to
+                "is held: its migration {} to {} may have switched; run that migration again to find out",
+                o.id, o.to
             )));
         }
     }
@@ -165,12 +168,6 @@ pub fn start(host: Arc<dyn MigrationHost>, req: MigrateRequest) -> Result<Starte
         }
         (None, None) => MigrationId::random(),
     };
-    let switch_sent = vol.in_doubt() && vol.outgoing().is_some_and(|o| o.switch_sent);
-    vol.set_outgoing(Some(ferry_storage::OutgoingMigration {
-        id: id.to_string(),
-        to: req.to.clone(),
-        switch_sent,
-    }))?;
     let run = Arc::new(MigrationRun::new(id, &req.volume, &req.to, req.hold_switch));
     host.registry().insert(run.clone());
     let r = run.clone();
@@ -208,8 +205,17 @@ async fn migrate(
     let chunk = state.chunk_size();
     let _hold = vol.hold(ferry_storage::Holder::OutgoingMigration);
     let bm_name = format!("migration-{}", &run.id.as_str()[..12]);
-    let outcome = match vol.create_bitmap(&bm_name, chunk, false) {
-        Err(e) => Err(MigrationError::from(e)),
+    // Journal the migration first, so that a restart resumes it (and, held
+    // in doubt, keeps saying the switch may have been sent).
+    let journal = ferry_storage::OutgoingMigration {
+        id: run.id.to_string(),
+        to: run.to.clone(),
+        switch_sent: vol.in_doubt(),
+    };
+    let v = vol.clone();
+    let journaled = blocking(move || Ok(v.set_outgoing(Some(journal))?)).await;
+    let outcome = match journaled.and_then(|()| Ok(vol.create_bitmap(&bm_name, chunk, false)?)) {
+        Err(e) => Err(e),
         Ok(bm) => {
             let mut last;
             // Held since a restart: the switch may have happened; the first
@@ -268,14 +274,7 @@ async fn migrate(
             } else if last.is_err() {
                 // The destination did not commit: nothing is in doubt.
                 let v = vol.clone();
-                let _ = blocking(move || {
-                    if let Some(mut o) = v.outgoing() {
-                        o.switch_sent = false;
-                        v.set_outgoing(Some(o))?;
-                    }
-                    Ok(())
-                })
-                .await;
+                let _ = blocking(move || Ok(v.set_switch_sent(false)?)).await;
             }
             vol.gate().set_throttle(Duration::ZERO);
             vol.gate().resume();
@@ -707,15 +706,7 @@ async fn attempt(
             if pending.take().is_some() {
                 tracing::warn!(migration = %run.id, "the destination had not committed; the guest writes again and the migration resumes");
                 let v = vol.clone();
-                blocking(move || {
-                    if let Some(mut o) = v.outgoing() {
-                        o.switch_sent = false;
-                        v.set_outgoing(Some(o))?;
-                    }
-                    Ok(())
-                })
-                .await?;
-                vol.set_in_doubt(false);
+                blocking(move || Ok(v.set_switch_sent(false)?)).await?;
                 vol.gate().resume();
             }
         }
@@ -1138,14 +1129,7 @@ async fn pause_and_switch(
     // paused, so it costs the guest nothing): a crash from now on leaves
     // the volume held until the destination is asked.
     let v = vol.clone();
-    blocking(move || {
-        if let Some(mut o) = v.outgoing() {
-            o.switch_sent = true;
-            v.set_outgoing(Some(o))?;
-        }
-        Ok(())
-    })
-    .await?;
+    blocking(move || Ok(v.set_switch_sent(true)?)).await?;
     run.set_phase(Phase::Paused);
     link.send(Message::Pause).await?;
     vol.gate().set_throttle(Duration::ZERO);

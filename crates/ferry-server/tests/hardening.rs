@@ -405,6 +405,19 @@ fn a_source_restarted_after_switch_holds_the_volume_until_the_destination_answer
         )
         .unwrap_err();
     assert_eq!(e.status(), Some(409), "{e}");
+    // Nor can another migration id: it would not find out what happened,
+    // and a refusal must not release the hold.
+    let e = c
+        .migrate(
+            "vm",
+            &MigrateRequest {
+                id: Some(ferry_api::MigrationId::random()),
+                ..req.clone()
+            },
+        )
+        .unwrap_err();
+    assert_eq!(e.status(), Some(409), "{e}");
+    assert!(src.state.pool.get("vm").unwrap().in_doubt());
     // The destination had committed vm: the source learns it, marks it moved.
     let r = c.migrate("vm", &req).unwrap();
     let last = c.watch_migration(&r.id, |_| {}).unwrap();

@@ -873,6 +873,21 @@ impl Volume {
         Ok(())
     }
 
+    /// Journal (durably) whether the outgoing migration's switch may have
+    /// been sent. Clearing it also releases a volume held in doubt: the
+    /// destination has said it did not commit. No journal, no change.
+    pub fn set_switch_sent(&self, sent: bool) -> Result<()> {
+        let Some(mut o) = self.outgoing() else {
+            return Ok(());
+        };
+        o.switch_sent = sent;
+        self.set_outgoing(Some(o))?;
+        if !sent {
+            self.set_in_doubt(false);
+        }
+        Ok(())
+    }
+
     /// An import began and did not finish.
     pub fn importing(&self) -> bool {
         self.meta.lock().importing
