@@ -777,13 +777,12 @@ impl Volume {
     /// every write fails with [`StorageError::Moved`]. Call with the gate
     /// paused so no write is half-way through.
     pub fn set_moved(&self, location: &str) -> Result<()> {
-        let mut m = self.meta.lock();
-        let mut next = m.clone();
-        next.moved_to = Some(location.to_string());
-        // The migration is over: nothing left to resume.
-        next.outgoing = None;
-        next.store(&self.dir.join("meta.json"))?;
-        *m = next;
+        self.update_meta(|m| {
+            m.moved_to = Some(location.to_string());
+            // The migration is over: nothing left to resume.
+            m.outgoing = None;
+            Ok(())
+        })?;
         self.moved.store(true, Ordering::SeqCst);
         Ok(())
     }
@@ -793,18 +792,17 @@ impl Volume {
     /// `incoming` (not served, writable by the migration only), and the
     /// migration keeps every chunk of it that still matches.
     pub fn reclaim_for_incoming(&self, incoming: IncomingMigration) -> Result<()> {
-        let mut m = self.meta.lock();
-        if m.moved_to.is_none() {
-            return Err(StorageError::Invalid(format!(
-                "volume {} has not moved away",
-                m.name
-            )));
-        }
-        let mut next = m.clone();
-        next.moved_to = None;
-        next.incoming = Some(incoming);
-        next.store(&self.dir.join("meta.json"))?;
-        *m = next;
+        self.update_meta(|m| {
+            if m.moved_to.is_none() {
+                return Err(StorageError::Invalid(format!(
+                    "volume {} has not moved away",
+                    m.name
+                )));
+            }
+            m.moved_to = None;
+            m.incoming = Some(incoming);
+            Ok(())
+        })?;
         self.moved.store(false, Ordering::SeqCst);
         Ok(())
     }
@@ -812,11 +810,10 @@ impl Volume {
     /// Make the volume writable here again after a move was undone by an
     /// operator (`ferry volume reclaim`).
     pub fn clear_moved(&self) -> Result<()> {
-        let mut m = self.meta.lock();
-        let mut next = m.clone();
-        next.moved_to = None;
-        next.store(&self.dir.join("meta.json"))?;
-        *m = next;
+        self.update_meta(|m| {
+            m.moved_to = None;
+            Ok(())
+        })?;
         self.moved.store(false, Ordering::SeqCst);
         Ok(())
     }
@@ -829,30 +826,22 @@ impl Volume {
     /// Mark (durably) the copy of an incoming migration complete: it is
     /// exported from now on, and remembers which migration brought it.
     pub fn complete_incoming(&self) -> Result<()> {
-        let mut m = self.meta.lock();
-        let mut next = m.clone();
-        let done = next.incoming.take();
-        if done.is_some() {
-            next.arrived = done;
-        }
-        next.store(&self.dir.join("meta.json"))?;
-        *m = next;
-        Ok(())
+        self.update_meta(|m| {
+            if let Some(done) = m.incoming.take() {
+                m.arrived = Some(done);
+            }
+            Ok(())
+        })
     }
 
     /// Mark (durably) an image import as begun (`true`) or finished: while
     /// it is marked, the volume holds a partial image and is not exported,
     /// also after a crash and restart.
     pub fn set_importing(&self, importing: bool) -> Result<()> {
-        let mut m = self.meta.lock();
-        if m.importing == importing {
-            return Ok(());
-        }
-        let mut next = m.clone();
-        next.importing = importing;
-        next.store(&self.dir.join("meta.json"))?;
-        *m = next;
-        Ok(())
+        self.update_meta(|m| {
+            m.importing = importing;
+            Ok(())
+        })
     }
 
     /// The journaled outgoing migration, if one began and did not switch.
@@ -862,14 +851,23 @@ impl Volume {
 
     /// Journal (durably) an outgoing migration, or clear the journal.
     pub fn set_outgoing(&self, o: Option<crate::OutgoingMigration>) -> Result<()> {
+        self.update_meta(|m| {
+            m.outgoing = o;
+            Ok(())
+        })
+    }
+
+    /// Change the metadata all or nothing: `edit` works on a copy, which
+    /// replaces the one in memory only once it is stored (temp, fsync,
+    /// rename). Nothing is written when the edit changes nothing.
+    fn update_meta(&self, edit: impl FnOnce(&mut VolumeMeta) -> Result<()>) -> Result<()> {
         let mut m = self.meta.lock();
-        if m.outgoing == o {
-            return Ok(());
-        }
         let mut next = m.clone();
-        next.outgoing = o;
-        next.store(&self.dir.join("meta.json"))?;
-        *m = next;
+        edit(&mut next)?;
+        if next != *m {
+            next.store(&self.dir.join("meta.json"))?;
+            *m = next;
+        }
         Ok(())
     }
 
