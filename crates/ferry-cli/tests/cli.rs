@@ -362,6 +362,61 @@ fn flush_on_one_connection_covers_writes_of_another() {
 /// `ferry migrate --json` between two `ferry serve` processes that trust
 /// each other through `ferry certs`; the destination is killed with -9 in
 /// the middle and restarted, and the migration resumes and completes.
+/// Each daemon's pool trusts the other's migration certificate.
+fn trust_each_other(pa: &Path, pb: &Path) {
+    let (pa, pb) = (pa.display().to_string(), pb.display().to_string());
+    let certs = |args: &[&str]| {
+        let out = Command::new(FERRY)
+            .arg("certs")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(certs(&["show", "--pool", &pa]).contains("sha256"));
+    certs(&["show", "--pool", &pb]);
+    certs(&["trust", &format!("{pb}/tls/cert.pem"), "--pool", &pa]);
+    certs(&["trust", &format!("{pa}/tls/cert.pem"), "--pool", &pb]);
+    assert_eq!(certs(&["list", "--pool", &pa]).lines().count(), 1);
+}
+
+/// `len` bytes of xorshift noise from `seed`, also written to `path`.
+fn noise_image(path: &Path, len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed;
+    let data: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(path, &data).unwrap();
+    data
+}
+
+/// Wait until the volume `vm` at the daemon with admin `admin` has at
+/// least `bytes` allocated (a migration's copy is that far along).
+fn wait_for_allocated(admin: &str, bytes: u64) {
+    let t = Instant::now();
+    loop {
+        let v = ureq::get(&format!("http://{admin}/v1/volumes/vm")).call();
+        if let Ok(r) = v {
+            let j: serde_json::Value = r.into_json().unwrap();
+            if j["allocated_bytes"].as_u64().unwrap_or(0) >= bytes {
+                return;
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "no progress");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn migrate_resumes_after_the_destination_is_killed() {
     let d = tempfile::tempdir().unwrap();
@@ -373,36 +428,9 @@ fn migrate_resumes_after_the_destination_is_killed() {
     );
     let src = Serve::start(&pa);
     let dst = Serve::start_on(&pb, &dst_nbd, &dst_admin, &["--migrate", &mig]);
-    let certs = |args: &[&str]| {
-        let out = Command::new(FERRY)
-            .args(["certs"])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let (pa_s, pb_s) = (pa.display().to_string(), pb.display().to_string());
-    assert!(certs(&["show", "--pool", &pa_s]).contains("sha256"));
-    certs(&["trust", &format!("{pb_s}/tls/cert.pem"), "--pool", &pa_s]);
-    certs(&["trust", &format!("{pa_s}/tls/cert.pem"), "--pool", &pb_s]);
-    assert_eq!(certs(&["list", "--pool", &pa_s]).lines().count(), 1);
-
+    trust_each_other(&pa, &pb);
     let img = d.path().join("img");
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let data: Vec<u8> = (0..(24usize << 20))
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    std::fs::write(&img, &data).unwrap();
+    let data = noise_image(&img, 24 << 20, 0x9e37_79b9_7f4a_7c15);
     src.ferry(&["volume", "create", "vm", "--size", "32M"]);
     src.ferry(&["volume", "import", "vm", img.to_str().unwrap()]);
 
@@ -423,18 +451,7 @@ fn migrate_resumes_after_the_destination_is_killed() {
         .spawn()
         .unwrap();
     // Kill the destination once part of the copy has arrived.
-    let t = Instant::now();
-    loop {
-        let v = ureq::get(&format!("http://{dst_admin}/v1/volumes/vm")).call();
-        if let Ok(r) = v {
-            let j: serde_json::Value = r.into_json().unwrap();
-            if j["allocated_bytes"].as_u64().unwrap_or(0) >= 6 << 20 {
-                break;
-            }
-        }
-        assert!(t.elapsed() < Duration::from_secs(60), "no progress");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_allocated(&dst_admin, 6 << 20);
     dst.kill9();
     std::thread::sleep(Duration::from_millis(500));
     let dst = Serve::start_on(&pb, &dst_nbd, &dst_admin, &["--migrate", &mig]);
@@ -485,39 +502,9 @@ fn migrate_resumes_after_the_source_is_killed() {
     );
     let src = Serve::start_on(&pa, &src_nbd, &src_admin, &[]);
     let dst = Serve::start_on(&pb, &dst_nbd, &dst_admin, &["--migrate", &mig]);
-    let (pa_s, pb_s) = (pa.display().to_string(), pb.display().to_string());
-    for args in [vec!["show", "--pool", &pa_s], vec!["show", "--pool", &pb_s]] {
-        assert!(Command::new(FERRY)
-            .arg("certs")
-            .args(&args)
-            .status()
-            .unwrap()
-            .success());
-    }
-    let trust_a = format!("{pb_s}/tls/cert.pem");
-    let trust_b = format!("{pa_s}/tls/cert.pem");
-    for args in [
-        vec!["trust", &trust_a, "--pool", &pa_s],
-        vec!["trust", &trust_b, "--pool", &pb_s],
-    ] {
-        assert!(Command::new(FERRY)
-            .arg("certs")
-            .args(&args)
-            .status()
-            .unwrap()
-            .success());
-    }
+    trust_each_other(&pa, &pb);
     let img = d.path().join("img");
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    let data: Vec<u8> = (0..(24usize << 20))
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    std::fs::write(&img, &data).unwrap();
+    let data = noise_image(&img, 24 << 20, 0x2545_f491_4f6c_dd1d);
     src.ferry(&["volume", "create", "vm", "--size", "32M"]);
     src.ferry(&["volume", "import", "vm", img.to_str().unwrap()]);
     let first = Command::new(FERRY)
@@ -537,18 +524,7 @@ fn migrate_resumes_after_the_source_is_killed() {
         .spawn()
         .unwrap();
     // Kill the source once part of the copy has arrived.
-    let t = Instant::now();
-    loop {
-        let v = ureq::get(&format!("http://{dst_admin}/v1/volumes/vm")).call();
-        if let Ok(r) = v {
-            let j: serde_json::Value = r.into_json().unwrap();
-            if j["allocated_bytes"].as_u64().unwrap_or(0) >= 6 << 20 {
-                break;
-            }
-        }
-        assert!(t.elapsed() < Duration::from_secs(60), "no progress");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_allocated(&dst_admin, 6 << 20);
     src.kill9();
     let _ = first.wait_with_output();
     // Restarted: the volume says which migration it was in, and the same
