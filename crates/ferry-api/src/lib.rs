@@ -22,7 +22,7 @@ pub use host::{AttachRequest, AttachedVolume};
 pub use index::{IndexStatus, RebuildReport, RebuildRequest, VolumeIndexStatus};
 pub use migration::{
     MigrateRequest, MigrationId, MigrationPhase, MigrationResult, MigrationStatus, Report,
-    ReportBytes, ReportChunks, ReportDigest, ReportThrottle, ReportTime, SwitchAnswer,
+    ReportBytes, ReportChunks, ReportDigest, ReportThrottle, ReportTime,
 };
 pub use server::ServerView;
 pub use volume::{

@@ -269,9 +269,6 @@ pub struct ReportDigest {
     pub matches: bool,
 }
 
-/// Kept for callers that match on the switch call's answer.
-pub type SwitchAnswer = MigrationStatus;
-
 #[cfg(test)]
 mod tests {
     use super::*;
