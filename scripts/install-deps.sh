@@ -59,6 +59,9 @@ if ! command -v toxiproxy-server >/dev/null 2>&1; then
 fi
 
 if [ "$want_test" = 1 ]; then
+  # The test guest: Debian's kernel and a busybox initramfs (VM tests).
+  bash "$(dirname "$0")/guest-image.sh" "${FERRY_GUEST_DIR:-/var/cache/ferry-guest}" \
+    || echo "WARN: no guest image; the VM tests will fail under FERRY_REQUIRE_TOOLS"
   # cargo-fuzz needs a nightly toolchain; pinned version of the tool itself.
   if command -v rustup >/dev/null 2>&1 && ! rustup run nightly rustc --version >/dev/null 2>&1; then
     rustup toolchain install nightly --profile minimal || echo "WARN: no nightly toolchain; fuzz smoke runs will be skipped"

@@ -8,6 +8,7 @@ use crate::host::{AttachRequest, AttachedVolume};
 use crate::index::{IndexStatus, RebuildReport, RebuildRequest};
 use crate::migration::{MigrateRequest, MigrationId, MigrationStatus};
 use crate::server::ServerView;
+use crate::vm::{CreateVm, VmMigrateRequest, VmMoveStatus, VmSpec, VmView};
 use crate::volume::VolumeView;
 use crate::volume::{BitmapRequest, BitmapView, CreateVolume, ImportReport, ResizeVolume, Size};
 use crate::ErrorBody;
@@ -305,5 +306,59 @@ impl AdminClient {
     /// Ask a `ferry host` agent to stop offering a volume.
     pub fn host_detach(&self, volume: &str) -> Result<()> {
         self.delete(&format!("/v1/volumes/{volume}"))
+    }
+
+    /// The guests a `ferry host` runs (this client pointed at its control
+    /// address).
+    pub fn vms(&self) -> Result<Vec<VmView>> {
+        self.get("/v1/vms")
+    }
+
+    /// Define a guest on a host (and start it unless `start` is false).
+    pub fn create_vm(&self, spec: &VmSpec, start: bool) -> Result<VmView> {
+        self.post(
+            "/v1/vms",
+            &CreateVm {
+                spec: spec.clone(),
+                start,
+            },
+        )
+    }
+
+    pub fn vm(&self, name: &str) -> Result<VmView> {
+        self.get(&format!("/v1/vms/{name}"))
+    }
+
+    pub fn start_vm(&self, name: &str) -> Result<VmView> {
+        self.post(&format!("/v1/vms/{name}/start"), &serde_json::Value::Null)
+    }
+
+    pub fn stop_vm(&self, name: &str) -> Result<VmView> {
+        self.post(&format!("/v1/vms/{name}/stop"), &serde_json::Value::Null)
+    }
+
+    pub fn delete_vm(&self, name: &str) -> Result<()> {
+        self.delete(&format!("/v1/vms/{name}"))
+    }
+
+    /// Start moving a guest (answers at once; follow with [`Self::vm_move`]).
+    pub fn migrate_vm(&self, name: &str, req: &VmMigrateRequest) -> Result<VmMoveStatus> {
+        self.post(&format!("/v1/vms/{name}/migrate"), req)
+    }
+
+    pub fn vm_moves(&self) -> Result<Vec<VmMoveStatus>> {
+        self.get("/v1/vm-moves")
+    }
+
+    pub fn vm_move(&self, id: &MigrationId) -> Result<VmMoveStatus> {
+        self.get(&format!("/v1/vm-moves/{id}"))
+    }
+
+    /// Stop a move before its point of no return (the guest stays).
+    pub fn cancel_vm_move(&self, id: &MigrationId) -> Result<VmMoveStatus> {
+        self.post(
+            &format!("/v1/vm-moves/{id}/cancel"),
+            &serde_json::Value::Null,
+        )
     }
 }

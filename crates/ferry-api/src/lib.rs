@@ -15,6 +15,7 @@ pub mod host;
 pub mod index;
 pub mod migration;
 pub mod server;
+pub mod vm;
 pub mod volume;
 
 pub use client::{AdminClient, ClientError};
@@ -25,6 +26,10 @@ pub use migration::{
     ReportBytes, ReportChunks, ReportDigest, ReportThrottle, ReportTime,
 };
 pub use server::ServerView;
+pub use vm::{
+    Accel, Boot, CreateVm, DiskIo, MoveBytes, MoveKind, PhaseTime, VmDisk, VmMigrateRequest,
+    VmMovePhase, VmMoveReport, VmMoveStatus, VmSpec, VmState, VmView,
+};
 pub use volume::{
     Backing, BitmapRequest, BitmapView, CreateVolume, ImportReport, IncomingMigration,
     OutgoingMigration, ResizeVolume, Size, VolumeView,

@@ -3,6 +3,7 @@
 mod demo;
 mod migrate;
 mod transfer;
+mod vm;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -71,13 +72,28 @@ enum Cmd {
         /// Volume (export) name to forward from the start.
         #[arg(long, requires = "server")]
         volume: Option<String>,
-        /// Where the hypervisor connects: HOST:PORT or unix:PATH (repeatable).
-        #[arg(long, required = true)]
+        /// Where the hypervisor connects: HOST:PORT or unix:PATH
+        /// (repeatable; guests of --state-dir use its own socket).
+        #[arg(long)]
         listen: Vec<String>,
         /// Control API (HTTP) for attaching and detaching more volumes,
-        /// e.g. 127.0.0.1:10890.
+        /// and for guests with --state-dir, e.g. 127.0.0.1:10890.
         #[arg(long)]
         control: Option<String>,
+        /// Run QEMU guests, keeping their definitions here (also the
+        /// host's TLS identity for moves: `ferry certs --pool DIR`).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Where other hosts send guests (TLS), HOST:PORT.
+        #[arg(long, requires = "state_dir")]
+        move_listen: Option<String>,
+    },
+    /// Guests on a `ferry host` and their moves.
+    Vm {
+        #[command(subcommand)]
+        cmd: vm::VmCmd,
+        #[command(flatten)]
+        host: vm::HostArg,
     },
     /// The daemon's migration certificate and the peers it trusts.
     Certs {
@@ -280,7 +296,16 @@ fn main() -> Result<()> {
             volume,
             listen,
             control,
-        } => host(server.zip(volume), &listen, control.as_deref()),
+            state_dir,
+            move_listen,
+        } => host(ferry_vm::daemon::HostOptions {
+            volumes: server.zip(volume).into_iter().collect(),
+            listen,
+            control,
+            state_dir,
+            move_listen,
+        }),
+        Cmd::Vm { cmd, host } => vm::run(cmd, &AdminClient::new(&host.host)),
         Cmd::Bench(a) => bench(a),
         Cmd::Demo(a) => demo::run(a),
     }
@@ -359,15 +384,17 @@ fn cancel_on_signal() -> Result<CancellationToken> {
     Ok(shutdown)
 }
 
-fn host(first: Option<(String, String)>, listen: &[String], control: Option<&str>) -> Result<()> {
-    if first.is_none() && control.is_none() {
+fn host(opts: ferry_vm::daemon::HostOptions) -> Result<()> {
+    if opts.volumes.is_empty() && opts.control.is_none() {
         bail!("give --server and --volume, or --control to attach volumes later");
     }
+    if opts.listen.is_empty() && opts.state_dir.is_none() {
+        bail!("give --listen (where the hypervisor connects) or --state-dir (guests run here)");
+    }
     init_logging();
-    let volumes: Vec<(String, String)> = first.into_iter().collect();
     runtime()?.block_on(async move {
         let shutdown = cancel_on_signal()?;
-        ferry_host::run_agent(&volumes, listen, control, shutdown).await?;
+        ferry_vm::daemon::run(opts, shutdown).await?;
         Ok(())
     })
 }

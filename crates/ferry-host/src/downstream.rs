@@ -209,9 +209,16 @@ fn code_of(e: &ClientError) -> ErrorCode {
 impl Forwarder {
     /// Answer one request by forwarding it upstream.
     async fn forward(&self, req: &Request) -> Bytes {
+        let t0 = std::time::Instant::now();
+        let (reply, ok) = self.forward_inner(req).await;
+        self.up.io.record(req.command, req.length, t0.elapsed(), ok);
+        reply
+    }
+
+    async fn forward_inner(&self, req: &Request) -> (Bytes, bool) {
         let structured = self.structured;
         if let Err(code) = validate(req, &self.limits) {
-            return error_reply(structured, req, code, "invalid request");
+            return (error_reply(structured, req, code, "invalid request"), false);
         }
         let up = &self.up;
         let (off, len, flags) = (req.offset, req.length, req.flags);
@@ -268,8 +275,11 @@ impl Forwarder {
             }
         };
         match r {
-            Ok(b) => b,
-            Err(e) => error_reply(structured, req, code_of(&e), &e.to_string()),
+            Ok(b) => (b, true),
+            Err(e) => (
+                error_reply(structured, req, code_of(&e), &e.to_string()),
+                false,
+            ),
         }
     }
 }

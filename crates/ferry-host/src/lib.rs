@@ -17,6 +17,7 @@
 
 pub mod control;
 mod downstream;
+pub mod stats;
 
 use ferry_client::{ClientError, ConnectOptions, ExportDetails, NbdClient};
 use ferry_nbd::{ErrorCode, NbdError, MOVED_PREFIX};
@@ -61,13 +62,17 @@ pub const DEFAULT_HOLD: Duration = Duration::from_secs(120);
 pub struct Upstream {
     volume: String,
     server: parking_lot::Mutex<String>,
-    current: parking_lot::Mutex<(u64, Arc<NbdClient>)>,
+    /// The connection and its generation; `None` while pending (see
+    /// [`Upstream::pending`]) until the first request or [`Upstream::connect_now`].
+    current: parking_lot::Mutex<(u64, Option<Arc<NbdClient>>)>,
     reconnecting: tokio::sync::Mutex<()>,
     details: ExportDetails,
     hold: Duration,
     switches: AtomicU64,
     reconnects: AtomicU64,
     retried: AtomicU64,
+    /// The guest's requests, as answered.
+    pub io: stats::IoStats,
 }
 
 fn options() -> ConnectOptions {
@@ -128,13 +133,52 @@ impl Upstream {
             volume: volume.into(),
             server: parking_lot::Mutex::new(server),
             details: client.export().clone(),
-            current: parking_lot::Mutex::new((0, Arc::new(client))),
+            current: parking_lot::Mutex::new((0, Some(Arc::new(client)))),
             reconnecting: tokio::sync::Mutex::new(()),
             hold,
             switches: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             retried: AtomicU64::new(0),
+            io: stats::IoStats::default(),
         })
+    }
+
+    /// A volume offered before it can be reached: the export is described
+    /// by `details` (taken where it can be reached now) and the first
+    /// request, or [`Upstream::connect_now`], connects to `server`. A guest
+    /// arriving by live migration opens its disks before it runs; its disk
+    /// may still be on its way to `server`.
+    pub fn pending(server: &str, volume: &str, details: ExportDetails, hold: Duration) -> Upstream {
+        Upstream {
+            volume: volume.into(),
+            server: parking_lot::Mutex::new(server.into()),
+            details,
+            current: parking_lot::Mutex::new((0, None)),
+            reconnecting: tokio::sync::Mutex::new(()),
+            hold,
+            switches: AtomicU64::new(0),
+            reconnects: AtomicU64::new(0),
+            retried: AtomicU64::new(0),
+            io: stats::IoStats::default(),
+        }
+    }
+
+    /// Whether a connection is open (false while pending).
+    pub fn connected(&self) -> bool {
+        self.current.lock().1.is_some()
+    }
+
+    /// Point a pending volume at `server` and connect now.
+    pub async fn connect_now(&self, server: &str) -> Result<(), HostError> {
+        let generation = {
+            let cur = self.current.lock();
+            if cur.1.is_some() {
+                return Ok(());
+            }
+            cur.0
+        };
+        *self.server.lock() = server.to_string();
+        self.reconnect(generation, Instant::now()).await
     }
 
     pub fn details(&self) -> &ExportDetails {
@@ -159,7 +203,7 @@ impl Upstream {
         )
     }
 
-    fn current(&self) -> (u64, Arc<NbdClient>) {
+    fn current(&self) -> (u64, Option<Arc<NbdClient>>) {
         let c = self.current.lock();
         (c.0, c.1.clone())
     }
@@ -175,6 +219,13 @@ impl Upstream {
         let start = Instant::now();
         loop {
             let (generation, client) = self.current();
+            let Some(client) = client else {
+                if let Err(he) = self.reconnect(generation, start).await {
+                    tracing::error!(error = %he, "giving up on a request");
+                    return Err(ClientError::Disconnected);
+                }
+                continue;
+            };
             match op(client).await {
                 Ok(v) => return Ok(v),
                 Err(e) if retry_elsewhere(&e) && start.elapsed() < self.hold => {
@@ -207,7 +258,7 @@ impl Upstream {
                         );
                     }
                     let mut cur = self.current.lock();
-                    *cur = (failed + 1, Arc::new(c));
+                    *cur = (failed + 1, Some(Arc::new(c)));
                     self.reconnects.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(volume = %self.volume, %server, "connected");
                     return Ok(());
@@ -269,6 +320,23 @@ impl Agent {
         }
         v.insert(volume.to_string(), up.clone());
         tracing::info!(volume, server = %up.server(), "attached");
+        Ok(up)
+    }
+
+    /// Offer `volume` before it can be reached (see [`Upstream::pending`]).
+    pub fn attach_pending(
+        &self,
+        server: &str,
+        volume: &str,
+        details: ExportDetails,
+    ) -> Result<Arc<Upstream>, HostError> {
+        let mut v = self.volumes.write();
+        if v.contains_key(volume) {
+            return Err(HostError::Attached(volume.into()));
+        }
+        let up = Arc::new(Upstream::pending(server, volume, details, self.hold));
+        v.insert(volume.to_string(), up.clone());
+        tracing::info!(volume, server, "attached, pending");
         Ok(up)
     }
 

@@ -54,6 +54,14 @@ impl Toxiproxy {
             .unwrap();
     }
 
+    /// Cut (false) or restore (true) the link: open connections are closed.
+    #[allow(dead_code)]
+    pub fn set_enabled(&self, name: &str, enabled: bool) {
+        ureq::post(&format!("{}/proxies/{name}", self.api))
+            .send_json(serde_json::json!({ "enabled": enabled }))
+            .unwrap();
+    }
+
     pub fn add_toxic(
         &self,
         proxy: &str,

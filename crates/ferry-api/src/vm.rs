@@ -1,0 +1,365 @@
+//! Guests on a VM host (`ferry host --state-dir`): what a guest is
+//! ([`VmSpec`]), what the host shows of it ([`VmView`], with the disk I/O
+//! the guest issues as the host's forwarder sees it), and its moves
+//! ([`VmMigrateRequest`], [`VmMoveStatus`], [`VmMoveReport`]).
+//!
+//! | method and path | body | answer |
+//! |---|---|---|
+//! | `GET /v1/vms` | | `[VmView]` |
+//! | `POST /v1/vms` | `CreateVm` | 201 `VmView`; 400 bad spec; 409 name taken; 502 disk unreachable |
+//! | `GET /v1/vms/{name}` | | `VmView`; 404 |
+//! | `POST /v1/vms/{name}/start` / `stop` | | `VmView` |
+//! | `DELETE /v1/vms/{name}` | | 204 (stops it first) |
+//! | `POST /v1/vms/{name}/migrate` | `VmMigrateRequest` | 202 `VmMoveStatus` |
+//! | `GET /v1/vm-moves[/{id}]` | | `[VmMoveStatus]` / `VmMoveStatus` |
+//! | `POST /v1/vm-moves/{id}/cancel` | | `VmMoveStatus` |
+
+use crate::migration::MigrationId;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// One disk of a guest: a ferry volume and where it lives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmDisk {
+    pub volume: String,
+    /// NBD `HOST:PORT` of the storage daemon that holds it (moves are followed).
+    pub server: String,
+    /// Admin API of that daemon: needed to move the disk with the guest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin: Option<String>,
+}
+
+/// How the guest boots.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Boot {
+    /// Direct kernel boot (files on the host).
+    Kernel {
+        kernel: PathBuf,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        initrd: Option<PathBuf>,
+        #[serde(default)]
+        cmdline: String,
+    },
+    /// Firmware boots the first disk.
+    Disk,
+}
+
+/// Which accelerator runs the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Accel {
+    /// KVM when `/dev/kvm` works, TCG otherwise.
+    #[default]
+    Auto,
+    Kvm,
+    Tcg,
+}
+
+impl Accel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Accel::Auto => "auto",
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        }
+    }
+}
+
+/// A guest, as created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmSpec {
+    pub name: String,
+    pub memory_mib: u64,
+    pub vcpus: u32,
+    pub disks: Vec<VmDisk>,
+    pub boot: Boot,
+    #[serde(default)]
+    pub accel: Accel,
+}
+
+/// `POST /v1/vms`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateVm {
+    pub spec: VmSpec,
+    /// Start it at once (default true).
+    #[serde(default = "yes")]
+    pub start: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Where a guest is in its life on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VmState {
+    /// Defined, no QEMU process.
+    Stopped,
+    Running,
+    /// QEMU runs, the guest's CPUs do not (stopped for a move, or by hand).
+    Paused,
+    /// Waiting for an incoming move.
+    Incoming,
+    /// Moved away; the source copy is finished.
+    Moved,
+    /// The QEMU process ended on its own.
+    Crashed,
+}
+
+impl VmState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VmState::Stopped => "stopped",
+            VmState::Running => "running",
+            VmState::Paused => "paused",
+            VmState::Incoming => "incoming",
+            VmState::Moved => "moved",
+            VmState::Crashed => "crashed",
+        }
+    }
+}
+
+/// A guest's disk I/O as the host's forwarder sees it (every request the
+/// guest's QEMU issued, timed from its arrival to its answer).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct DiskIo {
+    pub volume: String,
+    /// The storage daemon the forwarder sends to now.
+    pub server: String,
+    pub reads: u64,
+    pub writes: u64,
+    pub flushes: u64,
+    pub other: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub errors: u64,
+    /// Latency histogram: `(upper bound in µs, requests at or below)`,
+    /// cumulative; the last bound is `u64::MAX`.
+    pub latency_us: Vec<(u64, u64)>,
+    pub latency_sum_us: u64,
+    /// Unix time (ms) of the last answered request, 0 before the first.
+    pub last_io_unix_ms: u64,
+    /// Unix time (ms) of the first answered request, 0 before the first.
+    pub first_io_unix_ms: u64,
+    pub switches: u64,
+}
+
+/// `GET /v1/vms/{name}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VmView {
+    pub spec: VmSpec,
+    pub state: VmState,
+    /// The accelerator QEMU runs with ("kvm" or "tcg"), while it runs.
+    pub accel: Option<String>,
+    pub pid: Option<u32>,
+    /// QEMU's own run state (`query-status`), while it runs.
+    pub qemu_status: Option<String>,
+    /// CPU time of the QEMU process (user + system), seconds.
+    pub cpu_time_s: f64,
+    pub disks: Vec<DiskIo>,
+    /// The guest's serial console, as a file on the host.
+    pub serial_log: PathBuf,
+    /// A move of this guest that has not ended.
+    pub moving: Option<MigrationId>,
+}
+
+/// The three moves of a guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MoveKind {
+    /// Memory to another host; the disk stays where it is.
+    VmOnly,
+    /// The disk to another storage daemon; the guest stays.
+    DiskOnly,
+    /// Disk pre-copy, then memory, one pause for both.
+    Teleport,
+}
+
+impl MoveKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MoveKind::VmOnly => "vm_only",
+            MoveKind::DiskOnly => "disk_only",
+            MoveKind::Teleport => "teleport",
+        }
+    }
+}
+
+/// `POST /v1/vms/{name}/migrate` on the source host.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmMigrateRequest {
+    /// Name the move (idempotent); one is made up otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<MigrationId>,
+    /// The destination host's move listener (`ferry host --move-listen`),
+    /// `HOST:PORT`; absent for a disk-only move.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_host: Option<String>,
+    /// Move the disks too: the destination storage daemon's migration
+    /// listener, `HOST:PORT`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_storage: Option<String>,
+    /// Admin API of the destination storage daemon, recorded in the spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_storage_admin: Option<String>,
+    /// The longest pause allowed (default 300 ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_downtime_ms: Option<u64>,
+    /// Memory and disk together must finish within this (default 600 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_s: Option<u64>,
+    /// May switch to post-copy when pre-copy cannot converge.
+    #[serde(default)]
+    pub postcopy: bool,
+    /// Compress the memory stream on the link (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compress: Option<bool>,
+    /// The storage link without TLS (both daemons on loopback only).
+    #[serde(default)]
+    pub disk_plaintext: bool,
+}
+
+/// Where a move is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VmMovePhase {
+    Preparing,
+    DiskPrecopy,
+    MemoryPrecopy,
+    Postcopy,
+    Switchover,
+    Completed,
+    /// Ended before the point of no return; the guest runs at the source.
+    Aborted,
+    /// Ended in a state that needs a person (see `error`).
+    Failed,
+}
+
+impl VmMovePhase {
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            VmMovePhase::Completed | VmMovePhase::Aborted | VmMovePhase::Failed
+        )
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VmMovePhase::Preparing => "preparing",
+            VmMovePhase::DiskPrecopy => "disk_precopy",
+            VmMovePhase::MemoryPrecopy => "memory_precopy",
+            VmMovePhase::Postcopy => "postcopy",
+            VmMovePhase::Switchover => "switchover",
+            VmMovePhase::Completed => "completed",
+            VmMovePhase::Aborted => "aborted",
+            VmMovePhase::Failed => "failed",
+        }
+    }
+}
+
+/// Bytes a move put on the links, by kind.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct MoveBytes {
+    /// QEMU's migration stream as QEMU wrote it.
+    pub memory_raw: u64,
+    /// The same after ferry's compression, as sent inside TLS.
+    pub memory_link: u64,
+    /// Disk data frames (after compression) and fingerprint frames.
+    pub disk_data: u64,
+    pub disk_fingerprints: u64,
+    /// Everything the disk migration put on its socket (TLS included).
+    pub disk_link: u64,
+}
+
+/// One phase and how long it took.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PhaseTime {
+    pub phase: VmMovePhase,
+    pub seconds: f64,
+}
+
+/// The one account of a move (`ferry vm migrate --json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VmMoveReport {
+    pub id: MigrationId,
+    pub vm: String,
+    pub kind: MoveKind,
+    pub result: VmMovePhase,
+    pub reason: Option<String>,
+    /// Where the guest runs now: the source or the destination host.
+    pub running_at: String,
+    pub bytes: MoveBytes,
+    pub phases: Vec<PhaseTime>,
+    pub total_s: f64,
+    /// QEMU's dirty-sync rounds over memory; ferry's rounds over the disk.
+    pub memory_rounds: u64,
+    pub disk_rounds: u64,
+    /// The pause as QEMU reports it (`query-migrate` downtime).
+    pub downtime_ms_qemu: Option<u64>,
+    /// The pause the disk forwarders saw: the last request answered at
+    /// the source host to the first at the destination (host clocks).
+    pub disk_gap_ms: Option<f64>,
+    /// The disk migration's own pause of guest writes.
+    pub disk_pause_ms: Option<f64>,
+    /// What was done to make the move converge, in order.
+    pub convergence: Vec<String>,
+    pub max_downtime_ms: u64,
+    /// Compression of the memory stream on the link.
+    pub compress: bool,
+}
+
+/// `GET /v1/vm-moves/{id}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VmMoveStatus {
+    pub id: MigrationId,
+    pub vm: String,
+    pub kind: MoveKind,
+    pub phase: VmMovePhase,
+    pub elapsed_s: f64,
+    /// Memory still to send (QEMU's estimate), bytes.
+    pub memory_remaining: u64,
+    /// Disk bytes dirty in the last round.
+    pub disk_dirty: u64,
+    pub convergence: Vec<String>,
+    pub error: Option<String>,
+    pub report: Option<VmMoveReport>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_round_trips_and_refuses_unknown_fields() {
+        let s = VmSpec {
+            name: "web".into(),
+            memory_mib: 256,
+            vcpus: 1,
+            disks: vec![VmDisk {
+                volume: "root".into(),
+                server: "127.0.0.1:10809".into(),
+                admin: None,
+            }],
+            boot: Boot::Kernel {
+                kernel: "/k".into(),
+                initrd: None,
+                cmdline: "console=ttyS0".into(),
+            },
+            accel: Accel::Auto,
+        };
+        let j = serde_json::to_string(&s).unwrap();
+        assert!(j.contains(r#""kind":"kernel""#), "{j}");
+        assert_eq!(serde_json::from_str::<VmSpec>(&j).unwrap(), s);
+        let bad = j.replace("\"vcpus\"", "\"vcpu\"");
+        assert!(serde_json::from_str::<VmSpec>(&bad).is_err());
+        let c: CreateVm = serde_json::from_str(&format!(r#"{{"spec":{j}}}"#)).unwrap();
+        assert!(c.start);
+        let disk: Boot = serde_json::from_str(r#"{"kind":"disk"}"#).unwrap();
+        assert_eq!(disk, Boot::Disk);
+    }
+}

@@ -1,0 +1,390 @@
+//! `ferry vm`: guests on a `ferry host` (through its control API) and
+//! their moves between hosts.
+
+use crate::{human, print_json};
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use ferry_api::{
+    Accel, AdminClient, Boot, MigrationId, VmDisk, VmMigrateRequest, VmMovePhase, VmMoveReport,
+    VmSpec, VmView,
+};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The default control address of `ferry host`.
+pub const DEFAULT_HOST_CONTROL: &str = "127.0.0.1:10890";
+
+#[derive(Args)]
+pub struct HostArg {
+    /// Control API of the `ferry host` that runs the guest.
+    #[arg(long = "host", global = true, env = "FERRY_HOST", default_value = DEFAULT_HOST_CONTROL)]
+    pub host: String,
+}
+
+#[derive(Subcommand)]
+pub enum VmCmd {
+    /// Define a guest and start it.
+    Create(CreateArgs),
+    /// Start a stopped guest.
+    Start { name: String },
+    /// Stop a guest (QEMU quits; the definition stays).
+    Stop { name: String },
+    /// Guests on the host.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// One guest, with its disk I/O.
+    Show {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a guest and forget it (its volumes stay).
+    Delete { name: String },
+    /// Move a guest: memory to another host (--to-host), its disks to
+    /// another storage daemon (--to-storage), or both at once (teleport).
+    Migrate(MigrateVmArgs),
+}
+
+#[derive(Args)]
+pub struct CreateArgs {
+    pub name: String,
+    /// Memory, e.g. 256M or 2G.
+    #[arg(long, default_value = "256M")]
+    pub memory: String,
+    #[arg(long, default_value_t = 1)]
+    pub vcpus: u32,
+    /// VOLUME@NBD_HOST:PORT[@ADMIN_HOST:PORT] (repeatable; the admin
+    /// address lets the disk move with the guest).
+    #[arg(long = "disk")]
+    pub disks: Vec<String>,
+    /// Direct kernel boot: the kernel file on the host.
+    #[arg(long, conflicts_with = "boot_disk")]
+    pub kernel: Option<PathBuf>,
+    #[arg(long, requires = "kernel")]
+    pub initrd: Option<PathBuf>,
+    #[arg(long, default_value = "console=ttyS0", requires = "kernel")]
+    pub cmdline: String,
+    /// Boot from the first disk.
+    #[arg(long)]
+    pub boot_disk: bool,
+    /// auto (KVM where /dev/kvm works, TCG otherwise), kvm or tcg.
+    #[arg(long, default_value = "auto")]
+    pub accel: String,
+    /// Define only; do not start.
+    #[arg(long)]
+    pub no_start: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct MigrateVmArgs {
+    pub name: String,
+    /// Move listener of the destination `ferry host` (--move-listen), HOST:PORT.
+    #[arg(long)]
+    pub to_host: Option<String>,
+    /// Move the disks too (needs --to-storage).
+    #[arg(long, requires = "to_storage")]
+    pub with_disk: bool,
+    /// Migration listener of the destination storage daemon, HOST:PORT.
+    #[arg(long)]
+    pub to_storage: Option<String>,
+    /// Admin API of the destination storage daemon (recorded in the spec).
+    #[arg(long)]
+    pub to_storage_admin: Option<String>,
+    /// The longest pause the guest may see.
+    #[arg(long, default_value = "300ms", value_parser = humantime::parse_duration)]
+    pub max_downtime: Duration,
+    /// Disk and memory together must finish within this.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub deadline: Duration,
+    /// Switch to post-copy when pre-copy cannot converge.
+    #[arg(long)]
+    pub postcopy: bool,
+    /// Do not compress the memory stream.
+    #[arg(long)]
+    pub no_compress: bool,
+    /// Storage link without TLS (both storage daemons on loopback only).
+    #[arg(long)]
+    pub disk_plaintext: bool,
+    /// Name the move (a UUID).
+    #[arg(long)]
+    pub id: Option<MigrationId>,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_memory(s: &str) -> Result<u64> {
+    let bytes = ferry_server::config::parse_size(s).with_context(|| format!("memory {s:?}"))?;
+    Ok(bytes >> 20)
+}
+
+fn parse_disk(s: &str) -> Result<VmDisk> {
+    let mut it = s.splitn(3, '@');
+    let (Some(volume), Some(server)) = (it.next(), it.next()) else {
+        bail!("--disk {s:?}: expected VOLUME@NBD_HOST:PORT[@ADMIN_HOST:PORT]");
+    };
+    if volume.is_empty() || server.is_empty() {
+        bail!("--disk {s:?}: volume and server must not be empty");
+    }
+    Ok(VmDisk {
+        volume: volume.into(),
+        server: server.into(),
+        admin: it.next().map(str::to_string),
+    })
+}
+
+fn accel(s: &str) -> Result<Accel> {
+    Ok(match s {
+        "auto" => Accel::Auto,
+        "kvm" => Accel::Kvm,
+        "tcg" => Accel::Tcg,
+        _ => bail!("--accel {s:?}: auto, kvm or tcg"),
+    })
+}
+
+fn show_line(v: &VmView) -> String {
+    let io: (u64, u64) = v.disks.iter().fold((0, 0), |a, d| {
+        (a.0 + d.reads + d.writes, a.1 + d.read_bytes + d.write_bytes)
+    });
+    format!(
+        "{:<16} {:<9} {:<4} {:>6} {:>3} {:>8.1} {:>10} {:>10}  {}",
+        v.spec.name,
+        v.state.as_str(),
+        v.accel.as_deref().unwrap_or("-"),
+        format!("{}M", v.spec.memory_mib),
+        v.spec.vcpus,
+        v.cpu_time_s,
+        io.0,
+        human(io.1),
+        v.spec
+            .disks
+            .iter()
+            .map(|d| format!("{}@{}", d.volume, d.server))
+            .collect::<Vec<_>>()
+            .join(",")
+    )
+}
+
+const HEADER: &str =
+    "NAME             STATE     ACC  MEMORY CPU  CPU(s)   REQUESTS      BYTES  DISKS";
+
+pub fn run(cmd: VmCmd, c: &AdminClient) -> Result<()> {
+    match cmd {
+        VmCmd::Create(a) => {
+            let boot = match (&a.kernel, a.boot_disk) {
+                (Some(k), _) => Boot::Kernel {
+                    kernel: std::fs::canonicalize(k)
+                        .with_context(|| format!("kernel {}", k.display()))?,
+                    initrd: a
+                        .initrd
+                        .as_ref()
+                        .map(|i| {
+                            std::fs::canonicalize(i)
+                                .with_context(|| format!("initrd {}", i.display()))
+                        })
+                        .transpose()?,
+                    cmdline: a.cmdline.clone(),
+                },
+                (None, true) => Boot::Disk,
+                (None, false) => bail!("say how the guest boots: --kernel FILE or --boot-disk"),
+            };
+            let spec = VmSpec {
+                name: a.name.clone(),
+                memory_mib: parse_memory(&a.memory)?,
+                vcpus: a.vcpus,
+                disks: a
+                    .disks
+                    .iter()
+                    .map(|d| parse_disk(d))
+                    .collect::<Result<_>>()?,
+                boot,
+                accel: accel(&a.accel)?,
+            };
+            let v = c.create_vm(&spec, !a.no_start)?;
+            if a.json {
+                return print_json(&v);
+            }
+            println!(
+                "guest {} {} ({}), serial console in {}",
+                v.spec.name,
+                v.state.as_str(),
+                v.accel.as_deref().unwrap_or("not started"),
+                v.serial_log.display()
+            );
+        }
+        VmCmd::Start { name } => {
+            let v = c.start_vm(&name)?;
+            println!(
+                "guest {name} {} ({})",
+                v.state.as_str(),
+                v.accel.unwrap_or_default()
+            );
+        }
+        VmCmd::Stop { name } => {
+            let v = c.stop_vm(&name)?;
+            println!("guest {name} {}", v.state.as_str());
+        }
+        VmCmd::Delete { name } => {
+            c.delete_vm(&name)?;
+            println!("guest {name} deleted (its volumes stay)");
+        }
+        VmCmd::List { json } => {
+            let vs = c.vms()?;
+            if json {
+                return print_json(&vs);
+            }
+            println!("{HEADER}");
+            for v in &vs {
+                println!("{}", show_line(v));
+            }
+        }
+        VmCmd::Show { name, json } => {
+            let v = c.vm(&name)?;
+            if json {
+                return print_json(&v);
+            }
+            println!("{HEADER}\n{}", show_line(&v));
+            for d in &v.disks {
+                let n = d.latency_us.last().map_or(0, |x| x.1).max(1);
+                #[allow(clippy::cast_precision_loss)]
+                let mean = d.latency_sum_us as f64 / n as f64;
+                println!(
+                    "  disk {} at {}: {} reads ({}), {} writes ({}), {} flushes, {} errors, mean latency {:.0} µs, {} switches",
+                    d.volume, d.server, d.reads, human(d.read_bytes), d.writes, human(d.write_bytes),
+                    d.flushes, d.errors, mean, d.switches
+                );
+            }
+        }
+        VmCmd::Migrate(a) => return migrate(a, c),
+    }
+    Ok(())
+}
+
+fn migrate(a: MigrateVmArgs, c: &AdminClient) -> Result<()> {
+    if a.to_host.is_none() && a.to_storage.is_none() {
+        bail!("say where to: --to-host, --with-disk --to-storage, or both");
+    }
+    if a.to_host.is_some() && a.to_storage.is_some() && !a.with_disk {
+        bail!("--to-storage with --to-host moves the disks too: add --with-disk");
+    }
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let req = VmMigrateRequest {
+        id: a.id.clone(),
+        to_host: a.to_host.clone(),
+        to_storage: a.to_storage.clone(),
+        to_storage_admin: a.to_storage_admin.clone(),
+        max_downtime_ms: Some(ms(a.max_downtime)),
+        deadline_s: Some(a.deadline.as_secs().max(1)),
+        postcopy: a.postcopy,
+        compress: Some(!a.no_compress),
+        disk_plaintext: a.disk_plaintext,
+    };
+    let started = c.migrate_vm(&a.name, &req)?;
+    let id = started.id.clone();
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let i = interrupted.clone();
+        // A second Ctrl-C ends the CLI at once; the first cancels the move.
+        let _ = ctrlc::set_handler(move || {
+            if i.swap(true, Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+        });
+    }
+    eprintln!(
+        "move {id} of {} started ({})",
+        a.name,
+        started.kind.as_str()
+    );
+    let mut cancelled = false;
+    let mut last_phase = started.phase;
+    let status = loop {
+        if interrupted.load(Ordering::SeqCst) && !cancelled {
+            cancelled = true;
+            eprintln!("interrupted: cancelling the move (the guest stays where it runs)");
+            let _ = c.cancel_vm_move(&id);
+        }
+        let s = c.vm_move(&id)?;
+        if s.phase != last_phase {
+            eprintln!("  {:>7.1} s  {}", s.elapsed_s, s.phase.as_str());
+            last_phase = s.phase;
+        }
+        if s.phase.is_terminal() {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let Some(r) = status.report.clone() else {
+        bail!("move {id} ended without a report");
+    };
+    if a.json {
+        print_json(&r)?;
+    } else {
+        print_report(&r);
+    }
+    match r.result {
+        VmMovePhase::Completed => Ok(()),
+        _ => bail!(
+            "move {} {}: {}",
+            id,
+            r.result.as_str(),
+            r.reason.clone().unwrap_or_default()
+        ),
+    }
+}
+
+fn print_report(r: &VmMoveReport) {
+    println!(
+        "move {} of {} ({}): {}",
+        r.id,
+        r.vm,
+        r.kind.as_str(),
+        r.result.as_str()
+    );
+    if let Some(why) = &r.reason {
+        println!("  reason: {why}");
+    }
+    println!("  running at: {}", r.running_at);
+    println!(
+        "  total {:.2} s; {}",
+        r.total_s,
+        r.phases
+            .iter()
+            .map(|p| format!("{} {:.2} s", p.phase.as_str(), p.seconds))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "  memory: {} from QEMU, {} on the link{}; {} rounds",
+        human(r.bytes.memory_raw),
+        human(r.bytes.memory_link),
+        if r.compress { " (compressed)" } else { "" },
+        r.memory_rounds
+    );
+    println!(
+        "  disk: {} data, {} fingerprints, {} on the link; {} rounds",
+        human(r.bytes.disk_data),
+        human(r.bytes.disk_fingerprints),
+        human(r.bytes.disk_link),
+        r.disk_rounds
+    );
+    let ms = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.0} ms"));
+    #[allow(clippy::cast_precision_loss)]
+    let qemu = r.downtime_ms_qemu.map(|x| x as f64);
+    println!(
+        "  pause: QEMU {}, disk forwarders {}, disk switch {} (maximum allowed {} ms)",
+        ms(qemu),
+        ms(r.disk_gap_ms),
+        ms(r.disk_pause_ms),
+        r.max_downtime_ms
+    );
+    for c in &r.convergence {
+        println!("  - {c}");
+    }
+}

@@ -1,0 +1,821 @@
+//! Guests on `ferry host` and their moves, with real parts only: two
+//! storage daemons and two host daemons (`ferry serve`, `ferry host` as
+//! processes), toxiproxy as the link between the sites, QEMU (TCG) running
+//! Debian's kernel with a busybox initramfs (scripts/guest-image.sh) whose
+//! workload writes numbered, checksummed records with fsync to an ext4 file
+//! system on a ferry volume, keeps its counter in memory, and prints an
+//! "ack" line on the serial console for every durable record.
+//!
+//! After every move or failure the tests check from outside: the guest
+//! runs in exactly one place; its counter went on (memory moved, no
+//! reboot); and at the end every acknowledged record is on the volume,
+//! intact (read with debugfs from an export of the volume).
+// Test fixtures: sizes the test itself chooses.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
+#[path = "../../ferry-server/tests/common/toxiproxy.rs"]
+#[allow(dead_code)]
+mod toxiproxy;
+
+use serde_json::Value;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+/// One guest test at a time: each runs two TCG guests at its peak.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn addr() -> String {
+    format!("127.0.0.1:{}", free_port())
+}
+
+fn required() -> bool {
+    std::env::var("FERRY_REQUIRE_TOOLS").as_deref() == Ok("1")
+}
+
+fn have(tool: &str) -> bool {
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(ok || !required(), "{tool} required");
+    ok
+}
+
+/// The guest kernel and initramfs (scripts/guest-image.sh), or None to skip.
+fn guest_files() -> Option<(PathBuf, PathBuf)> {
+    let dir = std::env::var_os("FERRY_GUEST_DIR")
+        .map_or_else(|| PathBuf::from("/var/cache/ferry-guest"), PathBuf::from);
+    let (k, i) = (dir.join("vmlinuz"), dir.join("initrd.img"));
+    if k.is_file() && i.is_file() && have("qemu-system-x86_64") && have("debugfs") {
+        return Some((k, i));
+    }
+    assert!(
+        !required(),
+        "guest image missing in {}: run scripts/guest-image.sh",
+        dir.display()
+    );
+    None
+}
+
+fn ferry(args: &[&str]) -> std::process::Output {
+    Command::new(FERRY).args(args).output().unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = ferry(args);
+    assert!(
+        out.status.success(),
+        "ferry {args:?}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn wait_http(url: &str, what: &str) {
+    let t = Instant::now();
+    while ureq::get(url).call().is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{what} did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A storage daemon.
+struct Storage {
+    child: Child,
+    pool: PathBuf,
+    nbd: String,
+    admin: String,
+    mig: String,
+}
+
+impl Storage {
+    fn start(pool: &Path) -> Storage {
+        let (nbd, admin, mig) = (addr(), addr(), addr());
+        Self::start_on(pool, nbd, admin, mig)
+    }
+
+    fn start_on(pool: &Path, nbd: String, admin: String, mig: String) -> Storage {
+        let child = Command::new(FERRY)
+            .args(["serve", "--pool"])
+            .arg(pool)
+            .args(["--nbd", &nbd, "--admin", &admin, "--migrate", &mig])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_http(&format!("http://{admin}/v1/server"), "ferry serve");
+        Storage {
+            child,
+            pool: pool.into(),
+            nbd,
+            admin,
+            mig,
+        }
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A VM host daemon.
+struct Host {
+    child: Child,
+    state: PathBuf,
+    control: String,
+    moves: String,
+}
+
+impl Host {
+    fn start(state: &Path) -> Host {
+        Self::start_on(state, addr(), addr())
+    }
+
+    fn start_on(state: &Path, control: String, moves: String) -> Host {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(state.with_extension("log"))
+            .unwrap();
+        let child = Command::new(FERRY)
+            .args(["host", "--state-dir"])
+            .arg(state)
+            .args(["--control", &control, "--move-listen", &moves])
+            .env("FERRY_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        wait_http(&format!("http://{control}/v1/vms"), "ferry host");
+        Host {
+            child,
+            state: state.into(),
+            control,
+            moves,
+        }
+    }
+
+    fn vm(&self, args: &[&str]) -> std::process::Output {
+        let mut a = vec!["vm", "--host", &self.control];
+        a.extend_from_slice(args);
+        ferry(&a)
+    }
+
+    fn vm_ok(&self, args: &[&str]) -> String {
+        let out = self.vm(args);
+        assert!(
+            out.status.success(),
+            "ferry vm {args:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn list(&self) -> Vec<Value> {
+        serde_json::from_str::<Value>(&self.vm_ok(&["list", "--json"]))
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
+    /// The guest's state here, or None if this host does not have it.
+    fn state_of(&self, name: &str) -> Option<String> {
+        self.list()
+            .iter()
+            .find(|v| v["spec"]["name"] == name)
+            .map(|v| v["state"].as_str().unwrap().to_string())
+    }
+
+    fn serial(&self, name: &str) -> PathBuf {
+        self.state.join("vms").join(name).join("serial.log")
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.kill9();
+        // The guests outlive their daemon by design; tests end them.
+        for v in std::fs::read_dir(self.state.join("vms"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if let Ok(pid) = std::fs::read_to_string(v.path().join("qemu.pid")) {
+                let _ = Command::new("kill").args(["-9", pid.trim()]).status();
+            }
+        }
+    }
+}
+
+fn trust(a: &Path, b: &Path) {
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    ok(&["certs", "show", "--pool", a]);
+    ok(&["certs", "show", "--pool", b]);
+    ok(&["certs", "trust", &format!("{b}/tls/cert.pem"), "--pool", a]);
+    ok(&["certs", "trust", &format!("{a}/tls/cert.pem"), "--pool", b]);
+}
+
+/// A volume holding an empty ext4 file system.
+fn ext4_volume(st: &Storage, dir: &Path, name: &str) {
+    let img = dir.join(format!("{name}.img"));
+    let f = std::fs::File::create(&img).unwrap();
+    f.set_len(64 << 20).unwrap();
+    let s = Command::new("mke2fs")
+        .args(["-q", "-t", "ext4", "-F"])
+        .arg(&img)
+        .status()
+        .unwrap();
+    assert!(s.success());
+    ok(&[
+        "volume", "create", name, "--size", "64M", "--admin", &st.admin,
+    ]);
+    ok(&[
+        "volume",
+        "import",
+        name,
+        img.to_str().unwrap(),
+        "--admin",
+        &st.admin,
+    ]);
+}
+
+/// The acks on a serial log: `(n, uptime)` of every complete line.
+fn acks(serial: &Path) -> Vec<(u64, String)> {
+    let text = std::fs::read_to_string(serial).unwrap_or_default();
+    let complete = match text.rfind('\n') {
+        Some(i) => &text[..i],
+        None => "",
+    };
+    complete
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            match (it.next(), it.next(), it.next(), it.next()) {
+                (Some("ack"), Some(n), Some(up), None) => Some((n.parse().ok()?, up.to_string())),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+fn boots(serial: &Path) -> usize {
+    std::fs::read_to_string(serial)
+        .unwrap_or_default()
+        .matches("ferry-guest: boot")
+        .count()
+}
+
+/// Wait until the guest has acknowledged `more` records past what it had.
+fn wait_acks(serial: &Path, more: u64) -> u64 {
+    let start = acks(serial).last().map_or(0, |a| a.0);
+    let t = Instant::now();
+    loop {
+        let last = acks(serial).last().map_or(0, |a| a.0);
+        if last >= start + more {
+            return last;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "guest stopped acknowledging at {last} ({})",
+            serial.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Start the guest on `host` with its disk `volume` on `st`.
+fn create_guest(host: &Host, st: &Storage, name: &str, volume: &str, heavy: bool) {
+    let (k, i) = guest_files().unwrap();
+    let disk = format!("{volume}@{}@{}", st.nbd, st.admin);
+    let cmdline = if heavy {
+        "console=ttyS0 quiet ferry.load=heavy"
+    } else {
+        "console=ttyS0 quiet"
+    };
+    host.vm_ok(&[
+        "create",
+        name,
+        "--memory",
+        "128M",
+        "--disk",
+        &disk,
+        "--kernel",
+        k.to_str().unwrap(),
+        "--initrd",
+        i.to_str().unwrap(),
+        "--cmdline",
+        cmdline,
+        "--accel",
+        "tcg",
+    ]);
+    wait_acks(&host.serial(name), 20);
+}
+
+/// Every ack in `serials` names a record on the volume, intact; returns
+/// how many records were checked.
+fn check_records(st: &Storage, volume: &str, dir: &Path, serials: &[PathBuf]) -> usize {
+    let out = dir.join(format!("{volume}-check.img"));
+    ok(&[
+        "volume",
+        "export",
+        volume,
+        out.to_str().unwrap(),
+        "--admin",
+        &st.admin,
+    ]);
+    // The guest never unmounted: replay its journal on the copy first, as
+    // a recovering system would (debugfs alone reads around the journal).
+    let fsck = Command::new("e2fsck")
+        .args(["-fy"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        fsck.status.code().is_some_and(|c| c <= 1),
+        "e2fsck: {}",
+        String::from_utf8_lossy(&fsck.stdout)
+    );
+    let o = Command::new("debugfs")
+        .args(["-R", "cat /records"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("rec 1 "),
+        "no records in the exported volume: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mut records = std::collections::BTreeMap::new();
+    for l in text.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if let ["rec", n, up, sum] = f.as_slice() {
+            let n: u64 = n.parse().unwrap();
+            // The checksum covers "N UPTIME\n".
+            let mut md5 = Command::new("md5sum")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            use std::io::Write;
+            md5.stdin
+                .take()
+                .unwrap()
+                .write_all(format!("{n} {up}\n").as_bytes())
+                .unwrap();
+            let got = String::from_utf8(md5.wait_with_output().unwrap().stdout).unwrap();
+            assert!(got.starts_with(sum), "record {n} corrupt: {l}");
+            records.insert(n, up.to_string());
+        }
+    }
+    let mut checked = 0;
+    for s in serials {
+        for (n, up) in acks(s) {
+            assert_eq!(
+                records.get(&n),
+                Some(&up),
+                "acknowledged record {n} (uptime {up}) missing from the volume ({} records there)",
+                records.len()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 0);
+    checked
+}
+
+/// The counter went on across a move: no reboot at the destination, and
+/// it picked up where the source stopped.
+fn check_continued(from: &Path, to: &Path) {
+    assert_eq!(boots(to), 0, "the guest booted again at the destination");
+    let last_src = acks(from).last().unwrap().0;
+    let first_dst = acks(to).first().expect("no acks at the destination").0;
+    assert!(
+        first_dst > 1 && first_dst <= last_src + 2,
+        "counter did not go on: source ended at {last_src}, destination began at {first_dst}"
+    );
+}
+
+fn migrate(host: &Host, args: &[&str]) -> (bool, Value) {
+    let mut a = vec!["migrate"];
+    a.extend_from_slice(args);
+    a.push("--json");
+    let out = host.vm(&a);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let r: Value = serde_json::from_str(&text).unwrap_or_else(|_| {
+        panic!(
+            "no report: {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.success(), r)
+}
+
+#[test]
+fn guests_start_show_metrics_and_survive_a_restart_of_their_host() {
+    let Some(_) = guest_files() else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tempfile::tempdir().unwrap();
+    let st = Storage::start(&d.path().join("pool"));
+    let state = d.path().join("host");
+    let mut host = Host::start(&state);
+    ext4_volume(&st, d.path(), "root");
+    let (k, i) = guest_files().unwrap();
+    let (k, i) = (k.to_str().unwrap(), i.to_str().unwrap());
+    let disk = format!("root@{}", st.nbd);
+
+    // Bad specs: clear errors, nothing left behind.
+    let bad = |args: &[&str], says: &str| {
+        let mut a = vec!["create", "bad"];
+        a.extend_from_slice(args);
+        let out = host.vm(&a);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{args:?}: {err}"
+        );
+    };
+    bad(
+        &["--disk", &format!("nosuch@{}", st.nbd), "--kernel", k],
+        "nosuch",
+    );
+    bad(
+        &["--disk", &disk, "--memory", "64T", "--kernel", k],
+        "more than this host",
+    );
+    bad(
+        &["--disk", &disk, "--memory", "1M", "--kernel", k],
+        "minimum",
+    );
+    bad(&["--disk", &disk, "--kernel", "/no/kernel"], "/no/kernel");
+    bad(&["--disk", &disk], "--kernel");
+    assert!(host.list().is_empty());
+
+    create_guest(&host, &st, "g1", "root", false);
+    let out = host.vm(&[
+        "create", "g1", "--disk", &disk, "--kernel", k, "--initrd", i,
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exists"));
+
+    let v: Value = serde_json::from_str(&host.vm_ok(&["show", "g1", "--json"])).unwrap();
+    assert_eq!(v["state"], "running");
+    assert_eq!(v["accel"], "tcg");
+    let pid = v["pid"].as_u64().unwrap();
+    let io = &v["disks"][0];
+    assert!(
+        io["writes"].as_u64().unwrap() > 10 && io["flushes"].as_u64().unwrap() > 10,
+        "{io}"
+    );
+    let metrics = ureq::get(&format!("http://{}/metrics", host.control))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(metrics.contains("ferry_vm_state{vm=\"g1\",state=\"running\",accel=\"tcg\"} 1"));
+    assert!(
+        metrics.contains("ferry_vm_disk_requests_total{vm=\"g1\",volume=\"root\",op=\"write\"}")
+    );
+    assert!(metrics
+        .contains("ferry_vm_disk_latency_seconds_bucket{vm=\"g1\",volume=\"root\",le=\"+Inf\"}"));
+
+    // The host daemon dies; its guest does not. A new daemon finds it.
+    host.kill9();
+    let serial = host.serial("g1");
+    let before = acks(&serial).last().unwrap().0;
+    std::thread::sleep(Duration::from_secs(1));
+    let host = Host::start_on(&state, host.control.clone(), host.moves.clone());
+    let v: Value = serde_json::from_str(&host.vm_ok(&["show", "g1", "--json"])).unwrap();
+    assert_eq!(v["state"], "running", "{v}");
+    assert_eq!(v["pid"].as_u64().unwrap(), pid, "the same QEMU process");
+    let after = wait_acks(&serial, 20);
+    assert!(after >= before + 20);
+    assert_eq!(boots(&serial), 1);
+
+    host.vm_ok(&["stop", "g1"]);
+    assert_eq!(host.state_of("g1").as_deref(), Some("stopped"));
+    let n = check_records(&st, "root", d.path(), &[serial]);
+    assert!(n as u64 >= after);
+    host.vm_ok(&["delete", "g1"]);
+    assert!(host.list().is_empty());
+}
+
+/// Two sites joined by toxiproxy (10 ms each way: 20 ms RTT, and a
+/// bandwidth cap), for the hosts' move link and the storage link.
+struct Sites {
+    _dir: tempfile::TempDir,
+    dir: PathBuf,
+    tp: toxiproxy::Toxiproxy,
+    sa: Storage,
+    sb: Storage,
+    ha: Host,
+    hb: Host,
+    /// The WAN addresses of B's move listener and B's storage migration
+    /// listener (toxiproxy names "hosts" and "storage").
+    hb_wan: String,
+    sb_wan: String,
+}
+
+fn two_sites(kbytes_per_s: u64) -> Sites {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().to_path_buf();
+    let sa = Storage::start(&p.join("sa"));
+    let sb = Storage::start(&p.join("sb"));
+    trust(&sa.pool, &sb.pool);
+    std::fs::create_dir_all(p.join("ha")).unwrap();
+    std::fs::create_dir_all(p.join("hb")).unwrap();
+    trust(&p.join("ha"), &p.join("hb"));
+    let ha = Host::start(&p.join("ha"));
+    let hb = Host::start(&p.join("hb"));
+    let tp = toxiproxy::Toxiproxy::start();
+    let hb_wan = tp.proxy("hosts", &hb.moves);
+    let sb_wan = tp.proxy("storage", &sb.mig);
+    for proxy in ["hosts", "storage"] {
+        for (name, dir) in [("lat_up", "upstream"), ("lat_down", "downstream")] {
+            tp.add_toxic(
+                proxy,
+                name,
+                "latency",
+                dir,
+                serde_json::json!({"latency": 10}),
+            );
+        }
+        tp.add_toxic(
+            proxy,
+            "bw",
+            "bandwidth",
+            "upstream",
+            serde_json::json!({"rate": kbytes_per_s}),
+        );
+    }
+    Sites {
+        dir: p,
+        _dir: dir,
+        tp,
+        sa,
+        sb,
+        ha,
+        hb,
+        hb_wan,
+        sb_wan,
+    }
+}
+
+#[test]
+fn teleport_then_vm_only_move_keep_memory_and_every_record() {
+    let Some(_) = guest_files() else { return };
+    if !have("toxiproxy-server") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // 100 Mbit/s.
+    let s = two_sites(12_500);
+    ext4_volume(&s.sa, &s.dir, "root");
+    create_guest(&s.ha, &s.sa, "g1", "root", false);
+
+    // Teleport: disk to storage B, memory to host B, one pause.
+    let (done, r) = migrate(
+        &s.ha,
+        &[
+            "g1",
+            "--to-host",
+            &s.hb_wan,
+            "--with-disk",
+            "--to-storage",
+            &s.sb_wan,
+            "--to-storage-admin",
+            &s.sb.admin,
+        ],
+    );
+    assert!(done, "{r}");
+    assert_eq!(r["kind"], "teleport");
+    assert_eq!(r["result"], "completed");
+    assert!(r["bytes"]["memory_link"].as_u64().unwrap() > 0);
+    assert!(
+        r["bytes"]["memory_link"].as_u64() < r["bytes"]["memory_raw"].as_u64(),
+        "{r}"
+    );
+    assert!(r["downtime_ms_qemu"].as_u64().is_some(), "{r}");
+    assert_eq!(s.ha.state_of("g1"), None, "the source forgot the guest");
+    assert_eq!(s.hb.state_of("g1").as_deref(), Some("running"));
+    let first = archived_serial(&s.ha, "g1");
+    let second = s.hb.serial("g1");
+    wait_acks(&second, 20);
+    check_continued(&first, &second);
+    let v: Value = serde_json::from_str(&s.hb.vm_ok(&["show", "g1", "--json"])).unwrap();
+    assert_eq!(
+        v["disks"][0]["server"],
+        s.sb.nbd.as_str(),
+        "the disk is read at site B: {v}"
+    );
+    assert_eq!(v["spec"]["disks"][0]["admin"], s.sb.admin.as_str());
+
+    // VM-only back to host A: the disk stays at storage B.
+    let (done, r) = migrate(&s.hb, &["g1", "--to-host", &s.ha.moves]);
+    assert!(done, "{r}");
+    assert_eq!(r["kind"], "vm_only");
+    assert_eq!(s.hb.state_of("g1"), None);
+    assert_eq!(s.ha.state_of("g1").as_deref(), Some("running"));
+    let second = archived_serial(&s.hb, "g1");
+    let third = s.ha.serial("g1");
+    wait_acks(&third, 20);
+    check_continued(&second, &third);
+
+    s.ha.vm_ok(&["stop", "g1"]);
+    check_records(&s.sb, "root", &s.dir, &[first, second, third]);
+}
+
+/// The serial log a host kept of a guest that moved away (the latest).
+fn archived_serial(host: &Host, name: &str) -> PathBuf {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(host.state.join("moved"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("{name}.")))
+        })
+        .collect();
+    dirs.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
+    dirs.pop().expect("no archived guest").join("serial.log")
+}
+
+/// Start `ferry vm migrate --json` on `host` in the background.
+fn migrate_child(host: &Host, args: &[&str]) -> Child {
+    Command::new(FERRY)
+        .args(["vm", "--host", &host.control, "migrate"])
+        .args(args)
+        .arg("--json")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Wait until the host's only running move is copying memory, and a
+/// little more of it is done.
+fn wait_memory_copy(host: &Host) {
+    let t = Instant::now();
+    loop {
+        let moves: Value = ureq::get(&format!("http://{}/v1/vm-moves", host.control))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+        let copying = moves
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["phase"] == "memory_precopy");
+        if copying {
+            std::thread::sleep(Duration::from_millis(1500));
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no memory copy: {moves}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The failed move's report; the guest runs at `at` only, and goes on.
+fn check_aborted(child: Child, at: &Host, not_at: &Host, says: &str) {
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "the move should have failed: {text}");
+    let r: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|_| panic!("{text}\n{}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(r["result"], "aborted", "{r}");
+    let reason = r["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains(says),
+        "reason {reason:?} should say {says:?}"
+    );
+    assert_eq!(at.state_of("g1").as_deref(), Some("running"));
+    let t = Instant::now();
+    while not_at.state_of("g1").is_some() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the destination kept the guest"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let serial = at.serial("g1");
+    wait_acks(&serial, 10);
+    assert_eq!(boots(&serial), 1);
+}
+
+#[test]
+fn failed_moves_leave_the_guest_running_at_the_source_only() {
+    let Some(_) = guest_files() else { return };
+    if !have("toxiproxy-server") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // A slow link (1.5 MB/s) so that each fault lands during the copy.
+    let mut s = two_sites(1_500);
+    ext4_volume(&s.sa, &s.dir, "root");
+    create_guest(&s.ha, &s.sa, "g1", "root", false);
+    let to_b = ["g1", "--to-host", &s.hb_wan];
+
+    // 1. The link between the hosts is cut during the memory copy.
+    let c = migrate_child(&s.ha, &to_b);
+    wait_memory_copy(&s.ha);
+    s.tp.set_enabled("hosts", false);
+    check_aborted(c, &s.ha, &s.hb, "");
+    s.tp.set_enabled("hosts", true);
+
+    // 2. Ctrl-C of the CLI.
+    let c = migrate_child(&s.ha, &to_b);
+    wait_memory_copy(&s.ha);
+    let pid = c.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    check_aborted(c, &s.ha, &s.hb, "cancelled");
+
+    // 3. The destination host is killed; it comes back without the guest.
+    let c = migrate_child(&s.ha, &to_b);
+    wait_memory_copy(&s.ha);
+    s.hb.kill9();
+    let out = c.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let (state, control, moves) = (s.hb.state.clone(), s.hb.control.clone(), s.hb.moves.clone());
+    std::thread::sleep(Duration::from_millis(500));
+    s.hb = Host::start_on(&state, control, moves);
+    assert_eq!(s.ha.state_of("g1").as_deref(), Some("running"));
+    let t = Instant::now();
+    while s.hb.state_of("g1").is_some() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "host B kept a guest that never arrived"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    wait_acks(&s.ha.serial("g1"), 10);
+
+    // 4. Teleport; the destination storage is killed during the memory copy.
+    let c = migrate_child(
+        &s.ha,
+        &[
+            "g1",
+            "--to-host",
+            &s.hb_wan,
+            "--with-disk",
+            "--to-storage",
+            &s.sb_wan,
+        ],
+    );
+    wait_memory_copy(&s.ha);
+    s.sb.kill9();
+    check_aborted(c, &s.ha, &s.hb, "disk");
+    let vol: Value =
+        serde_json::from_str(&ok(&["volume", "list", "--json", "--admin", &s.sa.admin])).unwrap();
+    let root = vol
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "root")
+        .unwrap();
+    assert!(
+        root["moved_to"].is_null(),
+        "the volume stayed at site A: {root}"
+    );
+
+    s.ha.vm_ok(&["stop", "g1"]);
+    check_records(&s.sa, "root", &s.dir, &[s.ha.serial("g1")]);
+}

@@ -1,0 +1,212 @@
+//! The host's guest API (`ferry_api::vm` types; paths listed there) and
+//! its `/metrics`: per guest the state, CPU time, and the disk I/O its
+//! QEMU issued as the forwarder answered it.
+
+use crate::{moves, VmError, VmHost};
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use ferry_api::{CreateVm, ErrorBody, MigrationId, VmMigrateRequest, VmMoveStatus, VmView};
+use std::fmt::Write;
+use std::sync::Arc;
+
+pub struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(ErrorBody { error: self.1 })).into_response()
+    }
+}
+
+impl From<VmError> for ApiError {
+    fn from(e: VmError) -> Self {
+        let code = match &e {
+            VmError::BadSpec(_) => StatusCode::BAD_REQUEST,
+            VmError::Exists(_) | VmError::Busy { .. } => StatusCode::CONFLICT,
+            VmError::NotFound(_) | VmError::NoMove(_) => StatusCode::NOT_FOUND,
+            VmError::Disk { .. } | VmError::Peer(_) => StatusCode::BAD_GATEWAY,
+            VmError::Qemu(_) | VmError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(code, e.to_string())
+    }
+}
+
+type St = State<Arc<VmHost>>;
+type Body<T> = Result<Json<T>, axum::extract::rejection::JsonRejection>;
+
+fn body<T>(b: Body<T>) -> Result<T, ApiError> {
+    b.map(|Json(x)| x)
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))
+}
+
+pub fn router(host: Arc<VmHost>) -> Router {
+    Router::new()
+        .route("/v1/vms", get(list).post(create))
+        .route("/v1/vms/:name", get(show).delete(remove))
+        .route("/v1/vms/:name/start", post(start))
+        .route("/v1/vms/:name/stop", post(stop))
+        .route("/v1/vms/:name/migrate", post(migrate))
+        .route("/v1/vm-moves", get(moves_list))
+        .route("/v1/vm-moves/:id", get(move_show))
+        .route("/v1/vm-moves/:id/cancel", post(move_cancel))
+        .route("/metrics", get(metrics))
+        .with_state(host)
+}
+
+async fn list(State(h): St) -> Json<Vec<VmView>> {
+    Json(h.list().await)
+}
+
+async fn create(State(h): St, b: Body<CreateVm>) -> Result<(StatusCode, Json<VmView>), ApiError> {
+    let c = body(b)?;
+    Ok((StatusCode::CREATED, Json(h.create(c.spec, c.start).await?)))
+}
+
+async fn show(State(h): St, Path(name): Path<String>) -> Result<Json<VmView>, ApiError> {
+    let g = h.guest(&name)?;
+    Ok(Json(h.view(&g).await))
+}
+
+async fn start(State(h): St, Path(name): Path<String>) -> Result<Json<VmView>, ApiError> {
+    Ok(Json(h.start(&name).await?))
+}
+
+async fn stop(State(h): St, Path(name): Path<String>) -> Result<Json<VmView>, ApiError> {
+    Ok(Json(h.stop(&name).await?))
+}
+
+async fn remove(State(h): St, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    h.delete(&name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn migrate(
+    State(h): St,
+    Path(name): Path<String>,
+    b: Body<VmMigrateRequest>,
+) -> Result<(StatusCode, Json<VmMoveStatus>), ApiError> {
+    let r = body(b)?;
+    Ok((StatusCode::ACCEPTED, Json(moves::start(h, &name, r).await?)))
+}
+
+async fn moves_list(State(h): St) -> Json<Vec<VmMoveStatus>> {
+    Json(h.moves.lock().values().map(|r| r.status()).collect())
+}
+
+fn parse_id(id: &str) -> Result<MigrationId, ApiError> {
+    id.parse()
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("move id {id:?}: {e}")))
+}
+
+async fn move_show(State(h): St, Path(id): Path<String>) -> Result<Json<VmMoveStatus>, ApiError> {
+    let id = parse_id(&id)?;
+    let r = h.moves.lock().get(&id).cloned();
+    r.map(|r| Json(r.status()))
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no move {id}")))
+}
+
+async fn move_cancel(State(h): St, Path(id): Path<String>) -> Result<Json<VmMoveStatus>, ApiError> {
+    let id = parse_id(&id)?;
+    Ok(Json(moves::cancel(&h, &id)?))
+}
+
+/// Prometheus text exposition of every guest.
+pub fn render_metrics(views: &[VmView]) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "# HELP ferry_vm_state Guest state (1 for the current state).\n# TYPE ferry_vm_state gauge"
+    );
+    for v in views {
+        let _ = writeln!(
+            o,
+            "ferry_vm_state{{vm=\"{}\",state=\"{}\",accel=\"{}\"}} 1",
+            v.spec.name,
+            v.state.as_str(),
+            v.accel.as_deref().unwrap_or("")
+        );
+    }
+    let _ = writeln!(o, "# HELP ferry_vm_cpu_seconds_total CPU time of the guest's QEMU process.\n# TYPE ferry_vm_cpu_seconds_total counter");
+    for v in views {
+        let _ = writeln!(
+            o,
+            "ferry_vm_cpu_seconds_total{{vm=\"{}\"}} {}",
+            v.spec.name, v.cpu_time_s
+        );
+    }
+    let _ = writeln!(o, "# HELP ferry_vm_disk_requests_total Disk requests of the guest, as the forwarder answered them.\n# TYPE ferry_vm_disk_requests_total counter");
+    for v in views {
+        for d in &v.disks {
+            for (op, n) in [
+                ("read", d.reads),
+                ("write", d.writes),
+                ("flush", d.flushes),
+                ("other", d.other),
+            ] {
+                let _ = writeln!(
+                    o,
+                    "ferry_vm_disk_requests_total{{vm=\"{}\",volume=\"{}\",op=\"{op}\"}} {n}",
+                    v.spec.name, d.volume
+                );
+            }
+        }
+    }
+    let _ = writeln!(o, "# HELP ferry_vm_disk_bytes_total Disk bytes of the guest.\n# TYPE ferry_vm_disk_bytes_total counter");
+    for v in views {
+        for d in &v.disks {
+            for (dir, n) in [("read", d.read_bytes), ("write", d.write_bytes)] {
+                let _ = writeln!(
+                    o,
+                    "ferry_vm_disk_bytes_total{{vm=\"{}\",volume=\"{}\",dir=\"{dir}\"}} {n}",
+                    v.spec.name, d.volume
+                );
+            }
+        }
+    }
+    let _ = writeln!(o, "# HELP ferry_vm_disk_errors_total Disk requests answered with an error.\n# TYPE ferry_vm_disk_errors_total counter");
+    for v in views {
+        for d in &v.disks {
+            let _ = writeln!(
+                o,
+                "ferry_vm_disk_errors_total{{vm=\"{}\",volume=\"{}\"}} {}",
+                v.spec.name, d.volume, d.errors
+            );
+        }
+    }
+    let _ = writeln!(o, "# HELP ferry_vm_disk_latency_seconds Time from a request's arrival at the forwarder to its answer.\n# TYPE ferry_vm_disk_latency_seconds histogram");
+    for v in views {
+        for d in &v.disks {
+            let l = format!("vm=\"{}\",volume=\"{}\"", v.spec.name, d.volume);
+            let mut count = 0;
+            for (le, n) in &d.latency_us {
+                let le = if *le == u64::MAX {
+                    "+Inf".to_string()
+                } else {
+                    #[allow(clippy::cast_precision_loss)]
+                    let s = *le as f64 / 1e6;
+                    format!("{s}")
+                };
+                let _ = writeln!(
+                    o,
+                    "ferry_vm_disk_latency_seconds_bucket{{{l},le=\"{le}\"}} {n}"
+                );
+                count = *n;
+            }
+            #[allow(clippy::cast_precision_loss)]
+            let sum = d.latency_sum_us as f64 / 1e6;
+            let _ = writeln!(o, "ferry_vm_disk_latency_seconds_sum{{{l}}} {sum}");
+            let _ = writeln!(o, "ferry_vm_disk_latency_seconds_count{{{l}}} {count}");
+        }
+    }
+    o
+}
+
+async fn metrics(State(h): St) -> impl IntoResponse {
+    let views = h.list().await;
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        render_metrics(&views),
+    )
+}

@@ -1,0 +1,105 @@
+//! `ferry host` as a whole: the forwarder's NBD listeners, its control
+//! API, and (with a state directory) the guests, their API and metrics,
+//! and the TLS move listener peers send guests to.
+
+use crate::{api, incoming, VmError, VmHost};
+use ferry_host::{Agent, Listener, DEFAULT_HOLD};
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Clone, Default)]
+pub struct HostOptions {
+    /// `(server, volume)` pairs forwarded from the start.
+    pub volumes: Vec<(String, String)>,
+    /// NBD listeners for hypervisors: `HOST:PORT` or `unix:PATH`.
+    pub listen: Vec<String>,
+    /// The control API (HTTP), e.g. `127.0.0.1:10890`.
+    pub control: Option<String>,
+    /// Run guests, keeping their state here.
+    pub state_dir: Option<PathBuf>,
+    /// Where peer hosts send guests (TLS), `HOST:PORT`.
+    pub move_listen: Option<String>,
+}
+
+fn listen_err(addr: &str, e: impl std::fmt::Display) -> VmError {
+    VmError::Io(format!("listening on {addr}: {e}"))
+}
+
+/// Run until `shutdown`. Guests keep running when the daemon stops; the
+/// next daemon on the same state directory finds them.
+pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), VmError> {
+    let agent = Agent::new(DEFAULT_HOLD);
+    for (server, volume) in &opts.volumes {
+        agent
+            .attach(server, volume)
+            .await
+            .map_err(|e| VmError::Disk {
+                volume: volume.clone(),
+                detail: e.to_string(),
+            })?;
+    }
+    let mut listen = opts.listen.clone();
+    let nbd_socket = opts.state_dir.as_ref().map(|d| d.join("nbd.sock"));
+    if let Some(s) = &nbd_socket {
+        std::fs::create_dir_all(s.parent().unwrap_or(s))
+            .map_err(|e| VmError::Io(format!("{}: {e}", s.display())))?;
+        listen.push(format!("unix:{}", s.display()));
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for l in &listen {
+        let listener = Listener::bind(l).await.map_err(|e| listen_err(l, e))?;
+        tracing::info!(listen = %l, "serving NBD");
+        tasks.spawn(ferry_host::serve(listener, agent.clone(), shutdown.clone()));
+    }
+    let host = match (&opts.state_dir, &nbd_socket) {
+        (Some(dir), Some(sock)) => {
+            let name = opts
+                .move_listen
+                .clone()
+                .unwrap_or_else(|| "this host".into());
+            Some(VmHost::open(dir, agent.clone(), sock, &name).await?)
+        }
+        _ => None,
+    };
+    if let Some(addr) = &opts.control {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| listen_err(addr, e))?;
+        let mut router = ferry_host::control::router(agent.clone());
+        if let Some(h) = &host {
+            router = router.merge(api::router(h.clone()));
+        }
+        tracing::info!(control = %addr, "control API listening");
+        let sd = shutdown.clone();
+        tasks.spawn(async move {
+            if let Err(e) = axum::serve(l, router)
+                .with_graceful_shutdown(sd.cancelled_owned())
+                .await
+            {
+                tracing::error!(error = %e, "control API failed");
+            }
+        });
+    }
+    if let (Some(h), Some(addr)) = (&host, &opts.move_listen) {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| listen_err(addr, e))?;
+        tracing::info!(listen = %addr, "move listener (TLS)");
+        tasks.spawn(incoming::serve(h.clone(), l, shutdown.clone()));
+    }
+    if let Some(h) = &host {
+        let (h, sd) = (h.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    () = sd.cancelled() => return,
+                    () = tokio::time::sleep(Duration::from_secs(2)) => {}
+                }
+                incoming::reap_failed_incoming(&h).await;
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}

@@ -1,0 +1,242 @@
+//! One guest on this host: its spec and files, and the QEMU process that
+//! runs it (started detached, so it outlives the host daemon, and found
+//! again through its pid file and QMP socket when the daemon restarts).
+
+use crate::qemu::{command_line, qemu_binary, GuestPaths};
+use crate::VmError;
+use ferry_api::{MigrationId, VmSpec, VmState};
+use ferry_qmp::QmpClient;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A QEMU process of ours.
+pub struct Runtime {
+    pub pid: u32,
+    pub accel: String,
+    pub qmp: Arc<QmpClient>,
+}
+
+/// What survives a daemon restart besides the spec.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct RuntimeFile {
+    pid: u32,
+    accel: String,
+    incoming: bool,
+}
+
+pub struct Guest {
+    pub spec: parking_lot::Mutex<VmSpec>,
+    pub paths: GuestPaths,
+    pub runtime: parking_lot::Mutex<Option<Arc<Runtime>>>,
+    /// Set while QEMU waits for an incoming move.
+    pub incoming: parking_lot::Mutex<Option<MigrationId>>,
+    /// A move out of here that has not ended.
+    pub moving: parking_lot::Mutex<Option<MigrationId>>,
+    /// Moved away: the local QEMU is finished.
+    pub moved: std::sync::atomic::AtomicBool,
+    /// Serialises start, stop, delete and moves.
+    pub op: tokio::sync::Mutex<()>,
+}
+
+pub fn pid_alive(pid: u32) -> bool {
+    let Ok(p) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 only checks that the process exists.
+    let r = unsafe { libc::kill(p, 0) };
+    if r != 0 {
+        return false;
+    }
+    // A zombie (exited, not yet reaped) is not alive.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next().map(|st| st != "Z"))
+                .unwrap_or(true)
+        })
+        .unwrap_or(false)
+}
+
+/// User + system CPU seconds of a process.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    let Some((_, rest)) = s.rsplit_once(')') else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of stat; `rest` starts at field 3.
+    let ticks: u64 = [11usize, 12]
+        .iter()
+        .filter_map(|i| f.get(*i).and_then(|v| v.parse::<u64>().ok()))
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    #[allow(clippy::cast_precision_loss)]
+    let r = ticks as f64 / (hz.max(1) as f64);
+    r
+}
+
+impl Guest {
+    pub fn new(spec: VmSpec, dir: &Path) -> Guest {
+        Guest {
+            spec: parking_lot::Mutex::new(spec),
+            paths: GuestPaths::new(dir),
+            runtime: parking_lot::Mutex::new(None),
+            incoming: parking_lot::Mutex::new(None),
+            moving: parking_lot::Mutex::new(None),
+            moved: std::sync::atomic::AtomicBool::new(false),
+            op: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub fn name(&self) -> String {
+        self.spec.lock().name.clone()
+    }
+
+    pub fn runtime(&self) -> Option<Arc<Runtime>> {
+        self.runtime.lock().clone()
+    }
+
+    /// Write the spec (atomically: temporary file, then rename).
+    pub fn save_spec(&self) -> Result<(), VmError> {
+        let spec = self.spec.lock().clone();
+        write_json(&self.paths.dir.join("spec.json"), &spec)
+    }
+
+    /// Start QEMU (detached), then connect to its QMP socket.
+    pub async fn start_qemu(&self, accel: &str, nbd: &Path, incoming: bool) -> Result<(), VmError> {
+        let spec = self.spec.lock().clone();
+        let _ = std::fs::remove_file(&self.paths.qmp);
+        let _ = std::fs::remove_file(&self.paths.pidfile);
+        let args = command_line(&spec, accel, &self.paths, nbd, incoming);
+        tracing::info!(guest = %spec.name, accel, incoming, "starting QEMU");
+        let out = tokio::process::Command::new(qemu_binary())
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .map_err(|e| VmError::Qemu(format!("cannot run {}: {e}", qemu_binary())))?;
+        if !out.status.success() {
+            return Err(VmError::Qemu(format!(
+                "QEMU did not start: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        let pid: u32 = std::fs::read_to_string(&self.paths.pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| VmError::Qemu("QEMU started but wrote no pid file".into()))?;
+        let qmp = connect_qmp(&self.paths.qmp).await?;
+        write_json(
+            &self.paths.dir.join("runtime.json"),
+            &RuntimeFile {
+                pid,
+                accel: accel.into(),
+                incoming,
+            },
+        )?;
+        *self.runtime.lock() = Some(Arc::new(Runtime {
+            pid,
+            accel: accel.into(),
+            qmp: Arc::new(qmp),
+        }));
+        Ok(())
+    }
+
+    /// Find the QEMU a previous daemon started, if it still runs.
+    pub async fn adopt(&self) -> Result<bool, VmError> {
+        let Ok(text) = std::fs::read_to_string(self.paths.dir.join("runtime.json")) else {
+            return Ok(false);
+        };
+        let rf: RuntimeFile = serde_json::from_str(&text)
+            .map_err(|e| VmError::Io(format!("runtime.json of {}: {e}", self.name())))?;
+        if !pid_alive(rf.pid) {
+            return Ok(false);
+        }
+        let qmp = connect_qmp(&self.paths.qmp).await?;
+        tracing::info!(guest = %self.name(), pid = rf.pid, "found running QEMU again");
+        *self.runtime.lock() = Some(Arc::new(Runtime {
+            pid: rf.pid,
+            accel: rf.accel,
+            qmp: Arc::new(qmp),
+        }));
+        Ok(true)
+    }
+
+    /// QEMU's run state, or None without a process.
+    pub async fn qemu_status(&self) -> Option<String> {
+        let rt = self.runtime()?;
+        if !pid_alive(rt.pid) {
+            return None;
+        }
+        let v: serde_json::Value = rt.qmp.execute("query-status", None).await.ok()?;
+        v["status"].as_str().map(str::to_string)
+    }
+
+    /// The state the API shows.
+    pub async fn state(&self) -> (VmState, Option<String>) {
+        if self.moved.load(std::sync::atomic::Ordering::SeqCst) {
+            return (VmState::Moved, None);
+        }
+        let Some(rt) = self.runtime() else {
+            return (VmState::Stopped, None);
+        };
+        if !pid_alive(rt.pid) {
+            return (VmState::Crashed, None);
+        }
+        let st = self.qemu_status().await;
+        let s = match st.as_deref() {
+            Some("running") => VmState::Running,
+            Some("inmigrate") => VmState::Incoming,
+            _ if self.incoming.lock().is_some() => VmState::Incoming,
+            Some(_) => VmState::Paused,
+            None => VmState::Crashed,
+        };
+        (s, st)
+    }
+
+    /// Stop QEMU: `quit`, then SIGKILL if it lingers.
+    pub async fn stop_qemu(&self) {
+        let Some(rt) = self.runtime.lock().take() else {
+            return;
+        };
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), rt.qmp.execute_value("quit", None)).await;
+        let t = Instant::now();
+        while pid_alive(rt.pid) && t.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if pid_alive(rt.pid) {
+            if let Ok(p) = libc::pid_t::try_from(rt.pid) {
+                // SAFETY: sending a signal to a process we started.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+        }
+        let _ = std::fs::remove_file(self.paths.dir.join("runtime.json"));
+    }
+}
+
+async fn connect_qmp(path: &Path) -> Result<QmpClient, VmError> {
+    let t = Instant::now();
+    loop {
+        match QmpClient::connect(path).await {
+            Ok(c) => return Ok(c),
+            Err(e) if t.elapsed() > Duration::from_secs(10) => {
+                return Err(VmError::Qemu(format!("QMP at {}: {e}", path.display())))
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+pub fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<(), VmError> {
+    let tmp = path.with_extension("tmp");
+    let data = serde_json::to_vec_pretty(v).map_err(|e| VmError::Io(e.to_string()))?;
+    std::fs::write(&tmp, data)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| VmError::Io(format!("{}: {e}", path.display())))
+}

@@ -1,0 +1,291 @@
+//! The guests of one host: create, start, stop, delete, show; their
+//! specs under `<state>/vms/NAME/`, their disks attached to the host's
+//! forwarder while a guest needs them.
+
+use crate::guest::{cpu_seconds, Guest};
+use crate::moves::MoveRun;
+use crate::qemu::{host_memory_mib, qemu_available, resolve_accel, validate};
+use crate::VmError;
+use ferry_api::{MigrationId, VmSpec, VmState, VmView};
+use ferry_host::{Agent, HostError};
+use ferry_migration_engine::tls::CertStore;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub struct VmHost {
+    pub root: PathBuf,
+    pub agent: Arc<Agent>,
+    /// The forwarder's unix socket, where QEMU opens its disks.
+    pub nbd_socket: PathBuf,
+    pub certs: CertStore,
+    /// This host's move listener as peers reach it (for reports).
+    pub name: String,
+    pub guests: parking_lot::RwLock<BTreeMap<String, Arc<Guest>>>,
+    pub moves: parking_lot::Mutex<BTreeMap<MigrationId, Arc<MoveRun>>>,
+}
+
+fn disk_error(volume: &str, e: &HostError) -> VmError {
+    VmError::Disk {
+        volume: volume.into(),
+        detail: e.to_string(),
+    }
+}
+
+impl VmHost {
+    /// Open the state directory and find the guests a previous daemon left
+    /// (running ones keep running; their disks are attached again).
+    pub async fn open(
+        root: &Path,
+        agent: Arc<Agent>,
+        nbd_socket: &Path,
+        name: &str,
+    ) -> Result<Arc<VmHost>, VmError> {
+        let vms = root.join("vms");
+        std::fs::create_dir_all(&vms)
+            .map_err(|e| VmError::Io(format!("{}: {e}", vms.display())))?;
+        let certs = CertStore::new(root);
+        certs
+            .ensure_identity()
+            .map_err(|e| VmError::Io(e.to_string()))?;
+        let host = Arc::new(VmHost {
+            root: root.to_path_buf(),
+            agent,
+            nbd_socket: nbd_socket.to_path_buf(),
+            certs,
+            name: name.into(),
+            guests: Default::default(),
+            moves: Default::default(),
+        });
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(&vms)
+            .map_err(|e| VmError::Io(e.to_string()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        entries.sort();
+        for dir in entries {
+            let Ok(text) = std::fs::read_to_string(dir.join("spec.json")) else {
+                continue;
+            };
+            let spec: VmSpec = match serde_json::from_str(&text) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(dir = %dir.display(), error = %e, "unreadable guest spec; skipped");
+                    continue;
+                }
+            };
+            let g = Arc::new(Guest::new(spec.clone(), &dir));
+            let incoming: Option<MigrationId> =
+                std::fs::read_to_string(dir.join(crate::incoming::INCOMING_MARK))
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok());
+            if let Some(id) = &incoming {
+                if !matches!(g.adopt().await, Ok(true)) {
+                    tracing::info!(guest = %spec.name, move_id = %id, "a guest that never arrived; removing it");
+                    let _ = std::fs::remove_dir_all(&dir);
+                    continue;
+                }
+                *g.incoming.lock() = Some(id.clone());
+                host.guests.write().insert(spec.name.clone(), g);
+                continue;
+            }
+            match g.adopt().await {
+                Ok(true) => {
+                    if let Err(e) = host.attach_disks(&spec).await {
+                        tracing::error!(guest = %spec.name, error = %e, "disks of a running guest unreachable");
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(guest = %spec.name, error = %e, "QEMU found but not reachable")
+                }
+            }
+            host.guests.write().insert(spec.name.clone(), g);
+        }
+        Ok(host)
+    }
+
+    pub fn guest(&self, name: &str) -> Result<Arc<Guest>, VmError> {
+        self.guests
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| VmError::NotFound(name.into()))
+    }
+
+    pub(crate) async fn attach_disks(&self, spec: &VmSpec) -> Result<(), VmError> {
+        for d in &spec.disks {
+            if self.agent.get(&d.volume).is_some() {
+                continue;
+            }
+            match self.agent.attach(&d.server, &d.volume).await {
+                Ok(_) | Err(HostError::Attached(_)) => {}
+                Err(e) => return Err(disk_error(&d.volume, &e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Detach the volumes of `spec` no other guest here uses.
+    pub(crate) fn detach_disks(&self, spec: &VmSpec) {
+        let guests = self.guests.read();
+        for d in &spec.disks {
+            let used = guests.values().any(|g| {
+                let s = g.spec.lock();
+                s.name != spec.name
+                    && s.disks.iter().any(|x| x.volume == d.volume)
+                    && g.runtime().is_some()
+            });
+            if !used {
+                self.agent.detach(&d.volume);
+            }
+        }
+    }
+
+    fn accel_for(spec: &VmSpec) -> Result<&'static str, VmError> {
+        resolve_accel(spec.accel).map_err(VmError::BadSpec)
+    }
+
+    /// Define a guest (and start it). Everything is checked first: a bad
+    /// spec, a taken name, an unreachable disk or a missing QEMU leave
+    /// nothing behind.
+    pub async fn create(&self, spec: VmSpec, start: bool) -> Result<VmView, VmError> {
+        validate(&spec, host_memory_mib()).map_err(VmError::BadSpec)?;
+        if !qemu_available() {
+            return Err(VmError::BadSpec(format!(
+                "QEMU ({}) is not installed on this host",
+                crate::qemu::qemu_binary()
+            )));
+        }
+        let accel = Self::accel_for(&spec)?;
+        let dir = self.root.join("vms").join(&spec.name);
+        let g = {
+            let mut guests = self.guests.write();
+            if guests.contains_key(&spec.name) || dir.exists() {
+                return Err(VmError::Exists(spec.name.clone()));
+            }
+            let g = Arc::new(Guest::new(spec.clone(), &dir));
+            guests.insert(spec.name.clone(), g.clone());
+            g
+        };
+        let undo = |e: VmError| {
+            self.guests.write().remove(&spec.name);
+            let _ = std::fs::remove_dir_all(&dir);
+            e
+        };
+        // Check every disk answers before anything is written.
+        for d in &spec.disks {
+            if self.agent.get(&d.volume).is_none() {
+                ferry_client::NbdClient::connect(&d.server, &d.volume, &Default::default())
+                    .await
+                    .map_err(|e| {
+                        undo(VmError::Disk {
+                            volume: d.volume.clone(),
+                            detail: format!("not reachable at {}: {e}", d.server),
+                        })
+                    })?;
+            }
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| undo(VmError::Io(e.to_string())))?;
+        g.save_spec().map_err(undo)?;
+        if start {
+            let _op = g.op.lock().await;
+            self.attach_disks(&spec).await.map_err(undo)?;
+            if let Err(e) = g.start_qemu(accel, &self.nbd_socket, false).await {
+                self.detach_disks(&spec);
+                return Err(undo(e));
+            }
+        }
+        Ok(self.view(&g).await)
+    }
+
+    pub async fn start(&self, name: &str) -> Result<VmView, VmError> {
+        let g = self.guest(name)?;
+        let _op = g.op.lock().await;
+        let (st, _) = g.state().await;
+        match st {
+            VmState::Running | VmState::Paused | VmState::Incoming => {
+                return Err(VmError::Busy {
+                    name: name.into(),
+                    state: st.as_str().into(),
+                    what: "already has a QEMU process".into(),
+                })
+            }
+            VmState::Moved => {
+                return Err(VmError::Busy {
+                    name: name.into(),
+                    state: st.as_str().into(),
+                    what: "it runs on another host now".into(),
+                })
+            }
+            VmState::Stopped | VmState::Crashed => {}
+        }
+        let spec = g.spec.lock().clone();
+        let accel = Self::accel_for(&spec)?;
+        self.attach_disks(&spec).await?;
+        g.start_qemu(accel, &self.nbd_socket, false).await?;
+        Ok(self.view(&g).await)
+    }
+
+    pub async fn stop(&self, name: &str) -> Result<VmView, VmError> {
+        let g = self.guest(name)?;
+        if let Some(id) = g.moving.lock().clone() {
+            return Err(VmError::Busy {
+                name: name.into(),
+                state: "moving".into(),
+                what: format!("move {id} runs; cancel it first"),
+            });
+        }
+        let _op = g.op.lock().await;
+        g.stop_qemu().await;
+        let spec = g.spec.lock().clone();
+        self.detach_disks(&spec);
+        Ok(self.view(&g).await)
+    }
+
+    pub async fn delete(&self, name: &str) -> Result<(), VmError> {
+        self.stop(name).await?;
+        let g = self.guest(name)?;
+        let _op = g.op.lock().await;
+        self.guests.write().remove(name);
+        let _ = std::fs::remove_dir_all(&g.paths.dir);
+        Ok(())
+    }
+
+    pub async fn view(&self, g: &Guest) -> VmView {
+        let spec = g.spec.lock().clone();
+        let (state, qemu_status) = g.state().await;
+        let rt = g.runtime();
+        let disks = spec
+            .disks
+            .iter()
+            .map(|d| match self.agent.get(&d.volume) {
+                Some(u) => u.io.snapshot(&d.volume, &u.server(), u.stats().0),
+                None => ferry_api::DiskIo {
+                    volume: d.volume.clone(),
+                    server: d.server.clone(),
+                    ..Default::default()
+                },
+            })
+            .collect();
+        VmView {
+            state,
+            accel: rt.as_ref().map(|r| r.accel.clone()),
+            pid: rt.as_ref().map(|r| r.pid),
+            qemu_status,
+            cpu_time_s: rt.as_ref().map_or(0.0, |r| cpu_seconds(r.pid)),
+            disks,
+            serial_log: g.paths.serial.clone(),
+            moving: g.moving.lock().clone(),
+            spec,
+        }
+    }
+
+    pub async fn list(&self) -> Vec<VmView> {
+        let gs: Vec<Arc<Guest>> = self.guests.read().values().cloned().collect();
+        let mut out = Vec::with_capacity(gs.len());
+        for g in gs {
+            out.push(self.view(&g).await);
+        }
+        out
+    }
+}

@@ -1,0 +1,370 @@
+//! The destination of a move: the host's TLS move listener and what it
+//! does for each request of [`PeerRequest`]. A guest being received is
+//! a QEMU waiting with `-incoming defer`, its disks attached (pending when
+//! the disk is still on its way); it becomes an ordinary guest of this host
+//! once QEMU reports it running (`Finish`), and is removed without a trace
+//! on `Abort` or when the source disappears.
+
+use crate::guest::Guest;
+use crate::peer::{encode_line, IncomingDisk, PeerAnswer, PeerRequest};
+use crate::qemu::{host_memory_mib, qemu_available, resolve_accel, validate};
+use crate::tunnel::{pipe, read_message, PipeCounters, ServerLink, EXCHANGE_TIMEOUT};
+use crate::{VmError, VmHost};
+use ferry_api::{MigrationId, VmSpec};
+use ferry_client::ExportDetails;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
+
+/// In a guest's directory while it is being received.
+pub const INCOMING_MARK: &str = "incoming.json";
+
+/// Accept peer hosts until `shutdown`.
+pub async fn serve(
+    host: Arc<VmHost>,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) {
+    let cfg = match host.certs.server_config() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "move listener: no TLS configuration; not serving");
+            return;
+        }
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "move listener accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => return,
+        };
+        tcp.set_nodelay(true).ok();
+        let (h, acc) = (host.clone(), acceptor.clone());
+        tokio::spawn(async move {
+            let link = match tokio::time::timeout(EXCHANGE_TIMEOUT, acc.accept(tcp)).await {
+                Ok(Ok(l)) => l,
+                Ok(Err(e)) => {
+                    tracing::warn!(%peer, error = %e, "move link refused (TLS)");
+                    return;
+                }
+                Err(_) => return,
+            };
+            if let Err(e) = handle(h, link).await {
+                tracing::warn!(%peer, error = %e, "move request failed");
+            }
+        });
+    }
+}
+
+async fn answer(link: &mut ServerLink, a: &PeerAnswer) -> Result<(), VmError> {
+    link.write_all(&encode_line(a))
+        .await
+        .map_err(|e| VmError::Peer(e.to_string()))?;
+    link.flush().await.map_err(|e| VmError::Peer(e.to_string()))
+}
+
+fn reply(r: Result<PeerAnswer, VmError>) -> PeerAnswer {
+    r.unwrap_or_else(|e| PeerAnswer::err(e.to_string()))
+}
+
+async fn handle(host: Arc<VmHost>, mut link: ServerLink) -> Result<(), VmError> {
+    let (req, rest) =
+        tokio::time::timeout(EXCHANGE_TIMEOUT, read_message::<PeerRequest, _>(&mut link))
+            .await
+            .map_err(|_| VmError::Peer("no request in time".into()))??;
+    match req {
+        PeerRequest::Prepare {
+            id,
+            spec,
+            disks,
+            postcopy,
+        } => {
+            let a = reply(prepare(&host, &id, spec, &disks, postcopy).await);
+            answer(&mut link, &a).await
+        }
+        PeerRequest::Stream { id, compress } => stream(&host, &id, compress, link, rest).await,
+        PeerRequest::DiskSwitched { id, servers } => {
+            let a = reply(disk_switched(&host, &id, &servers).await);
+            answer(&mut link, &a).await
+        }
+        PeerRequest::Finish { id } => {
+            let a = reply(finish(&host, &id).await);
+            answer(&mut link, &a).await
+        }
+        PeerRequest::Abort { id } => {
+            abort(&host, &id).await;
+            answer(&mut link, &PeerAnswer::ok()).await
+        }
+    }
+}
+
+/// The guest waiting for move `id`.
+fn receiving(host: &VmHost, id: &MigrationId) -> Result<Arc<Guest>, VmError> {
+    host.guests
+        .read()
+        .values()
+        .find(|g| g.incoming.lock().as_ref() == Some(id))
+        .cloned()
+        .ok_or_else(|| VmError::NoMove(id.to_string()))
+}
+
+async fn prepare(
+    host: &Arc<VmHost>,
+    id: &MigrationId,
+    mut spec: VmSpec,
+    disks: &[IncomingDisk],
+    postcopy: bool,
+) -> Result<PeerAnswer, VmError> {
+    if receiving(host, id).is_ok() {
+        return Ok(PeerAnswer::ok());
+    }
+    for d in disks {
+        if let Some(s) = spec.disks.iter_mut().find(|s| s.volume == d.volume) {
+            s.server.clone_from(&d.server);
+        }
+    }
+    validate(&spec, host_memory_mib()).map_err(VmError::BadSpec)?;
+    if !qemu_available() {
+        return Err(VmError::BadSpec(
+            "QEMU is not installed on the destination host".into(),
+        ));
+    }
+    let accel = resolve_accel(spec.accel).map_err(VmError::BadSpec)?;
+    let dir = host.root.join("vms").join(&spec.name);
+    let g = {
+        let mut guests = host.guests.write();
+        if guests.contains_key(&spec.name) || dir.exists() {
+            return Err(VmError::Exists(spec.name.clone()));
+        }
+        let g = Arc::new(Guest::new(spec.clone(), &dir));
+        *g.incoming.lock() = Some(id.clone());
+        guests.insert(spec.name.clone(), g.clone());
+        g
+    };
+    let op = g.op.lock().await;
+    let r = async {
+        std::fs::create_dir_all(&dir).map_err(|e| VmError::Io(e.to_string()))?;
+        for d in disks {
+            if host.agent.get(&d.volume).is_some() {
+                continue;
+            }
+            if d.pending {
+                let details = ExportDetails {
+                    size: d.size,
+                    flags: d.flags,
+                    min_block: 0,
+                    preferred_block: 0,
+                    max_block: 0,
+                    contexts: Vec::new(),
+                    structured_replies: true,
+                };
+                host.agent
+                    .attach_pending(&d.server, &d.volume, details)
+                    .map_err(|e| VmError::Disk {
+                        volume: d.volume.clone(),
+                        detail: e.to_string(),
+                    })?;
+            } else {
+                host.attach_disks(&VmSpec {
+                    disks: spec
+                        .disks
+                        .iter()
+                        .filter(|x| x.volume == d.volume)
+                        .cloned()
+                        .collect(),
+                    ..spec.clone()
+                })
+                .await?;
+            }
+        }
+        g.save_spec()?;
+        // Marks the guest as not ours yet: a restarted daemon that finds
+        // this without a live QEMU removes the guest.
+        crate::guest::write_json(&g.paths.dir.join(INCOMING_MARK), id)?;
+        g.start_qemu(accel, &host.nbd_socket, true).await?;
+        let rt = g
+            .runtime()
+            .ok_or_else(|| VmError::Qemu("QEMU is gone".into()))?;
+        let qerr = |e: ferry_qmp::QmpError| VmError::Qemu(e.to_string());
+        if postcopy {
+            rt.qmp
+                .execute_value(
+                    "migrate-set-capabilities",
+                    Some(json!({"capabilities": [{"capability": "postcopy-ram", "state": true}]})),
+                )
+                .await
+                .map_err(qerr)?;
+        }
+        let _ = std::fs::remove_file(&g.paths.incoming);
+        rt.qmp
+            .execute_value(
+                "migrate-incoming",
+                Some(json!({"uri": format!("unix:{}", g.paths.incoming.display())})),
+            )
+            .await
+            .map_err(qerr)?;
+        // From here on the forwarder's first answered request is the
+        // guest's first after it resumed here.
+        for d in disks {
+            if let Some(u) = host.agent.get(&d.volume) {
+                u.io.arm();
+            }
+        }
+        Ok::<(), VmError>(())
+    }
+    .await;
+    drop(op);
+    if let Err(e) = r {
+        tracing::warn!(guest = %spec.name, error = %e, "cannot receive the guest; cleaning up");
+        remove_receiving(host, &g).await;
+        return Err(e);
+    }
+    tracing::info!(guest = %spec.name, move_id = %id, "waiting for the incoming guest");
+    Ok(PeerAnswer::ok())
+}
+
+async fn stream(
+    host: &Arc<VmHost>,
+    id: &MigrationId,
+    compress: bool,
+    mut link: ServerLink,
+    rest: Vec<u8>,
+) -> Result<(), VmError> {
+    let g = match receiving(host, id) {
+        Ok(g) => g,
+        Err(e) => return answer(&mut link, &PeerAnswer::err(e.to_string())).await,
+    };
+    let t = Instant::now();
+    let unix = loop {
+        match tokio::net::UnixStream::connect(&g.paths.incoming).await {
+            Ok(s) => break s,
+            Err(e) if t.elapsed() > Duration::from_secs(10) => {
+                let msg = format!("QEMU does not listen for the stream: {e}");
+                answer(&mut link, &PeerAnswer::err(msg.clone())).await?;
+                return Err(VmError::Qemu(msg));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    answer(&mut link, &PeerAnswer::ok()).await?;
+    let counters = PipeCounters::default();
+    let r = pipe(unix, link, compress, rest, &counters).await;
+    tracing::info!(move_id = %id, bytes = counters.raw.load(std::sync::atomic::Ordering::Relaxed), "incoming stream ended");
+    r
+}
+
+async fn disk_switched(
+    host: &Arc<VmHost>,
+    id: &MigrationId,
+    servers: &[(String, String)],
+) -> Result<PeerAnswer, VmError> {
+    let g = receiving(host, id)?;
+    for (volume, server) in servers {
+        if let Some(up) = host.agent.get(volume) {
+            up.connect_now(server).await.map_err(|e| VmError::Disk {
+                volume: volume.clone(),
+                detail: e.to_string(),
+            })?;
+        }
+        if let Some(d) = g.spec.lock().disks.iter_mut().find(|d| &d.volume == volume) {
+            d.server.clone_from(server);
+        }
+    }
+    g.save_spec()?;
+    Ok(PeerAnswer::ok())
+}
+
+/// Wait until QEMU runs the guest here; then it is ours.
+async fn finish(host: &Arc<VmHost>, id: &MigrationId) -> Result<PeerAnswer, VmError> {
+    let g = receiving(host, id)?;
+    let t = Instant::now();
+    loop {
+        let st = g.qemu_status().await;
+        match st.as_deref() {
+            Some("running") => break,
+            Some("inmigrate" | "postmigrate" | "finish-migrate" | "paused" | "prelaunch")
+                if t.elapsed() < Duration::from_secs(60) =>
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            other => {
+                let mut a = PeerAnswer::err(format!(
+                    "the guest does not run here (QEMU: {})",
+                    other.unwrap_or("gone")
+                ));
+                a.status = other.map(str::to_string);
+                return Ok(a);
+            }
+        }
+    }
+    *g.incoming.lock() = None;
+    let _ = std::fs::remove_file(g.paths.dir.join(INCOMING_MARK));
+    // The guest's first disk request here (it writes often; wait a little).
+    let ups: Vec<_> = g
+        .spec
+        .lock()
+        .disks
+        .iter()
+        .filter_map(|d| host.agent.get(&d.volume))
+        .collect();
+    let t = Instant::now();
+    let mut first = None;
+    while first.is_none() && t.elapsed() < Duration::from_secs(2) && !ups.is_empty() {
+        first = ups.iter().filter_map(|u| u.io.first_after_arm()).min();
+        if first.is_none() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    g.save_spec()?;
+    tracing::info!(guest = %g.name(), move_id = %id, "guest arrived and runs here");
+    Ok(PeerAnswer {
+        status: Some("running".into()),
+        first_io_unix_ms: first,
+        ..PeerAnswer::ok()
+    })
+}
+
+pub(crate) async fn abort(host: &Arc<VmHost>, id: &MigrationId) {
+    if let Ok(g) = receiving(host, id) {
+        tracing::info!(guest = %g.name(), move_id = %id, "move aborted; removing the waiting guest");
+        remove_receiving(host, &g).await;
+    }
+}
+
+async fn remove_receiving(host: &Arc<VmHost>, g: &Arc<Guest>) {
+    g.stop_qemu().await;
+    let spec = g.spec.lock().clone();
+    host.guests.write().remove(&spec.name);
+    host.detach_disks(&spec);
+    let _ = std::fs::remove_dir_all(&g.paths.dir);
+}
+
+/// A waiting guest whose QEMU gave up (the source went away) is removed.
+pub async fn reap_failed_incoming(host: &Arc<VmHost>) {
+    let waiting: Vec<Arc<Guest>> = host
+        .guests
+        .read()
+        .values()
+        .filter(|g| g.incoming.lock().is_some())
+        .cloned()
+        .collect();
+    for g in waiting {
+        // Busy guests are being prepared or finished; look next time.
+        let Ok(_op) = g.op.try_lock() else { continue };
+        let dead = g.runtime().is_some_and(|r| !crate::guest::pid_alive(r.pid));
+        if dead {
+            drop(_op);
+            tracing::info!(guest = %g.name(), "incoming QEMU ended without the guest; removing it");
+            remove_receiving(host, &g).await;
+        }
+    }
+}

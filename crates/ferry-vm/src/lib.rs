@@ -1,0 +1,52 @@
+//! Guests on a VM host and their moves between hosts.
+//!
+//! A [`VmHost`] runs QEMU guests whose disks it reaches through the host's
+//! forwarder (`ferry_host::Agent`: one stable NBD export per volume that
+//! follows the volume when it migrates). It keeps each guest's spec under
+//! its state directory and finds its QEMU processes again after a restart.
+//! It moves guests to another host ([`moves`]): memory by QEMU's live
+//! migration tunnelled through ferry's mutually authenticated TLS
+//! ([`tunnel`], [`peer`]), disks by ferry's own migration, the two ordered
+//! so that the guest pauses once (the teleport). [`converge`] decides what
+//! to do when a move does not converge.
+
+pub mod api;
+pub mod converge;
+pub mod daemon;
+pub mod guest;
+pub mod host;
+pub mod incoming;
+pub mod moves;
+pub mod peer;
+pub mod qemu;
+pub mod tunnel;
+
+pub use host::VmHost;
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum VmError {
+    #[error("{0}")]
+    BadSpec(String),
+    #[error("guest {0} exists already")]
+    Exists(String),
+    #[error("no guest named {0}")]
+    NotFound(String),
+    #[error("guest {name} is {state}: {what}")]
+    Busy {
+        name: String,
+        state: String,
+        what: String,
+    },
+    #[error("disk {volume}: {detail}")]
+    Disk { volume: String, detail: String },
+    #[error("{0}")]
+    Qemu(String),
+    #[error("{0}")]
+    Io(String),
+    #[error("no move {0}")]
+    NoMove(String),
+    #[error("{0}")]
+    Peer(String),
+}

@@ -1,0 +1,943 @@
+//! The source side of a guest's move, and the one report of it.
+//!
+//! Teleport, in order (ARCHITECTURE.md has the invariants):
+//! 1. disk pre-copy: each disk's storage daemon migrates the volume to the
+//!    destination storage with `hold_switch`; wait until all are converged
+//!    and holding (the source copy stays authoritative, the guest runs);
+//! 2. the destination host starts QEMU with `-incoming`, its disks
+//!    attached *pending* (described, not yet connected);
+//! 3. memory pre-copy: QEMU's live migration, its stream through the TLS
+//!    tunnel, with `pause-before-switchover`; the ladder of [`converge`]
+//!    acts on stalls;
+//! 4. QEMU stops the guest and waits (`pre-switchover`): the disks' last
+//!    delta and switch are released now, while no guest write can happen;
+//!    once every disk reports `switched`, the destination's pending disks
+//!    connect to the new storage, and QEMU is told to continue;
+//! 5. QEMU sends the device state; the destination runs the guest. The
+//!    source confirms (`Finish`) and only then ends its QEMU.
+//!
+//! VM-only is steps 2, 3 and 5 with the disks attached at the destination
+//! to where they are; disk-only is step 1 without the hold.
+
+use crate::converge::{Action, Ladder, Sample};
+use crate::guest::Guest;
+use crate::peer::{IncomingDisk, PeerRequest};
+use crate::tunnel::{call, exchange, pipe, PipeCounters};
+use crate::{VmError, VmHost};
+use ferry_api::{
+    AdminClient, MigrateRequest, MigrationId, MigrationPhase, MigrationStatus, MoveBytes, MoveKind,
+    PhaseTime, VmDisk, VmMigrateRequest, VmMovePhase, VmMoveReport, VmMoveStatus, VmState,
+};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+pub const DEFAULT_MAX_DOWNTIME_MS: u64 = 300;
+pub const DEFAULT_DEADLINE_S: u64 = 600;
+const POLL: Duration = Duration::from_millis(50);
+/// At pre-switchover, how long the disks may take to be holding again
+/// (after a link hiccup), and then to switch.
+const SWITCH_READY_WAIT: Duration = Duration::from_secs(5);
+const SWITCH_WAIT: Duration = Duration::from_secs(20);
+/// A disk migration that stops holding (its link broke and it is
+/// reconnecting) for this long during the memory copy ends the move.
+const DISK_LOST_LIMIT: Duration = Duration::from_secs(3);
+
+/// One move this host started.
+pub struct MoveRun {
+    pub id: MigrationId,
+    pub vm: String,
+    pub kind: MoveKind,
+    pub req: VmMigrateRequest,
+    pub started: Instant,
+    phase: parking_lot::Mutex<VmMovePhase>,
+    phases: parking_lot::Mutex<Vec<(VmMovePhase, Instant)>>,
+    convergence: parking_lot::Mutex<Vec<String>>,
+    error: parking_lot::Mutex<Option<String>>,
+    report: parking_lot::Mutex<Option<VmMoveReport>>,
+    memory_remaining: AtomicU64,
+    disk_dirty: AtomicU64,
+    pub cancel: CancellationToken,
+    pub counters: Arc<PipeCounters>,
+}
+
+impl MoveRun {
+    fn set_phase(&self, p: VmMovePhase) {
+        let mut cur = self.phase.lock();
+        if *cur != p {
+            *cur = p;
+            self.phases.lock().push((p, Instant::now()));
+            tracing::info!(move_id = %self.id, vm = %self.vm, phase = p.as_str(), "move phase");
+        }
+    }
+
+    pub fn phase(&self) -> VmMovePhase {
+        *self.phase.lock()
+    }
+
+    fn note(&self, s: String) {
+        tracing::info!(move_id = %self.id, "{s}");
+        self.convergence.lock().push(s);
+    }
+
+    pub fn status(&self) -> VmMoveStatus {
+        VmMoveStatus {
+            id: self.id.clone(),
+            vm: self.vm.clone(),
+            kind: self.kind,
+            phase: self.phase(),
+            elapsed_s: self.started.elapsed().as_secs_f64(),
+            memory_remaining: self.memory_remaining.load(Ordering::Relaxed),
+            disk_dirty: self.disk_dirty.load(Ordering::Relaxed),
+            convergence: self.convergence.lock().clone(),
+            error: self.error.lock().clone(),
+            report: self.report.lock().clone(),
+        }
+    }
+
+    fn phase_times(&self, end: Instant) -> Vec<PhaseTime> {
+        let p = self.phases.lock();
+        p.iter()
+            .enumerate()
+            .filter(|(_, (ph, _))| !ph.is_terminal())
+            .map(|(i, (ph, t))| PhaseTime {
+                phase: *ph,
+                seconds: p
+                    .get(i + 1)
+                    .map_or(end, |n| n.1)
+                    .duration_since(*t)
+                    .as_secs_f64(),
+            })
+            .collect()
+    }
+}
+
+/// How a move ended, before the report is written.
+struct Outcome {
+    result: VmMovePhase,
+    reason: Option<String>,
+    running_at: String,
+    memory_rounds: u64,
+    downtime_ms: Option<u64>,
+    disk_gap_ms: Option<f64>,
+    disks: Vec<MigrationStatus>,
+}
+
+impl Outcome {
+    fn aborted(reason: String, here: &str) -> Outcome {
+        Outcome {
+            result: VmMovePhase::Aborted,
+            reason: Some(reason),
+            running_at: here.into(),
+            memory_rounds: 0,
+            downtime_ms: None,
+            disk_gap_ms: None,
+            disks: Vec::new(),
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ferry_api::ClientError> + Send + 'static,
+) -> Result<T, VmError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| VmError::Io(e.to_string()))?
+        .map_err(|e| VmError::Peer(format!("storage daemon: {e}")))
+}
+
+/// Start moving guest `name` (answers at once; the move runs on).
+pub async fn start(
+    host: Arc<VmHost>,
+    name: &str,
+    req: VmMigrateRequest,
+) -> Result<VmMoveStatus, VmError> {
+    if let Some(id) = &req.id {
+        if let Some(r) = host.moves.lock().get(id) {
+            return Ok(r.status());
+        }
+    }
+    let g = host.guest(name)?;
+    let kind = match (&req.to_host, &req.to_storage) {
+        (Some(_), Some(_)) => MoveKind::Teleport,
+        (Some(_), None) => MoveKind::VmOnly,
+        (None, Some(_)) => MoveKind::DiskOnly,
+        (None, None) => {
+            return Err(VmError::BadSpec(
+                "say where to: --to-host, --to-storage or both".into(),
+            ))
+        }
+    };
+    let spec = g.spec.lock().clone();
+    if kind != MoveKind::VmOnly {
+        if let Some(d) = spec.disks.iter().find(|d| d.admin.is_none()) {
+            return Err(VmError::BadSpec(format!(
+                "disk {} has no storage admin address in the guest's spec; it cannot be moved",
+                d.volume
+            )));
+        }
+        if spec.disks.is_empty() {
+            return Err(VmError::BadSpec("the guest has no disk to move".into()));
+        }
+    }
+    let (st, _) = g.state().await;
+    if st != VmState::Running {
+        return Err(VmError::Busy {
+            name: name.into(),
+            state: st.as_str().into(),
+            what: "only a running guest moves".into(),
+        });
+    }
+    let run = {
+        let mut moving = g.moving.lock();
+        if let Some(other) = moving.as_ref() {
+            return Err(VmError::Busy {
+                name: name.into(),
+                state: "moving".into(),
+                what: format!("move {other} runs"),
+            });
+        }
+        let id = req.id.clone().unwrap_or_else(MigrationId::random);
+        *moving = Some(id.clone());
+        let now = Instant::now();
+        Arc::new(MoveRun {
+            id,
+            vm: name.into(),
+            kind,
+            req,
+            started: now,
+            phase: parking_lot::Mutex::new(VmMovePhase::Preparing),
+            phases: parking_lot::Mutex::new(vec![(VmMovePhase::Preparing, now)]),
+            convergence: Default::default(),
+            error: Default::default(),
+            report: Default::default(),
+            memory_remaining: AtomicU64::new(0),
+            disk_dirty: AtomicU64::new(0),
+            cancel: CancellationToken::new(),
+            counters: Arc::default(),
+        })
+    };
+    host.moves.lock().insert(run.id.clone(), run.clone());
+    let (h, r) = (host.clone(), run.clone());
+    tokio::spawn(async move { run_move(h, g, r).await });
+    Ok(run.status())
+}
+
+async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
+    let _op = g.op.lock().await;
+    let here = host.name.clone();
+    let outcome = match run.kind {
+        MoveKind::DiskOnly => disk_only(&host, &g, &run).await,
+        MoveKind::VmOnly | MoveKind::Teleport => memory_move(&host, &g, &run).await,
+    };
+    let outcome = outcome.unwrap_or_else(|e| Outcome::aborted(e.to_string(), &here));
+    let end = Instant::now();
+    let mut bytes = MoveBytes {
+        memory_raw: run.counters.raw.load(Ordering::Relaxed),
+        memory_link: run.counters.link.load(Ordering::Relaxed),
+        ..Default::default()
+    };
+    let mut disk_rounds = 0;
+    let mut disk_pause: Option<f64> = None;
+    for d in &outcome.disks {
+        disk_rounds = disk_rounds.max(d.round);
+        if let Some(r) = &d.report {
+            bytes.disk_data += r.bytes.data;
+            bytes.disk_fingerprints += r.bytes.fingerprints;
+            bytes.disk_link += r.bytes.wire_tx + r.bytes.wire_rx;
+            disk_pause = Some(disk_pause.unwrap_or(0.0).max(r.time.pause_ms));
+        } else {
+            bytes.disk_link += d.wire_tx_bytes + d.wire_rx_bytes;
+        }
+    }
+    let report = VmMoveReport {
+        id: run.id.clone(),
+        vm: run.vm.clone(),
+        kind: run.kind,
+        result: outcome.result,
+        reason: outcome.reason.clone(),
+        running_at: outcome.running_at,
+        bytes,
+        phases: run.phase_times(end),
+        total_s: end.duration_since(run.started).as_secs_f64(),
+        memory_rounds: outcome.memory_rounds,
+        disk_rounds,
+        downtime_ms_qemu: outcome.downtime_ms,
+        disk_gap_ms: outcome.disk_gap_ms,
+        disk_pause_ms: disk_pause,
+        convergence: run.convergence.lock().clone(),
+        max_downtime_ms: run.req.max_downtime_ms.unwrap_or(DEFAULT_MAX_DOWNTIME_MS),
+        compress: run.req.compress.unwrap_or(true),
+    };
+    if outcome.result != VmMovePhase::Completed {
+        *run.error.lock() = outcome.reason;
+    }
+    *run.report.lock() = Some(report);
+    *g.moving.lock() = None;
+    run.set_phase(outcome.result);
+}
+
+fn admin_of(d: &VmDisk) -> AdminClient {
+    AdminClient::new(d.admin.as_deref().unwrap_or_default())
+}
+
+/// Start every disk's migration to `to` (held before the switch or not).
+async fn start_disks(
+    run: &MoveRun,
+    disks: &[VmDisk],
+    to: &str,
+    hold: bool,
+) -> Result<Vec<(VmDisk, MigrationId)>, VmError> {
+    let mut out = Vec::new();
+    for d in disks {
+        let c = admin_of(d);
+        let req = MigrateRequest {
+            to: to.into(),
+            id: Some(MigrationId::random()),
+            plaintext: run.req.disk_plaintext,
+            max_downtime_ms: Some(run.req.max_downtime_ms.unwrap_or(DEFAULT_MAX_DOWNTIME_MS)),
+            hold_switch: hold,
+            ..Default::default()
+        };
+        let vol = d.volume.clone();
+        let s = blocking(move || c.migrate(&vol, &req)).await?;
+        run.note(format!(
+            "disk {}: migration {} started to {to}",
+            d.volume, s.id
+        ));
+        out.push((d.clone(), s.id));
+    }
+    Ok(out)
+}
+
+async fn disk_statuses(disks: &[(VmDisk, MigrationId)]) -> Result<Vec<MigrationStatus>, VmError> {
+    let mut v = Vec::new();
+    for (d, id) in disks {
+        let (c, id) = (admin_of(d), id.clone());
+        v.push(blocking(move || c.migration(&id)).await?);
+    }
+    Ok(v)
+}
+
+async fn cancel_disks(run: &MoveRun, disks: &[(VmDisk, MigrationId)]) {
+    for (d, id) in disks {
+        let (c, i) = (admin_of(d), id.clone());
+        match blocking(move || c.cancel_migration(&i)).await {
+            Ok(s) => run.note(format!(
+                "disk {}: migration cancelled ({})",
+                d.volume,
+                s.phase.as_str()
+            )),
+            Err(e) => run.note(format!("disk {}: cancel failed: {e}", d.volume)),
+        }
+    }
+}
+
+/// Wait until every disk migration is in a phase `want` accepts; fails on
+/// a failed migration, the deadline or a cancel.
+async fn wait_disks(
+    run: &MoveRun,
+    disks: &[(VmDisk, MigrationId)],
+    want: impl Fn(MigrationPhase) -> bool,
+    deadline: Instant,
+) -> Result<Vec<MigrationStatus>, VmError> {
+    loop {
+        let st = disk_statuses(disks).await?;
+        run.disk_dirty
+            .store(st.iter().map(|s| s.dirty_bytes).sum(), Ordering::Relaxed);
+        if let Some(f) = st.iter().find(|s| s.phase == MigrationPhase::Failed) {
+            return Err(VmError::Peer(format!(
+                "disk {} failed to migrate: {}",
+                f.volume,
+                f.error.clone().unwrap_or_default()
+            )));
+        }
+        if st.iter().all(|s| want(s.phase)) {
+            return Ok(st);
+        }
+        if Instant::now() > deadline {
+            return Err(VmError::Peer(format!(
+                "the deadline passed while the disks were at {}",
+                st.iter()
+                    .map(|s| format!(
+                        "{} {} ({} dirty bytes)",
+                        s.volume,
+                        s.phase.as_str(),
+                        s.dirty_bytes
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        tokio::select! {
+            () = run.cancel.cancelled() => return Err(VmError::Peer("cancelled by the caller".into())),
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+}
+
+fn deadline_of(run: &MoveRun) -> Instant {
+    run.started + Duration::from_secs(run.req.deadline_s.unwrap_or(DEFAULT_DEADLINE_S))
+}
+
+/// Where each volume went, from its old storage daemon.
+async fn new_servers(disks: &[(VmDisk, MigrationId)]) -> Result<Vec<(String, String)>, VmError> {
+    let mut out = Vec::new();
+    for (d, _) in disks {
+        let (c, v) = (admin_of(d), d.volume.clone());
+        let view = blocking(move || c.get_volume(&v)).await?;
+        let to = view.moved_to.ok_or_else(|| {
+            VmError::Peer(format!(
+                "disk {} switched but its daemon names no new place",
+                d.volume
+            ))
+        })?;
+        out.push((d.volume.clone(), to));
+    }
+    Ok(out)
+}
+
+async fn disk_only(
+    host: &Arc<VmHost>,
+    g: &Arc<Guest>,
+    run: &Arc<MoveRun>,
+) -> Result<Outcome, VmError> {
+    let spec = g.spec.lock().clone();
+    let to = run.req.to_storage.clone().unwrap_or_default();
+    run.set_phase(VmMovePhase::DiskPrecopy);
+    let disks = start_disks(run, &spec.disks, &to, false).await?;
+    let st = match wait_disks(
+        run,
+        &disks,
+        |p| p == MigrationPhase::Switched,
+        deadline_of(run),
+    )
+    .await
+    {
+        Ok(st) => st,
+        Err(e) => {
+            cancel_disks(run, &disks).await;
+            let mut o = Outcome::aborted(e.to_string(), &host.name);
+            o.disks = disk_statuses(&disks).await.unwrap_or_default();
+            return Ok(o);
+        }
+    };
+    let servers = new_servers(&disks).await?;
+    {
+        let mut s = g.spec.lock();
+        for (vol, server) in &servers {
+            if let Some(d) = s.disks.iter_mut().find(|d| &d.volume == vol) {
+                d.server.clone_from(server);
+                if let Some(a) = &run.req.to_storage_admin {
+                    d.admin = Some(a.clone());
+                }
+            }
+        }
+    }
+    g.save_spec()?;
+    Ok(Outcome {
+        result: VmMovePhase::Completed,
+        reason: None,
+        running_at: host.name.clone(),
+        memory_rounds: 0,
+        downtime_ms: None,
+        disk_gap_ms: None,
+        disks: st,
+    })
+}
+
+async fn qmp_status(q: &ferry_qmp::QmpClient) -> Result<Value, VmError> {
+    q.execute::<Value>("query-migrate", None)
+        .await
+        .map_err(|e| VmError::Qemu(e.to_string()))
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+async fn memory_move(
+    host: &Arc<VmHost>,
+    g: &Arc<Guest>,
+    run: &Arc<MoveRun>,
+) -> Result<Outcome, VmError> {
+    let to_host = run.req.to_host.clone().unwrap_or_default();
+    let teleport = run.kind == MoveKind::Teleport;
+    let spec = g.spec.lock().clone();
+    let max_downtime = run.req.max_downtime_ms.unwrap_or(DEFAULT_MAX_DOWNTIME_MS);
+    let deadline = deadline_of(run);
+    let compress = run.req.compress.unwrap_or(true);
+    let here = host.name.clone();
+
+    // 1. Disk pre-copy, held before the switch.
+    let mut disks = Vec::new();
+    if teleport {
+        run.set_phase(VmMovePhase::DiskPrecopy);
+        let to = run.req.to_storage.clone().unwrap_or_default();
+        disks = start_disks(run, &spec.disks, &to, true).await?;
+        if let Err(e) = wait_disks(
+            run,
+            &disks,
+            |p| p == MigrationPhase::ReadyToSwitch,
+            deadline,
+        )
+        .await
+        {
+            cancel_disks(run, &disks).await;
+            let mut o = Outcome::aborted(e.to_string(), &here);
+            o.disks = disk_statuses(&disks).await.unwrap_or_default();
+            return Ok(o);
+        }
+        run.note("disks converged; holding before their switch".into());
+        run.set_phase(VmMovePhase::Preparing);
+    }
+
+    // 2. The destination waits for the guest.
+    let mut incoming = Vec::new();
+    for d in &spec.disks {
+        let up = host.agent.get(&d.volume).ok_or_else(|| VmError::Disk {
+            volume: d.volume.clone(),
+            detail: "not attached on this host".into(),
+        })?;
+        incoming.push(IncomingDisk {
+            volume: d.volume.clone(),
+            server: up.server(),
+            pending: teleport,
+            size: up.details().size,
+            flags: up.details().flags,
+        });
+    }
+    let mut there = spec.clone();
+    if teleport {
+        if let Some(a) = &run.req.to_storage_admin {
+            for d in &mut there.disks {
+                d.admin = Some(a.clone());
+            }
+        }
+    }
+    let prepare = PeerRequest::Prepare {
+        id: run.id.clone(),
+        spec: there,
+        disks: incoming,
+        postcopy: run.req.postcopy,
+    };
+    if let Err(e) = call(&host.certs, &to_host, &prepare, Duration::from_secs(120)).await {
+        cancel_disks(run, &disks).await;
+        let mut o = Outcome::aborted(format!("the destination cannot take the guest: {e}"), &here);
+        o.disks = disk_statuses(&disks).await.unwrap_or_default();
+        return Ok(o);
+    }
+
+    let r = memory_phase(
+        host,
+        g,
+        run,
+        &to_host,
+        &disks,
+        max_downtime,
+        deadline,
+        compress,
+    )
+    .await;
+    match r {
+        Ok(o) => Ok(o),
+        Err(e) => {
+            // Before the point of no return: the guest stays here.
+            let _ = call(
+                &host.certs,
+                &to_host,
+                &PeerRequest::Abort { id: run.id.clone() },
+                Duration::from_secs(30),
+            )
+            .await;
+            let st = disk_statuses(&disks).await.unwrap_or_default();
+            if st.iter().any(|s| s.phase != MigrationPhase::Switched) {
+                cancel_disks(run, &disks).await;
+            }
+            let mut o = Outcome::aborted(e.to_string(), &here);
+            o.disks = disk_statuses(&disks).await.unwrap_or_default();
+            Ok(o)
+        }
+    }
+}
+
+/// Steps 3 to 5. An error here means the guest still runs at the source.
+#[allow(clippy::too_many_arguments)]
+async fn memory_phase(
+    host: &Arc<VmHost>,
+    g: &Arc<Guest>,
+    run: &Arc<MoveRun>,
+    to_host: &str,
+    disks: &[(VmDisk, MigrationId)],
+    max_downtime: u64,
+    deadline: Instant,
+    compress: bool,
+) -> Result<Outcome, VmError> {
+    let teleport = run.kind == MoveKind::Teleport;
+    let rt = g
+        .runtime()
+        .ok_or_else(|| VmError::Qemu("the guest has no QEMU process".into()))?;
+    let q = rt.qmp.clone();
+    let qerr = |e: ferry_qmp::QmpError| VmError::Qemu(e.to_string());
+    let mut ladder = Ladder::new(
+        max_downtime,
+        run.req.postcopy,
+        deadline.saturating_duration_since(run.started),
+    );
+    let mut caps = vec![
+        json!({"capability": "auto-converge", "state": true}),
+        json!({"capability": "pause-before-switchover", "state": teleport}),
+    ];
+    if run.req.postcopy {
+        caps.push(json!({"capability": "postcopy-ram", "state": true}));
+    }
+    q.execute_value(
+        "migrate-set-capabilities",
+        Some(json!({"capabilities": caps})),
+    )
+    .await
+    .map_err(qerr)?;
+    q.execute_value(
+        "migrate-set-parameters",
+        Some(json!({"downtime-limit": ladder.downtime_ms, "max-bandwidth": 1u64 << 40})),
+    )
+    .await
+    .map_err(qerr)?;
+    run.note(format!(
+        "pause allowed: {} ms (maximum {max_downtime} ms)",
+        ladder.downtime_ms
+    ));
+
+    // The tunnel: QEMU connects here; each connection becomes a TLS stream.
+    let _ = std::fs::remove_file(&g.paths.outgoing);
+    let listener = tokio::net::UnixListener::bind(&g.paths.outgoing)
+        .map_err(|e| VmError::Io(format!("{}: {e}", g.paths.outgoing.display())))?;
+    let tunnel = {
+        let (certs, to, id, counters) = (
+            host.certs.clone(),
+            to_host.to_string(),
+            run.id.clone(),
+            run.counters.clone(),
+        );
+        tokio::spawn(async move {
+            let mut pipes = tokio::task::JoinSet::new();
+            loop {
+                let Ok((unix, _)) = listener.accept().await else {
+                    break;
+                };
+                let (certs, to, id, counters) =
+                    (certs.clone(), to.clone(), id.clone(), counters.clone());
+                pipes.spawn(async move {
+                    let req = PeerRequest::Stream { id, compress };
+                    let (a, link, rest) =
+                        exchange(&certs, &to, &req, Duration::from_secs(60)).await?;
+                    if !a.ok {
+                        return Err(VmError::Peer(a.error.unwrap_or_default()));
+                    }
+                    pipe(unix, link, compress, rest, &counters).await
+                });
+            }
+            while let Some(r) = pipes.join_next().await {
+                if let Ok(Err(e)) = r {
+                    tracing::warn!(error = %e, "memory stream pipe ended with an error");
+                }
+            }
+        })
+    };
+    struct AbortOnDrop(tokio::task::JoinHandle<()>);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let _tunnel = AbortOnDrop(tunnel);
+
+    run.set_phase(VmMovePhase::MemoryPrecopy);
+    q.execute_value(
+        "migrate",
+        Some(json!({"uri": format!("unix:{}", g.paths.outgoing.display())})),
+    )
+    .await
+    .map_err(qerr)?;
+
+    let cancel_qemu = |why: String| {
+        let q = q.clone();
+        async move {
+            let _ = q.execute_value("migrate_cancel", None).await;
+            // Wait until QEMU has really stopped the migration (it resumes the guest).
+            for _ in 0..200 {
+                if let Ok(v) = qmp_status(&q).await {
+                    if matches!(
+                        v["status"].as_str(),
+                        Some("cancelled" | "failed" | "completed") | None
+                    ) {
+                        break;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            VmError::Peer(why)
+        }
+    };
+
+    let mut switched = false;
+    let mut rounds = 0;
+    let mut polls = 0u64;
+    let mut disks_lost_since: Option<Instant> = None;
+    loop {
+        polls += 1;
+        if teleport && !switched && polls.is_multiple_of(10) {
+            // A disk migration that failed ends the move now, not at the switch.
+            if let Ok(st) = disk_statuses(disks).await {
+                if st.iter().all(|s| s.phase == MigrationPhase::ReadyToSwitch) {
+                    disks_lost_since = None;
+                } else if disks_lost_since.get_or_insert_with(Instant::now).elapsed()
+                    > DISK_LOST_LIMIT
+                {
+                    let why = format!(
+                        "the disk migration stopped holding during the memory copy ({})",
+                        st.iter()
+                            .map(|s| format!("{} {}", s.volume, s.phase.as_str()))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                    return Err(cancel_qemu(why).await);
+                }
+                if let Some(f) = st.iter().find(|s| s.phase == MigrationPhase::Failed) {
+                    let why = format!(
+                        "disk {} failed during the memory copy: {}",
+                        f.volume,
+                        f.error.clone().unwrap_or_default()
+                    );
+                    return Err(cancel_qemu(why).await);
+                }
+            }
+        }
+        if run.cancel.is_cancelled() && run.phase() != VmMovePhase::Postcopy {
+            return Err(cancel_qemu("cancelled by the caller".into()).await);
+        }
+        let v = qmp_status(&q).await?;
+        let status = v["status"].as_str().unwrap_or("").to_string();
+        let ram = &v["ram"];
+        rounds = rounds.max(u(&ram["dirty-sync-count"]));
+        run.memory_remaining
+            .store(u(&ram["remaining"]), Ordering::Relaxed);
+        match status.as_str() {
+            "setup" | "active" | "device" | "wait-unplug" => {
+                let s = Sample {
+                    remaining: u(&ram["remaining"]),
+                    rounds,
+                    elapsed: run.started.elapsed(),
+                    throttle_pct: u(&v["cpu-throttle-percentage"]),
+                };
+                match ladder.observe(&s) {
+                    None => {}
+                    Some(Action::RaiseDowntime(ms)) => {
+                        q.execute_value(
+                            "migrate-set-parameters",
+                            Some(json!({"downtime-limit": ms})),
+                        )
+                        .await
+                        .map_err(qerr)?;
+                        run.note(format!(
+                            "memory not converging ({} bytes left, round {rounds}, CPU throttle {}%): pause allowed raised to {ms} ms",
+                            s.remaining, s.throttle_pct
+                        ));
+                    }
+                    Some(Action::Postcopy(why)) => {
+                        run.note(format!("switching to post-copy: {why}"));
+                        q.execute_value("migrate-start-postcopy", None)
+                            .await
+                            .map_err(qerr)?;
+                        run.set_phase(VmMovePhase::Postcopy);
+                    }
+                    Some(Action::Abort(why)) => {
+                        run.note(format!("giving up: {why}"));
+                        return Err(cancel_qemu(format!("did not converge: {why}")).await);
+                    }
+                }
+            }
+            "postcopy-active" | "postcopy-paused" | "postcopy-recover" => {
+                run.set_phase(VmMovePhase::Postcopy);
+            }
+            "pre-switchover" if !switched => {
+                run.set_phase(VmMovePhase::Switchover);
+                if teleport {
+                    if let Err(e) = switch_disks(host, run, to_host, disks).await {
+                        return Err(cancel_qemu(format!("disk switch failed: {e}")).await);
+                    }
+                }
+                switched = true;
+                q.execute_value("migrate-continue", Some(json!({"state": "pre-switchover"})))
+                    .await
+                    .map_err(qerr)?;
+            }
+            "pre-switchover" => {}
+            "completed" => break,
+            "failed" | "cancelled" | "cancelling" => {
+                let why = v["error-desc"].as_str().unwrap_or(&status).to_string();
+                // QEMU resumes the guest itself when a migration fails.
+                for _ in 0..100 {
+                    let st = qmp_status(&q).await.ok();
+                    if st.as_ref().and_then(|s| s["status"].as_str()) != Some("cancelling") {
+                        break;
+                    }
+                    tokio::time::sleep(POLL).await;
+                }
+                return Err(VmError::Peer(format!("QEMU's migration {status}: {why}")));
+            }
+            other => tracing::debug!(status = other, "migration status"),
+        }
+        tokio::time::sleep(POLL).await;
+    }
+
+    // 5. Completed at the source: the guest is paused here. Confirm it runs
+    // there before this copy ends.
+    let done = qmp_status(&q).await.unwrap_or(Value::Null);
+    let downtime = done["downtime"].as_u64();
+    rounds = rounds.max(u(&done["ram"]["dirty-sync-count"]));
+    run.set_phase(VmMovePhase::Switchover);
+    let spec = g.spec.lock().clone();
+    let last_here = spec
+        .disks
+        .iter()
+        .filter_map(|d| host.agent.get(&d.volume))
+        .map(|u| u.io.snapshot("", "", 0).last_io_unix_ms)
+        .max();
+    let fin = crate::tunnel::exchange(
+        &host.certs,
+        to_host,
+        &PeerRequest::Finish { id: run.id.clone() },
+        Duration::from_secs(90),
+    )
+    .await;
+    let disk_states = disk_statuses(disks).await.unwrap_or_default();
+    match fin {
+        Ok((a, _, _)) if a.ok => {
+            g.moved.store(true, Ordering::SeqCst);
+            g.stop_qemu().await;
+            host.guests.write().remove(&spec.name);
+            host.detach_disks(&spec);
+            // Its files (the serial log above all) stay for the record.
+            let moved = host.root.join("moved");
+            let _ = std::fs::create_dir_all(&moved);
+            let _ = std::fs::remove_file(g.paths.dir.join("runtime.json"));
+            if std::fs::rename(
+                &g.paths.dir,
+                moved.join(format!("{}.{}", spec.name, run.id)),
+            )
+            .is_err()
+            {
+                let _ = std::fs::remove_dir_all(&g.paths.dir);
+            }
+            #[allow(clippy::cast_precision_loss)]
+            let gap = match (last_here, a.first_io_unix_ms) {
+                (Some(l), Some(f)) if l > 0 => Some(f.saturating_sub(l) as f64),
+                _ => None,
+            };
+            Ok(Outcome {
+                result: VmMovePhase::Completed,
+                reason: None,
+                running_at: to_host.into(),
+                memory_rounds: rounds,
+                downtime_ms: downtime,
+                disk_gap_ms: gap,
+                disks: disk_states,
+            })
+        }
+        Ok((a, _, _)) => {
+            // The destination says it does not run the guest: run it here.
+            let why = a.error.unwrap_or_default();
+            let _ = call(
+                &host.certs,
+                to_host,
+                &PeerRequest::Abort { id: run.id.clone() },
+                Duration::from_secs(30),
+            )
+            .await;
+            q.execute_value("cont", None).await.map_err(qerr)?;
+            let mut o = Outcome::aborted(
+                format!("the destination could not run the guest ({why}); resumed here"),
+                &host.name,
+            );
+            o.memory_rounds = rounds;
+            o.disks = disk_states;
+            Ok(o)
+        }
+        Err(e) => {
+            // In doubt: the guest may run there. Never run it twice: it
+            // stays paused here until a person looks.
+            Ok(Outcome {
+                result: VmMovePhase::Failed,
+                reason: Some(format!(
+                    "memory sent, but the destination did not confirm ({e}); the guest stays paused here, never resumed in two places; check {to_host}"
+                )),
+                running_at: "unknown".into(),
+                memory_rounds: rounds,
+                downtime_ms: downtime,
+                disk_gap_ms: None,
+                disks: disk_states,
+            })
+        }
+    }
+}
+
+/// Step 4: QEMU holds the guest stopped; the disks' last delta and switch
+/// go now, then the destination's pending disks connect.
+async fn switch_disks(
+    host: &Arc<VmHost>,
+    run: &MoveRun,
+    to_host: &str,
+    disks: &[(VmDisk, MigrationId)],
+) -> Result<(), VmError> {
+    // The guest is stopped now: every wait here is bounded and short.
+    wait_disks(
+        run,
+        disks,
+        |p| p == MigrationPhase::ReadyToSwitch,
+        Instant::now() + SWITCH_READY_WAIT,
+    )
+    .await?;
+    for (d, id) in disks {
+        let (c, i) = (admin_of(d), id.clone());
+        blocking(move || c.release_switch(&i)).await?;
+    }
+    let st = wait_disks(
+        run,
+        disks,
+        |p| p == MigrationPhase::Switched,
+        Instant::now() + SWITCH_WAIT,
+    )
+    .await?;
+    let pause: f64 = st
+        .iter()
+        .filter_map(|s| s.report.as_ref().map(|r| r.time.pause_ms))
+        .fold(0.0, f64::max);
+    run.note(format!("disks switched (their own pause {pause:.0} ms)"));
+    let servers = new_servers(disks).await?;
+    call(
+        &host.certs,
+        to_host,
+        &PeerRequest::DiskSwitched {
+            id: run.id.clone(),
+            servers,
+        },
+        Duration::from_secs(60),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Ask a move to stop (before its point of no return).
+pub fn cancel(host: &VmHost, id: &MigrationId) -> Result<VmMoveStatus, VmError> {
+    let r = host
+        .moves
+        .lock()
+        .get(id)
+        .cloned()
+        .ok_or_else(|| VmError::NoMove(id.to_string()))?;
+    r.cancel.cancel();
+    Ok(r.status())
+}

@@ -1,0 +1,273 @@
+//! What two VM hosts say to each other over their mutually authenticated
+//! TLS link (no I/O here: bytes in, messages out). Each connection opens
+//! with one request line (JSON, at most [`MAX_LINE`] bytes) and gets one
+//! answer line; a `Stream` connection then carries QEMU's migration stream
+//! in [`Frame`]s, compressed or not.
+
+use ferry_api::{MigrationId, VmSpec};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// The longest request or answer line.
+pub const MAX_LINE: usize = 1 << 20;
+/// The most raw bytes one frame carries.
+pub const MAX_FRAME: usize = 1 << 20;
+/// Frame header: kind (1), raw length (4), encoded length (4).
+pub const FRAME_HEADER: usize = 9;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum PeerError {
+    #[error("peer line longer than {MAX_LINE} bytes")]
+    LineTooLong,
+    #[error("peer line is not a known request or answer: {0}")]
+    Decode(String),
+    #[error("frame kind {0} is unknown")]
+    FrameKind(u8),
+    #[error("frame of {0} bytes is larger than {MAX_FRAME}")]
+    FrameTooLarge(usize),
+    #[error("frame does not decompress to its stated length: {0}")]
+    Corrupt(String),
+}
+
+/// How the destination reaches a disk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IncomingDisk {
+    pub volume: String,
+    pub server: String,
+    /// The disk is still on its way: offer it as `size` bytes and connect
+    /// only when told where it landed (teleport).
+    pub pending: bool,
+    pub size: u64,
+    pub flags: u16,
+}
+
+/// The first line of every connection between hosts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum PeerRequest {
+    /// Get ready to receive a guest: attach its disks, start QEMU waiting.
+    Prepare {
+        id: MigrationId,
+        spec: VmSpec,
+        disks: Vec<IncomingDisk>,
+        postcopy: bool,
+    },
+    /// This connection carries one channel of QEMU's migration stream.
+    Stream { id: MigrationId, compress: bool },
+    /// The disks switched: connect the pending ones to where they are now.
+    DiskSwitched {
+        id: MigrationId,
+        servers: Vec<(String, String)>,
+    },
+    /// The source finished sending: is the guest running here?
+    Finish { id: MigrationId },
+    /// The move is off: stop the waiting guest and forget it.
+    Abort { id: MigrationId },
+}
+
+/// The answer line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerAnswer {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// After `Finish`: QEMU's run state at the destination.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    /// After `Finish`: when the guest's first disk request was answered
+    /// at the destination (unix ms), if it made one yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_io_unix_ms: Option<u64>,
+}
+
+impl PeerAnswer {
+    pub fn ok() -> PeerAnswer {
+        PeerAnswer {
+            ok: true,
+            error: None,
+            status: None,
+            first_io_unix_ms: None,
+        }
+    }
+    pub fn err(e: impl Into<String>) -> PeerAnswer {
+        PeerAnswer {
+            ok: false,
+            error: Some(e.into()),
+            status: None,
+            first_io_unix_ms: None,
+        }
+    }
+}
+
+/// One JSON line, newline-terminated.
+pub fn encode_line<T: Serialize>(m: &T) -> Vec<u8> {
+    let mut v = serde_json::to_vec(m).unwrap_or_default();
+    v.push(b'\n');
+    v
+}
+
+/// Take one complete line off `buf` and decode it; `Ok(None)` until the
+/// newline has arrived.
+pub fn decode_line<T: for<'de> Deserialize<'de>>(
+    buf: &mut Vec<u8>,
+) -> Result<Option<T>, PeerError> {
+    let Some(nl) = buf.iter().position(|b| *b == b'\n') else {
+        if buf.len() > MAX_LINE {
+            return Err(PeerError::LineTooLong);
+        }
+        return Ok(None);
+    };
+    if nl > MAX_LINE {
+        return Err(PeerError::LineTooLong);
+    }
+    let line: Vec<u8> = buf.drain(..=nl).collect();
+    serde_json::from_slice(&line[..nl])
+        .map(Some)
+        .map_err(|e| PeerError::Decode(e.to_string()))
+}
+
+/// One piece of the migration stream on the link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    Raw(Vec<u8>),
+    Zstd { raw_len: usize, data: Vec<u8> },
+}
+
+const KIND_RAW: u8 = 0;
+const KIND_ZSTD: u8 = 1;
+
+/// Encode `raw` (at most [`MAX_FRAME`] bytes), compressed when that makes
+/// it smaller.
+pub fn encode_frame(raw: &[u8], compress: bool, out: &mut Vec<u8>) {
+    let len = u32::try_from(raw.len().min(MAX_FRAME)).unwrap_or(0);
+    if compress {
+        if let Ok(z) = zstd::bulk::compress(raw, 1) {
+            if z.len() < raw.len() {
+                out.push(KIND_ZSTD);
+                out.extend_from_slice(&len.to_be_bytes());
+                out.extend_from_slice(&u32::try_from(z.len()).unwrap_or(0).to_be_bytes());
+                out.extend_from_slice(&z);
+                return;
+            }
+        }
+    }
+    out.push(KIND_RAW);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(raw);
+}
+
+/// Take one whole frame off the front of `buf` and return its raw bytes;
+/// `Ok(None)` until the frame has arrived.
+pub fn decode_frame(buf: &mut Vec<u8>) -> Result<Option<Vec<u8>>, PeerError> {
+    if buf.len() < FRAME_HEADER {
+        return Ok(None);
+    }
+    let kind = buf[0];
+    let be = |i: usize| u32::from_be_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);
+    let raw_len = usize::try_from(be(1)).unwrap_or(usize::MAX);
+    let enc_len = usize::try_from(be(5)).unwrap_or(usize::MAX);
+    if raw_len > MAX_FRAME {
+        return Err(PeerError::FrameTooLarge(raw_len));
+    }
+    if enc_len > MAX_FRAME + 1024 {
+        return Err(PeerError::FrameTooLarge(enc_len));
+    }
+    match kind {
+        KIND_RAW if enc_len != raw_len => {
+            return Err(PeerError::Corrupt("raw frame lengths differ".into()))
+        }
+        KIND_RAW | KIND_ZSTD => {}
+        k => return Err(PeerError::FrameKind(k)),
+    }
+    if buf.len() < FRAME_HEADER + enc_len {
+        return Ok(None);
+    }
+    let body: Vec<u8> = buf
+        .drain(..FRAME_HEADER + enc_len)
+        .skip(FRAME_HEADER)
+        .collect();
+    if kind == KIND_RAW {
+        return Ok(Some(body));
+    }
+    let raw =
+        zstd::bulk::decompress(&body, raw_len).map_err(|e| PeerError::Corrupt(e.to_string()))?;
+    if raw.len() != raw_len {
+        return Err(PeerError::Corrupt(format!(
+            "{} bytes instead of {raw_len}",
+            raw.len()
+        )));
+    }
+    Ok(Some(raw))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_compressed_or_not() {
+        let zeros = vec![0u8; 200_000];
+        let noise: Vec<u8> = (0..5000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13).to_le_bytes()[0])
+            .collect();
+        let mut wire = Vec::new();
+        encode_frame(&zeros, true, &mut wire);
+        assert!(wire.len() < 1000, "zeros compress");
+        encode_frame(&noise, true, &mut wire);
+        encode_frame(b"plain", false, &mut wire);
+        let mut got = Vec::new();
+        // Byte by byte: partial frames wait.
+        let mut buf = Vec::new();
+        for b in wire {
+            buf.push(b);
+            while let Some(f) = decode_frame(&mut buf).unwrap() {
+                got.push(f);
+            }
+        }
+        assert_eq!(got, vec![zeros, noise, b"plain".to_vec()]);
+    }
+
+    #[test]
+    fn bad_frames_are_refused() {
+        let mut b = vec![7, 0, 0, 0, 1, 0, 0, 0, 1, 0];
+        assert_eq!(decode_frame(&mut b), Err(PeerError::FrameKind(7)));
+        let mut b = vec![0, 0xff, 0, 0, 0, 0xff, 0, 0, 0];
+        assert!(matches!(
+            decode_frame(&mut b),
+            Err(PeerError::FrameTooLarge(_))
+        ));
+        let mut b = vec![0, 0, 0, 0, 2, 0, 0, 0, 3, 1, 2, 3];
+        assert!(matches!(decode_frame(&mut b), Err(PeerError::Corrupt(_))));
+        let mut b = vec![1, 0, 0, 0, 9, 0, 0, 0, 3, 1, 2, 3];
+        assert!(matches!(decode_frame(&mut b), Err(PeerError::Corrupt(_))));
+    }
+
+    #[test]
+    fn lines_decode_one_at_a_time_and_refuse_junk() {
+        let id = MigrationId::random();
+        let mut buf = encode_line(&PeerRequest::Finish { id: id.clone() });
+        buf.extend_from_slice(&encode_line(&PeerRequest::Abort { id: id.clone() }));
+        assert_eq!(
+            decode_line::<PeerRequest>(&mut buf).unwrap(),
+            Some(PeerRequest::Finish { id: id.clone() })
+        );
+        assert_eq!(
+            decode_line::<PeerRequest>(&mut buf).unwrap(),
+            Some(PeerRequest::Abort { id })
+        );
+        assert_eq!(decode_line::<PeerRequest>(&mut buf).unwrap(), None);
+        let mut junk = b"{\"op\":\"format_disk\"}\n".to_vec();
+        assert!(matches!(
+            decode_line::<PeerRequest>(&mut junk),
+            Err(PeerError::Decode(_))
+        ));
+        let mut long = vec![b'x'; MAX_LINE + 2];
+        assert_eq!(
+            decode_line::<PeerRequest>(&mut long),
+            Err(PeerError::LineTooLong)
+        );
+    }
+}

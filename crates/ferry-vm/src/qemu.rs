@@ -1,0 +1,312 @@
+//! The QEMU command line of a guest (pure: spec and paths in, arguments
+//! out), the accelerator choice, and the checks made before anything
+//! starts.
+
+use ferry_api::{Accel, Boot, VmSpec};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The QEMU binary (override with `FERRY_QEMU`).
+pub fn qemu_binary() -> String {
+    std::env::var("FERRY_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".into())
+}
+
+/// Whether QEMU runs here at all (`--version`).
+pub fn qemu_available() -> bool {
+    Command::new(qemu_binary())
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Whether KVM really runs guests here: `/dev/kvm` opens, and a QEMU
+/// with the CPU model guests get (`-cpu host`) stays up for a second
+/// (nested or partial KVM can open the device yet fail at the first vCPU
+/// reset). Probed once per process.
+pub fn kvm_usable() -> bool {
+    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USABLE.get_or_init(|| {
+        let opens = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/kvm")
+            .is_ok();
+        opens && probe_kvm()
+    })
+}
+
+fn probe_kvm() -> bool {
+    let Ok(mut child) = Command::new(qemu_binary())
+        .args(["-accel", "kvm", "-M", "q35", "-cpu", "host", "-m", "32"])
+        .args(["-nodefaults", "-display", "none", "-S"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    else {
+        return false;
+    };
+    let t = std::time::Instant::now();
+    while t.elapsed() < std::time::Duration::from_millis(1500) {
+        if let Ok(Some(_)) = child.try_wait() {
+            tracing::info!("KVM is present but does not run guests here; using TCG");
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    true
+}
+
+/// The accelerator a request resolves to on this host.
+pub fn resolve_accel(want: Accel) -> Result<&'static str, String> {
+    match want {
+        Accel::Tcg => Ok("tcg"),
+        Accel::Kvm if kvm_usable() => Ok("kvm"),
+        Accel::Kvm => Err("KVM was asked for but /dev/kvm is not usable on this host".into()),
+        Accel::Auto if kvm_usable() => Ok("kvm"),
+        Accel::Auto => Ok("tcg"),
+    }
+}
+
+/// Files of one guest on the host.
+#[derive(Debug, Clone)]
+pub struct GuestPaths {
+    pub dir: PathBuf,
+    pub qmp: PathBuf,
+    pub serial: PathBuf,
+    pub pidfile: PathBuf,
+    /// QEMU's end of an incoming move (`migrate-incoming unix:...`).
+    pub incoming: PathBuf,
+    /// The source's end of an outgoing move.
+    pub outgoing: PathBuf,
+}
+
+impl GuestPaths {
+    pub fn new(dir: &Path) -> GuestPaths {
+        GuestPaths {
+            dir: dir.to_path_buf(),
+            qmp: dir.join("qmp.sock"),
+            serial: dir.join("serial.log"),
+            pidfile: dir.join("qemu.pid"),
+            incoming: dir.join("in.sock"),
+            outgoing: dir.join("out.sock"),
+        }
+    }
+}
+
+/// Limits a spec must fall within.
+pub const MIN_MEMORY_MIB: u64 = 32;
+pub const MAX_VCPUS: u32 = 256;
+
+/// Check a spec before anything is started; `host_mib` is the host's RAM.
+pub fn validate(spec: &VmSpec, host_mib: u64) -> Result<(), String> {
+    let name_ok = !spec.name.is_empty()
+        && spec.name.len() <= 64
+        && spec
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        && !spec.name.starts_with('.');
+    if !name_ok {
+        return Err(format!(
+            "guest name {:?}: use 1-64 letters, digits, '-', '_' or '.'",
+            spec.name
+        ));
+    }
+    if spec.memory_mib < MIN_MEMORY_MIB {
+        return Err(format!(
+            "memory {} MiB is below the minimum of {MIN_MEMORY_MIB} MiB",
+            spec.memory_mib
+        ));
+    }
+    if host_mib > 0 && spec.memory_mib > host_mib {
+        return Err(format!(
+            "memory {} MiB is more than this host has ({host_mib} MiB)",
+            spec.memory_mib
+        ));
+    }
+    if spec.vcpus == 0 || spec.vcpus > MAX_VCPUS {
+        return Err(format!(
+            "vcpus {} is not within 1..={MAX_VCPUS}",
+            spec.vcpus
+        ));
+    }
+    if spec.disks.is_empty() && spec.boot == Boot::Disk {
+        return Err("boot from disk needs at least one disk".into());
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for d in &spec.disks {
+        if d.volume.is_empty() || d.server.is_empty() {
+            return Err("every disk needs a volume and a server".into());
+        }
+        if !seen.insert(&d.volume) {
+            return Err(format!("volume {} is attached twice", d.volume));
+        }
+    }
+    if let Boot::Kernel { kernel, initrd, .. } = &spec.boot {
+        for f in std::iter::once(kernel).chain(initrd.iter()) {
+            if !f.is_file() {
+                return Err(format!("boot file {} does not exist", f.display()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The host's memory in MiB (0 when it cannot be read).
+pub fn host_memory_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb / 1024)
+}
+
+/// QEMU's arguments for `spec`. Disks are NBD exports on the forwarder's
+/// unix socket `nbd`, reconnected for 30 s if the forwarder restarts. With
+/// `incoming`, QEMU waits for a move (`-incoming defer`). QEMU detaches
+/// itself (`-daemonize`), so it outlives the host daemon.
+pub fn command_line(
+    spec: &VmSpec,
+    accel: &str,
+    paths: &GuestPaths,
+    nbd: &Path,
+    incoming: bool,
+) -> Vec<String> {
+    let mut a: Vec<String> = vec![
+        "-name".into(),
+        format!("guest={},debug-threads=on", spec.name),
+        "-M".into(),
+        "q35".into(),
+        "-accel".into(),
+        accel.into(),
+        "-cpu".into(),
+        if accel == "kvm" { "host" } else { "max" }.into(),
+        "-m".into(),
+        format!("{}M", spec.memory_mib),
+        "-smp".into(),
+        spec.vcpus.to_string(),
+        "-nodefaults".into(),
+        "-display".into(),
+        "none".into(),
+        "-qmp".into(),
+        format!("unix:{},server=on,wait=off", paths.qmp.display()),
+        "-chardev".into(),
+        format!("file,id=serial0,path={},append=on", paths.serial.display()),
+        "-serial".into(),
+        "chardev:serial0".into(),
+        "-pidfile".into(),
+        paths.pidfile.display().to_string(),
+        "-daemonize".into(),
+    ];
+    for (i, d) in spec.disks.iter().enumerate() {
+        let node = serde_json::json!({
+            "driver": "nbd",
+            "node-name": format!("disk{i}"),
+            "server": {"type": "unix", "path": nbd.display().to_string()},
+            "export": d.volume,
+            "reconnect-delay": 30,
+        });
+        a.push("-blockdev".into());
+        a.push(node.to_string());
+        a.push("-device".into());
+        let boot = if i == 0 && spec.boot == Boot::Disk {
+            ",bootindex=1"
+        } else {
+            ""
+        };
+        a.push(format!("virtio-blk-pci,drive=disk{i},id=vd{i}{boot}"));
+    }
+    if let Boot::Kernel {
+        kernel,
+        initrd,
+        cmdline,
+    } = &spec.boot
+    {
+        a.push("-kernel".into());
+        a.push(kernel.display().to_string());
+        if let Some(i) = initrd {
+            a.push("-initrd".into());
+            a.push(i.display().to_string());
+        }
+        a.push("-append".into());
+        a.push(cmdline.clone());
+    }
+    if incoming {
+        a.push("-incoming".into());
+        a.push("defer".into());
+    }
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_api::VmDisk;
+
+    fn spec() -> VmSpec {
+        VmSpec {
+            name: "web-1".into(),
+            memory_mib: 256,
+            vcpus: 2,
+            disks: vec![VmDisk {
+                volume: "root".into(),
+                server: "127.0.0.1:10809".into(),
+                admin: None,
+            }],
+            boot: Boot::Disk,
+            accel: Accel::Auto,
+        }
+    }
+
+    #[test]
+    fn command_line_has_disks_qmp_and_incoming() {
+        let p = GuestPaths::new(Path::new("/s/vms/web-1"));
+        let a = command_line(&spec(), "tcg", &p, Path::new("/s/nbd.sock"), true);
+        let j = a.join(" ");
+        assert!(j.contains("-accel tcg -cpu max -m 256M -smp 2"), "{j}");
+        assert!(j.contains("unix:/s/vms/web-1/qmp.sock,server=on,wait=off"));
+        assert!(j.contains(r#""export":"root""#) && j.contains(r#""reconnect-delay":30"#));
+        assert!(j.contains("virtio-blk-pci,drive=disk0,id=vd0,bootindex=1"));
+        assert!(j.ends_with("-incoming defer"));
+        let a = command_line(&spec(), "kvm", &p, Path::new("/s/nbd.sock"), false);
+        assert!(!a.contains(&"-incoming".to_string()));
+        assert!(a.join(" ").contains("-cpu host"));
+    }
+
+    #[test]
+    fn bad_specs_are_refused_with_a_reason() {
+        assert!(validate(&spec(), 4096).is_ok());
+        let mut s = spec();
+        s.memory_mib = 8;
+        assert!(validate(&s, 4096).unwrap_err().contains("minimum"));
+        s.memory_mib = 1 << 30;
+        assert!(validate(&s, 4096)
+            .unwrap_err()
+            .contains("more than this host"));
+        let mut s = spec();
+        s.vcpus = 0;
+        assert!(validate(&s, 4096).is_err());
+        let mut s = spec();
+        s.name = "../x".into();
+        assert!(validate(&s, 4096).unwrap_err().contains("name"));
+        let mut s = spec();
+        s.disks.push(s.disks[0].clone());
+        assert!(validate(&s, 4096).unwrap_err().contains("twice"));
+        let mut s = spec();
+        s.boot = Boot::Kernel {
+            kernel: "/no/such/kernel".into(),
+            initrd: None,
+            cmdline: String::new(),
+        };
+        assert!(validate(&s, 4096).unwrap_err().contains("does not exist"));
+    }
+}
