@@ -1,0 +1,49 @@
+//! What one VM host reads from another: request/answer lines and the
+//! frames of a tunnelled migration stream, on arbitrary bytes fed in
+//! arbitrary pieces. Never panics; never holds more than a line's or a
+//! frame's bound of unparsed bytes; a frame decodes to at most its bound.
+#![no_main]
+
+use ferry_vm::peer::{decode_frame, decode_line, PeerAnswer, PeerRequest, FRAME_HEADER, MAX_FRAME, MAX_LINE};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let step = usize::from(data.first().copied().unwrap_or(1)).max(1);
+    let (mut lines, mut answers, mut frames) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut lines_ok, mut answers_ok, mut frames_ok) = (true, true, true);
+    for piece in data.chunks(step) {
+        if lines_ok {
+            lines.extend_from_slice(piece);
+            loop {
+                match decode_line::<PeerRequest>(&mut lines) {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => break,
+                    Err(_) => {
+                        lines_ok = false;
+                        break;
+                    }
+                }
+            }
+            assert!(!lines_ok || lines.len() <= MAX_LINE + step);
+        }
+        if answers_ok {
+            answers.extend_from_slice(piece);
+            while let Ok(Some(_)) = decode_line::<PeerAnswer>(&mut answers) {}
+            answers_ok = answers.len() <= MAX_LINE + step;
+        }
+        if frames_ok {
+            frames.extend_from_slice(piece);
+            loop {
+                match decode_frame(&mut frames) {
+                    Ok(Some(raw)) => assert!(raw.len() <= MAX_FRAME),
+                    Ok(None) => break,
+                    Err(_) => {
+                        frames_ok = false;
+                        break;
+                    }
+                }
+            }
+            assert!(!frames_ok || frames.len() <= FRAME_HEADER + MAX_FRAME + 1024 + step);
+        }
+    }
+});
