@@ -35,7 +35,8 @@ fuzz_target!(|data: &[u8]| {
             frames.extend_from_slice(piece);
             loop {
                 match decode_frame(&mut frames) {
-                    Ok(Some(raw)) => assert!(raw.len() <= MAX_FRAME),
+                    Ok(Some((ferry_vm::peer::Frame::Data(raw), _))) => assert!(raw.len() <= MAX_FRAME),
+                    Ok(Some((ferry_vm::peer::Frame::Ack(n), _))) => assert!(n <= u64::from(u32::MAX)),
                     Ok(None) => break,
                     Err(_) => {
                         frames_ok = false;

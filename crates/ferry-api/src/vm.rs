@@ -299,8 +299,13 @@ pub struct VmMoveReport {
     /// QEMU's dirty-sync rounds over memory; ferry's rounds over the disk.
     pub memory_rounds: u64,
     pub disk_rounds: u64,
-    /// The pause as QEMU reports it (`query-migrate` downtime).
+    /// The pause as QEMU reports it (`query-migrate` downtime: the source's
+    /// stop to the end of its sending).
     pub downtime_ms_qemu: Option<u64>,
+    /// The guest's whole pause by QEMU's own event stamps: STOP at the
+    /// source to RESUME at the destination (host clocks).
+    #[serde(default)]
+    pub guest_pause_ms: Option<f64>,
     /// The pause the disk forwarders saw: the last request answered at
     /// the source host to the first at the destination (host clocks).
     pub disk_gap_ms: Option<f64>,

@@ -378,7 +378,8 @@ fn print_report(r: &VmMoveReport) {
     #[allow(clippy::cast_precision_loss)]
     let qemu = r.downtime_ms_qemu.map(|x| x as f64);
     println!(
-        "  pause: QEMU {}, disk forwarders {}, disk switch {} (maximum allowed {} ms)",
+        "  pause: guest {} (QEMU's STOP to RESUME), QEMU downtime {}, disk forwarders {}, disk switch {} (maximum allowed {} ms)",
+        ms(r.guest_pause_ms),
         ms(qemu),
         ms(r.disk_gap_ms),
         ms(r.disk_pause_ms),

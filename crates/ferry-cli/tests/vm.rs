@@ -626,6 +626,8 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
         "{r}"
     );
     assert!(r["downtime_ms_qemu"].as_u64().is_some(), "{r}");
+    assert!(r["guest_pause_ms"].as_f64().is_some(), "{r}");
+    assert!(r["bytes"]["disk_fingerprints"].as_u64().unwrap() > 0, "{r}");
     assert_eq!(s.ha.state_of("g1"), None, "the source forgot the guest");
     assert_eq!(s.hb.state_of("g1").as_deref(), Some("running"));
     let first = archived_serial(&s.ha, "g1");
@@ -651,8 +653,27 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     wait_acks(&third, 20);
     check_continued(&second, &third);
 
+    // Disk-only back to storage A (direct, no toxics): the guest stays.
+    let (done, r) = migrate(
+        &s.ha,
+        &[
+            "g1",
+            "--to-storage",
+            &s.sa.mig,
+            "--to-storage-admin",
+            &s.sa.admin,
+        ],
+    );
+    assert!(done, "{r}");
+    assert_eq!(r["kind"], "disk_only");
+    let v: Value = serde_json::from_str(&s.ha.vm_ok(&["show", "g1", "--json"])).unwrap();
+    assert_eq!(v["state"], "running");
+    assert_eq!(v["spec"]["disks"][0]["server"], s.sa.nbd.as_str(), "{v}");
+    let before = acks(&third).last().unwrap().0;
+    assert!(wait_acks(&third, 20) > before);
+
     s.ha.vm_ok(&["stop", "g1"]);
-    check_records(&s.sb, "root", &s.dir, &[first, second, third]);
+    check_records(&s.sa, "root", &s.dir, &[first, second, third]);
 }
 
 /// The serial log a host kept of a guest that moved away (the latest).
@@ -816,6 +837,58 @@ fn failed_moves_leave_the_guest_running_at_the_source_only() {
         "the volume stayed at site A: {root}"
     );
 
+    s.ha.vm_ok(&["stop", "g1"]);
+    check_records(&s.sa, "root", &s.dir, &[s.ha.serial("g1")]);
+}
+
+#[test]
+fn a_move_that_cannot_converge_is_ended_with_the_reason() {
+    let Some(_) = guest_files() else { return };
+    if !have("toxiproxy-server") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // A write-heavy guest on a link slower than it dirties memory.
+    let s = two_sites(4_000);
+    ext4_volume(&s.sa, &s.dir, "root");
+    create_guest(&s.ha, &s.sa, "g1", "root", true);
+    let (done, r) = migrate(
+        &s.ha,
+        &[
+            "g1",
+            "--to-host",
+            &s.hb_wan,
+            "--max-downtime",
+            "100ms",
+            "--deadline",
+            "40s",
+        ],
+    );
+    assert!(!done, "{r}");
+    assert_eq!(r["result"], "aborted", "{r}");
+    let reason = r["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("did not converge"),
+        "the report says why: {reason}"
+    );
+    let actions: Vec<&str> = r["convergence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        actions.iter().any(|a| a.contains("giving up")),
+        "{actions:?}"
+    );
+    assert!(r["memory_rounds"].as_u64().unwrap() >= 1, "{r}");
+    assert_eq!(s.ha.state_of("g1").as_deref(), Some("running"));
+    let t = Instant::now();
+    while s.hb.state_of("g1").is_some() {
+        assert!(t.elapsed() < Duration::from_secs(20));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    wait_acks(&s.ha.serial("g1"), 10);
     s.ha.vm_ok(&["stop", "g1"]);
     check_records(&s.sa, "root", &s.dir, &[s.ha.serial("g1")]);
 }

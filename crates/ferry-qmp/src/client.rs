@@ -183,6 +183,11 @@ impl QmpClient {
         })
     }
 
+    /// Before the first event of the session: every event kept is after it.
+    pub fn origin(&self) -> EventMark {
+        EventMark(0)
+    }
+
     /// The current end of the event stream: events after it are "new".
     pub fn mark(&self) -> EventMark {
         EventMark(*self.shared.seq.borrow())

@@ -325,10 +325,20 @@ async fn finish(host: &Arc<VmHost>, id: &MigrationId) -> Result<PeerAnswer, VmEr
         }
     }
     g.save_spec()?;
+    let resumed = match g.runtime() {
+        Some(rt) => rt
+            .qmp
+            .wait_named(rt.qmp.origin(), "RESUME", Duration::from_secs(2))
+            .await
+            .ok()
+            .map(|e| e.timestamp),
+        None => None,
+    };
     tracing::info!(guest = %g.name(), move_id = %id, "guest arrived and runs here");
     Ok(PeerAnswer {
         status: Some("running".into()),
         first_io_unix_ms: first,
+        resumed_unix_s: resumed,
         ..PeerAnswer::ok()
     })
 }

@@ -58,6 +58,7 @@ pub struct MoveRun {
     error: parking_lot::Mutex<Option<String>>,
     report: parking_lot::Mutex<Option<VmMoveReport>>,
     memory_remaining: AtomicU64,
+    memory_rounds: AtomicU64,
     disk_dirty: AtomicU64,
     pub cancel: CancellationToken,
     pub counters: Arc<PipeCounters>,
@@ -116,6 +117,7 @@ impl MoveRun {
 
 /// How a move ended, before the report is written.
 struct Outcome {
+    guest_pause_ms: Option<f64>,
     result: VmMovePhase,
     reason: Option<String>,
     running_at: String,
@@ -128,6 +130,7 @@ struct Outcome {
 impl Outcome {
     fn aborted(reason: String, here: &str) -> Outcome {
         Outcome {
+            guest_pause_ms: None,
             result: VmMovePhase::Aborted,
             reason: Some(reason),
             running_at: here.into(),
@@ -214,6 +217,7 @@ pub async fn start(
             error: Default::default(),
             report: Default::default(),
             memory_remaining: AtomicU64::new(0),
+            memory_rounds: AtomicU64::new(0),
             disk_dirty: AtomicU64::new(0),
             cancel: CancellationToken::new(),
             counters: Arc::default(),
@@ -262,9 +266,12 @@ async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
         bytes,
         phases: run.phase_times(end),
         total_s: end.duration_since(run.started).as_secs_f64(),
-        memory_rounds: outcome.memory_rounds,
+        memory_rounds: outcome
+            .memory_rounds
+            .max(run.memory_rounds.load(Ordering::Relaxed)),
         disk_rounds,
         downtime_ms_qemu: outcome.downtime_ms,
+        guest_pause_ms: outcome.guest_pause_ms,
         disk_gap_ms: outcome.disk_gap_ms,
         disk_pause_ms: disk_pause,
         convergence: run.convergence.lock().clone(),
@@ -438,6 +445,7 @@ async fn disk_only(
     }
     g.save_spec()?;
     Ok(Outcome {
+        guest_pause_ms: None,
         result: VmMovePhase::Completed,
         reason: None,
         running_at: host.name.clone(),
@@ -655,6 +663,7 @@ async fn memory_phase(
     let _tunnel = AbortOnDrop(tunnel);
 
     run.set_phase(VmMovePhase::MemoryPrecopy);
+    let migrate_mark = q.mark();
     q.execute_value(
         "migrate",
         Some(json!({"uri": format!("unix:{}", g.paths.outgoing.display())})),
@@ -722,6 +731,7 @@ async fn memory_phase(
         let status = v["status"].as_str().unwrap_or("").to_string();
         let ram = &v["ram"];
         rounds = rounds.max(u(&ram["dirty-sync-count"]));
+        run.memory_rounds.store(rounds, Ordering::Relaxed);
         run.memory_remaining
             .store(u(&ram["remaining"]), Ordering::Relaxed);
         match status.as_str() {
@@ -837,7 +847,17 @@ async fn memory_phase(
                 (Some(l), Some(f)) if l > 0 => Some(f.saturating_sub(l) as f64),
                 _ => None,
             };
+            let stopped = q
+                .wait_named(migrate_mark, "STOP", Duration::from_millis(100))
+                .await
+                .ok()
+                .map(|e| e.timestamp);
+            let guest_pause_ms = match (stopped, a.resumed_unix_s) {
+                (Some(s), Some(r)) if r >= s => Some((r - s) * 1000.0),
+                _ => None,
+            };
             Ok(Outcome {
+                guest_pause_ms,
                 result: VmMovePhase::Completed,
                 reason: None,
                 running_at: to_host.into(),
@@ -870,6 +890,7 @@ async fn memory_phase(
             // In doubt: the guest may run there. Never run it twice: it
             // stays paused here until a person looks.
             Ok(Outcome {
+                guest_pause_ms: None,
                 result: VmMovePhase::Failed,
                 reason: Some(format!(
                     "memory sent, but the destination did not confirm ({e}); the guest stays paused here, never resumed in two places; check {to_host}"

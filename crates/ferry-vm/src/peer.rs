@@ -2,7 +2,9 @@
 //! TLS link (no I/O here: bytes in, messages out). Each connection opens
 //! with one request line (JSON, at most [`MAX_LINE`] bytes) and gets one
 //! answer line; a `Stream` connection then carries QEMU's migration stream
-//! in [`Frame`]s, compressed or not.
+//! in [`Frame`]s, compressed or not, and acknowledgements the other way
+//! (the sender keeps at most a window of unacknowledged bytes on the
+//! link, so QEMU measures the link's real rate, not a buffer's).
 
 use ferry_api::{MigrationId, VmSpec};
 use serde::{Deserialize, Serialize};
@@ -67,7 +69,7 @@ pub enum PeerRequest {
 }
 
 /// The answer line.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PeerAnswer {
     pub ok: bool,
@@ -80,6 +82,9 @@ pub struct PeerAnswer {
     /// at the destination (unix ms), if it made one yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_io_unix_ms: Option<u64>,
+    /// After `Finish`: QEMU's RESUME event here (unix seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_unix_s: Option<f64>,
 }
 
 impl PeerAnswer {
@@ -89,6 +94,7 @@ impl PeerAnswer {
             error: None,
             status: None,
             first_io_unix_ms: None,
+            resumed_unix_s: None,
         }
     }
     pub fn err(e: impl Into<String>) -> PeerAnswer {
@@ -97,6 +103,7 @@ impl PeerAnswer {
             error: Some(e.into()),
             status: None,
             first_io_unix_ms: None,
+            resumed_unix_s: None,
         }
     }
 }
@@ -128,15 +135,19 @@ pub fn decode_line<T: for<'de> Deserialize<'de>>(
         .map_err(|e| PeerError::Decode(e.to_string()))
 }
 
-/// One piece of the migration stream on the link.
+/// What one frame on a stream connection carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
-    Raw(Vec<u8>),
-    Zstd { raw_len: usize, data: Vec<u8> },
+    /// Stream bytes (decompressed).
+    Data(Vec<u8>),
+    /// The receiver delivered this many more link bytes to its QEMU: the
+    /// sender's window opens by as much.
+    Ack(u64),
 }
 
 const KIND_RAW: u8 = 0;
 const KIND_ZSTD: u8 = 1;
+const KIND_ACK: u8 = 2;
 
 /// Encode `raw` (at most [`MAX_FRAME`] bytes), compressed when that makes
 /// it smaller.
@@ -159,14 +170,29 @@ pub fn encode_frame(raw: &[u8], compress: bool, out: &mut Vec<u8>) {
     out.extend_from_slice(raw);
 }
 
-/// Take one whole frame off the front of `buf` and return its raw bytes;
-/// `Ok(None)` until the frame has arrived.
-pub fn decode_frame(buf: &mut Vec<u8>) -> Result<Option<Vec<u8>>, PeerError> {
+/// Encode an acknowledgement of `bytes` link bytes (at most `u32::MAX`).
+pub fn encode_ack(bytes: u32, out: &mut Vec<u8>) {
+    out.push(KIND_ACK);
+    out.extend_from_slice(&bytes.to_be_bytes());
+    out.extend_from_slice(&0u32.to_be_bytes());
+}
+
+/// Take one whole frame off the front of `buf`; `Ok(None)` until it has
+/// arrived. Data frames also answer their size on the link.
+pub fn decode_frame(buf: &mut Vec<u8>) -> Result<Option<(Frame, usize)>, PeerError> {
     if buf.len() < FRAME_HEADER {
         return Ok(None);
     }
     let kind = buf[0];
     let be = |i: usize| u32::from_be_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);
+    if kind == KIND_ACK {
+        let n = u64::from(be(1));
+        if be(5) != 0 {
+            return Err(PeerError::Corrupt("ack frame with a body".into()));
+        }
+        buf.drain(..FRAME_HEADER);
+        return Ok(Some((Frame::Ack(n), FRAME_HEADER)));
+    }
     let raw_len = usize::try_from(be(1)).unwrap_or(usize::MAX);
     let enc_len = usize::try_from(be(5)).unwrap_or(usize::MAX);
     if raw_len > MAX_FRAME {
@@ -185,12 +211,10 @@ pub fn decode_frame(buf: &mut Vec<u8>) -> Result<Option<Vec<u8>>, PeerError> {
     if buf.len() < FRAME_HEADER + enc_len {
         return Ok(None);
     }
-    let body: Vec<u8> = buf
-        .drain(..FRAME_HEADER + enc_len)
-        .skip(FRAME_HEADER)
-        .collect();
+    let size = FRAME_HEADER + enc_len;
+    let body: Vec<u8> = buf.drain(..size).skip(FRAME_HEADER).collect();
     if kind == KIND_RAW {
-        return Ok(Some(body));
+        return Ok(Some((Frame::Data(body), size)));
     }
     let raw =
         zstd::bulk::decompress(&body, raw_len).map_err(|e| PeerError::Corrupt(e.to_string()))?;
@@ -200,7 +224,7 @@ pub fn decode_frame(buf: &mut Vec<u8>) -> Result<Option<Vec<u8>>, PeerError> {
             raw.len()
         )));
     }
-    Ok(Some(raw))
+    Ok(Some((Frame::Data(raw), size)))
 }
 
 #[cfg(test)]
@@ -218,16 +242,25 @@ mod tests {
         assert!(wire.len() < 1000, "zeros compress");
         encode_frame(&noise, true, &mut wire);
         encode_frame(b"plain", false, &mut wire);
+        encode_ack(77, &mut wire);
         let mut got = Vec::new();
         // Byte by byte: partial frames wait.
         let mut buf = Vec::new();
         for b in wire {
             buf.push(b);
-            while let Some(f) = decode_frame(&mut buf).unwrap() {
+            while let Some((f, _)) = decode_frame(&mut buf).unwrap() {
                 got.push(f);
             }
         }
-        assert_eq!(got, vec![zeros, noise, b"plain".to_vec()]);
+        assert_eq!(
+            got,
+            vec![
+                Frame::Data(zeros),
+                Frame::Data(noise),
+                Frame::Data(b"plain".to_vec()),
+                Frame::Ack(77)
+            ]
+        );
     }
 
     #[test]
@@ -242,6 +275,8 @@ mod tests {
         let mut b = vec![0, 0, 0, 0, 2, 0, 0, 0, 3, 1, 2, 3];
         assert!(matches!(decode_frame(&mut b), Err(PeerError::Corrupt(_))));
         let mut b = vec![1, 0, 0, 0, 9, 0, 0, 0, 3, 1, 2, 3];
+        assert!(matches!(decode_frame(&mut b), Err(PeerError::Corrupt(_))));
+        let mut b = vec![2, 0, 0, 0, 9, 0, 0, 0, 3, 1, 2, 3];
         assert!(matches!(decode_frame(&mut b), Err(PeerError::Corrupt(_))));
     }
 

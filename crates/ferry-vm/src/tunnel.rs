@@ -4,11 +4,14 @@
 //! carries QEMU's migration stream between a local unix socket and the
 //! link, compressed in [`Frame`](crate::peer::Frame)s.
 
-use crate::peer::{decode_frame, decode_line, encode_frame, encode_line, PeerAnswer, PeerRequest};
+use crate::peer::{
+    decode_frame, decode_line, encode_ack, encode_frame, encode_line, Frame, PeerAnswer,
+    PeerRequest,
+};
 use crate::VmError;
 use ferry_migration_engine::tls::{server_name, CertStore};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -102,11 +105,98 @@ pub struct PipeCounters {
 }
 
 const CHUNK: usize = 256 << 10;
+/// Bounds of the send window (link bytes not yet acknowledged).
+pub const MIN_WINDOW: u64 = 256 << 10;
+pub const MAX_WINDOW: u64 = 16 << 20;
+
+/// The sender's window: about two round trips of the link's delivery
+/// rate, measured from the acknowledgements. A window much larger than
+/// that only fills buffers on the way, and QEMU, which times its writes,
+/// would believe the link faster than it is and stop the guest for longer
+/// than it promised.
+#[derive(Debug)]
+struct Window {
+    in_flight: u64,
+    sent: u64,
+    acked: u64,
+    /// (end of a frame in sent bytes, when it was sent)
+    pending: std::collections::VecDeque<(u64, Instant)>,
+    base_rtt: Option<Duration>,
+    rate_since: Instant,
+    rate_bytes: u64,
+    /// Bytes per second delivered, smoothed.
+    rate: f64,
+}
+
+impl Window {
+    fn new() -> Window {
+        Window {
+            in_flight: 0,
+            sent: 0,
+            acked: 0,
+            pending: Default::default(),
+            base_rtt: None,
+            rate_since: Instant::now(),
+            rate_bytes: 0,
+            rate: 0.0,
+        }
+    }
+
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
+    fn limit(&self) -> u64 {
+        match self.base_rtt {
+            Some(rtt) if self.rate > 0.0 => {
+                let w = 2.0 * self.rate * rtt.as_secs_f64();
+                (w as u64).clamp(MIN_WINDOW, MAX_WINDOW)
+            }
+            _ => MIN_WINDOW * 4,
+        }
+    }
+
+    fn on_send(&mut self, n: u64) {
+        self.sent += n;
+        self.in_flight += n;
+        self.pending.push_back((self.sent, Instant::now()));
+    }
+
+    #[allow(clippy::cast_precision_loss)]
+    fn on_ack(&mut self, n: u64) {
+        let now = Instant::now();
+        self.acked += n;
+        self.in_flight = self.in_flight.saturating_sub(n);
+        while let Some((end, t)) = self.pending.front() {
+            if *end > self.acked {
+                break;
+            }
+            let rtt = now.duration_since(*t);
+            self.base_rtt = Some(self.base_rtt.map_or(rtt, |b| b.min(rtt)));
+            self.pending.pop_front();
+        }
+        self.rate_bytes += n;
+        let dt = now.duration_since(self.rate_since);
+        if dt >= Duration::from_millis(200) {
+            let r = self.rate_bytes as f64 / dt.as_secs_f64();
+            self.rate = if self.rate == 0.0 {
+                r
+            } else {
+                0.7 * self.rate + 0.3 * r
+            };
+            self.rate_since = now;
+            self.rate_bytes = 0;
+        }
+    }
+}
 
 /// Carry QEMU's stream (`qemu`, a unix socket) over `link` in frames, both
 /// ways, until both directions end. `pending` holds link bytes already
-/// read. Each side ends its write half when its read half ends, so the
-/// end of QEMU's stream reaches the other QEMU.
+/// read. Data sent waits for room in the [`Window`]; data received is
+/// acknowledged once QEMU has it. Each direction ends its writer however
+/// it ends, so that the end (or failure) of one side reaches the process
+/// on the other as the end of its stream.
 pub async fn pipe<Q, L>(
     qemu: Q,
     link: L,
@@ -119,9 +209,11 @@ where
     L: AsyncRead + AsyncWrite + Unpin,
 {
     let (mut qr, mut qw) = tokio::io::split(qemu);
-    let (mut lr, mut lw) = tokio::io::split(link);
-    // Each direction ends its writer however it ends, so that an error on
-    // one side reaches the process on the other as the end of its stream.
+    let (mut lr, lw) = tokio::io::split(link);
+    let lw = tokio::sync::Mutex::new(lw);
+    let window = parking_lot::Mutex::new(Window::new());
+    let opened = tokio::sync::Notify::new();
+    let link_err = |e: std::io::Error| VmError::Peer(format!("link: {e}"));
     let out = async {
         let r = async {
             let mut buf = vec![0u8; CHUNK];
@@ -136,36 +228,55 @@ where
                 }
                 frame.clear();
                 encode_frame(&buf[..n], compress, &mut frame);
+                let len = frame.len() as u64;
+                loop {
+                    let wait = opened.notified();
+                    {
+                        let w = window.lock();
+                        if w.in_flight == 0 || w.in_flight + len <= w.limit() {
+                            break;
+                        }
+                    }
+                    wait.await;
+                }
+                window.lock().on_send(len);
                 counters.raw.fetch_add(n as u64, Ordering::Relaxed);
-                counters
-                    .link
-                    .fetch_add(frame.len() as u64, Ordering::Relaxed);
-                lw.write_all(&frame)
-                    .await
-                    .map_err(|e| VmError::Peer(format!("link: {e}")))?;
+                counters.link.fetch_add(len, Ordering::Relaxed);
+                lw.lock().await.write_all(&frame).await.map_err(link_err)?;
             }
             Ok::<(), VmError>(())
         }
         .await;
-        lw.shutdown().await.ok();
+        lw.lock().await.shutdown().await.ok();
         r
     };
     let back = async {
         let r = async {
             let mut buf = pending;
             let mut chunk = vec![0u8; CHUNK];
+            let mut ack = Vec::with_capacity(16);
             loop {
-                while let Some(raw) =
+                while let Some((f, size)) =
                     decode_frame(&mut buf).map_err(|e| VmError::Peer(e.to_string()))?
                 {
-                    qw.write_all(&raw)
-                        .await
-                        .map_err(|e| VmError::Peer(format!("writing QEMU's stream: {e}")))?;
+                    match f {
+                        Frame::Data(raw) => {
+                            qw.write_all(&raw).await.map_err(|e| {
+                                VmError::Peer(format!("writing QEMU's stream: {e}"))
+                            })?;
+                            ack.clear();
+                            encode_ack(u32::try_from(size).unwrap_or(u32::MAX), &mut ack);
+                            // The other side may have finished sending; an
+                            // acknowledgement that cannot go is not an error.
+                            let _ = lw.lock().await.write_all(&ack).await;
+                        }
+                        Frame::Ack(n) => {
+                            window.lock().on_ack(n);
+                            opened.notify_waiters();
+                        }
+                    }
                 }
-                let n = lr
-                    .read(&mut chunk)
-                    .await
-                    .map_err(|e| VmError::Peer(format!("link: {e}")))?;
+                let n = lr.read(&mut chunk).await.map_err(link_err)?;
                 if n == 0 {
                     break;
                 }
@@ -178,6 +289,9 @@ where
         }
         .await;
         qw.shutdown().await.ok();
+        // Nothing will open the window any more.
+        window.lock().in_flight = 0;
+        opened.notify_waiters();
         r
     };
     let (a, b) = tokio::join!(out, back);
