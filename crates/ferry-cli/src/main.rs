@@ -1,5 +1,6 @@
 //! `ferry`: the storage daemon, its admin commands, and the load generator.
 
+mod control;
 mod demo;
 mod migrate;
 mod transfer;
@@ -87,6 +88,11 @@ enum Cmd {
         /// Where other hosts send guests (TLS), HOST:PORT.
         #[arg(long, requires = "state_dir")]
         move_listen: Option<String>,
+    },
+    /// Placement: what the policies would do (plan) and a simulator.
+    Control {
+        #[command(subcommand)]
+        cmd: control::ControlCmd,
     },
     /// Guests on a `ferry host` and their moves.
     Vm {
@@ -305,6 +311,7 @@ fn main() -> Result<()> {
             state_dir,
             move_listen,
         }),
+        Cmd::Control { cmd } => control::run(cmd),
         Cmd::Vm { cmd, host } => vm::run(cmd, &AdminClient::new(&host.host)),
         Cmd::Bench(a) => bench(a),
         Cmd::Demo(a) => demo::run(a),

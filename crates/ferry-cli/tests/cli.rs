@@ -557,3 +557,79 @@ fn migrate_resumes_after_the_source_is_killed() {
     assert!(!meta.contains("\"outgoing\""), "{meta}");
     drop(dst);
 }
+
+/// `ferry control plan` on a snapshot: the I/O-bound guest far from its
+/// disk moves to it, the CPU-bound one stays; bad snapshots and policies
+/// get clear errors. `simulate` reports every policy.
+#[test]
+fn control_plan_and_simulate() {
+    let d = tempfile::tempdir().unwrap();
+    let snap = d.path().join("cluster.json");
+    let vm = |name: &str, iops: f64| {
+        serde_json::json!({"name": name, "placement": {"host_site": "home", "disk_site": "cloud"},
+            "memory_bytes": 256e6, "disk_bytes": 4e9,
+            "load": {"iops": iops, "io_bytes": 4096, "latency_ms": 16.3, "cpu": 1.0,
+                     "dirty_rate": 1e6, "write_rate": 1e5}})
+    };
+    let cluster = |vms: Vec<serde_json::Value>| {
+        serde_json::json!({
+            "sites": [{"name": "home", "cpu_capacity": 8}, {"name": "cloud", "cpu_capacity": 8}],
+            "links": [{"a": "home", "b": "cloud", "rtt_ms": 16, "bandwidth": 12.5e6}],
+            "vms": vms})
+    };
+    std::fs::write(
+        &snap,
+        cluster(vec![vm("db", 60.0), vm("batch", 0.2)]).to_string(),
+    )
+    .unwrap();
+    let run = |args: &[&str]| Command::new(FERRY).args(args).output().unwrap();
+    let out = run(&[
+        "control",
+        "plan",
+        "--cluster",
+        snap.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ds = plan["decisions"].as_array().unwrap();
+    assert_eq!(ds.len(), 1, "{plan}");
+    assert_eq!(ds[0]["vm"], "db");
+    assert_eq!(ds[0]["action"], "move_vm");
+    assert_eq!(ds[0]["to"]["host_site"], "cloud");
+
+    let mut bad = cluster(vec![vm("db", 60.0)]);
+    bad["vms"][0]["placement"]["disk_site"] = "mars".into();
+    std::fs::write(&snap, bad.to_string()).unwrap();
+    let out = run(&["control", "plan", "--cluster", snap.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown site mars"));
+    std::fs::write(&snap, cluster(vec![vm("db", -1.0)]).to_string()).unwrap();
+    let out = run(&["control", "plan", "--cluster", snap.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("VM db iops"));
+    std::fs::write(&snap, cluster(vec![vm("db", 60.0)]).to_string()).unwrap();
+    let pol = d.path().join("policy.json");
+    std::fs::write(&pol, r#"{"locality":true,"horizon_s":600,"margin":0.5,"min_gain_share":0.1,"latency_trigger_ms":0,"hold_s":0,"hysteresis":0.8,"max_moves_per_link":2,"cooldown_s":300,"paused":false}"#).unwrap();
+    let out = run(&[
+        "control",
+        "plan",
+        "--cluster",
+        snap.to_str().unwrap(),
+        "--policy",
+        pol.to_str().unwrap(),
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("margin must be at least 1"));
+
+    let out = run(&[
+        "control", "simulate", "--vms", "50", "--ticks", "10", "--json",
+    ]);
+    assert!(out.status.success());
+    let rs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rs.as_array().unwrap().len(), 3);
+    assert_eq!(rs[0]["policy"], "none");
+    assert!(rs[2]["lost_s"].as_f64() < rs[0]["lost_s"].as_f64(), "{rs}");
+}

@@ -892,3 +892,44 @@ fn a_move_that_cannot_converge_is_ended_with_the_reason() {
     s.ha.vm_ok(&["stop", "g1"]);
     check_records(&s.sa, "root", &s.dir, &[s.ha.serial("g1")]);
 }
+
+#[test]
+fn a_move_that_cannot_converge_finishes_in_post_copy_when_allowed() {
+    let Some(_) = guest_files() else { return };
+    if !have("toxiproxy-server") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let s = two_sites(4_000);
+    ext4_volume(&s.sa, &s.dir, "root");
+    create_guest(&s.ha, &s.sa, "g1", "root", true);
+    let (done, r) = migrate(
+        &s.ha,
+        &[
+            "g1",
+            "--to-host",
+            &s.hb_wan,
+            "--max-downtime",
+            "100ms",
+            "--deadline",
+            "15s",
+            "--postcopy",
+        ],
+    );
+    assert!(done, "{r}");
+    assert_eq!(r["result"], "completed", "{r}");
+    let actions = r["convergence"].to_string();
+    assert!(actions.contains("post-copy"), "{actions}");
+    assert!(
+        r["phases"].to_string().contains("postcopy"),
+        "{}",
+        r["phases"]
+    );
+    assert_eq!(s.ha.state_of("g1"), None);
+    assert_eq!(s.hb.state_of("g1").as_deref(), Some("running"));
+    let (first, second) = (archived_serial(&s.ha, "g1"), s.hb.serial("g1"));
+    wait_acks(&second, 10);
+    check_continued(&first, &second);
+    s.hb.vm_ok(&["stop", "g1"]);
+    check_records(&s.sa, "root", &s.dir, &[first, second]);
+}

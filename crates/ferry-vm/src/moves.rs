@@ -37,6 +37,9 @@ use tokio_util::sync::CancellationToken;
 pub const DEFAULT_MAX_DOWNTIME_MS: u64 = 300;
 pub const DEFAULT_DEADLINE_S: u64 = 600;
 const POLL: Duration = Duration::from_millis(50);
+const DISK_POLL: Duration = Duration::from_millis(100);
+/// While the guest is stopped, every millisecond of polling is pause.
+const SWITCH_POLL: Duration = Duration::from_millis(5);
 /// At pre-switchover, how long the disks may take to be holding again
 /// (after a link hiccup), and then to switch.
 const SWITCH_READY_WAIT: Duration = Duration::from_secs(5);
@@ -349,6 +352,7 @@ async fn wait_disks(
     disks: &[(VmDisk, MigrationId)],
     want: impl Fn(MigrationPhase) -> bool,
     deadline: Instant,
+    poll: Duration,
 ) -> Result<Vec<MigrationStatus>, VmError> {
     loop {
         let st = disk_statuses(disks).await?;
@@ -380,7 +384,7 @@ async fn wait_disks(
         }
         tokio::select! {
             () = run.cancel.cancelled() => return Err(VmError::Peer("cancelled by the caller".into())),
-            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            () = tokio::time::sleep(poll) => {}
         }
     }
 }
@@ -420,6 +424,7 @@ async fn disk_only(
         &disks,
         |p| p == MigrationPhase::Switched,
         deadline_of(run),
+        DISK_POLL,
     )
     .await
     {
@@ -490,6 +495,7 @@ async fn memory_move(
             &disks,
             |p| p == MigrationPhase::ReadyToSwitch,
             deadline,
+            DISK_POLL,
         )
         .await
         {
@@ -597,6 +603,7 @@ async fn memory_phase(
     let mut caps = vec![
         json!({"capability": "auto-converge", "state": true}),
         json!({"capability": "pause-before-switchover", "state": teleport}),
+        json!({"capability": "events", "state": true}),
     ];
     if run.req.postcopy {
         caps.push(json!({"capability": "postcopy-ram", "state": true}));
@@ -727,6 +734,9 @@ async fn memory_phase(
         if run.cancel.is_cancelled() && run.phase() != VmMovePhase::Postcopy {
             return Err(cancel_qemu("cancelled by the caller".into()).await);
         }
+        // Taken before the query, so a status change after it wakes the
+        // wait below at once (QEMU's MIGRATION events).
+        let mark = q.mark();
         let v = qmp_status(&q).await?;
         let status = v["status"].as_str().unwrap_or("").to_string();
         let ram = &v["ram"];
@@ -800,7 +810,7 @@ async fn memory_phase(
             }
             other => tracing::debug!(status = other, "migration status"),
         }
-        tokio::time::sleep(POLL).await;
+        let _ = q.wait_named(mark, "MIGRATION", POLL).await;
     }
 
     // 5. Completed at the source: the guest is paused here. Confirm it runs
@@ -919,6 +929,7 @@ async fn switch_disks(
         disks,
         |p| p == MigrationPhase::ReadyToSwitch,
         Instant::now() + SWITCH_READY_WAIT,
+        SWITCH_POLL,
     )
     .await?;
     for (d, id) in disks {
@@ -930,6 +941,7 @@ async fn switch_disks(
         disks,
         |p| p == MigrationPhase::Switched,
         Instant::now() + SWITCH_WAIT,
+        SWITCH_POLL,
     )
     .await?;
     let pause: f64 = st

@@ -1,0 +1,355 @@
+#!/usr/bin/env python3
+"""Moving a running VM, memory and disk, across an emulated WAN: ferry
+against what `virsh migrate --live --copy-storage-all` does with QEMU alone.
+
+The guest: Debian's kernel (scripts/guest-image.sh) on a Debian LAMP disk
+image (bench/similarity.sh), 256 MiB of RAM, TCG; it appends a numbered,
+timestamped record with fsync to /records every few milliseconds and prints
+an "ack" per durable record on its serial console ("heavy": also rewrites
+256 KiB of random data per record). Site B already holds a sibling VM's
+disk (the minimal install of the same release). Links are toxiproxy
+proxies (bandwidth cap and latency each way); bytes are toxiproxy's count
+over every proxy the move used. One after the other, in one run:
+
+  ferry-vm-only   ferry vm migrate --to-host (memory only; the disk stays)
+  ferry-teleport  ferry vm migrate --to-host --with-disk --to-storage
+  qemu-native     the destination QEMU (-incoming defer -S) exports its
+                  empty disk over NBD (nbd-server-start, block-export-add);
+                  the source mirrors into it (blockdev-mirror sync=full),
+                  then migrates memory (multifd, zstd: QEMU's best for a
+                  slow link); at completion the mirror is cancelled in its
+                  ready state and the destination resumed (libvirt's order)
+
+The guest-visible pause is the largest gap between consecutive records'
+uptime stamps around the move, read from the serial logs of both sides.
+
+  python3 bench/vm_peers.py [--rtt 20 --rtt 100] [--mbit 100] [--loads idle,heavy] [--json]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import FERRY, ensure_ferry, free_port, version, wait_port  # noqa: E402
+from migration_peers import Daemon, Link, http, qmp, wait_http  # noqa: E402
+
+GUEST = os.environ.get("FERRY_GUEST_DIR", "/var/cache/ferry-guest")
+MEM = "256M"
+MAX_DOWNTIME_MS = 300
+
+
+def cmdline(load):
+    return "console=ttyS0 quiet" + (" ferry.load=heavy" if load == "heavy" else "")
+
+
+def acks(paths):
+    """(n, uptime) of every complete ack line in the logs, by n."""
+    out = {}
+    for p in paths:
+        try:
+            text = open(p, errors="replace").read()
+        except OSError:
+            continue
+        for line in text.splitlines()[:-1] if not text.endswith("\n") else text.splitlines():
+            f = line.split()
+            if len(f) == 3 and f[0] == "ack":
+                try:
+                    out[int(f[1])] = float(f[2])
+                except ValueError:
+                    pass
+    return sorted(out.items())
+
+
+def gaps_ms(paths, after_n=0):
+    a = [x for x in acks(paths) if x[0] > after_n]
+    return [(b[1] - x[1]) * 1000 for x, b in zip(a, a[1:]) if b[0] == x[0] + 1]
+
+
+def max_gap_ms(paths, after_n=0):
+    g = gaps_ms(paths, after_n)
+    return max(g) if g else None
+
+
+def median_gap_ms(paths, after_n=0):
+    g = sorted(gaps_ms(paths, after_n))
+    return g[len(g) // 2] if g else None
+
+
+def wait_acks(path, n, secs=120):
+    end = time.time() + secs
+    while time.time() < end:
+        a = acks([path])
+        if a and a[-1][0] >= n:
+            return a[-1][0]
+        time.sleep(0.2)
+    raise RuntimeError(f"guest did not reach {n} acks ({path})")
+
+
+def trust(a, b):
+    for p in (a, b):
+        subprocess.run([FERRY, "certs", "show", "--pool", p], check=True, capture_output=True)
+    subprocess.run([FERRY, "certs", "trust", f"{b}/tls/cert.pem", "--pool", a], check=True, capture_output=True)
+    subprocess.run([FERRY, "certs", "trust", f"{a}/tls/cert.pem", "--pool", b], check=True, capture_output=True)
+
+
+class Host:
+    def __init__(self, state):
+        os.makedirs(state, exist_ok=True)
+        self.state = state
+        self.control, self.moves = free_port(), free_port()
+        self.proc = subprocess.Popen(
+            [FERRY, "host", "--state-dir", state, "--control", f"127.0.0.1:{self.control}",
+             "--move-listen", f"127.0.0.1:{self.moves}"],
+            env=dict(os.environ, FERRY_LOG="warn"), stdout=subprocess.DEVNULL,
+            stderr=open(state + ".log", "w"))
+        wait_http(f"http://127.0.0.1:{self.control}/v1/vms")
+
+    def vm(self, *args):
+        return subprocess.run([FERRY, "vm", "--host", f"127.0.0.1:{self.control}", *args],
+                              capture_output=True, text=True)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+        for d in os.listdir(os.path.join(self.state, "vms")) if os.path.isdir(os.path.join(self.state, "vms")) else []:
+            try:
+                pid = int(open(os.path.join(self.state, "vms", d, "qemu.pid")).read())
+                os.kill(pid, 9)
+            except (OSError, ValueError):
+                pass
+
+
+def run_ferry(work, link, base, image, load, teleport):
+    for d in ("sa", "sb", "ha", "hb"):
+        shutil.rmtree(os.path.join(work, d), ignore_errors=True)
+    pa, pb, ha, hb = (os.path.join(work, d) for d in ("sa", "sb", "ha", "hb"))
+    trust(pa, pb)
+    os.makedirs(ha)
+    os.makedirs(hb)
+    trust(ha, hb)
+    sa, sb = Daemon(pa, migrate=True), Daemon(pb, migrate=True)
+    hosts = []
+    try:
+        sb.ferry("volume", "create", "sibling", "--size", str(os.path.getsize(base)))
+        sb.ferry("volume", "import", "sibling", base)
+        sa.ferry("volume", "create", "root", "--size", str(os.path.getsize(image)))
+        sa.ferry("volume", "import", "root", image)
+        A, B = Host(ha), Host(hb)
+        hosts = [A, B]
+        mem_name, mem_port = link.proxy(f"127.0.0.1:{B.moves}")
+        disk_name, disk_port = link.proxy(f"127.0.0.1:{sb.mig}")
+        r = A.vm("create", "g", "--memory", MEM, "--accel", "tcg",
+                 "--disk", f"root@127.0.0.1:{sa.nbd}@127.0.0.1:{sa.admin}",
+                 "--kernel", f"{GUEST}/vmlinuz", "--initrd", f"{GUEST}/initrd.img",
+                 "--cmdline", cmdline(load))
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr)
+        serial_a = os.path.join(ha, "vms", "g", "serial.log")
+        n0 = wait_acks(serial_a, 100)
+        args = ["migrate", "g", "--to-host", f"127.0.0.1:{mem_port}",
+                "--max-downtime", f"{MAX_DOWNTIME_MS}ms", "--json"]
+        if teleport:
+            args += ["--with-disk", "--to-storage", f"127.0.0.1:{disk_port}"]
+        t = time.time()
+        r = A.vm(*args)
+        secs = time.time() - t
+        report = json.loads(r.stdout) if r.stdout.strip() else {"error": r.stderr}
+        moved = [d for d in os.listdir(os.path.join(ha, "moved"))] if os.path.isdir(os.path.join(ha, "moved")) else []
+        serial_b = os.path.join(hb, "vms", "g", "serial.log")
+        src_logs = [os.path.join(ha, "moved", d, "serial.log") for d in moved] + [serial_a]
+        wait_acks(serial_b, 1, secs=30)
+        time.sleep(3)
+        out = {
+            "ok": r.returncode == 0,
+            "seconds": secs,
+            "pause_ms": max_gap_ms(src_logs + [serial_b], after_n=n0),
+            "record_gap_ms": median_gap_ms(src_logs + [serial_b], after_n=n0),
+            "report": report,
+        }
+        B.vm("stop", "g")
+        for h in hosts:
+            h.stop()
+        hosts = []
+        sa.stop()
+        sb.stop()
+        out["bytes"] = link.bytes(mem_name) + (link.bytes(disk_name) if teleport else 0)
+        out["memory_bytes"] = link.bytes(mem_name)
+        return out
+    finally:
+        for h in hosts:
+            h.stop()
+        for d in (sa, sb):
+            if d.proc.poll() is None:
+                d.stop()
+
+
+def qemu_cmd(name, disk, qsock, serial, load, incoming=None):
+    node = json.dumps({"driver": "raw", "node-name": "disk0",
+                       "file": {"driver": "file", "filename": disk}})
+    args = ["qemu-system-x86_64", "-name", name, "-M", "q35", "-accel", "tcg", "-cpu", "max",
+            "-m", MEM, "-nodefaults", "-display", "none",
+            "-qmp", f"unix:{qsock},server=on,wait=off",
+            "-chardev", f"file,id=s0,path={serial}", "-serial", "chardev:s0",
+            "-blockdev", node, "-device", "virtio-blk-pci,drive=disk0,id=vd0",
+            "-kernel", f"{GUEST}/vmlinuz", "-initrd", f"{GUEST}/initrd.img", "-append", cmdline(load)]
+    if incoming:
+        args += ["-incoming", "defer", "-S"]
+    return args
+
+
+def connect_qmp(path):
+    for _ in range(200):
+        try:
+            return qmp(path)
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"QMP {path} did not come up")
+
+
+def run_qemu_native(work, link, image, load):
+    src_disk, dst_disk = os.path.join(work, "qa.raw"), os.path.join(work, "qb.raw")
+    subprocess.run(["cp", "--sparse=always", image, src_disk], check=True)
+    with open(dst_disk, "wb") as f:
+        f.truncate(os.path.getsize(image))
+    qa, qb = os.path.join(work, "qa.qmp"), os.path.join(work, "qb.qmp")
+    sa, sb = os.path.join(work, "qa.serial"), os.path.join(work, "qb.serial")
+    for p in (qa, qb, sa, sb):
+        if os.path.exists(p):
+            os.unlink(p)
+    procs = []
+    try:
+        procs.append(subprocess.Popen(qemu_cmd("src", src_disk, qa, sa, load),
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        n0 = wait_acks(sa, 100)
+        procs.append(subprocess.Popen(qemu_cmd("dst", dst_disk, qb, sb, load, incoming=True),
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        src, dst = connect_qmp(qa), connect_qmp(qb)
+        nbd_port, mig_port = free_port(), free_port()
+        caps = [{"capability": "auto-converge", "state": True},
+                {"capability": "multifd", "state": True}]
+        params = {"multifd-channels": 4, "multifd-compression": "zstd"}
+        for c in (src, dst):
+            c("migrate-set-capabilities", capabilities=caps)
+            c("migrate-set-parameters", **params)
+        src("migrate-set-parameters", **{"downtime-limit": MAX_DOWNTIME_MS, "max-bandwidth": 1 << 40})
+        dst("nbd-server-start", addr={"type": "inet", "data": {"host": "127.0.0.1", "port": str(nbd_port)}})
+        dst("block-export-add", type="nbd", id="e0", **{"node-name": "disk0"}, writable=True, name="disk0")
+        dst("migrate-incoming", uri=f"tcp:127.0.0.1:{mig_port}")
+        disk_name, disk_port = link.proxy(f"127.0.0.1:{nbd_port}")
+        mem_name, mem_port = link.proxy(f"127.0.0.1:{mig_port}")
+        t = time.time()
+        src("blockdev-add", driver="nbd", **{"node-name": "tgt"},
+            server={"type": "inet", "host": "127.0.0.1", "port": str(disk_port)}, export="disk0")
+        src("blockdev-mirror", **{"job-id": "m0"}, device="disk0", target="tgt", sync="full")
+        while True:
+            jobs = [j for j in src("query-jobs") if j["id"] == "m0"]
+            if jobs and jobs[0]["status"] == "ready":
+                break
+            if not jobs:
+                raise RuntimeError("mirror job vanished")
+            time.sleep(0.1)
+        src("migrate", uri=f"tcp:127.0.0.1:{mem_port}")
+        while True:
+            st = src("query-migrate")
+            if st.get("status") == "completed":
+                break
+            if st.get("status") in ("failed", "cancelled"):
+                raise RuntimeError(f"QEMU migration {st}")
+            time.sleep(0.05)
+        # libvirt's order: cancel the ready mirror (a consistent copy), stop
+        # the export, resume the destination.
+        src("block-job-cancel", device="m0")
+        while [j for j in src("query-jobs") if j["id"] == "m0"]:
+            time.sleep(0.02)
+        src("blockdev-del", **{"node-name": "tgt"})
+        dst("block-export-del", id="e0", mode="hard")
+        dst("nbd-server-stop")
+        dst("cont")
+        secs = time.time() - t
+        downtime = st.get("downtime")
+        wait_acks(sb, n0 + 1, secs=60)
+        time.sleep(3)
+        pause = max_gap_ms([sa, sb], after_n=n0)
+        normal = median_gap_ms([sa, sb], after_n=n0)
+        for p in procs:
+            p.kill()
+            p.wait()
+        procs = []
+        return {"ok": True, "seconds": secs, "pause_ms": pause, "record_gap_ms": normal,
+                "downtime_ms_qemu": downtime,
+                "bytes": link.bytes(disk_name) + link.bytes(mem_name), "memory_bytes": link.bytes(mem_name)}
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        for p in (src_disk, dst_disk):
+            if os.path.exists(p):
+                os.unlink(p)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rtt", type=int, action="append")
+    ap.add_argument("--mbit", type=float, default=100)
+    ap.add_argument("--loads", default="idle,heavy")
+    ap.add_argument("--peers", default="ferry-vm-only,ferry-teleport,qemu-native")
+    ap.add_argument("--images", default="/tmp/ferry-similarity")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    rtts = a.rtt or [20]
+    base, image = os.path.join(a.images, "min.img"), os.path.join(a.images, "lamp.img")
+    for f in (base, image, f"{GUEST}/vmlinuz"):
+        if not os.path.exists(f):
+            sys.exit(f"{f} missing: run bench/similarity.sh and scripts/guest-image.sh")
+    ensure_ferry()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="ferry-vmbench-") as work:
+        for rtt in rtts:
+            for load in a.loads.split(","):
+                for peer in a.peers.split(","):
+                    link = Link(work, a.mbit, rtt)
+                    try:
+                        if peer == "ferry-vm-only":
+                            r = run_ferry(work, link, base, image, load, teleport=False)
+                        elif peer == "ferry-teleport":
+                            r = run_ferry(work, link, base, image, load, teleport=True)
+                        elif peer == "qemu-native":
+                            r = run_qemu_native(work, link, image, load)
+                        else:
+                            sys.exit(f"unknown peer {peer}")
+                    except Exception as e:  # one peer's failure is a row, not the end
+                        r = {"ok": False, "error": str(e)}
+                    finally:
+                        link.close()
+                    r.update(peer=peer, rtt=rtt, load=load, mbit=a.mbit)
+                    print(json.dumps({k: v for k, v in r.items() if k != "report"}), file=sys.stderr)
+                    results.append(r)
+    if a.json:
+        print(json.dumps(results, indent=1))
+        return
+    print(f"ferry {version([FERRY, '--version'])}; {version(['qemu-system-x86_64', '--version'])}; "
+          f"{a.mbit:g} Mbit/s, guest {MEM} TCG, max downtime {MAX_DOWNTIME_MS} ms\n")
+    print("| RTT | guest load | peer | bytes on the link | of which memory | total time | guest-visible pause (normal gap between records) | QEMU downtime |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        if not r.get("ok"):
+            print(f"| {r['rtt']} ms | {r['load']} | {r['peer']} | failed: {r.get('error') or r.get('report', {}).get('reason')} | | | | |")
+            continue
+        rep = r.get("report", {})
+        dt = r.get("downtime_ms_qemu", rep.get("downtime_ms_qemu"))
+        pause = r.get("pause_ms")
+        print(f"| {r['rtt']} ms | {r['load']} | {r['peer']} | {r['bytes'] / 1e6:.1f} MB | "
+              f"{r['memory_bytes'] / 1e6:.1f} MB | {r['seconds']:.1f} s | "
+              f"{'-' if pause is None else f'{pause:.0f} ms'} ({r.get('record_gap_ms') or 0:.0f} ms) | "
+              f"{'-' if dt is None else f'{dt} ms'} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+//! What the controller knows: sites, the links between them, and each VM
+//! with its placement and measured load (a snapshot; JSON for
+//! `ferry control plan --cluster FILE`).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use thiserror::Error;
+
+#[derive(Debug, Error, PartialEq)]
+pub enum ClusterError {
+    #[error("VM {vm}: unknown site {site}")]
+    UnknownSite { vm: String, site: String },
+    #[error("no link between sites {0} and {1}")]
+    NoLink(String, String),
+    #[error("{what} must be {rule}, got {value}")]
+    Impossible {
+        what: String,
+        rule: &'static str,
+        value: f64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Site {
+    pub name: String,
+    /// vCPUs the site's hosts can run.
+    pub cpu_capacity: f64,
+}
+
+/// A link between two sites, as measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Link {
+    pub a: String,
+    pub b: String,
+    pub rtt_ms: f64,
+    /// Bytes per second.
+    pub bandwidth: f64,
+}
+
+/// Where a VM runs and where its disk lives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub host_site: String,
+    pub disk_site: String,
+}
+
+/// A VM's load as its host measured it (forwarder and QEMU).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VmLoad {
+    /// Disk requests per second.
+    pub iops: f64,
+    /// Mean bytes per request.
+    pub io_bytes: f64,
+    /// Mean request latency now (ms), as the forwarder answered.
+    pub latency_ms: f64,
+    /// vCPUs busy (CPU seconds per second).
+    pub cpu: f64,
+    /// Guest memory dirtied per second (bytes), QEMU's estimate.
+    pub dirty_rate: f64,
+    /// Disk bytes written per second.
+    pub write_rate: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VmState {
+    pub name: String,
+    pub placement: Placement,
+    pub memory_bytes: f64,
+    pub disk_bytes: f64,
+    /// For each site, the disk bytes that site lacks (from a sample of the
+    /// volume's fingerprints asked of its index); absent: all of it.
+    #[serde(default)]
+    pub missing_at: BTreeMap<String, f64>,
+    pub load: VmLoad,
+    /// Seconds since its last move (for cooldown and minimum stay).
+    #[serde(default = "long_ago")]
+    pub since_move_s: f64,
+}
+
+fn long_ago() -> f64 {
+    f64::INFINITY
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cluster {
+    pub sites: Vec<Site>,
+    pub links: Vec<Link>,
+    pub vms: Vec<VmState>,
+    /// Local access latency added per request on the same site (ms).
+    #[serde(default = "local_rtt")]
+    pub local_rtt_ms: f64,
+    /// Links by their two sites, built at the first lookup.
+    #[serde(skip)]
+    pub link_index: std::sync::OnceLock<std::collections::HashMap<(String, String), usize>>,
+}
+
+fn local_rtt() -> f64 {
+    0.1
+}
+
+fn positive(what: String, v: f64) -> Result<(), ClusterError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(ClusterError::Impossible {
+            what,
+            rule: "positive and finite",
+            value: v,
+        })
+    }
+}
+
+fn non_negative(what: String, v: f64) -> Result<(), ClusterError> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err(ClusterError::Impossible {
+            what,
+            rule: "zero or more and finite",
+            value: v,
+        })
+    }
+}
+
+impl Cluster {
+    /// The link between two sites (same site: the local one).
+    pub fn link(&self, a: &str, b: &str) -> Result<Link, ClusterError> {
+        if a == b {
+            return Ok(Link {
+                a: a.into(),
+                b: b.into(),
+                rtt_ms: self.local_rtt_ms,
+                bandwidth: 1.25e9,
+            });
+        }
+        let idx = self.link_index.get_or_init(|| {
+            let mut m = std::collections::HashMap::new();
+            for (i, l) in self.links.iter().enumerate() {
+                m.insert((l.a.clone(), l.b.clone()), i);
+                m.insert((l.b.clone(), l.a.clone()), i);
+            }
+            m
+        });
+        idx.get(&(a.to_string(), b.to_string()))
+            .map(|i| self.links[*i].clone())
+            .ok_or_else(|| ClusterError::NoLink(a.into(), b.into()))
+    }
+
+    /// Refuse a snapshot the model cannot reason about.
+    pub fn validate(&self) -> Result<(), ClusterError> {
+        for s in &self.sites {
+            non_negative(format!("site {} cpu_capacity", s.name), s.cpu_capacity)?;
+        }
+        for l in &self.links {
+            non_negative(format!("link {}-{} rtt_ms", l.a, l.b), l.rtt_ms)?;
+            positive(format!("link {}-{} bandwidth", l.a, l.b), l.bandwidth)?;
+        }
+        let known = |s: &str| self.sites.iter().any(|x| x.name == s);
+        for v in &self.vms {
+            for s in [&v.placement.host_site, &v.placement.disk_site] {
+                if !known(s) {
+                    return Err(ClusterError::UnknownSite {
+                        vm: v.name.clone(),
+                        site: s.clone(),
+                    });
+                }
+            }
+            positive(format!("VM {} memory_bytes", v.name), v.memory_bytes)?;
+            positive(format!("VM {} disk_bytes", v.name), v.disk_bytes)?;
+            let l = &v.load;
+            for (what, x) in [
+                ("iops", l.iops),
+                ("io_bytes", l.io_bytes),
+                ("latency_ms", l.latency_ms),
+                ("cpu", l.cpu),
+                ("dirty_rate", l.dirty_rate),
+                ("write_rate", l.write_rate),
+            ] {
+                non_negative(format!("VM {} {what}", v.name), x)?;
+            }
+        }
+        Ok(())
+    }
+}
