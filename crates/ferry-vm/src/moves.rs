@@ -47,6 +47,9 @@ const SWITCH_WAIT: Duration = Duration::from_secs(20);
 /// A disk migration that stops holding (its link broke and it is
 /// reconnecting) for this long during the memory copy ends the move.
 const DISK_LOST_LIMIT: Duration = Duration::from_secs(3);
+/// A link opened ahead is renewed before the destination's request
+/// timeout closes it.
+const SPARE_LINK_AGE: Duration = Duration::from_secs(40);
 
 /// One move this host started.
 pub struct MoveRun {
@@ -702,7 +705,26 @@ async fn memory_phase(
     let mut rounds = 0;
     let mut polls = 0u64;
     let mut disks_lost_since: Option<Instant> = None;
+    // A link to the destination opened ahead, for the one message sent
+    // while the guest is stopped.
+    let mut spare = if teleport {
+        crate::tunnel::connect(&host.certs, to_host)
+            .await
+            .ok()
+            .map(|l| (l, Instant::now()))
+    } else {
+        None
+    };
     loop {
+        if spare
+            .as_ref()
+            .is_some_and(|(_, t)| t.elapsed() > SPARE_LINK_AGE)
+        {
+            spare = crate::tunnel::connect(&host.certs, to_host)
+                .await
+                .ok()
+                .map(|l| (l, Instant::now()));
+        }
         polls += 1;
         if teleport && !switched && polls.is_multiple_of(10) {
             // A disk migration that failed ends the move now, not at the switch.
@@ -785,7 +807,10 @@ async fn memory_phase(
             "pre-switchover" if !switched => {
                 run.set_phase(VmMovePhase::Switchover);
                 if teleport {
-                    if let Err(e) = switch_disks(host, run, to_host, disks).await {
+                    let early = spare.take().filter(|(_, t)| t.elapsed() < SPARE_LINK_AGE);
+                    if let Err(e) =
+                        switch_disks(host, run, to_host, disks, early.map(|x| x.0)).await
+                    {
                         return Err(cancel_qemu(format!("disk switch failed: {e}")).await);
                     }
                 }
@@ -922,6 +947,7 @@ async fn switch_disks(
     run: &MoveRun,
     to_host: &str,
     disks: &[(VmDisk, MigrationId)],
+    spare: Option<crate::tunnel::ClientLink>,
 ) -> Result<(), VmError> {
     // The guest is stopped now: every wait here is bounded and short.
     wait_disks(
@@ -950,16 +976,21 @@ async fn switch_disks(
         .fold(0.0, f64::max);
     run.note(format!("disks switched (their own pause {pause:.0} ms)"));
     let servers = new_servers(disks).await?;
-    call(
-        &host.certs,
-        to_host,
-        &PeerRequest::DiskSwitched {
-            id: run.id.clone(),
-            servers,
-        },
-        Duration::from_secs(60),
-    )
-    .await?;
+    let req = PeerRequest::DiskSwitched {
+        id: run.id.clone(),
+        servers,
+    };
+    let limit = Duration::from_secs(60);
+    let early = match spare {
+        Some(link) => crate::tunnel::call_on(link, to_host, &req, limit)
+            .await
+            .map(|_| ()),
+        None => Err(VmError::Peer("no link opened ahead".into())),
+    };
+    if let Err(e) = early {
+        tracing::debug!(error = %e, "the link opened ahead failed; a new one");
+        call(&host.certs, to_host, &req, limit).await?;
+    }
     Ok(())
 }
 
