@@ -161,6 +161,9 @@ def run_ferry(work, link, base, image, load, teleport):
         r = A.vm(*args)
         secs = time.time() - t
         report = json.loads(r.stdout) if r.stdout.strip() else {"error": r.stderr}
+        if r.returncode != 0:
+            return {"ok": False, "error": report.get("reason") or report.get("error"), "report": report,
+                    "seconds": secs}
         moved = [d for d in os.listdir(os.path.join(ha, "moved"))] if os.path.isdir(os.path.join(ha, "moved")) else []
         serial_b = os.path.join(hb, "vms", "g", "serial.log")
         src_logs = [os.path.join(ha, "moved", d, "serial.log") for d in moved] + [serial_a]
