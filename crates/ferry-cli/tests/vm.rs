@@ -933,3 +933,110 @@ fn a_move_that_cannot_converge_finishes_in_post_copy_when_allowed() {
     s.hb.vm_ok(&["stop", "g1"]);
     check_records(&s.sa, "root", &s.dir, &[first, second]);
 }
+
+/// Acks per second over `secs`.
+fn ack_rate(serial: &Path, secs: u64) -> f64 {
+    let a = acks(serial).last().map_or(0, |x| x.0);
+    std::thread::sleep(Duration::from_secs(secs));
+    let b = acks(serial).last().map_or(0, |x| x.0);
+    (b - a) as f64 / secs as f64
+}
+
+#[test]
+fn the_controller_moves_an_io_bound_guest_next_to_its_disk() {
+    let Some(_) = guest_files() else { return };
+    if !have("toxiproxy-server") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let s = two_sites(12_500);
+    // The guest on host A reads and writes its disk at site B across 16 ms.
+    let nbd_wan = s.tp.proxy("nbd", &s.sb.nbd);
+    for (name, dir) in [("lat_up", "upstream"), ("lat_down", "downstream")] {
+        s.tp.add_toxic(
+            "nbd",
+            name,
+            "latency",
+            dir,
+            serde_json::json!({"latency": 8}),
+        );
+    }
+    ext4_volume(&s.sb, &s.dir, "root");
+    let (k, i) = guest_files().unwrap();
+    s.ha.vm_ok(&[
+        "create",
+        "g1",
+        "--memory",
+        "128M",
+        "--accel",
+        "tcg",
+        "--disk",
+        &format!("root@{nbd_wan}@{}", s.sb.admin),
+        "--kernel",
+        k.to_str().unwrap(),
+        "--initrd",
+        i.to_str().unwrap(),
+        "--cmdline",
+        "console=ttyS0 quiet",
+    ]);
+    let serial = s.ha.serial("g1");
+    wait_acks(&serial, 10);
+    let remote_rate = ack_rate(&serial, 4);
+
+    let inv = serde_json::json!({
+        "sites": [
+            {"name": "a", "cpu_capacity": 8,
+             "hosts": [{"control": s.ha.control, "moves": s.ha.moves}],
+             "storage": [{"nbd": s.sa.nbd, "migrate": s.sa.mig, "admin": s.sa.admin}]},
+            {"name": "b", "cpu_capacity": 8,
+             "hosts": [{"control": s.hb.control, "moves": s.hb_wan}],
+             "storage": [{"nbd": nbd_wan, "migrate": s.sb_wan, "admin": s.sb.admin}]}],
+        "links": [{"a": "a", "b": "b", "rtt_ms": 16, "bandwidth": 12.5e6}]});
+    let inv_file = s.dir.join("inventory.json");
+    std::fs::write(&inv_file, inv.to_string()).unwrap();
+    let snap = s.dir.join("snapshot.json");
+    let plan: Value = serde_json::from_str(&ok(&[
+        "control",
+        "plan",
+        "--inventory",
+        inv_file.to_str().unwrap(),
+        "--save-snapshot",
+        snap.to_str().unwrap(),
+        "--json",
+    ]))
+    .unwrap();
+    let measured: Value = serde_json::from_slice(&std::fs::read(&snap).unwrap()).unwrap();
+    let load = &measured["vms"][0]["load"];
+    assert!(
+        load["latency_ms"].as_f64().unwrap() > 10.0,
+        "the forwarder saw the RTT: {load}"
+    );
+    assert_eq!(measured["vms"][0]["placement"]["disk_site"], "b");
+    let d = &plan["decisions"][0];
+    assert_eq!(d["vm"], "g1", "{plan}");
+
+    let out: Value = serde_json::from_str(&ok(&[
+        "control",
+        "plan",
+        "--inventory",
+        inv_file.to_str().unwrap(),
+        "--apply",
+        "--json",
+    ]))
+    .unwrap();
+    let line = out["moves"][0].as_str().unwrap().to_string();
+    eprintln!("controller: {line}");
+    assert!(line.contains("completed"), "{out}");
+    if line.contains("MoveDisk") {
+        // The disk came to site A: no more round trips per request.
+        assert_eq!(s.ha.state_of("g1").as_deref(), Some("running"));
+        wait_acks(&serial, 10);
+        let local_rate = ack_rate(&serial, 4);
+        assert!(
+            local_rate > remote_rate * 1.5,
+            "I/O rate {remote_rate}/s -> {local_rate}/s"
+        );
+    } else {
+        assert_eq!(s.hb.state_of("g1").as_deref(), Some("running"), "{line}");
+    }
+}

@@ -14,6 +14,7 @@
 //!   policies.
 
 pub mod cluster;
+pub mod inventory;
 pub mod model;
 pub mod policy;
 pub mod simulate;

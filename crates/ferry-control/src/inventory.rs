@@ -1,0 +1,80 @@
+//! What the operator tells the controller about the sites: their hosts
+//! (control API and move listener), their storage daemons (NBD, migration
+//! listener, admin API), and the links between sites. With the hosts'
+//! measurements it becomes a [`Cluster`](crate::Cluster) snapshot.
+
+use crate::cluster::{Link, Site};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostRef {
+    /// `ferry host --control`.
+    pub control: String,
+    /// `ferry host --move-listen`, as other sites reach it.
+    pub moves: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageRef {
+    /// NBD address guests' disks name (`--disk VOLUME@NBD`).
+    pub nbd: String,
+    /// Migration listener, as other sites reach it.
+    pub migrate: String,
+    pub admin: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SiteInventory {
+    pub name: String,
+    pub cpu_capacity: f64,
+    pub hosts: Vec<HostRef>,
+    pub storage: Vec<StorageRef>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Inventory {
+    pub sites: Vec<SiteInventory>,
+    pub links: Vec<Link>,
+}
+
+impl Inventory {
+    pub fn sites(&self) -> Vec<Site> {
+        self.sites
+            .iter()
+            .map(|s| Site {
+                name: s.name.clone(),
+                cpu_capacity: s.cpu_capacity,
+            })
+            .collect()
+    }
+
+    /// The site whose storage daemon serves NBD at `addr`.
+    pub fn site_of_storage(&self, addr: &str) -> Option<&SiteInventory> {
+        self.sites
+            .iter()
+            .find(|s| s.storage.iter().any(|x| x.nbd == addr))
+    }
+
+    pub fn site(&self, name: &str) -> Option<&SiteInventory> {
+        self.sites.iter().find(|s| s.name == name)
+    }
+
+    /// Refuse an inventory with unknown or missing parts.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.sites.is_empty() {
+            return Err("the inventory names no site".into());
+        }
+        for l in &self.links {
+            for s in [&l.a, &l.b] {
+                if self.site(s).is_none() {
+                    return Err(format!("link {}-{}: unknown site {s}", l.a, l.b));
+                }
+            }
+        }
+        Ok(())
+    }
+}
