@@ -92,18 +92,29 @@ pub fn access_cost(
 
 /// Moving the VM's memory across a link.
 pub fn vm_move_cost(vm: &VmState, rtt_ms: f64, bw: f64) -> MoveCost {
-    let d = vm.load.dirty_rate;
-    let converges = d < 0.8 * bw;
-    // With auto-converge the guest is throttled down to 80% of the link.
-    let eff = if converges { 1.0 - d / bw } else { 0.2 };
-    let bytes = vm.memory_bytes / eff;
+    let (bytes, converges) = precopy_bytes(vm.memory_bytes, vm.load.dirty_rate, bw);
     let seconds = bytes / bw + 3.0 * rtt_ms / 1000.0;
     let pause = TARGET_PAUSE_S.min(seconds) + rtt_ms / 1000.0;
+    move_cost(seconds, bytes, pause, converges)
+}
+
+/// Bytes a pre-copy of `base` bytes sends while `rate` bytes/s are
+/// dirtied on a link of `bw`: the rounds' geometric series; past 80% of
+/// the link it does not converge by itself, and the guest is throttled
+/// down to 80% of the link.
+fn precopy_bytes(base: f64, rate: f64, bw: f64) -> (f64, bool) {
+    let converges = rate < 0.8 * bw;
+    let eff = if converges { 1.0 - rate / bw } else { 0.2 };
+    (base / eff, converges)
+}
+
+/// A move's cost from its duration, bytes and pause.
+fn move_cost(seconds: f64, bytes: f64, pause_s: f64, converges: bool) -> MoveCost {
     MoveCost {
         seconds,
         bytes,
-        pause_s: pause,
-        lost_s: pause + MOVE_SLOWDOWN * seconds,
+        pause_s,
+        lost_s: pause_s + MOVE_SLOWDOWN * seconds,
         converges,
     }
 }
@@ -112,20 +123,10 @@ pub fn vm_move_cost(vm: &VmState, rtt_ms: f64, bw: f64) -> MoveCost {
 pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost {
     let missing = vm.missing_at.get(to).copied().unwrap_or(vm.disk_bytes);
     let prints = vm.disk_bytes / 4096.0 * FINGERPRINT_BYTES_PER_BLOCK;
-    let base = missing + prints;
-    let w = vm.load.write_rate;
-    let converges = w < 0.8 * bw;
-    let eff = if converges { 1.0 - w / bw } else { 0.2 };
-    let bytes = base / eff;
+    let (bytes, converges) = precopy_bytes(missing + prints, vm.load.write_rate, bw);
     let seconds = bytes / bw + 4.0 * rtt_ms / 1000.0;
     let pause = 0.05 + 2.0 * rtt_ms / 1000.0;
-    MoveCost {
-        seconds,
-        bytes,
-        pause_s: pause,
-        lost_s: pause + MOVE_SLOWDOWN * seconds,
-        converges,
-    }
+    move_cost(seconds, bytes, pause, converges)
 }
 
 /// Disk pre-copy, then memory; one pause (the longer of the two).
@@ -133,13 +134,12 @@ pub fn teleport_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost {
     let d = disk_move_cost(vm, to, rtt_ms, bw);
     let m = vm_move_cost(vm, rtt_ms, bw);
     let pause = d.pause_s.max(m.pause_s) + rtt_ms / 1000.0;
-    MoveCost {
-        seconds: d.seconds + m.seconds,
-        bytes: d.bytes + m.bytes,
-        pause_s: pause,
-        lost_s: pause + MOVE_SLOWDOWN * (d.seconds + m.seconds),
-        converges: d.converges && m.converges,
-    }
+    move_cost(
+        d.seconds + m.seconds,
+        d.bytes + m.bytes,
+        pause,
+        d.converges && m.converges,
+    )
 }
 
 #[cfg(test)]
