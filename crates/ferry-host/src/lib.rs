@@ -25,7 +25,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use thiserror::Error;
-use tokio_util::sync::CancellationToken;
 
 pub use downstream::{serve, Forwarder, Listener};
 
@@ -352,53 +351,4 @@ impl Agent {
     pub fn list(&self) -> Vec<Arc<Upstream>> {
         self.volumes.read().values().cloned().collect()
     }
-}
-
-/// Run the agent until `shutdown`: forward `volumes` (`(server, volume)`
-/// pairs), listen on every address of `listen` (`HOST:PORT` or
-/// `unix:PATH`), and serve the control API on `control` if given.
-pub async fn run_agent(
-    volumes: &[(String, String)],
-    listen: &[String],
-    control: Option<&str>,
-    shutdown: CancellationToken,
-) -> Result<(), HostError> {
-    let agent = Agent::new(DEFAULT_HOLD);
-    for (server, volume) in volumes {
-        agent.attach(server, volume).await?;
-    }
-    let mut tasks = tokio::task::JoinSet::new();
-    for l in listen {
-        let listener = downstream::Listener::bind(l).await?;
-        tracing::info!(listen = %l, "serving NBD");
-        tasks.spawn(serve(listener, agent.clone(), shutdown.clone()));
-    }
-    if let Some(addr) = control {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| HostError::Listen {
-                addr: addr.into(),
-                source,
-            })?;
-        tracing::info!(control = %addr, "control API listening");
-        tasks.spawn(control::serve(l, agent.clone(), shutdown.clone()));
-    }
-    while tasks.join_next().await.is_some() {}
-    Ok(())
-}
-
-/// Run the agent for one volume until `shutdown`.
-pub async fn run(
-    server: &str,
-    volume: &str,
-    listen: &[String],
-    shutdown: CancellationToken,
-) -> Result<(), HostError> {
-    run_agent(
-        &[(server.to_string(), volume.to_string())],
-        listen,
-        None,
-        shutdown,
-    )
-    .await
 }
