@@ -54,6 +54,9 @@ pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), V
     }
     let host = match (&opts.state_dir, &nbd_socket) {
         (Some(dir), Some(sock)) => {
+            // The KVM probe runs a QEMU for up to 1.5 s: once, here, off
+            // the runtime's threads, rather than inside the first request.
+            tokio::task::spawn_blocking(crate::qemu::kvm_usable);
             let name = opts
                 .move_listen
                 .clone()

@@ -172,27 +172,36 @@ impl VmHost {
             let _ = std::fs::remove_dir_all(&dir);
             e
         };
-        // Check every disk answers before anything is written.
-        for d in &spec.disks {
-            if self.agent.get(&d.volume).is_none() {
-                ferry_client::NbdClient::connect(&d.server, &d.volume, &Default::default())
-                    .await
-                    .map_err(|e| {
-                        undo(VmError::Disk {
-                            volume: d.volume.clone(),
-                            detail: format!("not reachable at {}: {e}", d.server),
-                        })
-                    })?;
+        // Every disk must answer before anything is written: attached now
+        // when the guest starts, only reached otherwise.
+        if start {
+            self.attach_disks(&spec).await.map_err(undo)?;
+        } else {
+            for d in &spec.disks {
+                if self.agent.get(&d.volume).is_none() {
+                    ferry_client::NbdClient::connect(&d.server, &d.volume, &Default::default())
+                        .await
+                        .map_err(|e| {
+                            undo(VmError::Disk {
+                                volume: d.volume.clone(),
+                                detail: format!("not reachable at {}: {e}", d.server),
+                            })
+                        })?;
+                }
             }
         }
-        std::fs::create_dir_all(&dir).map_err(|e| undo(VmError::Io(e.to_string())))?;
-        g.save_spec().map_err(undo)?;
+        let undo_all = |e: VmError| {
+            if start {
+                self.detach_disks(&spec);
+            }
+            undo(e)
+        };
+        std::fs::create_dir_all(&dir).map_err(|e| undo_all(VmError::Io(e.to_string())))?;
+        g.save_spec().map_err(undo_all)?;
         if start {
             let _op = g.op.lock().await;
-            self.attach_disks(&spec).await.map_err(undo)?;
             if let Err(e) = g.start_qemu(accel, &self.nbd_socket, false).await {
-                self.detach_disks(&spec);
-                return Err(undo(e));
+                return Err(undo_all(e));
             }
         }
         Ok(self.view(&g).await)
