@@ -219,10 +219,12 @@ fn measure(inv: &Inventory, interval: std::time::Duration) -> Result<(Cluster, R
             );
             continue;
         };
-        let before = first
+        let earlier = first
             .iter()
             .find(|(_, c, x)| c == control && x.spec.name == v.spec.name)
-            .and_then(|(_, _, x)| x.disks.first().cloned())
+            .map(|(_, _, x)| x);
+        let before = earlier
+            .and_then(|x| x.disks.first().cloned())
             .unwrap_or_default();
         let reqs = |x: &ferry_api::DiskIo| x.reads + x.writes + x.flushes + x.other;
         let n = reqs(d).saturating_sub(reqs(&before));
@@ -235,10 +237,7 @@ fn measure(inv: &Inventory, interval: std::time::Duration) -> Result<(Cluster, R
         let lat_us = d.latency_sum_us.saturating_sub(before.latency_sum_us) as f64;
         #[allow(clippy::cast_precision_loss)]
         let writes = d.write_bytes.saturating_sub(before.write_bytes) as f64;
-        let cpu_before = first
-            .iter()
-            .find(|(_, c, x)| c == control && x.spec.name == v.spec.name)
-            .map_or(v.cpu_time_s, |(_, _, x)| x.cpu_time_s);
+        let cpu_before = earlier.map_or(v.cpu_time_s, |x| x.cpu_time_s);
         let size = AdminClient::new(control)
             .host_volumes()
             .ok()
