@@ -8,7 +8,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use ferry_api::{CreateVm, ErrorBody, MigrationId, VmMigrateRequest, VmMoveStatus, VmView};
+use ferry_api::{CreateVm, DiskIo, ErrorBody, MigrationId, VmMigrateRequest, VmMoveStatus, VmView};
 use std::fmt::Write;
 use std::sync::Arc;
 
@@ -136,43 +136,51 @@ pub fn render_metrics(views: &[VmView]) -> String {
             v.spec.name, v.cpu_time_s
         );
     }
-    let _ = writeln!(o, "# HELP ferry_vm_disk_requests_total Disk requests of the guest, as the forwarder answered them.\n# TYPE ferry_vm_disk_requests_total counter");
-    for v in views {
-        for d in &v.disks {
-            for (op, n) in [
-                ("read", d.reads),
-                ("write", d.writes),
-                ("flush", d.flushes),
-                ("other", d.other),
-            ] {
-                let _ = writeln!(
-                    o,
-                    "ferry_vm_disk_requests_total{{vm=\"{}\",volume=\"{}\",op=\"{op}\"}} {n}",
-                    v.spec.name, d.volume
-                );
+    type Series = fn(&DiskIo) -> Vec<(&'static str, u64)>;
+    let families: [(&str, &str, &str, Series); 3] = [
+        (
+            "ferry_vm_disk_requests_total",
+            "Disk requests of the guest, as the forwarder answered them.",
+            "op",
+            |d| {
+                vec![
+                    ("read", d.reads),
+                    ("write", d.writes),
+                    ("flush", d.flushes),
+                    ("other", d.other),
+                ]
+            },
+        ),
+        (
+            "ferry_vm_disk_bytes_total",
+            "Disk bytes of the guest.",
+            "dir",
+            |d| vec![("read", d.read_bytes), ("write", d.write_bytes)],
+        ),
+        (
+            "ferry_vm_disk_errors_total",
+            "Disk requests answered with an error.",
+            "",
+            |d| vec![("", d.errors)],
+        ),
+    ];
+    for (name, help, label, series) in families {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+        for v in views {
+            for d in &v.disks {
+                for (value, n) in series(d) {
+                    let extra = if label.is_empty() {
+                        String::new()
+                    } else {
+                        format!(",{label}=\"{value}\"")
+                    };
+                    let _ = writeln!(
+                        o,
+                        "{name}{{vm=\"{}\",volume=\"{}\"{extra}}} {n}",
+                        v.spec.name, d.volume
+                    );
+                }
             }
-        }
-    }
-    let _ = writeln!(o, "# HELP ferry_vm_disk_bytes_total Disk bytes of the guest.\n# TYPE ferry_vm_disk_bytes_total counter");
-    for v in views {
-        for d in &v.disks {
-            for (dir, n) in [("read", d.read_bytes), ("write", d.write_bytes)] {
-                let _ = writeln!(
-                    o,
-                    "ferry_vm_disk_bytes_total{{vm=\"{}\",volume=\"{}\",dir=\"{dir}\"}} {n}",
-                    v.spec.name, d.volume
-                );
-            }
-        }
-    }
-    let _ = writeln!(o, "# HELP ferry_vm_disk_errors_total Disk requests answered with an error.\n# TYPE ferry_vm_disk_errors_total counter");
-    for v in views {
-        for d in &v.disks {
-            let _ = writeln!(
-                o,
-                "ferry_vm_disk_errors_total{{vm=\"{}\",volume=\"{}\"}} {}",
-                v.spec.name, d.volume, d.errors
-            );
         }
     }
     let _ = writeln!(o, "# HELP ferry_vm_disk_latency_seconds Time from a request's arrival at the forwarder to its answer.\n# TYPE ferry_vm_disk_latency_seconds histogram");
@@ -209,4 +217,59 @@ async fn metrics(State(h): St) -> impl IntoResponse {
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         render_metrics(&views),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_api::{Accel, Boot, VmDisk, VmSpec, VmState};
+
+    #[test]
+    fn metrics_name_every_guest_disk_and_series() {
+        let v = VmView {
+            spec: VmSpec {
+                name: "g".into(),
+                memory_mib: 64,
+                vcpus: 1,
+                disks: vec![VmDisk {
+                    volume: "v".into(),
+                    server: "h:1".into(),
+                    admin: None,
+                }],
+                boot: Boot::Disk,
+                accel: Accel::Tcg,
+            },
+            state: VmState::Running,
+            accel: Some("tcg".into()),
+            pid: Some(1),
+            qemu_status: Some("running".into()),
+            cpu_time_s: 1.5,
+            disks: vec![DiskIo {
+                volume: "v".into(),
+                reads: 3,
+                write_bytes: 4096,
+                errors: 2,
+                latency_us: vec![(50, 1), (u64::MAX, 3)],
+                latency_sum_us: 900,
+                ..Default::default()
+            }],
+            serial_log: "/s".into(),
+            moving: None,
+        };
+        let m = render_metrics(&[v]);
+        for line in [
+            "ferry_vm_state{vm=\"g\",state=\"running\",accel=\"tcg\"} 1",
+            "ferry_vm_cpu_seconds_total{vm=\"g\"} 1.5",
+            "# TYPE ferry_vm_disk_requests_total counter",
+            "ferry_vm_disk_requests_total{vm=\"g\",volume=\"v\",op=\"read\"} 3",
+            "ferry_vm_disk_requests_total{vm=\"g\",volume=\"v\",op=\"other\"} 0",
+            "ferry_vm_disk_bytes_total{vm=\"g\",volume=\"v\",dir=\"write\"} 4096",
+            "ferry_vm_disk_errors_total{vm=\"g\",volume=\"v\"} 2",
+            "ferry_vm_disk_latency_seconds_bucket{vm=\"g\",volume=\"v\",le=\"0.00005\"} 1",
+            "ferry_vm_disk_latency_seconds_bucket{vm=\"g\",volume=\"v\",le=\"+Inf\"} 3",
+            "ferry_vm_disk_latency_seconds_count{vm=\"g\",volume=\"v\"} 3",
+        ] {
+            assert!(m.lines().any(|l| l == line), "{line} missing from\n{m}");
+        }
+    }
 }
