@@ -183,7 +183,8 @@ def run_ferry(work, link, base, image, dedup=True, load=False):
         dst.stop()
 
 
-def qmp(sock_path):
+def qmp(sock_path, events=None):
+    """A QMP caller; events read on the way are kept in `events` if given."""
     s = socket.socket(socket.AF_UNIX)
     s.connect(sock_path)
     f = s.makefile("rw")
@@ -197,7 +198,9 @@ def qmp(sock_path):
         f.flush()
         while True:
             m = json.loads(f.readline())
-            if "return" in m or "error" in m:
+            if "event" in m and events is not None:
+                events.append(m)
+            elif "return" in m or "error" in m:
                 if "error" in m:
                     raise RuntimeError(f"{cmd}: {m['error']}")
                 return m["return"]

@@ -34,15 +34,14 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import FERRY, ensure_ferry, free_port, version, wait_port  # noqa: E402
-from migration_peers import Daemon, Link, http, qmp, wait_http  # noqa: E402
+from common import FERRY, ensure_ferry, free_port, version  # noqa: E402
+from migration_peers import Daemon, Link, qmp, wait_http  # noqa: E402
 
 GUEST = os.environ.get("FERRY_GUEST_DIR", "/var/cache/ferry-guest")
 MEM = "256M"
@@ -211,32 +210,10 @@ def qemu_cmd(name, disk, qsock, serial, load, incoming=None):
     return args
 
 
-def qmp_events(sock_path, events):
-    """A QMP caller that keeps every event it reads in `events`."""
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(sock_path)
-    f = s.makefile("rw")
-    json.loads(f.readline())
-
-    def call(cmd, **args):
-        f.write(json.dumps({"execute": cmd, "arguments": args}) + "\n")
-        f.flush()
-        while True:
-            m = json.loads(f.readline())
-            if "event" in m:
-                events.append(m)
-            elif "return" in m or "error" in m:
-                if "error" in m:
-                    raise RuntimeError(f"{cmd}: {m['error']}")
-                return m["return"]
-    call("qmp_capabilities")
-    return call
-
-
 def connect_qmp(path, events=None):
     for _ in range(200):
         try:
-            return qmp_events(path, events if events is not None else [])
+            return qmp(path, events)
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"QMP {path} did not come up")
