@@ -333,16 +333,22 @@ def run_casync(work, link, base, image):
 
 
 def main():
+    global GUEST_SECONDS
     ap = argparse.ArgumentParser()
     ap.add_argument("--rtt", type=int, action="append", help="round-trip time in ms (repeatable)")
     ap.add_argument("--mbit", type=float, default=100)
     ap.add_argument("--pairs", default="same", help="same,cross")
-    # "pause-load" alone runs only the loaded pause measurement.
+    # "pause-load" alone runs only the loaded pause measurement; "pause" both
+    # pause measurements (idle and loaded) without a copy of its own.
     ap.add_argument("--peers", default="ferry,ferry-noindex,qemu-mirror,rsync,casync")
+    ap.add_argument("--no-pause", action="store_true", help="skip the pause measurements that come with the ferry peer")
+    ap.add_argument("--guest-seconds", type=int, default=GUEST_SECONDS,
+                    help="how long the loaded pause's guest writes (must cover the move)")
     ap.add_argument("--images", default="/tmp/ferry-similarity")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--log", help="append each result as a JSON line to this file as it comes")
     a = ap.parse_args()
+    GUEST_SECONDS = a.guest_seconds
     rtts = a.rtt or [20, 100]
     if not all(os.path.exists(os.path.join(a.images, f)) for f in ("min.img", "lamp.img")):
         subprocess.run(["bash", os.path.join(ROOT, "bench", "similarity.sh"), a.images], check=True)
@@ -364,7 +370,7 @@ def main():
                 link = Link(work, a.mbit, rtt)
                 try:
                     for peer in a.peers.split(","):
-                        if peer == "pause-load":
+                        if peer in ("pause-load", "pause"):
                             continue  # only the loaded pause run, below
                         if peer == "ferry":
                             r = run_ferry(work, link, base, image)
@@ -386,8 +392,9 @@ def main():
                         print(f"{pair} rtt={rtt}ms {peer}: {r['bytes'] / 1e6:.1f} MB, {r['seconds']:.1f} s",
                               file=sys.stderr, flush=True)
                     peers = a.peers.split(",")
-                    if "ferry" in peers or "pause-load" in peers:
-                        for load in (False, True) if "ferry" in peers else (True,):
+                    if not a.no_pause and ("ferry" in peers or "pause-load" in peers or "pause" in peers):
+                        both = "ferry" in peers or "pause" in peers
+                        for load in (False, True) if both else (True,):
                             r = run_ferry(work, link, base, image, load=load)
                             r.update(pair=pair, rtt=rtt, peer="ferry-pause-" + ("load" if load else "idle"))
                             results.append(r)

@@ -1,0 +1,105 @@
+//! The evidence set (bench/evidence.py) still runs: every experiment at its
+//! quick size, against this build of ferry, draws its figure and lands on the
+//! page. The figures' numbers are not checked here (tests check correctness,
+//! never timings); the full run is for people and docs/evidence.md.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const EXPERIMENTS: [&str; 7] = [
+    "rtt",
+    "similarity",
+    "index",
+    "migration",
+    "pause",
+    "workloads",
+    "sweeps",
+];
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Debian's python3 (where python3-matplotlib lives) first, then PATH's.
+fn python() -> Option<&'static str> {
+    ["/usr/bin/python3", "python3"].into_iter().find(|p| {
+        Command::new(p)
+            .args(["-c", "import matplotlib"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    })
+}
+
+#[test]
+fn every_evidence_experiment_runs_and_draws_its_figure() {
+    let missing: Vec<&str> = [
+        "fio",
+        "toxiproxy-server",
+        "qemu-storage-daemon",
+        "rsync",
+        "mke2fs",
+    ]
+    .into_iter()
+    .filter(|t| !have(t))
+    .collect();
+    let py = python();
+    if !missing.is_empty() || py.is_none() {
+        assert!(
+            std::env::var("FERRY_REQUIRE_TOOLS").is_err(),
+            "the evidence run needs {missing:?} and python3 with matplotlib"
+        );
+        eprintln!("skipped: missing {missing:?} or matplotlib");
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(py.unwrap())
+        .arg(root().join("bench/evidence.py"))
+        .args(["--quick", "--out"])
+        .arg(out.path())
+        .env("FERRY_BIN", env!("CARGO_BIN_EXE_ferry"))
+        .output()
+        .unwrap();
+    let log = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        run.status.success(),
+        "bench/evidence.py --quick failed:\n{log}"
+    );
+    let page = std::fs::read_to_string(out.path().join("evidence.md")).unwrap();
+    for name in EXPERIMENTS {
+        let png = out.path().join(format!("{name}.png"));
+        let len = std::fs::metadata(&png).map(|m| m.len()).unwrap_or(0);
+        assert!(
+            len > 10_000,
+            "{name}.png missing or empty ({len} bytes)\n{log}"
+        );
+        assert!(
+            page.contains(&format!("({name}.png)")) || page.contains(&format!("/{name}.png)")),
+            "the page shows {name}"
+        );
+        assert!(
+            !page.contains(&format!("--only {name}`.")),
+            "{name} marked not run"
+        );
+        let raw: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(out.path().join(format!("{name}.json"))).unwrap(),
+        )
+        .unwrap();
+        assert!(
+            raw["ours"].as_str().is_some_and(|s| !s.is_empty()),
+            "{name} says what ferry did"
+        );
+    }
+}
