@@ -64,6 +64,17 @@ impl AdminClient {
         }
     }
 
+    /// The same with a limit on every call (connect, send and answer),
+    /// for callers that must not hang on one unresponsive daemon.
+    pub fn with_timeout(url: &str, limit: std::time::Duration) -> Self {
+        let mut c = AdminClient::new(url);
+        c.agent = ureq::AgentBuilder::new()
+            .timeout_connect(limit.min(std::time::Duration::from_secs(5)))
+            .timeout(limit)
+            .build();
+        c
+    }
+
     pub fn base(&self) -> &str {
         &self.base
     }

@@ -16,6 +16,7 @@
 
 use crate::migration::MigrationId;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// One disk of a guest: a ferry volume and where it lives.
@@ -223,6 +224,12 @@ pub struct VmMigrateRequest {
     /// The storage link without TLS (both daemons on loopback only).
     #[serde(default)]
     pub disk_plaintext: bool,
+    /// VM-only moves: where the destination host reaches a disk (volume →
+    /// NBD `HOST:PORT`) when that is not where this host reaches it, as
+    /// when the guest moves to the site that holds its disk. Disks not
+    /// named keep their address.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub disk_servers: BTreeMap<String, String>,
 }
 
 /// Where a move is.

@@ -1,24 +1,77 @@
-//! `ferry control`: the placement controller's first commands. `plan`
-//! runs the policies on a cluster snapshot (sites, links, VMs with their
-//! load and placement; JSON) and prints what it would do and why;
-//! `simulate` drives the same policies over a simulated cluster.
+//! `ferry control` and `ferry site`: the placement controller. `run` is
+//! the controller service (ferry-controller); `status`, `pause`, `resume`
+//! and `ferry site` talk to it; `plan` runs the policies once on a
+//! snapshot file or on live sites (a dry run, or `--apply`); `simulate`
+//! drives the same policies over a simulated cluster.
 
 use crate::print_json;
-use anyhow::{Context, Result};
-use clap::Subcommand;
-use ferry_api::{
-    AdminClient, MigrationId, VmMigrateRequest, VmMovePhase, VmState as GuestState, VmView,
-};
-use ferry_control::inventory::Inventory;
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use ferry_control::inventory::{HostRef, Inventory, SiteInventory, StorageRef};
 use ferry_control::policy::{plan, Policy, Triggers};
-use ferry_control::policy::{Action, Plan};
 use ferry_control::simulate::{compare, SimConfig};
-use ferry_control::{Cluster, Placement, VmLoad, VmState};
+use ferry_control::{Cluster, Link};
+use ferry_controller::settings::Settings;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+#[derive(Args, Clone)]
+pub struct ControllerArg {
+    /// The controller's API (`ferry control run --listen`).
+    #[arg(
+        long,
+        env = "FERRY_CONTROLLER",
+        default_value = "127.0.0.1:10870",
+        global = true
+    )]
+    pub controller: String,
+}
+
 #[derive(Subcommand)]
 pub enum ControlCmd {
+    /// Run the controller: measure, plan and move every --interval; API,
+    /// /metrics and a live page on --listen.
+    Run {
+        /// Where its state lives (settings.json, journal.jsonl).
+        #[arg(long)]
+        state_dir: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:10870")]
+        listen: String,
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        interval: std::time::Duration,
+        /// Between the two readings of each measurement.
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        sample: std::time::Duration,
+        /// Start from this inventory (replaces the saved one).
+        #[arg(long)]
+        inventory: Option<PathBuf>,
+        /// Policy settings (JSON; replaces the saved policy).
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// Start with automation paused (decisions shown, not acted on).
+        #[arg(long)]
+        paused: bool,
+    },
+    /// What the controller sees and decided last, and its journal.
+    Status {
+        #[command(flatten)]
+        to: ControllerArg,
+        /// Journal entries to show.
+        #[arg(long, default_value_t = 20)]
+        journal: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop acting on decisions (they are still made and shown).
+    Pause {
+        #[command(flatten)]
+        to: ControllerArg,
+    },
+    /// Act on decisions again.
+    Resume {
+        #[command(flatten)]
+        to: ControllerArg,
+    },
     /// What the policies would do with a cluster snapshot (a dry run).
     Plan {
         /// A snapshot: {sites, links, vms} (docs/placement-model.md).
@@ -69,6 +122,49 @@ fn read_json<T: serde::de::DeserializeOwned>(p: &PathBuf, what: &str) -> Result<
 
 pub fn run(cmd: ControlCmd) -> Result<()> {
     match cmd {
+        ControlCmd::Run {
+            state_dir,
+            listen,
+            interval,
+            sample,
+            inventory,
+            policy,
+            paused,
+        } => {
+            crate::init_logging();
+            let saved = ferry_controller::settings::SettingsFile::new(&state_dir).load()?;
+            let mut s = saved.clone().unwrap_or_default();
+            if let Some(f) = &inventory {
+                s.inventory = read_json(f, "inventory")?;
+            }
+            if let Some(f) = &policy {
+                s.policy = read_json(f, "policy")?;
+            }
+            if paused {
+                s.policy.paused = true;
+            }
+            let initial = (Some(&s) != saved.as_ref()).then_some(s);
+            if let Some(s) = &initial {
+                s.validate()?;
+            }
+            let opts = ferry_controller::service::Options {
+                listen,
+                state_dir,
+                interval,
+                sample,
+                initial,
+            };
+            crate::runtime()?.block_on(ferry_controller::service::run(opts))?;
+        }
+        ControlCmd::Status { to, journal, json } => status(&to.controller, journal, json)?,
+        ControlCmd::Pause { to } => {
+            call(&to.controller, "POST", "/v1/pause", None)?;
+            println!("automation paused");
+        }
+        ControlCmd::Resume { to } => {
+            call(&to.controller, "POST", "/v1/resume", None)?;
+            println!("automation resumed");
+        }
         ControlCmd::Plan {
             cluster,
             inventory,
@@ -86,14 +182,21 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
                 }
                 None => None,
             };
-            let (c, running_on) = match (&cluster, &inv) {
+            let (c, running_on, problems) = match (&cluster, &inv) {
                 (Some(f), _) => (
                     read_json::<Cluster>(f, "cluster snapshot")?,
-                    Default::default(),
+                    BTreeMap::new(),
+                    Vec::new(),
                 ),
-                (None, Some(i)) => measure(i, interval)?,
+                (None, Some(i)) => {
+                    let m = ferry_controller::measure::measure(i, interval, &BTreeMap::new());
+                    (m.cluster, m.running_on, m.problems)
+                }
                 (None, None) => anyhow::bail!("give --cluster or --inventory"),
             };
+            for p in &problems {
+                eprintln!("{p}");
+            }
             c.validate()?;
             if let Some(f) = &save_snapshot {
                 std::fs::write(f, serde_json::to_vec_pretty(&c)?)
@@ -107,7 +210,14 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
             let pl = plan(&c, &p, &mut Triggers::default(), 0.0)?;
             if apply {
                 let inv = inv.as_ref().context("--apply needs --inventory")?;
-                let results = act(inv, &running_on, &pl);
+                let results: Vec<String> = pl
+                    .decisions
+                    .iter()
+                    .map(|d| match running_on.get(&d.vm) {
+                        Some(control) => ferry_controller::act::carry_out(inv, control, d).line(),
+                        None => format!("{}: not moved: not running on any known host", d.vm),
+                    })
+                    .collect();
                 if json {
                     return print_json(&serde_json::json!({"plan": pl, "moves": results}));
                 }
@@ -180,175 +290,300 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
     Ok(())
 }
 
-/// Which host control address runs each VM.
-type RunningOn = BTreeMap<String, String>;
-
-fn sample(inv: &Inventory) -> Result<Vec<(String, String, VmView)>> {
-    let mut out = Vec::new();
-    for s in &inv.sites {
-        for h in &s.hosts {
-            let vms = AdminClient::new(&h.control)
-                .vms()
-                .with_context(|| format!("host {} of site {}", h.control, s.name))?;
-            for v in vms {
-                out.push((s.name.clone(), h.control.clone(), v));
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Measure every running guest twice and build the snapshot.
-fn measure(inv: &Inventory, interval: std::time::Duration) -> Result<(Cluster, RunningOn)> {
-    let t0 = std::time::Instant::now();
-    let first = sample(inv)?;
-    std::thread::sleep(interval);
-    let second = sample(inv)?;
-    let dt = t0.elapsed().as_secs_f64().max(1e-3);
-    let mut vms = Vec::new();
-    let mut running_on = RunningOn::new();
-    for (site, control, v) in &second {
-        if v.state != GuestState::Running {
-            continue;
-        }
-        let Some(d) = v.disks.first() else { continue };
-        let Some(disk_site) = inv.site_of_storage(&d.server) else {
-            eprintln!(
-                "{}: its disk is at {}, which no site of the inventory holds; left out",
-                v.spec.name, d.server
-            );
-            continue;
-        };
-        let earlier = first
-            .iter()
-            .find(|(_, c, x)| c == control && x.spec.name == v.spec.name)
-            .map(|(_, _, x)| x);
-        let before = earlier
-            .and_then(|x| x.disks.first().cloned())
-            .unwrap_or_default();
-        let reqs = |x: &ferry_api::DiskIo| x.reads + x.writes + x.flushes + x.other;
-        let n = reqs(d).saturating_sub(reqs(&before));
-        #[allow(clippy::cast_precision_loss)]
-        let nf = n as f64;
-        #[allow(clippy::cast_precision_loss)]
-        let bytes = (d.read_bytes + d.write_bytes)
-            .saturating_sub(before.read_bytes + before.write_bytes) as f64;
-        #[allow(clippy::cast_precision_loss)]
-        let lat_us = d.latency_sum_us.saturating_sub(before.latency_sum_us) as f64;
-        #[allow(clippy::cast_precision_loss)]
-        let writes = d.write_bytes.saturating_sub(before.write_bytes) as f64;
-        let cpu_before = earlier.map_or(v.cpu_time_s, |x| x.cpu_time_s);
-        let size = AdminClient::new(control)
-            .host_volumes()
-            .ok()
-            .and_then(|vs| {
-                vs.into_iter()
-                    .find(|x| x.volume == d.volume)
-                    .map(|x| x.size)
+fn call(
+    controller: &str,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> Result<serde_json::Value> {
+    let base = if controller.starts_with("http") {
+        controller.trim_end_matches('/').to_string()
+    } else {
+        format!("http://{controller}")
+    };
+    let req =
+        ureq::request(method, &format!("{base}{path}")).timeout(std::time::Duration::from_secs(30));
+    let r = match body {
+        Some(b) => req.send_json(b),
+        None => req.call(),
+    };
+    match r {
+        Ok(r) => {
+            let text = r.into_string()?;
+            Ok(if text.is_empty() {
+                serde_json::Value::Null
+            } else {
+                serde_json::from_str(&text)?
             })
-            .unwrap_or(1 << 30);
-        #[allow(clippy::cast_precision_loss)]
-        let (memory_bytes, disk_bytes) = ((v.spec.memory_mib << 20) as f64, size as f64);
-        running_on.insert(v.spec.name.clone(), control.clone());
-        vms.push(VmState {
-            name: v.spec.name.clone(),
-            placement: Placement {
-                host_site: site.clone(),
-                disk_site: disk_site.name.clone(),
-            },
-            memory_bytes,
-            disk_bytes,
-            missing_at: Default::default(),
-            load: VmLoad {
-                iops: nf / dt,
-                io_bytes: if n > 0 { bytes / nf } else { 4096.0 },
-                latency_ms: if n > 0 { lat_us / nf / 1000.0 } else { 0.0 },
-                cpu: (v.cpu_time_s - cpu_before).max(0.0) / dt,
-                // Not measured yet: the disk write rate stands in.
-                dirty_rate: writes / dt,
-                write_rate: writes / dt,
-            },
-            since_move_s: f64::INFINITY,
-        });
+        }
+        Err(ureq::Error::Status(code, r)) => {
+            let text = r.into_string().unwrap_or_default();
+            let msg = serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|v| v["error"].as_str().map(String::from))
+                .unwrap_or(text);
+            bail!("the controller answered {code}: {msg}")
+        }
+        Err(e) => bail!(
+            "cannot reach the controller at {base} (is `ferry control run` running? set --controller or FERRY_CONTROLLER): {e}"
+        ),
     }
-    Ok((
-        Cluster {
-            sites: inv.sites(),
-            links: inv.links.clone(),
-            vms,
-            local_rtt_ms: 0.1,
-            link_index: Default::default(),
-        },
-        running_on,
-    ))
 }
 
-/// Carry out a plan through the hosts; one line per move.
-fn act(inv: &Inventory, running_on: &RunningOn, pl: &Plan) -> Vec<String> {
-    let mut out = Vec::new();
-    for d in &pl.decisions {
-        let r = (|| -> Result<String> {
-            let control = running_on
-                .get(&d.vm)
-                .context("not running on any known host")?;
-            let to = inv.site(&d.to.host_site).context("unknown target site")?;
-            let to_disk = inv.site(&d.to.disk_site).context("unknown target site")?;
-            let mut req = VmMigrateRequest {
-                id: Some(MigrationId::random()),
-                ..Default::default()
-            };
-            if matches!(d.action, Action::MoveVm | Action::Teleport) {
-                req.to_host = Some(
-                    to.hosts
-                        .first()
-                        .context("target site has no host")?
-                        .moves
-                        .clone(),
-                );
-            }
-            if matches!(d.action, Action::MoveDisk | Action::Teleport) {
-                let st = to_disk
-                    .storage
-                    .first()
-                    .context("target site has no storage")?;
-                req.to_storage = Some(st.migrate.clone());
-                req.to_storage_admin = Some(st.admin.clone());
-            }
-            let c = AdminClient::new(control);
-            let started = c.migrate_vm(&d.vm, &req)?;
-            let t = std::time::Instant::now();
-            let end = loop {
-                let s = c.vm_move(&started.id)?;
-                if s.phase.is_terminal() {
-                    break s;
-                }
-                anyhow::ensure!(
-                    t.elapsed().as_secs() < 900,
-                    "move {} still running after 15 min",
-                    started.id
-                );
-                std::thread::sleep(std::time::Duration::from_millis(200));
-            };
-            let rep = end.report.context("no report")?;
-            Ok(format!(
-                "{} {:?} to {}/{}: {} in {:.1} s (predicted {:.1} s), {:.0} MB (predicted {:.0} MB){}",
-                d.vm,
-                d.action,
-                d.to.host_site,
-                d.to.disk_site,
-                rep.result.as_str(),
-                rep.total_s,
-                d.cost.seconds,
-                (rep.bytes.memory_link + rep.bytes.disk_link) as f64 / 1e6,
-                d.cost.bytes / 1e6,
-                if rep.result == VmMovePhase::Completed {
-                    String::new()
-                } else {
-                    format!(": {}", rep.reason.unwrap_or_default())
-                }
-            ))
-        })();
-        out.push(r.unwrap_or_else(|e| format!("{}: not moved: {e:#}", d.vm)));
+fn status(controller: &str, journal: usize, json: bool) -> Result<()> {
+    let st = call(controller, "GET", "/v1/status", None)?;
+    let set: Settings = serde_json::from_value(call(controller, "GET", "/v1/settings", None)?)?;
+    let jr = call(
+        controller,
+        "GET",
+        &format!("/v1/journal?limit={journal}"),
+        None,
+    )?;
+    if json {
+        return print_json(&serde_json::json!({"status": st, "settings": set, "journal": jr}));
     }
-    out
+    println!(
+        "cycle {}, automation {}, {} site(s), {} link(s)",
+        st["cycle"],
+        if st["paused"].as_bool().unwrap_or(false) {
+            "paused"
+        } else {
+            "on"
+        },
+        set.inventory.sites.len(),
+        set.inventory.links.len()
+    );
+    for p in st["problems"].as_array().into_iter().flatten() {
+        println!("problem: {}", p.as_str().unwrap_or_default());
+    }
+    for v in st["cluster"]["vms"].as_array().into_iter().flatten() {
+        println!(
+            "guest {} runs at {}, disk at {}: {:.0} IOPS, {:.2} ms, CPU {:.2}",
+            v["name"].as_str().unwrap_or_default(),
+            v["placement"]["host_site"].as_str().unwrap_or_default(),
+            v["placement"]["disk_site"].as_str().unwrap_or_default(),
+            v["load"]["iops"].as_f64().unwrap_or(0.0),
+            v["load"]["latency_ms"].as_f64().unwrap_or(0.0),
+            v["load"]["cpu"].as_f64().unwrap_or(0.0)
+        );
+    }
+    for d in st["plan"]["decisions"].as_array().into_iter().flatten() {
+        println!(
+            "decided: {} {}: {}",
+            d["vm"].as_str().unwrap_or_default(),
+            d["action"].as_str().unwrap_or_default(),
+            d["reason"].as_str().unwrap_or_default()
+        );
+    }
+    for e in jr.as_array().into_iter().flatten() {
+        let what = match e["event"].as_str().unwrap_or_default() {
+            "finished" => format!(
+                "{} {}: {} in {:.1} s (predicted {:.1} s){}",
+                e["outcome"]["vm"].as_str().unwrap_or_default(),
+                e["outcome"]["action"].as_str().unwrap_or_default(),
+                e["outcome"]["result"].as_str().unwrap_or_default(),
+                e["outcome"]["seconds"].as_f64().unwrap_or(0.0),
+                e["outcome"]["predicted_seconds"].as_f64().unwrap_or(0.0),
+                e["outcome"]["reason"]
+                    .as_str()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            ),
+            "decided" => format!(
+                "{} {}: {}",
+                e["vm"].as_str().unwrap_or_default(),
+                e["action"].as_str().unwrap_or_default(),
+                e["reason"].as_str().unwrap_or_default()
+            ),
+            "started" => format!(
+                "{} move {}",
+                e["vm"].as_str().unwrap_or_default(),
+                e["id"].as_str().unwrap_or_default()
+            ),
+            _ => e["what"].as_str().unwrap_or_default().to_string(),
+        };
+        println!(
+            "journal {} {}: {what}",
+            e["cycle"],
+            e["event"].as_str().unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+#[derive(Subcommand)]
+pub enum SiteCmd {
+    /// Add a site to the controller's inventory.
+    Add {
+        name: String,
+        /// CPUs the site's hosts offer guests.
+        #[arg(long)]
+        cpu_capacity: f64,
+        /// A host: control=HOST:PORT,moves=HOST:PORT (repeatable).
+        #[arg(long = "host", value_parser = host_ref)]
+        hosts: Vec<HostRef>,
+        /// A storage daemon: nbd=..,migrate=..,admin=..[,nbd_local=..] (repeatable).
+        #[arg(long = "storage", value_parser = storage_ref)]
+        storage: Vec<StorageRef>,
+        #[command(flatten)]
+        to: ControllerArg,
+    },
+    /// Remove a site (and its links).
+    Remove {
+        name: String,
+        #[command(flatten)]
+        to: ControllerArg,
+    },
+    /// Set the link between two sites (replaces it if present).
+    Link {
+        a: String,
+        b: String,
+        #[arg(long)]
+        rtt_ms: f64,
+        /// Megabits per second.
+        #[arg(long)]
+        mbit: f64,
+        #[command(flatten)]
+        to: ControllerArg,
+    },
+    /// The sites and links the controller knows.
+    List {
+        #[command(flatten)]
+        to: ControllerArg,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn pairs(s: &str) -> Result<BTreeMap<String, String>, String> {
+    s.split(',')
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .ok_or_else(|| format!("expected KEY=VALUE, got {kv:?}"))
+        })
+        .collect()
+}
+
+fn take(m: &mut BTreeMap<String, String>, k: &str) -> Result<String, String> {
+    m.remove(k).ok_or_else(|| format!("{k}= is missing"))
+}
+
+fn host_ref(s: &str) -> Result<HostRef, String> {
+    let mut m = pairs(s)?;
+    let h = HostRef {
+        control: take(&mut m, "control")?,
+        moves: take(&mut m, "moves")?,
+    };
+    match m.keys().next() {
+        Some(k) => Err(format!("unknown key {k} (control, moves)")),
+        None => Ok(h),
+    }
+}
+
+fn storage_ref(s: &str) -> Result<StorageRef, String> {
+    let mut m = pairs(s)?;
+    let st = StorageRef {
+        nbd: take(&mut m, "nbd")?,
+        migrate: take(&mut m, "migrate")?,
+        admin: take(&mut m, "admin")?,
+        nbd_local: m.remove("nbd_local"),
+    };
+    match m.keys().next() {
+        Some(k) => Err(format!("unknown key {k} (nbd, migrate, admin, nbd_local)")),
+        None => Ok(st),
+    }
+}
+
+pub fn site(cmd: SiteCmd) -> Result<()> {
+    match cmd {
+        SiteCmd::Add {
+            name,
+            cpu_capacity,
+            hosts,
+            storage,
+            to,
+        } => {
+            let site = SiteInventory {
+                name: name.clone(),
+                cpu_capacity,
+                hosts,
+                storage,
+            };
+            call(
+                &to.controller,
+                "POST",
+                "/v1/sites",
+                Some(serde_json::to_value(site)?),
+            )?;
+            println!("site {name} added");
+        }
+        SiteCmd::Remove { name, to } => {
+            call(&to.controller, "DELETE", &format!("/v1/sites/{name}"), None)?;
+            println!("site {name} removed");
+        }
+        SiteCmd::Link {
+            a,
+            b,
+            rtt_ms,
+            mbit,
+            to,
+        } => {
+            let set: Settings =
+                serde_json::from_value(call(&to.controller, "GET", "/v1/settings", None)?)?;
+            let mut links: Vec<Link> = set
+                .inventory
+                .links
+                .into_iter()
+                .filter(|l| !((l.a == a && l.b == b) || (l.a == b && l.b == a)))
+                .collect();
+            links.push(Link {
+                a: a.clone(),
+                b: b.clone(),
+                rtt_ms,
+                bandwidth: mbit * 1e6 / 8.0,
+            });
+            call(
+                &to.controller,
+                "PUT",
+                "/v1/links",
+                Some(serde_json::to_value(links)?),
+            )?;
+            println!("link {a} <-> {b}: {rtt_ms} ms, {mbit} Mbit/s");
+        }
+        SiteCmd::List { to, json } => {
+            let set: Settings =
+                serde_json::from_value(call(&to.controller, "GET", "/v1/settings", None)?)?;
+            if json {
+                return print_json(&set.inventory);
+            }
+            for s in &set.inventory.sites {
+                println!(
+                    "{}: {} CPUs, hosts {}, storage {}",
+                    s.name,
+                    s.cpu_capacity,
+                    s.hosts
+                        .iter()
+                        .map(|h| h.control.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    s.storage
+                        .iter()
+                        .map(|x| x.nbd.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            for l in &set.inventory.links {
+                println!(
+                    "{} <-> {}: {} ms, {:.0} Mbit/s",
+                    l.a,
+                    l.b,
+                    l.rtt_ms,
+                    l.bandwidth * 8.0 / 1e6
+                );
+            }
+        }
+    }
+    Ok(())
 }

@@ -89,10 +89,16 @@ enum Cmd {
         #[arg(long, requires = "state_dir")]
         move_listen: Option<String>,
     },
-    /// Placement: what the policies would do (plan) and a simulator.
+    /// Placement: the controller (run, status, pause, resume), one-off
+    /// plans and a simulator.
     Control {
         #[command(subcommand)]
         cmd: control::ControlCmd,
+    },
+    /// The sites the controller knows (its inventory).
+    Site {
+        #[command(subcommand)]
+        cmd: control::SiteCmd,
     },
     /// Guests on a `ferry host` and their moves.
     Vm {
@@ -312,6 +318,7 @@ fn main() -> Result<()> {
             move_listen,
         }),
         Cmd::Control { cmd } => control::run(cmd),
+        Cmd::Site { cmd } => control::site(cmd),
         Cmd::Vm { cmd, host } => vm::run(cmd, &AdminClient::new(&host.host)),
         Cmd::Bench(a) => bench(a),
         Cmd::Demo(a) => demo::run(a),

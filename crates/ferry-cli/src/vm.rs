@@ -96,6 +96,10 @@ pub struct MigrateVmArgs {
     /// Admin API of the destination storage daemon (recorded in the spec).
     #[arg(long)]
     pub to_storage_admin: Option<String>,
+    /// VM-only move: the destination host reaches disk VOLUME at this NBD
+    /// address (e.g. the storage is local there), VOLUME=HOST:PORT; repeatable.
+    #[arg(long = "disk-server", value_name = "VOLUME=HOST:PORT", value_parser = volume_server)]
+    pub disk_servers: Vec<(String, String)>,
     /// The longest pause the guest may see.
     #[arg(long, default_value = "300ms", value_parser = humantime::parse_duration)]
     pub max_downtime: Duration,
@@ -266,6 +270,13 @@ pub fn run(cmd: VmCmd, c: &AdminClient) -> Result<()> {
     Ok(())
 }
 
+fn volume_server(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((v, a)) if !v.is_empty() && a.contains(':') => Ok((v.to_string(), a.to_string())),
+        _ => Err(format!("expected VOLUME=HOST:PORT, got {s:?}")),
+    }
+}
+
 fn migrate(a: MigrateVmArgs, c: &AdminClient) -> Result<()> {
     if a.to_host.is_none() && a.to_storage.is_none() {
         bail!("say where to: --to-host, --with-disk --to-storage, or both");
@@ -284,6 +295,7 @@ fn migrate(a: MigrateVmArgs, c: &AdminClient) -> Result<()> {
         postcopy: a.postcopy,
         compress: Some(!a.no_compress),
         disk_plaintext: a.disk_plaintext,
+        disk_servers: a.disk_servers.iter().cloned().collect(),
     };
     let started = c.migrate_vm(&a.name, &req)?;
     let id = started.id.clone();

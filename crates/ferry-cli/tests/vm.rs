@@ -642,10 +642,37 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     );
     assert_eq!(v["spec"]["disks"][0]["admin"], s.sb.admin.as_str());
 
-    // VM-only back to host A: the disk stays at storage B.
-    let (done, r) = migrate(&s.hb, &["g1", "--to-host", &s.ha.moves]);
+    // VM-only back to host A: the disk stays at storage B, which host A
+    // reaches across the WAN (its own proxy), not at B's local address.
+    let bad = s.hb.vm(&[
+        "migrate",
+        "g1",
+        "--to-host",
+        &s.ha.moves,
+        "--disk-server",
+        "nope=127.0.0.1:1",
+    ]);
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("no disk nope"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    let nbd_b_wan = s.tp.proxy("nbd_b", &s.sb.nbd);
+    let (done, r) = migrate(
+        &s.hb,
+        &[
+            "g1",
+            "--to-host",
+            &s.ha.moves,
+            "--disk-server",
+            &format!("root={nbd_b_wan}"),
+        ],
+    );
     assert!(done, "{r}");
     assert_eq!(r["kind"], "vm_only");
+    let v: Value = serde_json::from_str(&s.ha.vm_ok(&["show", "g1", "--json"])).unwrap();
+    assert_eq!(v["spec"]["disks"][0]["server"], nbd_b_wan.as_str(), "{v}");
     assert_eq!(s.hb.state_of("g1"), None);
     assert_eq!(s.ha.state_of("g1").as_deref(), Some("running"));
     let second = archived_serial(&s.hb, "g1");
@@ -986,7 +1013,8 @@ fn the_controller_moves_an_io_bound_guest_next_to_its_disk() {
              "storage": [{"nbd": s.sa.nbd, "migrate": s.sa.mig, "admin": s.sa.admin}]},
             {"name": "b", "cpu_capacity": 8,
              "hosts": [{"control": s.hb.control, "moves": s.hb_wan}],
-             "storage": [{"nbd": nbd_wan, "migrate": s.sb_wan, "admin": s.sb.admin}]}],
+             "storage": [{"nbd": nbd_wan, "nbd_local": s.sb.nbd, "migrate": s.sb_wan,
+                          "admin": s.sb.admin}]}],
         "links": [{"a": "a", "b": "b", "rtt_ms": 16, "bandwidth": 12.5e6}]});
     let inv_file = s.dir.join("inventory.json");
     std::fs::write(&inv_file, inv.to_string()).unwrap();
@@ -1011,19 +1039,53 @@ fn the_controller_moves_an_io_bound_guest_next_to_its_disk() {
     let d = &plan["decisions"][0];
     assert_eq!(d["vm"], "g1", "{plan}");
 
-    let out: Value = serde_json::from_str(&ok(&[
-        "control",
-        "plan",
-        "--inventory",
-        inv_file.to_str().unwrap(),
-        "--apply",
-        "--json",
-    ]))
-    .unwrap();
-    let line = out["moves"][0].as_str().unwrap().to_string();
-    eprintln!("controller: {line}");
-    assert!(line.contains("completed"), "{out}");
-    if line.contains("MoveDisk") {
+    // The controller service, left to itself, makes the same decision and
+    // carries it out.
+    let ctl_addr = format!("127.0.0.1:{}", free_port());
+    let mut ctl = Command::new(FERRY)
+        .args(["control", "run", "--state-dir"])
+        .arg(s.dir.join("controller"))
+        .args([
+            "--listen",
+            &ctl_addr,
+            "--interval",
+            "2s",
+            "--sample",
+            "2s",
+            "--inventory",
+        ])
+        .arg(&inv_file)
+        .env("FERRY_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let finished = loop {
+        let j: Option<Value> = ureq::get(&format!("http://{ctl_addr}/v1/journal?limit=100"))
+            .call()
+            .ok()
+            .and_then(|r| r.into_json().ok());
+        if let Some(e) = j
+            .as_ref()
+            .and_then(|j| j.as_array())
+            .and_then(|a| a.iter().find(|e| e["event"] == "finished").cloned())
+        {
+            break e;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(180),
+            "the controller moved nothing: {j:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let _ = ctl.kill();
+    let _ = ctl.wait();
+    let o = &finished["outcome"];
+    let line = format!("{} {} {}", o["vm"], o["action"], o["result"]);
+    eprintln!("controller: {finished}");
+    assert_eq!(o["result"], "completed", "{finished}");
+    if line.contains("move_disk") {
         // The disk came to site A: no more round trips per request.
         assert_eq!(s.ha.state_of("g1").as_deref(), Some("running"));
         wait_acks(&serial, 10);
@@ -1043,5 +1105,8 @@ fn the_controller_moves_an_io_bound_guest_next_to_its_disk() {
         check_records(&s.sa, "root", &s.dir, &[serial]);
     } else {
         assert_eq!(s.hb.state_of("g1").as_deref(), Some("running"), "{line}");
+        // At site B the guest reads its disk at B's local address.
+        let v: Value = serde_json::from_str(&s.hb.vm_ok(&["show", "g1", "--json"])).unwrap();
+        assert_eq!(v["spec"]["disks"][0]["server"], s.sb.nbd.as_str(), "{v}");
     }
 }

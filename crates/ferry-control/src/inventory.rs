@@ -18,11 +18,30 @@ pub struct HostRef {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StorageRef {
-    /// NBD address guests' disks name (`--disk VOLUME@NBD`).
+    /// NBD address guests' disks name (`--disk VOLUME@NBD`), as hosts of
+    /// other sites reach it.
     pub nbd: String,
+    /// NBD address as hosts of its own site reach it, when that differs:
+    /// a guest moved to this site is told to use it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbd_local: Option<String>,
     /// Migration listener, as other sites reach it.
     pub migrate: String,
     pub admin: String,
+}
+
+impl StorageRef {
+    pub fn serves(&self, addr: &str) -> bool {
+        self.nbd == addr || self.nbd_local.as_deref() == Some(addr)
+    }
+
+    /// The address a host at `host_site` uses, this daemon being at `site`.
+    pub fn nbd_from(&self, site: &str, host_site: &str) -> &str {
+        match &self.nbd_local {
+            Some(l) if site == host_site => l,
+            _ => &self.nbd,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -56,7 +75,14 @@ impl Inventory {
     pub fn site_of_storage(&self, addr: &str) -> Option<&SiteInventory> {
         self.sites
             .iter()
-            .find(|s| s.storage.iter().any(|x| x.nbd == addr))
+            .find(|s| s.storage.iter().any(|x| x.serves(addr)))
+    }
+
+    /// The storage daemon serving NBD at `addr` (either of its addresses).
+    pub fn storage_at(&self, addr: &str) -> Option<(&SiteInventory, &StorageRef)> {
+        self.sites
+            .iter()
+            .find_map(|s| s.storage.iter().find(|x| x.serves(addr)).map(|x| (s, x)))
     }
 
     pub fn site(&self, name: &str) -> Option<&SiteInventory> {

@@ -184,6 +184,19 @@ async fn prepare(
                     ..spec.clone()
                 })
                 .await?;
+                // The same disk, wherever this host reaches it.
+                let here = host.agent.get(&d.volume).map(|u| u.details().size);
+                if here != Some(d.size) {
+                    return Err(VmError::Disk {
+                        volume: d.volume.clone(),
+                        detail: format!(
+                            "the disk reached at {} is {} bytes, the guest's is {}: not the same volume",
+                            d.server,
+                            here.map_or("no".into(), |s| s.to_string()),
+                            d.size
+                        ),
+                    });
+                }
             }
         }
         g.save_spec()?;

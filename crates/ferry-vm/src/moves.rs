@@ -180,6 +180,25 @@ pub async fn start(
         }
     };
     let spec = g.spec.lock().clone();
+    if !req.disk_servers.is_empty() && kind != MoveKind::VmOnly {
+        return Err(VmError::BadSpec(
+            "a disk address for the destination applies to a VM-only move (a moved disk is reached where it went)".into(),
+        ));
+    }
+    if let Some(v) = req
+        .disk_servers
+        .keys()
+        .find(|v| !spec.disks.iter().any(|d| &d.volume == *v))
+    {
+        return Err(VmError::BadSpec(format!(
+            "the guest has no disk {v} (its disks: {})",
+            spec.disks
+                .iter()
+                .map(|d| d.volume.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
     if kind != MoveKind::VmOnly {
         if let Some(d) = spec.disks.iter().find(|d| d.admin.is_none()) {
             return Err(VmError::BadSpec(format!(
@@ -527,6 +546,18 @@ async fn memory_move(
         });
     }
     let mut there = spec.clone();
+    if !teleport {
+        for d in &mut there.disks {
+            if let Some(server) = run.req.disk_servers.get(&d.volume) {
+                d.server.clone_from(server);
+            }
+        }
+        for i in &mut incoming {
+            if let Some(server) = run.req.disk_servers.get(&i.volume) {
+                i.server.clone_from(server);
+            }
+        }
+    }
     if teleport {
         if let Some(a) = &run.req.to_storage_admin {
             for d in &mut there.disks {

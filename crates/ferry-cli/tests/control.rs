@@ -1,0 +1,301 @@
+//! `ferry control run` as operators use it: sites added and removed by
+//! CLI, bad input refused with the reason, unreachable daemons reported
+//! while the controller keeps running, the automation switch, the page and
+//! `/metrics`, and its settings and journal kept across `kill -9`. (The
+//! controller moving a real guest is in tests/vm.rs.)
+
+use serde_json::Value;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Controller {
+    child: Child,
+    addr: String,
+}
+
+impl Controller {
+    fn start(state: &Path, addr: &str) -> Controller {
+        let child = Command::new(FERRY)
+            .args(["control", "run", "--state-dir"])
+            .arg(state)
+            .args(["--listen", addr, "--interval", "300ms", "--sample", "50ms"])
+            .env("FERRY_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while ureq::get(&format!("http://{addr}/v1/status"))
+            .call()
+            .is_err()
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "controller did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Controller {
+            child,
+            addr: addr.into(),
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(FERRY)
+            .args(args)
+            .env("FERRY_CONTROLLER", &self.addr)
+            .output()
+            .unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "ferry {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn refused(&self, args: &[&str], says: &str) {
+        let out = self.run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "ferry {args:?} was accepted");
+        assert!(err.contains(says), "ferry {args:?}: {err}");
+    }
+
+    fn status(&self) -> Value {
+        let v: Value =
+            serde_json::from_str(&self.ok(&["control", "status", "--json", "--journal", "200"]))
+                .unwrap();
+        v
+    }
+
+    /// Wait until the status satisfies `f`.
+    fn wait(&self, what: &str, f: impl Fn(&Value) -> bool) -> Value {
+        let t = Instant::now();
+        loop {
+            let v = self.status();
+            if f(&v) {
+                return v;
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "{what}: {v}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn problems(v: &Value) -> String {
+    v["status"]["problems"].to_string()
+}
+
+#[test]
+fn the_controller_keeps_its_sites_refuses_bad_input_and_survives_kill_9() {
+    let d = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut c = Controller::start(d.path(), &addr);
+    c.wait("no sites yet", |v| problems(v).contains("no sites"));
+
+    // A site whose daemons do not answer: reported, and the controller runs on.
+    let dead = |p: u16| format!("127.0.0.1:{p}");
+    let (h, m, n, g, a) = (
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+    );
+    c.ok(&[
+        "site",
+        "add",
+        "a",
+        "--cpu-capacity",
+        "8",
+        "--host",
+        &format!("control={},moves={}", dead(h), dead(m)),
+        "--storage",
+        &format!("nbd={},migrate={},admin={}", dead(n), dead(g), dead(a)),
+    ]);
+    let v = c.wait("the unreachable host is reported", |v| {
+        problems(v).contains(&format!("host {} of site a", dead(h)))
+    });
+    assert!(problems(&v).contains("cannot reach"), "{}", problems(&v));
+
+    // Bad input: each refused with its reason; nothing changes.
+    c.refused(
+        &["site", "add", "a", "--cpu-capacity", "4"],
+        "site a exists already",
+    );
+    c.refused(
+        &[
+            "site",
+            "add",
+            "b",
+            "--cpu-capacity",
+            "4",
+            "--host",
+            "control=x:1",
+        ],
+        "moves= is missing",
+    );
+    c.refused(
+        &[
+            "site",
+            "add",
+            "b",
+            "--cpu-capacity",
+            "4",
+            "--storage",
+            "nbd=x:1,migrate=x:2,admin=x:3,color=red",
+        ],
+        "unknown key color",
+    );
+    c.refused(&["site", "remove", "nowhere"], "no site nowhere");
+    c.refused(
+        &[
+            "site", "link", "a", "nowhere", "--rtt-ms", "5", "--mbit", "100",
+        ],
+        "nowhere",
+    );
+    let mut policy = c.status()["settings"]["policy"].clone();
+    policy["horizon_s"] = serde_json::json!(-5);
+    for body in [policy.to_string(), "{\"horizon_s\": 60}".to_string()] {
+        match ureq::put(&format!("http://{addr}/v1/policy"))
+            .set("content-type", "application/json")
+            .send_string(&body)
+        {
+            Err(ureq::Error::Status(400, r)) => {
+                let answer: Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+                assert!(answer["error"].is_string(), "{answer}");
+                if body.contains("-5") {
+                    assert!(
+                        answer["error"]
+                            .as_str()
+                            .unwrap()
+                            .contains("horizon_s must be positive"),
+                        "{answer}"
+                    );
+                }
+            }
+            other => panic!("policy {body} was not refused: {other:?}"),
+        }
+    }
+    let sites: Value = serde_json::from_str(&c.ok(&["site", "list", "--json"])).unwrap();
+    assert_eq!(sites["sites"].as_array().unwrap().len(), 1, "{sites}");
+
+    // A second site and the link between them.
+    c.ok(&[
+        "site",
+        "add",
+        "b",
+        "--cpu-capacity",
+        "16",
+        "--storage",
+        &format!(
+            "nbd={},migrate={},admin={},nbd_local=10.0.0.9:10809",
+            dead(n + 1),
+            dead(g),
+            dead(a)
+        ),
+    ]);
+    c.ok(&["site", "link", "a", "b", "--rtt-ms", "16", "--mbit", "100"]);
+    let listed = c.ok(&["site", "list"]);
+    assert!(listed.contains("a <-> b: 16 ms, 100 Mbit/s"), "{listed}");
+
+    // The automation switch, the page, /metrics.
+    c.ok(&["control", "pause"]);
+    c.wait("paused", |v| v["status"]["paused"] == true);
+    let page = ureq::get(&format!("http://{addr}/"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(page.contains("<title>ferry control</title>") && page.contains("/v1/status"));
+    let metrics = ureq::get(&format!("http://{addr}/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(metrics.contains("ferry_controller_paused 1"), "{metrics}");
+    assert!(
+        metrics.contains("ferry_controller_cycles_total"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("# EOF"), "{metrics}");
+
+    // kill -9: the settings and the journal are still there.
+    c.child.kill().unwrap();
+    c.child.wait().unwrap();
+    c = Controller::start(d.path(), &addr);
+    let v = c.status();
+    assert_eq!(v["status"]["paused"], true, "{v}");
+    let names: Vec<&str> = v["settings"]["inventory"]["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(names, ["a", "b"]);
+    let journal = v["journal"].to_string();
+    for what in [
+        "site a added",
+        "site b added",
+        "links replaced",
+        "automation paused",
+    ] {
+        assert!(
+            journal.contains(what),
+            "{what} not in the journal: {journal}"
+        );
+    }
+    assert!(
+        journal.contains(&format!("host {} of site a", dead(h))),
+        "{journal}"
+    );
+
+    c.ok(&["control", "resume"]);
+    c.ok(&["site", "remove", "b"]);
+    let v = c.wait("resumed", |v| v["status"]["paused"] == false);
+    assert!(
+        v["settings"]["inventory"]["links"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{v}"
+    );
+
+    // A controller that cannot reach its own API address says so.
+    let out = Command::new(FERRY)
+        .args(["control", "run", "--state-dir"])
+        .arg(d.path().join("other"))
+        .args(["--listen", &addr])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot listen"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

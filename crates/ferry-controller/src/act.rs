@@ -1,0 +1,195 @@
+//! Carrying out one decision through the hosts' move API, and what came
+//! of it beside what the model predicted.
+
+use ferry_api::{AdminClient, MigrationId, VmMigrateRequest, VmMovePhase};
+use ferry_control::inventory::Inventory;
+use ferry_control::policy::{Action, Decision};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// The longest a move may run before the controller stops waiting.
+pub const MOVE_LIMIT: Duration = Duration::from_secs(900);
+
+/// A move's end, measured, beside its prediction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MoveOutcome {
+    pub vm: String,
+    pub action: Action,
+    pub to_host_site: String,
+    pub to_disk_site: String,
+    /// `completed`, `aborted`, `failed`, or `not started`.
+    pub result: String,
+    pub seconds: f64,
+    pub predicted_seconds: f64,
+    pub bytes: f64,
+    pub predicted_bytes: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_pause_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl MoveOutcome {
+    pub fn completed(&self) -> bool {
+        self.result == "completed"
+    }
+
+    /// One line for people.
+    pub fn line(&self) -> String {
+        format!(
+            "{} {:?} to {}/{}: {} in {:.1} s (predicted {:.1} s), {:.0} MB (predicted {:.0} MB){}",
+            self.vm,
+            self.action,
+            self.to_host_site,
+            self.to_disk_site,
+            self.result,
+            self.seconds,
+            self.predicted_seconds,
+            self.bytes / 1e6,
+            self.predicted_bytes / 1e6,
+            self.reason
+                .as_ref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        )
+    }
+}
+
+/// Build the move request for `d`, or say why it cannot be made.
+fn request(inv: &Inventory, c: &AdminClient, d: &Decision) -> Result<VmMigrateRequest, String> {
+    let to = inv
+        .site(&d.to.host_site)
+        .ok_or_else(|| format!("unknown site {}", d.to.host_site))?;
+    let to_disk = inv
+        .site(&d.to.disk_site)
+        .ok_or_else(|| format!("unknown site {}", d.to.disk_site))?;
+    let mut req = VmMigrateRequest {
+        id: Some(MigrationId::random()),
+        ..Default::default()
+    };
+    if matches!(d.action, Action::MoveVm | Action::Teleport) {
+        let h = to
+            .hosts
+            .first()
+            .ok_or_else(|| format!("site {} has no host", to.name))?;
+        req.to_host = Some(h.moves.clone());
+    }
+    if d.action == Action::MoveVm {
+        // The guest's disks, reached the way the new site reaches them.
+        let view = c.vm(&d.vm).map_err(|e| e.to_string())?;
+        let mut servers = BTreeMap::new();
+        for disk in view.spec.disks {
+            if let Some((site, st)) = inv.storage_at(&disk.server) {
+                let there = st.nbd_from(&site.name, &d.to.host_site);
+                if there != disk.server {
+                    servers.insert(disk.volume.clone(), there.to_string());
+                }
+            }
+        }
+        req.disk_servers = servers;
+    }
+    if matches!(d.action, Action::MoveDisk | Action::Teleport) {
+        let st = to_disk
+            .storage
+            .first()
+            .ok_or_else(|| format!("site {} has no storage", to_disk.name))?;
+        req.to_storage = Some(st.migrate.clone());
+        req.to_storage_admin = Some(st.admin.clone());
+    }
+    Ok(req)
+}
+
+/// Ask the host at `control` to carry out `d`. Ok: the move's id there
+/// and the outcome to fill in; Err: the outcome of a move that never started.
+pub fn start(
+    inv: &Inventory,
+    control: &str,
+    d: &Decision,
+) -> Result<(MigrationId, MoveOutcome), Box<MoveOutcome>> {
+    let mut out = MoveOutcome {
+        vm: d.vm.clone(),
+        action: d.action,
+        to_host_site: d.to.host_site.clone(),
+        to_disk_site: d.to.disk_site.clone(),
+        result: "not started".into(),
+        seconds: 0.0,
+        predicted_seconds: d.cost.seconds,
+        bytes: 0.0,
+        predicted_bytes: d.cost.bytes,
+        guest_pause_ms: None,
+        reason: None,
+    };
+    let c = AdminClient::with_timeout(control, crate::measure::HOST_CALL_LIMIT);
+    let req = match request(inv, &c, d) {
+        Ok(r) => r,
+        Err(e) => {
+            out.reason = Some(e);
+            return Err(Box::new(out));
+        }
+    };
+    match c.migrate_vm(&d.vm, &req) {
+        Ok(s) => {
+            out.result = "running".into();
+            Ok((s.id, out))
+        }
+        Err(e) => {
+            out.reason = Some(e.to_string());
+            Err(Box::new(out))
+        }
+    }
+}
+
+/// Wait for move `id` on the host at `control` to end; `out` is what
+/// [`start`] returned (or the journal kept of it).
+pub fn follow(control: &str, id: &MigrationId, mut out: MoveOutcome) -> MoveOutcome {
+    let c = AdminClient::with_timeout(control, crate::measure::HOST_CALL_LIMIT);
+    let t = Instant::now();
+    let mut unanswered = 0;
+    let end = loop {
+        match c.vm_move(id) {
+            Ok(s) if s.phase.is_terminal() => break Some(s),
+            Ok(_) => unanswered = 0,
+            Err(e) => {
+                unanswered += 1;
+                if unanswered > 50 {
+                    out.result = "failed".into();
+                    out.reason = Some(format!("the source host stopped answering: {e}"));
+                    break None;
+                }
+            }
+        }
+        if t.elapsed() > MOVE_LIMIT {
+            out.result = "failed".into();
+            out.reason = Some(format!(
+                "move {id} still running after {} s; left to the host",
+                MOVE_LIMIT.as_secs()
+            ));
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    out.seconds = t.elapsed().as_secs_f64();
+    if let Some(rep) = end.and_then(|s| s.report) {
+        out.result = rep.result.as_str().into();
+        out.seconds = rep.total_s;
+        #[allow(clippy::cast_precision_loss)]
+        let bytes = (rep.bytes.memory_link + rep.bytes.disk_link) as f64;
+        out.bytes = bytes;
+        out.guest_pause_ms = rep.guest_pause_ms;
+        out.reason = if rep.result == VmMovePhase::Completed {
+            None
+        } else {
+            rep.reason
+        };
+    }
+    out
+}
+
+/// Carry out `d` on the host at `control` and wait for its end.
+pub fn carry_out(inv: &Inventory, control: &str, d: &Decision) -> MoveOutcome {
+    match start(inv, control, d) {
+        Ok((id, out)) => follow(control, &id, out),
+        Err(out) => *out,
+    }
+}

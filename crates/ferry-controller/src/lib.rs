@@ -1,0 +1,36 @@
+//! The placement controller as a service (`ferry control run`): every
+//! cycle it measures the sites' guests through their hosts, plans with
+//! `ferry-control`'s policies (the same code `ferry control plan` and the
+//! simulator run), journals each decision, and, unless automation is
+//! paused, carries the moves out through the hosts' move API and journals
+//! how each ended beside its prediction.
+//!
+//! - [`measure`]: hosts' counters read twice, turned into a snapshot.
+//! - [`act`]: one decision carried out and followed to its end.
+//! - [`journal`]: the durable record of decisions and moves; the moves a
+//!   restarted controller must follow.
+//! - [`settings`]: inventory, policy and the automation switch, on disk.
+//! - [`service`]: the cycle thread, the HTTP API, `/metrics`, the page.
+//!
+//! State lives in one directory (no other service needed). Several
+//! controllers sharing state through etcd, with one elected leader, is
+//! not built yet.
+
+pub mod act;
+pub mod journal;
+pub mod measure;
+pub mod service;
+pub mod settings;
+
+/// What can go wrong for the controller, as its API answers it.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("{0}")]
+    BadInput(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("controller state: {0}")]
+    State(String),
+}

@@ -1,0 +1,152 @@
+//! Measuring the sites: every host's guests read twice, an interval
+//! apart, through the hosts' API (`/v1/vms`: the forwarder's counters and
+//! QEMU's CPU time), turned into a [`Cluster`] snapshot. A host that does
+//! not answer is reported and left out; the others are still measured.
+
+use ferry_api::{AdminClient, DiskIo, VmState as GuestState, VmView};
+use ferry_control::inventory::Inventory;
+use ferry_control::{Cluster, Placement, VmLoad, VmState};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// How long one call to a host may take.
+pub const HOST_CALL_LIMIT: Duration = Duration::from_secs(10);
+
+/// One measurement of the sites.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    pub cluster: Cluster,
+    /// Which host (control address) runs each VM.
+    pub running_on: BTreeMap<String, String>,
+    /// What could not be measured, one line each.
+    pub problems: Vec<String>,
+}
+
+struct Sampled {
+    site: String,
+    control: String,
+    vm: VmView,
+}
+
+fn sample(inv: &Inventory, problems: &mut Vec<String>, quiet: bool) -> Vec<Sampled> {
+    let mut out = Vec::new();
+    for s in &inv.sites {
+        for h in &s.hosts {
+            match AdminClient::with_timeout(&h.control, HOST_CALL_LIMIT).vms() {
+                Ok(vms) => out.extend(vms.into_iter().map(|vm| Sampled {
+                    site: s.name.clone(),
+                    control: h.control.clone(),
+                    vm,
+                })),
+                Err(e) if !quiet => {
+                    problems.push(format!("host {} of site {}: {e}", h.control, s.name));
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    out
+}
+
+fn requests(x: &DiskIo) -> u64 {
+    x.reads + x.writes + x.flushes + x.other
+}
+
+/// Measure every running guest twice, `interval` apart. `since_move_s`
+/// gives, per VM, the seconds since the controller last moved it.
+pub fn measure(
+    inv: &Inventory,
+    interval: Duration,
+    since_move_s: &BTreeMap<String, f64>,
+) -> Measured {
+    let mut problems = Vec::new();
+    let t0 = Instant::now();
+    let first = sample(inv, &mut problems, true);
+    std::thread::sleep(interval);
+    let second = sample(inv, &mut problems, false);
+    let dt = t0.elapsed().as_secs_f64().max(1e-3);
+    let mut vms = Vec::new();
+    let mut running_on = BTreeMap::new();
+    for Sampled {
+        site,
+        control,
+        vm: v,
+    } in &second
+    {
+        if v.state != GuestState::Running {
+            continue;
+        }
+        let Some(d) = v.disks.first() else { continue };
+        let Some(disk_site) = inv.site_of_storage(&d.server) else {
+            problems.push(format!(
+                "{}: its disk is at {}, which no site of the inventory holds; left out",
+                v.spec.name, d.server
+            ));
+            continue;
+        };
+        let earlier = first
+            .iter()
+            .find(|x| &x.control == control && x.vm.spec.name == v.spec.name)
+            .map(|x| &x.vm);
+        let before = earlier
+            .and_then(|x| x.disks.first().cloned())
+            .unwrap_or_default();
+        let n = requests(d).saturating_sub(requests(&before));
+        #[allow(clippy::cast_precision_loss)]
+        let nf = n as f64;
+        #[allow(clippy::cast_precision_loss)]
+        let bytes = (d.read_bytes + d.write_bytes)
+            .saturating_sub(before.read_bytes + before.write_bytes) as f64;
+        #[allow(clippy::cast_precision_loss)]
+        let lat_us = d.latency_sum_us.saturating_sub(before.latency_sum_us) as f64;
+        #[allow(clippy::cast_precision_loss)]
+        let writes = d.write_bytes.saturating_sub(before.write_bytes) as f64;
+        let cpu_before = earlier.map_or(v.cpu_time_s, |x| x.cpu_time_s);
+        let size = AdminClient::with_timeout(control, HOST_CALL_LIMIT)
+            .host_volumes()
+            .ok()
+            .and_then(|vs| {
+                vs.into_iter()
+                    .find(|x| x.volume == d.volume)
+                    .map(|x| x.size)
+            })
+            .unwrap_or(1 << 30);
+        #[allow(clippy::cast_precision_loss)]
+        let (memory_bytes, disk_bytes) = ((v.spec.memory_mib << 20) as f64, size as f64);
+        running_on.insert(v.spec.name.clone(), control.clone());
+        vms.push(VmState {
+            name: v.spec.name.clone(),
+            placement: Placement {
+                host_site: site.clone(),
+                disk_site: disk_site.name.clone(),
+            },
+            memory_bytes,
+            disk_bytes,
+            missing_at: BTreeMap::default(),
+            load: VmLoad {
+                iops: nf / dt,
+                io_bytes: if n > 0 { bytes / nf } else { 4096.0 },
+                latency_ms: if n > 0 { lat_us / nf / 1000.0 } else { 0.0 },
+                cpu: (v.cpu_time_s - cpu_before).max(0.0) / dt,
+                // Not measured yet: the disk write rate stands in.
+                dirty_rate: writes / dt,
+                write_rate: writes / dt,
+            },
+            since_move_s: since_move_s
+                .get(&v.spec.name)
+                .copied()
+                .unwrap_or(f64::INFINITY),
+        });
+    }
+    Measured {
+        cluster: Cluster {
+            sites: inv.sites(),
+            links: inv.links.clone(),
+            vms,
+            local_rtt_ms: 0.1,
+            link_index: std::sync::OnceLock::default(),
+        },
+        running_on,
+        problems,
+    }
+}

@@ -1,0 +1,553 @@
+//! `ferry control run`: one thread runs the cycles (measure, plan,
+//! journal, act); an HTTP server answers the API, `/metrics` and the live
+//! page at `/`.
+
+use crate::act::{follow, start, MoveOutcome};
+use crate::journal::{Entry, Event, Journal};
+use crate::measure::measure;
+use crate::settings::{Settings, SettingsFile};
+use crate::ControllerError;
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use ferry_api::MigrationId;
+use ferry_control::inventory::SiteInventory;
+use ferry_control::policy::{plan, Plan, Policy, Triggers};
+use ferry_control::Cluster;
+use parking_lot::{Condvar, Mutex};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub struct Options {
+    pub listen: String,
+    pub state_dir: PathBuf,
+    /// Between the starts of two cycles.
+    pub interval: Duration,
+    /// Between the two readings of a measurement.
+    pub sample: Duration,
+    /// Replaces the saved settings when given.
+    pub initial: Option<Settings>,
+}
+
+/// What the last cycle saw and decided.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Status {
+    pub cycle: u64,
+    pub paused: bool,
+    pub last_cycle_unix: Option<f64>,
+    pub last_cycle_s: f64,
+    pub cluster: Option<Cluster>,
+    pub plan: Option<Plan>,
+    pub problems: Vec<String>,
+    pub in_flight: Vec<MoveOutcome>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabel {
+    action: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MoveLabel {
+    action: String,
+    result: String,
+}
+
+struct Metrics {
+    registry: Registry,
+    cycles: Counter,
+    decisions: Family<ActionLabel, Counter>,
+    moves: Family<MoveLabel, Counter>,
+    paused: Gauge,
+    problems: Gauge,
+    vms: Gauge,
+    cycle_seconds: Gauge<f64, AtomicU64>,
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("ferry_controller");
+        let m = Metrics {
+            cycles: Counter::default(),
+            decisions: Family::default(),
+            moves: Family::default(),
+            paused: Gauge::default(),
+            problems: Gauge::default(),
+            vms: Gauge::default(),
+            cycle_seconds: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register("cycles", "Decision cycles run", m.cycles.clone());
+        registry.register(
+            "decisions",
+            "Moves decided by the policies, by action",
+            m.decisions.clone(),
+        );
+        registry.register(
+            "moves",
+            "Moves carried out, by action and result",
+            m.moves.clone(),
+        );
+        registry.register("paused", "1 when automation is paused", m.paused.clone());
+        registry.register(
+            "problems",
+            "Things the last cycle could not measure or do",
+            m.problems.clone(),
+        );
+        registry.register(
+            "vms",
+            "Running guests measured by the last cycle",
+            m.vms.clone(),
+        );
+        registry.register(
+            "last_cycle_seconds",
+            "How long the last cycle took (measuring included)",
+            m.cycle_seconds.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+}
+
+struct Shared {
+    settings: Mutex<Settings>,
+    file: SettingsFile,
+    journal: Journal,
+    status: Mutex<Status>,
+    metrics: Metrics,
+    wake: (Mutex<bool>, Condvar),
+}
+
+impl Shared {
+    fn record(&self, event: Event) {
+        let cycle = self.status.lock().cycle;
+        if let Err(e) = self.journal.record(cycle, event) {
+            tracing::error!("journal: {e}");
+        }
+    }
+
+    fn wake(&self) {
+        let (m, cv) = &self.wake;
+        *m.lock() = true;
+        cv.notify_all();
+    }
+
+    /// Change the settings all-or-nothing: validated, saved, then used.
+    fn change(
+        &self,
+        what: String,
+        f: impl FnOnce(&mut Settings) -> Result<(), ControllerError>,
+    ) -> Result<Settings, ControllerError> {
+        let mut s = self.settings.lock();
+        let mut next = s.clone();
+        f(&mut next)?;
+        next.validate()?;
+        self.file.save(&next)?;
+        *s = next.clone();
+        drop(s);
+        self.record(Event::Settings { what });
+        self.metrics.paused.set(i64::from(next.policy.paused));
+        self.wake();
+        Ok(next)
+    }
+}
+
+fn now_unix() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn finish(sh: &Shared, id: &str, outcome: MoveOutcome) {
+    sh.metrics
+        .moves
+        .get_or_create(&MoveLabel {
+            action: format!("{:?}", outcome.action),
+            result: outcome.result.clone(),
+        })
+        .inc();
+    tracing::info!("{}", outcome.line());
+    sh.record(Event::Finished {
+        id: id.into(),
+        outcome,
+    });
+}
+
+/// Moves a previous run started and never saw end: follow each to its end.
+fn follow_unfinished(sh: &Shared) {
+    for (id, control, expect) in sh.journal.unfinished() {
+        tracing::info!(
+            "following move {id} of {} started before a restart",
+            expect.vm
+        );
+        let out = match id.parse::<MigrationId>() {
+            Ok(mid) => follow(&control, &mid, expect),
+            Err(e) => MoveOutcome {
+                result: "failed".into(),
+                reason: Some(format!("the journal names move {id:?}: {e}")),
+                ..expect
+            },
+        };
+        finish(sh, &id, out);
+    }
+}
+
+fn cycle(
+    sh: &Shared,
+    sample: Duration,
+    triggers: &mut Triggers,
+    moved_at: &mut BTreeMap<String, Instant>,
+    born: Instant,
+) {
+    let t = Instant::now();
+    let settings = sh.settings.lock().clone();
+    {
+        let mut st = sh.status.lock();
+        st.cycle += 1;
+        st.paused = settings.policy.paused;
+    }
+    sh.metrics.cycles.inc();
+    if settings.inventory.sites.is_empty() {
+        let mut st = sh.status.lock();
+        st.problems = vec!["no sites yet: add one (ferry site add)".into()];
+        st.last_cycle_unix = Some(now_unix());
+        return;
+    }
+    let since: BTreeMap<String, f64> = moved_at
+        .iter()
+        .map(|(k, v)| (k.clone(), v.elapsed().as_secs_f64()))
+        .collect();
+    let m = measure(&settings.inventory, sample, &since);
+    let previous = sh.status.lock().problems.clone();
+    for p in m.problems.iter().filter(|p| !previous.contains(p)) {
+        sh.record(Event::Problem { what: p.clone() });
+    }
+    // Plan as if automation ran, so a paused controller still shows what
+    // it would do; act only when it runs.
+    let paused = settings.policy.paused;
+    let p = Policy {
+        paused: false,
+        ..settings.policy.clone()
+    };
+    let planned = m
+        .cluster
+        .validate()
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            plan(&m.cluster, &p, triggers, born.elapsed().as_secs_f64()).map_err(|e| e.to_string())
+        });
+    let mut problems = m.problems.clone();
+    let pl = match planned {
+        Ok(pl) => Some(pl),
+        Err(e) => {
+            let what = format!("cannot plan: {e}");
+            if !previous.contains(&what) {
+                sh.record(Event::Problem { what: what.clone() });
+            }
+            problems.push(what);
+            None
+        }
+    };
+    sh.metrics
+        .problems
+        .set(i64::try_from(problems.len()).unwrap_or(i64::MAX));
+    sh.metrics
+        .vms
+        .set(i64::try_from(m.cluster.vms.len()).unwrap_or(i64::MAX));
+    {
+        let mut st = sh.status.lock();
+        st.cluster = Some(m.cluster.clone());
+        st.plan.clone_from(&pl);
+        st.problems = problems;
+    }
+    for d in pl.iter().flat_map(|p| p.decisions.iter()) {
+        sh.metrics
+            .decisions
+            .get_or_create(&ActionLabel {
+                action: format!("{:?}", d.action),
+            })
+            .inc();
+        sh.record(Event::Decided {
+            vm: d.vm.clone(),
+            action: format!("{:?}", d.action),
+            reason: d.reason.clone(),
+            decision: serde_json::to_value(d).unwrap_or_default(),
+            acted: !paused,
+        });
+        if paused {
+            continue;
+        }
+        let Some(control) = m.running_on.get(&d.vm) else {
+            continue;
+        };
+        match start(&settings.inventory, control, d) {
+            Ok((id, expect)) => {
+                sh.record(Event::Started {
+                    vm: d.vm.clone(),
+                    id: id.to_string(),
+                    control: control.clone(),
+                    expect: expect.clone(),
+                });
+                sh.status.lock().in_flight.push(expect.clone());
+                let out = follow(control, &id, expect);
+                sh.status.lock().in_flight.retain(|x| x.vm != d.vm);
+                moved_at.insert(d.vm.clone(), Instant::now());
+                finish(sh, &id.to_string(), out);
+            }
+            Err(out) => finish(sh, "", *out),
+        }
+    }
+    let mut st = sh.status.lock();
+    st.last_cycle_unix = Some(now_unix());
+    st.last_cycle_s = t.elapsed().as_secs_f64();
+    sh.metrics.cycle_seconds.set(st.last_cycle_s);
+}
+
+fn cycles(sh: &Shared, interval: Duration, sample: Duration) {
+    let born = Instant::now();
+    let mut triggers = Triggers::default();
+    let mut moved_at = BTreeMap::new();
+    follow_unfinished(sh);
+    loop {
+        let t = Instant::now();
+        cycle(sh, sample, &mut triggers, &mut moved_at, born);
+        let (m, cv) = &sh.wake;
+        let mut woken = m.lock();
+        if !*woken {
+            let left = interval.saturating_sub(t.elapsed());
+            cv.wait_for(&mut woken, left);
+        }
+        *woken = false;
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+struct ApiError(ControllerError);
+
+impl From<ControllerError> for ApiError {
+    fn from(e: ControllerError) -> Self {
+        ApiError(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let code = match &self.0 {
+            ControllerError::BadInput(_) => StatusCode::BAD_REQUEST,
+            ControllerError::Conflict(_) => StatusCode::CONFLICT,
+            ControllerError::NotFound(_) => StatusCode::NOT_FOUND,
+            ControllerError::State(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        (code, Json(serde_json::json!({"error": self.0.to_string()}))).into_response()
+    }
+}
+
+/// A JSON body that answers 400 `{"error"}` when it does not decode.
+fn body<T: serde::de::DeserializeOwned>(b: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(b).map_err(|e| ApiError(ControllerError::BadInput(e.to_string())))
+}
+
+async fn status(State(sh): State<Arc<Shared>>) -> Json<Status> {
+    Json(sh.status.lock().clone())
+}
+
+#[derive(Deserialize)]
+struct TailQuery {
+    limit: Option<usize>,
+}
+
+async fn journal(State(sh): State<Arc<Shared>>, Query(q): Query<TailQuery>) -> Json<Vec<Entry>> {
+    Json(sh.journal.tail(q.limit.unwrap_or(100)))
+}
+
+async fn get_settings(State(sh): State<Arc<Shared>>) -> Json<Settings> {
+    Json(sh.settings.lock().clone())
+}
+
+async fn put_settings(
+    State(sh): State<Arc<Shared>>,
+    b: axum::body::Bytes,
+) -> ApiResult<Json<Settings>> {
+    let new: Settings = body(&b)?;
+    let s = tokio::task::block_in_place(|| {
+        sh.change("settings replaced".into(), |s| {
+            *s = new;
+            Ok(())
+        })
+    })?;
+    Ok(Json(s))
+}
+
+async fn put_policy(
+    State(sh): State<Arc<Shared>>,
+    b: axum::body::Bytes,
+) -> ApiResult<Json<Settings>> {
+    let p: Policy = body(&b)?;
+    let s = tokio::task::block_in_place(|| {
+        sh.change("policy replaced".into(), |s| {
+            s.policy = p;
+            Ok(())
+        })
+    })?;
+    Ok(Json(s))
+}
+
+async fn add_site(
+    State(sh): State<Arc<Shared>>,
+    b: axum::body::Bytes,
+) -> ApiResult<(StatusCode, Json<Settings>)> {
+    let site: SiteInventory = body(&b)?;
+    let name = site.name.clone();
+    let s = tokio::task::block_in_place(|| {
+        sh.change(format!("site {name} added"), |s| s.add_site(site))
+    })?;
+    Ok((StatusCode::CREATED, Json(s)))
+}
+
+async fn remove_site(
+    State(sh): State<Arc<Shared>>,
+    UrlPath(name): UrlPath<String>,
+) -> ApiResult<StatusCode> {
+    tokio::task::block_in_place(|| {
+        sh.change(format!("site {name} removed"), |s| s.remove_site(&name))
+    })?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn put_links(
+    State(sh): State<Arc<Shared>>,
+    b: axum::body::Bytes,
+) -> ApiResult<Json<Settings>> {
+    let links: Vec<ferry_control::Link> = body(&b)?;
+    let s = tokio::task::block_in_place(|| {
+        sh.change("links replaced".into(), |s| {
+            s.inventory.links = links;
+            Ok(())
+        })
+    })?;
+    Ok(Json(s))
+}
+
+async fn set_paused(sh: Arc<Shared>, paused: bool) -> ApiResult<Json<Settings>> {
+    let what = if paused {
+        "automation paused"
+    } else {
+        "automation resumed"
+    };
+    let s = tokio::task::block_in_place(|| {
+        sh.change(what.into(), |s| {
+            s.policy.paused = paused;
+            Ok(())
+        })
+    })?;
+    Ok(Json(s))
+}
+
+async fn pause(State(sh): State<Arc<Shared>>) -> ApiResult<Json<Settings>> {
+    set_paused(sh, true).await
+}
+
+async fn resume(State(sh): State<Arc<Shared>>) -> ApiResult<Json<Settings>> {
+    set_paused(sh, false).await
+}
+
+async fn cycle_now(State(sh): State<Arc<Shared>>) -> StatusCode {
+    sh.wake();
+    StatusCode::ACCEPTED
+}
+
+async fn metrics(State(sh): State<Arc<Shared>>) -> Response {
+    let mut text = String::new();
+    if prometheus_client::encoding::text::encode(&mut text, &sh.metrics.registry).is_err() {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn page() -> Html<&'static str> {
+    Html(include_str!("page.html"))
+}
+
+fn router(sh: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/", get(page))
+        .route("/v1/status", get(status))
+        .route("/v1/journal", get(journal))
+        .route("/v1/settings", get(get_settings).put(put_settings))
+        .route("/v1/policy", axum::routing::put(put_policy))
+        .route("/v1/sites", post(add_site))
+        .route("/v1/sites/:name", delete(remove_site))
+        .route("/v1/links", axum::routing::put(put_links))
+        .route("/v1/pause", post(pause))
+        .route("/v1/resume", post(resume))
+        .route("/v1/cycle", post(cycle_now))
+        .route("/metrics", get(metrics))
+        .with_state(sh)
+}
+
+/// Run the controller until the process ends.
+pub async fn run(opts: Options) -> Result<(), ControllerError> {
+    std::fs::create_dir_all(&opts.state_dir)
+        .map_err(|e| ControllerError::State(format!("{}: {e}", opts.state_dir.display())))?;
+    let file = SettingsFile::new(&opts.state_dir);
+    let journal = Journal::open(&opts.state_dir)?;
+    let settings = match (opts.initial, file.load()?) {
+        (Some(s), _) => {
+            s.validate()?;
+            file.save(&s)?;
+            journal.record(
+                journal.last_cycle(),
+                Event::Settings {
+                    what: "settings given at start".into(),
+                },
+            )?;
+            s
+        }
+        (None, Some(s)) => s,
+        (None, None) => Settings::default(),
+    };
+    let metrics = Metrics::new();
+    metrics.paused.set(i64::from(settings.policy.paused));
+    let sh = Arc::new(Shared {
+        status: Mutex::new(Status {
+            cycle: journal.last_cycle(),
+            paused: settings.policy.paused,
+            ..Status::default()
+        }),
+        settings: Mutex::new(settings),
+        file,
+        journal,
+        metrics,
+        wake: (Mutex::new(false), Condvar::new()),
+    });
+    let listener = tokio::net::TcpListener::bind(&opts.listen)
+        .await
+        .map_err(|e| ControllerError::BadInput(format!("cannot listen on {}: {e}", opts.listen)))?;
+    let worker = sh.clone();
+    std::thread::Builder::new()
+        .name("control-cycles".into())
+        .spawn(move || cycles(&worker, opts.interval, opts.sample))
+        .map_err(|e| ControllerError::State(e.to_string()))?;
+    tracing::info!("controller listening on {}", opts.listen);
+    axum::serve(listener, router(sh))
+        .await
+        .map_err(|e| ControllerError::State(e.to_string()))
+}

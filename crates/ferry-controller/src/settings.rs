@@ -1,0 +1,115 @@
+//! What the operator set: the inventory (sites, their daemons, links),
+//! the policy and the automation switch, kept in `<state>/settings.json`
+//! (written to a new file, synced, then renamed over the old one, so a
+//! crash leaves the old settings or the new, never half of each).
+
+use crate::ControllerError;
+use ferry_control::inventory::{Inventory, SiteInventory};
+use ferry_control::policy::Policy;
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Settings {
+    pub inventory: Inventory,
+    pub policy: Policy,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            inventory: Inventory {
+                sites: Vec::new(),
+                links: Vec::new(),
+            },
+            policy: Policy::default(),
+        }
+    }
+}
+
+impl Settings {
+    /// Refuse settings the controller could not work with. An inventory
+    /// without sites is allowed (sites are added later).
+    pub fn validate(&self) -> Result<(), ControllerError> {
+        if !self.inventory.sites.is_empty() {
+            self.inventory
+                .validate()
+                .map_err(ControllerError::BadInput)?;
+        }
+        self.policy
+            .validate()
+            .map_err(|e| ControllerError::BadInput(e.to_string()))
+    }
+
+    pub fn add_site(&mut self, site: SiteInventory) -> Result<(), ControllerError> {
+        if self.inventory.site(&site.name).is_some() {
+            return Err(ControllerError::Conflict(format!(
+                "site {} exists already",
+                site.name
+            )));
+        }
+        let mut next = self.clone();
+        next.inventory.sites.push(site);
+        next.validate()?;
+        *self = next;
+        Ok(())
+    }
+
+    pub fn remove_site(&mut self, name: &str) -> Result<(), ControllerError> {
+        if self.inventory.site(name).is_none() {
+            return Err(ControllerError::NotFound(format!("no site {name}")));
+        }
+        let mut next = self.clone();
+        next.inventory.sites.retain(|s| s.name != name);
+        next.inventory.links.retain(|l| l.a != name && l.b != name);
+        next.validate()?;
+        *self = next;
+        Ok(())
+    }
+}
+
+pub struct SettingsFile {
+    path: PathBuf,
+}
+
+impl SettingsFile {
+    pub fn new(dir: &Path) -> SettingsFile {
+        SettingsFile {
+            path: dir.join("settings.json"),
+        }
+    }
+
+    /// The saved settings, or the defaults when none were saved yet.
+    pub fn load(&self) -> Result<Option<Settings>, ControllerError> {
+        match std::fs::read(&self.path) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map(Some)
+                .map_err(|e| ControllerError::State(format!("{}: {e}", self.path.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ControllerError::State(format!(
+                "{}: {e}",
+                self.path.display()
+            ))),
+        }
+    }
+
+    pub fn save(&self, s: &Settings) -> Result<(), ControllerError> {
+        let err =
+            |e: std::io::Error| ControllerError::State(format!("{}: {e}", self.path.display()));
+        let tmp = self.path.with_extension("json.new");
+        let mut f = std::fs::File::create(&tmp).map_err(err)?;
+        f.write_all(
+            &serde_json::to_vec_pretty(s).map_err(|e| ControllerError::State(e.to_string()))?,
+        )
+        .and_then(|()| f.sync_all())
+        .map_err(err)?;
+        std::fs::rename(&tmp, &self.path).map_err(err)?;
+        if let Some(d) = self.path.parent() {
+            if let Ok(d) = std::fs::File::open(d) {
+                let _ = d.sync_all();
+            }
+        }
+        Ok(())
+    }
+}
