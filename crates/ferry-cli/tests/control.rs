@@ -106,6 +106,14 @@ impl Drop for Controller {
     }
 }
 
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
 fn problems(v: &Value) -> String {
     v["status"]["problems"].to_string()
 }
@@ -222,6 +230,42 @@ fn the_controller_keeps_its_sites_refuses_bad_input_and_survives_kill_9() {
     c.ok(&["site", "link", "a", "b", "--rtt-ms", "16", "--mbit", "100"]);
     let listed = c.ok(&["site", "list"]);
     assert!(listed.contains("a <-> b: 16 ms, 100 Mbit/s"), "{listed}");
+
+    // The page in a real browser: its script fills the tables from the API.
+    if let Some(browser) = ["chromium", "chromium-browser"]
+        .into_iter()
+        .find(|b| have(b))
+    {
+        let dom = Command::new(browser)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--virtual-time-budget=5000",
+                "--dump-dom",
+                &format!("http://{addr}/"),
+            ])
+            .output()
+            .unwrap();
+        let dom = String::from_utf8_lossy(&dom.stdout);
+        for shown in [
+            "<td>a ↔ b</td>",
+            "<td class=\"n\">16.0</td>",
+            "<td class=\"n\">12.5</td>",
+            "automation on",
+        ] {
+            assert!(dom.contains(shown), "the page does not show {shown}: {dom}");
+        }
+        assert!(
+            dom.contains(&format!("host {} of site a", dead(h))),
+            "the page shows the problem: {dom}"
+        );
+    } else {
+        assert!(
+            std::env::var("FERRY_REQUIRE_TOOLS").is_err(),
+            "chromium is needed to test the page"
+        );
+    }
 
     // The automation switch, the page, /metrics.
     c.ok(&["control", "pause"]);

@@ -6,9 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const EXPERIMENTS: [&str; 8] = [
+const EXPERIMENTS: [&str; 9] = [
     "rtt",
     "move_then_run",
+    "threshold",
     "similarity",
     "index",
     "migration",
