@@ -23,7 +23,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -202,13 +202,23 @@ fn follow_unfinished(sh: &Shared) {
     }
 }
 
-fn cycle(
-    sh: &Shared,
-    sample: Duration,
-    triggers: &mut Triggers,
-    moved_at: &mut BTreeMap<String, Instant>,
-    born: Instant,
-) {
+/// What the cycles remember from one to the next.
+#[derive(Default)]
+struct Memory {
+    triggers: Triggers,
+    /// When the controller last moved each VM.
+    moved_at: BTreeMap<String, Instant>,
+    /// The decisions of the last cycle not acted on (paused): the same
+    /// decision again is not journaled again.
+    unacted: BTreeSet<(String, String, String, String)>,
+}
+
+fn cycle(sh: &Shared, sample: Duration, mem: &mut Memory, born: Instant) {
+    let Memory {
+        triggers,
+        moved_at,
+        unacted,
+    } = mem;
     let t = Instant::now();
     let settings = sh.settings.lock().clone();
     {
@@ -270,7 +280,21 @@ fn cycle(
         st.plan.clone_from(&pl);
         st.problems = problems;
     }
+    let mut now_unacted = BTreeSet::new();
     for d in pl.iter().flat_map(|p| p.decisions.iter()) {
+        let key = (
+            d.vm.clone(),
+            format!("{:?}", d.action),
+            d.to.host_site.clone(),
+            d.to.disk_site.clone(),
+        );
+        let repeated = paused && unacted.contains(&key);
+        if paused {
+            now_unacted.insert(key);
+        }
+        if repeated {
+            continue;
+        }
         sh.metrics
             .decisions
             .get_or_create(&ActionLabel {
@@ -307,6 +331,7 @@ fn cycle(
             Err(out) => finish(sh, "", *out),
         }
     }
+    *unacted = now_unacted;
     let mut st = sh.status.lock();
     st.last_cycle_unix = Some(now_unix());
     st.last_cycle_s = t.elapsed().as_secs_f64();
@@ -315,12 +340,11 @@ fn cycle(
 
 fn cycles(sh: &Shared, interval: Duration, sample: Duration) {
     let born = Instant::now();
-    let mut triggers = Triggers::default();
-    let mut moved_at = BTreeMap::new();
+    let mut mem = Memory::default();
     follow_unfinished(sh);
     loop {
         let t = Instant::now();
-        cycle(sh, sample, &mut triggers, &mut moved_at, born);
+        cycle(sh, sample, &mut mem, born);
         let (m, cv) = &sh.wake;
         let mut woken = m.lock();
         if !*woken {
