@@ -259,7 +259,7 @@ def exp_move_then_run(ctx):
                 + (f"; {len(failed)} of {len(rows_all)} moves ended with the guest crashing at B "
                    "(a known open defect, see the table)" if failed else "")
                 + f" (a job of {n} durable records); the move itself takes "
-                f"{min(r['move_s'] for r in rows):.1f}-{max(r['move_s'] for r in rows):.1f} s and does not grow "
+                f"{min(r['move_s'] for r in rows_all):.1f}-{max(r['move_s'] for r in rows_all):.1f} s and does not grow "
                 "with RTT the way the seed's did (the memory stream is one pipelined TLS connection whose window "
                 "follows the bandwidth-delay product).",
         "table": table,

@@ -170,7 +170,14 @@ def run_ferry(work, link, base, image, load, teleport):
         moved = [d for d in os.listdir(os.path.join(ha, "moved"))] if os.path.isdir(os.path.join(ha, "moved")) else []
         serial_b = os.path.join(hb, "vms", "g", "serial.log")
         src_logs = [os.path.join(ha, "moved", d, "serial.log") for d in moved] + [serial_a]
-        wait_acks(serial_b, 1, secs=30)
+        try:
+            wait_acks(serial_b, 1, secs=30)
+        except RuntimeError:
+            # A result, not a script failure: the guest did not go on at B.
+            text = open(serial_b, errors="replace").read() if os.path.exists(serial_b) else ""
+            first = next((ln.strip() for ln in text.splitlines() if "BUG" in ln or "panic" in ln), "no output")
+            return {"ok": False, "error": f"the guest did not go on at B: {first}", "report": report,
+                    "seconds": secs}
         time.sleep(3)
         out = {
             "ok": r.returncode == 0,

@@ -207,6 +207,16 @@ pub fn command_line(
         paths.pidfile.display().to_string(),
         "-daemonize".into(),
     ];
+    // Diagnosis: FERRY_QEMU_TRACE=PATTERN[,PATTERN] turns on QEMU's trace
+    // events matching them, logged to qemu-trace.log beside the guest.
+    if let Ok(t) = std::env::var("FERRY_QEMU_TRACE") {
+        for pat in t.split(',').filter(|p| !p.is_empty()) {
+            a.push("-trace".into());
+            a.push(format!("enable={pat}"));
+        }
+        a.push("-D".into());
+        a.push(paths.dir.join("qemu-trace.log").display().to_string());
+    }
     for (i, d) in spec.disks.iter().enumerate() {
         let node = serde_json::json!({
             "driver": "nbd",
