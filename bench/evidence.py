@@ -140,6 +140,25 @@ def exp_rtt(ctx):
     }
 
 
+def ext4_volume(storage, work, name="root", mib=64):
+    """An empty ext4 file system as volume `name` of `storage` (a migration_peers.Daemon)."""
+    img = os.path.join(work, f"{name}.img")
+    subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", img, f"{mib}M"], check=True)
+    storage.ferry("volume", "create", name, "--size", str(mib << 20))
+    storage.ferry("volume", "import", name, img)
+
+
+def start_guest(host, state_dir, nbd, admin):
+    """The test guest `g` (256 MiB, TCG) on `host` with disk `root` at `nbd`; its serial log."""
+    r = host.vm("create", "g", "--memory", "256M", "--accel", "tcg",
+                "--disk", f"root@{nbd}@{admin}",
+                "--kernel", f"{GUEST}/vmlinuz", "--initrd", f"{GUEST}/initrd.img",
+                "--cmdline", "console=ttyS0 quiet")
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr)
+    return os.path.join(state_dir, "vms", "g", "serial.log")
+
+
 def exp_move_then_run(ctx):
     """Seeds 000/001, Fig. 11-12: run with the disk at the other site, or
     move the VM to the disk's site first and then run."""
@@ -160,21 +179,12 @@ def exp_move_then_run(ctx):
         subprocess.run([FERRY, "certs", "show", "--pool", pb], check=True, capture_output=True)
         sb, link, hosts = Daemon(pb), RateLink(work, mbit, rtt), []
         try:
-            img = os.path.join(work, "root.img")
-            subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", img, "64M"], check=True)
-            sb.ferry("volume", "create", "root", "--size", str(64 << 20))
-            sb.ferry("volume", "import", "root", img)
+            ext4_volume(sb, work)
             A, B = Host(ha), Host(hb)
             hosts = [A, B]
             _, nbd_wan = link.proxy(f"127.0.0.1:{sb.nbd}")
             _, moves_wan = link.proxy(f"127.0.0.1:{B.moves}")
-            r = A.vm("create", "g", "--memory", "256M", "--accel", "tcg",
-                     "--disk", f"root@127.0.0.1:{nbd_wan}@127.0.0.1:{sb.admin}",
-                     "--kernel", f"{GUEST}/vmlinuz", "--initrd", f"{GUEST}/initrd.img",
-                     "--cmdline", "console=ttyS0 quiet")
-            if r.returncode != 0:
-                raise RuntimeError(r.stderr)
-            serial_a = os.path.join(ha, "vms", "g", "serial.log")
+            serial_a = start_guest(A, ha, f"127.0.0.1:{nbd_wan}", f"127.0.0.1:{sb.admin}")
             k = wait_acks(serial_a, 5)
 
             def job(serial, start):
@@ -295,23 +305,15 @@ def exp_threshold(ctx):
     hosts, ctl = [], None
     timeline, events = [], []
     try:
-        img = os.path.join(work, "root.img")
-        subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", img, "64M"], check=True)
-        sb.ferry("volume", "create", "root", "--size", str(64 << 20))
-        sb.ferry("volume", "import", "root", img)
+        ext4_volume(sb, work)
         A, B = Host(ha), Host(hb)
         hosts = [A, B]
         nbd_name, nbd_wan = link.proxy(f"127.0.0.1:{sb.nbd}")
         _, moves_b = link.proxy(f"127.0.0.1:{B.moves}")
         _, mig_b = link.proxy(f"127.0.0.1:{sb.mig}")
         _, mig_a = link.proxy(f"127.0.0.1:{sa.mig}")
-        r = A.vm("create", "g", "--memory", "256M", "--accel", "tcg",
-                 "--disk", f"root@127.0.0.1:{nbd_wan}@127.0.0.1:{sb.admin}",
-                 "--kernel", f"{GUEST}/vmlinuz", "--initrd", f"{GUEST}/initrd.img",
-                 "--cmdline", "console=ttyS0 quiet")
-        if r.returncode != 0:
-            raise RuntimeError(r.stderr)
-        serials = [os.path.join(ha, "vms", "g", "serial.log"), os.path.join(hb, "vms", "g", "serial.log")]
+        serials = [start_guest(A, ha, f"127.0.0.1:{nbd_wan}", f"127.0.0.1:{sb.admin}"),
+                   os.path.join(hb, "vms", "g", "serial.log")]
         wait_acks(serials[0], 5)
         inv = {"sites": [
             {"name": "a", "cpu_capacity": 8, "hosts": [{"control": f"127.0.0.1:{A.control}", "moves": f"127.0.0.1:{A.moves}"}],
@@ -340,9 +342,7 @@ def exp_threshold(ctx):
         while time.time() - t0 < total_s:
             now = time.time() - t0
             if not raised and now >= before_s:
-                for st in ("upstream", "downstream"):
-                    http("POST", f"{link.api}/proxies/{nbd_name}/toxics/delay-{st}",
-                         {"attributes": {"latency": rtt_hi // 2}})
+                link.set_rtt(nbd_name, rtt_hi)
                 raised = True
                 events.append({"t": now, "what": f"RTT to the disk raised to {rtt_hi} ms"})
             a = acks(serials)

@@ -3,18 +3,12 @@ serving NBD and iSCSI, a toxiproxy link whose round trip can be changed,
 QEMU's iSCSI initiator (qemu-storage-daemon) re-exported as a local NBD
 socket so that fio drives both protocols the same way, fio itself, and the
 CPU time a process used."""
-import json, os, shutil, socket, subprocess, time, urllib.error, urllib.request
+import json, os, shutil, socket, subprocess, time, urllib.error
 
 from common import FERRY, ensure_ferry, free_port, wait_port
+from migration_peers import http as _http
 
 IQN = "iqn.2026-11.io.ferry"
-
-
-def _http(method, url, body=None):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method)
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return r.read()
 
 
 def stop(proc):

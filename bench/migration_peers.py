@@ -83,6 +83,11 @@ class Link:
                   "attributes": {"latency": self.rtt // 2}})
         return name, port
 
+    def set_rtt(self, name, rtt_ms):
+        """Change the round trip of proxy `name` (half each way) while it carries traffic."""
+        for s in ("upstream", "downstream"):
+            http("POST", f"{self.api}/proxies/{name}/toxics/delay-{s}", {"attributes": {"latency": rtt_ms // 2}})
+
     def bytes(self, name):
         """Bytes carried by proxy `name`, both directions (toxiproxy metrics)."""
         text = http("GET", self.api + "/metrics").decode()
