@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Entries kept in memory for the API.
@@ -69,15 +69,18 @@ impl Journal {
     pub fn open(dir: &Path) -> Result<Journal, ControllerError> {
         let path = dir.join("journal.jsonl");
         let io = |e: std::io::Error| ControllerError::State(format!("{}: {e}", path.display()));
+        // Read once: the entries, and whether the last line is whole.
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(io(e)),
+        };
         let mut recent = VecDeque::new();
-        if path.exists() {
-            for line in BufReader::new(File::open(&path).map_err(io)?).lines() {
-                let line = line.map_err(io)?;
-                if let Ok(e) = serde_json::from_str::<Entry>(&line) {
-                    recent.push_back(e);
-                    if recent.len() > RECENT {
-                        recent.pop_front();
-                    }
+        for line in bytes.split(|b| *b == b'\n') {
+            if let Ok(e) = serde_json::from_slice::<Entry>(line) {
+                recent.push_back(e);
+                if recent.len() > RECENT {
+                    recent.pop_front();
                 }
             }
         }
@@ -87,7 +90,6 @@ impl Journal {
             .open(&path)
             .map_err(io)?;
         // After a torn last line, the next entry starts on a line of its own.
-        let bytes = std::fs::read(&path).map_err(io)?;
         if bytes.last().is_some_and(|b| *b != b'\n') {
             file.write_all(b"\n").map_err(io)?;
         }
