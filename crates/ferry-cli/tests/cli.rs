@@ -3,20 +3,14 @@
 // Test fixtures: sizes, offsets and byte patterns the test itself chooses.
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
-use std::net::TcpListener;
+mod common;
+
+use common::{free_port, have};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Serve {
     child: Child,
@@ -90,19 +84,6 @@ impl Drop for Serve {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn have(tool: &str) -> bool {
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok && std::env::var("FERRY_REQUIRE_TOOLS").as_deref() == Ok("1") {
-        panic!("{tool} required");
-    }
-    ok
 }
 
 #[test]

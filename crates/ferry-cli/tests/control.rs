@@ -4,21 +4,15 @@
 //! `/metrics`, and its settings and journal kept across `kill -9`. (The
 //! controller moving a real guest is in tests/vm.rs.)
 
+mod common;
+
+use common::{free_port, on_path};
 use serde_json::Value;
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Controller {
     child: Child,
@@ -104,14 +98,6 @@ impl Drop for Controller {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
 }
 
 fn problems(v: &Value) -> String {
@@ -234,7 +220,7 @@ fn the_controller_keeps_its_sites_refuses_bad_input_and_survives_kill_9() {
     // The page in a real browser: its script fills the tables from the API.
     if let Some(browser) = ["chromium", "chromium-browser"]
         .into_iter()
-        .find(|b| have(b))
+        .find(|b| on_path(b))
     {
         let dom = Command::new(browser)
             .args([

@@ -3,6 +3,9 @@
 //! page. The figures' numbers are not checked here (tests check correctness,
 //! never timings); the full run is for people and docs/evidence.md.
 
+mod common;
+
+use common::on_path;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -20,14 +23,6 @@ const EXPERIMENTS: [&str; 9] = [
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
 }
 
 /// Debian's python3 (where python3-matplotlib lives) first, then PATH's.
@@ -51,7 +46,7 @@ fn every_evidence_experiment_runs_and_draws_its_figure() {
         "mke2fs",
     ]
     .into_iter()
-    .filter(|t| !have(t))
+    .filter(|t| !on_path(t))
     .collect();
     let py = python();
     if !missing.is_empty() || py.is_none() {

@@ -17,8 +17,10 @@
 #[allow(dead_code)]
 mod toxiproxy;
 
+mod common;
+
+use common::{free_port, have, required};
 use serde_json::Value;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -28,30 +30,8 @@ const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 /// One guest test at a time: each runs two TCG guests at its peak.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn addr() -> String {
     format!("127.0.0.1:{}", free_port())
-}
-
-fn required() -> bool {
-    std::env::var("FERRY_REQUIRE_TOOLS").as_deref() == Ok("1")
-}
-
-fn have(tool: &str) -> bool {
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(ok || !required(), "{tool} required");
-    ok
 }
 
 /// The guest kernel and initramfs (scripts/guest-image.sh), or None to skip.
