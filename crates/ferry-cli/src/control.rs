@@ -32,9 +32,25 @@ pub enum ControlCmd {
     /// Run the controller: measure, plan and move every --interval; API,
     /// /metrics and a live page on --listen.
     Run {
-        /// Where its state lives (settings.json, journal.jsonl).
+        /// Where its state lives (settings.json, journal.jsonl) when it runs
+        /// alone.
+        #[arg(long, required_unless_present = "etcd", conflicts_with = "etcd")]
+        state_dir: Option<PathBuf>,
+        /// Keep the state in etcd (URL[,URL...]); controllers sharing it
+        /// elect one leader, the others follow and take over if it goes.
+        #[arg(long, value_delimiter = ',')]
+        etcd: Vec<String>,
+        /// Keys in etcd start with this.
+        #[arg(long, default_value = "/ferry/control/")]
+        etcd_prefix: String,
+        /// This controller's name among those sharing etcd (default: its
+        /// --listen address).
         #[arg(long)]
-        state_dir: PathBuf,
+        name: Option<String>,
+        /// The leader's lease in etcd: a leader that cannot renew it stops
+        /// acting within two thirds of it; another takes over after it.
+        #[arg(long, default_value = "6s", value_parser = humantime::parse_duration)]
+        lease: std::time::Duration,
         #[arg(long, default_value = "127.0.0.1:10870")]
         listen: String,
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
@@ -124,6 +140,10 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
     match cmd {
         ControlCmd::Run {
             state_dir,
+            etcd,
+            etcd_prefix,
+            name,
+            lease,
             listen,
             interval,
             sample,
@@ -132,7 +152,35 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
             paused,
         } => {
             crate::init_logging();
-            let saved = ferry_controller::settings::SettingsFile::new(&state_dir).load()?;
+            let etcd = (!etcd.is_empty()).then(|| {
+                let mut prefix = etcd_prefix;
+                if !prefix.ends_with('/') {
+                    prefix.push('/');
+                }
+                ferry_controller::service::EtcdOptions {
+                    endpoints: etcd,
+                    prefix,
+                    name: name.unwrap_or_else(|| listen.clone()),
+                    lease,
+                }
+            });
+            let saved = match (&etcd, &state_dir) {
+                (Some(e), _) => {
+                    let c = ferry_controller::etcd::EtcdClient::new(
+                        &e.endpoints,
+                        std::time::Duration::from_secs(5),
+                    )?;
+                    let l = std::sync::Arc::new(ferry_controller::leader::Leadership::new(
+                        c.clone(),
+                        &e.prefix,
+                        &e.name,
+                        e.lease,
+                    ));
+                    ferry_controller::store::Store::etcd(c, &e.prefix, l).load_settings()?
+                }
+                (None, Some(d)) => ferry_controller::settings::SettingsFile::new(d).load()?,
+                (None, None) => anyhow::bail!("give --state-dir or --etcd"),
+            };
             let mut s = saved.clone().unwrap_or_default();
             if let Some(f) = &inventory {
                 s.inventory = read_json(f, "inventory")?;
@@ -149,7 +197,8 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
             }
             let opts = ferry_controller::service::Options {
                 listen,
-                state_dir,
+                state_dir: state_dir.unwrap_or_default(),
+                etcd,
                 interval,
                 sample,
                 initial,
@@ -353,6 +402,14 @@ fn status(controller: &str, journal: usize, json: bool) -> Result<()> {
         set.inventory.sites.len(),
         set.inventory.links.len()
     );
+    if st["role"] != "alone" {
+        println!(
+            "controller {} is {}; the leader is {}",
+            st["name"].as_str().unwrap_or("?"),
+            st["role"].as_str().unwrap_or("?"),
+            st["leader"].as_str().unwrap_or("nobody right now")
+        );
+    }
     for p in st["problems"].as_array().into_iter().flatten() {
         println!("problem: {}", p.as_str().unwrap_or_default());
     }

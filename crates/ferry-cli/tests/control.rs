@@ -1,8 +1,11 @@
 //! `ferry control run` as operators use it: sites added and removed by
 //! CLI, bad input refused with the reason, unreachable daemons reported
 //! while the controller keeps running, the automation switch, the page and
-//! `/metrics`, and its settings and journal kept across `kill -9`. (The
-//! controller moving a real guest is in tests/vm.rs.)
+//! `/metrics`, and its settings and journal kept across `kill -9`; with
+//! a real etcd server, two controllers sharing the state, one leading,
+//! the other taking over (and following the move the first left
+//! unfinished) when the leader is killed or frozen. (The controller
+//! moving a real guest is in tests/vm.rs.)
 
 mod common;
 
@@ -21,9 +24,14 @@ struct Controller {
 
 impl Controller {
     fn start(state: &Path, addr: &str) -> Controller {
+        Controller::start_with(&["--state-dir", &state.display().to_string()], addr)
+    }
+
+    /// `ferry control run` with `args` (where its state lives) on `addr`.
+    fn start_with(args: &[&str], addr: &str) -> Controller {
         let child = Command::new(FERRY)
-            .args(["control", "run", "--state-dir"])
-            .arg(state)
+            .args(["control", "run"])
+            .args(args)
             .args(["--listen", addr, "--interval", "300ms", "--sample", "50ms"])
             .env("FERRY_LOG", "warn")
             .stdout(Stdio::null())
@@ -328,4 +336,234 @@ fn the_controller_keeps_its_sites_refuses_bad_input_and_survives_kill_9() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A real etcd server on loopback ports, its data in a temporary folder.
+struct Etcd {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    fn start() -> Etcd {
+        let dir = tempfile::tempdir().unwrap();
+        let (client, peer) = (free_port(), free_port());
+        let url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new("etcd")
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args([
+                "--listen-client-urls",
+                &url,
+                "--advertise-client-urls",
+                &url,
+            ])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("default={peer_url}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while ureq::get(&format!("{url}/health")).call().is_err() {
+            assert!(t.elapsed() < Duration::from_secs(30), "etcd did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Etcd {
+            child,
+            url,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn signal(c: &Controller, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &c.child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig}");
+}
+
+fn role(c: &Controller) -> String {
+    c.status()["status"]["role"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+#[test]
+fn controllers_sharing_etcd_elect_one_leader_that_is_replaced_when_it_dies_or_freezes() {
+    use ferry_controller::act::MoveOutcome;
+    use ferry_controller::etcd::{Compare, EtcdClient, Put};
+    use ferry_controller::journal::{Entry, Event};
+    if !common::have("etcd") {
+        eprintln!("etcd is not installed: skipped");
+        return;
+    }
+    let etcd = Etcd::start();
+    let prefix = "/test/control/";
+    let start = |name: &str| {
+        let addr = format!("127.0.0.1:{}", free_port());
+        Controller::start_with(
+            &[
+                "--etcd",
+                &etcd.url,
+                "--etcd-prefix",
+                prefix,
+                "--name",
+                name,
+                "--lease",
+                "3s",
+            ],
+            &addr,
+        )
+    };
+    let one = start("one");
+    let two = start("two");
+    // Exactly one leads, and both name it.
+    let t = Instant::now();
+    let (leader, follower) = loop {
+        let (r1, r2) = (role(&one), role(&two));
+        match (r1.as_str(), r2.as_str()) {
+            ("leader", "follower") => break (one, two),
+            ("follower", "leader") => break (two, one),
+            ("leader", "leader") => panic!("two leaders"),
+            _ => {}
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "no leader: {r1} {r2}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let leader_name = leader.status()["status"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    follower.wait("the follower names the leader", |v| {
+        v["status"]["leader"].as_str() == Some(leader_name.as_str())
+    });
+
+    // Only the leader changes the shared settings; the follower says who does.
+    follower.refused(
+        &["site", "add", "a", "--cpu-capacity", "8"],
+        &format!("the leader is {leader_name}"),
+    );
+    leader.ok(&["site", "add", "a", "--cpu-capacity", "8"]);
+    follower.wait("the follower sees the leader's site", |v| {
+        v["settings"]["inventory"]["sites"][0]["name"] == "a"
+    });
+
+    // A move the leader journaled as started, whose host is gone: whoever
+    // leads next must follow it to an end.
+    let c = EtcdClient::new(std::slice::from_ref(&etcd.url), Duration::from_secs(5)).unwrap();
+    let id = ferry_api::MigrationId::random().to_string();
+    let expect: MoveOutcome = serde_json::from_value(serde_json::json!({
+        "vm": "g", "action": "move_vm", "to_host_site": "a", "to_disk_site": "a",
+        "result": "running", "seconds": 0.0, "predicted_seconds": 1.0, "bytes": 0.0,
+        "predicted_bytes": 0.0, "guest_pause_ms": null, "reason": null
+    }))
+    .unwrap();
+    let started = Entry {
+        seq: 1_000_000,
+        at_unix: 0.0,
+        cycle: 0,
+        event: Event::Started {
+            vm: "g".into(),
+            id: id.clone(),
+            control: format!("127.0.0.1:{}", free_port()),
+            expect,
+        },
+    };
+    let key = format!("{prefix}journal/{:020}", started.seq);
+    assert!(c
+        .txn(
+            &[Compare::Absent(key.clone())],
+            &[Put::Value {
+                key,
+                value: serde_json::to_vec(&started).unwrap(),
+                lease: None,
+            }],
+        )
+        .unwrap());
+
+    // Frozen leader: it cannot renew, so it stops leading; the other takes
+    // over after the lease, and the first, thawed, follows.
+    signal(&leader, "-STOP");
+    follower.wait("the follower takes over from the frozen leader", |v| {
+        v["status"]["role"] == "leader"
+    });
+    signal(&leader, "-CONT");
+    leader.wait("the thawed leader follows", |v| {
+        v["status"]["role"] == "follower"
+    });
+    let new_name = follower.status()["status"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    leader.wait("the thawed leader names the new one", |v| {
+        v["status"]["leader"].as_str() == Some(new_name.as_str())
+    });
+    leader.refused(
+        &["site", "add", "b", "--cpu-capacity", "4"],
+        &format!("the leader is {new_name}"),
+    );
+    // The new leader kept the state and followed the move to its end.
+    let t = Instant::now();
+    let journal = loop {
+        let v = follower.status();
+        let done = v["journal"].as_array().unwrap().iter().any(|e| {
+            e["event"] == "finished" && e["id"] == id.as_str() && e["outcome"]["result"] == "failed"
+        });
+        if done {
+            break v;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the unfinished move was not followed: {}",
+            v["journal"]
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(journal["settings"]["inventory"]["sites"][0]["name"], "a");
+    let seqs: Vec<u64> = journal["journal"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+
+    // Killed leader: the other (restarted) one takes over.
+    let mut new_leader = follower;
+    let old = leader;
+    signal(&new_leader, "-KILL");
+    let _ = new_leader.child.wait();
+    old.wait("the survivor takes over from the killed leader", |v| {
+        v["status"]["role"] == "leader"
+    });
+    new_leader = start(&new_name);
+    new_leader.wait("the restarted controller follows", |v| {
+        v["status"]["role"] == "follower"
+    });
+    old.ok(&["site", "add", "b", "--cpu-capacity", "4"]);
+    new_leader.wait("the follower sees the site", |v| {
+        v["settings"]["inventory"]["sites"]
+            .as_array()
+            .unwrap()
+            .len()
+            == 2
+    });
 }

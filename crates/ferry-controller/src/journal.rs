@@ -5,13 +5,12 @@
 //! the moves it started but never saw end, which it then follows.
 
 use crate::act::MoveOutcome;
+use crate::store::Store;
 use crate::ControllerError;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Entries kept in memory for the API.
 const RECENT: usize = 2000;
@@ -45,6 +44,9 @@ pub enum Event {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
+    /// Position in the journal (1, 2, ...): the entry's key in etcd.
+    #[serde(default)]
+    pub seq: u64,
     pub at_unix: f64,
     pub cycle: u64,
     #[serde(flatten)]
@@ -52,8 +54,7 @@ pub struct Entry {
 }
 
 pub struct Journal {
-    path: PathBuf,
-    file: Mutex<File>,
+    store: Arc<Store>,
     recent: Mutex<VecDeque<Entry>>,
 }
 
@@ -64,58 +65,42 @@ fn now_unix() -> f64 {
 }
 
 impl Journal {
-    /// Open (or create) the journal in `dir`, reading back what it holds.
-    /// A torn last line (a crash mid-append) is skipped.
-    pub fn open(dir: &Path) -> Result<Journal, ControllerError> {
-        let path = dir.join("journal.jsonl");
-        let io = |e: std::io::Error| ControllerError::State(format!("{}: {e}", path.display()));
-        // Read once: the entries, and whether the last line is whole.
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(io(e)),
+    /// The journal kept in `store`, with what it holds already.
+    pub fn open(store: Arc<Store>) -> Result<Journal, ControllerError> {
+        let j = Journal {
+            store,
+            recent: Mutex::new(VecDeque::new()),
         };
-        let mut recent = VecDeque::new();
-        for line in bytes.split(|b| *b == b'\n') {
-            if let Ok(e) = serde_json::from_slice::<Entry>(line) {
-                recent.push_back(e);
-                if recent.len() > RECENT {
-                    recent.pop_front();
-                }
-            }
-        }
-        let mut file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(io)?;
-        // After a torn last line, the next entry starts on a line of its own.
-        if bytes.last().is_some_and(|b| *b != b'\n') {
-            file.write_all(b"\n").map_err(io)?;
-        }
-        Ok(Journal {
-            path,
-            file: Mutex::new(file),
-            recent: Mutex::new(recent),
-        })
+        j.reload()?;
+        Ok(j)
     }
 
-    /// Append and sync one entry; it is durable when this returns Ok.
+    /// Read the journal back from the store (a new leader does, since
+    /// the one before it may have written since).
+    pub fn reload(&self) -> Result<(), ControllerError> {
+        let mut entries: VecDeque<Entry> = self.store.load_journal(RECENT)?.into();
+        // Lines written before entries had numbers: number them in order.
+        let mut last = 0;
+        for e in &mut entries {
+            if e.seq <= last {
+                e.seq = last + 1;
+            }
+            last = e.seq;
+        }
+        *self.recent.lock() = entries;
+        Ok(())
+    }
+
+    /// Append one entry; it is durable when this returns Ok.
     pub fn record(&self, cycle: u64, event: Event) -> Result<Entry, ControllerError> {
+        let mut r = self.recent.lock();
         let e = Entry {
+            seq: r.back().map_or(1, |e| e.seq + 1),
             at_unix: now_unix(),
             cycle,
             event,
         };
-        let mut line = serde_json::to_vec(&e).map_err(|x| ControllerError::State(x.to_string()))?;
-        line.push(b'\n');
-        {
-            let mut f = self.file.lock();
-            f.write_all(&line)
-                .and_then(|()| f.sync_data())
-                .map_err(|x| ControllerError::State(format!("{}: {x}", self.path.display())))?;
-        }
-        let mut r = self.recent.lock();
+        self.store.append(&e)?;
         r.push_back(e.clone());
         if r.len() > RECENT {
             r.pop_front();
@@ -178,7 +163,8 @@ mod tests {
     #[test]
     fn entries_survive_a_reopen_and_unfinished_moves_are_found() {
         let d = tempfile::tempdir().unwrap();
-        let j = Journal::open(d.path()).unwrap();
+        let open = || Journal::open(Arc::new(Store::dir(d.path()).unwrap())).unwrap();
+        let j = open();
         for (id, vm) in [("m1", "a"), ("m2", "b")] {
             j.record(
                 1,
@@ -201,18 +187,20 @@ mod tests {
         .unwrap();
         drop(j);
         // A crash mid-append leaves a torn line: skipped, not fatal.
-        let mut f = OpenOptions::new()
+        let mut f = std::fs::OpenOptions::new()
             .append(true)
             .open(d.path().join("journal.jsonl"))
             .unwrap();
-        f.write_all(b"{\"at_unix\": 1, \"cyc").unwrap();
+        std::io::Write::write_all(&mut f, b"{\"at_unix\": 1, \"cyc").unwrap();
         drop(f);
-        let j = Journal::open(d.path()).unwrap();
+        let j = open();
         j.record(3, Event::Problem { what: "x".into() }).unwrap();
         drop(j);
-        let j = Journal::open(d.path()).unwrap();
+        let j = open();
         assert_eq!(j.tail(10).len(), 4, "{:?}", j.tail(10));
         assert_eq!(j.last_cycle(), 3);
+        let seqs: Vec<u64> = j.tail(10).iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [1, 2, 3, 4]);
         let open = j.unfinished();
         assert_eq!(open.len(), 1);
         assert_eq!(open[0].0, "m2");

@@ -12,15 +12,21 @@
 //! - [`settings`]: inventory, policy and the automation switch, on disk.
 //! - [`service`]: the cycle thread, the HTTP API, `/metrics`, the page.
 //!
-//! State lives in one directory (no other service needed). Several
-//! controllers sharing state through etcd, with one elected leader, is
-//! not built yet.
+//! - [`store`]: where settings and journal live: one directory, or etcd.
+//! - [`etcd`], [`leader`]: the etcd client and the election of the one
+//!   controller that acts when several share the state in etcd.
+//!
+//! State lives in one directory by default (no other service needed);
+//! with `--etcd`, in etcd, where several controllers elect one leader.
 
 pub mod act;
+pub mod etcd;
 pub mod journal;
+pub mod leader;
 pub mod measure;
 pub mod service;
 pub mod settings;
+pub mod store;
 
 /// What can go wrong for the controller, as its API answers it.
 #[derive(Debug, thiserror::Error)]

@@ -3,9 +3,12 @@
 //! page at `/`.
 
 use crate::act::{follow, start, MoveOutcome};
+use crate::etcd::EtcdClient;
 use crate::journal::{Entry, Event, Journal};
+use crate::leader::Leadership;
 use crate::measure::measure;
-use crate::settings::{Settings, SettingsFile};
+use crate::settings::Settings;
+use crate::store::Store;
 use crate::ControllerError;
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{header, StatusCode};
@@ -31,7 +34,11 @@ use std::time::{Duration, Instant};
 
 pub struct Options {
     pub listen: String,
+    /// The state's home when alone (no `etcd`).
     pub state_dir: PathBuf,
+    /// With endpoints, the state lives in etcd and the controllers that
+    /// share it elect one leader.
+    pub etcd: Option<EtcdOptions>,
     /// Between the starts of two cycles.
     pub interval: Duration,
     /// Between the two readings of a measurement.
@@ -40,9 +47,24 @@ pub struct Options {
     pub initial: Option<Settings>,
 }
 
+pub struct EtcdOptions {
+    pub endpoints: Vec<String>,
+    /// Keys start with this (ends in `/`).
+    pub prefix: String,
+    /// This controller's name among those sharing the state.
+    pub name: String,
+    /// The leader's lease.
+    pub lease: Duration,
+}
+
 /// What the last cycle saw and decided.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Status {
+    /// `alone` (state in a directory), `leader` or `follower` (etcd).
+    pub role: String,
+    /// This controller's name, and the leader's (etcd).
+    pub name: Option<String>,
+    pub leader: Option<String>,
     pub cycle: u64,
     pub paused: bool,
     pub last_cycle_unix: Option<f64>,
@@ -121,7 +143,7 @@ impl Metrics {
 
 struct Shared {
     settings: Mutex<Settings>,
-    file: SettingsFile,
+    store: Arc<Store>,
     journal: Journal,
     status: Mutex<Status>,
     metrics: Metrics,
@@ -129,10 +151,16 @@ struct Shared {
 }
 
 impl Shared {
-    fn record(&self, event: Event) {
+    /// Journal `event`; false when it could not be made durable (then
+    /// nothing that depends on it may be done).
+    fn record(&self, event: Event) -> bool {
         let cycle = self.status.lock().cycle;
-        if let Err(e) = self.journal.record(cycle, event) {
-            tracing::error!("journal: {e}");
+        match self.journal.record(cycle, event) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::error!("journal: {e}");
+                false
+            }
         }
     }
 
@@ -152,7 +180,7 @@ impl Shared {
         let mut next = s.clone();
         f(&mut next)?;
         next.validate()?;
-        self.file.save(&next)?;
+        self.store.save_settings(&next)?;
         *s = next.clone();
         drop(s);
         self.record(Event::Settings { what });
@@ -301,14 +329,15 @@ fn cycle(sh: &Shared, sample: Duration, mem: &mut Memory, born: Instant) {
                 action: format!("{:?}", d.action),
             })
             .inc();
-        sh.record(Event::Decided {
+        let journaled = sh.record(Event::Decided {
             vm: d.vm.clone(),
             action: format!("{:?}", d.action),
             reason: d.reason.clone(),
             decision: serde_json::to_value(d).unwrap_or_default(),
             acted: !paused,
         });
-        if paused {
+        // Journaled first, and only while this controller may act.
+        if paused || !journaled || !sh.store.may_act() {
             continue;
         }
         let Some(control) = m.running_on.get(&d.vm) else {
@@ -338,12 +367,77 @@ fn cycle(sh: &Shared, sample: Duration, mem: &mut Memory, born: Instant) {
     sh.metrics.cycle_seconds.set(st.last_cycle_s);
 }
 
+/// A controller that just became leader: the settings and journal as the
+/// one before it left them, then the moves it left unfinished.
+fn take_over(sh: &Shared) -> Result<(), ControllerError> {
+    if let Some(s) = sh.store.load_settings()? {
+        sh.metrics.paused.set(i64::from(s.policy.paused));
+        *sh.settings.lock() = s;
+    }
+    sh.journal.reload()?;
+    sh.status.lock().cycle = sh.journal.last_cycle();
+    follow_unfinished(sh);
+    Ok(())
+}
+
+/// With etcd: stand for leader; a follower refreshes its view of the
+/// shared state. True when this controller leads (always when alone).
+fn lead(sh: &Shared, leading: &mut bool) -> bool {
+    let Some(l) = sh.store.leadership() else {
+        return true;
+    };
+    let now = match l.campaign() {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!("cannot reach etcd: {e}");
+            sh.status.lock().problems = vec![format!("etcd: {e}")];
+            false
+        }
+    };
+    if now && !*leading {
+        if let Err(e) = take_over(sh) {
+            tracing::error!("cannot take over the shared state: {e}");
+            l.resign();
+            return false;
+        }
+    }
+    *leading = now && l.is_leader();
+    let leader = l.leader().ok().flatten();
+    {
+        let mut st = sh.status.lock();
+        st.role = if *leading { "leader" } else { "follower" }.into();
+        st.leader = leader;
+    }
+    if !*leading {
+        if let Ok(Some(s)) = sh.store.load_settings() {
+            let mut st = sh.status.lock();
+            st.paused = s.policy.paused;
+            drop(st);
+            *sh.settings.lock() = s;
+        }
+        let _ = sh.journal.reload();
+    }
+    *leading
+}
+
 fn cycles(sh: &Shared, interval: Duration, sample: Duration) {
     let born = Instant::now();
     let mut mem = Memory::default();
-    follow_unfinished(sh);
+    if sh.store.leadership().is_none() {
+        follow_unfinished(sh);
+    }
+    let mut leading = false;
     loop {
         let t = Instant::now();
+        if !lead(sh, &mut leading) {
+            // A follower looks again soon: it takes over within a lease.
+            let wait = sh
+                .store
+                .leadership()
+                .map_or(interval, |l| l.renew_every().min(interval));
+            std::thread::sleep(wait);
+            continue;
+        }
         cycle(sh, sample, &mut mem, born);
         let (m, cv) = &sh.wake;
         let mut woken = m.lock();
@@ -529,14 +623,40 @@ fn router(sh: Arc<Shared>) -> Router {
 
 /// Run the controller until the process ends.
 pub async fn run(opts: Options) -> Result<(), ControllerError> {
-    std::fs::create_dir_all(&opts.state_dir)
-        .map_err(|e| ControllerError::State(format!("{}: {e}", opts.state_dir.display())))?;
-    let file = SettingsFile::new(&opts.state_dir);
-    let journal = Journal::open(&opts.state_dir)?;
-    let settings = match (opts.initial, file.load()?) {
+    let (store, name) = match &opts.etcd {
+        None => (Arc::new(Store::dir(&opts.state_dir)?), None),
+        Some(e) => {
+            let client = EtcdClient::new(&e.endpoints, Duration::from_secs(5))
+                .map_err(|x| ControllerError::BadInput(x.to_string()))?;
+            let leader = Arc::new(Leadership::new(client.clone(), &e.prefix, &e.name, e.lease));
+            (
+                Arc::new(Store::etcd(client, &e.prefix, leader)),
+                Some(e.name.clone()),
+            )
+        }
+    };
+    // Settings given at start are written by the leader only: wait to
+    // lead for one lease at most (else the leader's settings stand).
+    if let (Some(l), Some(_)) = (store.leadership(), &opts.initial) {
+        let until = Instant::now() + l.renew_every() * 6;
+        while !l
+            .campaign()
+            .map_err(|e| ControllerError::State(e.to_string()))?
+        {
+            if Instant::now() > until {
+                return Err(ControllerError::Conflict(format!(
+                    "settings were given, but another controller leads ({}); give them to it",
+                    l.leader().ok().flatten().unwrap_or_default()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    let journal = Journal::open(store.clone())?;
+    let settings = match (opts.initial, store.load_settings()?) {
         (Some(s), _) => {
             s.validate()?;
-            file.save(&s)?;
+            store.save_settings(&s)?;
             journal.record(
                 journal.last_cycle(),
                 Event::Settings {
@@ -552,12 +672,14 @@ pub async fn run(opts: Options) -> Result<(), ControllerError> {
     metrics.paused.set(i64::from(settings.policy.paused));
     let sh = Arc::new(Shared {
         status: Mutex::new(Status {
+            role: if name.is_some() { "follower" } else { "alone" }.into(),
+            name,
             cycle: journal.last_cycle(),
             paused: settings.policy.paused,
             ..Status::default()
         }),
         settings: Mutex::new(settings),
-        file,
+        store: store.clone(),
         journal,
         metrics,
         wake: (Mutex::new(false), Condvar::new()),
@@ -570,6 +692,18 @@ pub async fn run(opts: Options) -> Result<(), ControllerError> {
         .name("control-cycles".into())
         .spawn(move || cycles(&worker, opts.interval, opts.sample))
         .map_err(|e| ControllerError::State(e.to_string()))?;
+    if let Some(l) = store.leadership().cloned() {
+        // Renewals go on whatever the cycle thread is busy with.
+        std::thread::Builder::new()
+            .name("control-lease".into())
+            .spawn(move || loop {
+                std::thread::sleep(l.renew_every());
+                if let Err(e) = l.renew() {
+                    tracing::warn!("cannot renew the leader's lease: {e}");
+                }
+            })
+            .map_err(|e| ControllerError::State(e.to_string()))?;
+    }
     tracing::info!("controller listening on {}", opts.listen);
     axum::serve(listener, router(sh))
         .await

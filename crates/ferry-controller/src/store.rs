@@ -1,0 +1,209 @@
+//! Where the controller's state lives: the settings and the journal, in
+//! one local directory (the default: one controller, no other service),
+//! or in etcd, shared by several controllers of which one leads (see
+//! [`crate::leader`]). In etcd the settings are `<prefix>settings` and
+//! each journal entry is `<prefix>journal/<20-digit sequence>`, written
+//! only if that key is new and the writer still leads.
+
+use crate::etcd::{Compare, EtcdClient, Put};
+use crate::journal::Entry;
+use crate::leader::Leadership;
+use crate::settings::{Settings, SettingsFile};
+use crate::ControllerError;
+use parking_lot::Mutex;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub enum Store {
+    Dir {
+        settings: SettingsFile,
+        journal_path: PathBuf,
+        journal: Mutex<File>,
+        /// What the journal file held when opened.
+        loaded: Mutex<Option<Vec<Entry>>>,
+    },
+    Etcd {
+        etcd: EtcdClient,
+        prefix: String,
+        leader: Arc<Leadership>,
+    },
+}
+
+fn state_err(e: impl std::fmt::Display) -> ControllerError {
+    ControllerError::State(e.to_string())
+}
+
+impl Store {
+    /// The state in `dir` (created if missing). A torn last journal line
+    /// (a crash mid-append) is skipped, and the next entry starts on a
+    /// line of its own.
+    pub fn dir(dir: &Path) -> Result<Store, ControllerError> {
+        std::fs::create_dir_all(dir).map_err(|e| state_err(format!("{}: {e}", dir.display())))?;
+        let path = dir.join("journal.jsonl");
+        let io = |e: std::io::Error| state_err(format!("{}: {e}", path.display()));
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(io(e)),
+        };
+        let entries: Vec<Entry> = bytes
+            .split(|b| *b == b'\n')
+            .filter_map(|l| serde_json::from_slice(l).ok())
+            .collect();
+        let mut file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(io)?;
+        if bytes.last().is_some_and(|b| *b != b'\n') {
+            file.write_all(b"\n").map_err(io)?;
+        }
+        Ok(Store::Dir {
+            settings: SettingsFile::new(dir),
+            journal_path: path,
+            journal: Mutex::new(file),
+            loaded: Mutex::new(Some(entries)),
+        })
+    }
+
+    /// The state in etcd under `prefix` (ending in `/`).
+    pub fn etcd(etcd: EtcdClient, prefix: &str, leader: Arc<Leadership>) -> Store {
+        Store::Etcd {
+            etcd,
+            prefix: prefix.into(),
+            leader,
+        }
+    }
+
+    pub fn leadership(&self) -> Option<&Arc<Leadership>> {
+        match self {
+            Store::Dir { .. } => None,
+            Store::Etcd { leader, .. } => Some(leader),
+        }
+    }
+
+    /// Whether this controller may act and write: always when alone.
+    pub fn may_act(&self) -> bool {
+        self.leadership().is_none_or(|l| l.is_leader())
+    }
+
+    fn not_leader(leader: &Leadership) -> ControllerError {
+        let who = leader.leader().ok().flatten();
+        ControllerError::Conflict(match who {
+            Some(w) => format!("this controller does not lead; the leader is {w}"),
+            None => "this controller does not lead, and no controller leads right now".into(),
+        })
+    }
+
+    pub fn load_settings(&self) -> Result<Option<Settings>, ControllerError> {
+        match self {
+            Store::Dir { settings, .. } => settings.load(),
+            Store::Etcd { etcd, prefix, .. } => {
+                match etcd.get(&format!("{prefix}settings")).map_err(state_err)? {
+                    Some(kv) => serde_json::from_slice(&kv.value)
+                        .map(Some)
+                        .map_err(|e| state_err(format!("settings in etcd: {e}"))),
+                    None => Ok(None),
+                }
+            }
+        }
+    }
+
+    pub fn save_settings(&self, s: &Settings) -> Result<(), ControllerError> {
+        match self {
+            Store::Dir { settings, .. } => settings.save(s),
+            Store::Etcd {
+                etcd,
+                prefix,
+                leader,
+            } => {
+                let value = serde_json::to_vec(s).map_err(state_err)?;
+                let ok = etcd
+                    .txn(
+                        &[leader.fence()],
+                        &[Put::Value {
+                            key: format!("{prefix}settings"),
+                            value,
+                            lease: None,
+                        }],
+                    )
+                    .map_err(state_err)?;
+                if ok {
+                    Ok(())
+                } else {
+                    Err(Self::not_leader(leader))
+                }
+            }
+        }
+    }
+
+    /// The journal, oldest first; at most the last `keep` entries.
+    pub fn load_journal(&self, keep: usize) -> Result<Vec<Entry>, ControllerError> {
+        match self {
+            Store::Dir { loaded, .. } => {
+                let mut all = loaded.lock().take().unwrap_or_default();
+                let skip = all.len().saturating_sub(keep);
+                all.drain(..skip);
+                Ok(all)
+            }
+            Store::Etcd { etcd, prefix, .. } => etcd
+                .list(&format!("{prefix}journal/"), Some(keep))
+                .map_err(state_err)?
+                .iter()
+                .map(|kv| {
+                    let mut e: Entry = serde_json::from_slice(&kv.value)
+                        .map_err(|x| state_err(format!("journal entry {}: {x}", kv.key)))?;
+                    e.seq = kv
+                        .key
+                        .rsplit('/')
+                        .next()
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(0);
+                    Ok(e)
+                })
+                .collect(),
+        }
+    }
+
+    /// Make one entry durable; it is when this returns Ok.
+    pub fn append(&self, e: &Entry) -> Result<(), ControllerError> {
+        let mut line = serde_json::to_vec(e).map_err(state_err)?;
+        match self {
+            Store::Dir {
+                journal,
+                journal_path,
+                ..
+            } => {
+                line.push(b'\n');
+                let mut f = journal.lock();
+                f.write_all(&line)
+                    .and_then(|()| f.sync_data())
+                    .map_err(|x| state_err(format!("{}: {x}", journal_path.display())))
+            }
+            Store::Etcd {
+                etcd,
+                prefix,
+                leader,
+            } => {
+                let key = format!("{prefix}journal/{:020}", e.seq);
+                let ok = etcd
+                    .txn(
+                        &[leader.fence(), Compare::Absent(key.clone())],
+                        &[Put::Value {
+                            key,
+                            value: line,
+                            lease: None,
+                        }],
+                    )
+                    .map_err(state_err)?;
+                if ok {
+                    Ok(())
+                } else {
+                    Err(Self::not_leader(leader))
+                }
+            }
+        }
+    }
+}
