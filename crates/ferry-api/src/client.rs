@@ -357,6 +357,17 @@ impl AdminClient {
         self.post(&format!("/v1/vms/{name}/migrate"), req)
     }
 
+    /// Round trips from this host to another host's move listener.
+    pub fn probe(&self, to: &str, count: u32) -> Result<crate::vm::LinkProbe> {
+        self.post(
+            "/v1/probe",
+            &crate::vm::ProbeRequest {
+                to: to.into(),
+                count,
+            },
+        )
+    }
+
     pub fn vm_moves(&self) -> Result<Vec<VmMoveStatus>> {
         self.get("/v1/vm-moves")
     }

@@ -13,11 +13,42 @@
 //! | `POST /v1/vms/{name}/migrate` | `VmMigrateRequest` | 202 `VmMoveStatus` |
 //! | `GET /v1/vm-moves[/{id}]` | | `[VmMoveStatus]` / `VmMoveStatus` |
 //! | `POST /v1/vm-moves/{id}/cancel` | | `VmMoveStatus` |
+//! | `POST /v1/probe` | `ProbeRequest` | `LinkProbe`: round trips to another host |
 
 use crate::migration::MigrationId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+/// Measure the round trip to another host's move listener.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeRequest {
+    /// The other host's move address (`host:port`).
+    pub to: String,
+    /// Round trips to time (1 to 10).
+    #[serde(default = "default_probes")]
+    pub count: u32,
+}
+
+fn default_probes() -> u32 {
+    3
+}
+
+/// Round trips from a host to another: each is one request and its answer
+/// on an open, mutually authenticated link (TCP and TLS set up before the
+/// clock starts), so it is the network's round trip plus a few
+/// microseconds of work.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkProbe {
+    pub to: String,
+    pub rtt_ms: Vec<f64>,
+    /// The smallest of `rtt_ms` (queueing only ever adds).
+    pub min_ms: Option<f64>,
+    /// Why probes failed, one line each.
+    #[serde(default)]
+    pub errors: Vec<String>,
+}
 
 /// One disk of a guest: a ferry volume and where it lives.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1059,8 +1059,31 @@ fn the_controller_moves_an_io_bound_guest_next_to_its_disk() {
         );
         std::thread::sleep(Duration::from_millis(500));
     };
+    // The link's RTT was probed host to host through toxiproxy (10 ms
+    // each way), not taken from the inventory (16 ms).
+    let st: Value = ureq::get(&format!("http://{ctl_addr}/v1/status"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let probed = st["links"][0]["measured_rtt_ms"].as_f64();
+    assert!(
+        probed.is_some_and(|r| (19.5..1000.0).contains(&r)),
+        "probed RTT: {}",
+        st["links"]
+    );
+    assert_eq!(st["links"][0]["to"], s.hb_wan.as_str(), "{}", st["links"]);
     let _ = ctl.kill();
     let _ = ctl.wait();
+    // A probe asked of a host with a bad count is refused with the reason.
+    match ureq::post(&format!("http://{}/v1/probe", s.ha.control))
+        .send_json(serde_json::json!({"to": s.hb_wan, "count": 0}))
+    {
+        Err(ureq::Error::Status(400, r)) => {
+            assert!(r.into_string().unwrap().contains("count must be 1 to 10"));
+        }
+        other => panic!("a probe of 0 round trips was not refused: {other:?}"),
+    }
     let o = &finished["outcome"];
     let line = format!("{} {} {}", o["vm"], o["action"], o["result"]);
     eprintln!("controller: {finished}");

@@ -2,6 +2,9 @@
 //! apart, through the hosts' API (`/v1/vms`: the forwarder's counters and
 //! QEMU's CPU time), turned into a [`Cluster`] snapshot. A host that does
 //! not answer is reported and left out; the others are still measured.
+//! Between the two readings, each declared link's round trip is probed
+//! from a host of one site to a host of the other (`/v1/probe`); the plan
+//! uses the measured RTT, the declared one when no probe answered.
 
 use ferry_api::{AdminClient, DiskIo, VmState as GuestState, VmView};
 use ferry_control::inventory::Inventory;
@@ -12,6 +15,63 @@ use std::time::{Duration, Instant};
 /// How long one call to a host may take.
 pub const HOST_CALL_LIMIT: Duration = Duration::from_secs(10);
 
+/// Round trips to time per link and cycle.
+const PROBES: u32 = 3;
+
+/// One link's RTT, as declared and as probed this cycle.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LinkMeasure {
+    pub a: String,
+    pub b: String,
+    pub declared_rtt_ms: f64,
+    /// The smallest of this cycle's probe round trips.
+    pub measured_rtt_ms: Option<f64>,
+    /// The host probed from and the move address probed.
+    pub from: Option<String>,
+    pub to: Option<String>,
+    pub error: Option<String>,
+}
+
+/// Probe every declared link once (a few round trips) from the first host
+/// of one site to the first host of the other.
+pub fn probe_links(inv: &Inventory) -> Vec<LinkMeasure> {
+    inv.links
+        .iter()
+        .map(|l| {
+            let mut m = LinkMeasure {
+                a: l.a.clone(),
+                b: l.b.clone(),
+                declared_rtt_ms: l.rtt_ms,
+                measured_rtt_ms: None,
+                from: None,
+                to: None,
+                error: None,
+            };
+            let first_host = |site: &str| inv.site(site).and_then(|s| s.hosts.first().cloned());
+            let (Some(from), Some(to)) = (first_host(&l.a), first_host(&l.b)) else {
+                m.error = Some(format!(
+                    "no host at {} or {} to probe between; the declared RTT stands",
+                    l.a, l.b
+                ));
+                return m;
+            };
+            m.from = Some(from.control.clone());
+            m.to = Some(to.moves.clone());
+            match AdminClient::with_timeout(&from.control, HOST_CALL_LIMIT).probe(&to.moves, PROBES)
+            {
+                Ok(p) => {
+                    m.measured_rtt_ms = p.min_ms;
+                    if p.min_ms.is_none() {
+                        m.error = Some(p.errors.first().cloned().unwrap_or_default());
+                    }
+                }
+                Err(e) => m.error = Some(e.to_string()),
+            }
+            m
+        })
+        .collect()
+}
+
 /// One measurement of the sites.
 #[derive(Debug, Clone)]
 pub struct Measured {
@@ -20,6 +80,8 @@ pub struct Measured {
     pub running_on: BTreeMap<String, String>,
     /// What could not be measured, one line each.
     pub problems: Vec<String>,
+    /// Each declared link's RTT as probed.
+    pub links: Vec<LinkMeasure>,
 }
 
 struct Sampled {
@@ -62,7 +124,13 @@ pub fn measure(
     let mut problems = Vec::new();
     let t0 = Instant::now();
     let first = sample(inv, &mut problems, true);
-    std::thread::sleep(interval);
+    let links = probe_links(inv);
+    for l in &links {
+        if let Some(e) = &l.error {
+            problems.push(format!("link {}-{}: {e}", l.a, l.b));
+        }
+    }
+    std::thread::sleep(interval.saturating_sub(t0.elapsed()));
     let second = sample(inv, &mut problems, false);
     let dt = t0.elapsed().as_secs_f64().max(1e-3);
     let mut vms = Vec::new();
@@ -141,12 +209,26 @@ pub fn measure(
     Measured {
         cluster: Cluster {
             sites: inv.sites(),
-            links: inv.links.clone(),
+            links: inv
+                .links
+                .iter()
+                .map(|l| {
+                    let probed = links
+                        .iter()
+                        .find(|m| m.a == l.a && m.b == l.b)
+                        .and_then(|m| m.measured_rtt_ms);
+                    ferry_control::Link {
+                        rtt_ms: probed.unwrap_or(l.rtt_ms),
+                        ..l.clone()
+                    }
+                })
+                .collect(),
             vms,
             local_rtt_ms: 0.1,
             link_index: std::sync::OnceLock::default(),
         },
         running_on,
         problems,
+        links,
     }
 }

@@ -73,6 +73,8 @@ pub struct Status {
     pub plan: Option<Plan>,
     pub problems: Vec<String>,
     pub in_flight: Vec<MoveOutcome>,
+    /// Each declared link's RTT, declared and probed.
+    pub links: Vec<crate::measure::LinkMeasure>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -305,6 +307,7 @@ fn cycle(sh: &Shared, sample: Duration, mem: &mut Memory, born: Instant) {
     {
         let mut st = sh.status.lock();
         st.cluster = Some(m.cluster.clone());
+        st.links.clone_from(&m.links);
         st.plan.clone_from(&pl);
         st.problems = problems;
     }

@@ -8,7 +8,10 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use ferry_api::{CreateVm, DiskIo, ErrorBody, MigrationId, VmMigrateRequest, VmMoveStatus, VmView};
+use ferry_api::{
+    CreateVm, DiskIo, ErrorBody, LinkProbe, MigrationId, ProbeRequest, VmMigrateRequest,
+    VmMoveStatus, VmView,
+};
 use std::fmt::Write;
 use std::sync::Arc;
 
@@ -51,6 +54,7 @@ pub fn router(host: Arc<VmHost>) -> Router {
         .route("/v1/vm-moves", get(moves_list))
         .route("/v1/vm-moves/:id", get(move_show))
         .route("/v1/vm-moves/:id/cancel", post(move_cancel))
+        .route("/v1/probe", post(probe))
         .route("/metrics", get(metrics))
         .with_state(host)
 }
@@ -89,6 +93,47 @@ async fn migrate(
 ) -> Result<(StatusCode, Json<VmMoveStatus>), ApiError> {
     let r = body(b)?;
     Ok((StatusCode::ACCEPTED, Json(moves::start(h, &name, r).await?)))
+}
+
+/// Round trips to another host: each on a fresh link whose TCP and TLS
+/// set-up is not timed, only one `Ping` and its answer.
+async fn probe(State(h): St, b: Body<ProbeRequest>) -> Result<Json<LinkProbe>, ApiError> {
+    let req = body(b)?;
+    if !(1..=10).contains(&req.count) {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("count must be 1 to 10, not {}", req.count),
+        ));
+    }
+    let mut out = LinkProbe {
+        to: req.to.clone(),
+        rtt_ms: Vec::new(),
+        min_ms: None,
+        errors: Vec::new(),
+    };
+    for _ in 0..req.count {
+        let link = match crate::tunnel::connect(&h.certs, &req.to).await {
+            Ok(l) => l,
+            Err(e) => {
+                out.errors.push(e.to_string());
+                continue;
+            }
+        };
+        let t = std::time::Instant::now();
+        match crate::tunnel::call_on(
+            link,
+            &req.to,
+            &crate::peer::PeerRequest::Ping,
+            std::time::Duration::from_secs(5),
+        )
+        .await
+        {
+            Ok(_) => out.rtt_ms.push(t.elapsed().as_secs_f64() * 1000.0),
+            Err(e) => out.errors.push(e.to_string()),
+        }
+    }
+    out.min_ms = out.rtt_ms.iter().copied().reduce(f64::min);
+    Ok(Json(out))
 }
 
 async fn moves_list(State(h): St) -> Json<Vec<VmMoveStatus>> {

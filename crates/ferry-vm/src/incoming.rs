@@ -104,6 +104,7 @@ async fn handle(host: Arc<VmHost>, mut link: ServerLink) -> Result<(), VmError> 
             abort(&host, &id).await;
             answer(&mut link, &PeerAnswer::ok()).await
         }
+        PeerRequest::Ping => answer(&mut link, &PeerAnswer::ok()).await,
     }
 }
 

@@ -66,6 +66,8 @@ pub enum PeerRequest {
     Finish { id: MigrationId },
     /// The move is off: stop the waiting guest and forget it.
     Abort { id: MigrationId },
+    /// Answer at once: a round-trip probe between hosts.
+    Ping,
 }
 
 /// The answer line.
