@@ -88,6 +88,17 @@ pub enum ControlCmd {
         #[command(flatten)]
         to: ControllerArg,
     },
+    /// Cloud bursting: a site whose guests use more than --above of its
+    /// CPUs sends CPU-bound guests (VM only) to the linked site with room.
+    Burst {
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
+        /// Share of a site's CPUs above which it bursts (0 to 1].
+        #[arg(long)]
+        above: Option<f64>,
+        #[command(flatten)]
+        to: ControllerArg,
+    },
     /// What the policies would do with a cluster snapshot (a dry run).
     Plan {
         /// A snapshot: {sites, links, vms} (docs/placement-model.md).
@@ -213,6 +224,26 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
         ControlCmd::Resume { to } => {
             call(&to.controller, "POST", "/v1/resume", None)?;
             println!("automation resumed");
+        }
+        ControlCmd::Burst { state, above, to } => {
+            let set: Settings =
+                serde_json::from_value(call(&to.controller, "GET", "/v1/settings", None)?)?;
+            let mut p = set.policy;
+            p.burst = state == "on";
+            if let Some(a) = above {
+                p.burst_above = a;
+            }
+            call(
+                &to.controller,
+                "PUT",
+                "/v1/policy",
+                Some(serde_json::to_value(&p)?),
+            )?;
+            println!(
+                "bursting {} (above {:.0}% of a site's CPUs)",
+                state,
+                p.burst_above * 100.0
+            );
         }
         ControlCmd::Plan {
             cluster,
@@ -402,6 +433,15 @@ fn status(controller: &str, journal: usize, json: bool) -> Result<()> {
         set.inventory.sites.len(),
         set.inventory.links.len()
     );
+    if !set.policy.maintenance.is_empty() {
+        println!("in maintenance: {}", set.policy.maintenance.join(", "));
+    }
+    if set.policy.burst {
+        println!(
+            "bursting: on, above {:.0}% of a site's CPUs",
+            set.policy.burst_above * 100.0
+        );
+    }
     if st["role"] != "alone" {
         println!(
             "controller {} is {}; the leader is {}",
@@ -500,6 +540,15 @@ pub enum SiteCmd {
         /// Megabits per second.
         #[arg(long)]
         mbit: f64,
+        #[command(flatten)]
+        to: ControllerArg,
+    },
+    /// Drain a site: move every guest off it (and every disk stored
+    /// there) and move nothing in, until --off.
+    Maintenance {
+        name: String,
+        #[arg(long)]
+        off: bool,
         #[command(flatten)]
         to: ControllerArg,
     },
@@ -607,6 +656,29 @@ pub fn site(cmd: SiteCmd) -> Result<()> {
                 Some(serde_json::to_value(links)?),
             )?;
             println!("link {a} <-> {b}: {rtt_ms} ms, {mbit} Mbit/s");
+        }
+        SiteCmd::Maintenance { name, off, to } => {
+            let set: Settings =
+                serde_json::from_value(call(&to.controller, "GET", "/v1/settings", None)?)?;
+            if set.inventory.site(&name).is_none() {
+                anyhow::bail!("no site {name}");
+            }
+            let mut p = set.policy;
+            p.maintenance.retain(|m| m != &name);
+            if !off {
+                p.maintenance.push(name.clone());
+            }
+            call(
+                &to.controller,
+                "PUT",
+                "/v1/policy",
+                Some(serde_json::to_value(&p)?),
+            )?;
+            if off {
+                println!("site {name}: back in service");
+            } else {
+                println!("site {name}: in maintenance (its guests and disks move off)");
+            }
         }
         SiteCmd::List { to, json } => {
             let set: Settings =

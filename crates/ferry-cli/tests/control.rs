@@ -206,6 +206,31 @@ fn the_controller_keeps_its_sites_refuses_bad_input_and_survives_kill_9() {
     let sites: Value = serde_json::from_str(&c.ok(&["site", "list", "--json"])).unwrap();
     assert_eq!(sites["sites"].as_array().unwrap().len(), 1, "{sites}");
 
+    // Maintenance and bursting are policy: set, shown, undone; bad values refused.
+    c.refused(&["site", "maintenance", "nowhere"], "no site nowhere");
+    c.ok(&["site", "maintenance", "a"]);
+    assert_eq!(
+        c.status()["settings"]["policy"]["maintenance"],
+        serde_json::json!(["a"])
+    );
+    assert!(c.ok(&["control", "status"]).contains("in maintenance: a"));
+    c.ok(&["site", "maintenance", "a", "--off"]);
+    assert_eq!(
+        c.status()["settings"]["policy"]["maintenance"],
+        serde_json::json!([])
+    );
+    c.refused(
+        &["control", "burst", "on", "--above", "1.5"],
+        "burst_above must be in (0, 1]",
+    );
+    c.ok(&["control", "burst", "on", "--above", "0.8"]);
+    let p = &c.status()["settings"]["policy"];
+    assert_eq!(
+        (p["burst"].as_bool(), p["burst_above"].as_f64()),
+        (Some(true), Some(0.8))
+    );
+    c.ok(&["control", "burst", "off"]);
+
     // A second site and the link between them.
     c.ok(&[
         "site",

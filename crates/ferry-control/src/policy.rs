@@ -16,7 +16,7 @@
 use crate::cluster::{Cluster, ClusterError, Placement, VmState};
 use crate::model::{access_cost, disk_move_cost, teleport_cost, vm_move_cost, MoveCost};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -38,6 +38,22 @@ pub struct Policy {
     pub max_moves_per_link: usize,
     pub cooldown_s: f64,
     pub paused: bool,
+    /// Sites being drained: every guest running there (or whose disk is
+    /// there) is moved off, whatever it costs, and nothing moves in.
+    #[serde(default)]
+    pub maintenance: Vec<String>,
+    /// Cloud bursting: a site whose guests use more CPU than
+    /// `burst_above` of its capacity sends guests (those that lose least
+    /// with their disk left behind: CPU-bound ones) to the linked site
+    /// with the most room, VM only; their disks stay home.
+    #[serde(default)]
+    pub burst: bool,
+    #[serde(default = "default_burst_above")]
+    pub burst_above: f64,
+}
+
+fn default_burst_above() -> f64 {
+    0.9
 }
 
 impl Default for Policy {
@@ -53,6 +69,9 @@ impl Default for Policy {
             max_moves_per_link: 2,
             cooldown_s: 300.0,
             paused: false,
+            maintenance: Vec::new(),
+            burst: false,
+            burst_above: default_burst_above(),
         }
     }
 }
@@ -83,6 +102,9 @@ impl Policy {
         if self.max_moves_per_link == 0 {
             return bad("max_moves_per_link must be at least 1");
         }
+        if !(self.burst_above > 0.0 && self.burst_above <= 1.0) {
+            return bad("burst_above must be in (0, 1]");
+        }
         Ok(())
     }
 }
@@ -107,6 +129,8 @@ pub struct Decision {
     pub lost_there_s: f64,
     pub cost: MoveCost,
     pub reason: String,
+    /// Made for a site (maintenance, bursting), not for the guest's speed.
+    pub forced: bool,
 }
 
 /// Why a VM was left alone (for the dry run's account).
@@ -230,11 +254,25 @@ pub fn plan(
         });
         return Ok(plan);
     }
+    let mut per_link: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut sites = SiteLoad::new(c, p);
+    let mut moved: BTreeSet<String> = BTreeSet::new();
+    for m in &p.maintenance {
+        if c.sites.iter().all(|s| &s.name != m) {
+            plan.skipped.push(Skip {
+                vm: "*".into(),
+                reason: format!("maintenance names {m}, which is not a site"),
+            });
+        }
+    }
+    drain(c, p, &mut sites, &mut per_link, &mut moved, &mut plan)?;
+    if p.burst {
+        burst(c, p, &mut sites, &mut per_link, &mut moved, &mut plan)?;
+    }
     if !p.locality {
         return Ok(plan);
     }
-    let mut per_link: BTreeMap<(String, String), usize> = BTreeMap::new();
-    for vm in &c.vms {
+    for vm in c.vms.iter().filter(|v| !moved.contains(&v.name)) {
         let skip = |r: String| Skip {
             vm: vm.name.clone(),
             reason: r,
@@ -253,6 +291,13 @@ pub fn plan(
         let lost_here = access_cost(vm, c, here.rtt_ms, here.bandwidth, p.horizon_s)?.lost_s;
         let mut best: Option<(f64, Action, Placement, MoveCost, f64)> = None;
         for (a, to) in options(c, vm) {
+            if to.host_site != vm.placement.host_site && !sites.fits(&to.host_site, vm.load.cpu, p)
+            {
+                continue;
+            }
+            if sites.draining(&to.disk_site) {
+                continue;
+            }
             let l = c.link(&to.host_site, &to.disk_site)?;
             let lost_there = access_cost(vm, c, l.rtt_ms, l.bandwidth, p.horizon_s)?.lost_s;
             let cost = cost_of(c, vm, a, &to)?;
@@ -280,23 +325,11 @@ pub fn plan(
             }
             continue;
         }
-        let key = {
-            let (a, b) = (vm.placement.host_site.clone(), to.host_site.clone());
-            if a < b {
-                (a, b)
-            } else {
-                (b, a)
-            }
-        };
-        let n = per_link.entry(key.clone()).or_default();
-        if *n >= p.max_moves_per_link {
-            plan.skipped.push(skip(format!(
-                "link {}-{} already has {} moves planned",
-                key.0, key.1, n
-            )));
+        if let Err(why) = take_link(&mut per_link, p, &vm.placement, &to) {
+            plan.skipped.push(skip(why));
             continue;
         }
-        *n += 1;
+        sites.shift(&vm.placement.host_site, &to.host_site, vm.load.cpu);
         plan.decisions.push(Decision {
             vm: vm.name.clone(),
             action,
@@ -316,15 +349,333 @@ pub fn plan(
                 cost.seconds,
                 cost.pause_s * 1000.0
             ),
+            forced: false,
         });
     }
-    // Biggest gains first.
+    // Forced moves (maintenance, bursting) first, then biggest gains.
     plan.decisions.sort_by(|a, b| {
-        (b.lost_here_s - b.lost_there_s)
-            .partial_cmp(&(a.lost_here_s - a.lost_there_s))
-            .unwrap_or(std::cmp::Ordering::Equal)
+        b.forced.cmp(&a.forced).then(
+            (b.lost_here_s - b.lost_there_s)
+                .partial_cmp(&(a.lost_here_s - a.lost_there_s))
+                .unwrap_or(std::cmp::Ordering::Equal),
+        )
     });
     Ok(plan)
+}
+
+/// The CPU the guests use at each site, kept up to date as moves are
+/// planned, against what each site can run.
+struct SiteLoad {
+    used: BTreeMap<String, f64>,
+    capacity: BTreeMap<String, f64>,
+    maintenance: BTreeSet<String>,
+}
+
+impl SiteLoad {
+    fn new(c: &Cluster, p: &Policy) -> SiteLoad {
+        let mut used: BTreeMap<String, f64> = BTreeMap::new();
+        for v in &c.vms {
+            *used.entry(v.placement.host_site.clone()).or_default() += v.load.cpu;
+        }
+        SiteLoad {
+            used,
+            capacity: c
+                .sites
+                .iter()
+                .map(|s| (s.name.clone(), s.cpu_capacity))
+                .collect(),
+            maintenance: p.maintenance.iter().cloned().collect(),
+        }
+    }
+
+    fn draining(&self, site: &str) -> bool {
+        self.maintenance.contains(site)
+    }
+
+    fn used(&self, site: &str) -> f64 {
+        self.used.get(site).copied().unwrap_or(0.0)
+    }
+
+    fn capacity(&self, site: &str) -> f64 {
+        self.capacity.get(site).copied().unwrap_or(0.0)
+    }
+
+    /// The share of its capacity a site may be filled to by moves: below
+    /// the burst threshold when bursting (so a guest sent away is not
+    /// brought back to a site that would burst again).
+    fn limit(&self, site: &str, p: &Policy) -> f64 {
+        self.capacity(site) * if p.burst { p.burst_above } else { 1.0 }
+    }
+
+    fn fits(&self, site: &str, cpu: f64, p: &Policy) -> bool {
+        !self.draining(site) && self.used(site) + cpu <= self.limit(site, p)
+    }
+
+    fn room(&self, site: &str, p: &Policy) -> f64 {
+        self.limit(site, p) - self.used(site)
+    }
+
+    fn shift(&mut self, from: &str, to: &str, cpu: f64) {
+        if from != to {
+            *self.used.entry(from.into()).or_default() -= cpu;
+            *self.used.entry(to.into()).or_default() += cpu;
+        }
+    }
+}
+
+/// Count a move against the per-link cap (links between the guest's host
+/// site and where it goes).
+fn take_link(
+    per_link: &mut BTreeMap<(String, String), usize>,
+    p: &Policy,
+    from: &Placement,
+    to: &Placement,
+) -> Result<(), String> {
+    let (a, b) = (from.host_site.clone(), to.host_site.clone());
+    let (a, b) = if a == b {
+        (from.disk_site.clone(), to.disk_site.clone())
+    } else {
+        (a, b)
+    };
+    let key = if a < b { (a, b) } else { (b, a) };
+    let n = per_link.entry(key.clone()).or_default();
+    if *n >= p.max_moves_per_link {
+        return Err(format!(
+            "link {}-{} already has {} moves planned",
+            key.0, key.1, n
+        ));
+    }
+    *n += 1;
+    Ok(())
+}
+
+/// A forced move's decision (maintenance, bursting).
+#[allow(clippy::too_many_arguments)]
+fn forced(
+    c: &Cluster,
+    p: &Policy,
+    vm: &VmState,
+    action: Action,
+    to: Placement,
+    reason: String,
+) -> Result<Result<Decision, String>, ClusterError> {
+    let cost = cost_of(c, vm, action, &to)?;
+    if !cost.converges {
+        return Ok(Err(format!(
+            "{action:?} to {}/{} would not converge (dirty rate above the link's)",
+            to.host_site, to.disk_site
+        )));
+    }
+    let here = c.link(&vm.placement.host_site, &vm.placement.disk_site)?;
+    let there = c.link(&to.host_site, &to.disk_site)?;
+    Ok(Ok(Decision {
+        vm: vm.name.clone(),
+        action,
+        from: vm.placement.clone(),
+        lost_here_s: access_cost(vm, c, here.rtt_ms, here.bandwidth, p.horizon_s)?.lost_s,
+        lost_there_s: access_cost(vm, c, there.rtt_ms, there.bandwidth, p.horizon_s)?.lost_s,
+        to,
+        cost,
+        reason,
+        forced: true,
+    }))
+}
+
+/// Sites in maintenance: every guest running there goes to its disk's
+/// site if that can take it, else (and every guest whose disk is there)
+/// to the nearest site with room, disk and all.
+fn drain(
+    c: &Cluster,
+    p: &Policy,
+    sites: &mut SiteLoad,
+    per_link: &mut BTreeMap<(String, String), usize>,
+    moved: &mut BTreeSet<String>,
+    plan: &mut Plan,
+) -> Result<(), ClusterError> {
+    for vm in &c.vms {
+        let (h, d) = (&vm.placement.host_site, &vm.placement.disk_site);
+        if !sites.draining(h) && !sites.draining(d) {
+            continue;
+        }
+        moved.insert(vm.name.clone());
+        let skip = |r: String| Skip {
+            vm: vm.name.clone(),
+            reason: r,
+        };
+        let nearest = |from: &str| {
+            let mut near: Vec<(f64, &str)> = c
+                .sites
+                .iter()
+                .filter(|s| sites.fits(&s.name, vm.load.cpu, p))
+                .filter_map(|s| {
+                    let rtt = if s.name == from {
+                        Some(0.0)
+                    } else {
+                        c.link(from, &s.name).ok().map(|l| l.rtt_ms)
+                    };
+                    rtt.map(|r| (r, s.name.as_str()))
+                })
+                .collect();
+            near.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
+            near.first().map(|(_, s)| (*s).to_string())
+        };
+        let choice = if !sites.draining(h) {
+            // Only the disk's site drains: the disk comes to the guest.
+            Some((
+                Action::MoveDisk,
+                Placement {
+                    host_site: h.clone(),
+                    disk_site: h.clone(),
+                },
+            ))
+        } else if !sites.draining(d) {
+            // The guest alone, to the site nearest its disk that has room
+            // (the disk's own first).
+            nearest(d).map(|s| {
+                (
+                    Action::MoveVm,
+                    Placement {
+                        host_site: s,
+                        disk_site: d.clone(),
+                    },
+                )
+            })
+        } else {
+            // Both drain: guest and disk to the nearest site with room.
+            nearest(h).map(|s| {
+                (
+                    Action::Teleport,
+                    Placement {
+                        host_site: s.clone(),
+                        disk_site: s,
+                    },
+                )
+            })
+        };
+        let Some((action, to)) = choice else {
+            plan.skipped.push(skip(format!(
+                "site {} is in maintenance, but no linked site has room for it",
+                if sites.draining(h) { h } else { d }
+            )));
+            continue;
+        };
+        if let Err(why) = take_link(per_link, p, &vm.placement, &to) {
+            plan.skipped.push(skip(why));
+            continue;
+        }
+        let why = format!(
+            "site {} is in maintenance: {action:?} to {}/{}",
+            if sites.draining(h) { h } else { d },
+            to.host_site,
+            to.disk_site
+        );
+        match forced(c, p, vm, action, to.clone(), why)? {
+            Ok(dec) => {
+                sites.shift(h, &to.host_site, vm.load.cpu);
+                plan.decisions.push(dec);
+            }
+            Err(why) => plan.skipped.push(skip(why)),
+        }
+    }
+    Ok(())
+}
+
+/// Cloud bursting: a site above `burst_above` of its CPU sends guests to
+/// the linked site with the most room, VM only, those that lose least to
+/// their disk being remote first (per CPU they free), until it is back
+/// under the threshold.
+fn burst(
+    c: &Cluster,
+    p: &Policy,
+    sites: &mut SiteLoad,
+    per_link: &mut BTreeMap<(String, String), usize>,
+    moved: &mut BTreeSet<String>,
+    plan: &mut Plan,
+) -> Result<(), ClusterError> {
+    for site in &c.sites {
+        let s = site.name.as_str();
+        if sites.draining(s) || sites.used(s) <= site.cpu_capacity * p.burst_above {
+            continue;
+        }
+        // Candidates, each with where it would go and what it would lose
+        // there per CPU it frees.
+        let mut cands: Vec<(f64, &VmState, String)> = Vec::new();
+        for vm in c
+            .vms
+            .iter()
+            .filter(|v| v.placement.host_site == s && !moved.contains(&v.name) && v.load.cpu > 0.0)
+        {
+            let best = c
+                .sites
+                .iter()
+                .filter(|t| t.name != s && c.link(s, &t.name).is_ok())
+                .filter(|t| sites.fits(&t.name, vm.load.cpu, p))
+                .max_by(|a, b| {
+                    sites
+                        .room(&a.name, p)
+                        .partial_cmp(&sites.room(&b.name, p))
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                });
+            let Some(t) = best else { continue };
+            let l = c.link(&t.name, &vm.placement.disk_site)?;
+            let lost = access_cost(vm, c, l.rtt_ms, l.bandwidth, p.horizon_s)?.lost_s;
+            cands.push((lost / vm.load.cpu, vm, t.name.clone()));
+        }
+        cands.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
+        for (_, vm, _) in cands {
+            if sites.used(s) <= site.cpu_capacity * p.burst_above {
+                break;
+            }
+            // The room may have changed with the moves planned before.
+            let Some(t) = c
+                .sites
+                .iter()
+                .filter(|t| t.name != s && c.link(s, &t.name).is_ok())
+                .filter(|t| sites.fits(&t.name, vm.load.cpu, p))
+                .max_by(|a, b| {
+                    sites
+                        .room(&a.name, p)
+                        .partial_cmp(&sites.room(&b.name, p))
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                })
+            else {
+                break;
+            };
+            let to = Placement {
+                host_site: t.name.clone(),
+                disk_site: vm.placement.disk_site.clone(),
+            };
+            if let Err(why) = take_link(per_link, p, &vm.placement, &to) {
+                plan.skipped.push(Skip {
+                    vm: vm.name.clone(),
+                    reason: why,
+                });
+                continue;
+            }
+            let why = format!(
+                "site {s} uses {:.1} of {:.0} CPUs (above {:.0}%): {} ({:.2} CPU) bursts to {}, its disk stays at {}",
+                sites.used(s),
+                site.cpu_capacity,
+                p.burst_above * 100.0,
+                vm.name,
+                vm.load.cpu,
+                to.host_site,
+                to.disk_site
+            );
+            match forced(c, p, vm, Action::MoveVm, to.clone(), why)? {
+                Ok(dec) => {
+                    moved.insert(vm.name.clone());
+                    sites.shift(s, &to.host_site, vm.load.cpu);
+                    plan.decisions.push(dec);
+                }
+                Err(why) => plan.skipped.push(Skip {
+                    vm: vm.name.clone(),
+                    reason: why,
+                }),
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -438,5 +789,148 @@ mod tests {
         }
         .validate()
         .is_err());
+    }
+
+    /// Sites home (8 CPUs), near (8) and cloud (64); home-near 2 ms,
+    /// home-cloud 16 ms, near-cloud 16 ms.
+    fn three_sites(vms: Vec<VmState>) -> Cluster {
+        let link = |a: &str, b: &str, rtt: f64| Link {
+            a: a.into(),
+            b: b.into(),
+            rtt_ms: rtt,
+            bandwidth: 12.5e6,
+        };
+        Cluster {
+            sites: [("home", 8.0), ("near", 8.0), ("cloud", 64.0)]
+                .iter()
+                .map(|(n, c)| Site {
+                    name: (*n).into(),
+                    cpu_capacity: *c,
+                })
+                .collect(),
+            links: vec![
+                link("home", "near", 2.0),
+                link("home", "cloud", 16.0),
+                link("near", "cloud", 16.0),
+            ],
+            vms,
+            local_rtt_ms: 0.1,
+            link_index: Default::default(),
+        }
+    }
+
+    fn at(name: &str, host: &str, disk: &str, iops: f64, cpu: f64) -> VmState {
+        let mut v = vm(name, iops, 0.0);
+        v.placement = Placement {
+            host_site: host.into(),
+            disk_site: disk.into(),
+        };
+        v.load.cpu = cpu;
+        v.load.latency_ms = 0.3;
+        v
+    }
+
+    #[test]
+    fn a_site_in_maintenance_is_emptied_and_nothing_moves_in() {
+        let c = three_sites(vec![
+            // Runs at home, disk near: goes to its disk.
+            at("split", "home", "near", 100.0, 1.0),
+            // Runs and stores at home: goes, disk and all, to the nearest site with room.
+            at("local", "home", "home", 100.0, 1.0),
+            // Runs near, disk at home: its disk comes to it.
+            at("disk-home", "near", "home", 100.0, 1.0),
+            // Elsewhere: left alone.
+            at("other", "cloud", "cloud", 100.0, 1.0),
+        ]);
+        let p = Policy {
+            maintenance: vec!["home".into()],
+            max_moves_per_link: 10,
+            ..Policy::default()
+        };
+        let plan = plan(&c, &p, &mut Triggers::default(), 0.0).unwrap();
+        let by = |n: &str| plan.decisions.iter().find(|d| d.vm == n);
+        let d = by("split").expect("split moves");
+        assert_eq!(
+            (d.action, d.to.host_site.as_str()),
+            (Action::MoveVm, "near")
+        );
+        let d = by("local").expect("local moves");
+        assert_eq!(
+            (d.action, d.to.host_site.as_str(), d.to.disk_site.as_str()),
+            (Action::Teleport, "near", "near")
+        );
+        let d = by("disk-home").expect("disk-home's disk moves");
+        assert_eq!(
+            (d.action, d.to.disk_site.as_str()),
+            (Action::MoveDisk, "near")
+        );
+        assert!(by("other").is_none());
+        assert!(plan
+            .decisions
+            .iter()
+            .all(|d| d.forced && d.reason.contains("maintenance")));
+        assert!(plan
+            .decisions
+            .iter()
+            .all(|d| d.to.host_site != "home" && d.to.disk_site != "home"));
+
+        // Near full: the guest stored at home goes to the cloud instead.
+        let mut busy = c.clone();
+        busy.vms.push(at("filler", "near", "near", 0.0, 6.5));
+        let plan = super::plan(&busy, &p, &mut Triggers::default(), 0.0).unwrap();
+        let to: Vec<(&str, &str)> = plan
+            .decisions
+            .iter()
+            .map(|d| (d.vm.as_str(), d.to.host_site.as_str()))
+            .collect();
+        assert!(to.contains(&("local", "cloud")), "{to:?}");
+        // Its disk's site is full: the guest alone to the cloud, disk stays.
+        let d = plan.decisions.iter().find(|d| d.vm == "split").unwrap();
+        assert_eq!(
+            (d.action, d.to.host_site.as_str(), d.to.disk_site.as_str()),
+            (Action::MoveVm, "cloud", "near")
+        );
+        assert!(to.iter().all(|(_, s)| *s != "home"), "{to:?}");
+    }
+
+    #[test]
+    fn a_full_site_bursts_its_cpu_bound_guests_to_the_cloud_and_keeps_the_io_bound() {
+        let c = three_sites(vec![
+            at("crunch-1", "home", "home", 2.0, 3.0),
+            at("crunch-2", "home", "home", 2.0, 3.0),
+            at("db", "home", "home", 3000.0, 2.0),
+            at("web", "home", "home", 400.0, 1.0),
+        ]);
+        // 9 of 8 CPUs in use; without bursting nothing moves (all local).
+        let plan0 = plan(&c, &Policy::default(), &mut Triggers::default(), 0.0).unwrap();
+        assert!(plan0.decisions.is_empty(), "{plan0:?}");
+        let p = Policy {
+            burst: true,
+            max_moves_per_link: 10,
+            ..Policy::default()
+        };
+        let plan = plan(&c, &p, &mut Triggers::default(), 0.0).unwrap();
+        let moved: Vec<&str> = plan.decisions.iter().map(|d| d.vm.as_str()).collect();
+        // 9 CPUs against a 7.2 threshold: one 3-CPU cruncher is enough,
+        // and the I/O-bound guests stay with their disks.
+        assert_eq!(moved, ["crunch-1"], "{plan:?}");
+        let d = &plan.decisions[0];
+        assert_eq!(d.action, Action::MoveVm);
+        assert_eq!(
+            (d.to.host_site.as_str(), d.to.disk_site.as_str()),
+            ("cloud", "home")
+        );
+        assert!(
+            d.forced && d.reason.contains("bursts to cloud"),
+            "{}",
+            d.reason
+        );
+
+        // Once it runs in the cloud, locality does not bring it back while
+        // home would go over the threshold again.
+        let mut after = c.clone();
+        after.vms[0].placement.host_site = "cloud".into();
+        let plan = super::plan(&after, &p, &mut Triggers::default(), 0.0).unwrap();
+        assert!(plan.decisions.is_empty(), "{plan:?}");
     }
 }
