@@ -18,6 +18,11 @@ pub struct MoveOutcome {
     pub action: Action,
     pub to_host_site: String,
     pub to_disk_site: String,
+    /// Where the guest ran and its disk lived before.
+    #[serde(default)]
+    pub from_host_site: String,
+    #[serde(default)]
+    pub from_disk_site: String,
     /// `completed`, `aborted`, `failed`, or `not started`.
     pub result: String,
     pub seconds: f64,
@@ -33,6 +38,23 @@ pub struct MoveOutcome {
 impl MoveOutcome {
     pub fn completed(&self) -> bool {
         self.result == "completed"
+    }
+
+    /// The link the move's bytes crossed (sites in name order), if it
+    /// crossed one: memory between host sites, disk between disk sites.
+    pub fn link(&self) -> Option<(String, String)> {
+        let (a, b) = match self.action {
+            Action::MoveDisk => (&self.from_disk_site, &self.to_disk_site),
+            Action::MoveVm | Action::Teleport => (&self.from_host_site, &self.to_host_site),
+        };
+        if a.is_empty() || b.is_empty() || a == b {
+            return None;
+        }
+        Some(if a < b {
+            (a.clone(), b.clone())
+        } else {
+            (b.clone(), a.clone())
+        })
     }
 
     /// One line for people.
@@ -112,6 +134,8 @@ pub fn start(
         action: d.action,
         to_host_site: d.to.host_site.clone(),
         to_disk_site: d.to.disk_site.clone(),
+        from_host_site: d.from.host_site.clone(),
+        from_disk_site: d.from.disk_site.clone(),
         result: "not started".into(),
         seconds: 0.0,
         predicted_seconds: d.cost.seconds,

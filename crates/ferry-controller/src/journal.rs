@@ -150,6 +150,8 @@ mod tests {
             action: Action::MoveVm,
             to_host_site: "b".into(),
             to_disk_site: "b".into(),
+            from_host_site: "a".into(),
+            from_disk_site: "b".into(),
             result: "not started".into(),
             seconds: 0.0,
             predicted_seconds: 3.0,

@@ -30,6 +30,39 @@ pub struct LinkMeasure {
     pub from: Option<String>,
     pub to: Option<String>,
     pub error: Option<String>,
+    pub declared_bandwidth: f64,
+    /// Bytes per second the controller's own completed moves achieved on
+    /// this link (smoothed), from the journal.
+    #[serde(default)]
+    pub moves_bandwidth: Option<f64>,
+    #[serde(default)]
+    pub moves_counted: usize,
+}
+
+/// Per link (sites in name order): the smoothed bytes per second of the
+/// completed moves among `outcomes` (oldest first) that carried at least
+/// 1 MB, and how many there were. A move's time includes its set-up and
+/// convergence, so this is what the next move can expect, not the raw
+/// line rate.
+pub fn bandwidth_from_moves<'a>(
+    outcomes: impl Iterator<Item = &'a crate::act::MoveOutcome>,
+) -> BTreeMap<(String, String), (f64, usize)> {
+    let mut out: BTreeMap<(String, String), (f64, usize)> = BTreeMap::new();
+    for o in outcomes {
+        if !o.completed() || o.bytes < 1e6 || o.seconds <= 0.0 {
+            continue;
+        }
+        let Some(link) = o.link() else { continue };
+        let rate = o.bytes / o.seconds;
+        let e = out.entry(link).or_insert((rate, 0));
+        e.0 = if e.1 == 0 {
+            rate
+        } else {
+            0.5 * e.0 + 0.5 * rate
+        };
+        e.1 += 1;
+    }
+    out
 }
 
 /// Probe every declared link once (a few round trips) from the first host
@@ -46,6 +79,9 @@ pub fn probe_links(inv: &Inventory) -> Vec<LinkMeasure> {
                 from: None,
                 to: None,
                 error: None,
+                declared_bandwidth: l.bandwidth,
+                moves_bandwidth: None,
+                moves_counted: 0,
             };
             let first_host = |site: &str| inv.site(site).and_then(|s| s.hosts.first().cloned());
             let (Some(from), Some(to)) = (first_host(&l.a), first_host(&l.b)) else {
@@ -230,5 +266,50 @@ pub fn measure(
         running_on,
         problems,
         links,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::act::MoveOutcome;
+    use ferry_control::policy::Action;
+
+    fn outcome(action: Action, from: &str, to: &str, bytes: f64, seconds: f64) -> MoveOutcome {
+        MoveOutcome {
+            vm: "g".into(),
+            action,
+            to_host_site: to.into(),
+            to_disk_site: to.into(),
+            from_host_site: from.into(),
+            from_disk_site: from.into(),
+            result: "completed".into(),
+            seconds,
+            predicted_seconds: 1.0,
+            bytes,
+            predicted_bytes: 1.0,
+            guest_pause_ms: None,
+            reason: None,
+        }
+    }
+
+    #[test]
+    fn completed_moves_give_each_link_its_achieved_bandwidth() {
+        let mut failed = outcome(Action::MoveVm, "a", "b", 50e6, 1.0);
+        failed.result = "failed".into();
+        let moves = [
+            outcome(Action::MoveVm, "a", "b", 40e6, 4.0),
+            // The other way counts for the same link; smoothed 50/50.
+            outcome(Action::Teleport, "b", "a", 60e6, 3.0),
+            // Too small to say anything, a failure, and one within a site.
+            outcome(Action::MoveDisk, "a", "c", 0.5e6, 0.1),
+            failed,
+            outcome(Action::MoveVm, "c", "c", 50e6, 1.0),
+        ];
+        let bw = bandwidth_from_moves(moves.iter());
+        assert_eq!(bw.len(), 1, "{bw:?}");
+        let (rate, n) = bw[&("a".to_string(), "b".to_string())];
+        assert_eq!(n, 2);
+        assert!((rate - 15e6).abs() < 1.0, "{rate}");
     }
 }

@@ -267,7 +267,33 @@ fn cycle(sh: &Shared, sample: Duration, mem: &mut Memory, born: Instant) {
         .iter()
         .map(|(k, v)| (k.clone(), v.elapsed().as_secs_f64()))
         .collect();
-    let m = measure(&settings.inventory, sample, &since);
+    let mut m = measure(&settings.inventory, sample, &since);
+    // Bandwidth: what the completed moves in the journal achieved, where
+    // there were any; the declared figure otherwise.
+    let outcomes: Vec<MoveOutcome> = sh
+        .journal
+        .tail(usize::MAX)
+        .into_iter()
+        .filter_map(|e| match e.event {
+            Event::Finished { outcome, .. } => Some(outcome),
+            _ => None,
+        })
+        .collect();
+    let achieved = crate::measure::bandwidth_from_moves(outcomes.iter());
+    for l in &mut m.cluster.links {
+        let key = if l.a < l.b {
+            (l.a.clone(), l.b.clone())
+        } else {
+            (l.b.clone(), l.a.clone())
+        };
+        if let Some((bw, n)) = achieved.get(&key) {
+            l.bandwidth = *bw;
+            if let Some(lm) = m.links.iter_mut().find(|x| x.a == l.a && x.b == l.b) {
+                lm.moves_bandwidth = Some(*bw);
+                lm.moves_counted = *n;
+            }
+        }
+    }
     let previous = sh.status.lock().problems.clone();
     for p in m.problems.iter().filter(|p| !previous.contains(p)) {
         sh.record(Event::Problem { what: p.clone() });
