@@ -1113,3 +1113,147 @@ fn the_controller_moves_an_io_bound_guest_next_to_its_disk() {
         assert_eq!(v["spec"]["disks"][0]["server"], s.sb.nbd.as_str(), "{v}");
     }
 }
+
+/// A real Prometheus scrapes a storage daemon, a host running a guest and
+/// the controller; every query of the Grafana dashboard we ship
+/// (docs/grafana/ferry.json) is valid PromQL there, and every metric it
+/// names is one those daemons export.
+#[test]
+fn prometheus_scrapes_every_daemon_and_the_dashboards_queries_hold() {
+    let Some(_) = guest_files() else { return };
+    if !have("prometheus") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tempfile::tempdir().unwrap();
+    let st = Storage::start(&d.path().join("pool"));
+    let host = Host::start(&d.path().join("host"));
+    ext4_volume(&st, d.path(), "root");
+    create_guest(&host, &st, "g1", "root", false);
+    let ctl_addr = addr();
+    let mut ctl = Command::new(FERRY)
+        .args(["control", "run", "--state-dir"])
+        .arg(d.path().join("controller"))
+        .args([
+            "--listen",
+            &ctl_addr,
+            "--interval",
+            "1s",
+            "--sample",
+            "200ms",
+        ])
+        .env("FERRY_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_http(&format!("http://{ctl_addr}/v1/status"), "ferry control");
+
+    let prom_addr = addr();
+    let config = d.path().join("prometheus.yml");
+    let targets = [host.control.as_str(), st.admin.as_str(), ctl_addr.as_str()];
+    std::fs::write(
+        &config,
+        format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+             scrape_configs:\n  - job_name: ferry\n    static_configs:\n      - targets: {}\n",
+            serde_json::to_string(&targets).unwrap()
+        ),
+    )
+    .unwrap();
+    let mut prom = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            d.path().join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address={prom_addr}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let query = |q: &str| -> Value {
+        ureq::get(&format!("http://{prom_addr}/api/v1/query"))
+            .query("query", q)
+            .call()
+            .map_or(Value::Null, |r| r.into_json().unwrap_or(Value::Null))
+    };
+    // Every target up; then a few more scrapes, so that rates have points.
+    let t = Instant::now();
+    loop {
+        let up = query("up");
+        let results = up["data"]["result"].as_array().cloned().unwrap_or_default();
+        if results.len() == 3 && results.iter().all(|r| r["value"][1] == "1") {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "targets not all up: {up}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    std::thread::sleep(Duration::from_secs(5));
+
+    let dash: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/grafana/ferry.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let exprs: Vec<String> = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .map(|t| t["expr"].as_str().unwrap().to_string())
+        .collect();
+    assert!(exprs.len() >= 15, "{exprs:?}");
+    for e in &exprs {
+        let r = query(e);
+        assert_eq!(r["status"], "success", "dashboard query {e}: {r}");
+    }
+    // What the daemons told Prometheus about (HELP/TYPE lines, kept even for
+    // families with no series yet, like moves before the first move).
+    let meta: Value = ureq::get(&format!("http://{prom_addr}/api/v1/metadata"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let known: Vec<String> = meta["data"].as_object().unwrap().keys().cloned().collect();
+    let mut names: Vec<String> = Vec::new();
+    for e in &exprs {
+        let mut rest = e.as_str();
+        while let Some(i) = rest.find("ferry_") {
+            let n: String = rest[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[i + n.len()..];
+            names.push(n);
+        }
+    }
+    for n in &names {
+        let family = ["_bucket", "_sum", "_count", "_total"]
+            .iter()
+            .find_map(|s| n.strip_suffix(s))
+            .unwrap_or(n);
+        assert!(
+            known.iter().any(|k| k == n || k == family),
+            "the dashboard names {n}, which no daemon exports; they export {known:?}"
+        );
+    }
+    // The guest's own I/O reached Prometheus through its host.
+    let iops = query("sum(rate(ferry_vm_disk_requests_total{vm=\"g1\"}[1m]))");
+    let v: f64 = iops["data"]["result"][0]["value"][1]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0.0);
+    assert!(v > 0.0, "the guest's disk requests: {iops}");
+    let _ = prom.kill();
+    let _ = prom.wait();
+    let _ = ctl.kill();
+    let _ = ctl.wait();
+    host.vm_ok(&["stop", "g1"]);
+}
