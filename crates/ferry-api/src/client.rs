@@ -357,6 +357,24 @@ impl AdminClient {
         self.post(&format!("/v1/vms/{name}/migrate"), req)
     }
 
+    /// Fingerprints of `blocks` blocks spread over volume `name`.
+    pub fn sample_volume(&self, name: &str, blocks: u64) -> Result<crate::VolumeSample> {
+        self.post(
+            &format!("/v1/volumes/{name}/sample"),
+            &crate::SampleRequest { blocks },
+        )
+    }
+
+    /// How many of `fingerprints` (hex) this daemon's index holds.
+    pub fn index_lookup(&self, fingerprints: &[String]) -> Result<crate::LookupAnswer> {
+        self.post(
+            "/v1/index/lookup",
+            &crate::LookupRequest {
+                fingerprints: fingerprints.to_vec(),
+            },
+        )
+    }
+
     /// Round trips from this host to another host's move listener.
     pub fn probe(&self, to: &str, count: u32) -> Result<crate::vm::LinkProbe> {
         self.post(

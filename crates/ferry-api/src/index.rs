@@ -45,3 +45,40 @@ pub struct RebuildReport {
     pub seconds: f64,
     pub mb_per_s: f64,
 }
+
+/// `POST /v1/volumes/{name}/sample`: fingerprints of `blocks` of the
+/// volume's index-sized blocks, spread evenly over it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SampleRequest {
+    /// 1 to 4096.
+    pub blocks: u64,
+}
+
+/// A sample of a volume's blocks: how many were all zeroes (never sent by
+/// a migration), and the BLAKE3 fingerprint (hex) of each other one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VolumeSample {
+    pub block_size: u32,
+    pub volume_size: u64,
+    pub sampled: u64,
+    pub zero: u64,
+    pub fingerprints: Vec<String>,
+}
+
+/// `POST /v1/index/lookup`: which of these fingerprints (hex, at most
+/// 4096) the daemon's index holds a block for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LookupRequest {
+    pub fingerprints: Vec<String>,
+}
+
+/// How many were asked and how many the index has a candidate block for
+/// (a candidate is verified only when a migration uses it: a rare key
+/// collision counts as found here).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LookupAnswer {
+    pub asked: u64,
+    pub found: u64,
+}

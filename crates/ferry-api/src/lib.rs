@@ -20,7 +20,10 @@ pub mod volume;
 
 pub use client::{AdminClient, ClientError};
 pub use host::{AttachRequest, AttachedVolume};
-pub use index::{IndexStatus, RebuildReport, RebuildRequest, VolumeIndexStatus};
+pub use index::{
+    IndexStatus, LookupAnswer, LookupRequest, RebuildReport, RebuildRequest, SampleRequest,
+    VolumeIndexStatus, VolumeSample,
+};
 pub use migration::{
     MigrateRequest, MigrationId, MigrationPhase, MigrationResult, MigrationStatus, Report,
     ReportBytes, ReportChunks, ReportDigest, ReportThrottle, ReportTime,

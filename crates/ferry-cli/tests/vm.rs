@@ -1016,6 +1016,13 @@ fn the_controller_moves_an_io_bound_guest_next_to_its_disk() {
         "the forwarder saw the RTT: {load}"
     );
     assert_eq!(measured["vms"][0]["placement"]["disk_site"], "b");
+    // What a disk move would send, from a sample of the volume's blocks
+    // asked of each site's index: nothing at its own site; at A (whose
+    // index has none of them) its non-zero share.
+    let missing = &measured["vms"][0]["missing_at"];
+    assert_eq!(missing["b"].as_f64(), Some(0.0), "{missing}");
+    let at_a = missing["a"].as_f64().unwrap_or(0.0);
+    assert!(at_a > 0.0 && at_a < 64e6, "{missing}");
     let d = &plan["decisions"][0];
     assert_eq!(d["vm"], "g1", "{plan}");
 

@@ -18,6 +18,62 @@ pub const HOST_CALL_LIMIT: Duration = Duration::from_secs(10);
 /// Round trips to time per link and cycle.
 const PROBES: u32 = 3;
 
+/// Blocks of a guest's disk sampled per cycle to estimate what each other
+/// site already holds.
+const SAMPLE_BLOCKS: u64 = 256;
+
+/// Per site, the bytes of `volume` (at storage `server`) a disk move there
+/// would send: its non-zero share (a sample of its blocks, read where it
+/// lives) times the share of those blocks the site's index does not hold.
+/// 0 at its own site; sites without storage, or that do not answer, are
+/// left out (the model then counts the whole disk).
+fn missing_bytes(
+    inv: &Inventory,
+    server: &str,
+    volume: &str,
+    disk_bytes: f64,
+    problems: &mut Vec<String>,
+) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    let Some((home, st)) = inv.storage_at(server) else {
+        return out;
+    };
+    out.insert(home.name.clone(), 0.0);
+    let sample = match AdminClient::with_timeout(&st.admin, HOST_CALL_LIMIT)
+        .sample_volume(volume, SAMPLE_BLOCKS)
+    {
+        Ok(s) if s.sampled > 0 => s,
+        Ok(_) => return out,
+        Err(e) => {
+            problems.push(format!("sampling {volume} at {}: {e}", st.admin));
+            return out;
+        }
+    };
+    #[allow(clippy::cast_precision_loss)]
+    let nonzero = (sample.sampled - sample.zero) as f64 / sample.sampled as f64;
+    for s in inv.sites.iter().filter(|s| s.name != home.name) {
+        let Some(there) = s.storage.first() else {
+            continue;
+        };
+        let held = if sample.fingerprints.is_empty() {
+            0.0
+        } else {
+            match AdminClient::with_timeout(&there.admin, HOST_CALL_LIMIT)
+                .index_lookup(&sample.fingerprints)
+            {
+                #[allow(clippy::cast_precision_loss)]
+                Ok(a) => a.found as f64 / a.asked.max(1) as f64,
+                Err(e) => {
+                    problems.push(format!("asking {}'s index about {volume}: {e}", s.name));
+                    continue;
+                }
+            }
+        };
+        out.insert(s.name.clone(), disk_bytes * nonzero * (1.0 - held));
+    }
+    out
+}
+
 /// One link's RTT, as declared and as probed this cycle.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LinkMeasure {
@@ -226,7 +282,7 @@ pub fn measure(
             },
             memory_bytes,
             disk_bytes,
-            missing_at: BTreeMap::default(),
+            missing_at: missing_bytes(inv, &d.server, &d.volume, disk_bytes, &mut problems),
             load: VmLoad {
                 iops: nf / dt,
                 io_bytes: if n > 0 { bytes / nf } else { 4096.0 },

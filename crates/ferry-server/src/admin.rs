@@ -217,6 +217,8 @@ pub fn router(state: Arc<ServerState>) -> Router {
         )
         .route("/v1/index", get(index_status))
         .route("/v1/index/rebuild", post(index_rebuild))
+        .route("/v1/index/lookup", post(index_lookup))
+        .route("/v1/volumes/:name/sample", post(sample))
         .route("/v1/volumes/:name/migrate", post(migrate))
         .route("/v1/migrations", get(list_migrations))
         .route(
@@ -513,6 +515,96 @@ async fn index_status(State(s): St) -> Json<ferry_api::IndexStatus> {
             })
             .collect(),
     })
+}
+
+/// The most fingerprints one sample or lookup carries.
+const SAMPLE_MAX: u64 = 4096;
+
+/// `POST /v1/volumes/NAME/sample`: the fingerprints of blocks spread
+/// evenly over the volume (zero blocks counted, not fingerprinted).
+async fn sample(
+    State(s): St,
+    Path(name): Path<String>,
+    ApiJson(b): ApiJson<ferry_api::SampleRequest>,
+) -> ApiResult<Json<ferry_api::VolumeSample>> {
+    if !(1..=SAMPLE_MAX).contains(&b.blocks) {
+        return Err(bad(format!(
+            "blocks must be 1 to {SAMPLE_MAX}, not {}",
+            b.blocks
+        )));
+    }
+    let v = s.pool.get(&name)?;
+    let bs = s.index.block_size();
+    let out = blocking(move || {
+        let size = v.size();
+        let total = size / u64::from(bs);
+        let n = b.blocks.min(total);
+        let mut out = ferry_api::VolumeSample {
+            block_size: bs,
+            volume_size: size,
+            sampled: 0,
+            zero: 0,
+            fingerprints: Vec::new(),
+        };
+        let mut buf = vec![0u8; bs as usize];
+        for i in 0..n {
+            let block = i * total / n;
+            v.read_at(block * u64::from(bs), &mut buf)?;
+            out.sampled += 1;
+            if ferry_index::is_zero(&buf) {
+                out.zero += 1;
+            } else {
+                let fp = ferry_index::Fingerprint::of(&buf);
+                out.fingerprints
+                    .push(fp.0.iter().map(|b| format!("{b:02x}")).collect());
+            }
+        }
+        Ok::<_, StorageError>(out)
+    })
+    .await?;
+    Ok(Json(out))
+}
+
+/// `POST /v1/index/lookup`: how many of the fingerprints the index holds.
+async fn index_lookup(
+    State(s): St,
+    ApiJson(b): ApiJson<ferry_api::LookupRequest>,
+) -> ApiResult<Json<ferry_api::LookupAnswer>> {
+    if b.fingerprints.len() as u64 > SAMPLE_MAX {
+        return Err(bad(format!(
+            "at most {SAMPLE_MAX} fingerprints, not {}",
+            b.fingerprints.len()
+        )));
+    }
+    let mut prints = Vec::with_capacity(b.fingerprints.len());
+    for h in &b.fingerprints {
+        let bytes: Option<Vec<u8>> = (h.len() == 64 && h.is_ascii())
+            .then(|| {
+                (0..32)
+                    .map(|i| u8::from_str_radix(&h[2 * i..2 * i + 2], 16).ok())
+                    .collect()
+            })
+            .flatten();
+        let Some(Ok(arr)) = bytes.map(<[u8; 32]>::try_from) else {
+            return Err(bad(format!("{h:?} is not a fingerprint (64 hex digits)")));
+        };
+        prints.push(ferry_index::Fingerprint(arr));
+    }
+    let index = s.index.clone();
+    let out = blocking(move || {
+        let mut found = 0;
+        for fp in &prints {
+            if !index.lookup(fp, 1)?.is_empty() {
+                found += 1;
+            }
+        }
+        Ok::<_, crate::indexer::IndexerError>(ferry_api::LookupAnswer {
+            asked: prints.len() as u64,
+            found,
+        })
+    })
+    .await?;
+    Ok(Json(out))
 }
 
 async fn index_rebuild(

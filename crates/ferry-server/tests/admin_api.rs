@@ -258,3 +258,106 @@ fn index_follows_imports_and_writes() {
         .unwrap()
         .persistent());
 }
+
+/// What a disk move to another daemon would send, estimated the way the
+/// controller does: a sample of the volume's fingerprints, asked of the
+/// other daemon's index.
+#[test]
+fn a_volume_sample_asked_of_another_index_says_what_it_lacks() {
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (TestServer::start(da.path()), TestServer::start(db.path()));
+    // 256 blocks of 4 KiB: the first half zero, then 128 distinct blocks.
+    let v = a.create("disk", 1 << 20);
+    for i in 128..256u64 {
+        v.write_at(i * 4096, &[(i - 127) as u8; 4096], false)
+            .unwrap();
+    }
+    // The other daemon holds half of those blocks (in another volume, at
+    // other places).
+    let w = b.create("base", 1 << 20);
+    for i in 0..64u64 {
+        w.write_at(i * 4096, &[(i + 1) as u8; 4096], false).unwrap();
+    }
+    ureq::post(&url(&b, "/v1/index/rebuild"))
+        .send_json(json!({}))
+        .unwrap();
+    ureq::post(&url(&a, "/v1/index/rebuild"))
+        .send_json(json!({}))
+        .unwrap();
+    let s: Value = ureq::post(&url(&a, "/v1/volumes/disk/sample"))
+        .send_json(json!({"blocks": 256}))
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(
+        (s["sampled"].as_u64(), s["zero"].as_u64()),
+        (Some(256), Some(128)),
+        "{s}"
+    );
+    let prints = s["fingerprints"].clone();
+    assert_eq!(prints.as_array().unwrap().len(), 128);
+    let there: Value = ureq::post(&url(&b, "/v1/index/lookup"))
+        .send_json(json!({"fingerprints": prints}))
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(
+        (there["asked"].as_u64(), there["found"].as_u64()),
+        (Some(128), Some(64)),
+        "{there}"
+    );
+    // Its own index holds all of them.
+    let here: Value = ureq::post(&url(&a, "/v1/index/lookup"))
+        .send_json(json!({"fingerprints": prints}))
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(here["found"].as_u64(), Some(128), "{here}");
+    // Fewer blocks than asked for: spread evenly.
+    let s: Value = ureq::post(&url(&a, "/v1/volumes/disk/sample"))
+        .send_json(json!({"blocks": 16}))
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(
+        (s["sampled"].as_u64(), s["zero"].as_u64()),
+        (Some(16), Some(8)),
+        "{s}"
+    );
+
+    // Bad input, each with its reason.
+    for (path, body, says) in [
+        (
+            "/v1/volumes/disk/sample",
+            json!({"blocks": 0}),
+            "blocks must be 1 to 4096",
+        ),
+        (
+            "/v1/volumes/disk/sample",
+            json!({"blocks": 5000}),
+            "blocks must be 1 to 4096",
+        ),
+        (
+            "/v1/index/lookup",
+            json!({"fingerprints": ["zz"]}),
+            "not a fingerprint",
+        ),
+        (
+            "/v1/index/lookup",
+            json!({"fingerprints": ["é".repeat(32)]}),
+            "not a fingerprint",
+        ),
+    ] {
+        match ureq::post(&url(&a, path)).send_json(body.clone()) {
+            Err(ureq::Error::Status(400, r)) => {
+                let t = r.into_string().unwrap();
+                assert!(t.contains(says), "{path} {body}: {t}");
+            }
+            other => panic!("{path} {body} was not refused: {other:?}"),
+        }
+    }
+    let e = ureq::post(&url(&a, "/v1/volumes/ghost/sample"))
+        .send_json(json!({"blocks": 4}))
+        .unwrap_err();
+    assert!(matches!(e, ureq::Error::Status(404, _)));
+}
