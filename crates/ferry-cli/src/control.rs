@@ -5,13 +5,13 @@
 //! drives the same policies over a simulated cluster.
 
 use crate::print_json;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use ferry_control::inventory::{HostRef, Inventory, SiteInventory, StorageRef};
 use ferry_control::policy::{plan, Policy, Triggers};
 use ferry_control::simulate::{compare, SimConfig};
 use ferry_control::{Cluster, Link};
-use ferry_controller::settings::Settings;
+use ferry_controller::client::ControllerClient;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -218,27 +218,21 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
         }
         ControlCmd::Status { to, journal, json } => status(&to.controller, journal, json)?,
         ControlCmd::Pause { to } => {
-            call(&to.controller, "POST", "/v1/pause", None)?;
+            ControllerClient::new(&to.controller).pause()?;
             println!("automation paused");
         }
         ControlCmd::Resume { to } => {
-            call(&to.controller, "POST", "/v1/resume", None)?;
+            ControllerClient::new(&to.controller).resume()?;
             println!("automation resumed");
         }
         ControlCmd::Burst { state, above, to } => {
-            let set: Settings =
-                serde_json::from_value(call(&to.controller, "GET", "/v1/settings", None)?)?;
-            let mut p = set.policy;
+            let c = ControllerClient::new(&to.controller);
+            let mut p = c.settings()?.policy;
             p.burst = state == "on";
             if let Some(a) = above {
                 p.burst_above = a;
             }
-            call(
-                &to.controller,
-                "PUT",
-                "/v1/policy",
-                Some(serde_json::to_value(&p)?),
-            )?;
+            c.put_policy(&p)?;
             println!(
                 "bursting {} (above {:.0}% of a site's CPUs)",
                 state,
@@ -370,55 +364,11 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
     Ok(())
 }
 
-fn call(
-    controller: &str,
-    method: &str,
-    path: &str,
-    body: Option<serde_json::Value>,
-) -> Result<serde_json::Value> {
-    let base = if controller.starts_with("http") {
-        controller.trim_end_matches('/').to_string()
-    } else {
-        format!("http://{controller}")
-    };
-    let req =
-        ureq::request(method, &format!("{base}{path}")).timeout(std::time::Duration::from_secs(30));
-    let r = match body {
-        Some(b) => req.send_json(b),
-        None => req.call(),
-    };
-    match r {
-        Ok(r) => {
-            let text = r.into_string()?;
-            Ok(if text.is_empty() {
-                serde_json::Value::Null
-            } else {
-                serde_json::from_str(&text)?
-            })
-        }
-        Err(ureq::Error::Status(code, r)) => {
-            let text = r.into_string().unwrap_or_default();
-            let msg = serde_json::from_str::<serde_json::Value>(&text)
-                .ok()
-                .and_then(|v| v["error"].as_str().map(String::from))
-                .unwrap_or(text);
-            bail!("the controller answered {code}: {msg}")
-        }
-        Err(e) => bail!(
-            "cannot reach the controller at {base} (is `ferry control run` running? set --controller or FERRY_CONTROLLER): {e}"
-        ),
-    }
-}
-
 fn status(controller: &str, journal: usize, json: bool) -> Result<()> {
-    let st = call(controller, "GET", "/v1/status", None)?;
-    let set: Settings = serde_json::from_value(call(controller, "GET", "/v1/settings", None)?)?;
-    let jr = call(
-        controller,
-        "GET",
-        &format!("/v1/journal?limit={journal}"),
-        None,
-    )?;
+    let c = ControllerClient::new(controller);
+    let st = c.status()?;
+    let set = c.settings()?;
+    let jr = serde_json::to_value(c.journal(journal)?)?;
     if json {
         return print_json(&serde_json::json!({"status": st, "settings": set, "journal": jr}));
     }
@@ -616,16 +566,11 @@ pub fn site(cmd: SiteCmd) -> Result<()> {
                 hosts,
                 storage,
             };
-            call(
-                &to.controller,
-                "POST",
-                "/v1/sites",
-                Some(serde_json::to_value(site)?),
-            )?;
+            ControllerClient::new(&to.controller).add_site(&site)?;
             println!("site {name} added");
         }
         SiteCmd::Remove { name, to } => {
-            call(&to.controller, "DELETE", &format!("/v1/sites/{name}"), None)?;
+            ControllerClient::new(&to.controller).remove_site(&name)?;
             println!("site {name} removed");
         }
         SiteCmd::Link {
@@ -635,9 +580,9 @@ pub fn site(cmd: SiteCmd) -> Result<()> {
             mbit,
             to,
         } => {
-            let set: Settings =
-                serde_json::from_value(call(&to.controller, "GET", "/v1/settings", None)?)?;
-            let mut links: Vec<Link> = set
+            let c = ControllerClient::new(&to.controller);
+            let mut links: Vec<Link> = c
+                .settings()?
                 .inventory
                 .links
                 .into_iter()
@@ -649,17 +594,12 @@ pub fn site(cmd: SiteCmd) -> Result<()> {
                 rtt_ms,
                 bandwidth: mbit * 1e6 / 8.0,
             });
-            call(
-                &to.controller,
-                "PUT",
-                "/v1/links",
-                Some(serde_json::to_value(links)?),
-            )?;
+            c.put_links(&links)?;
             println!("link {a} <-> {b}: {rtt_ms} ms, {mbit} Mbit/s");
         }
         SiteCmd::Maintenance { name, off, to } => {
-            let set: Settings =
-                serde_json::from_value(call(&to.controller, "GET", "/v1/settings", None)?)?;
+            let c = ControllerClient::new(&to.controller);
+            let set = c.settings()?;
             if set.inventory.site(&name).is_none() {
                 anyhow::bail!("no site {name}");
             }
@@ -668,12 +608,7 @@ pub fn site(cmd: SiteCmd) -> Result<()> {
             if !off {
                 p.maintenance.push(name.clone());
             }
-            call(
-                &to.controller,
-                "PUT",
-                "/v1/policy",
-                Some(serde_json::to_value(&p)?),
-            )?;
+            c.put_policy(&p)?;
             if off {
                 println!("site {name}: back in service");
             } else {
@@ -681,8 +616,7 @@ pub fn site(cmd: SiteCmd) -> Result<()> {
             }
         }
         SiteCmd::List { to, json } => {
-            let set: Settings =
-                serde_json::from_value(call(&to.controller, "GET", "/v1/settings", None)?)?;
+            let set = ControllerClient::new(&to.controller).settings()?;
             if json {
                 return print_json(&set.inventory);
             }

@@ -7,6 +7,7 @@
 //!
 //! - [`measure`]: hosts' counters read twice, turned into a snapshot.
 //! - [`act`]: one decision carried out and followed to its end.
+//! - [`client`]: the typed client of the API (`ferry control`, `ferry site`).
 //! - [`journal`]: the durable record of decisions and moves; the moves a
 //!   restarted controller must follow.
 //! - [`settings`]: inventory, policy and the automation switch, on disk.
@@ -20,6 +21,7 @@
 //! with `--etcd`, in etcd, where several controllers elect one leader.
 
 pub mod act;
+pub mod client;
 pub mod etcd;
 pub mod journal;
 pub mod leader;
