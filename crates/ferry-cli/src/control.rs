@@ -187,7 +187,7 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
                         &e.name,
                         e.lease,
                     ));
-                    ferry_controller::store::Store::etcd(c, &e.prefix, l).load_settings()?
+                    ferry_controller::store::Store::etcd(c, &e.prefix, l, 1).load_settings()?
                 }
                 (None, Some(d)) => ferry_controller::settings::SettingsFile::new(d).load()?,
                 (None, None) => anyhow::bail!("give --state-dir or --etcd"),

@@ -571,6 +571,40 @@ fn controllers_sharing_etcd_elect_one_leader_that_is_replaced_when_it_dies_or_fr
         .collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
 
+    // The journal in etcd keeps its last entries, not all of them: the
+    // leader trims it in the same fenced writes (here: keep 10, trimmed
+    // every 100 entries, so after 250 entries, 191 to 250 remain).
+    {
+        use ferry_controller::leader::Leadership;
+        use ferry_controller::store::Store;
+        let l = std::sync::Arc::new(Leadership::new(
+            c.clone(),
+            "/trim/",
+            "trimmer",
+            Duration::from_secs(5),
+        ));
+        assert!(l.campaign().unwrap());
+        let store = std::sync::Arc::new(Store::etcd(c.clone(), "/trim/", l.clone(), 10));
+        let j = ferry_controller::journal::Journal::open(store).unwrap();
+        for i in 0..250 {
+            j.record(
+                i,
+                Event::Problem {
+                    what: format!("p{i}"),
+                },
+            )
+            .unwrap();
+        }
+        let keys: Vec<u64> = c
+            .list("/trim/journal/", None)
+            .unwrap()
+            .iter()
+            .map(|kv| kv.key.rsplit('/').next().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(keys, (191..=250).collect::<Vec<u64>>());
+        l.resign();
+    }
+
     // Killed leader: the other (restarted) one takes over.
     let mut new_leader = follower;
     let old = leader;

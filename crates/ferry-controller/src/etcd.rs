@@ -46,6 +46,8 @@ pub enum Put {
         lease: Option<i64>,
     },
     Delete(String),
+    /// Every key from the first up to (not including) the second.
+    DeleteRange(String, String),
 }
 
 #[derive(Clone)]
@@ -208,6 +210,9 @@ impl EtcdClient {
                     json!({"request_put": r})
                 }
                 Put::Delete(k) => json!({"request_delete_range": {"key": b64(k.as_bytes())}}),
+                Put::DeleteRange(from, to) => json!({"request_delete_range": {
+                    "key": b64(from.as_bytes()), "range_end": b64(to.as_bytes()),
+                }}),
             })
             .collect();
         let v = self.call(

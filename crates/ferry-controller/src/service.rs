@@ -659,7 +659,12 @@ pub async fn run(opts: Options) -> Result<(), ControllerError> {
                 .map_err(|x| ControllerError::BadInput(x.to_string()))?;
             let leader = Arc::new(Leadership::new(client.clone(), &e.prefix, &e.name, e.lease));
             (
-                Arc::new(Store::etcd(client, &e.prefix, leader)),
+                Arc::new(Store::etcd(
+                    client,
+                    &e.prefix,
+                    leader,
+                    crate::store::JOURNAL_KEEP,
+                )),
                 Some(e.name.clone()),
             )
         }

@@ -28,8 +28,16 @@ pub enum Store {
         etcd: EtcdClient,
         prefix: String,
         leader: Arc<Leadership>,
+        /// Journal entries kept in etcd; older ones are deleted as new
+        /// ones are written (every [`TRIM_EVERY`] entries).
+        keep: u64,
     },
 }
+
+/// Journal entries kept in etcd by default.
+pub const JOURNAL_KEEP: u64 = 10_000;
+/// How often (in entries) the leader trims the journal in etcd.
+pub const TRIM_EVERY: u64 = 100;
 
 fn state_err(e: impl std::fmt::Display) -> ControllerError {
     ControllerError::State(e.to_string())
@@ -69,11 +77,13 @@ impl Store {
     }
 
     /// The state in etcd under `prefix` (ending in `/`).
-    pub fn etcd(etcd: EtcdClient, prefix: &str, leader: Arc<Leadership>) -> Store {
+    /// The journal keeps the last `keep` entries.
+    pub fn etcd(etcd: EtcdClient, prefix: &str, leader: Arc<Leadership>, keep: u64) -> Store {
         Store::Etcd {
             etcd,
             prefix: prefix.into(),
             leader,
+            keep: keep.max(1),
         }
     }
 
@@ -118,6 +128,7 @@ impl Store {
                 etcd,
                 prefix,
                 leader,
+                ..
             } => {
                 let value = serde_json::to_vec(s).map_err(state_err)?;
                 let ok = etcd
@@ -186,17 +197,24 @@ impl Store {
                 etcd,
                 prefix,
                 leader,
+                keep,
             } => {
                 let key = format!("{prefix}journal/{:020}", e.seq);
+                let mut puts = vec![Put::Value {
+                    key: key.clone(),
+                    value: line,
+                    lease: None,
+                }];
+                // Every so often, the entries older than the last `keep` go
+                // (in the same fenced transaction).
+                if e.seq.is_multiple_of(TRIM_EVERY) && e.seq > *keep {
+                    puts.push(Put::DeleteRange(
+                        format!("{prefix}journal/{:020}", 0),
+                        format!("{prefix}journal/{:020}", e.seq - keep + 1),
+                    ));
+                }
                 let ok = etcd
-                    .txn(
-                        &[leader.fence(), Compare::Absent(key.clone())],
-                        &[Put::Value {
-                            key,
-                            value: line,
-                            lease: None,
-                        }],
-                    )
+                    .txn(&[leader.fence(), Compare::Absent(key)], &puts)
                     .map_err(state_err)?;
                 if ok {
                     Ok(())
