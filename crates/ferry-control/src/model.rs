@@ -24,8 +24,8 @@ use serde::Serialize;
 
 /// Share of the guest's speed lost while it is being moved.
 pub const MOVE_SLOWDOWN: f64 = 0.05;
-/// Fingerprint bytes per 4 KiB block on the wire.
-pub const FINGERPRINT_BYTES_PER_BLOCK: f64 = 8.0;
+/// Print bytes per 4 KiB block on the wire (an 8-byte key and its tag).
+pub const FINGERPRINT_BYTES_PER_BLOCK: f64 = 9.0;
 /// The pause a memory move aims at (s).
 pub const TARGET_PAUSE_S: f64 = 0.3;
 

@@ -246,8 +246,13 @@ impl PoolIndex {
     /// Candidate locations `(volume, block number)` of a block with this
     /// fingerprint, at most `max`. Candidates must be verified before use.
     pub fn lookup(&self, fp: &Fingerprint, max: usize) -> Result<Vec<(String, u64)>, IndexError> {
+        self.lookup_key(fp.key(), max)
+    }
+
+    /// Candidates for a block whose fingerprint has this key
+    /// ([`Fingerprint::key`]), at most `max`.
+    pub fn lookup_key(&self, key: u64, max: usize) -> Result<Vec<(String, u64)>, IndexError> {
         self.lookups.fetch_add(1, Ordering::Relaxed);
-        let key = fp.key();
         let vols: Vec<(String, Arc<VolumeIndex>)> = self
             .runs
             .read()

@@ -16,25 +16,25 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-/// Most prints in one `Lookup`.
+/// Most keys in one `Lookup`.
 pub const LOOKUP_BATCH: usize = 1024;
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The block with this fingerprint from this daemon's volumes, verified.
-fn find_block(state: &dyn MigrationHost, block_size: u32, fp: &Fingerprint) -> Option<Vec<u8>> {
+/// A block of this daemon's volumes whose fingerprint has this key.
+fn find_block(state: &dyn MigrationHost, block_size: u32, key: u64) -> Option<Vec<u8>> {
     if block_size != state.index().block_size() {
         return None;
     }
     let bs = u64::from(block_size);
     let mut buf = vec![0u8; block_size as usize];
-    for (name, block) in state.index().lookup(fp, 4).ok()? {
+    for (name, block) in state.index().lookup_key(key, 4).ok()? {
         let Ok(v) = state.pool().get(&name) else {
             continue;
         };
         if v.incoming().is_some() || block * bs + bs > v.size() {
             continue;
         }
-        if v.read_at(block * bs, &mut buf).is_ok() && ferry_index::verify(&buf, fp) {
+        if v.read_at(block * bs, &mut buf).is_ok() && Fingerprint::of(&buf).key() == key {
             return Some(buf);
         }
     }
@@ -65,20 +65,19 @@ where
                 Ok(Err(e)) => return Err(e),
             },
         };
-        let Message::Lookup { block_size, prints } = m else {
+        let Message::Lookup { block_size, keys } = m else {
             return Err(super::unexpected(&m, "serving lookups"));
         };
-        if prints.len() > LOOKUP_BATCH {
+        if keys.len() > LOOKUP_BATCH {
             return Err(MigrationError::BadData(format!(
-                "lookup of {} prints (at most {LOOKUP_BATCH})",
-                prints.len()
+                "lookup of {} keys (at most {LOOKUP_BATCH})",
+                keys.len()
             )));
         }
         let st = state.clone();
         let blocks = tokio::task::spawn_blocking(move || {
-            prints
-                .iter()
-                .map(|p| find_block(st.as_ref(), block_size, &Fingerprint(*p)).map(Bytes::from))
+            keys.iter()
+                .map(|k| find_block(st.as_ref(), block_size, *k).map(Bytes::from))
                 .collect::<Vec<_>>()
         })
         .await
@@ -129,16 +128,16 @@ impl Buddies {
     }
 
     /// Ask the buddies, in order, for the blocks still missing; returns one
-    /// entry per print (the block's bytes, not yet verified here).
-    pub async fn fetch(&mut self, block_size: u32, prints: &[[u8; 32]]) -> Vec<Option<Bytes>> {
-        let mut out: Vec<Option<Bytes>> = vec![None; prints.len()];
+    /// entry per key (the block's bytes, not yet checked here).
+    pub async fn fetch(&mut self, block_size: u32, keys: &[u64]) -> Vec<Option<Bytes>> {
+        let mut out: Vec<Option<Bytes>> = vec![None; keys.len()];
         let mut i = 0;
         while i < self.buddies.len() {
-            let missing: Vec<usize> = (0..prints.len()).filter(|&k| out[k].is_none()).collect();
+            let missing: Vec<usize> = (0..keys.len()).filter(|&k| out[k].is_none()).collect();
             if missing.is_empty() {
                 break;
             }
-            match Self::ask(&mut self.buddies[i], block_size, prints, &missing).await {
+            match Self::ask(&mut self.buddies[i], block_size, keys, &missing).await {
                 Ok(found) => {
                     for (k, b) in missing.into_iter().zip(found) {
                         out[k] = b;
@@ -157,14 +156,14 @@ impl Buddies {
     async fn ask(
         b: &mut Buddy,
         block_size: u32,
-        prints: &[[u8; 32]],
+        keys: &[u64],
         which: &[usize],
     ) -> Result<Vec<Option<Bytes>>, MigrationError> {
         let mut found = Vec::with_capacity(which.len());
         for batch in which.chunks(LOOKUP_BATCH) {
             let m = Message::Lookup {
                 block_size,
-                prints: batch.iter().map(|&k| prints[k]).collect(),
+                keys: batch.iter().map(|&k| keys[k]).collect(),
             };
             send(&mut b.writer, &m).await?;
             match b.reader.expect(ANSWER_TIMEOUT).await? {

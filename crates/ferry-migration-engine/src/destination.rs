@@ -197,8 +197,15 @@ fn prepare(
     }
 }
 
-/// Chunks still missing, with the source's print of each.
-type Missing = Vec<(u64, [u8; 32])>;
+/// Chunks still missing, with the source's key of each.
+type Missing = Vec<(u64, u64)>;
+
+/// The full fingerprint of `block` if its key is `key`: a block found
+/// here is used for a chunk only then (and the digest checks the rest).
+fn keyed(block: &[u8], key: u64) -> Option<Fingerprint> {
+    let fp = Fingerprint::of(block);
+    (fp.key() == key).then_some(fp)
+}
 
 /// What the prints phase found.
 #[derive(Debug, Default)]
@@ -258,24 +265,29 @@ impl Receiver {
                     self.table.set_zero(i, n);
                     i += n;
                 }
-                PrintEntry::Print(p) => {
+                PrintEntry::Key(key) => {
                     let len = self.table.len_of(i);
-                    let fp = Fingerprint(p);
                     let b = &mut buf[..len];
                     if self.resumed {
                         self.vol.read_at(i * self.chunk, b)?;
-                        if ferry_index::verify(b, &fp) {
-                            self.table.set(i, p);
+                        if let Some(fp) = keyed(b, key) {
+                            self.table.set(i, fp.0);
                             stats.resumed += 1;
                             i += 1;
                             continue;
                         }
                     }
-                    if self.use_index && len as u64 == self.chunk && self.fill_local(i, &fp, b)? {
-                        self.table.set(i, p);
-                        stats.local += 1;
+                    let local = if self.use_index && len as u64 == self.chunk {
+                        self.fill_local(i, key, b)?
                     } else {
-                        want.push((i, p));
+                        None
+                    };
+                    match local {
+                        Some(fp) => {
+                            self.table.set(i, fp.0);
+                            stats.local += 1;
+                        }
+                        None => want.push((i, key)),
                     }
                     i += 1;
                 }
@@ -293,35 +305,35 @@ impl Receiver {
     ) -> Result<(Missing, u64), MigrationError> {
         let mut still = Vec::new();
         let mut filled = 0;
-        for ((chunk, p), block) in missing.into_iter().zip(found) {
-            match block {
-                Some(b)
-                    if b.len() == self.table.len_of(chunk)
-                        && ferry_index::verify(&b, &Fingerprint(p)) =>
-                {
+        for ((chunk, key), block) in missing.into_iter().zip(found) {
+            match block
+                .filter(|b| b.len() == self.table.len_of(chunk))
+                .and_then(|b| keyed(&b, key).map(|fp| (b, fp)))
+            {
+                Some((b, fp)) => {
                     self.vol.write_at(chunk * self.chunk, &b, false)?;
-                    self.table.set(chunk, p);
+                    self.table.set(chunk, fp.0);
                     filled += 1;
                 }
-                _ => still.push((chunk, p)),
+                None => still.push((chunk, key)),
             }
         }
         Ok((still, filled))
     }
 
-    /// Look the fingerprint up in the local index, re-hash each candidate,
-    /// and write the first one that matches.
+    /// Look the key up in the local index, hash each candidate, and write
+    /// the first whose fingerprint has the key; its fingerprint is returned.
     fn fill_local(
         &self,
         chunk: u64,
-        fp: &Fingerprint,
+        key: u64,
         buf: &mut [u8],
-    ) -> Result<bool, MigrationError> {
-        let cands = match self.state.index().lookup(fp, MAX_CANDIDATES) {
+    ) -> Result<Option<Fingerprint>, MigrationError> {
+        let cands = match self.state.index().lookup_key(key, MAX_CANDIDATES) {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "index lookup failed; asking the source");
-                return Ok(false);
+                return Ok(None);
             }
         };
         for (name, block) in cands {
@@ -332,12 +344,12 @@ impl Receiver {
             if off + self.chunk > v.size() || v.read_at(off, buf).is_err() {
                 continue;
             }
-            if ferry_index::verify(buf, fp) {
+            if let Some(fp) = keyed(buf, key) {
                 self.vol.write_at(chunk * self.chunk, buf, false)?;
-                return Ok(true);
+                return Ok(Some(fp));
             }
         }
-        Ok(false)
+        Ok(None)
     }
 
     /// Write one `Data` frame (blocking).
@@ -447,8 +459,8 @@ where
                         buddies = Some(super::buddy::Buddies::connect(state.as_ref()).await);
                     }
                     if let Some(b) = buddies.as_mut().filter(|b| !b.is_empty()) {
-                        let prints: Vec<[u8; 32]> = missing.iter().map(|m| m.1).collect();
-                        let found = b.fetch(chunk, &prints).await;
+                        let keys: Vec<u64> = missing.iter().map(|m| m.1).collect();
+                        let found = b.fetch(chunk, &keys).await;
                         let r = rx.clone();
                         let (still, n) =
                             blocking(move || r.fill_from_buddies(missing, found)).await?;

@@ -566,7 +566,7 @@ impl Sender {
                     let p = *blake3::hash(data).as_bytes();
                     self.table.set(ci, p);
                     if dedup {
-                        entries.push(PrintEntry::Print(p));
+                        entries.push(PrintEntry::Key(ferry_index::Fingerprint(p).key()));
                     } else {
                         // Without fingerprints a gap between entries means
                         // "sent as data".

@@ -52,8 +52,10 @@ pub struct VolumeDescriptor {
 pub enum PrintEntry {
     /// A run of this many zero (or unallocated) chunks.
     Zero(u32),
-    /// The BLAKE3 of one chunk.
-    Print([u8; 32]),
+    /// The key of one chunk: the first 8 bytes of its BLAKE3, as the
+    /// fingerprint index sorts them (`ferry_index::Fingerprint::key`).
+    /// The full hash never crosses: see the crate's "Short prints".
+    Key(u64),
 }
 
 /// How `Data` bytes are encoded. 0 is invalid.
@@ -215,7 +217,7 @@ pub enum Message {
     /// `block_size` bytes do you hold?
     Lookup {
         block_size: u32,
-        prints: Vec<[u8; 32]>,
+        keys: Vec<u64>,
     },
     /// A buddy's answer, in the order asked: the block's bytes (verified
     /// against the print by the buddy, and again by the asker) or nothing.
@@ -302,9 +304,9 @@ impl Message {
                             out.put_u8(1);
                             out.put_u32(*n);
                         }
-                        PrintEntry::Print(p) => {
-                            out.put_u8(2);
-                            out.put_slice(p);
+                        PrintEntry::Key(k) => {
+                            out.put_u8(3);
+                            out.put_u64(*k);
                         }
                     }
                 }
@@ -340,11 +342,11 @@ impl Message {
                 out.put_slice(digest);
             }
             Message::Synced { round } => out.put_u32(*round),
-            Message::Lookup { block_size, prints } => {
+            Message::Lookup { block_size, keys } => {
                 out.put_u32(*block_size);
-                out.put_u32(count(prints.len()));
-                for p in prints {
-                    out.put_slice(p);
+                out.put_u32(count(keys.len()));
+                for k in keys {
+                    out.put_u64(*k);
                 }
             }
             Message::Found { blocks } => {
@@ -497,7 +499,7 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
             for _ in 0..n {
                 entries.push(match p.u8()? {
                     1 => PrintEntry::Zero(p.u32()?),
-                    2 => PrintEntry::Print(p.array()?),
+                    3 => PrintEntry::Key(p.u64()?),
                     t => return Err(malformed(what, format!("entry tag {t}"))),
                 });
             }
@@ -568,11 +570,11 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
         T::Lookup => {
             let block_size = p.u32()?;
             let n = p.items()?;
-            let mut prints = Vec::with_capacity((n as usize).min(p.b.remaining() / 32));
+            let mut keys = Vec::with_capacity((n as usize).min(p.b.remaining() / 8));
             for _ in 0..n {
-                prints.push(p.array()?);
+                keys.push(p.u64()?);
             }
-            Message::Lookup { block_size, prints }
+            Message::Lookup { block_size, keys }
         }
         T::Found => {
             let n = p.items()?;
@@ -677,7 +679,7 @@ mod tests {
             },
             Message::Prints {
                 first_chunk: 42,
-                entries: vec![PrintEntry::Zero(1000), PrintEntry::Print([3; 32])],
+                entries: vec![PrintEntry::Zero(1000), PrintEntry::Key(u64::MAX - 3)],
             },
             Message::PrintsDone,
             Message::Want {
@@ -720,7 +722,7 @@ mod tests {
             Message::Synced { round: 3 },
             Message::Lookup {
                 block_size: 4096,
-                prints: vec![[5; 32], [6; 32]],
+                keys: vec![5, u64::MAX],
             },
             Message::Found {
                 blocks: vec![None, Some(Bytes::from_static(b"block"))],

@@ -339,7 +339,7 @@ mod tests {
             vec![
                 Message::Lookup {
                     block_size: 4096,
-                    prints: vec![],
+                    keys: vec![],
                 },
                 hello(),
             ],

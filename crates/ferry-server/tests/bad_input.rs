@@ -442,8 +442,8 @@ mod migration_input {
 
     fn hello(name: &str, size: u64, chunk: u32, id: u8) -> Message {
         Message::Hello {
-            min_version: 2,
-            max_version: 2,
+            min_version: ferry_migration::VERSION,
+            max_version: ferry_migration::VERSION,
             migration_id: [id; 16],
             volume: VolumeDescriptor {
                 name: name.into(),
@@ -550,7 +550,7 @@ mod migration_input {
             &mut c,
             &Message::Lookup {
                 block_size: 4096,
-                prints: vec![[3; 32]; 5],
+                keys: vec![3; 5],
             },
         );
         match recv(&mut c) {
@@ -565,7 +565,7 @@ mod migration_input {
             &mut c,
             &Message::Lookup {
                 block_size: 512,
-                prints: vec![[3; 32]],
+                keys: vec![3],
             },
         );
         assert!(matches!(recv(&mut c), Some(Message::Found { .. })));
@@ -573,7 +573,7 @@ mod migration_input {
             &mut c,
             &Message::Lookup {
                 block_size: 4096,
-                prints: vec![[3; 32]; 5000],
+                keys: vec![3; 5000],
             },
         );
         assert!(recv(&mut c).is_none(), "an oversized lookup ends the link");
@@ -583,7 +583,7 @@ mod migration_input {
             &mut c,
             &Message::Lookup {
                 block_size: 4096,
-                prints: vec![],
+                keys: vec![],
             },
         );
         assert!(matches!(recv(&mut c), Some(Message::Found { .. })));
@@ -606,7 +606,7 @@ mod migration_input {
             &mut c,
             &Message::Prints {
                 first_chunk: 10_000,
-                entries: vec![PrintEntry::Print([1; 32])],
+                entries: vec![PrintEntry::Key(1)],
             },
         );
         aborted(&mut c);

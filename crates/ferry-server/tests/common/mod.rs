@@ -80,10 +80,24 @@ impl TestServer {
     }
 
     /// Clean shutdown: drain, flush, save bitmaps, remove in-use markers.
+    /// Returns once nothing of the daemon is left (its volumes' files, and
+    /// their locks, closed), as when a real daemon process exits: a daemon
+    /// started next on the same pool must find every volume free.
     pub fn stop(mut self) {
         self.shutdown.cancel();
         let rt = self.rt.take().unwrap();
         rt.block_on(self.task.take().unwrap()).unwrap().unwrap();
+        drop(rt);
+        let gone = Arc::downgrade(&self.state);
+        drop(self);
+        let t = std::time::Instant::now();
+        while gone.upgrade().is_some() {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(30),
+                "the stopped daemon's state is still held"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 }
 
