@@ -17,8 +17,9 @@ if [ "$want_test" = 1 ]; then
   # python3-matplotlib: bench/evidence.py (its --quick run is a test);
   # chromium: the controller's page is checked in a real browser;
   # etcd-server: controllers sharing their state and electing a leader;
-  # prometheus: scrapes every daemon, and runs the Grafana dashboard's queries.
-  pkgs+=(qemu-utils qemu-block-extra libnbd-bin nbdkit fio python3 python3-matplotlib chromium rsync libiscsi-bin tgt qemu-system-x86 etcd-server prometheus)
+  # prometheus: scrapes every daemon, and runs the Grafana dashboard's queries;
+  # syslinux, mtools, dosfstools: a disk a guest boots from (--boot-disk).
+  pkgs+=(qemu-utils qemu-block-extra libnbd-bin nbdkit fio python3 python3-matplotlib chromium rsync libiscsi-bin tgt qemu-system-x86 etcd-server prometheus syslinux syslinux-common mtools dosfstools)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1264,3 +1264,82 @@ fn prometheus_scrapes_every_daemon_and_the_dashboards_queries_hold() {
     let _ = ctl.wait();
     host.vm_ok(&["stop", "g1"]);
 }
+
+/// A guest that boots from its disk (`--boot-disk`): no `-kernel`; the
+/// firmware reads the boot loader, kernel and initramfs from the volume
+/// through the host's forwarder. The disk is a FAT file system with
+/// SYSLINUX (built with mtools, no mount needed); the test guest's init then
+/// runs and says it cannot mount the (FAT) disk as ext4, which is enough:
+/// it booted from the disk.
+#[test]
+fn a_guest_boots_from_its_disk() {
+    let Some((k, i)) = guest_files() else { return };
+    if !(have("syslinux") && have("mcopy") && have("mkfs.vfat")) {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("boot.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let run = |cmd: &str, args: &[&str]| {
+        let out = Command::new(cmd).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{cmd} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let img_s = img.to_str().unwrap();
+    run("mkfs.vfat", &["-n", "FERRYBOOT", img_s]);
+    run("syslinux", &["--install", img_s]);
+    let cfg = d.path().join("syslinux.cfg");
+    std::fs::write(
+        &cfg,
+        "DEFAULT linux\nSERIAL 0 115200\nPROMPT 0\nTIMEOUT 1\nLABEL linux\n  KERNEL vmlinuz\n  INITRD initrd.img\n  APPEND console=ttyS0 quiet\n",
+    )
+    .unwrap();
+    for (from, to) in [
+        (k.to_str().unwrap(), "::vmlinuz"),
+        (i.to_str().unwrap(), "::initrd.img"),
+        (cfg.to_str().unwrap(), "::syslinux.cfg"),
+    ] {
+        run("mcopy", &["-i", img_s, from, to]);
+    }
+    let st = Storage::start(&d.path().join("pool"));
+    let host = Host::start(&d.path().join("host"));
+    ok(&[
+        "volume", "create", "boot", "--size", "64M", "--admin", &st.admin,
+    ]);
+    ok(&["volume", "import", "boot", img_s, "--admin", &st.admin]);
+    host.vm_ok(&[
+        "create",
+        "b1",
+        "--memory",
+        "128M",
+        "--accel",
+        "tcg",
+        "--disk",
+        &format!("boot@{}@{}", st.nbd, st.admin),
+        "--boot-disk",
+    ]);
+    let serial = host.serial("b1");
+    let t = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&serial).unwrap_or_default();
+        if text.contains("ferry-guest:") {
+            assert!(text.contains("SYSLINUX"), "the boot loader ran: {text}");
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "the guest did not boot from its disk: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let v: Value = serde_json::from_str(&host.vm_ok(&["show", "b1", "--json"])).unwrap();
+    assert_eq!(v["spec"]["boot"]["kind"], "disk", "{v}");
+    let _ = host.vm(&["stop", "b1"]);
+}
