@@ -252,6 +252,11 @@ pub struct VmMigrateRequest {
     /// Compress the memory stream on the link (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compress: Option<bool>,
+    /// Send memory over this many parallel channels besides the main one
+    /// (QEMU's multifd; 0: off). Each is its own TLS link. Not with
+    /// post-copy (QEMU 7.2 does not combine them).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub multifd: u8,
     /// The storage link without TLS (both daemons on loopback only).
     #[serde(default)]
     pub disk_plaintext: bool,
@@ -261,6 +266,10 @@ pub struct VmMigrateRequest {
     /// named keep their address.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub disk_servers: BTreeMap<String, String>,
+}
+
+fn is_zero(n: &u8) -> bool {
+    *n == 0
 }
 
 /// Where a move is.

@@ -112,6 +112,10 @@ pub struct MigrateVmArgs {
     /// Do not compress the memory stream.
     #[arg(long)]
     pub no_compress: bool,
+    /// Memory over this many parallel channels besides the main one
+    /// (QEMU's multifd, each its own TLS link; not with --postcopy).
+    #[arg(long, default_value_t = 0)]
+    pub multifd: u8,
     /// Storage link without TLS (both storage daemons on loopback only).
     #[arg(long)]
     pub disk_plaintext: bool,
@@ -294,6 +298,7 @@ fn migrate(a: MigrateVmArgs, c: &AdminClient) -> Result<()> {
         deadline_s: Some(a.deadline.as_secs().max(1)),
         postcopy: a.postcopy,
         compress: Some(!a.no_compress),
+        multifd: a.multifd,
         disk_plaintext: a.disk_plaintext,
         disk_servers: a.disk_servers.iter().cloned().collect(),
     };

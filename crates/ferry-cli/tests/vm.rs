@@ -638,6 +638,23 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
         "{}",
         String::from_utf8_lossy(&bad.stderr)
     );
+    // multifd with post-copy is refused with the reason.
+    let bad = s.hb.vm(&[
+        "migrate",
+        "g1",
+        "--to-host",
+        &s.ha.moves,
+        "--multifd",
+        "2",
+        "--postcopy",
+    ]);
+    assert!(
+        !bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("post-copy"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    // This move sends memory over two extra parallel channels (multifd),
+    // each its own TLS link through the tunnel.
     let nbd_b_wan = s.tp.proxy("nbd_b", &s.sb.nbd);
     let (done, r) = migrate(
         &s.hb,
@@ -647,10 +664,13 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
             &s.ha.moves,
             "--disk-server",
             &format!("root={nbd_b_wan}"),
+            "--multifd",
+            "2",
         ],
     );
     assert!(done, "{r}");
     assert_eq!(r["kind"], "vm_only");
+    assert!(r.to_string().contains("multifd"), "the report says so: {r}");
     let v: Value = serde_json::from_str(&s.ha.vm_ok(&["show", "g1", "--json"])).unwrap();
     assert_eq!(v["spec"]["disks"][0]["server"], nbd_b_wan.as_str(), "{v}");
     assert_eq!(s.hb.state_of("g1"), None);

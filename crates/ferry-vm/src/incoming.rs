@@ -87,8 +87,9 @@ async fn handle(host: Arc<VmHost>, mut link: ServerLink) -> Result<(), VmError> 
             spec,
             disks,
             postcopy,
+            multifd,
         } => {
-            let a = reply(prepare(&host, &id, spec, &disks, postcopy).await);
+            let a = reply(prepare(&host, &id, spec, &disks, postcopy, multifd).await);
             answer(&mut link, &a).await
         }
         PeerRequest::Stream { id, compress } => stream(&host, &id, compress, link, rest).await,
@@ -124,6 +125,7 @@ async fn prepare(
     mut spec: VmSpec,
     disks: &[IncomingDisk],
     postcopy: bool,
+    multifd: u8,
 ) -> Result<PeerAnswer, VmError> {
     if receiving(host, id).is_ok() {
         return Ok(PeerAnswer::ok());
@@ -214,6 +216,23 @@ async fn prepare(
                 .execute_value(
                     "migrate-set-capabilities",
                     Some(json!({"capabilities": [{"capability": "postcopy-ram", "state": true}]})),
+                )
+                .await
+                .map_err(qerr)?;
+        }
+        if multifd > 0 {
+            // The destination must expect the channels before it listens.
+            rt.qmp
+                .execute_value(
+                    "migrate-set-capabilities",
+                    Some(json!({"capabilities": [{"capability": "multifd", "state": true}]})),
+                )
+                .await
+                .map_err(qerr)?;
+            rt.qmp
+                .execute_value(
+                    "migrate-set-parameters",
+                    Some(json!({"multifd-channels": multifd})),
                 )
                 .await
                 .map_err(qerr)?;

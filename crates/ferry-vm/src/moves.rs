@@ -180,6 +180,15 @@ pub async fn start(
         }
     };
     let spec = g.spec.lock().clone();
+    if req.multifd > 0 && (req.postcopy || kind == MoveKind::DiskOnly || req.multifd > 16) {
+        return Err(VmError::BadSpec(if req.postcopy {
+            "multifd and post-copy do not go together (QEMU 7.2)".into()
+        } else if kind == MoveKind::DiskOnly {
+            "multifd applies to the memory: give --to-host".into()
+        } else {
+            format!("multifd takes 1 to 16 channels, not {}", req.multifd)
+        }));
+    }
     if !req.disk_servers.is_empty() && kind != MoveKind::VmOnly {
         return Err(VmError::BadSpec(
             "a disk address for the destination applies to a VM-only move (a moved disk is reached where it went)".into(),
@@ -570,6 +579,7 @@ async fn memory_move(
         spec: there,
         disks: incoming,
         postcopy: run.req.postcopy,
+        multifd: run.req.multifd,
     };
     if let Err(e) = call(&host.certs, &to_host, &prepare, Duration::from_secs(120)).await {
         cancel_disks(run, &disks).await;
@@ -642,6 +652,9 @@ async fn memory_phase(
     if run.req.postcopy {
         caps.push(json!({"capability": "postcopy-ram", "state": true}));
     }
+    if run.req.multifd > 0 {
+        caps.push(json!({"capability": "multifd", "state": true}));
+    }
     q.execute_value(
         "migrate-set-capabilities",
         Some(json!({"capabilities": caps})),
@@ -654,6 +667,18 @@ async fn memory_phase(
     )
     .await
     .map_err(qerr)?;
+    if run.req.multifd > 0 {
+        q.execute_value(
+            "migrate-set-parameters",
+            Some(json!({"multifd-channels": run.req.multifd})),
+        )
+        .await
+        .map_err(qerr)?;
+        run.note(format!(
+            "memory over {} parallel channels (multifd)",
+            run.req.multifd
+        ));
+    }
     run.note(format!(
         "pause allowed: {} ms (maximum {max_downtime} ms)",
         ladder.downtime_ms

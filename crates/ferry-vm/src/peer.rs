@@ -54,6 +54,9 @@ pub enum PeerRequest {
         spec: VmSpec,
         disks: Vec<IncomingDisk>,
         postcopy: bool,
+        /// Parallel memory channels (QEMU multifd), 0 for none.
+        #[serde(default)]
+        multifd: u8,
     },
     /// This connection carries one channel of QEMU's migration stream.
     Stream { id: MigrationId, compress: bool },
