@@ -257,6 +257,10 @@ pub struct VmMigrateRequest {
     /// post-copy (QEMU 7.2 does not combine them).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub multifd: u8,
+    /// Send pages dirtied again as XOR deltas against what was sent
+    /// (QEMU's xbzrle, with a cache of this many MiB at the source; 0: off).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub xbzrle_cache_mib: u32,
     /// The storage link without TLS (both daemons on loopback only).
     #[serde(default)]
     pub disk_plaintext: bool,
@@ -269,6 +273,10 @@ pub struct VmMigrateRequest {
 }
 
 fn is_zero(n: &u8) -> bool {
+    *n == 0
+}
+
+fn is_zero_u32(n: &u32) -> bool {
     *n == 0
 }
 

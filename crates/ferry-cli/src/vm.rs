@@ -116,6 +116,10 @@ pub struct MigrateVmArgs {
     /// (QEMU's multifd, each its own TLS link; not with --postcopy).
     #[arg(long, default_value_t = 0)]
     pub multifd: u8,
+    /// Send pages dirtied again as XOR deltas (QEMU's xbzrle) with a cache
+    /// of this many MiB at the source; not with --multifd.
+    #[arg(long, default_value_t = 0)]
+    pub xbzrle_cache_mib: u32,
     /// Storage link without TLS (both storage daemons on loopback only).
     #[arg(long)]
     pub disk_plaintext: bool,
@@ -299,6 +303,7 @@ fn migrate(a: MigrateVmArgs, c: &AdminClient) -> Result<()> {
         postcopy: a.postcopy,
         compress: Some(!a.no_compress),
         multifd: a.multifd,
+        xbzrle_cache_mib: a.xbzrle_cache_mib,
         disk_plaintext: a.disk_plaintext,
         disk_servers: a.disk_servers.iter().cloned().collect(),
     };

@@ -583,7 +583,8 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     ext4_volume(&s.sa, &s.dir, "root");
     create_guest(&s.ha, &s.sa, "g1", "root", false);
 
-    // Teleport: disk to storage B, memory to host B, one pause.
+    // Teleport: disk to storage B, memory to host B, one pause; pages
+    // dirtied again go as xbzrle deltas.
     let (done, r) = migrate(
         &s.ha,
         &[
@@ -595,9 +596,12 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
             &s.sb_wan,
             "--to-storage-admin",
             &s.sb.admin,
+            "--xbzrle-cache-mib",
+            "32",
         ],
     );
     assert!(done, "{r}");
+    assert!(r.to_string().contains("xbzrle"), "the report says so: {r}");
     assert_eq!(r["kind"], "teleport");
     assert_eq!(r["result"], "completed");
     assert!(r["bytes"]["memory_link"].as_u64().unwrap() > 0);
@@ -635,6 +639,22 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     assert!(!bad.status.success());
     assert!(
         String::from_utf8_lossy(&bad.stderr).contains("no disk nope"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    // xbzrle with multifd is refused with the reason.
+    let bad = s.hb.vm(&[
+        "migrate",
+        "g1",
+        "--to-host",
+        &s.ha.moves,
+        "--multifd",
+        "2",
+        "--xbzrle-cache-mib",
+        "8",
+    ]);
+    assert!(
+        !bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("xbzrle"),
         "{}",
         String::from_utf8_lossy(&bad.stderr)
     );

@@ -180,6 +180,13 @@ pub async fn start(
         }
     };
     let spec = g.spec.lock().clone();
+    if req.xbzrle_cache_mib > 0 && (kind == MoveKind::DiskOnly || req.multifd > 0) {
+        return Err(VmError::BadSpec(if kind == MoveKind::DiskOnly {
+            "xbzrle applies to the memory: give --to-host".into()
+        } else {
+            "xbzrle does nothing with multifd (QEMU 7.2 sends multifd pages whole)".into()
+        }));
+    }
     if req.multifd > 0 && (req.postcopy || kind == MoveKind::DiskOnly || req.multifd > 16) {
         return Err(VmError::BadSpec(if req.postcopy {
             "multifd and post-copy do not go together (QEMU 7.2)".into()
@@ -655,6 +662,9 @@ async fn memory_phase(
     if run.req.multifd > 0 {
         caps.push(json!({"capability": "multifd", "state": true}));
     }
+    if run.req.xbzrle_cache_mib > 0 {
+        caps.push(json!({"capability": "xbzrle", "state": true}));
+    }
     q.execute_value(
         "migrate-set-capabilities",
         Some(json!({"capabilities": caps})),
@@ -667,6 +677,18 @@ async fn memory_phase(
     )
     .await
     .map_err(qerr)?;
+    if run.req.xbzrle_cache_mib > 0 {
+        q.execute_value(
+            "migrate-set-parameters",
+            Some(json!({"xbzrle-cache-size": u64::from(run.req.xbzrle_cache_mib) << 20})),
+        )
+        .await
+        .map_err(qerr)?;
+        run.note(format!(
+            "pages dirtied again go as XOR deltas (xbzrle, {} MiB cache)",
+            run.req.xbzrle_cache_mib
+        ));
+    }
     if run.req.multifd > 0 {
         q.execute_value(
             "migrate-set-parameters",
