@@ -150,7 +150,18 @@ impl Host {
             .stderr(log)
             .spawn()
             .unwrap();
-        wait_http(&format!("http://{control}/v1/vms"), "ferry host");
+        let t = Instant::now();
+        while ureq::get(&format!("http://{control}/v1/vms"))
+            .call()
+            .is_err()
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "ferry host did not start; its log:\n{}",
+                std::fs::read_to_string(state.with_extension("log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
         Host {
             child,
             state: state.into(),

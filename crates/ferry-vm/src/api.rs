@@ -136,8 +136,18 @@ async fn probe(State(h): St, b: Body<ProbeRequest>) -> Result<Json<LinkProbe>, A
     Ok(Json(out))
 }
 
+/// This daemon's moves, then those an earlier daemon on this state
+/// directory recorded.
 async fn moves_list(State(h): St) -> Json<Vec<VmMoveStatus>> {
-    Json(h.moves.lock().values().map(|r| r.status()).collect())
+    let mut out: Vec<VmMoveStatus> = h.moves.lock().values().map(|r| r.status()).collect();
+    let past = h.past_moves.lock();
+    out.extend(
+        past.values()
+            .filter(|p| !out.iter().any(|x| x.id == p.id))
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
+    Json(out)
 }
 
 fn parse_id(id: &str) -> Result<MigrationId, ApiError> {
@@ -148,8 +158,16 @@ fn parse_id(id: &str) -> Result<MigrationId, ApiError> {
 async fn move_show(State(h): St, Path(id): Path<String>) -> Result<Json<VmMoveStatus>, ApiError> {
     let id = parse_id(&id)?;
     let r = h.moves.lock().get(&id).cloned();
-    r.map(|r| Json(r.status()))
-        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no move {id}")))
+    match r {
+        Some(r) => Ok(Json(r.status())),
+        None => h
+            .past_moves
+            .lock()
+            .get(&id)
+            .cloned()
+            .map(Json)
+            .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no move {id}"))),
+    }
 }
 
 async fn move_cancel(State(h): St, Path(id): Path<String>) -> Result<Json<VmMoveStatus>, ApiError> {

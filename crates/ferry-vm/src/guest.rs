@@ -148,6 +148,15 @@ impl Guest {
     }
 
     /// Find the QEMU a previous daemon started, if it still runs.
+    /// Whether the QEMU an earlier daemon recorded (`runtime.json`) still
+    /// runs, before anything is asked of it.
+    pub fn recorded_qemu_alive(&self) -> bool {
+        std::fs::read_to_string(self.paths.dir.join("runtime.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<RuntimeFile>(&t).ok())
+            .is_some_and(|rf| pid_alive(rf.pid))
+    }
+
     pub async fn adopt(&self) -> Result<bool, VmError> {
         let Ok(text) = std::fs::read_to_string(self.paths.dir.join("runtime.json")) else {
             return Ok(false);

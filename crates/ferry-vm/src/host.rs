@@ -23,6 +23,10 @@ pub struct VmHost {
     pub name: String,
     pub guests: parking_lot::RwLock<BTreeMap<String, Arc<Guest>>>,
     pub moves: parking_lot::Mutex<BTreeMap<MigrationId, Arc<MoveRun>>>,
+    /// Moves an earlier daemon on this state directory ran, as it last
+    /// recorded them (`<state>/moves/<id>.json`); one it left unfinished
+    /// reads as failed, with the reason.
+    pub past_moves: parking_lot::Mutex<BTreeMap<MigrationId, ferry_api::VmMoveStatus>>,
 }
 
 fn disk_error(volume: &str, e: &HostError) -> VmError {
@@ -56,6 +60,7 @@ impl VmHost {
             name: name.into(),
             guests: Default::default(),
             moves: Default::default(),
+            past_moves: parking_lot::Mutex::new(crate::moves::past_moves(root)),
         });
         let mut entries: Vec<PathBuf> = std::fs::read_dir(&vms)
             .map_err(|e| VmError::Io(e.to_string()))?
@@ -88,13 +93,27 @@ impl VmHost {
                 host.guests.write().insert(spec.name.clone(), g);
                 continue;
             }
+            // Disks first: a QEMU whose disk requests wait on this
+            // forwarder (its NBD client reconnects for 30 s) may not answer
+            // its monitor until they are served again, as when the daemon
+            // died during a move and QEMU's clean-up waits on its disks.
+            let attached = g.recorded_qemu_alive()
+                && {
+                    match host.attach_disks(&spec).await {
+                        Ok(()) => true,
+                        Err(e) => {
+                            tracing::error!(guest = %spec.name, error = %e, "disks of a running guest unreachable");
+                            false
+                        }
+                    }
+                };
             match g.adopt().await {
-                Ok(true) => {
+                Ok(true) if !attached => {
                     if let Err(e) = host.attach_disks(&spec).await {
                         tracing::error!(guest = %spec.name, error = %e, "disks of a running guest unreachable");
                     }
                 }
-                Ok(false) => {}
+                Ok(_) => {}
                 Err(e) => {
                     tracing::error!(guest = %spec.name, error = %e, "QEMU found but not reachable")
                 }

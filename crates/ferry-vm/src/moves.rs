@@ -29,6 +29,8 @@ use ferry_api::{
     PhaseTime, VmDisk, VmMigrateRequest, VmMovePhase, VmMoveReport, VmMoveStatus, VmState,
 };
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -68,6 +70,39 @@ pub struct MoveRun {
     disk_dirty: AtomicU64,
     pub cancel: CancellationToken,
     pub counters: Arc<PipeCounters>,
+    /// Where the move's status is kept (`<state>/moves/<id>.json`).
+    record: PathBuf,
+}
+
+/// The moves a daemon on `root` recorded. One still running when it
+/// stopped reads as failed: its memory stream went with the daemon, so
+/// QEMU's migration ended and the guest stayed here (or waits, paused,
+/// for a person if it had been told to switch: the report says which).
+pub fn past_moves(root: &Path) -> BTreeMap<MigrationId, VmMoveStatus> {
+    let dir = root.join("moves");
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let Ok(mut st) = std::fs::read(&p)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice::<VmMoveStatus>(&b).map_err(|e| e.to_string()))
+        else {
+            continue;
+        };
+        if !st.phase.is_terminal() {
+            st.error = Some(format!(
+                "the host daemon stopped during the move (in phase {}); the move ended with it (a memory copy fails with its stream, a disk migration is its storage daemons' to finish or cancel)",
+                st.phase.as_str()
+            ));
+            st.phase = VmMovePhase::Failed;
+            let _ = crate::guest::write_json(&p, &st);
+        }
+        out.insert(st.id.clone(), st);
+    }
+    out
 }
 
 impl MoveRun {
@@ -77,6 +112,15 @@ impl MoveRun {
             *cur = p;
             self.phases.lock().push((p, Instant::now()));
             tracing::info!(move_id = %self.id, vm = %self.vm, phase = p.as_str(), "move phase");
+            drop(cur);
+            self.save();
+        }
+    }
+
+    /// Record the move's status, so a restarted daemon can answer for it.
+    fn save(&self) {
+        if let Err(e) = crate::guest::write_json(&self.record, &self.status()) {
+            tracing::warn!(move_id = %self.id, error = %e, "cannot record the move");
         }
     }
 
@@ -246,6 +290,11 @@ pub async fn start(
         let id = req.id.clone().unwrap_or_else(MigrationId::random);
         *moving = Some(id.clone());
         let now = Instant::now();
+        let record = {
+            let dir = host.root.join("moves");
+            let _ = std::fs::create_dir_all(&dir);
+            dir.join(format!("{id}.json"))
+        };
         Arc::new(MoveRun {
             id,
             vm: name.into(),
@@ -262,8 +311,10 @@ pub async fn start(
             disk_dirty: AtomicU64::new(0),
             cancel: CancellationToken::new(),
             counters: Arc::default(),
+            record,
         })
     };
+    run.save();
     host.moves.lock().insert(run.id.clone(), run.clone());
     let (h, r) = (host.clone(), run.clone());
     tokio::spawn(async move { run_move(h, g, r).await });
@@ -1082,4 +1133,47 @@ pub fn cancel(host: &VmHost, id: &MigrationId) -> Result<VmMoveStatus, VmError> 
         .ok_or_else(|| VmError::NoMove(id.to_string()))?;
     r.cancel.cancel();
     Ok(r.status())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(id: &MigrationId, phase: &str) -> serde_json::Value {
+        json!({
+            "id": id, "vm": "g", "kind": "vm_only", "phase": phase, "elapsed_s": 1.0,
+            "memory_remaining": 0, "disk_dirty": 0, "convergence": [], "error": null, "report": null
+        })
+    }
+
+    #[test]
+    fn a_move_left_running_by_a_stopped_daemon_reads_as_failed_with_the_reason() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("moves");
+        std::fs::create_dir_all(&dir).unwrap();
+        let (running, done) = (MigrationId::random(), MigrationId::random());
+        for (id, phase) in [(&running, "memory_precopy"), (&done, "completed")] {
+            std::fs::write(
+                dir.join(format!("{id}.json")),
+                status(id, phase).to_string(),
+            )
+            .unwrap();
+        }
+        std::fs::write(dir.join("garbage.json"), "{not json").unwrap();
+        let past = past_moves(d.path());
+        assert_eq!(past.len(), 2);
+        let r = &past[&running];
+        assert_eq!(r.phase, VmMovePhase::Failed);
+        assert!(
+            r.error.as_deref().is_some_and(
+                |e| e.contains("host daemon stopped during the move (in phase memory_precopy)")
+            ),
+            "{r:?}"
+        );
+        assert_eq!(past[&done].phase, VmMovePhase::Completed);
+        assert!(past[&done].error.is_none());
+        // The verdict is written back: the next daemon reads the same.
+        let again = past_moves(d.path());
+        assert_eq!(again[&running].phase, VmMovePhase::Failed);
+    }
 }
