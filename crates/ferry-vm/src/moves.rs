@@ -774,17 +774,29 @@ async fn memory_phase(
                 let Ok((unix, _)) = listener.accept().await else {
                     break;
                 };
-                let (certs, to, id, counters) =
-                    (certs.clone(), to.clone(), id.clone(), counters.clone());
-                pipes.spawn(async move {
-                    let req = PeerRequest::Stream { id, compress };
-                    let (a, link, rest) =
-                        exchange(&certs, &to, &req, Duration::from_secs(60)).await?;
-                    if !a.ok {
-                        return Err(VmError::Peer(a.error.unwrap_or_default()));
+                // One channel at a time up to the destination's answer (it
+                // answers once its QEMU took the connection): QEMU 7.2 takes
+                // the first connection it gets for the main channel, so
+                // with multifd the channels must reach it in the order
+                // this QEMU opened them; the pipes then run side by side.
+                let req = PeerRequest::Stream {
+                    id: id.clone(),
+                    compress,
+                };
+                let (link, rest) = match exchange(&certs, &to, &req, Duration::from_secs(60)).await
+                {
+                    Ok((a, link, rest)) if a.ok => (link, rest),
+                    Ok((a, _, _)) => {
+                        tracing::warn!(error = ?a.error, "the destination refused a memory stream");
+                        continue;
                     }
-                    pipe(unix, link, compress, rest, &counters).await
-                });
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot open a memory stream");
+                        continue;
+                    }
+                };
+                let counters = counters.clone();
+                pipes.spawn(async move { pipe(unix, link, compress, rest, &counters).await });
             }
             while let Some(r) = pipes.join_next().await {
                 if let Ok(Err(e)) = r {
