@@ -13,7 +13,7 @@
 //!   stay that must pay back the move's own cost, and a switch that
 //!   pauses all automation.
 
-use crate::cluster::{Cluster, ClusterError, Placement, VmState};
+use crate::cluster::{Cluster, ClusterError, Placement, Site, VmState};
 use crate::model::{access_cost, disk_move_cost, teleport_cost, vm_move_cost, MoveCost};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -415,6 +415,20 @@ impl SiteLoad {
         self.limit(site, p) - self.used(site)
     }
 
+    /// The site linked to `from` with the most room left, among those a
+    /// guest using `cpu` fits in.
+    fn roomiest<'c>(&self, c: &'c Cluster, from: &str, cpu: f64, p: &Policy) -> Option<&'c Site> {
+        c.sites
+            .iter()
+            .filter(|t| t.name != from && c.link(from, &t.name).is_ok())
+            .filter(|t| self.fits(&t.name, cpu, p))
+            .max_by(|a, b| {
+                self.room(&a.name, p)
+                    .partial_cmp(&self.room(&b.name, p))
+                    .unwrap_or(std::cmp::Ordering::Equal)
+            })
+    }
+
     fn shift(&mut self, from: &str, to: &str, cpu: f64) {
         if from != to {
             *self.used.entry(from.into()).or_default() -= cpu;
@@ -599,46 +613,26 @@ fn burst(
         }
         // Candidates, each with where it would go and what it would lose
         // there per CPU it frees.
-        let mut cands: Vec<(f64, &VmState, String)> = Vec::new();
+        let mut cands: Vec<(f64, &VmState)> = Vec::new();
         for vm in c
             .vms
             .iter()
             .filter(|v| v.placement.host_site == s && !moved.contains(&v.name) && v.load.cpu > 0.0)
         {
-            let best = c
-                .sites
-                .iter()
-                .filter(|t| t.name != s && c.link(s, &t.name).is_ok())
-                .filter(|t| sites.fits(&t.name, vm.load.cpu, p))
-                .max_by(|a, b| {
-                    sites
-                        .room(&a.name, p)
-                        .partial_cmp(&sites.room(&b.name, p))
-                        .unwrap_or(std::cmp::Ordering::Equal)
-                });
-            let Some(t) = best else { continue };
+            let Some(t) = sites.roomiest(c, s, vm.load.cpu, p) else {
+                continue;
+            };
             let l = c.link(&t.name, &vm.placement.disk_site)?;
             let lost = access_cost(vm, c, l.rtt_ms, l.bandwidth, p.horizon_s)?.lost_s;
-            cands.push((lost / vm.load.cpu, vm, t.name.clone()));
+            cands.push((lost / vm.load.cpu, vm));
         }
         cands.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
-        for (_, vm, _) in cands {
+        for (_, vm) in cands {
             if sites.used(s) <= site.cpu_capacity * p.burst_above {
                 break;
             }
             // The room may have changed with the moves planned before.
-            let Some(t) = c
-                .sites
-                .iter()
-                .filter(|t| t.name != s && c.link(s, &t.name).is_ok())
-                .filter(|t| sites.fits(&t.name, vm.load.cpu, p))
-                .max_by(|a, b| {
-                    sites
-                        .room(&a.name, p)
-                        .partial_cmp(&sites.room(&b.name, p))
-                        .unwrap_or(std::cmp::Ordering::Equal)
-                })
-            else {
+            let Some(t) = sites.roomiest(c, s, vm.load.cpu, p) else {
                 break;
             };
             let to = Placement {
