@@ -176,6 +176,16 @@ impl Host {
         ferry(&a)
     }
 
+    /// `ferry vm ARGS` fails and its error says `says`.
+    fn vm_refused(&self, args: &[&str], says: &str) {
+        let out = self.vm(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "ferry vm {args:?} should fail saying {says:?}: {err}"
+        );
+    }
+
     fn vm_ok(&self, args: &[&str]) -> String {
         let out = self.vm(args);
         assert!(
@@ -450,12 +460,7 @@ fn guests_start_show_metrics_and_survive_a_restart_of_their_host() {
     let bad = |args: &[&str], says: &str| {
         let mut a = vec!["create", "bad"];
         a.extend_from_slice(args);
-        let out = host.vm(&a);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success() && err.contains(says),
-            "{args:?}: {err}"
-        );
+        host.vm_refused(&a, says);
     };
     bad(
         &["--disk", &format!("nosuch@{}", st.nbd), "--kernel", k],
@@ -639,50 +644,42 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
 
     // VM-only back to host A: the disk stays at storage B, which host A
     // reaches across the WAN (its own proxy), not at B's local address.
-    let bad = s.hb.vm(&[
-        "migrate",
-        "g1",
-        "--to-host",
-        &s.ha.moves,
-        "--disk-server",
-        "nope=127.0.0.1:1",
-    ]);
-    assert!(!bad.status.success());
-    assert!(
-        String::from_utf8_lossy(&bad.stderr).contains("no disk nope"),
-        "{}",
-        String::from_utf8_lossy(&bad.stderr)
+    s.hb.vm_refused(
+        &[
+            "migrate",
+            "g1",
+            "--to-host",
+            &s.ha.moves,
+            "--disk-server",
+            "nope=127.0.0.1:1",
+        ],
+        "no disk nope",
     );
-    // xbzrle with multifd is refused with the reason.
-    let bad = s.hb.vm(&[
-        "migrate",
-        "g1",
-        "--to-host",
-        &s.ha.moves,
-        "--multifd",
-        "2",
-        "--xbzrle-cache-mib",
-        "8",
-    ]);
-    assert!(
-        !bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("xbzrle"),
-        "{}",
-        String::from_utf8_lossy(&bad.stderr)
+    // xbzrle with multifd, and multifd with post-copy, are refused with the reason.
+    s.hb.vm_refused(
+        &[
+            "migrate",
+            "g1",
+            "--to-host",
+            &s.ha.moves,
+            "--multifd",
+            "2",
+            "--xbzrle-cache-mib",
+            "8",
+        ],
+        "xbzrle",
     );
-    // multifd with post-copy is refused with the reason.
-    let bad = s.hb.vm(&[
-        "migrate",
-        "g1",
-        "--to-host",
-        &s.ha.moves,
-        "--multifd",
-        "2",
-        "--postcopy",
-    ]);
-    assert!(
-        !bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("post-copy"),
-        "{}",
-        String::from_utf8_lossy(&bad.stderr)
+    s.hb.vm_refused(
+        &[
+            "migrate",
+            "g1",
+            "--to-host",
+            &s.ha.moves,
+            "--multifd",
+            "2",
+            "--postcopy",
+        ],
+        "post-copy",
     );
     // This move sends memory over two extra parallel channels (multifd),
     // each its own TLS link through the tunnel.
