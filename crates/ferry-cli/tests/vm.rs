@@ -65,12 +65,15 @@ fn ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn wait_http(url: &str, what: &str) {
+/// Wait for a daemon's API; if it does not come up, say so with its log.
+fn wait_http(url: &str, what: &str, log: Option<&Path>) {
     let t = Instant::now();
     while ureq::get(url).call().is_err() {
         assert!(
             t.elapsed() < Duration::from_secs(20),
-            "{what} did not start"
+            "{what} did not start; its log:\n{}",
+            log.and_then(|l| std::fs::read_to_string(l).ok())
+                .unwrap_or_default()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -100,7 +103,7 @@ impl Storage {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        wait_http(&format!("http://{admin}/v1/server"), "ferry serve");
+        wait_http(&format!("http://{admin}/v1/server"), "ferry serve", None);
         Storage {
             child,
             pool: pool.into(),
@@ -150,18 +153,11 @@ impl Host {
             .stderr(log)
             .spawn()
             .unwrap();
-        let t = Instant::now();
-        while ureq::get(&format!("http://{control}/v1/vms"))
-            .call()
-            .is_err()
-        {
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "ferry host did not start; its log:\n{}",
-                std::fs::read_to_string(state.with_extension("log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_http(
+            &format!("http://{control}/v1/vms"),
+            "ferry host",
+            Some(&state.with_extension("log")),
+        );
         Host {
             child,
             state: state.into(),
@@ -1202,7 +1198,11 @@ fn prometheus_scrapes_every_daemon_and_the_dashboards_queries_hold() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    wait_http(&format!("http://{ctl_addr}/v1/status"), "ferry control");
+    wait_http(
+        &format!("http://{ctl_addr}/v1/status"),
+        "ferry control",
+        None,
+    );
 
     let prom_addr = addr();
     let config = d.path().join("prometheus.yml");
