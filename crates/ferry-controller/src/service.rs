@@ -166,6 +166,13 @@ impl Shared {
         }
     }
 
+    /// Settings read back from the shared store, shown and used as they are.
+    fn use_settings(&self, s: Settings) {
+        self.metrics.paused.set(i64::from(s.policy.paused));
+        self.status.lock().paused = s.policy.paused;
+        *self.settings.lock() = s;
+    }
+
     fn wake(&self) {
         let (m, cv) = &self.wake;
         *m.lock() = true;
@@ -400,8 +407,7 @@ fn cycle(sh: &Shared, sample: Duration, mem: &mut Memory, born: Instant) {
 /// one before it left them, then the moves it left unfinished.
 fn take_over(sh: &Shared) -> Result<(), ControllerError> {
     if let Some(s) = sh.store.load_settings()? {
-        sh.metrics.paused.set(i64::from(s.policy.paused));
-        *sh.settings.lock() = s;
+        sh.use_settings(s);
     }
     sh.journal.reload()?;
     sh.status.lock().cycle = sh.journal.last_cycle();
@@ -439,10 +445,7 @@ fn lead(sh: &Shared, leading: &mut bool) -> bool {
     }
     if !*leading {
         if let Ok(Some(s)) = sh.store.load_settings() {
-            let mut st = sh.status.lock();
-            st.paused = s.policy.paused;
-            drop(st);
-            *sh.settings.lock() = s;
+            sh.use_settings(s);
         }
         let _ = sh.journal.reload();
     }
