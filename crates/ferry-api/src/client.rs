@@ -21,14 +21,44 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum ClientError {
     /// No answer: nothing listens there, or the connection broke.
-    #[error("cannot reach the ferry admin API at {base} (is `ferry serve` running? set --admin or FERRY_ADMIN): {detail}")]
-    Unreachable { base: String, detail: String },
+    #[error("cannot reach {} at {base} ({}): {detail}", .daemon.what(), .daemon.hint())]
+    Unreachable {
+        daemon: Daemon,
+        base: String,
+        detail: String,
+    },
     /// The daemon answered with an error status.
     #[error("admin API answered {status}: {message}")]
     Status { status: u16, message: String },
     /// The answer is not what this client expects.
     #[error("admin API answer to {path} does not decode: {detail}")]
     Decode { path: String, detail: String },
+}
+
+/// Which daemon a client talks to, so that an unreachable one is named
+/// with the command and option that start or point at it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Daemon {
+    /// `ferry serve`'s admin API.
+    Storage,
+    /// `ferry host`'s control API.
+    Host,
+}
+
+impl Daemon {
+    fn what(self) -> &'static str {
+        match self {
+            Daemon::Storage => "the ferry admin API",
+            Daemon::Host => "the ferry host daemon",
+        }
+    }
+
+    fn hint(self) -> &'static str {
+        match self {
+            Daemon::Storage => "is `ferry serve` running? set --admin or FERRY_ADMIN",
+            Daemon::Host => "is `ferry host` running? set --host or FERRY_HOST",
+        }
+    }
 }
 
 impl ClientError {
@@ -48,6 +78,7 @@ type Result<T> = std::result::Result<T, ClientError>;
 pub struct AdminClient {
     base: String,
     agent: ureq::Agent,
+    daemon: Daemon,
 }
 
 impl AdminClient {
@@ -61,18 +92,32 @@ impl AdminClient {
         AdminClient {
             base,
             agent: ureq::AgentBuilder::new().build(),
+            daemon: Daemon::Storage,
+        }
+    }
+
+    /// A client of `ferry host`'s control API (same calls; its errors
+    /// name the host daemon).
+    pub fn for_host(url: &str) -> Self {
+        AdminClient {
+            daemon: Daemon::Host,
+            ..AdminClient::new(url)
         }
     }
 
     /// The same with a limit on every call (connect, send and answer),
     /// for callers that must not hang on one unresponsive daemon.
     pub fn with_timeout(url: &str, limit: std::time::Duration) -> Self {
-        let mut c = AdminClient::new(url);
-        c.agent = ureq::AgentBuilder::new()
+        AdminClient::new(url).limited(limit)
+    }
+
+    /// This client with a limit on every call.
+    pub fn limited(mut self, limit: std::time::Duration) -> Self {
+        self.agent = ureq::AgentBuilder::new()
             .timeout_connect(limit.min(std::time::Duration::from_secs(5)))
             .timeout(limit)
             .build();
-        c
+        self
     }
 
     pub fn base(&self) -> &str {
@@ -100,6 +145,7 @@ impl AdminClient {
                 Err(ClientError::Status { status, message })
             }
             Err(e) => Err(ClientError::Unreachable {
+                daemon: self.daemon,
                 base: self.base.clone(),
                 detail: e.to_string(),
             }),
@@ -272,6 +318,7 @@ impl AdminClient {
         let mut last: Option<MigrationStatus> = None;
         for line in BufReader::new(r.into_reader()).lines() {
             let line = line.map_err(|e| ClientError::Unreachable {
+                daemon: self.daemon,
                 base: self.base.clone(),
                 detail: format!("event stream broke: {e}"),
             })?;

@@ -18,7 +18,7 @@ pub mod server;
 pub mod vm;
 pub mod volume;
 
-pub use client::{AdminClient, ClientError};
+pub use client::{AdminClient, ClientError, Daemon};
 pub use host::{AttachRequest, AttachedVolume};
 pub use index::{
     IndexStatus, LookupAnswer, LookupRequest, RebuildReport, RebuildRequest, SampleRequest,

@@ -319,7 +319,7 @@ fn main() -> Result<()> {
         }),
         Cmd::Control { cmd } => control::run(cmd),
         Cmd::Site { cmd } => control::site(cmd),
-        Cmd::Vm { cmd, host } => vm::run(cmd, &AdminClient::new(&host.host)),
+        Cmd::Vm { cmd, host } => vm::run(cmd, &AdminClient::for_host(&host.host)),
         Cmd::Bench(a) => bench(a),
         Cmd::Demo(a) => demo::run(a),
     }

@@ -47,6 +47,12 @@ pub enum VmCmd {
     /// Move a guest: memory to another host (--to-host), its disks to
     /// another storage daemon (--to-storage), or both at once (teleport).
     Migrate(MigrateVmArgs),
+    /// The moves this host ran or runs (kept across its restarts), with
+    /// how each ended.
+    Moves {
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args)]
@@ -274,6 +280,27 @@ pub fn run(cmd: VmCmd, c: &AdminClient) -> Result<()> {
             }
         }
         VmCmd::Migrate(a) => return migrate(a, c),
+        VmCmd::Moves { json } => {
+            let ms = c.vm_moves()?;
+            if json {
+                return print_json(&ms);
+            }
+            println!(
+                "{:<32}  {:<12} {:<9} {:<16} {:>8}  ERROR",
+                "ID", "VM", "KIND", "PHASE", "SECONDS"
+            );
+            for m in &ms {
+                println!(
+                    "{:<32}  {:<12} {:<9} {:<16} {:>8.1}  {}",
+                    m.id,
+                    m.vm,
+                    m.kind.as_str(),
+                    m.phase.as_str(),
+                    m.elapsed_s,
+                    m.error.as_deref().unwrap_or("")
+                );
+            }
+        }
     }
     Ok(())
 }

@@ -217,6 +217,18 @@ impl Host {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// Kill the daemon (SIGKILL) and start another on the same state and
+    /// addresses; its guests' QEMUs run on meanwhile.
+    fn restart(&mut self) {
+        self.kill9();
+        std::thread::sleep(Duration::from_millis(500));
+        let mut next = Host::start_on(&self.state, self.control.clone(), self.moves.clone());
+        std::mem::swap(&mut self.child, &mut next.child);
+        // `next` now holds the dead daemon: forget it, or its drop would
+        // end the guests.
+        std::mem::forget(next);
+    }
 }
 
 impl Drop for Host {
@@ -846,9 +858,8 @@ fn failed_moves_leave_the_guest_running_at_the_source_only() {
     s.hb.kill9();
     let out = c.wait_with_output().unwrap();
     assert!(!out.status.success());
-    let (state, control, moves) = (s.hb.state.clone(), s.hb.control.clone(), s.hb.moves.clone());
-    std::thread::sleep(Duration::from_millis(500));
-    s.hb = Host::start_on(&state, control, moves);
+    // The incoming QEMU outlives its daemon; the next daemon ends it.
+    s.hb.restart();
     assert_eq!(s.ha.state_of("g1").as_deref(), Some("running"));
     let t = Instant::now();
     while s.hb.state_of("g1").is_some() {
@@ -860,7 +871,47 @@ fn failed_moves_leave_the_guest_running_at_the_source_only() {
     }
     wait_acks(&s.ha.serial("g1"), 10);
 
-    // 4. Teleport; the destination storage is killed during the memory copy.
+    // 4. The source host daemon is killed during the memory copy: the
+    // guest runs on at A (its QEMU outlives the daemon), the next daemon
+    // finds it and says how the move ended, and B drops what it received.
+    let c = migrate_child(&s.ha, &to_b);
+    wait_memory_copy(&s.ha);
+    s.ha.kill9();
+    let out = c.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("ferry host"),
+        "the CLI names the daemon it lost: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    s.ha.restart();
+    assert_eq!(s.ha.state_of("g1").as_deref(), Some("running"));
+    let moves: Value = serde_json::from_str(&s.ha.vm_ok(&["moves", "--json"])).unwrap();
+    assert!(
+        moves
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["phase"] == "failed"
+                && m["error"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("host daemon stopped during the move")),
+        "the restarted daemon tells how the move ended: {moves}"
+    );
+    let t = Instant::now();
+    while s.hb.state_of("g1").is_some() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "host B kept a guest that never arrived"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let serial = s.ha.serial("g1");
+    wait_acks(&serial, 10);
+    assert_eq!(boots(&serial), 1);
+
+    // 5. Teleport; the destination storage is killed during the memory copy.
     let c = migrate_child(
         &s.ha,
         &[

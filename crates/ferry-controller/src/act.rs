@@ -144,7 +144,7 @@ pub fn start(
         guest_pause_ms: None,
         reason: None,
     };
-    let c = AdminClient::with_timeout(control, crate::measure::HOST_CALL_LIMIT);
+    let c = AdminClient::for_host(control).limited(crate::measure::HOST_CALL_LIMIT);
     let req = match request(inv, &c, d) {
         Ok(r) => r,
         Err(e) => {
@@ -167,7 +167,7 @@ pub fn start(
 /// Wait for move `id` on the host at `control` to end; `out` is what
 /// [`start`] returned (or the journal kept of it).
 pub fn follow(control: &str, id: &MigrationId, mut out: MoveOutcome) -> MoveOutcome {
-    let c = AdminClient::with_timeout(control, crate::measure::HOST_CALL_LIMIT);
+    let c = AdminClient::for_host(control).limited(crate::measure::HOST_CALL_LIMIT);
     let t = Instant::now();
     let mut unanswered = 0;
     let end = loop {

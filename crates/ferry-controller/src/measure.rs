@@ -149,7 +149,9 @@ pub fn probe_links(inv: &Inventory) -> Vec<LinkMeasure> {
             };
             m.from = Some(from.control.clone());
             m.to = Some(to.moves.clone());
-            match AdminClient::with_timeout(&from.control, HOST_CALL_LIMIT).probe(&to.moves, PROBES)
+            match AdminClient::for_host(&from.control)
+                .limited(HOST_CALL_LIMIT)
+                .probe(&to.moves, PROBES)
             {
                 Ok(p) => {
                     m.measured_rtt_ms = p.min_ms;
@@ -186,7 +188,10 @@ fn sample(inv: &Inventory, problems: &mut Vec<String>, quiet: bool) -> Vec<Sampl
     let mut out = Vec::new();
     for s in &inv.sites {
         for h in &s.hosts {
-            match AdminClient::with_timeout(&h.control, HOST_CALL_LIMIT).vms() {
+            match AdminClient::for_host(&h.control)
+                .limited(HOST_CALL_LIMIT)
+                .vms()
+            {
                 Ok(vms) => out.extend(vms.into_iter().map(|vm| Sampled {
                     site: s.name.clone(),
                     control: h.control.clone(),
@@ -262,7 +267,8 @@ pub fn measure(
         #[allow(clippy::cast_precision_loss)]
         let writes = d.write_bytes.saturating_sub(before.write_bytes) as f64;
         let cpu_before = earlier.map_or(v.cpu_time_s, |x| x.cpu_time_s);
-        let size = AdminClient::with_timeout(control, HOST_CALL_LIMIT)
+        let size = AdminClient::for_host(control)
+            .limited(HOST_CALL_LIMIT)
             .host_volumes()
             .ok()
             .and_then(|vs| {
