@@ -1,10 +1,12 @@
-//! The server handshake fed arbitrary bytes, in arbitrary pieces: it must
-//! never panic, and whatever it sends back must parse as option replies.
+//! The server handshake fed arbitrary bytes, in arbitrary pieces, in each
+//! TLS mode (as if every STARTTLS were followed by a TLS handshake that
+//! worked): it must never panic, and whatever it sends back must parse as
+//! option replies.
 #![no_main]
 
 use bytes::BytesMut;
 use ferry_nbd::client::decode_option_reply;
-use ferry_nbd::{ExportCatalog, ExportInfo, HandshakeProgress, ServerHandshake};
+use ferry_nbd::{ExportCatalog, ExportInfo, HandshakeProgress, ServerHandshake, TlsMode};
 use libfuzzer_sys::fuzz_target;
 
 struct Cat;
@@ -32,13 +34,23 @@ fuzz_target!(|data: &[u8]| {
         Some((s, b)) => (*s as usize + 1, b),
         None => return,
     };
-    let mut hs = ServerHandshake::new();
+    let mode = match split % 3 {
+        0 => TlsMode::Off,
+        1 => TlsMode::Optional,
+        _ => TlsMode::Forced,
+    };
+    let split = split / 3 + 1;
+    let mut hs = ServerHandshake::with_tls(mode);
     let mut input = BytesMut::new();
     let mut out = BytesMut::new();
     for piece in body.chunks(split) {
         input.extend_from_slice(piece);
         match hs.feed(&mut input, &Cat, &mut out) {
             Ok(HandshakeProgress::NeedMore) => continue,
+            Ok(HandshakeProgress::StartTls) => {
+                hs.tls_started();
+                continue;
+            }
             _ => break,
         }
     }

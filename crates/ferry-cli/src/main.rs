@@ -3,6 +3,7 @@
 mod control;
 mod demo;
 mod migrate;
+mod nbd_certs;
 mod transfer;
 mod vm;
 
@@ -88,6 +89,12 @@ enum Cmd {
         /// Where other hosts send guests (TLS), HOST:PORT.
         #[arg(long, requires = "state_dir")]
         move_listen: Option<String>,
+        /// Reach storage daemons' NBD over TLS with the credentials in DIR
+        /// (QEMU's client layout: ca-cert.pem, client-cert.pem,
+        /// client-key.pem; `ferry certs nbd` makes them). Needed for any
+        /// storage daemon beyond this host.
+        #[arg(long, value_name = "DIR")]
+        nbd_tls_dir: Option<PathBuf>,
     },
     /// Placement: the controller (run, status, pause, resume), one-off
     /// plans and a simulator.
@@ -140,6 +147,12 @@ struct ServeArgs {
     /// NBD listen address; "" turns it off.
     #[arg(long)]
     nbd: Option<String>,
+    /// NBD over TLS: a directory with ca-cert.pem, server-cert.pem and
+    /// server-key.pem (QEMU's x509 layout; `ferry certs nbd` makes one).
+    /// Clients not on loopback must then use TLS with a certificate signed
+    /// by ca-cert.pem.
+    #[arg(long, value_name = "DIR")]
+    nbd_tls_dir: Option<PathBuf>,
     /// Admin API listen address; "" turns it off.
     #[arg(long)]
     admin: Option<String>,
@@ -310,12 +323,14 @@ fn main() -> Result<()> {
             control,
             state_dir,
             move_listen,
+            nbd_tls_dir,
         } => host(ferry_vm::daemon::HostOptions {
             volumes: server.zip(volume).into_iter().collect(),
             listen,
             control,
             state_dir,
             move_listen,
+            nbd_tls_dir,
         }),
         Cmd::Control { cmd } => control::run(cmd),
         Cmd::Site { cmd } => control::site(cmd),
@@ -351,6 +366,9 @@ fn serve(a: ServeArgs) -> Result<()> {
     }
     if let Some(n) = a.nbd {
         config.nbd.listen = n;
+    }
+    if let Some(d) = a.nbd_tls_dir {
+        config.nbd.tls_dir = d;
     }
     if let Some(n) = a.admin {
         config.admin.listen = n;

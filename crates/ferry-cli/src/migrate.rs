@@ -184,6 +184,21 @@ pub enum CertsCmd {
     },
     /// List the trusted peer certificates.
     List,
+    /// Make the certificates NBD over TLS needs: a certificate authority
+    /// (OUT/ca-cert.pem, OUT/ca-key.pem), OUT/server/ for
+    /// `ferry serve --nbd-tls-dir`, and OUT/client-NAME/ for each client
+    /// (QEMU's tls-creds-x509 dir, or nbdinfo's tls-certificates).
+    Nbd {
+        /// Directory to create them in.
+        #[arg(long)]
+        out: PathBuf,
+        /// DNS name or IP address clients reach the server by (repeatable).
+        #[arg(long = "server-name", value_name = "HOST", required = true)]
+        server_names: Vec<String>,
+        /// A client to make a certificate for (repeatable).
+        #[arg(long = "client", value_name = "NAME", default_value = "ferry-client")]
+        clients: Vec<String>,
+    },
 }
 
 pub fn certs(cmd: CertsCmd, pool: PathBuf) -> Result<()> {
@@ -206,6 +221,27 @@ pub fn certs(cmd: CertsCmd, pool: PathBuf) -> Result<()> {
         CertsCmd::List => {
             for (file, fp) in store.trusted() {
                 println!("{file}\t{fp}");
+            }
+        }
+        CertsCmd::Nbd {
+            out,
+            server_names,
+            clients,
+        } => {
+            crate::nbd_certs::make(&out, &server_names, &clients)?;
+            println!(
+                "certificate authority: {}/ca-cert.pem (its key: ca-key.pem; keep it apart)",
+                out.display()
+            );
+            println!(
+                "server:  ferry serve --nbd-tls-dir {}/server",
+                out.display()
+            );
+            for c in &clients {
+                println!(
+                    "client {c}: {}/client-{c} (QEMU: --object tls-creds-x509,id=tls0,dir=...,endpoint=client; nbdinfo: nbds://HOST/VOLUME?tls-certificates=...)",
+                    out.display()
+                );
             }
         }
     }

@@ -614,3 +614,232 @@ fn control_plan_and_simulate() {
     assert_eq!(rs[0]["policy"], "none");
     assert!(rs[2]["lost_s"].as_f64() < rs[0]["lost_s"].as_f64(), "{rs}");
 }
+
+/// `ferry certs nbd` makes the credentials, `ferry serve --nbd-tls-dir`
+/// uses them, and QEMU and libnbd connect with them; clients without TLS,
+/// without a certificate, or with one from another authority are refused,
+/// and a client that speaks garbage after STARTTLS harms no one else.
+#[test]
+fn nbd_over_tls_with_client_certificates() {
+    if !have("qemu-io") || !have("qemu-img") || !have("nbdinfo") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let pki = d.path().join("pki");
+    let other = d.path().join("other");
+    for (dir, client) in [(&pki, "qemu"), (&other, "stranger")] {
+        let out = Command::new(FERRY)
+            .args(["certs", "nbd", "--out"])
+            .arg(dir)
+            .args(["--server-name", "localhost", "--server-name", "127.0.0.1"])
+            .args(["--client", client])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // A second run into the same directory must not overwrite the authority.
+    let again = Command::new(FERRY)
+        .args(["certs", "nbd", "--out"])
+        .arg(&pki)
+        .args(["--server-name", "localhost"])
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    let no_cert = d.path().join("no-cert");
+    std::fs::create_dir(&no_cert).unwrap();
+    std::fs::copy(pki.join("ca-cert.pem"), no_cert.join("ca-cert.pem")).unwrap();
+
+    let cfg = d.path().join("ferry.toml");
+    std::fs::write(&cfg, "[nbd]\ntls_clear_loopback = false\n").unwrap();
+    let port = free_port();
+    let nbd = format!("127.0.0.1:{port}");
+    let admin = format!("127.0.0.1:{}", free_port());
+    let server_dir = pki.join("server");
+    let s = Serve::start_on(
+        &d.path().join("pool"),
+        &nbd,
+        &admin,
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--nbd-tls-dir",
+            server_dir.to_str().unwrap(),
+        ],
+    );
+    s.ferry(&["volume", "create", "v1", "--size", "16M"]);
+
+    let client = pki.join("client-qemu");
+    let creds = format!(
+        "tls-creds-x509,id=tls0,dir={},endpoint=client",
+        client.display()
+    );
+    let image = format!(
+        "driver=nbd,server.type=inet,server.host=localhost,server.port={port},export=v1,tls-creds=tls0"
+    );
+    // QEMU writes a pattern over TLS and reads it back.
+    let out = Command::new("qemu-io")
+        .args(["--object", &creds, "--image-opts", &image])
+        .args(["-c", "write -P 0x5a 1M 2M", "-c", "read -P 0x5a 1M 2M"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && !text.contains("Pattern verification failed"),
+        "qemu-io over TLS: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // qemu-img copies a file in and finds it equal.
+    let src = d.path().join("src.img");
+    noise_image(&src, 4 << 20, 7);
+    let file = format!("driver=file,filename={}", src.display());
+    for args in [
+        vec![
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            src.to_str().unwrap(),
+            "--target-image-opts",
+            &image,
+        ],
+        vec!["compare", "--image-opts", &file, &image],
+    ] {
+        let out = Command::new("qemu-img")
+            .arg(args[0])
+            .args(["--object", &creds])
+            .args(&args[1..])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "qemu-img {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // libnbd: with a certificate it works; without TLS, without a client
+    // certificate, or with another authority's, it is refused.
+    let nbdinfo = |uri: String| {
+        let out = Command::new("nbdinfo").arg(&uri).output().unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let with = |dir: &Path| {
+        format!(
+            "nbds://localhost:{port}/v1?tls-certificates={}",
+            dir.display()
+        )
+    };
+    let (ok, text) = nbdinfo(with(&client));
+    assert!(ok && text.contains("with TLS"), "{text}");
+    let (ok, text) = nbdinfo(format!("nbd://localhost:{port}/v1"));
+    assert!(!ok, "a clear-text client: {text}");
+    let clear = image.replace(",tls-creds=tls0", "");
+    let out = Command::new("qemu-io")
+        .args(["--image-opts", &clear, "-c", "read 0 512"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && text.contains("this server requires TLS"),
+        "QEMU without TLS is told why: {text}"
+    );
+    let (ok, text) = nbdinfo(with(&no_cert));
+    assert!(!ok, "a client without a certificate: {text}");
+    let (ok, text) = nbdinfo(with(&other.join("client-stranger")));
+    assert!(!ok, "another authority's client: {text}");
+
+    // STARTTLS, then bytes that are not TLS: that connection ends.
+    {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(&nbd).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut greeting = [0u8; 18];
+        c.read_exact(&mut greeting).unwrap();
+        let mut opt = 3u32.to_be_bytes().to_vec();
+        opt.extend(b"IHAVEOPT");
+        opt.extend(5u32.to_be_bytes());
+        opt.extend(0u32.to_be_bytes());
+        c.write_all(&opt).unwrap();
+        let mut reply = [0u8; 20];
+        c.read_exact(&mut reply).unwrap();
+        assert_eq!(
+            u32::from_be_bytes(reply[12..16].try_into().unwrap()),
+            1,
+            "STARTTLS acked"
+        );
+        c.write_all(b"GET / HTTP/1.0\r\n\r\n this is not a TLS client hello")
+            .unwrap();
+        let mut rest = Vec::new();
+        let _ = c.read_to_end(&mut rest);
+    }
+    let (ok, text) = nbdinfo(with(&client));
+    assert!(ok, "the server still serves: {text}");
+
+    // `ferry host` reaches the server over TLS and serves the guest in
+    // clear on its own loopback; without credentials it is refused.
+    let upstream = format!("127.0.0.1:{port}");
+    let refused = Command::new(FERRY)
+        .args(["host", "--server", &upstream, "--volume", "v1"])
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .env("FERRY_LOG", "error")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && text.contains("TLS"),
+        "ferry host without TLS credentials: {text}"
+    );
+    let hport = free_port();
+    let mut host = Command::new(FERRY)
+        .args(["host", "--server", &upstream, "--volume", "v1"])
+        .args(["--listen", &format!("127.0.0.1:{hport}"), "--nbd-tls-dir"])
+        .arg(&client)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let via_host =
+        format!("driver=nbd,server.type=inet,server.host=127.0.0.1,server.port={hport},export=v1");
+    let t = Instant::now();
+    let out = loop {
+        let out = Command::new("qemu-io")
+            .args(["--image-opts", &via_host])
+            .args(["-c", "write -P 0x33 8M 1M", "-c", "read -P 0x33 8M 1M"])
+            .output()
+            .unwrap();
+        if out.status.success() || t.elapsed() > Duration::from_secs(20) {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let _ = host.kill();
+    let _ = host.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && !text.contains("Pattern verification failed"),
+        "qemu-io through ferry host: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new("qemu-io")
+        .args(["--object", &creds, "--image-opts", &image])
+        .args(["-c", "read -P 0x33 8M 1M"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success()
+            && !String::from_utf8_lossy(&out.stdout).contains("verification failed"),
+        "the write through ferry host reached the server"
+    );
+    s.terminate();
+}

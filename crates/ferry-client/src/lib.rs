@@ -1,6 +1,13 @@
 //! An asynchronous NBD client. Many tasks may issue requests on one
 //! [`NbdClient`] at once; a writer task batches them onto the socket and a
-//! reader task matches replies (in any order) to their cookies.
+//! reader task matches replies (in any order) to their cookies. With
+//! [`ConnectOptions::tls`] the connection is upgraded with
+//! `NBD_OPT_STARTTLS` before any other option, and a server that refuses
+//! is not talked to in clear.
+
+mod tls;
+
+pub use tls::ClientTls;
 
 use bytes::{Buf, Bytes, BytesMut};
 use ferry_nbd::client::{self as codec, Reply};
@@ -12,7 +19,7 @@ use std::io::IoSlice;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
@@ -26,6 +33,8 @@ pub enum ClientError {
     Request { code: ErrorCode, message: String },
     #[error("connection closed with the request in flight")]
     Disconnected,
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 impl From<std::io::Error> for ClientError {
@@ -40,6 +49,8 @@ pub struct ConnectOptions {
     pub structured_replies: bool,
     /// Meta contexts to select, e.g. `base:allocation`.
     pub meta_contexts: Vec<String>,
+    /// Upgrade to TLS first, with these credentials.
+    pub tls: Option<ClientTls>,
 }
 
 /// What the server said about the export.
@@ -91,18 +102,50 @@ impl NbdClient {
     ) -> Result<NbdClient, ClientError> {
         let mut s = TcpStream::connect(addr).await?;
         s.set_nodelay(true)?;
-        let details = handshake(&mut s, export, opts).await?;
-        let (rd, wr) = s.into_split();
+        let mut buf = greet(&mut s).await?;
+        let Some(tls) = &opts.tls else {
+            let details = handshake(&mut s, &mut buf, export, opts).await?;
+            let (rd, wr) = s.into_split();
+            return Ok(Self::start(rd, wr, details));
+        };
+        s.write_all(&codec::encode_option(OPT_STARTTLS, &[]))
+            .await?;
+        let r = next_option_reply(&mut s, &mut buf).await?;
+        if r.reply_type != REP_ACK {
+            return Err(ClientError::Tls(format!(
+                "the server at {addr} does not offer TLS: {}",
+                refused(&r)
+            )));
+        }
+        if !buf.is_empty() {
+            return Err(NbdError::UnexpectedReply("clear text after STARTTLS".into()).into());
+        }
+        let name = tls::server_name(addr).map_err(ClientError::Tls)?;
+        let mut s = tls
+            .connector()
+            .connect(name, s)
+            .await
+            .map_err(|e| ClientError::Tls(format!("handshake with {addr}: {e}")))?;
+        let details = handshake(&mut s, &mut buf, export, opts).await?;
+        let (rd, wr) = tokio::io::split(s);
+        Ok(Self::start(rd, wr, details))
+    }
+
+    fn start<R, W>(rd: R, wr: W, details: ExportDetails) -> NbdClient
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
         let (tx, rx) = mpsc::channel(1024);
         let pending: PendingMap = Arc::new(Mutex::new(HashMap::new()));
         tokio::spawn(write_loop(wr, rx));
         tokio::spawn(read_loop(rd, pending.clone()));
-        Ok(NbdClient {
+        NbdClient {
             tx,
             pending,
             next_cookie: AtomicU64::new(1),
             export: details,
-        })
+        }
     }
 
     pub fn export(&self) -> &ExportDetails {
@@ -217,15 +260,18 @@ impl NbdClient {
     }
 }
 
-async fn read_exact_buf(s: &mut TcpStream, buf: &mut BytesMut) -> Result<(), ClientError> {
+async fn read_exact_buf<S: AsyncRead + Unpin>(
+    s: &mut S,
+    buf: &mut BytesMut,
+) -> Result<(), ClientError> {
     if s.read_buf(buf).await? == 0 {
         return Err(ClientError::Disconnected);
     }
     Ok(())
 }
 
-async fn next_option_reply(
-    s: &mut TcpStream,
+async fn next_option_reply<S: AsyncRead + Unpin>(
+    s: &mut S,
     buf: &mut BytesMut,
 ) -> Result<codec::OptionReply, ClientError> {
     loop {
@@ -244,11 +290,9 @@ fn refused(r: &codec::OptionReply) -> ClientError {
     })
 }
 
-async fn handshake(
-    s: &mut TcpStream,
-    export: &str,
-    opts: &ConnectOptions,
-) -> Result<ExportDetails, ClientError> {
+/// Read the greeting and answer it; what was read beyond it stays in the
+/// returned buffer.
+async fn greet(s: &mut TcpStream) -> Result<BytesMut, ClientError> {
     let mut buf = BytesMut::with_capacity(4096);
     while buf.len() < 18 {
         read_exact_buf(s, &mut buf).await?;
@@ -268,11 +312,21 @@ async fn handshake(
         cflags |= FLAG_C_NO_ZEROES;
     }
     s.write_all(&cflags.to_be_bytes()).await?;
+    Ok(buf)
+}
+
+/// Options after the greeting (and after TLS, if any), ending with GO.
+async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    buf: &mut BytesMut,
+    export: &str,
+    opts: &ConnectOptions,
+) -> Result<ExportDetails, ClientError> {
     let mut d = ExportDetails::default();
     if opts.structured_replies {
         s.write_all(&codec::encode_option(OPT_STRUCTURED_REPLY, &[]))
             .await?;
-        let r = next_option_reply(s, &mut buf).await?;
+        let r = next_option_reply(s, buf).await?;
         if r.reply_type != REP_ACK {
             return Err(refused(&r));
         }
@@ -285,7 +339,7 @@ async fn handshake(
             ))
             .await?;
             loop {
-                let r = next_option_reply(s, &mut buf).await?;
+                let r = next_option_reply(s, buf).await?;
                 match r.reply_type {
                     REP_ACK => break,
                     REP_META_CONTEXT if r.data.len() >= 4 => {
@@ -304,7 +358,7 @@ async fn handshake(
     ))
     .await?;
     loop {
-        let r = next_option_reply(s, &mut buf).await?;
+        let r = next_option_reply(s, buf).await?;
         match r.reply_type {
             REP_ACK => break,
             REP_INFO if r.data.len() >= 2 => {
@@ -494,7 +548,7 @@ fn on_chunk(
     Ok(())
 }
 
-async fn read_loop(mut rd: tokio::net::tcp::OwnedReadHalf, pending: PendingMap) {
+async fn read_loop<R: AsyncRead + Unpin>(mut rd: R, pending: PendingMap) {
     let mut buf = BytesMut::with_capacity(1 << 20);
     let outcome: Result<(), ClientError> = async {
         loop {

@@ -177,8 +177,8 @@ pub async fn serve(listener: Listener, agent: Arc<Agent>, shutdown: Cancellation
         let (b, sd) = (backend.clone(), shutdown.clone());
         tracker.spawn(async move {
             let r = match conn {
-                Accepted::Tcp(s) => serve_connection(s, b.as_ref(), sd).await,
-                Accepted::Unix(s) => serve_connection(s, b.as_ref(), sd).await,
+                Accepted::Tcp(s) => serve_connection(s, b.as_ref(), None, sd).await,
+                Accepted::Unix(s) => serve_connection(s, b.as_ref(), None, sd).await,
             };
             if let Err(e) = r {
                 tracing::info!(error = %e, "client connection ended");

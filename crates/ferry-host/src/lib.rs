@@ -19,7 +19,7 @@ pub mod control;
 mod downstream;
 pub mod stats;
 
-use ferry_client::{ClientError, ConnectOptions, ExportDetails, NbdClient};
+use ferry_client::{ClientError, ClientTls, ConnectOptions, ExportDetails, NbdClient};
 use ferry_nbd::{ErrorCode, NbdError, MOVED_PREFIX};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -67,6 +67,8 @@ pub struct Upstream {
     reconnecting: tokio::sync::Mutex<()>,
     details: ExportDetails,
     hold: Duration,
+    /// TLS for every connection to the servers, if the agent has it.
+    tls: Option<ClientTls>,
     switches: AtomicU64,
     reconnects: AtomicU64,
     retried: AtomicU64,
@@ -74,10 +76,11 @@ pub struct Upstream {
     pub io: stats::IoStats,
 }
 
-fn options() -> ConnectOptions {
+fn options(tls: Option<&ClientTls>) -> ConnectOptions {
     ConnectOptions {
         structured_replies: true,
         meta_contexts: vec![ferry_nbd::BASE_ALLOCATION.to_string()],
+        tls: tls.cloned(),
     }
 }
 
@@ -97,6 +100,9 @@ fn retry_elsewhere(e: &ClientError) -> bool {
         ClientError::Request { code, .. } => *code == ErrorCode::Shutdown,
         ClientError::Io(_) | ClientError::Disconnected => true,
         ClientError::Protocol(_) => true,
+        // Credentials or a server that offers no TLS: retrying elsewhere
+        // is for servers the volume moved to, which may be set up better.
+        ClientError::Tls(_) => true,
     }
 }
 
@@ -107,10 +113,20 @@ impl Upstream {
         volume: &str,
         hold: Duration,
     ) -> Result<Upstream, HostError> {
+        Self::connect_with(server, volume, hold, None).await
+    }
+
+    /// The same, over TLS with `tls` if given.
+    pub async fn connect_with(
+        server: &str,
+        volume: &str,
+        hold: Duration,
+        tls: Option<ClientTls>,
+    ) -> Result<Upstream, HostError> {
         let mut server = server.to_string();
         let mut hops = 0;
         let client = loop {
-            match NbdClient::connect(&server, volume, &options()).await {
+            match NbdClient::connect(&server, volume, &options(tls.as_ref())).await {
                 Ok(c) => break c,
                 Err(e) => match moved_to(&e) {
                     Some(next) if hops < 8 => {
@@ -135,6 +151,7 @@ impl Upstream {
             current: parking_lot::Mutex::new((0, Some(Arc::new(client)))),
             reconnecting: tokio::sync::Mutex::new(()),
             hold,
+            tls,
             switches: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             retried: AtomicU64::new(0),
@@ -147,7 +164,13 @@ impl Upstream {
     /// request, or [`Upstream::connect_now`], connects to `server`. A guest
     /// arriving by live migration opens its disks before it runs; its disk
     /// may still be on its way to `server`.
-    pub fn pending(server: &str, volume: &str, details: ExportDetails, hold: Duration) -> Upstream {
+    pub fn pending(
+        server: &str,
+        volume: &str,
+        details: ExportDetails,
+        hold: Duration,
+        tls: Option<ClientTls>,
+    ) -> Upstream {
         Upstream {
             volume: volume.into(),
             server: parking_lot::Mutex::new(server.into()),
@@ -155,6 +178,7 @@ impl Upstream {
             current: parking_lot::Mutex::new((0, None)),
             reconnecting: tokio::sync::Mutex::new(()),
             hold,
+            tls,
             switches: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             retried: AtomicU64::new(0),
@@ -248,7 +272,7 @@ impl Upstream {
         let mut backoff = Duration::from_millis(20);
         loop {
             let server = self.server();
-            match NbdClient::connect(&server, &self.volume, &options()).await {
+            match NbdClient::connect(&server, &self.volume, &options(self.tls.as_ref())).await {
                 Ok(c) => {
                     if c.size() != self.details.size {
                         tracing::warn!(
@@ -289,20 +313,32 @@ impl Upstream {
 pub struct Agent {
     volumes: parking_lot::RwLock<std::collections::BTreeMap<String, Arc<Upstream>>>,
     hold: Duration,
+    tls: Option<ClientTls>,
 }
 
 impl Agent {
     /// An agent with no volumes; requests wait up to `hold` for a server.
     pub fn new(hold: Duration) -> Arc<Agent> {
+        Self::with_tls(hold, None)
+    }
+
+    /// The same, connecting to every server over TLS with `tls` if given.
+    pub fn with_tls(hold: Duration, tls: Option<ClientTls>) -> Arc<Agent> {
         Arc::new(Agent {
             volumes: Default::default(),
             hold,
+            tls,
         })
+    }
+
+    /// The TLS credentials its connections to servers use, if any.
+    pub fn tls(&self) -> Option<&ClientTls> {
+        self.tls.as_ref()
     }
 
     /// An agent forwarding one volume already connected.
     pub fn single(up: Arc<Upstream>) -> Arc<Agent> {
-        let a = Agent::new(up.hold);
+        let a = Agent::with_tls(up.hold, up.tls.clone());
         a.volumes.write().insert(up.volume().to_string(), up);
         a
     }
@@ -312,7 +348,8 @@ impl Agent {
         if self.get(volume).is_some() {
             return Err(HostError::Attached(volume.into()));
         }
-        let up = Arc::new(Upstream::connect(server, volume, self.hold).await?);
+        let up =
+            Arc::new(Upstream::connect_with(server, volume, self.hold, self.tls.clone()).await?);
         let mut v = self.volumes.write();
         if v.contains_key(volume) {
             return Err(HostError::Attached(volume.into()));
@@ -333,7 +370,13 @@ impl Agent {
         if v.contains_key(volume) {
             return Err(HostError::Attached(volume.into()));
         }
-        let up = Arc::new(Upstream::pending(server, volume, details, self.hold));
+        let up = Arc::new(Upstream::pending(
+            server,
+            volume,
+            details,
+            self.hold,
+            self.tls.clone(),
+        ));
         v.insert(volume.to_string(), up.clone());
         tracing::info!(volume, server, "attached, pending");
         Ok(up)

@@ -21,14 +21,16 @@
 //! answered before the socket closes (FLUSH semantics hold for a client
 //! that disconnects right after a write).
 
+mod tls;
 mod writer;
 
+pub use tls::{NbdTls, TlsSetupError};
 pub use writer::{write_loop, Frames, Held, Reply};
 
 use bytes::{Bytes, BytesMut};
 use ferry_nbd::{
     Command, ExportCatalog, HandshakeProgress, NbdError, Negotiated, Request, RequestDecoder,
-    ServerHandshake,
+    ServerHandshake, TlsMode,
 };
 use std::future::Future;
 use std::pin::Pin;
@@ -53,6 +55,8 @@ pub enum ConnError {
     Io(#[from] std::io::Error),
     #[error("handshake timed out")]
     Timeout,
+    #[error("TLS handshake: {0}")]
+    Tls(std::io::Error),
     /// The backend could not open the export the client chose.
     #[error("export {0:?} cannot be served: {1}")]
     Open(String, String),
@@ -158,16 +162,66 @@ impl SplitStream for tokio::net::UnixStream {
     }
 }
 
-/// Serve one client connection until it ends or `shutdown` fires.
-pub async fn serve_connection<B: NbdBackend, S: SplitStream>(
-    stream: S,
+/// Serve one client connection until it ends or `shutdown` fires. With
+/// `tls`, the client may (or, as [`NbdTls::mode`] says for its address,
+/// must) upgrade the connection with `NBD_OPT_STARTTLS`.
+pub async fn serve_connection<B, S>(
+    mut stream: S,
+    backend: &B,
+    tls: Option<(NbdTls, TlsMode)>,
+    shutdown: CancellationToken,
+) -> Result<(), ConnError>
+where
+    B: NbdBackend,
+    S: SplitStream + AsyncRead + AsyncWrite + Unpin,
+{
+    stream.write_all(&ServerHandshake::greeting()).await?;
+    let mode = tls.as_ref().map_or(TlsMode::Off, |t| t.1);
+    let mut hs = ServerHandshake::with_tls(mode);
+    let mut buf = BytesMut::with_capacity(4096);
+    match negotiate(&mut stream, &mut hs, &mut buf, backend).await? {
+        Negotiation::Aborted => Ok(()),
+        Negotiation::Done(neg) => {
+            let (rd, wr) = stream.into_halves();
+            run_export(rd, wr, buf, neg, backend, shutdown).await
+        }
+        Negotiation::StartTls => {
+            let Some((tls, _)) = tls else {
+                return Err(ConnError::Tls(std::io::Error::other(
+                    "STARTTLS acked without TLS configured",
+                )));
+            };
+            let mut stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor().accept(stream))
+                .await
+                .map_err(|_| ConnError::Timeout)?
+                .map_err(ConnError::Tls)?;
+            hs.tls_started();
+            tracing::debug!("NBD client upgraded to TLS");
+            match negotiate(&mut stream, &mut hs, &mut buf, backend).await? {
+                Negotiation::Done(neg) => {
+                    let (rd, wr) = tokio::io::split(stream);
+                    run_export(rd, wr, buf, neg, backend, shutdown).await
+                }
+                // A second STARTTLS is refused by the handshake itself.
+                Negotiation::Aborted | Negotiation::StartTls => Ok(()),
+            }
+        }
+    }
+}
+
+async fn run_export<B, R, W>(
+    rd: R,
+    wr: W,
+    buf: BytesMut,
+    neg: Negotiated,
     backend: &B,
     shutdown: CancellationToken,
-) -> Result<(), ConnError> {
-    let (mut rd, mut wr) = stream.into_halves();
-    let Some((neg, buf)) = handshake(&mut rd, &mut wr, backend).await? else {
-        return Ok(());
-    };
+) -> Result<(), ConnError>
+where
+    B: NbdBackend,
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let handler = backend
         .open(&neg)
         .map_err(|e| ConnError::Open(neg.export.name.clone(), e))?;
@@ -179,30 +233,39 @@ pub async fn serve_connection<B: NbdBackend, S: SplitStream>(
     transmission(rd, wr, buf, handler, limits, shutdown).await
 }
 
-async fn handshake<B: NbdBackend, R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
-    rd: &mut R,
-    wr: &mut W,
+/// How option haggling ended.
+enum Negotiation {
+    Done(Negotiated),
+    Aborted,
+    StartTls,
+}
+
+async fn negotiate<B: NbdBackend, S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    hs: &mut ServerHandshake,
+    buf: &mut BytesMut,
     backend: &B,
-) -> Result<Option<(Negotiated, BytesMut)>, ConnError> {
-    wr.write_all(&ServerHandshake::greeting()).await?;
-    let mut hs = ServerHandshake::new();
-    let mut buf = BytesMut::with_capacity(4096);
+) -> Result<Negotiation, ConnError> {
     let mut out = BytesMut::new();
     loop {
-        let progress = hs.feed(&mut buf, backend.catalog().as_ref(), &mut out)?;
+        let progress = hs.feed(buf, backend.catalog().as_ref(), &mut out)?;
         if !out.is_empty() {
-            wr.write_all(&out).await?;
+            stream.write_all(&out).await?;
             out.clear();
         }
         match progress {
-            HandshakeProgress::Done(n) => return Ok(Some((*n, buf))),
-            HandshakeProgress::Aborted => return Ok(None),
+            HandshakeProgress::Done(n) => return Ok(Negotiation::Done(*n)),
+            HandshakeProgress::Aborted => return Ok(Negotiation::Aborted),
+            HandshakeProgress::StartTls => {
+                stream.flush().await?;
+                return Ok(Negotiation::StartTls);
+            }
             HandshakeProgress::NeedMore => {
-                let n = tokio::time::timeout(HANDSHAKE_TIMEOUT, rd.read_buf(&mut buf))
+                let n = tokio::time::timeout(HANDSHAKE_TIMEOUT, stream.read_buf(buf))
                     .await
                     .map_err(|_| ConnError::Timeout)??;
                 if n == 0 {
-                    return Ok(None);
+                    return Ok(Negotiation::Aborted);
                 }
             }
         }

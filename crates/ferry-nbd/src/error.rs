@@ -29,6 +29,10 @@ pub enum NbdError {
     },
     #[error("malformed {what}: {detail}")]
     Malformed { what: &'static str, detail: String },
+    /// NBD_OPT_EXPORT_NAME (which cannot be refused) before TLS on a
+    /// server that requires it: the connection is closed.
+    #[error("the client chose an export without TLS, which this server requires")]
+    TlsRequired,
 }
 
 /// An errno value sent to the client in a reply (proto.md "Error values").

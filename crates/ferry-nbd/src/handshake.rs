@@ -5,6 +5,13 @@
 //! The machine reads from an input buffer and appends replies to an output
 //! buffer; what the exports are is asked of an [`ExportCatalog`], so the policy
 //! stays with the daemon and the parsing stays here.
+//!
+//! TLS (`NBD_OPT_STARTTLS`) is the caller's to run: the machine acks the
+//! option and says [`HandshakeProgress::StartTls`]; the caller sends the
+//! ack, runs the TLS handshake on the socket, calls
+//! [`ServerHandshake::tls_started`] and goes on feeding what it decrypts.
+//! [`TlsMode`] is the server's mode for one connection (proto.md "TLS
+//! support": NOTLS, FORCEDTLS, or SELECTIVETLS with no TLS-only export).
 
 use crate::consts::*;
 use crate::error::NbdError;
@@ -114,11 +121,30 @@ pub struct Negotiated {
     pub flags: u16,
 }
 
+/// How a connection treats TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TlsMode {
+    /// No TLS: `NBD_OPT_STARTTLS` is answered `NBD_REP_ERR_UNSUP`.
+    #[default]
+    Off,
+    /// TLS at the client's choice (proto.md's SELECTIVETLS with no
+    /// TLS-only export), e.g. for loopback clients of a TLS server.
+    Optional,
+    /// Every option but STARTTLS and ABORT is answered
+    /// `NBD_REP_ERR_TLS_REQD` until TLS runs; `NBD_OPT_EXPORT_NAME` before
+    /// it closes the connection (proto.md's FORCEDTLS).
+    Forced,
+}
+
 /// Where the handshake stands after consuming input.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HandshakeProgress {
     /// More input is needed; send what was written to the output first.
     NeedMore,
+    /// The client asked for TLS and was told yes: send the output, run the
+    /// TLS handshake as the server, call [`ServerHandshake::tls_started`],
+    /// then feed what comes over TLS.
+    StartTls,
     /// Transmission begins (after the output is sent).
     Done(Box<Negotiated>),
     /// The client aborted or the handshake ended without an export; close
@@ -138,6 +164,8 @@ enum State {
 #[derive(Debug)]
 pub struct ServerHandshake {
     state: State,
+    tls: TlsMode,
+    tls_on: bool,
     no_zeroes: bool,
     structured: bool,
     options_seen: usize,
@@ -153,13 +181,34 @@ impl Default for ServerHandshake {
 
 impl ServerHandshake {
     pub fn new() -> Self {
+        Self::with_tls(TlsMode::Off)
+    }
+
+    /// A handshake whose connection treats TLS as `tls` says.
+    pub fn with_tls(tls: TlsMode) -> Self {
         ServerHandshake {
             state: State::ClientFlags,
+            tls,
+            tls_on: false,
             no_zeroes: false,
             structured: false,
             options_seen: 0,
             selected: None,
         }
+    }
+
+    /// The TLS handshake the last [`HandshakeProgress::StartTls`] asked for
+    /// succeeded: what was negotiated in clear is forgotten (proto.md), and
+    /// options go on over TLS.
+    pub fn tls_started(&mut self) {
+        self.tls_on = true;
+        self.structured = false;
+        self.selected = None;
+    }
+
+    /// Whether TLS runs on this connection.
+    pub fn tls_on(&self) -> bool {
+        self.tls_on
     }
 
     /// The server's first 18 bytes.
@@ -246,9 +295,27 @@ impl ServerHandshake {
                     }
                     input.advance(16);
                     let data = input.split_to(len as usize);
-                    if let Some(p) = self.handle_option(option, &data, catalog, out)? {
-                        self.state = State::Finished;
-                        return Ok(p);
+                    match self.handle_option(option, &data, catalog, out)? {
+                        None => {}
+                        Some(HandshakeProgress::StartTls) => {
+                            // Bytes sent after STARTTLS but before its
+                            // answer would be clear text taken as if it
+                            // came over TLS (the STARTTLS injection attack).
+                            if !input.is_empty() {
+                                return Err(NbdError::Malformed {
+                                    what: "NBD_OPT_STARTTLS",
+                                    detail: format!(
+                                        "{} bytes sent before the TLS handshake",
+                                        input.len()
+                                    ),
+                                });
+                            }
+                            return Ok(HandshakeProgress::StartTls);
+                        }
+                        Some(p) => {
+                            self.state = State::Finished;
+                            return Ok(p);
+                        }
                     }
                 }
             }
@@ -262,6 +329,21 @@ impl ServerHandshake {
         catalog: &dyn ExportCatalog,
         out: &mut BytesMut,
     ) -> Result<Option<HandshakeProgress>, NbdError> {
+        if self.tls == TlsMode::Forced && !self.tls_on {
+            match option {
+                OPT_STARTTLS | OPT_ABORT => {}
+                OPT_EXPORT_NAME => return Err(NbdError::TlsRequired),
+                _ => {
+                    error_reply(
+                        out,
+                        option,
+                        REP_ERR_TLS_REQD,
+                        "this server requires TLS: send NBD_OPT_STARTTLS first",
+                    );
+                    return Ok(None);
+                }
+            }
+        }
         match option {
             OPT_EXPORT_NAME => {
                 let name = String::from_utf8_lossy(data).into_owned();
@@ -313,12 +395,26 @@ impl ServerHandshake {
                 self.meta_context(option, data, catalog, out);
             }
             OPT_STARTTLS => {
-                error_reply(
-                    out,
-                    option,
-                    REP_ERR_UNSUP,
-                    "TLS is not offered on NBD exports",
-                );
+                if self.tls == TlsMode::Off {
+                    error_reply(
+                        out,
+                        option,
+                        REP_ERR_UNSUP,
+                        "TLS is not offered by this server (see nbd.tls_dir)",
+                    );
+                } else if self.tls_on {
+                    error_reply(out, option, REP_ERR_INVALID, "TLS is already on");
+                } else if !data.is_empty() {
+                    error_reply(
+                        out,
+                        option,
+                        REP_ERR_INVALID,
+                        "NBD_OPT_STARTTLS takes no data",
+                    );
+                } else {
+                    ack(out, option);
+                    return Ok(Some(HandshakeProgress::StartTls));
+                }
             }
             _ => {
                 error_reply(out, option, REP_ERR_UNSUP, "option not supported");
@@ -605,6 +701,90 @@ mod tests {
         (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES)
             .to_be_bytes()
             .to_vec()
+    }
+
+    fn replies(out: &[u8]) -> Vec<u32> {
+        let mut out = BytesMut::from(out);
+        let mut v = Vec::new();
+        while let Some(r) = client::decode_option_reply(&mut out).unwrap() {
+            v.push(r.reply_type);
+        }
+        v
+    }
+
+    #[test]
+    fn forced_tls_refuses_every_option_but_starttls_and_forgets_clear_text_state() {
+        let mut hs = ServerHandshake::with_tls(TlsMode::Forced);
+        let mut b = flags();
+        b.extend(client::encode_option(OPT_STRUCTURED_REPLY, &[]));
+        b.extend(client::encode_option(OPT_LIST, &[]));
+        b.extend(client::encode_option(OPT_GO, &client::go_data("vol", &[])));
+        b.extend(client::encode_option(OPT_STARTTLS, &[]));
+        let (mut input, mut out) = (BytesMut::from(&b[..]), BytesMut::new());
+        let r = hs.feed(&mut input, &cat(), &mut out).unwrap();
+        assert_eq!(r, HandshakeProgress::StartTls);
+        assert_eq!(
+            replies(&out),
+            [
+                REP_ERR_TLS_REQD,
+                REP_ERR_TLS_REQD,
+                REP_ERR_TLS_REQD,
+                REP_ACK
+            ]
+        );
+        hs.tls_started();
+        assert!(hs.tls_on());
+        // Over TLS: a second STARTTLS is invalid, GO works, and structured
+        // replies asked for in clear text are not on.
+        let mut b = client::encode_option(OPT_STARTTLS, &[]);
+        b.extend(client::encode_option(OPT_GO, &client::go_data("vol", &[])));
+        let (mut input, mut out) = (BytesMut::from(&b[..]), BytesMut::new());
+        let HandshakeProgress::Done(n) = hs.feed(&mut input, &cat(), &mut out).unwrap() else {
+            panic!("not done")
+        };
+        assert!(!n.structured_replies);
+        assert_eq!(replies(&out)[0], REP_ERR_INVALID);
+    }
+
+    #[test]
+    fn forced_tls_closes_on_export_name_and_on_bytes_after_starttls() {
+        let mut b = flags();
+        b.extend(client::encode_option(OPT_EXPORT_NAME, b"vol"));
+        let mut hs = ServerHandshake::with_tls(TlsMode::Forced);
+        let (mut input, mut out) = (BytesMut::from(&b[..]), BytesMut::new());
+        assert_eq!(
+            hs.feed(&mut input, &cat(), &mut out),
+            Err(NbdError::TlsRequired)
+        );
+        // Clear text queued behind STARTTLS must not be taken as TLS data.
+        let mut b = flags();
+        b.extend(client::encode_option(OPT_STARTTLS, &[]));
+        b.extend(client::encode_option(OPT_GO, &client::go_data("vol", &[])));
+        let mut hs = ServerHandshake::with_tls(TlsMode::Forced);
+        let (mut input, mut out) = (BytesMut::from(&b[..]), BytesMut::new());
+        assert!(matches!(
+            hs.feed(&mut input, &cat(), &mut out),
+            Err(NbdError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn optional_tls_serves_clear_text_and_off_says_unsupported() {
+        let mut b = flags();
+        b.extend(client::encode_option(OPT_STARTTLS, b"x"));
+        b.extend(client::encode_option(OPT_GO, &client::go_data("vol", &[])));
+        let mut hs = ServerHandshake::with_tls(TlsMode::Optional);
+        let (mut input, mut out) = (BytesMut::from(&b[..]), BytesMut::new());
+        assert!(matches!(
+            hs.feed(&mut input, &cat(), &mut out),
+            Ok(HandshakeProgress::Done(_))
+        ));
+        assert_eq!(replies(&out)[0], REP_ERR_INVALID);
+        let mut b = flags();
+        b.extend(client::encode_option(OPT_STARTTLS, &[]));
+        let (r, out) = run(&b);
+        assert_eq!(r.unwrap(), HandshakeProgress::NeedMore);
+        assert_eq!(replies(&out), [REP_ERR_UNSUP]);
     }
 
     #[test]

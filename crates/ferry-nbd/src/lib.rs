@@ -15,8 +15,9 @@
 //!    |  <------ simple/structured reply ---|   reply::* encoders (any order)
 //! ```
 //!
-//! Versions: fixed newstyle only (oldstyle is obsolete). Extended headers and
-//! STARTTLS are answered `NBD_REP_ERR_UNSUP`.
+//! Versions: fixed newstyle only (oldstyle is obsolete). Extended headers are
+//! answered `NBD_REP_ERR_UNSUP`; STARTTLS is acked when the caller offers
+//! TLS ([`TlsMode`]), and the caller runs TLS on its socket.
 
 pub mod client;
 pub mod consts;
@@ -27,7 +28,8 @@ pub mod request;
 
 pub use error::{ErrorCode, NbdError};
 pub use handshake::{
-    ExportCatalog, ExportInfo, HandshakeProgress, Negotiated, ServerHandshake, MOVED_PREFIX,
+    ExportCatalog, ExportInfo, HandshakeProgress, Negotiated, ServerHandshake, TlsMode,
+    MOVED_PREFIX,
 };
 pub use request::{validate, Command, Request, RequestDecoder, TransmissionLimits};
 

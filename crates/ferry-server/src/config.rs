@@ -11,6 +11,9 @@
 //! max_in_flight = 128            # requests per connection
 //! max_queued_bytes = 67108864    # requests + replies held per connection
 //! max_queued_bytes_total = 1073741824  # the same, all connections together
+//! tls_dir = ""                   # ca-cert.pem, server-cert.pem, server-key.pem: TLS
+//!                                # with client certificates, required off loopback
+//! tls_clear_loopback = true      # false: loopback clients must use TLS too
 //!
 //! [admin]
 //! listen = "127.0.0.1:10880"     # "" turns the admin API off
@@ -218,6 +221,14 @@ pub struct NbdConfig {
     pub max_queued_bytes: usize,
     /// The same, over all connections together.
     pub max_queued_bytes_total: usize,
+    /// TLS credentials in QEMU's x509 layout (`ca-cert.pem`,
+    /// `server-cert.pem`, `server-key.pem`); "" = no TLS. With them every
+    /// client not on loopback must use TLS and present a certificate
+    /// signed by `ca-cert.pem`.
+    pub tls_dir: PathBuf,
+    /// With `tls_dir`: whether loopback clients may skip TLS (the default;
+    /// `false` requires TLS of every client).
+    pub tls_clear_loopback: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -255,6 +266,8 @@ impl Default for NbdConfig {
             max_in_flight: 128,
             max_queued_bytes: 64 << 20,
             max_queued_bytes_total: 1 << 30,
+            tls_dir: PathBuf::new(),
+            tls_clear_loopback: true,
         }
     }
 }

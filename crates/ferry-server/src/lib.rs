@@ -45,6 +45,8 @@ pub enum ServerError {
     Close(StorageError),
     #[error("migration TLS identity: {0}")]
     Tls(migration::tls::CertError),
+    #[error("NBD TLS credentials: {0}")]
+    NbdTls(#[from] ferry_nbd_server::TlsSetupError),
     #[error("opening the fingerprint index: {0}")]
     Index(#[from] ferry_index::IndexError),
 }
@@ -61,6 +63,8 @@ pub struct BoundAddrs {
 #[derive(Debug)]
 pub struct ServerState {
     pub config: Config,
+    /// NBD's TLS credentials, if `nbd.tls_dir` names them.
+    pub nbd_tls: Option<ferry_nbd_server::NbdTls>,
     pub pool: Arc<Pool>,
     pub index: Arc<ferry_index::PoolIndex>,
     pub metrics: Metrics,
@@ -107,7 +111,23 @@ impl Daemon {
             })?;
         let index =
             ferry_index::PoolIndex::open(&config.pool.join("index"), config.index.block_size)?;
+        let nbd_tls = if config.nbd.tls_dir.as_os_str().is_empty() {
+            None
+        } else {
+            Some(
+                ferry_nbd_server::NbdTls::from_dir(&config.nbd.tls_dir)?
+                    .clear_on_loopback(config.nbd.tls_clear_loopback),
+            )
+        };
         let nbd = bind("NBD", &config.nbd.listen).await?;
+        if let (Some(l), None) = (&nbd, &nbd_tls) {
+            if l.local_addr().is_ok_and(|a| !a.ip().is_loopback()) {
+                tracing::warn!(
+                    listen = %config.nbd.listen,
+                    "NBD listens beyond loopback without TLS: its data crosses the network in clear (set nbd.tls_dir)"
+                );
+            }
+        }
         let admin = bind("admin", &config.admin.listen).await?;
         let migration = bind("migration", &config.migration.listen).await?;
         let mut iscsi = Vec::new();
@@ -133,6 +153,7 @@ impl Daemon {
         Ok(Daemon {
             state: Arc::new(ServerState {
                 config,
+                nbd_tls,
                 pool: Arc::new(pool),
                 index: Arc::new(index),
                 metrics: Metrics::new(),

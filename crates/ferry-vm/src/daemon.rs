@@ -20,6 +20,8 @@ pub struct HostOptions {
     pub state_dir: Option<PathBuf>,
     /// Where peer hosts send guests (TLS), `HOST:PORT`.
     pub move_listen: Option<String>,
+    /// NBD TLS credentials (client layout) for every storage daemon.
+    pub nbd_tls_dir: Option<PathBuf>,
 }
 
 fn listen_err(addr: &str, e: impl std::fmt::Display) -> VmError {
@@ -29,7 +31,14 @@ fn listen_err(addr: &str, e: impl std::fmt::Display) -> VmError {
 /// Run until `shutdown`. Guests keep running when the daemon stops; the
 /// next daemon on the same state directory finds them.
 pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), VmError> {
-    let agent = Agent::new(DEFAULT_HOLD);
+    let tls =
+        match &opts.nbd_tls_dir {
+            Some(dir) => Some(ferry_client::ClientTls::from_dir(dir).map_err(|e| {
+                VmError::Io(format!("NBD TLS credentials in {}: {e}", dir.display()))
+            })?),
+            None => None,
+        };
+    let agent = Agent::with_tls(DEFAULT_HOLD, tls);
     for (server, volume) in &opts.volumes {
         agent
             .attach(server, volume)

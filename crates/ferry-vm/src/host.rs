@@ -198,7 +198,11 @@ impl VmHost {
         } else {
             for d in &spec.disks {
                 if self.agent.get(&d.volume).is_none() {
-                    ferry_client::NbdClient::connect(&d.server, &d.volume, &Default::default())
+                    let opts = ferry_client::ConnectOptions {
+                        tls: self.agent.tls().cloned(),
+                        ..Default::default()
+                    };
+                    ferry_client::NbdClient::connect(&d.server, &d.volume, &opts)
                         .await
                         .map_err(|e| {
                             undo(VmError::Disk {

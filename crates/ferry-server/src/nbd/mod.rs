@@ -39,7 +39,11 @@ pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: Can
             let shutdown = shutdown.clone();
             async move {
                 let _ = stream.set_nodelay(true);
-                let r = ferry_nbd_server::serve_connection(stream, &backend, shutdown).await;
+                let tls = backend.state.nbd_tls.clone().map(|t| {
+                    let mode = t.mode(Some(peer.ip()));
+                    (t, mode)
+                });
+                let r = ferry_nbd_server::serve_connection(stream, &backend, tls, shutdown).await;
                 give_back_memory().await;
                 match r {
                     Err(e) => tracing::info!(%peer, error = %e, "NBD connection closed"),
