@@ -25,7 +25,7 @@ mod tls;
 mod writer;
 
 pub use tls::{NbdTls, TlsSetupError};
-pub use writer::{write_loop, Frames, Held, Reply};
+pub use writer::{write_loop, Frames, Held, HeldFrames, Reply};
 
 use bytes::{Bytes, BytesMut};
 use ferry_nbd::{

@@ -43,6 +43,20 @@ impl Frames for Vec<Bytes> {
     }
 }
 
+/// Several buffers and the budgets their replies hold (an iSCSI batch).
+#[derive(Default)]
+pub struct HeldFrames {
+    pub frames: Vec<Bytes>,
+    pub held: Vec<Held>,
+}
+
+impl Frames for HeldFrames {
+    fn append_to(self, batch: &mut Vec<Bytes>, hold: &mut Vec<Held>) {
+        batch.extend(self.frames);
+        hold.extend(self.held);
+    }
+}
+
 /// A reply and the budget it holds.
 pub struct Reply {
     pub bytes: Bytes,

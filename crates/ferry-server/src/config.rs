@@ -36,6 +36,8 @@
 //! base_iqn = "iqn.2026-11.io.ferry"   # volume v is target "<base_iqn>:v", LUN 0
 //! max_connections = 1024         # per portal; then logins get "out of resources"
 //! max_connections_per_peer = 512
+//! max_queued_bytes = 67108864    # Data-In one connection may hold unsent
+//! max_queued_bytes_total = 1073741824  # the same, all connections together
 //! acl = []                       # initiator IQNs allowed on every target ([] = any)
 //! chap_user = ""                 # one-way CHAP for every target ("" = off)
 //! chap_secret = ""
@@ -106,6 +108,11 @@ pub struct IscsiConfig {
     pub max_connections: usize,
     /// Connections one peer address may hold (0: no cap of its own).
     pub max_connections_per_peer: usize,
+    /// Bytes of Data-In one connection may hold before they are sent; an
+    /// initiator that does not read is not read further.
+    pub max_queued_bytes: usize,
+    /// The same, over all iSCSI connections together.
+    pub max_queued_bytes_total: usize,
     /// Defaults for every target (and discovery).
     pub acl: Vec<String>,
     pub chap_user: String,
@@ -129,6 +136,8 @@ impl Default for IscsiConfig {
             base_iqn: DEFAULT_BASE_IQN.into(),
             max_connections: 1024,
             max_connections_per_peer: 512,
+            max_queued_bytes: 64 << 20,
+            max_queued_bytes_total: 1 << 30,
             acl: Vec::new(),
             chap_user: String::new(),
             chap_secret: String::new(),

@@ -136,4 +136,16 @@ pub async fn accept_loop<F, Fut, R, RFut>(
     tracker.wait().await;
 }
 
-pub use ferry_nbd_server::{write_loop, Frames};
+pub use ferry_nbd_server::{write_loop, Frames, Held, HeldFrames};
+
+/// Return freed heap to the system once a connection is gone: glibc keeps
+/// what large replies used in its arenas otherwise, and the daemon would
+/// look as big as its busiest moment forever.
+pub async fn give_back_memory() {
+    let _ = tokio::task::spawn_blocking(|| {
+        // SAFETY: malloc_trim only releases free memory of the allocator;
+        // it takes no pointers and is safe to call from any thread.
+        unsafe { libc::malloc_trim(0) }
+    })
+    .await;
+}

@@ -701,3 +701,55 @@ fn logins_over_the_connection_limit_get_out_of_resources() {
     std::thread::sleep(Duration::from_millis(300));
     let _d = Raw::login(p, "lim", false);
 }
+
+/// Resident memory of this process (the daemon runs in it), in bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// An initiator that fills its command window with large READs and never
+/// reads the Data-In holds at most its connection's budget of the
+/// daemon's memory; other sessions are served meanwhile, and the memory
+/// comes back when it leaves.
+#[test]
+fn an_initiator_that_never_reads_data_in_cannot_grow_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path(), |_| {});
+    let v = s.create("big", 64 << 20);
+    v.write_at(0, &vec![0x5a; 8 << 20], false).unwrap();
+    let p = portals(&s)[0];
+    let before = rss();
+    let mut hogs = Vec::new();
+    for _ in 0..3 {
+        let mut r = Raw::login(p, "big", false);
+        r.s.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
+        // 2,000 READs of 8 MiB (16 GiB if all were answered into memory),
+        // sent in CmdSN order; the target takes what its window allows.
+        let mut wire = Vec::new();
+        for i in 0..2000u64 {
+            let cmd = r.command(&read16((i % 8) * 16384, 16384), 8 << 20);
+            wire.extend_from_slice(&cmd.to_bytes(false, false));
+        }
+        let _ = r.s.write_all(&wire);
+        hogs.push(r);
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let grown = rss().saturating_sub(before);
+    // Three connections at their 64 MiB budget, plus buffers and slack.
+    assert!(grown < 400 << 20, "daemon grew by {} MiB", grown >> 20);
+    let mut good = Raw::login(p, "big", false);
+    let cmd = good.command(&read16(8, 8), 4096);
+    let (status, data) = good.run(&cmd);
+    assert_eq!(status, 0);
+    assert_eq!(data, vec![0x5a; 4096]);
+    drop(hogs);
+    std::thread::sleep(Duration::from_millis(500));
+    let cmd = good.command(&read16(16, 8), 4096);
+    assert_eq!(good.run(&cmd), (0, vec![0x5a; 4096]));
+}

@@ -4,6 +4,7 @@
 //! never blocks the others or the socket.
 
 use super::PortalTargets;
+use crate::net::{Held, HeldFrames};
 use crate::ServerState;
 use bytes::{Bytes, BytesMut};
 use ferry_iscsi::login::{LoginFailure, OUR_MAX_RECV_DATA};
@@ -15,13 +16,14 @@ use ferry_iscsi::{
 };
 use ferry_scsi::op;
 use ferry_scsi::{LogicalUnit, Nexus, Sense};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 /// How long an initiator may take over each login step.
@@ -169,6 +171,17 @@ pub async fn run(
     // A new session is a new I_T nexus, even when it reuses the ISID of one
     // whose connection is still being torn down.
     luns.nexus_lost(&nexus);
+    let budget = Budget {
+        per_connection: state.config.iscsi.max_queued_bytes.max(1 << 20),
+        connection: Arc::new(Semaphore::new(
+            state
+                .config
+                .iscsi
+                .max_queued_bytes
+                .clamp(1 << 20, Semaphore::MAX_PERMITS),
+        )),
+        total: state.iscsi.budget_total(&state.config.iscsi),
+    };
     let result = full_feature(
         stream,
         buf,
@@ -177,6 +190,7 @@ pub async fn run(
         luns.clone(),
         &nexus,
         &targets,
+        budget,
         mine,
     )
     .await;
@@ -346,6 +360,49 @@ fn check_condition(sense: Sense) -> ferry_scsi::ScsiResponse {
     }
 }
 
+/// What one connection's unsent Data-In may hold: its own budget and the
+/// one all connections share. A READ is charged its expected length (at
+/// most the whole connection budget) before it runs, and the charge is
+/// given back once its Data-In is written; an initiator that does not read
+/// therefore stops being read once its budget is spent.
+struct Budget {
+    per_connection: usize,
+    connection: Arc<Semaphore>,
+    total: Arc<Semaphore>,
+}
+
+impl Budget {
+    /// What `t` is charged (0: nothing to hold).
+    fn cost(&self, t: &ScsiTask) -> u32 {
+        if !t.read || t.edtl == 0 {
+            return 0;
+        }
+        let most = u32::try_from(self.per_connection).unwrap_or(u32::MAX);
+        t.edtl.saturating_add(4096).min(most)
+    }
+
+    /// Charge `t` now, if both budgets have room.
+    fn try_charge(&self, t: &ScsiTask) -> Option<Option<Held>> {
+        let n = self.cost(t);
+        if n == 0 {
+            return Some(None);
+        }
+        let c = self.connection.clone().try_acquire_many_owned(n).ok()?;
+        let a = self.total.clone().try_acquire_many_owned(n).ok()?;
+        Some(Some(Held::new(c, Some(a))))
+    }
+
+    /// Charge `n`, waiting for room.
+    async fn charge(&self, n: u32) -> Option<Held> {
+        if n == 0 {
+            return None;
+        }
+        let c = self.connection.clone().acquire_many_owned(n).await.ok()?;
+        let a = self.total.clone().acquire_many_owned(n).await.ok()?;
+        Some(Held::new(c, Some(a)))
+    }
+}
+
 /// Run a command on a worker thread; its result comes back on `done`.
 fn spawn_execute(
     luns: Arc<Luns>,
@@ -359,6 +416,29 @@ fn spawn_execute(
     });
 }
 
+/// Start an admitted command: on this task after the batch is decoded
+/// (`inline`), or on a worker thread.
+fn admit(
+    task: ScsiTask,
+    luns: &Arc<Luns>,
+    nexus: &Nexus,
+    inline: &mut Vec<ScsiTask>,
+    running: &mut usize,
+    done: &mpsc::UnboundedSender<(u32, CommandResult)>,
+) {
+    if luns
+        .get(task.lun)
+        .is_some_and(|l| inline_ok(&task, &l.unit))
+    {
+        // Run after the rest of this batch is decoded, so an ABORT TASK
+        // right behind it still counts.
+        inline.push(task);
+        return;
+    }
+    *running += 1;
+    spawn_execute(luns.clone(), nexus.clone(), task, done.clone());
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn full_feature(
     stream: TcpStream,
@@ -368,12 +448,20 @@ async fn full_feature(
     luns: Arc<Luns>,
     nexus: &Nexus,
     targets: &PortalTargets<'_>,
+    budget: Budget,
     shutdown: CancellationToken,
 ) -> Result<(), ConnError> {
     let (hd, dd) = (params.header_digest, params.data_digest);
     let mut session = Session::new(params);
     let (mut rd, wr) = stream.into_split();
-    let (tx, rx) = mpsc::channel::<Vec<Bytes>>(256);
+    let (tx, rx) = mpsc::channel::<HeldFrames>(256);
+    // Charges of admitted READs until their answers go to the writer, and
+    // of answers ready to go with the next batch.
+    let mut held: HashMap<u32, Held> = HashMap::new();
+    let mut answered: Vec<Held> = Vec::new();
+    // Commands waiting for budget, in arrival order; while any waits, no
+    // more PDUs are decoded or read.
+    let mut waiting: VecDeque<ScsiTask> = VecDeque::new();
     let writer = tokio::spawn(crate::net::write_loop(wr, rx));
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u32, CommandResult)>();
     let mut out: Vec<Pdu> = Vec::new();
@@ -388,6 +476,9 @@ async fn full_feature(
     loop {
         // Decode and handle every whole PDU buffered.
         loop {
+            if !waiting.is_empty() {
+                break;
+            }
             let pdu = match dec.decode(&mut buf) {
                 Ok(Some(p)) => p,
                 Ok(None) => break,
@@ -406,17 +497,19 @@ async fn full_feature(
             for ev in events.drain(..) {
                 match ev {
                     Event::Execute(task) => {
-                        if luns
-                            .get(task.lun)
-                            .is_some_and(|l| inline_ok(&task, &l.unit))
-                        {
-                            // Run after the rest of this batch is decoded,
-                            // so an ABORT TASK right behind it still counts.
-                            inline.push(task);
+                        let charge = if waiting.is_empty() {
+                            budget.try_charge(&task)
+                        } else {
+                            None
+                        };
+                        let Some(charge) = charge else {
+                            waiting.push_back(task);
                             continue;
+                        };
+                        if let Some(h) = charge {
+                            held.insert(task.itt, h);
                         }
-                        running += 1;
-                        spawn_execute(luns.clone(), nexus.clone(), task, done_tx.clone());
+                        admit(task, &luns, nexus, &mut inline, &mut running, &done_tx);
                     }
                     Event::Reset { function, lun } => {
                         match (function, lun) {
@@ -445,9 +538,13 @@ async fn full_feature(
         for task in inline.drain(..) {
             if session.is_aborted(task.itt) {
                 session.discard(task.itt);
+                held.remove(&task.itt);
             } else if matches!(task.cdb.first(), Some(&(op::READ_10 | op::READ_16))) {
                 match luns.try_read_nowait(nexus, &task) {
-                    Some(r) => session.complete(task.itt, &r, &mut out),
+                    Some(r) => {
+                        session.complete(task.itt, &r, &mut out);
+                        answered.extend(held.remove(&task.itt));
+                    }
                     None => {
                         running += 1;
                         spawn_execute(luns.clone(), nexus.clone(), task, done_tx.clone());
@@ -456,6 +553,7 @@ async fn full_feature(
             } else {
                 let r = luns.execute(nexus, &task);
                 session.complete(task.itt, &r, &mut out);
+                answered.extend(held.remove(&task.itt));
             }
         }
         if !out.is_empty() {
@@ -463,7 +561,11 @@ async fn full_feature(
             for p in out.drain(..) {
                 wire(&p, hd, dd, &mut frames);
             }
-            if tx.send(frames).await.is_err() {
+            let batch = HeldFrames {
+                frames,
+                held: std::mem::take(&mut answered),
+            };
+            if tx.send(batch).await.is_err() {
                 break;
             }
         }
@@ -471,19 +573,37 @@ async fn full_feature(
             break;
         }
         buf.reserve(dec.wanted(&buf).max(64 * 1024));
+        let next_cost = waiting.front().map_or(0, |t| budget.cost(t));
         tokio::select! {
-            r = rd.read_buf(&mut buf) => match r {
+            r = rd.read_buf(&mut buf), if waiting.is_empty() => match r {
                 Ok(0) => break,
                 Ok(_) => {}
                 Err(e) => { result = Err(e.into()); break; }
             },
+            charge = budget.charge(next_cost), if !waiting.is_empty() => {
+                if let Some(task) = waiting.pop_front() {
+                    if let Some(h) = charge {
+                        held.insert(task.itt, h);
+                    }
+                    admit(task, &luns, nexus, &mut inline, &mut running, &done_tx);
+                }
+                while let Some(charge) = waiting.front().and_then(|t| budget.try_charge(t)) {
+                    let task = waiting.pop_front().expect("front exists");
+                    if let Some(h) = charge {
+                        held.insert(task.itt, h);
+                    }
+                    admit(task, &luns, nexus, &mut inline, &mut running, &done_tx);
+                }
+            }
             Some((itt, r)) = done_rx.recv() => {
                 running -= 1;
                 session.complete(itt, &r, &mut out);
+                answered.extend(held.remove(&itt));
                 // Answer every command that has finished in one write.
                 while let Ok((itt, r)) = done_rx.try_recv() {
                     running -= 1;
                     session.complete(itt, &r, &mut out);
+                    answered.extend(held.remove(&itt));
                 }
             }
             _ = idle.tick() => {
@@ -517,7 +637,12 @@ async fn full_feature(
             for p in out.drain(..) {
                 wire(&p, hd, dd, &mut frames);
             }
-            let _ = tx.send(frames).await;
+            let _ = tx
+                .send(HeldFrames {
+                    frames,
+                    held: std::mem::take(&mut answered),
+                })
+                .await;
             break;
         }
     }

@@ -36,6 +36,27 @@ pub struct IscsiState {
     /// ISID reinstates (closes) the old session.
     #[allow(clippy::type_complexity)]
     sessions: Mutex<HashMap<(String, String), (u64, CancellationToken)>>,
+    /// Data-In bytes all connections together may hold unsent.
+    budget_total: std::sync::OnceLock<Arc<tokio::sync::Semaphore>>,
+}
+
+impl IscsiState {
+    /// The budget shared by every connection, made on first use.
+    pub(crate) fn budget_total(
+        &self,
+        config: &crate::config::IscsiConfig,
+    ) -> Arc<tokio::sync::Semaphore> {
+        self.budget_total
+            .get_or_init(|| {
+                let floor = config.max_queued_bytes.max(64 << 20);
+                let n = config.max_queued_bytes_total.clamp(
+                    floor.min(tokio::sync::Semaphore::MAX_PERMITS),
+                    tokio::sync::Semaphore::MAX_PERMITS,
+                );
+                Arc::new(tokio::sync::Semaphore::new(n))
+            })
+            .clone()
+    }
 }
 
 impl std::fmt::Debug for IscsiState {
@@ -197,7 +218,9 @@ pub async fn serve(
             let state = st.clone();
             let shutdown = shutdown.clone();
             async move {
-                match connection::run(stream, portal, &state, shutdown).await {
+                let r = connection::run(stream, portal, &state, shutdown).await;
+                crate::net::give_back_memory().await;
+                match r {
                     Ok(()) => tracing::debug!(%peer, "iSCSI connection finished"),
                     Err(e) => tracing::info!(%peer, error = %e, "iSCSI connection closed"),
                 }

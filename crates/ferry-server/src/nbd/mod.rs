@@ -44,7 +44,7 @@ pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: Can
                     (t, mode)
                 });
                 let r = ferry_nbd_server::serve_connection(stream, &backend, tls, shutdown).await;
-                give_back_memory().await;
+                crate::net::give_back_memory().await;
                 match r {
                     Err(e) => tracing::info!(%peer, error = %e, "NBD connection closed"),
                     Ok(()) => tracing::debug!(%peer, "NBD connection finished"),
@@ -62,17 +62,5 @@ pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: Can
             let _ = stream.shutdown().await;
         },
     )
-    .await;
-}
-
-/// Return freed heap to the system once a connection is gone: glibc keeps
-/// what large replies used in its arenas otherwise, and the daemon would
-/// look as big as its busiest moment forever.
-async fn give_back_memory() {
-    let _ = tokio::task::spawn_blocking(|| {
-        // SAFETY: malloc_trim only releases free memory of the allocator;
-        // it takes no pointers and is safe to call from any thread.
-        unsafe { libc::malloc_trim(0) }
-    })
     .await;
 }
