@@ -126,6 +126,13 @@ struct AgentBackend(Arc<Agent>);
 impl NbdBackend for AgentBackend {
     type Handler = Forwarder;
 
+    fn reply_budget(&self) -> ferry_nbd_server::ReplyBudget {
+        ferry_nbd_server::ReplyBudget {
+            total: Some(self.0.budget_total.clone()),
+            ..Default::default()
+        }
+    }
+
     fn catalog(&self) -> Box<dyn ExportCatalog + '_> {
         Box::new(AgentCatalog(&self.0))
     }

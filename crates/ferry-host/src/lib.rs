@@ -314,7 +314,14 @@ pub struct Agent {
     volumes: parking_lot::RwLock<std::collections::BTreeMap<String, Arc<Upstream>>>,
     hold: Duration,
     tls: Option<ClientTls>,
+    /// Bytes of requests and replies all its clients' connections together
+    /// may hold (each connection also has its own budget).
+    budget_total: Arc<tokio::sync::Semaphore>,
 }
+
+/// What all of an agent's client connections together may hold in
+/// requests and replies.
+pub const AGENT_BUDGET_TOTAL: usize = 1 << 30;
 
 impl Agent {
     /// An agent with no volumes; requests wait up to `hold` for a server.
@@ -328,6 +335,7 @@ impl Agent {
             volumes: Default::default(),
             hold,
             tls,
+            budget_total: Arc::new(tokio::sync::Semaphore::new(AGENT_BUDGET_TOTAL)),
         })
     }
 

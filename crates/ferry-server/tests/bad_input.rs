@@ -17,7 +17,11 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 fn connect(s: &TestServer) -> TcpStream {
-    let t = TcpStream::connect(s.nbd).unwrap();
+    connect_to(s.nbd)
+}
+
+fn connect_to(addr: std::net::SocketAddr) -> TcpStream {
+    let t = TcpStream::connect(addr).unwrap();
     t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut g = [0u8; 18];
     (&t).read_exact(&mut g).unwrap();
@@ -46,7 +50,11 @@ fn option_reply(t: &mut TcpStream, buf: &mut BytesMut) -> u32 {
 
 /// Negotiate `export` with GO; optionally structured replies first.
 fn go(s: &TestServer, export: &str, structured: bool) -> (TcpStream, BytesMut) {
-    let mut t = connect(s);
+    go_at(s.nbd, export, structured)
+}
+
+fn go_at(addr: std::net::SocketAddr, export: &str, structured: bool) -> (TcpStream, BytesMut) {
+    let mut t = connect_to(addr);
     let mut buf = BytesMut::new();
     t.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
         .unwrap();
@@ -169,6 +177,57 @@ fn a_client_that_never_reads_replies_cannot_grow_the_daemon() {
     drop(hogs);
     std::thread::sleep(Duration::from_millis(500));
     healthy(&s, "big", 0, &[0x5a; 4096]);
+}
+
+/// The same through `ferry host`: its clients hold at most their budgets
+/// of the agent (and so of the daemon behind it), and another client of
+/// the agent is served meanwhile.
+#[test]
+fn a_client_of_the_host_agent_that_never_reads_cannot_grow_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = TestServer::start(dir.path());
+    let v = s.create("big", 64 << 20);
+    v.write_at(0, &vec![0x5a; 8 << 20], false).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let agent = ferry_host::Agent::new(ferry_host::DEFAULT_HOLD);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let addr = rt.block_on(async {
+        agent.attach(&s.nbd.to_string(), "big").await.unwrap();
+        let l = ferry_host::Listener::bind("127.0.0.1:0").await.unwrap();
+        let a = l.local_addr().unwrap();
+        tokio::spawn(ferry_host::serve(l, agent.clone(), shutdown.clone()));
+        a
+    });
+    let addr: std::net::SocketAddr = addr.to_string().parse().unwrap();
+    let before = rss();
+    let mut hogs = Vec::new();
+    for _ in 0..3 {
+        let (mut t, _) = go_at(addr, "big", false);
+        let mut b = BytesMut::new();
+        for i in 0..2000u64 {
+            encode_request(&mut b, 0, Command::Read, i, (i % 8) << 20, 1 << 20);
+        }
+        t.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = t.write_all(&b);
+        hogs.push(t);
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let grown = rss().saturating_sub(before);
+    assert!(
+        grown < 500 << 20,
+        "agent and daemon grew by {} MiB",
+        grown >> 20
+    );
+    let (mut t, mut buf) = go_at(addr, "big", false);
+    request(&mut t, 0, Command::Read, 7, 4096, 4096, &[]);
+    match reply(&mut t, &mut buf, 4096) {
+        Reply::Simple {
+            error: None, data, ..
+        } => assert_eq!(&data[..], &[0x5a; 4096][..]),
+        r => panic!("unexpected {r:?}"),
+    }
+    drop(hogs);
+    shutdown.cancel();
 }
 
 #[test]
