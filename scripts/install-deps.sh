@@ -19,7 +19,7 @@ if [ "$want_test" = 1 ]; then
   # etcd-server: controllers sharing their state and electing a leader;
   # prometheus: scrapes every daemon, and runs the Grafana dashboard's queries;
   # syslinux, mtools, dosfstools: a disk a guest boots from (--boot-disk).
-  pkgs+=(qemu-utils qemu-block-extra libnbd-bin nbdkit fio python3 python3-matplotlib chromium rsync libiscsi-bin tgt qemu-system-x86 etcd-server prometheus syslinux syslinux-common mtools dosfstools)
+  pkgs+=(qemu-utils qemu-block-extra libnbd-bin python3-libnbd nbdkit fio python3 python3-matplotlib chromium rsync libiscsi-bin tgt qemu-system-x86 etcd-server prometheus syslinux syslinux-common mtools dosfstools)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

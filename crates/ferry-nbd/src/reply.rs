@@ -1,5 +1,6 @@
 //! Encoders for transmission-phase replies: simple replies and structured
-//! reply chunks (`OFFSET_DATA`, `NONE`, `BLOCK_STATUS`, `ERROR`).
+//! reply chunks (`OFFSET_DATA`, `OFFSET_HOLE`, `NONE`, `BLOCK_STATUS`,
+//! `ERROR`).
 
 use crate::consts::*;
 use crate::error::ErrorCode;
@@ -31,6 +32,20 @@ pub fn offset_data_header(out: &mut BytesMut, cookie: u64, offset: u64, data_len
         data_len + 8,
     );
     out.put_u64(offset);
+}
+
+/// Header of a non-final `OFFSET_DATA` chunk (one piece of a READ answered
+/// in several chunks); `data_len` bytes of data follow.
+pub fn offset_data_piece(out: &mut BytesMut, cookie: u64, offset: u64, data_len: u32) {
+    chunk_header(out, 0, REPLY_TYPE_OFFSET_DATA, cookie, data_len + 8);
+    out.put_u64(offset);
+}
+
+/// A non-final `OFFSET_HOLE` chunk: `len` bytes at `offset` read as zeroes.
+pub fn offset_hole(out: &mut BytesMut, cookie: u64, offset: u64, len: u32) {
+    chunk_header(out, 0, REPLY_TYPE_OFFSET_HOLE, cookie, 12);
+    out.put_u64(offset);
+    out.put_u32(len);
 }
 
 /// A final `NONE` chunk: success with nothing more to say.

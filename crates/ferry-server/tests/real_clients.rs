@@ -223,3 +223,60 @@ fn restart_keeps_data_and_identity() {
         .args(["-c", "read -P 0x3c 1M 256k"]));
     assert!(!out.contains("Pattern verification failed"), "{out}");
 }
+
+/// A large READ over a sparse volume answers its holes with hole chunks
+/// (seen by libnbd's chunk callback) and QEMU reads the same bytes: data
+/// where it was written, zeroes elsewhere.
+#[test]
+fn sparse_reads_answer_holes_with_hole_chunks() {
+    // nbdsh comes with libnbd's Python binding, which the check uses.
+    if !have("qemu-io") || !have("nbdsh") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(&d.path().join("pool"));
+    let v = s.create("sparse", 16 << 20);
+    v.write_at(1 << 20, &[0x11; 65536], false).unwrap();
+    v.write_at(3 << 20, &[0x22; 4096], false).unwrap();
+    let script = format!(
+        r#"
+import nbd
+h = nbd.NBD()
+h.connect_uri("{uri}")
+seen = []
+def chunk(buf, off, status, err):
+    seen.append((off, len(buf), status))
+    return 0
+buf = h.pread_structured(4 << 20, 0, chunk)
+assert buf[:1 << 20] == bytes(1 << 20)
+assert buf[1 << 20:(1 << 20) + 65536] == b"\x11" * 65536
+assert buf[3 << 20:(3 << 20) + 4096] == b"\x22" * 4096
+holes = sum(n for (_, n, st) in seen if st == nbd.READ_HOLE)
+data = sum(n for (_, n, st) in seen if st == nbd.READ_DATA)
+print(holes, data, sorted(seen))
+"#,
+        uri = s.uri("sparse")
+    );
+    let out = run(Command::new("/usr/bin/python3").args(["-c", &script]));
+    let mut it = out.split_whitespace();
+    let holes: u64 = it.next().unwrap().parse().unwrap();
+    let data: u64 = it.next().unwrap().parse().unwrap();
+    assert_eq!(holes + data, 4 << 20, "{out}");
+    assert_eq!(data, 65536 + 4096, "only written blocks go as data: {out}");
+    let out = run(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        &s.uri("sparse"),
+        "-c",
+        "read -P 0 0 1M",
+        "-c",
+        "read -P 0x11 1M 64k",
+        "-c",
+        "read -P 0 1088k 1984k",
+        "-c",
+        "read -P 0x22 3M 4k",
+        "-c",
+        "read -P 0 3076k 13308k",
+    ]));
+    assert!(!out.contains("verification failed"), "{out}");
+}
