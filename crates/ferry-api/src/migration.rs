@@ -243,6 +243,10 @@ pub struct ReportChunks {
     pub sent: u64,
     /// Sent again because the guest wrote them during the migration.
     pub dirty_resent: u64,
+    /// Sent as data without a print, once the destination was found to
+    /// hold almost none of the volume's blocks (counted in `sent` too).
+    #[serde(default)]
+    pub unprinted: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

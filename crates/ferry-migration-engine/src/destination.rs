@@ -468,10 +468,11 @@ where
                         missing = still;
                     }
                 }
-                if !missing.is_empty() {
-                    let ranges = coalesce(missing.iter().map(|m| m.0));
-                    send(wr, &Message::Want { ranges }).await?;
-                }
+                // Every Prints frame gets its Want, empty when nothing of
+                // it is needed: the source judges from them whether its
+                // prints pay (protocol version 4).
+                let ranges = coalesce(missing.iter().map(|m| m.0));
+                send(wr, &Message::Want { ranges }).await?;
             }
             Message::PrintsDone => {
                 if stats.resumed > 0 {

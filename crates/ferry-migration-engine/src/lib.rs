@@ -162,6 +162,12 @@ pub struct Counters {
     pub chunks_buddy: AtomicU64,
     pub chunks_resumed: AtomicU64,
     pub chunks_wanted: AtomicU64,
+    /// Keys of `Prints` frames the destination has answered (version 4:
+    /// one `Want` per frame).
+    pub keys_answered: AtomicU64,
+    /// Non-zero chunks sent as data without a print, after the prints
+    /// were found to pay too little.
+    pub chunks_unprinted: AtomicU64,
     pub chunks_sent: AtomicU64,
     pub chunks_dirty_sent: AtomicU64,
     pub bytes_fingerprints: AtomicU64,

@@ -27,6 +27,16 @@ use tokio::sync::mpsc;
 const DATA_FRAME: u64 = 1 << 20;
 /// Fingerprints per `Prints` frame.
 const PRINTS_FRAME: usize = 8192;
+/// Keys printed but not yet answered, at most: the scan waits beyond it,
+/// so that what the answers say (how much the destination finds) can
+/// still change what is sent.
+const PRINTS_AHEAD: u64 = 4 * PRINTS_FRAME as u64;
+/// Keys answered before the hit rate is judged.
+const THIN_SAMPLE: u64 = 2 * PRINTS_FRAME as u64;
+/// If the destination wants at least this share (per mille) of the keys
+/// it was sent, the rest of the volume goes as data without prints: they
+/// would cost more than the few blocks they save.
+const THIN_WANTED_PERMILLE: u64 = 970;
 /// How long to wait for an answer that needs no disk work on the peer.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long the paused source waits for the destination's answers beyond
@@ -324,6 +334,7 @@ async fn migrate(
             resumed: g(&c.chunks_resumed),
             sent: g(&c.chunks_sent),
             dirty_resent: g(&c.chunks_dirty_sent),
+            unprinted: g(&c.chunks_unprinted),
         },
         time: ReportTime {
             total_s: run.started.elapsed().as_secs_f64(),
@@ -447,6 +458,8 @@ struct Sender {
     table: Arc<ChunkTable>,
     run: Arc<MigrationRun>,
     chunk: u64,
+    /// Keys in each `Prints` frame sent and not yet answered, oldest first.
+    unanswered: parking_lot::Mutex<std::collections::VecDeque<u64>>,
     /// The connection's zstd stream, when compressing.
     stream: Option<parking_lot::Mutex<super::stream::StreamEncoder>>,
 }
@@ -532,11 +545,28 @@ impl Sender {
         let mut buf = Vec::new();
         let k = &self.run.counters;
         let mut pos = 0u64;
-        let flush = |entries: &mut Vec<PrintEntry>, first: &mut u64, next: u64| {
+        let mut printing = dedup;
+        let mut keys_sent = 0u64;
+        let mut flush = |entries: &mut Vec<PrintEntry>, first: &mut u64, next: u64| {
             if entries.is_empty() {
                 *first = next;
                 return Ok(());
             }
+            let keys = entries
+                .iter()
+                .filter(|e| matches!(e, PrintEntry::Key(_)))
+                .count() as u64;
+            // Stay at most PRINTS_AHEAD keys ahead of the answers.
+            while keys > 0
+                && keys_sent.saturating_sub(k.keys_answered.load(Ordering::Relaxed)) > PRINTS_AHEAD
+            {
+                if self.run.cancel.is_cancelled() {
+                    return Err(MigrationError::Cancelled);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            keys_sent += keys;
+            self.unanswered.lock().push_back(keys);
             let m = Message::Prints {
                 first_chunk: *first,
                 entries: std::mem::take(entries),
@@ -565,18 +595,30 @@ impl Sender {
                 } else {
                     let p = *blake3::hash(data).as_bytes();
                     self.table.set(ci, p);
-                    if dedup {
+                    if printing {
                         entries.push(PrintEntry::Key(ferry_index::Fingerprint(p).key()));
                     } else {
                         // Without fingerprints a gap between entries means
                         // "sent as data".
                         literal.push(ci);
+                        if dedup {
+                            k.chunks_unprinted.fetch_add(1, Ordering::Relaxed);
+                        }
                         flush(&mut entries, &mut first, ci + 1)?;
                     }
                 }
                 k.chunks_printed.fetch_add(1, Ordering::Relaxed);
                 if entries.len() >= PRINTS_FRAME {
                     flush(&mut entries, &mut first, ci + 1)?;
+                    if printing && prints_pay_too_little(k) {
+                        printing = false;
+                        tracing::info!(
+                            volume = %self.vol.name(),
+                            answered = k.keys_answered.load(Ordering::Relaxed),
+                            wanted = k.chunks_wanted.load(Ordering::Relaxed),
+                            "the destination finds almost none of this volume's blocks: the rest goes as data, without fingerprints"
+                        );
+                    }
                 }
                 off += n;
             }
@@ -590,6 +632,14 @@ impl Sender {
         flush(&mut entries, &mut first, chunks)?;
         self.send(frame(Kind::Protocol, &Message::PrintsDone))
     }
+}
+
+/// Whether the destination has answered enough prints to judge, and
+/// wanted nearly all of them.
+fn prints_pay_too_little(k: &super::Counters) -> bool {
+    let answered = k.keys_answered.load(Ordering::Relaxed);
+    let wanted = k.chunks_wanted.load(Ordering::Relaxed);
+    answered >= THIN_SAMPLE && wanted.saturating_mul(1000) >= answered * THIN_WANTED_PERMILLE
 }
 
 /// Resumes the volume's writers when dropped, unless disarmed (the switch
@@ -867,6 +917,8 @@ async fn run_phases(
         &c.chunks_buddy,
         &c.chunks_resumed,
         &c.chunks_wanted,
+        &c.keys_answered,
+        &c.chunks_unprinted,
         &c.chunks_sent,
         &c.chunks_dirty_sent,
         &c.rounds,
@@ -879,6 +931,7 @@ async fn run_phases(
         table: table.clone(),
         run: run.clone(),
         chunk: u64::from(chunk),
+        unanswered: parking_lot::Mutex::new(std::collections::VecDeque::new()),
         stream: if req.compress {
             Some(parking_lot::Mutex::new(super::stream::StreamEncoder::new()?))
         } else {
@@ -939,9 +992,14 @@ async fn fingerprint_phase(
             }
             m = next_msg(in_rx, ANSWER_TIMEOUT, Some(&run.cancel)) => match m? {
                 Message::Want { ranges } => {
+                    // One Want answers each Prints frame, in order.
                     let n: u64 = ranges.iter().map(|r| u64::from(r.1)).sum();
                     c.chunks_wanted.fetch_add(n, Ordering::Relaxed);
-                    let _ = want_tx.send(ranges);
+                    let keys = sender.unanswered.lock().pop_front().unwrap_or(0);
+                    c.keys_answered.fetch_add(keys, Ordering::Relaxed);
+                    if !ranges.is_empty() {
+                        let _ = want_tx.send(ranges);
+                    }
                 }
                 Message::WantDone { local_chunks, buddy_chunks, resumed_chunks } => {
                     c.chunks_resumed.store(resumed_chunks, Ordering::Relaxed);

@@ -7,7 +7,7 @@
 //!    |<---------- Welcome{version, resumed} / Refuse
 //!    | Prints{first, [zero run | key]} ...     ->|  phase 1: 8-byte keys, zero runs as intervals
 //!    | PrintsDone ------------------------------>|
-//!    |<------------------------- Want{ranges} ...|  phase 2: what it cannot rebuild locally,
+//!    |<------------------------- Want{ranges} ...|  phase 2: one per Prints, what it cannot rebuild,
 //!    |<--------------------- WantDone{local, buddy}  streamed as it is found (coalesced ranges)
 //!    | Data{offset, raw|zstd, bytes} ... ------->|  phase 3: wanted chunks, then dirty rounds
 //!    | RoundEnd{round, dirty_bytes} ------------>|
@@ -35,7 +35,13 @@
 //!
 //! Versions: `Hello` carries the range the source speaks; `Welcome` names
 //! the one chosen, and a destination refuses a source whose range does not
-//! include its own. Version 3 is this document: prints are 8-byte keys
+//! include its own. Version 4 is this document: the destination answers
+//! every `Prints` with one `Want`, empty when it needs nothing of that
+//! frame, so the source knows how many of its prints were answered and
+//! how many found a block; when almost none do (a volume the destination
+//! has nothing like), it sends the rest of the volume as data without
+//! prints, which then cost no more than a migration without them. Version
+//! 3 made prints 8-byte keys
 //! (entry tag 3) instead of whole BLAKE3 hashes (tag 2, gone), and so are
 //! buddy lookups. Version 2 removed two fields version 1 always sent empty
 //! (`Switch.location`, the resume point of `Welcome`, now one `resumed`
@@ -65,7 +71,7 @@ pub use message::{
 pub use order::{DestinationOrder, ProtocolViolation, SourceOrder};
 
 /// Protocol version spoken by this build.
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 /// Largest payload of one frame.
 pub const MAX_PAYLOAD: u32 = 64 << 20;
 /// Frame header length.

@@ -657,3 +657,47 @@ fn a_link_cut_during_the_dirty_rounds_resumes_and_loses_no_write() {
         sha(dst.state.pool.get("vm").unwrap().data_path())
     );
 }
+
+/// A volume the destination has nothing like: after two frames of prints
+/// found almost nothing, the rest goes as data without prints, so the
+/// migration costs about what one without prints does.
+#[test]
+fn prints_stop_when_the_destination_holds_nothing_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+    let src = TestServer::start(&pa);
+    let dst = destination(&pb);
+    trust_each_other(&pa, &pb);
+    let data = noise(256 * MIB as usize, 11);
+    let to = dst.migration.unwrap().to_string();
+    let mut reports = Vec::new();
+    for (name, dedup) in [("with-prints", true), ("without", false)] {
+        let v = src.create(name, 256 * MIB);
+        v.write_at(0, &data, false).unwrap();
+        let mut req = request(name, to.clone());
+        req.dedup = dedup;
+        req.compress = false;
+        let r = wait(&migrate(&src, req), Duration::from_secs(120));
+        assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
+        assert_eq!(r.chunks.sent, 256 * MIB / 4096, "{r:?}");
+        assert_eq!(
+            sha(v.data_path()),
+            sha(dst.state.pool.get(name).unwrap().data_path())
+        );
+        reports.push(r);
+    }
+    let (with, without) = (&reports[0], &reports[1]);
+    // The first 16,384 keys are judged; the scan runs at most 32,768 keys
+    // ahead of the answers, so at least a quarter of the volume goes
+    // without prints.
+    assert!(
+        with.chunks.unprinted >= 256 * MIB / 4096 / 4,
+        "prints went on: {with:?}"
+    );
+    #[allow(clippy::cast_precision_loss)]
+    let ratio = with.bytes.wire_tx as f64 / without.bytes.wire_tx as f64;
+    assert!(
+        ratio < 1.01,
+        "with prints {ratio:.4}x without: {with:?} {without:?}"
+    );
+}
