@@ -35,6 +35,10 @@ pub struct CreateVolume {
     /// 512 (default) or 4096.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_size: Option<u32>,
+    /// Physical block size to report when larger than the logical one
+    /// (512e: `block_size` 512 with 4096 here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub physical_block_size: Option<u32>,
     #[serde(default)]
     pub preallocate: bool,
     /// An existing file or device outside the pool to serve (never deleted).
@@ -110,6 +114,10 @@ pub struct VolumeView {
     pub size: u64,
     /// Logical block size presented to clients.
     pub block_size: u32,
+    /// Physical block size reported to clients (equal to `block_size`
+    /// unless the volume is 512e).
+    #[serde(default)]
+    pub physical_block_size: u32,
     pub uuid: String,
     /// NAA identifier (`naa.3…`) that a migrated copy keeps.
     pub wwn: String,

@@ -187,6 +187,10 @@ enum VolumeCmd {
         size: Option<String>,
         #[arg(long, default_value_t = 512)]
         block_size: u32,
+        /// Physical block size to report when larger than --block-size
+        /// (512e: --block-size 512 --physical-block-size 4096).
+        #[arg(long)]
+        physical_block_size: Option<u32>,
         /// Allocate every block now (default: sparse).
         #[arg(long)]
         preallocate: bool,
@@ -457,6 +461,7 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
             name,
             size,
             block_size,
+            physical_block_size,
             preallocate,
             path,
             read_only,
@@ -472,6 +477,7 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
                 name,
                 size: size.map(Size::Bytes),
                 block_size: Some(block_size),
+                physical_block_size,
                 preallocate,
                 path,
                 read_only,

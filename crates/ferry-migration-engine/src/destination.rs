@@ -181,6 +181,7 @@ fn prepare(
             let opts = CreateOptions {
                 size: d.size,
                 block_size: d.block_size,
+                physical_block_size: Some(d.physical_block_size),
                 identity: Some((uuid, d.wwn.clone())),
                 incoming: Some(IncomingMigration {
                     id: id.to_string(),

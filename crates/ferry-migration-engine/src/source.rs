@@ -743,6 +743,7 @@ async fn attempt(
             uuid: *meta.uuid.as_bytes(),
             wwn: meta.wwn.clone(),
             allocated: vol.allocated_bytes(),
+            physical_block_size: meta.physical_block_size.unwrap_or(meta.block_size),
         },
     };
     let n = super::transport::send(&mut wr, &hello).await?;

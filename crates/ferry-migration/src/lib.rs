@@ -40,7 +40,9 @@
 //! frame, so the source knows how many of its prints were answered and
 //! how many found a block; when almost none do (a volume the destination
 //! has nothing like), it sends the rest of the volume as data without
-//! prints, which then cost no more than a migration without them. Version
+//! prints, which then cost no more than a migration without them; and the
+//! volume descriptor of `Hello` ends with the physical block size, which
+//! the copy keeps (512e volumes). Version
 //! 3 made prints 8-byte keys
 //! (entry tag 3) instead of whole BLAKE3 hashes (tag 2, gone), and so are
 //! buddy lookups. Version 2 removed two fields version 1 always sent empty

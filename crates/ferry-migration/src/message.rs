@@ -45,6 +45,9 @@ pub struct VolumeDescriptor {
     pub wwn: String,
     /// Bytes the source holds allocated (what a sparse copy needs on disk).
     pub allocated: u64,
+    /// Physical block size clients are told (equal to `block_size` unless
+    /// the volume is 512e); the copy keeps it.
+    pub physical_block_size: u32,
 }
 
 /// One fingerprint-stream entry.
@@ -285,6 +288,7 @@ impl Message {
                 out.put_slice(&volume.uuid);
                 put_str(out, &volume.wwn);
                 out.put_u64(volume.allocated);
+                out.put_u32(volume.physical_block_size);
             }
             Message::Welcome { version, resumed } => {
                 out.put_u16(*version);
@@ -478,6 +482,7 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
                 uuid: p.array()?,
                 wwn: p.string()?,
                 allocated: p.u64()?,
+                physical_block_size: p.u32()?,
             },
         },
         T::Welcome => {
@@ -658,6 +663,7 @@ mod tests {
             uuid: [7; 16],
             wwn: "naa.3123456789abcdef".into(),
             allocated: 0,
+            physical_block_size: 4096,
         };
         vec![
             Message::Hello {

@@ -250,6 +250,7 @@ mod tests {
                 uuid: [2; 16],
                 wwn: "naa.3".into(),
                 allocated: 0,
+                physical_block_size: 512,
             },
         }
     }

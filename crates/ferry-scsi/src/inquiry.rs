@@ -128,7 +128,8 @@ pub fn vpd(code: u8, id: &Identity, cfg: &LuConfig, blocks: u64) -> Option<Vec<u
             if cfg.thin {
                 b[16..20].copy_from_slice(&MAX_UNMAP_BLOCKS.to_be_bytes());
                 b[20..24].copy_from_slice(&MAX_UNMAP_DESCRIPTORS.to_be_bytes());
-                b[24..28].copy_from_slice(&(4096 / cfg.block_size.max(1)).max(1).to_be_bytes());
+                let granule = cfg.physical_block.max(4096) / cfg.block_size.max(1);
+                b[24..28].copy_from_slice(&granule.max(1).to_be_bytes());
                 b[28..32].copy_from_slice(&0x8000_0000u32.to_be_bytes()); // UGAVALID, alignment 0
             }
             b[32..40].copy_from_slice(&MAX_WRITE_SAME_BLOCKS.to_be_bytes());

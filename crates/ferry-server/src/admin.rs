@@ -170,6 +170,7 @@ fn view(v: &Volume) -> VolumeView {
         name: m.name,
         size: m.size,
         block_size: m.block_size,
+        physical_block_size: m.physical_block_size.unwrap_or(m.block_size),
         uuid: m.uuid.to_string(),
         wwn: m.wwn,
         created_unix: m.created_unix,
@@ -269,6 +270,7 @@ async fn create(
     let opts = CreateOptions {
         size,
         block_size: r.block_size.unwrap_or(512),
+        physical_block_size: r.physical_block_size,
         preallocate: r.preallocate,
         external: r.path.clone(),
         read_only: r.read_only,

@@ -512,6 +512,7 @@ mod migration_input {
                 uuid: [id; 16],
                 wwn: "naa.3000000000000001".into(),
                 allocated: 0,
+                physical_block_size: 512,
             },
         }
     }

@@ -43,6 +43,10 @@ pub struct VolumeMeta {
     pub size: u64,
     /// Logical block size presented to clients: 512 or 4096.
     pub block_size: u32,
+    /// Physical block size reported to clients, when larger than the
+    /// logical one (512e: 512-byte blocks on 4 KiB physical blocks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub physical_block_size: Option<u32>,
     pub uuid: Uuid,
     /// NAA identifier (`naa.` + 16 hex digits), kept by migrated copies so
     /// multipath sees one device.
@@ -108,6 +112,7 @@ impl VolumeMeta {
             name: name.into(),
             size,
             block_size,
+            physical_block_size: None,
             uuid,
             wwn: naa_from_uuid(&uuid),
             created_unix: std::time::SystemTime::now()

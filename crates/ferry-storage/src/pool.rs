@@ -25,6 +25,9 @@ pub struct PoolOptions {
 pub struct CreateOptions {
     pub size: u64,
     pub block_size: u32,
+    /// Physical block size to report, a power-of-two multiple of
+    /// `block_size` up to 64 KiB (None: the same as `block_size`).
+    pub physical_block_size: Option<u32>,
     pub preallocate: bool,
     /// Use an existing file or block device instead of a pool file.
     pub external: Option<PathBuf>,
@@ -40,6 +43,7 @@ impl Default for CreateOptions {
         CreateOptions {
             size: 0,
             block_size: 512,
+            physical_block_size: None,
             preallocate: false,
             external: None,
             read_only: false,
@@ -171,6 +175,14 @@ impl Pool {
                 o.block_size
             )));
         }
+        if let Some(p) = o.physical_block_size {
+            if !p.is_power_of_two() || p < o.block_size || p > 65536 {
+                return Err(StorageError::Invalid(format!(
+                    "physical block size {p} must be a power of two from the block size {} to 65536",
+                    o.block_size
+                )));
+            }
+        }
         if self.volumes.read().contains_key(name) {
             return Err(StorageError::Exists(name.into()));
         }
@@ -226,6 +238,7 @@ impl Pool {
                 meta.wwn = wwn.clone();
             }
             meta.incoming = o.incoming.clone();
+            meta.physical_block_size = o.physical_block_size.filter(|p| *p > o.block_size);
             meta.store(&tmp.join("meta.json"))
         })();
         if let Err(e) = made {

@@ -201,8 +201,9 @@ impl UnitTable {
             },
             LuConfig {
                 block_size,
-                // Physical = logical: UNMAP granularity is reported in VPD 0xB0.
-                physical_block: block_size,
+                // 512e volumes report their physical block (LBPPBE);
+                // UNMAP granularity follows it in VPD 0xB0.
+                physical_block: m.physical_block_size.unwrap_or(block_size),
                 thin: volume.is_sparse(),
             },
         ));
