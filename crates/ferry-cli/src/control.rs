@@ -263,7 +263,12 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
                     Vec::new(),
                 ),
                 (None, Some(i)) => {
-                    let m = ferry_controller::measure::measure(i, interval, &BTreeMap::new());
+                    let m = ferry_controller::measure::measure(
+                        i,
+                        interval,
+                        &BTreeMap::new(),
+                        &mut Default::default(),
+                    );
                     (m.cluster, m.running_on, m.problems)
                 }
                 (None, None) => anyhow::bail!("give --cluster or --inventory"),

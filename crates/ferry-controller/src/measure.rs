@@ -18,20 +18,74 @@ pub const HOST_CALL_LIMIT: Duration = Duration::from_secs(10);
 /// Round trips to time per link and cycle.
 const PROBES: u32 = 3;
 
-/// Blocks of a guest's disk sampled per cycle to estimate what each other
-/// site already holds.
+/// Blocks of a guest's disk sampled to estimate what each other site
+/// already holds.
 const SAMPLE_BLOCKS: u64 = 256;
+
+/// How long a disk's sample stays good: what the sites hold of it changes
+/// slowly (with their indexes), and each sample costs 256 block reads at
+/// the disk's site and an index lookup at every other.
+pub const HOLDINGS_MAX_AGE: Duration = Duration::from_secs(300);
+
+/// The last sample of each disk (storage address, volume): per site, the
+/// share of the disk a move there would send.
+#[derive(Debug, Default)]
+pub struct HoldingsCache {
+    entries: BTreeMap<(String, String), (Instant, BTreeMap<String, f64>)>,
+}
+
+impl HoldingsCache {
+    fn fresh(&self, key: &(String, String)) -> Option<&BTreeMap<String, f64>> {
+        self.entries
+            .get(key)
+            .filter(|(at, _)| at.elapsed() < HOLDINGS_MAX_AGE)
+            .map(|(_, m)| m)
+    }
+
+    /// Forget samples too old to use.
+    fn prune(&mut self) {
+        self.entries.retain(|_, (at, _)| at.elapsed() < HOLDINGS_MAX_AGE);
+    }
+}
 
 /// Per site, the bytes of `volume` (at storage `server`) a disk move there
 /// would send: its non-zero share (a sample of its blocks, read where it
 /// lives) times the share of those blocks the site's index does not hold.
 /// 0 at its own site; sites without storage, or that do not answer, are
-/// left out (the model then counts the whole disk).
+/// left out (the model then counts the whole disk). A sample is reused for
+/// [`HOLDINGS_MAX_AGE`]; one that met a problem is not kept.
 fn missing_bytes(
     inv: &Inventory,
     server: &str,
     volume: &str,
     disk_bytes: f64,
+    problems: &mut Vec<String>,
+    cache: &mut HoldingsCache,
+) -> BTreeMap<String, f64> {
+    let key = (server.to_string(), volume.to_string());
+    let shares = match cache.fresh(&key) {
+        Some(s) => s.clone(),
+        None => {
+            let before = problems.len();
+            let s = missing_shares(inv, server, volume, problems);
+            if problems.len() == before {
+                cache.entries.insert(key, (Instant::now(), s.clone()));
+            }
+            s
+        }
+    };
+    shares
+        .into_iter()
+        .map(|(site, share)| (site, share * disk_bytes))
+        .collect()
+}
+
+/// Per site, the share of `volume` a disk move there would send (see
+/// [`missing_bytes`]).
+fn missing_shares(
+    inv: &Inventory,
+    server: &str,
+    volume: &str,
     problems: &mut Vec<String>,
 ) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
@@ -69,7 +123,7 @@ fn missing_bytes(
                 }
             }
         };
-        out.insert(s.name.clone(), disk_bytes * nonzero * (1.0 - held));
+        out.insert(s.name.clone(), nonzero * (1.0 - held));
     }
     out
 }
@@ -217,7 +271,9 @@ pub fn measure(
     inv: &Inventory,
     interval: Duration,
     since_move_s: &BTreeMap<String, f64>,
+    holdings: &mut HoldingsCache,
 ) -> Measured {
+    holdings.prune();
     let mut problems = Vec::new();
     let t0 = Instant::now();
     let first = sample(inv, &mut problems, true);
@@ -288,7 +344,14 @@ pub fn measure(
             },
             memory_bytes,
             disk_bytes,
-            missing_at: missing_bytes(inv, &d.server, &d.volume, disk_bytes, &mut problems),
+            missing_at: missing_bytes(
+                inv,
+                &d.server,
+                &d.volume,
+                disk_bytes,
+                &mut problems,
+                holdings,
+            ),
             load: VmLoad {
                 iops: nf / dt,
                 io_bytes: if n > 0 { bytes / nf } else { 4096.0 },

@@ -248,6 +248,8 @@ struct Memory {
     /// The decisions of the last cycle not acted on (paused): the same
     /// decision again is not journaled again.
     unacted: BTreeSet<(String, String, String, String)>,
+    /// What each site holds of each disk, sampled every few minutes.
+    holdings: crate::measure::HoldingsCache,
 }
 
 fn cycle(sh: &Shared, sample: Duration, mem: &mut Memory, born: Instant) {
@@ -255,6 +257,7 @@ fn cycle(sh: &Shared, sample: Duration, mem: &mut Memory, born: Instant) {
         triggers,
         moved_at,
         unacted,
+        holdings,
     } = mem;
     let t = Instant::now();
     let settings = sh.settings.lock().clone();
@@ -274,7 +277,7 @@ fn cycle(sh: &Shared, sample: Duration, mem: &mut Memory, born: Instant) {
         .iter()
         .map(|(k, v)| (k.clone(), v.elapsed().as_secs_f64()))
         .collect();
-    let mut m = measure(&settings.inventory, sample, &since);
+    let mut m = measure(&settings.inventory, sample, &since, holdings);
     // Bandwidth: what the completed moves in the journal achieved, where
     // there were any; the declared figure otherwise.
     let outcomes: Vec<MoveOutcome> = sh
