@@ -490,6 +490,29 @@ fn controllers_sharing_etcd_elect_one_leader_that_is_replaced_when_it_dies_or_fr
     follower.wait("the follower sees the leader's site", |v| {
         v["settings"]["inventory"]["sites"][0]["name"] == "a"
     });
+    // And its journal entry: a follower adds what the leader wrote since
+    // its last entry.
+    let t = Instant::now();
+    loop {
+        let j: Value = ureq::get(&format!("http://{}/v1/journal", follower.addr))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+        let seen = j.as_array().unwrap().iter().any(|e| {
+            e["event"]["what"]
+                .as_str()
+                .is_some_and(|w| w.contains("site a"))
+        });
+        if seen {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the follower's journal lacks the leader's entry: {j}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     // A move the leader journaled as started, whose host is gone: whoever
     // leads next must follow it to an end.

@@ -184,6 +184,19 @@ impl EtcdClient {
         Ok(out)
     }
 
+    /// Every key from `from` up to the end of `prefix`, in key order.
+    pub fn list_from(&self, from: &str, prefix: &str) -> Result<Vec<KeyValue>, EtcdError> {
+        let body = json!({
+            "key": b64(from.as_bytes()),
+            "range_end": b64(&prefix_end(prefix)),
+        });
+        let v = self.call("/v3/kv/range", &body)?;
+        v["kvs"]
+            .as_array()
+            .map(|a| a.iter().map(|kv| kv_of(kv, "range")).collect())
+            .unwrap_or_else(|| Ok(Vec::new()))
+    }
+
     /// Apply `puts` if every condition holds; `Ok(false)` when one does not.
     pub fn txn(&self, when: &[Compare], puts: &[Put]) -> Result<bool, EtcdError> {
         let compare: Vec<Value> = when

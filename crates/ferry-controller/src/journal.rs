@@ -91,6 +91,28 @@ impl Journal {
         Ok(())
     }
 
+    /// Add what another controller wrote since the last entry held (a
+    /// follower keeps its view this way; the whole journal is read only
+    /// when nothing is held yet).
+    pub fn catch_up(&self) -> Result<(), ControllerError> {
+        let last = self.recent.lock().back().map(|e| e.seq);
+        let Some(last) = last else {
+            return self.reload();
+        };
+        let new = self.store.journal_after(last)?;
+        let mut r = self.recent.lock();
+        for e in new {
+            if r.back().is_some_and(|b| e.seq <= b.seq) {
+                continue;
+            }
+            r.push_back(e);
+            if r.len() > RECENT {
+                r.pop_front();
+            }
+        }
+        Ok(())
+    }
+
     /// Append one entry; it is durable when this returns Ok.
     pub fn record(&self, cycle: u64, event: Event) -> Result<Entry, ControllerError> {
         let mut r = self.recent.lock();

@@ -450,7 +450,7 @@ fn lead(sh: &Shared, leading: &mut bool) -> bool {
         if let Ok(Some(s)) = sh.store.load_settings() {
             sh.use_settings(s);
         }
-        let _ = sh.journal.reload();
+        let _ = sh.journal.catch_up();
     }
     *leading
 }

@@ -163,17 +163,24 @@ impl Store {
                 .list(&format!("{prefix}journal/"), Some(keep))
                 .map_err(state_err)?
                 .iter()
-                .map(|kv| {
-                    let mut e: Entry = serde_json::from_slice(&kv.value)
-                        .map_err(|x| state_err(format!("journal entry {}: {x}", kv.key)))?;
-                    e.seq = kv
-                        .key
-                        .rsplit('/')
-                        .next()
-                        .and_then(|s| s.parse().ok())
-                        .unwrap_or(0);
-                    Ok(e)
-                })
+                .map(journal_entry)
+                .collect(),
+        }
+    }
+
+    /// The entries after `seq`, oldest first, as another controller wrote
+    /// them (a directory store has no other writer: none).
+    pub fn journal_after(&self, seq: u64) -> Result<Vec<Entry>, ControllerError> {
+        match self {
+            Store::Dir { .. } => Ok(Vec::new()),
+            Store::Etcd { etcd, prefix, .. } => etcd
+                .list_from(
+                    &format!("{prefix}journal/{:020}", seq + 1),
+                    &format!("{prefix}journal/"),
+                )
+                .map_err(state_err)?
+                .iter()
+                .map(journal_entry)
                 .collect(),
         }
     }
@@ -224,4 +231,17 @@ impl Store {
             }
         }
     }
+}
+
+/// One journal entry as etcd holds it: its number is its key's last part.
+fn journal_entry(kv: &crate::etcd::KeyValue) -> Result<Entry, ControllerError> {
+    let mut e: Entry = serde_json::from_slice(&kv.value)
+        .map_err(|x| state_err(format!("journal entry {}: {x}", kv.key)))?;
+    e.seq = kv
+        .key
+        .rsplit('/')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    Ok(e)
 }
