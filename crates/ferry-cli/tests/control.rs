@@ -500,9 +500,7 @@ fn controllers_sharing_etcd_elect_one_leader_that_is_replaced_when_it_dies_or_fr
             .into_json()
             .unwrap();
         let seen = j.as_array().unwrap().iter().any(|e| {
-            e["event"]["what"]
-                .as_str()
-                .is_some_and(|w| w.contains("site a"))
+            e["event"] == "settings" && e["what"].as_str().is_some_and(|w| w.contains("site a"))
         });
         if seen {
             break;

@@ -44,7 +44,8 @@ impl HoldingsCache {
 
     /// Forget samples too old to use.
     fn prune(&mut self) {
-        self.entries.retain(|_, (at, _)| at.elapsed() < HOLDINGS_MAX_AGE);
+        self.entries
+            .retain(|_, (at, _)| at.elapsed() < HOLDINGS_MAX_AGE);
     }
 }
 
