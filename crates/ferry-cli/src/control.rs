@@ -43,6 +43,12 @@ pub enum ControlCmd {
         /// Keys in etcd start with this.
         #[arg(long, default_value = "/ferry/control/")]
         etcd_prefix: String,
+        /// Reach etcd over TLS with the credentials in DIR: ca-cert.pem
+        /// (etcd's authority), client-cert.pem and client-key.pem (this
+        /// controller's; `ferry certs nbd` makes such a set). Bare
+        /// HOST:PORT endpoints are then https.
+        #[arg(long, value_name = "DIR")]
+        etcd_tls_dir: Option<PathBuf>,
         /// This controller's name among those sharing etcd (default: its
         /// --listen address).
         #[arg(long)]
@@ -153,6 +159,7 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
             state_dir,
             etcd,
             etcd_prefix,
+            etcd_tls_dir,
             name,
             lease,
             listen,
@@ -163,6 +170,14 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
             paused,
         } => {
             crate::init_logging();
+            let tls = match &etcd_tls_dir {
+                Some(d) => Some(
+                    ferry_client::ClientTls::from_dir(d)
+                        .map_err(|e| anyhow::anyhow!("etcd TLS credentials: {e}"))?
+                        .rustls_config(),
+                ),
+                None => None,
+            };
             let etcd = (!etcd.is_empty()).then(|| {
                 let mut prefix = etcd_prefix;
                 if !prefix.ends_with('/') {
@@ -173,14 +188,12 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
                     prefix,
                     name: name.unwrap_or_else(|| listen.clone()),
                     lease,
+                    tls,
                 }
             });
             let saved = match (&etcd, &state_dir) {
                 (Some(e), _) => {
-                    let c = ferry_controller::etcd::EtcdClient::new(
-                        &e.endpoints,
-                        std::time::Duration::from_secs(5),
-                    )?;
+                    let c = e.client()?;
                     let l = std::sync::Arc::new(ferry_controller::leader::Leadership::new(
                         c.clone(),
                         &e.prefix,

@@ -1,7 +1,8 @@
 //! `ferry certs nbd`: a small certificate authority and the certificates
 //! NBD over TLS needs, in the directory layout QEMU, qemu-nbd and ferry
 //! read (`ca-cert.pem` plus `server-cert.pem`/`server-key.pem` or
-//! `client-cert.pem`/`client-key.pem`).
+//! `client-cert.pem`/`client-key.pem`). The same set serves etcd with
+//! client certificates for `ferry control run --etcd-tls-dir`.
 
 use anyhow::{bail, Context, Result};
 use rcgen::{
@@ -63,7 +64,12 @@ pub fn make(out: &Path, server_names: &[String], clients: &[String]) -> Result<(
     write_public(&out.join("ca-cert.pem"), &ca_cert.pem())?;
     write_private(&out.join("ca-key.pem"), &ca_key.serialize_pem())?;
 
-    let leaf = |dir: &Path, kind: &str, names: Vec<String>, cn: &str, purpose| -> Result<()> {
+    let leaf = |dir: &Path,
+                kind: &str,
+                names: Vec<String>,
+                cn: &str,
+                purposes: Vec<ExtendedKeyUsagePurpose>|
+     -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let key = KeyPair::generate()?;
         let mut p = CertificateParams::new(names)?;
@@ -73,7 +79,7 @@ pub fn make(out: &Path, server_names: &[String], clients: &[String]) -> Result<(
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
         ];
-        p.extended_key_usages = vec![purpose];
+        p.extended_key_usages = purposes;
         p.use_authority_key_identifier_extension = true;
         let cert = p.signed_by(&key, &ca_cert, &ca_key)?;
         write_public(&dir.join("ca-cert.pem"), &ca_cert.pem())?;
@@ -85,7 +91,12 @@ pub fn make(out: &Path, server_names: &[String], clients: &[String]) -> Result<(
         "server",
         server_names.to_vec(),
         &server_names[0],
-        ExtendedKeyUsagePurpose::ServerAuth,
+        // Client use too: etcd's JSON gateway dials its own listener with
+        // its server certificate when client certificates are required.
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
     )?;
     for c in clients {
         leaf(
@@ -93,7 +104,7 @@ pub fn make(out: &Path, server_names: &[String], clients: &[String]) -> Result<(
             "client",
             Vec::new(),
             c,
-            ExtendedKeyUsagePurpose::ClientAuth,
+            vec![ExtendedKeyUsagePurpose::ClientAuth],
         )?;
     }
     Ok(())

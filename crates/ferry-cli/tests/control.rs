@@ -372,12 +372,19 @@ struct Etcd {
 
 impl Etcd {
     fn start() -> Etcd {
+        Self::start_tls(None)
+    }
+
+    /// With `pki` (made by `ferry certs nbd`): https only, and every
+    /// client must present a certificate of that authority.
+    fn start_tls(pki: Option<&Path>) -> Etcd {
         let dir = tempfile::tempdir().unwrap();
         let (client, peer) = (free_port(), free_port());
-        let url = format!("http://127.0.0.1:{client}");
+        let scheme = if pki.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
-        let child = Command::new("etcd")
-            .arg("--data-dir")
+        let mut cmd = Command::new("etcd");
+        cmd.arg("--data-dir")
             .arg(dir.path().join("data"))
             .args([
                 "--listen-client-urls",
@@ -389,11 +396,23 @@ impl Etcd {
             .args(["--initial-advertise-peer-urls", &peer_url])
             .args(["--initial-cluster", &format!("default={peer_url}")])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+            .stderr(Stdio::null());
+        if let Some(p) = pki {
+            cmd.arg("--cert-file")
+                .arg(p.join("server/server-cert.pem"))
+                .arg("--key-file")
+                .arg(p.join("server/server-key.pem"))
+                .arg("--client-cert-auth")
+                .arg("--trusted-ca-file")
+                .arg(p.join("ca-cert.pem"));
+        }
+        let child = cmd.spawn().unwrap();
         let t = Instant::now();
-        while ureq::get(&format!("{url}/health")).call().is_err() {
+        let up = || {
+            std::net::TcpStream::connect(("127.0.0.1", client)).is_ok()
+                && (pki.is_some() || ureq::get(&format!("{url}/health")).call().is_ok())
+        };
+        while !up() {
             assert!(t.elapsed() < Duration::from_secs(30), "etcd did not start");
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -646,4 +665,56 @@ fn controllers_sharing_etcd_elect_one_leader_that_is_replaced_when_it_dies_or_fr
             .len()
             == 2
     });
+}
+
+/// etcd that requires client certificates: a controller with
+/// `--etcd-tls-dir` leads and keeps its state there; one without the
+/// credentials cannot start, and says it could not reach etcd.
+#[test]
+fn a_controller_reaches_etcd_over_tls_with_its_client_certificate() {
+    if !common::have("etcd") {
+        eprintln!("etcd is not installed: skipped");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let pki = d.path().join("pki");
+    let out = Command::new(FERRY)
+        .args(["certs", "nbd", "--out"])
+        .arg(&pki)
+        .args(["--server-name", "127.0.0.1", "--client", "ctl"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let etcd = Etcd::start_tls(Some(&pki));
+    let endpoint = etcd.url.trim_start_matches("https://").to_string();
+    let creds = pki.join("client-ctl");
+    let c = Controller::start_with(
+        &[
+            "--etcd",
+            &endpoint,
+            "--etcd-tls-dir",
+            creds.to_str().unwrap(),
+        ],
+        &format!("127.0.0.1:{}", free_port()),
+    );
+    c.wait("it leads", |v| v["status"]["role"] == "leader");
+    c.ok(&["site", "add", "a", "--cpu-capacity", "8"]);
+    c.wait("the site is kept", |v| {
+        v["settings"]["inventory"]["sites"][0]["name"] == "a"
+    });
+    let out = Command::new(FERRY)
+        .args(["control", "run", "--etcd", &endpoint])
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .env("FERRY_LOG", "error")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no etcd endpoint answered"),
+        "a controller without credentials: {err}"
+    );
 }

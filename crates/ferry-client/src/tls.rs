@@ -1,4 +1,5 @@
-//! TLS for this client's connections (`NBD_OPT_STARTTLS`), from a directory
+//! TLS client credentials (NBD's `NBD_OPT_STARTTLS` here, and the
+//! controller's etcd connections), from a directory
 //! in QEMU's client layout: `ca-cert.pem` (the authority the server's
 //! certificate must chain to) and, to authenticate to servers that ask,
 //! `client-cert.pem` and `client-key.pem`.
@@ -13,6 +14,7 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct ClientTls {
     connector: tokio_rustls::TlsConnector,
+    config: Arc<ClientConfig>,
     dir: PathBuf,
 }
 
@@ -61,14 +63,22 @@ impl ClientTls {
         } else {
             builder.with_no_client_auth()
         };
+        let config = Arc::new(config);
         Ok(ClientTls {
-            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            connector: tokio_rustls::TlsConnector::from(config.clone()),
+            config,
             dir: dir.to_path_buf(),
         })
     }
 
     pub(crate) fn connector(&self) -> &tokio_rustls::TlsConnector {
         &self.connector
+    }
+
+    /// The rustls configuration, for other clients with the same
+    /// credentials (the controller's etcd client).
+    pub fn rustls_config(&self) -> Arc<ClientConfig> {
+        self.config.clone()
     }
 
     /// Where the credentials came from.

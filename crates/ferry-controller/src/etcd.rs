@@ -103,6 +103,17 @@ impl EtcdClient {
     /// `endpoints`: `http://host:port` each (a bare `host:port` is taken
     /// as http). Calls go to the first that answers.
     pub fn new(endpoints: &[String], timeout: Duration) -> Result<EtcdClient, EtcdError> {
+        Self::with_tls(endpoints, timeout, None)
+    }
+
+    /// The same over TLS with `tls` (its roots check etcd's certificate,
+    /// its client certificate authenticates this controller) for
+    /// `https://` endpoints.
+    pub fn with_tls(
+        endpoints: &[String],
+        timeout: Duration,
+        tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    ) -> Result<EtcdClient, EtcdError> {
         let endpoints: Vec<String> = endpoints
             .iter()
             .map(|e| e.trim().trim_end_matches('/'))
@@ -110,6 +121,8 @@ impl EtcdClient {
             .map(|e| {
                 if e.contains("://") {
                     e.to_string()
+                } else if tls.is_some() {
+                    format!("https://{e}")
                 } else {
                     format!("http://{e}")
                 }
@@ -118,11 +131,16 @@ impl EtcdClient {
         if endpoints.is_empty() {
             return Err(EtcdError::Unreachable("no endpoint given".into()));
         }
-        let agent = ureq::AgentBuilder::new()
+        let mut agent = ureq::AgentBuilder::new()
             .timeout(timeout)
-            .timeout_connect(timeout)
-            .build();
-        Ok(EtcdClient { endpoints, agent })
+            .timeout_connect(timeout);
+        if let Some(t) = tls {
+            agent = agent.tls_config(t);
+        }
+        Ok(EtcdClient {
+            endpoints,
+            agent: agent.build(),
+        })
     }
 
     pub fn endpoints(&self) -> &[String] {

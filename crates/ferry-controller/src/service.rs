@@ -55,6 +55,17 @@ pub struct EtcdOptions {
     pub name: String,
     /// The leader's lease.
     pub lease: Duration,
+    /// TLS for `https://` endpoints (CA roots and this controller's
+    /// client certificate).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl EtcdOptions {
+    /// A client of these endpoints.
+    pub fn client(&self) -> Result<EtcdClient, ControllerError> {
+        EtcdClient::with_tls(&self.endpoints, Duration::from_secs(5), self.tls.clone())
+            .map_err(|x| ControllerError::BadInput(x.to_string()))
+    }
 }
 
 /// What the last cycle saw and decided.
@@ -661,8 +672,7 @@ pub async fn run(opts: Options) -> Result<(), ControllerError> {
     let (store, name) = match &opts.etcd {
         None => (Arc::new(Store::dir(&opts.state_dir)?), None),
         Some(e) => {
-            let client = EtcdClient::new(&e.endpoints, Duration::from_secs(5))
-                .map_err(|x| ControllerError::BadInput(x.to_string()))?;
+            let client = e.client()?;
             let leader = Arc::new(Leadership::new(client.clone(), &e.prefix, &e.name, e.lease));
             (
                 Arc::new(Store::etcd(
