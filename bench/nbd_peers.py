@@ -6,7 +6,13 @@ against fio on the same export and job shapes, with the server pinned to
 CPU 0 and the clients to CPU 1 (so the comparison measures the server, not
 which client needs less CPU on a shared 2-core machine).
 
-Usage: python3 bench/nbd_peers.py [--runtime 5] [--repeats 3] [--only peers|agree] [--out FILE]
+Every peer row runs from a stated page-cache state of the image, set just
+before it (`--cache`, one or more): `fresh` (the image just rewritten, its
+pages dirty in the cache), `clean` (written back and read once: cached and
+clean), `cold` (written back, then the kernel's caches dropped; needs root).
+
+Usage: python3 bench/nbd_peers.py [--runtime 5] [--repeats 3] [--only peers|agree]
+       [--cache clean[,fresh,cold]] [--rows "4k randwrite,1M seq write"] [--out FILE]
 Needs: fio (with the nbd engine), nbdkit, qemu-nbd, a release build of ferry.
 """
 import argparse, json, os, shutil, subprocess, sys, tempfile
@@ -66,6 +72,25 @@ class Server:
             self.proc.kill()
 
 
+def set_cache(image, state):
+    """Put the image's pages in `state` (see the module's doc)."""
+    if state == "fresh":
+        with open(image, "r+b") as f:
+            for _ in range(IMAGE_MIB):
+                f.write(os.urandom(1 << 20))
+        return
+    subprocess.run(["sync"], check=True)
+    if state == "clean":
+        with open(image, "rb") as f:
+            while f.read(8 << 20):
+                pass
+    elif state == "cold":
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    else:
+        raise ValueError(state)
+
+
 def fio(uri, rw, bs, iodepth, conns, runtime, rwmixread=50, pin=False):
     region = IMAGE_MIB // conns
     cmd = ["fio", "--name=j", "--ioengine=nbd", f"--uri={uri}", f"--rw={rw}", f"--bs={bs}",
@@ -94,7 +119,16 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", choices=["peers", "agree"], default=None)
+    ap.add_argument("--cache", default="clean", help="page-cache states, comma-separated: fresh, clean, cold")
+    ap.add_argument("--rows", default=None, help="peer rows to run, comma-separated names (default: all)")
     a = ap.parse_args()
+    states = [c for c in a.cache.split(",") if c]
+    for c in states:
+        if c not in ("fresh", "clean", "cold"):
+            sys.exit(f"unknown cache state {c!r}")
+    if "cold" in states and os.geteuid() != 0:
+        sys.exit("the cold state drops the kernel's caches: run as root")
+    rows = [r for r in ROWS if a.rows is None or r[0] in a.rows.split(",")]
     for t in ("fio", "nbdkit", "qemu-nbd"):
         if not shutil.which(t):
             sys.exit(f"{t} is required")
@@ -106,7 +140,7 @@ def main():
         for _ in range(IMAGE_MIB):
             f.write(os.urandom(1 << 20))
     kinds = ["ferry", "nbdkit", "qemu-nbd"]
-    res = {r[0]: {k: [] for k in kinds} for r in ROWS}
+    res = {(r[0], c): {k: [] for k in kinds} for r in rows for c in states}
     agree = {r[0]: {"fio": [], "ferry bench": []} for r in AGREE}
     for rep in range(a.repeats):
         if a.only != "agree":
@@ -114,10 +148,12 @@ def main():
             for kind in order:
                 s = Server(kind, image, os.path.join(work, f"{kind}-{rep}"))
                 try:
-                    for name, rw, bs, qd, conns in ROWS:
-                        r = fio(s.uri, rw, bs, qd, conns, a.runtime)
-                        res[name][kind].append(r)
-                        print(f"rep {rep} {kind:9} {name:18} {r['iops']:10.0f} IOPS {r['mbps']:8.1f} MB/s p99 {r['p99_us']:8.0f} us", flush=True)
+                    for name, rw, bs, qd, conns in rows:
+                        for c in states:
+                            set_cache(image, c)
+                            r = fio(s.uri, rw, bs, qd, conns, a.runtime)
+                            res[(name, c)][kind].append(r)
+                            print(f"rep {rep} {kind:9} {name:18} {c:5} {r['iops']:10.0f} IOPS {r['mbps']:8.1f} MB/s p99 {r['p99_us']:8.0f} us", flush=True)
                 finally:
                     s.stop()
         if a.only != "peers":
@@ -137,22 +173,22 @@ def main():
     if a.only == "agree":
         lines.append("(peer comparison skipped)")
     lines.append(f"Medians of {a.repeats} repeats, {a.runtime} s each after 1 s ramp, fio {version(['fio', '--version'])} "
-                 f"`--ioengine=nbd`, {IMAGE_MIB} MiB image of random data (page cache warm), loopback TCP, 2 cores shared "
+                 f"`--ioengine=nbd`, {IMAGE_MIB} MiB image of random data (page cache as the cache column says, set before each row), loopback TCP, 2 cores shared "
                  f"by client and server. Peers: {version(['nbdkit', '--version'])} (file plugin), "
                  f"{version(['qemu-nbd', '--version'])} (`--aio=threads -e 16`). Ratio = ferry / best peer "
                  "(IOPS; for p99 latency: best peer / ferry, so > 1 means ferry is better on both).")
     lines.append("")
-    lines.append("| job | conns | ferry IOPS | nbdkit IOPS | qemu-nbd IOPS | ferry MB/s | ferry p99 us | nbdkit p99 us | qemu-nbd p99 us | IOPS ratio | p99 ratio |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, rw, bs, qd, conns in ROWS:
-        r = res[name]
+    lines.append("| job | conns | cache | ferry IOPS | nbdkit IOPS | qemu-nbd IOPS | ferry MB/s | ferry p99 us | nbdkit p99 us | qemu-nbd p99 us | IOPS ratio | p99 ratio |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for (name, rw, bs, qd, conns), c in [(r, c) for r in rows for c in states]:
+        r = res[(name, c)]
         if not r["ferry"]:
             continue
         fi, ki, qi = (med(r[k], "iops") for k in kinds)
         fp, kp, qp = (med(r[k], "p99_us") for k in kinds)
         best_i = max(ki, qi)
         best_p = min(kp, qp)
-        lines.append(f"| {rw} {bs} qd{qd} | {conns} | {fi:.0f} | {ki:.0f} | {qi:.0f} | {med(r['ferry'], 'mbps'):.0f} | "
+        lines.append(f"| {rw} {bs} qd{qd} | {conns} | {c} | {fi:.0f} | {ki:.0f} | {qi:.0f} | {med(r['ferry'], 'mbps'):.0f} | "
                      f"{fp:.0f} | {kp:.0f} | {qp:.0f} | **{fi / best_i:.2f}** | {best_p / fp if fp else 0:.2f} |")
     lines.append("")
     lines.append("`ferry bench` against fio on the same ferry export and job shape (1 connection; "
