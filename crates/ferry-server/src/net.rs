@@ -149,3 +149,15 @@ pub async fn give_back_memory() {
     })
     .await;
 }
+
+/// The byte budget all connections of one protocol share: `total` bytes,
+/// at least one connection's `per_connection` (and 64 MiB), at most what
+/// a semaphore can count.
+pub fn shared_budget(
+    per_connection: usize,
+    total: usize,
+) -> std::sync::Arc<tokio::sync::Semaphore> {
+    use tokio::sync::Semaphore;
+    let floor = per_connection.clamp(64 << 20, Semaphore::MAX_PERMITS);
+    std::sync::Arc::new(Semaphore::new(total.clamp(floor, Semaphore::MAX_PERMITS)))
+}

@@ -171,15 +171,14 @@ pub async fn run(
     // A new session is a new I_T nexus, even when it reuses the ISID of one
     // whose connection is still being torn down.
     luns.nexus_lost(&nexus);
+    let per_connection = state
+        .config
+        .iscsi
+        .max_queued_bytes
+        .clamp(1 << 20, Semaphore::MAX_PERMITS);
     let budget = Budget {
-        per_connection: state.config.iscsi.max_queued_bytes.max(1 << 20),
-        connection: Arc::new(Semaphore::new(
-            state
-                .config
-                .iscsi
-                .max_queued_bytes
-                .clamp(1 << 20, Semaphore::MAX_PERMITS),
-        )),
+        per_connection,
+        connection: Arc::new(Semaphore::new(per_connection)),
         total: state.iscsi.budget_total(&state.config.iscsi),
     };
     let result = full_feature(

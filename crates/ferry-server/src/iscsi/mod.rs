@@ -48,12 +48,7 @@ impl IscsiState {
     ) -> Arc<tokio::sync::Semaphore> {
         self.budget_total
             .get_or_init(|| {
-                let floor = config.max_queued_bytes.max(64 << 20);
-                let n = config.max_queued_bytes_total.clamp(
-                    floor.min(tokio::sync::Semaphore::MAX_PERMITS),
-                    tokio::sync::Semaphore::MAX_PERMITS,
-                );
-                Arc::new(tokio::sync::Semaphore::new(n))
+                crate::net::shared_budget(config.max_queued_bytes, config.max_queued_bytes_total)
             })
             .clone()
     }

@@ -22,13 +22,8 @@ pub struct PoolBackend {
 impl PoolBackend {
     /// The budget shared by every connection of this daemon.
     pub fn total_budget(state: &ServerState) -> Arc<Semaphore> {
-        let floor = state.config.nbd.max_queued_bytes.max(64 << 20);
-        let n = state
-            .config
-            .nbd
-            .max_queued_bytes_total
-            .clamp(floor.min(Semaphore::MAX_PERMITS), Semaphore::MAX_PERMITS);
-        Arc::new(Semaphore::new(n))
+        let c = &state.config.nbd;
+        crate::net::shared_budget(c.max_queued_bytes, c.max_queued_bytes_total)
     }
 }
 
