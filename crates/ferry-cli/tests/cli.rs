@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{free_port, have};
+use common::{free_port, have, nbd_pki};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -628,18 +628,7 @@ fn nbd_over_tls_with_client_certificates() {
     let pki = d.path().join("pki");
     let other = d.path().join("other");
     for (dir, client) in [(&pki, "qemu"), (&other, "stranger")] {
-        let out = Command::new(FERRY)
-            .args(["certs", "nbd", "--out"])
-            .arg(dir)
-            .args(["--server-name", "localhost", "--server-name", "127.0.0.1"])
-            .args(["--client", client])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        nbd_pki(dir, &["localhost", "127.0.0.1"], client);
     }
     // A second run into the same directory must not overwrite the authority.
     let again = Command::new(FERRY)

@@ -678,17 +678,7 @@ fn a_controller_reaches_etcd_over_tls_with_its_client_certificate() {
     }
     let d = tempfile::tempdir().unwrap();
     let pki = d.path().join("pki");
-    let out = Command::new(FERRY)
-        .args(["certs", "nbd", "--out"])
-        .arg(&pki)
-        .args(["--server-name", "127.0.0.1", "--client", "ctl"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::nbd_pki(&pki, &["127.0.0.1"], "ctl");
     let etcd = Etcd::start_tls(Some(&pki));
     let endpoint = etcd.url.trim_start_matches("https://").to_string();
     let creds = pki.join("client-ctl");

@@ -114,20 +114,14 @@ fn closed(t: &mut TcpStream) -> bool {
     }
 }
 
-/// Resident memory of this process (the daemon runs in it), in bytes.
-fn rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kb * 1024
-}
-
 /// A healthy connection still reads correct data.
 fn healthy(s: &TestServer, export: &str, offset: u64, expect: &[u8]) {
-    let (mut t, mut buf) = go(s, export, false);
+    healthy_at(s.nbd, export, offset, expect);
+}
+
+/// The same against any NBD server at `addr`.
+fn healthy_at(addr: std::net::SocketAddr, export: &str, offset: u64, expect: &[u8]) {
+    let (mut t, mut buf) = go_at(addr, export, false);
     request(
         &mut t,
         0,
@@ -145,6 +139,23 @@ fn healthy(s: &TestServer, export: &str, offset: u64, expect: &[u8]) {
     }
 }
 
+/// Three clients of `export` at `addr` that each send 2,000 READs of
+/// 1 MiB (2 GiB of replies if they were all queued) and read nothing.
+fn hogs(addr: std::net::SocketAddr, export: &str) -> Vec<TcpStream> {
+    (0..3)
+        .map(|_| {
+            let (mut t, _) = go_at(addr, export, false);
+            let mut b = BytesMut::new();
+            for i in 0..2000u64 {
+                encode_request(&mut b, 0, Command::Read, i, (i % 8) << 20, 1 << 20);
+            }
+            t.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+            let _ = t.write_all(&b);
+            t
+        })
+        .collect()
+}
+
 /// A client that pipelines many large READs and never reads the replies
 /// holds at most its reply budget: the daemon stops reading it instead of
 /// queueing gigabytes, other clients are served, and the memory comes back
@@ -156,18 +167,7 @@ fn a_client_that_never_reads_replies_cannot_grow_the_daemon() {
     let v = s.create("big", 64 << 20);
     v.write_at(0, &vec![0x5a; 8 << 20], false).unwrap();
     let before = rss();
-    let mut hogs = Vec::new();
-    for _ in 0..3 {
-        let (mut t, _) = go(&s, "big", false);
-        // 2,000 reads of 1 MiB: 2 GiB of replies if they were all queued.
-        let mut b = BytesMut::new();
-        for i in 0..2000u64 {
-            encode_request(&mut b, 0, Command::Read, i, (i % 8) << 20, 1 << 20);
-        }
-        t.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
-        let _ = t.write_all(&b);
-        hogs.push(t);
-    }
+    let hogs = hogs(s.nbd, "big");
     std::thread::sleep(Duration::from_secs(3));
     let grown = rss().saturating_sub(before);
     // Three connections at 64 MiB each, plus socket buffers and slack.
@@ -200,17 +200,7 @@ fn a_client_of_the_host_agent_that_never_reads_cannot_grow_it() {
     });
     let addr: std::net::SocketAddr = addr.to_string().parse().unwrap();
     let before = rss();
-    let mut hogs = Vec::new();
-    for _ in 0..3 {
-        let (mut t, _) = go_at(addr, "big", false);
-        let mut b = BytesMut::new();
-        for i in 0..2000u64 {
-            encode_request(&mut b, 0, Command::Read, i, (i % 8) << 20, 1 << 20);
-        }
-        t.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
-        let _ = t.write_all(&b);
-        hogs.push(t);
-    }
+    let hogs = hogs(addr, "big");
     std::thread::sleep(Duration::from_secs(3));
     let grown = rss().saturating_sub(before);
     assert!(
@@ -218,14 +208,7 @@ fn a_client_of_the_host_agent_that_never_reads_cannot_grow_it() {
         "agent and daemon grew by {} MiB",
         grown >> 20
     );
-    let (mut t, mut buf) = go_at(addr, "big", false);
-    request(&mut t, 0, Command::Read, 7, 4096, 4096, &[]);
-    match reply(&mut t, &mut buf, 4096) {
-        Reply::Simple {
-            error: None, data, ..
-        } => assert_eq!(&data[..], &[0x5a; 4096][..]),
-        r => panic!("unexpected {r:?}"),
-    }
+    healthy_at(addr, "big", 4096, &[0x5a; 4096]);
     drop(hogs);
     shutdown.cancel();
 }

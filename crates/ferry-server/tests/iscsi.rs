@@ -8,7 +8,7 @@
 mod common;
 
 use bytes::{Bytes, BytesMut};
-use common::{have, make_image, run, sha, TestServer};
+use common::{have, make_image, rss, run, sha, TestServer};
 use ferry_iscsi::pdu::{op, Pdu, PduDecoder};
 use ferry_server::config::IscsiAccess;
 use std::io::{Read, Write};
@@ -741,17 +741,6 @@ fn logins_over_the_connection_limit_get_out_of_resources() {
     drop(a);
     std::thread::sleep(Duration::from_millis(300));
     let _d = Raw::login(p, "lim", false);
-}
-
-/// Resident memory of this process (the daemon runs in it), in bytes.
-fn rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kb * 1024
 }
 
 /// An initiator that fills its command window with large READs and never

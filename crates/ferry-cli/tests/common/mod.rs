@@ -33,3 +33,19 @@ pub fn have(tool: &str) -> bool {
     assert!(ok || !required(), "{tool} required");
     ok
 }
+
+/// `ferry certs nbd --out OUT`: an authority, `OUT/server/` valid for
+/// `server_names`, and `OUT/client-CLIENT/`.
+pub fn nbd_pki(out: &std::path::Path, server_names: &[&str], client: &str) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
+    c.args(["certs", "nbd", "--out"]).arg(out);
+    for n in server_names {
+        c.args(["--server-name", n]);
+    }
+    let o = c.args(["--client", client]).output().unwrap();
+    assert!(
+        o.status.success(),
+        "ferry certs nbd: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -168,3 +168,14 @@ pub fn sha(path: &Path) -> String {
         .unwrap()
         .to_string()
 }
+
+/// Resident memory of this process (the daemon runs in it), in bytes.
+pub fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
