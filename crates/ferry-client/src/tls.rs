@@ -80,11 +80,6 @@ impl ClientTls {
     pub fn rustls_config(&self) -> Arc<ClientConfig> {
         self.config.clone()
     }
-
-    /// Where the credentials came from.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
 }
 
 /// The name a server's certificate must carry: the host of `HOST:PORT`.

@@ -112,9 +112,4 @@ impl NbdTls {
             TlsMode::Forced
         }
     }
-
-    /// Where the credentials came from.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
 }

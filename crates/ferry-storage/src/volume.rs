@@ -248,11 +248,6 @@ impl Volume {
         self.block_size
     }
 
-    /// The physical block size clients are told (512e: larger than the
-    /// logical block size).
-    pub fn physical_block_size(&self) -> u32 {
-        self.meta().physical_block_size.unwrap_or(self.block_size)
-    }
     pub fn read_only(&self) -> bool {
         self.read_only
     }
