@@ -35,7 +35,7 @@ pub use vm::{
 };
 pub use volume::{
     Backing, BitmapRequest, BitmapView, CreateVolume, ImportReport, IncomingMigration,
-    OutgoingMigration, ResizeVolume, Size, VolumeView,
+    OutgoingMigration, ResizeVolume, SanitizeView, Size, VolumeView,
 };
 
 use serde::{Deserialize, Serialize};

@@ -148,6 +148,26 @@ pub struct VolumeView {
     /// The migration that brought it here, once complete.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arrived: Option<IncomingMigration>,
+    /// A sanitize running or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sanitize: Option<SanitizeView>,
+}
+
+/// A sanitize of a volume, running or failed (the volume refuses reads
+/// and writes meanwhile).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum SanitizeView {
+    Running {
+        /// `overwrite` or `block_erase`.
+        op: String,
+        done_bytes: u64,
+        total_bytes: u64,
+    },
+    Failed {
+        op: String,
+        error: String,
+    },
 }
 
 /// The answer to `PUT /v1/volumes/{name}/data`.

@@ -499,6 +499,20 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
                     ferry_api::Backing::External { .. } => "external",
                 };
                 let state = match (&vol.moved_to, &vol.incoming) {
+                    _ if vol.sanitize.is_some() => match &vol.sanitize {
+                        Some(ferry_api::SanitizeView::Running {
+                            op,
+                            done_bytes,
+                            total_bytes,
+                        }) => format!(
+                            "sanitizing ({op}, {}%)",
+                            done_bytes * 100 / (*total_bytes).max(1)
+                        ),
+                        Some(ferry_api::SanitizeView::Failed { op, error }) => {
+                            format!("sanitize ({op}) failed: {error}")
+                        }
+                        None => String::new(),
+                    },
                     (Some(to), _) => format!("moved to {to}"),
                     (None, Some(m)) => format!("incomplete (incoming migration {})", m.id),
                     (None, None) if vol.importing => "incomplete (import did not finish)".into(),

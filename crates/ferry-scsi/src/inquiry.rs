@@ -80,7 +80,13 @@ fn designator(out: &mut Vec<u8>, code_set: u8, piv_assoc_type: u8, value: &[u8])
 }
 
 /// The bytes of VPD page `code`, or None when ferry has no such page.
-pub fn vpd(code: u8, id: &Identity, cfg: &LuConfig, blocks: u64) -> Option<Vec<u8>> {
+pub fn vpd(
+    code: u8,
+    id: &Identity,
+    cfg: &LuConfig,
+    blocks: u64,
+    sanitize: crate::SanitizeSupport,
+) -> Option<Vec<u8>> {
     Some(match code {
         0x00 => page(0x00, VPD_PAGES.to_vec()),
         0x80 => page(0x80, id.serial.as_bytes().to_vec()),
@@ -143,6 +149,11 @@ pub fn vpd(code: u8, id: &Identity, cfg: &LuConfig, blocks: u64) -> Option<Vec<u
         0xb1 => {
             let mut b = vec![0u8; 0x3c];
             b[0..2].copy_from_slice(&1u16.to_be_bytes()); // non-rotating medium
+            if sanitize.block_erase {
+                // WABEREQ 01b: a block read after BLOCK ERASE succeeds
+                // (it reads as zeroes). WACEREQ 00b: no crypto erase.
+                b[3] = 0x40;
+            }
             page(0xb1, b)
         }
         0xb2 => {

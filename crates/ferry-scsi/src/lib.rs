@@ -55,6 +55,45 @@ pub enum DeviceError {
     NoSpace,
     #[error("I/O error: {0}")]
     Io(String),
+    #[error("a sanitize is in progress")]
+    Sanitizing,
+    #[error("the last sanitize failed")]
+    SanitizeFailed,
+}
+
+/// What SANITIZE does to every block (SBC-4 4.11).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SanitizeAction {
+    /// Write `pattern`, repeated to fill each block, `passes` times;
+    /// with `invert`, passes alternate with its complement, the last
+    /// writing the pattern.
+    Overwrite {
+        pattern: Vec<u8>,
+        invert: bool,
+        passes: u8,
+    },
+    /// Deallocate every block; each reads back as zeroes.
+    BlockErase,
+}
+
+/// Where a device's sanitize stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SanitizeState {
+    Idle,
+    /// Under way; `progress` done out of 65,536.
+    Running {
+        progress: u16,
+    },
+    /// Failed: medium access fails until a sanitize succeeds or the
+    /// failure mode is exited.
+    Failed,
+}
+
+/// Which sanitize actions a device carries out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SanitizeSupport {
+    pub overwrite: bool,
+    pub block_erase: bool,
 }
 
 /// The storage behind a logical unit. Offsets and lengths are in bytes and
@@ -91,6 +130,30 @@ pub trait BlockDevice: Send + Sync {
     /// that would block: the caller then reads on a worker thread.
     fn try_read_nowait(&self, _offset: u64, _len: usize) -> Result<Option<Vec<u8>>, DeviceError> {
         Ok(None)
+    }
+    /// The sanitize actions this device carries out (none by default).
+    fn sanitize_support(&self) -> SanitizeSupport {
+        SanitizeSupport::default()
+    }
+    /// Start a sanitize and return once it is under way (`wait` false) or
+    /// has finished. From the start until it ends, medium access fails
+    /// with [`DeviceError::Sanitizing`], whoever asks and whatever resets
+    /// happen meanwhile.
+    fn sanitize(
+        &self,
+        _action: SanitizeAction,
+        _ause: bool,
+        _wait: bool,
+    ) -> Result<(), DeviceError> {
+        Err(DeviceError::Io("sanitize is not supported".into()))
+    }
+    fn sanitize_state(&self) -> SanitizeState {
+        SanitizeState::Idle
+    }
+    /// Leave the failure mode of a failed sanitize (EXIT FAILURE MODE);
+    /// an error when that sanitize did not allow it (AUSE).
+    fn exit_sanitize_failure(&self) -> Result<(), DeviceError> {
+        Ok(())
     }
 }
 

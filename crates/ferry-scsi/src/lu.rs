@@ -70,7 +70,18 @@ fn dev_sense(e: &DeviceError, write: bool) -> Sense {
         DeviceError::NoSpace => Sense::SPACE_ALLOCATION_FAILED,
         DeviceError::Io(_) if write => Sense::WRITE_ERROR,
         DeviceError::Io(_) => Sense::UNRECOVERED_READ_ERROR,
+        DeviceError::Sanitizing => Sense::SANITIZE_IN_PROGRESS,
+        DeviceError::SanitizeFailed => Sense::SANITIZE_FAILED,
     }
+}
+
+/// Commands a unit answers while a sanitize runs (SBC-4 4.11.2); every
+/// other one ends with NOT READY, SANITIZE IN PROGRESS.
+fn allowed_while_sanitizing(opcode: u8) -> bool {
+    matches!(
+        opcode,
+        op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE | op::MAINTENANCE_IN
+    )
 }
 
 fn access_of(opcode: u8) -> Access {
@@ -351,6 +362,11 @@ impl LogicalUnit {
                 return ScsiResponse::status(Status::ReservationConflict);
             }
         }
+        if let crate::SanitizeState::Running { progress } = self.dev.sanitize_state() {
+            if !allowed_while_sanitizing(opcode) {
+                return self.check_condition(Sense::SANITIZE_IN_PROGRESS.progress(progress), 0);
+            }
+        }
         match self.dispatch(nexus, cdb, data_out) {
             Ok(r) => r,
             Err(s) => {
@@ -412,7 +428,13 @@ impl LogicalUnit {
                     let mut st = self.state.lock();
                     match st.ua.get_mut(port) {
                         Some(q) if !q.is_empty() => q.remove(0),
-                        _ => Sense::new(crate::sense::NO_SENSE, 0, 0),
+                        _ => match self.dev.sanitize_state() {
+                            // The progress of a sanitize under way.
+                            crate::SanitizeState::Running { progress } => {
+                                Sense::SANITIZE_IN_PROGRESS.progress(progress)
+                            }
+                            _ => Sense::new(crate::sense::NO_SENSE, 0, 0),
+                        },
                     }
                 };
                 Ok(cut(s.encode(desc), alloc))
@@ -489,7 +511,18 @@ impl LogicalUnit {
                 let alloc = be32(cdb, 6) as usize;
                 match byte(cdb, 1) & 0x1f {
                     0x0a => Ok(cut(self.report_target_port_groups(cdb), alloc)),
-                    0x0c => Ok(cut(opcodes::report(cdb)?, alloc)),
+                    0x0c => {
+                        let support = self.dev.sanitize_support();
+                        let report = opcodes::report(cdb, |c| {
+                            c.opcode != op::SANITIZE
+                                || match c.service_action {
+                                    Some(0x01) => support.overwrite,
+                                    Some(0x02) => support.block_erase,
+                                    _ => support.overwrite || support.block_erase,
+                                }
+                        })?;
+                        Ok(cut(report, alloc))
+                    }
                     _ => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4))),
                 }
             }
@@ -565,6 +598,7 @@ impl LogicalUnit {
             op::UNMAP => self.unmap(cdb, out),
             op::COMPARE_AND_WRITE => self.compare_and_write(cdb, out),
             op::WRITE_ATOMIC_16 => self.write_atomic(cdb, out),
+            op::SANITIZE => self.sanitize(cdb, out),
             op::EXTENDED_COPY => self.extended_copy(nexus, cdb, out),
             op::RECEIVE_COPY_RESULTS => {
                 let alloc = be32(cdb, 10) as usize;
@@ -623,7 +657,13 @@ impl LogicalUnit {
         let mut id = self.id.clone();
         id.relative_port = nexus.relative_port;
         id.port_group = nexus.relative_port;
-        match inquiry::vpd(byte(cdb, 2), &id, &self.cfg, self.blocks()) {
+        match inquiry::vpd(
+            byte(cdb, 2),
+            &id,
+            &self.cfg,
+            self.blocks(),
+            self.dev.sanitize_support(),
+        ) {
             Some(d) => Ok(cut(d, alloc)),
             None => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 2, None)),
         }
@@ -747,6 +787,76 @@ impl LogicalUnit {
 
     /// Data-out must be exactly what the CDB calls for; otherwise nothing
     /// is written and the transport reports the residual.
+    /// SANITIZE (SBC-4 5.30): OVERWRITE and BLOCK ERASE of every block,
+    /// EXIT FAILURE MODE. The device carries it out and keeps it going
+    /// across resets and lost connections; without IMMED the command ends
+    /// when the sanitize does.
+    fn sanitize(&self, cdb: &[u8], out: &[u8]) -> Outcome {
+        let b1 = byte(cdb, 1);
+        let immed = b1 & 0x80 != 0;
+        let ause = b1 & 0x20 != 0;
+        if b1 & 0x40 != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(6)));
+        }
+        if let Some(i) = (2u16..7).find(|&i| byte(cdb, usize::from(i)) != 0) {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, i, None));
+        }
+        let plen = usize::from(be16(cdb, 7));
+        let support = self.dev.sanitize_support();
+        let bs = self.bs() as usize;
+        let action = match b1 & 0x1f {
+            0x01 if support.overwrite => {
+                if plen < 5 || plen > bs + 4 {
+                    return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 7, None));
+                }
+                if out.len() < plen {
+                    return Err(Sense::PARAM_LIST_LENGTH_ERROR);
+                }
+                let p = &out[..plen];
+                let passes = p[0] & 0x1f;
+                if passes == 0 {
+                    return Err(Sense::INVALID_FIELD_IN_PARAM_LIST.field(false, 0, Some(4)));
+                }
+                // TEST selects vendor-specific test modes: none here.
+                if p[0] & 0x60 != 0 {
+                    return Err(Sense::INVALID_FIELD_IN_PARAM_LIST.field(false, 0, Some(6)));
+                }
+                let len = usize::from(be16(p, 2));
+                if len == 0 || len > bs || len + 4 > plen {
+                    return Err(Sense::INVALID_FIELD_IN_PARAM_LIST.field(false, 2, None));
+                }
+                crate::SanitizeAction::Overwrite {
+                    pattern: p[4..4 + len].to_vec(),
+                    invert: p[0] & 0x80 != 0,
+                    passes,
+                }
+            }
+            0x02 if support.block_erase => {
+                if plen != 0 {
+                    return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 7, None));
+                }
+                crate::SanitizeAction::BlockErase
+            }
+            0x1f if support.overwrite || support.block_erase => {
+                if plen != 0 {
+                    return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 7, None));
+                }
+                self.writable()?;
+                // Refused when the failed sanitize did not set AUSE.
+                self.dev
+                    .exit_sanitize_failure()
+                    .map_err(|_| Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4)))?;
+                return Ok(ScsiResponse::good(Vec::new()));
+            }
+            _ => return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4))),
+        };
+        self.writable()?;
+        self.dev
+            .sanitize(action, ause, !immed)
+            .map_err(|e| dev_sense(&e, true))?;
+        Ok(ScsiResponse::good(Vec::new()))
+    }
+
     fn need_out(out: &[u8], want: u64) -> Result<(), Sense> {
         if out.len() as u64 != want {
             return Err(Sense::new(crate::sense::ILLEGAL_REQUEST, 0x0e, 0x03));
@@ -1277,5 +1387,157 @@ mod tests {
         );
         lu.nexus_lost(&a);
         assert_eq!(lu.execute(&b, &cdb16(0x88, 0, 1), &[]).status, Status::Good);
+    }
+
+    fn sanitize_cdb(immed: bool, sa: u8, plen: u16) -> Vec<u8> {
+        let mut c = vec![0u8; 10];
+        c[0] = op::SANITIZE;
+        c[1] = sa | if immed { 0x80 } else { 0 };
+        c[7..9].copy_from_slice(&plen.to_be_bytes());
+        c
+    }
+
+    fn sense_of(r: &ScsiResponse) -> (u8, u8, u8) {
+        (r.sense[2] & 0x0f, r.sense[12], r.sense[13])
+    }
+
+    #[test]
+    fn sanitize_checks_its_parameters_then_overwrites_or_erases() {
+        let lu = unit();
+        let a = nexus("a");
+        let mut w = cdb16(0x8a, 0, 1);
+        w[1] = 0;
+        assert_eq!(lu.execute(&a, &w, &[7u8; 512]).status, Status::Good);
+        let bad = |cdb: Vec<u8>, out: &[u8], asc: u8| {
+            let r = lu.execute(&a, &cdb, out);
+            assert_eq!(r.status, Status::CheckCondition, "{cdb:02x?}");
+            assert_eq!(
+                sense_of(&r),
+                (crate::sense::ILLEGAL_REQUEST, asc, 0),
+                "{cdb:02x?}"
+            );
+        };
+        let mut param = vec![0x01, 0, 0x02, 0x00];
+        param.extend_from_slice(&[0xaa; 512]);
+        // Parameter list shorter than 5 or longer than a block plus 4.
+        bad(sanitize_cdb(false, 1, 4), &param[..4], 0x24);
+        bad(sanitize_cdb(false, 1, 517), &[0; 520], 0x24);
+        // No pass, an empty pattern, a pattern longer than a block.
+        let mut p = param.clone();
+        p[0] = 0;
+        bad(sanitize_cdb(false, 1, 516), &p, 0x26);
+        let mut p = param.clone();
+        p[2..4].copy_from_slice(&0u16.to_be_bytes());
+        bad(sanitize_cdb(false, 1, 516), &p, 0x26);
+        let mut p = param.clone();
+        p[2..4].copy_from_slice(&513u16.to_be_bytes());
+        bad(sanitize_cdb(false, 1, 516), &p, 0x26);
+        // Reserved bits and bytes; parameters for BLOCK ERASE; unknown or
+        // unsupported service actions (CRYPTO ERASE).
+        let mut c = sanitize_cdb(false, 1, 516);
+        c[1] |= 0x40;
+        bad(c, &param, 0x24);
+        let mut c = sanitize_cdb(false, 1, 516);
+        c[4] = 1;
+        bad(c, &param, 0x24);
+        bad(sanitize_cdb(false, 2, 8), &[0; 8], 0x24);
+        bad(sanitize_cdb(false, 3, 0), &[], 0x24);
+        bad(sanitize_cdb(false, 0x1e, 0), &[], 0x24);
+        // The block written first is still there.
+        let r = lu.execute(&a, &cdb16(0x88, 0, 1), &[]);
+        assert_eq!(r.data, vec![7u8; 512]);
+        // A good OVERWRITE; the transport may pad the list to 4 bytes.
+        let mut padded = param.clone();
+        padded.extend_from_slice(&[0; 4]);
+        let r = lu.execute(&a, &sanitize_cdb(false, 1, 516), &padded);
+        assert_eq!(r.status, Status::Good);
+        let r = lu.execute(&a, &cdb16(0x88, 2047, 1), &[]);
+        assert_eq!(r.data, vec![0xaa; 512]);
+        let r = lu.execute(&a, &sanitize_cdb(true, 2, 0), &[]);
+        assert_eq!(r.status, Status::Good);
+        let r = lu.execute(&a, &cdb16(0x88, 0, 1), &[]);
+        assert_eq!(r.data, vec![0; 512]);
+        // REPORT SUPPORTED OPERATION CODES lists the three it does.
+        let mut rsoc = vec![0u8; 12];
+        rsoc[0] = op::MAINTENANCE_IN;
+        rsoc[1] = 0x0c;
+        rsoc[6..10].copy_from_slice(&4096u32.to_be_bytes());
+        let r = lu.execute(&a, &rsoc, &[]);
+        let sas: Vec<u16> = r.data[4..]
+            .chunks(8)
+            .filter(|d| d[0] == op::SANITIZE)
+            .map(|d| u16::from_be_bytes([d[2], d[3]]))
+            .collect();
+        assert_eq!(sas, vec![1, 2, 0x1f]);
+    }
+
+    /// A device whose sanitize is under way, a quarter done.
+    struct Sanitizing(MemoryDevice);
+    impl BlockDevice for Sanitizing {
+        fn size(&self) -> u64 {
+            self.0.size()
+        }
+        fn read_only(&self) -> bool {
+            false
+        }
+        fn thin(&self) -> bool {
+            true
+        }
+        fn read_at(&self, _: u64, _: &mut [u8]) -> Result<(), DeviceError> {
+            Err(DeviceError::Sanitizing)
+        }
+        fn write_at(&self, _: u64, _: &[u8], _: bool) -> Result<(), DeviceError> {
+            Err(DeviceError::Sanitizing)
+        }
+        fn write_zeroes(&self, _: u64, _: u64, _: bool, _: bool) -> Result<(), DeviceError> {
+            Err(DeviceError::Sanitizing)
+        }
+        fn unmap(&self, _: u64, _: u64) -> Result<(), DeviceError> {
+            Err(DeviceError::Sanitizing)
+        }
+        fn flush(&self) -> Result<(), DeviceError> {
+            Ok(())
+        }
+        fn prefetch(&self, _: u64, _: u64) -> Result<(), DeviceError> {
+            Ok(())
+        }
+        fn mapping(&self, o: u64, l: u64) -> Result<Vec<(u64, u64, bool)>, DeviceError> {
+            self.0.mapping(o, l)
+        }
+        fn sanitize_support(&self) -> crate::SanitizeSupport {
+            self.0.sanitize_support()
+        }
+        fn sanitize_state(&self) -> crate::SanitizeState {
+            crate::SanitizeState::Running { progress: 0x4000 }
+        }
+    }
+
+    #[test]
+    fn while_a_sanitize_runs_only_inquiry_and_friends_answer() {
+        let lu = LogicalUnit::new(
+            Arc::new(Sanitizing(MemoryDevice::new(1 << 20, false))),
+            unit().identity().clone(),
+            LuConfig {
+                block_size: 512,
+                physical_block: 512,
+                thin: true,
+            },
+        );
+        let a = nexus("a");
+        for cdb in [vec![0u8; 6], cdb16(0x88, 0, 1), vec![0x1b, 0, 0, 0, 1, 0]] {
+            let r = lu.execute(&a, &cdb, &[]);
+            assert_eq!(r.status, Status::CheckCondition);
+            assert_eq!(sense_of(&r), (crate::sense::NOT_READY, 0x04, 0x1b));
+            // Progress indication: SKSV and a quarter done.
+            assert_eq!(&r.sense[15..18], &[0x80, 0x40, 0x00]);
+        }
+        let r = lu.execute(&a, &[0x12, 0, 0, 0, 96, 0], &[]);
+        assert_eq!(r.status, Status::Good);
+        let r = lu.execute(&a, &[0x03, 0, 0, 0, 18, 0], &[]);
+        assert_eq!(r.status, Status::Good);
+        assert_eq!((r.data[2], r.data[12], r.data[13]), (2, 0x04, 0x1b));
+        // BLOCK ERASE is advertised: WABEREQ 01b in VPD 0xB1.
+        let r = lu.execute(&a, &[0x12, 1, 0xb1, 0, 64, 0], &[]);
+        assert_eq!(r.data[7] >> 6, 1);
     }
 }

@@ -71,6 +71,33 @@ impl BlockDevice for MemoryDevice {
     fn prefetch(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
         self.span(offset, len).map(|_| ())
     }
+    fn sanitize_support(&self) -> crate::SanitizeSupport {
+        crate::SanitizeSupport {
+            overwrite: true,
+            block_erase: true,
+        }
+    }
+    /// Done at once: the data lives in memory.
+    fn sanitize(
+        &self,
+        action: crate::SanitizeAction,
+        _ause: bool,
+        _wait: bool,
+    ) -> Result<(), DeviceError> {
+        if self.read_only {
+            return Err(DeviceError::ReadOnly);
+        }
+        let mut d = self.data.write();
+        match action {
+            crate::SanitizeAction::Overwrite { pattern, .. } => {
+                for (i, b) in d.iter_mut().enumerate() {
+                    *b = pattern[i % 512 % pattern.len()];
+                }
+            }
+            crate::SanitizeAction::BlockErase => d.fill(0),
+        }
+        Ok(())
+    }
     fn mapping(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64, bool)>, DeviceError> {
         let r = self.span(offset, len)?;
         let d = self.data.read();

@@ -51,6 +51,7 @@ pub mod op {
     pub const READ_DEFECT_DATA_10: u8 = 0x37;
     pub const WRITE_SAME_10: u8 = 0x41;
     pub const UNMAP: u8 = 0x42;
+    pub const SANITIZE: u8 = 0x48;
     pub const MODE_SELECT_10: u8 = 0x55;
     pub const RESERVE_10: u8 = 0x56;
     pub const RELEASE_10: u8 = 0x57;
@@ -101,6 +102,9 @@ pub const COMMANDS: &[OpInfo] = &[
     op(op::READ_DEFECT_DATA_10, 10),         // READ DEFECT DATA(10)
     op(op::WRITE_SAME_10, 10),               // WRITE SAME(10)
     op(op::UNMAP, 10),                       // UNMAP
+    sa(op::SANITIZE, 0x01, 10),              // SANITIZE: OVERWRITE
+    sa(op::SANITIZE, 0x02, 10),              // SANITIZE: BLOCK ERASE
+    sa(op::SANITIZE, 0x1f, 10),              // SANITIZE: EXIT FAILURE MODE
     op(op::MODE_SELECT_10, 10),              // MODE SELECT(10)
     op(op::RESERVE_10, 10),                  // RESERVE(10)
     op(op::RELEASE_10, 10),                  // RELEASE(10)
@@ -138,18 +142,16 @@ pub const COMMANDS: &[OpInfo] = &[
     op(op::READ_DEFECT_DATA_12, 12),        // READ DEFECT DATA(12)
 ];
 
-/// Opcodes whose service action field selects the command.
-pub fn has_service_actions(opcode: u8) -> bool {
-    COMMANDS
-        .iter()
-        .any(|c| c.opcode == opcode && c.service_action.is_some())
-}
-
 fn usage(c: &OpInfo) -> Vec<u8> {
     let mut u = vec![0xffu8; usize::from(c.cdb_len)];
     u[0] = c.opcode;
     if let Some(s) = c.service_action {
         u[1] = (s as u8 & 0x1f) | 0xe0;
+    }
+    if c.opcode == op::SANITIZE {
+        // IMMED, AUSE and the service action; bytes 2-6 are reserved.
+        u[1] = 0xa0 | (u[1] & 0x1f);
+        u[2..7].fill(0);
     }
     let last = u.len() - 1;
     u[last] = 0x07; // control byte: NACA and link are not supported
@@ -164,8 +166,11 @@ fn timeouts() -> [u8; 12] {
     t
 }
 
-/// REPORT SUPPORTED OPERATION CODES (MAINTENANCE IN, service action 0x0c).
-pub fn report(cdb: &[u8]) -> Result<Vec<u8>, Sense> {
+/// REPORT SUPPORTED OPERATION CODES (MAINTENANCE IN, service action 0x0c)
+/// for a unit that implements the commands `supported` accepts out of
+/// [`COMMANDS`].
+pub fn report(cdb: &[u8], supported: impl Fn(&OpInfo) -> bool) -> Result<Vec<u8>, Sense> {
+    let commands: Vec<&OpInfo> = COMMANDS.iter().filter(|c| supported(c)).collect();
     let rctd = byte(cdb, 2) & 0x80 != 0;
     let options = byte(cdb, 2) & 0x07;
     let req_op = byte(cdb, 3);
@@ -175,7 +180,7 @@ pub fn report(cdb: &[u8]) -> Result<Vec<u8>, Sense> {
     match options {
         0 => {
             let mut body = Vec::new();
-            for c in COMMANDS {
+            for c in &commands {
                 body.push(c.opcode);
                 body.push(0);
                 body.extend_from_slice(&c.service_action.unwrap_or(0).to_be_bytes());
@@ -198,16 +203,20 @@ pub fn report(cdb: &[u8]) -> Result<Vec<u8>, Sense> {
             Ok(d)
         }
         1..=3 => {
-            let with_sa = has_service_actions(req_op);
+            let with_sa = commands
+                .iter()
+                .any(|c| c.opcode == req_op && c.service_action.is_some());
             let found = match options {
                 1 if with_sa => return Err(bad(2)),
-                1 => COMMANDS.iter().find(|c| c.opcode == req_op),
-                2 if !with_sa && COMMANDS.iter().any(|c| c.opcode == req_op) => return Err(bad(2)),
-                2 => COMMANDS
+                1 => commands.iter().copied().find(|c| c.opcode == req_op),
+                2 if !with_sa && commands.iter().any(|c| c.opcode == req_op) => return Err(bad(2)),
+                2 => commands
                     .iter()
+                    .copied()
                     .find(|c| c.opcode == req_op && c.service_action == Some(req_sa)),
-                _ => COMMANDS
+                _ => commands
                     .iter()
+                    .copied()
                     .find(|c| c.opcode == req_op && c.service_action.is_none_or(|s| s == req_sa)),
             };
             let mut d = vec![0u8; 4];

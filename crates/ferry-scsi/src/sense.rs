@@ -56,6 +56,8 @@ impl Sense {
     pub const MEDIUM_REMOVAL_PREVENTED: Sense = Sense::new(ILLEGAL_REQUEST, 0x53, 0x02);
     pub const COMMANDS_CLEARED: Sense = Sense::new(UNIT_ATTENTION, 0x2f, 0x00);
     pub const INTERNAL_TARGET_FAILURE: Sense = Sense::new(ABORTED_COMMAND, 0x44, 0x00);
+    pub const SANITIZE_IN_PROGRESS: Sense = Sense::new(NOT_READY, 0x04, 0x1b);
+    pub const SANITIZE_FAILED: Sense = Sense::new(MEDIUM_ERROR, 0x31, 0x03);
 
     pub const fn with_info(mut self, info: u64) -> Sense {
         self.info = Some(info);
@@ -73,6 +75,14 @@ impl Sense {
         }
         let be = byte.to_be_bytes();
         self.sks = Some([b0, be[0], be[1]]);
+        self
+    }
+
+    /// Progress indication (sense-key specific, SKSV set): `done` out of
+    /// 65,536.
+    pub const fn progress(mut self, done: u16) -> Sense {
+        let be = done.to_be_bytes();
+        self.sks = Some([0x80, be[0], be[1]]);
         self
     }
 

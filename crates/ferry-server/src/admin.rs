@@ -37,6 +37,8 @@ fn storage_status(e: &StorageError) -> StatusCode {
         | StorageError::BitmapExists(_)
         | StorageError::InUse { .. }
         | StorageError::InDoubt { .. }
+        | StorageError::Sanitizing(_)
+        | StorageError::SanitizeFailed(_)
         | StorageError::Moved { .. } => StatusCode::CONFLICT,
         StorageError::InvalidName(_)
         | StorageError::Invalid(_)
@@ -191,6 +193,26 @@ fn view(v: &Volume) -> VolumeView {
             .map(|o| ferry_api::OutgoingMigration { id: o.id, to: o.to }),
         incoming: m.incoming.map(incoming_view),
         arrived: m.arrived.map(incoming_view),
+        sanitize: m.sanitize.map(|job| {
+            let op = match job.op {
+                ferry_storage::SanitizeOp::Overwrite { .. } => "overwrite",
+                ferry_storage::SanitizeOp::BlockErase => "block_erase",
+            }
+            .to_string();
+            match v.sanitize_status() {
+                ferry_storage::SanitizeStatus::Running { done, total } => {
+                    ferry_api::SanitizeView::Running {
+                        op,
+                        done_bytes: done,
+                        total_bytes: total,
+                    }
+                }
+                _ => ferry_api::SanitizeView::Failed {
+                    op,
+                    error: job.failed.unwrap_or_default(),
+                },
+            }
+        }),
     }
 }
 

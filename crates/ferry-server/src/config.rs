@@ -246,10 +246,22 @@ pub struct AdminConfig {
     pub listen: String,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
     pub direct_io: bool,
+    /// Most bytes per second a SANITIZE writes or erases, so that one
+    /// volume's sanitize leaves the disk to the others (0: no limit).
+    pub sanitize_bytes_per_sec: u64,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            direct_io: false,
+            sanitize_bytes_per_sec: 256 << 20,
+        }
+    }
 }
 
 impl Default for Config {

@@ -188,6 +188,17 @@ impl Daemon {
             tasks.spawn(iscsi::serve(l, i, self.state.clone(), shutdown.clone()));
         }
         tasks.spawn(indexer::run(self.state.clone(), shutdown.clone()));
+        // Sanitizes a crash interrupted go on (their volumes refuse I/O
+        // until they finish).
+        for v in self.state.pool.list() {
+            if v.sanitize_pending() {
+                tracing::info!(volume = %v.name(), "resuming an interrupted sanitize");
+                drop(iscsi::run_sanitize(
+                    v,
+                    self.state.config.storage.sanitize_bytes_per_sec,
+                ));
+            }
+        }
         if let Some(l) = self.migration {
             tracing::info!(addr = ?self.state.addrs.migration, "accepting migrations");
             tasks.spawn(migration::destination::serve(

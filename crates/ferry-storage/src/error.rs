@@ -33,6 +33,12 @@ pub enum StorageError {
         /// How to override, when that is allowed.
         hint: &'static str,
     },
+    #[error(
+        "volume {0:?} is being sanitized; its blocks cannot be read or written until that ends"
+    )]
+    Sanitizing(String),
+    #[error("volume {0:?}: its last sanitize failed; sanitize it again (or exit the failure mode if that sanitize allowed it)")]
+    SanitizeFailed(String),
     #[error("zeroing cannot be done fast here")]
     NotFast,
     #[error("{op} {path}: {source}")]

@@ -22,7 +22,7 @@ pub use gate::WriteGate;
 pub use holders::{HeldBy, HoldGuard, Holder};
 pub use meta::{Backing, IncomingMigration, OutgoingMigration, VolumeMeta};
 pub use pool::{CreateOptions, Pool, PoolOptions};
-pub use volume::{Volume, ZeroMode};
+pub use volume::{SanitizeJob, SanitizeOp, SanitizeStatus, Volume, ZeroMode};
 
 /// Result alias for engine calls.
 pub type Result<T, E = StorageError> = std::result::Result<T, E>;

@@ -77,6 +77,10 @@ pub struct VolumeMeta {
     /// instead of starting over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outgoing: Option<OutgoingMigration>,
+    /// A sanitize was requested and has not finished (it resumes when the
+    /// volume is opened again), or failed (`failed` set: I/O is refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sanitize: Option<crate::SanitizeJob>,
 }
 
 /// The journal of an outgoing migration.
@@ -126,6 +130,7 @@ impl VolumeMeta {
             arrived: None,
             importing: false,
             outgoing: None,
+            sanitize: None,
         }
     }
 

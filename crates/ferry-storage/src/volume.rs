@@ -18,6 +18,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+mod sanitize;
+pub use sanitize::{SanitizeJob, SanitizeOp, SanitizeStatus};
+
 /// Marker file present while a volume is open; found at start-up it means the
 /// last run did not close the volume cleanly.
 const IN_USE: &str = "in-use";
@@ -60,6 +63,8 @@ pub struct Volume {
     in_doubt: AtomicBool,
     /// Clients and migrations that hold it.
     holders: crate::holders::Holders,
+    /// A sanitize running, or failed (I/O refused).
+    sanitize: sanitize::SanitizeCell,
 }
 
 /// `preadv2`/`pwritev2` on one buffer; `Ok(n)` bytes done.
@@ -226,6 +231,7 @@ impl Volume {
             sparse: matches!(meta.backing, Backing::Sparse | Backing::External { .. }),
             moved: AtomicBool::new(meta.moved_to.is_some()),
             in_doubt: AtomicBool::new(meta.outgoing.as_ref().is_some_and(|o| o.switch_sent)),
+            sanitize: sanitize::SanitizeCell::from_journal(meta.sanitize.as_ref()),
             meta: Mutex::new(meta),
             bitmaps: RwLock::new(bitmaps),
             deleted: AtomicBool::new(false),
@@ -287,8 +293,15 @@ impl Volume {
     }
 
     /// Fails once the volume has moved (checked inside the write gate, so a
-    /// write held by a migration's pause fails if the switch happened).
+    /// write held by a migration's pause fails if the switch happened), and
+    /// while a sanitize runs or after one failed.
     fn check_not_moved(&self) -> Result<()> {
+        self.sanitize.check(&self.name)?;
+        self.check_here()
+    }
+
+    /// Fails once the volume has moved, or while its last move is in doubt.
+    fn check_here(&self) -> Result<()> {
         if self.in_doubt.load(Ordering::SeqCst) {
             let to = self
                 .meta
@@ -686,6 +699,7 @@ impl Volume {
 
     /// Change the size. Shrinking discards data and needs `allow_shrink`.
     pub fn resize(&self, new_size: u64, allow_shrink: bool) -> Result<()> {
+        self.sanitize.check(&self.name)?;
         let mut m = self.meta.lock();
         if m.read_only {
             return Err(StorageError::ReadOnly(m.name.clone()));
@@ -748,6 +762,7 @@ impl Volume {
 
     /// Flush data, save bitmaps, and record a clean close.
     pub fn close(&self) -> Result<()> {
+        self.sanitize.stop();
         if self.deleted.load(Ordering::Acquire) || self.read_only() {
             return Ok(());
         }

@@ -245,3 +245,124 @@ fn nowait_paths_read_and_write_like_the_blocking_ones() {
     assert!(v.read_append((1 << 20) - 2, 4, &mut out, false).is_err());
     assert!(v.try_write_nowait((1 << 20) - 2, b"xxxx").is_err());
 }
+
+#[test]
+fn sanitize_overwrites_every_block_marks_bitmaps_and_resumes_after_a_crash() {
+    use ferry_storage::{SanitizeOp, SanitizeStatus};
+    let d = tempfile::tempdir().unwrap();
+    let size = 3 << 20;
+    {
+        let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+        let v = p.create("s", &opts(size)).unwrap();
+        v.write_at(0, &vec![7u8; 8192], false).unwrap();
+        v.create_bitmap("b", 65536, true).unwrap();
+        let op = SanitizeOp::Overwrite {
+            pattern: vec![0xa5, 0x5a],
+            invert: true,
+            passes: 3,
+        };
+        // A pattern longer than a block, or no pass, is refused.
+        assert!(matches!(
+            v.begin_sanitize(
+                SanitizeOp::Overwrite {
+                    pattern: vec![1; 513],
+                    invert: false,
+                    passes: 1
+                },
+                false
+            ),
+            Err(StorageError::Invalid(_))
+        ));
+        v.begin_sanitize(op.clone(), false).unwrap();
+        // From the request on, no read or write passes, and no second one.
+        let mut buf = vec![0u8; 512];
+        assert!(matches!(
+            v.read_at(0, &mut buf),
+            Err(StorageError::Sanitizing(_))
+        ));
+        assert!(matches!(
+            v.write_at(0, &buf, false),
+            Err(StorageError::Sanitizing(_))
+        ));
+        assert!(matches!(
+            v.begin_sanitize(SanitizeOp::BlockErase, false),
+            Err(StorageError::Sanitizing(_))
+        ));
+        assert!(matches!(
+            v.sanitize_status(),
+            SanitizeStatus::Running { .. }
+        ));
+        // The daemon dies before the blocks change: no run, no close.
+        drop(v);
+        drop(p);
+    }
+    let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+    let v = p.get("s").unwrap();
+    assert!(v.sanitize_pending(), "the journaled sanitize resumes");
+    let mut buf = vec![0u8; 512];
+    assert!(matches!(
+        v.read_at(0, &mut buf),
+        Err(StorageError::Sanitizing(_))
+    ));
+    v.run_sanitize(0).unwrap();
+    assert_eq!(v.sanitize_status(), SanitizeStatus::Idle);
+    let mut all = vec![0u8; size as usize];
+    v.read_at(0, &mut all).unwrap();
+    // The last of three inverting passes writes the pattern itself,
+    // repeated to fill every block.
+    assert!(all.chunks(2).all(|c| c == [0xa5, 0x5a]));
+    let b = v.bitmap("b").unwrap();
+    assert_eq!(b.dirty_bytes(), size, "every block marked");
+    assert!(v.meta().sanitize.is_none(), "journal cleared");
+
+    // Block erase: every block deallocated and read as zeroes.
+    v.begin_sanitize(SanitizeOp::BlockErase, false).unwrap();
+    v.run_sanitize(0).unwrap();
+    v.read_at(0, &mut all).unwrap();
+    assert!(all.iter().all(|&x| x == 0));
+    let ext = v.extents(0, size, 16).unwrap();
+    assert!(ext.iter().all(|e| e.hole), "{ext:?}");
+    v.write_at(0, b"after", true).unwrap();
+}
+
+#[test]
+fn a_failed_sanitize_keeps_the_volume_refusing_io_across_a_restart() {
+    use ferry_storage::{SanitizeOp, SanitizeStatus};
+    let d = tempfile::tempdir().unwrap();
+    for ause in [false, true] {
+        let name = format!("f{}", u8::from(ause));
+        {
+            let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+            let v = p.create(&name, &opts(1 << 20)).unwrap();
+            v.begin_sanitize(SanitizeOp::BlockErase, ause).unwrap();
+            p.close().unwrap();
+        }
+        // Journal what a failed run leaves (a disk error mid-way).
+        let meta_path = d.path().join("volumes").join(&name).join("meta.json");
+        let mut m = ferry_storage::VolumeMeta::load(&meta_path).unwrap();
+        m.sanitize.as_mut().unwrap().failed = Some("write: Input/output error".into());
+        m.store(&meta_path).unwrap();
+        let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+        let v = p.get(&name).unwrap();
+        assert!(!v.sanitize_pending());
+        assert!(matches!(
+            v.sanitize_status(),
+            SanitizeStatus::Failed { ause: a, .. } if a == ause
+        ));
+        let mut buf = vec![0u8; 512];
+        assert!(matches!(
+            v.read_at(0, &mut buf),
+            Err(StorageError::SanitizeFailed(_))
+        ));
+        if ause {
+            v.exit_sanitize_failure().unwrap();
+        } else {
+            assert!(v.exit_sanitize_failure().is_err());
+            // A sanitize that succeeds ends the failure mode.
+            v.begin_sanitize(SanitizeOp::BlockErase, false).unwrap();
+            v.run_sanitize(0).unwrap();
+        }
+        v.read_at(0, &mut buf).unwrap();
+        p.close().unwrap();
+    }
+}

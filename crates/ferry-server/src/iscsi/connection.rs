@@ -138,7 +138,13 @@ pub async fn run(
                     .map(|(number, v)| Lun {
                         number,
                         metrics: CommandMetrics::new(state, &v.name()),
-                        unit: state.iscsi.units.unit(&v, t, &state.pool, portal_count),
+                        unit: state.iscsi.units.unit(
+                            &v,
+                            t,
+                            &state.pool,
+                            portal_count,
+                            state.config.storage.sanitize_bytes_per_sec,
+                        ),
                         _hold: v.hold(ferry_storage::Holder::IscsiSession),
                     })
                     .collect(),

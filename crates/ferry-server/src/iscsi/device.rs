@@ -3,8 +3,9 @@
 
 use ferry_scsi::{
     BlockDevice, CopyTargets, DeviceError, Identity, LogicalUnit, LuConfig, ReservationStore,
+    SanitizeAction, SanitizeState, SanitizeSupport,
 };
-use ferry_storage::{Pool, StorageError, Volume, ZeroMode};
+use ferry_storage::{Pool, SanitizeOp, SanitizeStatus, StorageError, Volume, ZeroMode};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io::Write;
@@ -14,7 +15,24 @@ use std::sync::Arc;
 /// Adapter from [`Volume`] to [`BlockDevice`]: every write goes through
 /// the volume's write path, so it passes the migration write gate and marks
 /// every dirty bitmap exactly as an NBD write does.
-pub struct VolumeDevice(pub Arc<Volume>);
+pub struct VolumeDevice {
+    pub volume: Arc<Volume>,
+    /// Most bytes per second a sanitize writes (`storage.sanitize_bytes_per_sec`).
+    pub sanitize_rate: u64,
+}
+
+/// Carry out `volume`'s journaled sanitize on a thread of its own (it
+/// takes as long as writing the whole volume, and outlives the command and
+/// the connection that asked for it).
+pub fn run_sanitize(
+    volume: Arc<Volume>,
+    bytes_per_sec: u64,
+) -> std::thread::JoinHandle<Result<(), StorageError>> {
+    std::thread::Builder::new()
+        .name("ferry-sanitize".into())
+        .spawn(move || volume.run_sanitize(bytes_per_sec))
+        .expect("spawn the sanitize thread")
+}
 
 fn dev_err(e: StorageError) -> DeviceError {
     match e {
@@ -25,6 +43,8 @@ fn dev_err(e: StorageError) -> DeviceError {
         StorageError::InDoubt { to, .. } => {
             DeviceError::Gone(format!("held until its migration to {to} is resolved"))
         }
+        StorageError::Sanitizing(_) => DeviceError::Sanitizing,
+        StorageError::SanitizeFailed(_) => DeviceError::SanitizeFailed,
         e => match e.raw_os_error() {
             Some(libc::ENOSPC) | Some(libc::EDQUOT) => DeviceError::NoSpace,
             _ => DeviceError::Io(e.to_string()),
@@ -34,19 +54,19 @@ fn dev_err(e: StorageError) -> DeviceError {
 
 impl BlockDevice for VolumeDevice {
     fn size(&self) -> u64 {
-        self.0.size()
+        self.volume.size()
     }
     fn read_only(&self) -> bool {
-        self.0.read_only()
+        self.volume.read_only()
     }
     fn thin(&self) -> bool {
-        self.0.is_sparse()
+        self.volume.is_sparse()
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
-        self.0.read_at(offset, buf).map_err(dev_err)
+        self.volume.read_at(offset, buf).map_err(dev_err)
     }
     fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), DeviceError> {
-        self.0.write_at(offset, data, fua).map_err(dev_err)
+        self.volume.write_at(offset, data, fua).map_err(dev_err)
     }
     fn write_zeroes(
         &self,
@@ -59,31 +79,78 @@ impl BlockDevice for VolumeDevice {
             may_punch: unmap,
             fast_only: false,
         };
-        self.0.write_zeroes(offset, len, mode, fua).map_err(dev_err)
+        self.volume
+            .write_zeroes(offset, len, mode, fua)
+            .map_err(dev_err)
     }
     fn unmap(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
-        self.0.trim(offset, len, false).map_err(dev_err)
+        self.volume.trim(offset, len, false).map_err(dev_err)
     }
     fn flush(&self) -> Result<(), DeviceError> {
-        self.0.flush().map_err(dev_err)
+        self.volume.flush().map_err(dev_err)
     }
     fn prefetch(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
-        self.0.cache(offset, len).map_err(dev_err)
+        self.volume.cache(offset, len).map_err(dev_err)
     }
     fn try_read_nowait(&self, offset: u64, len: usize) -> Result<Option<Vec<u8>>, DeviceError> {
         let mut buf = bytes::BytesMut::new();
-        match self.0.read_append(offset, len, &mut buf, true) {
+        match self.volume.read_append(offset, len, &mut buf, true) {
             Ok(true) => Ok(Some(buf.into())),
             Ok(false) => Ok(None),
             Err(e) => Err(dev_err(e)),
         }
     }
     fn writes_may_wait(&self) -> bool {
-        let g = self.0.gate();
+        let g = self.volume.gate();
         g.is_paused() || !g.throttle().is_zero()
     }
+    fn sanitize_support(&self) -> SanitizeSupport {
+        SanitizeSupport {
+            overwrite: true,
+            // BLOCK ERASE deallocates: thin volumes only (LBPME).
+            block_erase: self.volume.is_sparse(),
+        }
+    }
+    fn sanitize(&self, action: SanitizeAction, ause: bool, wait: bool) -> Result<(), DeviceError> {
+        let op = match action {
+            SanitizeAction::Overwrite {
+                pattern,
+                invert,
+                passes,
+            } => SanitizeOp::Overwrite {
+                pattern,
+                invert,
+                passes,
+            },
+            SanitizeAction::BlockErase => SanitizeOp::BlockErase,
+        };
+        self.volume.begin_sanitize(op, ause).map_err(dev_err)?;
+        let runner = run_sanitize(self.volume.clone(), self.sanitize_rate);
+        if !wait {
+            return Ok(());
+        }
+        match runner.join() {
+            Ok(r) => r.map_err(dev_err),
+            Err(_) => Err(DeviceError::SanitizeFailed),
+        }
+    }
+    fn sanitize_state(&self) -> SanitizeState {
+        match self.volume.sanitize_status() {
+            SanitizeStatus::Idle => SanitizeState::Idle,
+            SanitizeStatus::Running { done, total } => {
+                let p = (u128::from(done) << 16) / u128::from(total.max(1));
+                SanitizeState::Running {
+                    progress: u16::try_from(p).unwrap_or(u16::MAX),
+                }
+            }
+            SanitizeStatus::Failed { .. } => SanitizeState::Failed,
+        }
+    }
+    fn exit_sanitize_failure(&self) -> Result<(), DeviceError> {
+        self.volume.exit_sanitize_failure().map_err(dev_err)
+    }
     fn mapping(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64, bool)>, DeviceError> {
-        let ext = self.0.extents(offset, len, 1024).map_err(dev_err)?;
+        let ext = self.volume.extents(offset, len, 1024).map_err(dev_err)?;
         Ok(ext
             .into_iter()
             .map(|e| (e.offset, e.length, !e.hole))
@@ -102,7 +169,12 @@ impl CopyTargets for PoolCopyTargets {
             .into_iter()
             .filter(|v| v.is_serving())
             .find(|v| ferry_scsi::naa_bytes(&v.meta().wwn).is_some_and(|n| n[..] == *naa))
-            .map(|v| Arc::new(VolumeDevice(v)) as Arc<dyn BlockDevice>)
+            .map(|volume| {
+                Arc::new(VolumeDevice {
+                    volume,
+                    sanitize_rate: 0,
+                }) as Arc<dyn BlockDevice>
+            })
     }
 }
 
@@ -167,6 +239,7 @@ impl UnitTable {
         target_name: &str,
         pool: &Arc<Pool>,
         portals: u16,
+        sanitize_rate: u64,
     ) -> Arc<LogicalUnit> {
         let name = volume.name();
         let mut units = self.units.lock();
@@ -189,7 +262,10 @@ impl UnitTable {
             512
         };
         let lu = Arc::new(LogicalUnit::new(
-            Arc::new(VolumeDevice(volume.clone())),
+            Arc::new(VolumeDevice {
+                volume: volume.clone(),
+                sanitize_rate,
+            }),
             Identity {
                 name: name.clone(),
                 naa,

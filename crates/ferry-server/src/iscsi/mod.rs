@@ -10,7 +10,7 @@
 mod connection;
 mod device;
 
-pub use device::{UnitTable, VolumeDevice};
+pub use device::{run_sanitize, UnitTable, VolumeDevice};
 
 use crate::config::IscsiAccess;
 use crate::ServerState;

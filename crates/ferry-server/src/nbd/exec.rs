@@ -81,6 +81,8 @@ pub fn errno_for(e: &StorageError, cmd: Command) -> ErrorCode {
         StorageError::OutOfRange { .. } | StorageError::Invalid(_) => ErrorCode::Inval,
         StorageError::ReadOnly(_) => ErrorCode::Perm,
         StorageError::NotFast => ErrorCode::NotSup,
+        // Until the sanitize ends (NBD has no "not ready").
+        StorageError::Sanitizing(_) | StorageError::SanitizeFailed(_) => ErrorCode::Io,
         // The client reconnects and learns the new location (ferry host does).
         StorageError::NotFound(_) | StorageError::Moved { .. } | StorageError::InDoubt { .. } => {
             ErrorCode::Shutdown
