@@ -19,11 +19,18 @@ def stop(proc):
 class Ferry:
     """`ferry serve` with two iSCSI portals; volumes made from images."""
 
-    def __init__(self, work, portals=2):
+    def __init__(self, work, portals=2, config=None):
         ensure_ferry()
         self.ports = [free_port() for _ in range(portals)]
         self.admin = f"127.0.0.1:{free_port()}"
         args = [FERRY, "serve", "--pool", os.path.join(work, "pool"), "--nbd", "", "--admin", self.admin]
+        if config:
+            # Extra settings as TOML text (e.g. "[storage]\nsanitize_bytes_per_sec = 1").
+            os.makedirs(work, exist_ok=True)
+            path = os.path.join(work, "ferry.toml")
+            with open(path, "w") as fh:
+                fh.write(config)
+            args += ["--config", path]
         for p in self.ports:
             args += ["--iscsi", f"127.0.0.1:{p}"]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

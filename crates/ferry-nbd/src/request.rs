@@ -137,6 +137,46 @@ impl RequestDecoder {
         }
     }
 
+    /// The length of the WRITE payload the decoder is waiting for, once
+    /// its header has been decoded (a caller may read a large payload
+    /// straight into a buffer of that size instead of growing its own).
+    pub fn pending_payload(&self) -> Option<usize> {
+        match self.state {
+            State::Payload { length, .. } => usize::try_from(length).ok(),
+            _ => None,
+        }
+    }
+
+    /// Complete the WRITE whose payload the caller read itself (exactly
+    /// [`RequestDecoder::pending_payload`] bytes).
+    pub fn complete_payload(&mut self, payload: Bytes) -> Result<Request, NbdError> {
+        match self.state {
+            State::Payload {
+                flags,
+                cookie,
+                offset,
+                length,
+            } if payload.len() == length as usize => {
+                self.state = State::Header;
+                Ok(Request {
+                    flags,
+                    command: Command::Write,
+                    cookie,
+                    offset,
+                    length,
+                    payload: Some(payload),
+                })
+            }
+            _ => Err(NbdError::Malformed {
+                what: "write payload",
+                detail: format!(
+                    "{} bytes for a request that does not wait for them",
+                    payload.len()
+                ),
+            }),
+        }
+    }
+
     /// Decode the next request from `buf`.
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Request>, NbdError> {
         loop {
@@ -345,6 +385,32 @@ mod tests {
             assert_eq!(got[0].payload.as_deref(), Some(&b"abcdefgh"[..]));
             assert_eq!(got[1].command, Command::Read);
         }
+    }
+
+    #[test]
+    fn a_payload_read_by_the_caller_completes_its_write() {
+        let mut wire = BytesMut::new();
+        encode_request(&mut wire, 1, Command::Write, 9, 4096, 8);
+        let mut d = RequestDecoder::new();
+        // Nothing pending before a header, and a payload then is refused.
+        assert_eq!(d.pending_payload(), None);
+        assert!(d.complete_payload(Bytes::from_static(b"x")).is_err());
+        assert!(d.decode(&mut wire).unwrap().is_none());
+        assert_eq!(d.pending_payload(), Some(8));
+        // A payload of the wrong length is refused and changes nothing.
+        assert!(d.complete_payload(Bytes::from_static(b"short")).is_err());
+        let r = d.complete_payload(Bytes::from_static(b"abcdefgh")).unwrap();
+        assert_eq!(
+            (r.command, r.cookie, r.offset, r.flags),
+            (Command::Write, 9, 4096, 1)
+        );
+        assert_eq!(r.payload.as_deref(), Some(&b"abcdefgh"[..]));
+        assert_eq!(d.pending_payload(), None);
+        encode_request(&mut wire, 0, Command::Flush, 10, 0, 0);
+        assert_eq!(
+            d.decode(&mut wire).unwrap().unwrap().command,
+            Command::Flush
+        );
     }
 
     #[test]
