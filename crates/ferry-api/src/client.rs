@@ -424,11 +424,25 @@ impl AdminClient {
 
     /// Round trips from this host to another host's move listener.
     pub fn probe(&self, to: &str, count: u32) -> Result<crate::vm::LinkProbe> {
+        self.probe_with_bandwidth(to, count, 0, 1.0)
+    }
+
+    /// Round trips, then a bulk transfer of at most `bytes` for at most
+    /// `secs` to measure the link's bandwidth.
+    pub fn probe_with_bandwidth(
+        &self,
+        to: &str,
+        count: u32,
+        bytes: u64,
+        secs: f64,
+    ) -> Result<crate::vm::LinkProbe> {
         self.post(
             "/v1/probe",
             &crate::vm::ProbeRequest {
                 to: to.into(),
                 count,
+                bandwidth_bytes: bytes,
+                bandwidth_secs: secs,
             },
         )
     }

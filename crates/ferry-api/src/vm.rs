@@ -13,7 +13,7 @@
 //! | `POST /v1/vms/{name}/migrate` | `VmMigrateRequest` | 202 `VmMoveStatus` |
 //! | `GET /v1/vm-moves[/{id}]` | | `[VmMoveStatus]` / `VmMoveStatus` |
 //! | `POST /v1/vm-moves/{id}/cancel` | | `VmMoveStatus` |
-//! | `POST /v1/probe` | `ProbeRequest` | `LinkProbe`: round trips to another host |
+//! | `POST /v1/probe` | `ProbeRequest` | `LinkProbe`: round trips to another host, and with `bandwidth_bytes` a capped transfer's rate |
 
 use crate::migration::MigrationId;
 use serde::{Deserialize, Serialize};
@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// Measure the round trip to another host's move listener.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProbeRequest {
     /// The other host's move address (`host:port`).
@@ -29,10 +29,21 @@ pub struct ProbeRequest {
     /// Round trips to time (1 to 10).
     #[serde(default = "default_probes")]
     pub count: u32,
+    /// Also measure the bandwidth: send up to this many bytes (at most
+    /// 64 MiB) for at most `bandwidth_secs`; 0 for none.
+    #[serde(default)]
+    pub bandwidth_bytes: u64,
+    /// The time limit of the bandwidth probe (0.1 to 10 s).
+    #[serde(default = "default_bandwidth_secs")]
+    pub bandwidth_secs: f64,
 }
 
 fn default_probes() -> u32 {
     3
+}
+
+fn default_bandwidth_secs() -> f64 {
+    1.0
 }
 
 /// Round trips from a host to another: each is one request and its answer
@@ -48,6 +59,20 @@ pub struct LinkProbe {
     /// Why probes failed, one line each.
     #[serde(default)]
     pub errors: Vec<String>,
+    /// Bytes the bandwidth probe got across, and in how long (from the
+    /// first byte sent to the other host's answer that it read them all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<BandwidthProbe>,
+}
+
+/// One capped bulk transfer over the hosts' link: a lower bound of what
+/// the link carries (a short transfer spends part of its time in TCP's
+/// slow start), and what a move can expect at least.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BandwidthProbe {
+    pub bytes: u64,
+    pub seconds: f64,
+    pub bytes_per_sec: f64,
 }
 
 /// One disk of a guest: a ferry volume and where it lives.

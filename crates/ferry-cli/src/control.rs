@@ -281,6 +281,7 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
                         interval,
                         &BTreeMap::new(),
                         &mut Default::default(),
+                        &mut Default::default(),
                     );
                     (m.cluster, m.running_on, m.problems)
                 }

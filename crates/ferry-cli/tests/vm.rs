@@ -1175,6 +1175,15 @@ fn the_controller_moves_an_io_bound_guest_next_to_its_disk() {
         st["links"]
     );
     assert_eq!(st["links"][0]["to"], s.hb_wan.as_str(), "{}", st["links"]);
+    // Its bandwidth was probed too, through the link's 12.5 MB/s toxic (a
+    // capped transfer: at most the rate, and not far below it).
+    let bw = st["links"][0]["probed_bandwidth"].as_f64();
+    eprintln!("links as probed: {}", st["links"]);
+    assert!(
+        bw.is_some_and(|b| (0.3 * 12.5e6..1.3 * 12.5e6).contains(&b)),
+        "probed bandwidth: {}",
+        st["links"]
+    );
     let _ = ctl.kill();
     let _ = ctl.wait();
     // A probe asked of a host with a bad count is refused with the reason.
@@ -1185,6 +1194,18 @@ fn the_controller_moves_an_io_bound_guest_next_to_its_disk() {
             assert!(r.into_string().unwrap().contains("count must be 1 to 10"));
         }
         other => panic!("a probe of 0 round trips was not refused: {other:?}"),
+    }
+    // So is a bandwidth probe over its cap.
+    match ureq::post(&format!("http://{}/v1/probe", s.ha.control))
+        .send_json(serde_json::json!({"to": s.hb_wan, "count": 1, "bandwidth_bytes": 1u64 << 40}))
+    {
+        Err(ureq::Error::Status(400, r)) => {
+            assert!(r
+                .into_string()
+                .unwrap()
+                .contains("bandwidth_bytes must be at most"));
+        }
+        other => panic!("a 1 TiB bandwidth probe was not refused: {other:?}"),
     }
     let o = &finished["outcome"];
     let line = format!("{} {} {}", o["vm"], o["action"], o["result"]);

@@ -4,7 +4,11 @@
 //! not answer is reported and left out; the others are still measured.
 //! Between the two readings, each declared link's round trip is probed
 //! from a host of one site to a host of the other (`/v1/probe`); the plan
-//! uses the measured RTT, the declared one when no probe answered.
+//! uses the measured RTT, the declared one when no probe answered. A
+//! link's bandwidth is probed too (a transfer of at most
+//! [`BANDWIDTH_PROBE_BYTES`] for at most a second), once per
+//! [`BANDWIDTH_MAX_AGE`]: the plan uses what the controller's own moves
+//! achieved on the link, else the probe, else the declared figure.
 
 use ferry_api::{AdminClient, DiskIo, VmState as GuestState, VmView};
 use ferry_control::inventory::Inventory;
@@ -26,6 +30,28 @@ const SAMPLE_BLOCKS: u64 = 256;
 /// slowly (with their indexes), and each sample costs 256 block reads at
 /// the disk's site and an index lookup at every other.
 pub const HOLDINGS_MAX_AGE: Duration = Duration::from_secs(300);
+
+/// Most bytes one bandwidth probe sends.
+pub const BANDWIDTH_PROBE_BYTES: u64 = 16 << 20;
+/// Longest one bandwidth probe sends for.
+const BANDWIDTH_PROBE_SECS: f64 = 1.0;
+/// How long a link's probed bandwidth stays good before it is probed again.
+pub const BANDWIDTH_MAX_AGE: Duration = Duration::from_secs(600);
+
+/// The last bandwidth probe of each link (sites as declared).
+#[derive(Debug, Default)]
+pub struct BandwidthCache {
+    entries: BTreeMap<(String, String), (Instant, f64)>,
+}
+
+impl BandwidthCache {
+    fn fresh(&self, key: &(String, String)) -> Option<f64> {
+        self.entries
+            .get(key)
+            .filter(|(at, _)| at.elapsed() < BANDWIDTH_MAX_AGE)
+            .map(|(_, bw)| *bw)
+    }
+}
 
 /// The last sample of each disk (storage address, volume): per site, the
 /// share of the disk a move there would send.
@@ -142,6 +168,10 @@ pub struct LinkMeasure {
     pub to: Option<String>,
     pub error: Option<String>,
     pub declared_bandwidth: f64,
+    /// Bytes per second of the last bandwidth probe (a capped transfer
+    /// between the two sites' first hosts), if one answered.
+    #[serde(default)]
+    pub probed_bandwidth: Option<f64>,
     /// Bytes per second the controller's own completed moves achieved on
     /// this link (smoothed), from the journal.
     #[serde(default)]
@@ -177,8 +207,9 @@ pub fn bandwidth_from_moves<'a>(
 }
 
 /// Probe every declared link once (a few round trips) from the first host
-/// of one site to the first host of the other.
-pub fn probe_links(inv: &Inventory) -> Vec<LinkMeasure> {
+/// of one site to the first host of the other, and its bandwidth when the
+/// last probe of it is older than [`BANDWIDTH_MAX_AGE`].
+pub fn probe_links(inv: &Inventory, bandwidth: &mut BandwidthCache) -> Vec<LinkMeasure> {
     inv.links
         .iter()
         .map(|l| {
@@ -191,9 +222,12 @@ pub fn probe_links(inv: &Inventory) -> Vec<LinkMeasure> {
                 to: None,
                 error: None,
                 declared_bandwidth: l.bandwidth,
+                probed_bandwidth: None,
                 moves_bandwidth: None,
                 moves_counted: 0,
             };
+            let key = (l.a.clone(), l.b.clone());
+            m.probed_bandwidth = bandwidth.fresh(&key);
             let first_host = |site: &str| inv.site(site).and_then(|s| s.hosts.first().cloned());
             let (Some(from), Some(to)) = (first_host(&l.a), first_host(&l.b)) else {
                 m.error = Some(format!(
@@ -204,13 +238,24 @@ pub fn probe_links(inv: &Inventory) -> Vec<LinkMeasure> {
             };
             m.from = Some(from.control.clone());
             m.to = Some(to.moves.clone());
+            let bytes = if m.probed_bandwidth.is_some() {
+                0
+            } else {
+                BANDWIDTH_PROBE_BYTES
+            };
             match AdminClient::for_host(&from.control)
                 .limited(HOST_CALL_LIMIT)
-                .probe(&to.moves, PROBES)
+                .probe_with_bandwidth(&to.moves, PROBES, bytes, BANDWIDTH_PROBE_SECS)
             {
                 Ok(p) => {
                     m.measured_rtt_ms = p.min_ms;
-                    if p.min_ms.is_none() {
+                    if let Some(b) = &p.bandwidth {
+                        m.probed_bandwidth = Some(b.bytes_per_sec);
+                        bandwidth
+                            .entries
+                            .insert(key, (Instant::now(), b.bytes_per_sec));
+                    }
+                    if p.min_ms.is_none() || (bytes > 0 && p.bandwidth.is_none()) {
                         m.error = Some(p.errors.first().cloned().unwrap_or_default());
                     }
                 }
@@ -273,12 +318,13 @@ pub fn measure(
     interval: Duration,
     since_move_s: &BTreeMap<String, f64>,
     holdings: &mut HoldingsCache,
+    bandwidth: &mut BandwidthCache,
 ) -> Measured {
     holdings.prune();
     let mut problems = Vec::new();
     let t0 = Instant::now();
     let first = sample(inv, &mut problems, true);
-    let links = probe_links(inv);
+    let links = probe_links(inv, bandwidth);
     for l in &links {
         if let Some(e) = &l.error {
             problems.push(format!("link {}-{}: {e}", l.a, l.b));
@@ -375,12 +421,12 @@ pub fn measure(
                 .links
                 .iter()
                 .map(|l| {
-                    let probed = links
-                        .iter()
-                        .find(|m| m.a == l.a && m.b == l.b)
-                        .and_then(|m| m.measured_rtt_ms);
+                    let probe = links.iter().find(|m| m.a == l.a && m.b == l.b);
                     ferry_control::Link {
-                        rtt_ms: probed.unwrap_or(l.rtt_ms),
+                        rtt_ms: probe.and_then(|m| m.measured_rtt_ms).unwrap_or(l.rtt_ms),
+                        bandwidth: probe
+                            .and_then(|m| m.probed_bandwidth)
+                            .unwrap_or(l.bandwidth),
                         ..l.clone()
                     }
                 })

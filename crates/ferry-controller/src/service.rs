@@ -261,6 +261,8 @@ struct Memory {
     unacted: BTreeSet<(String, String, String, String)>,
     /// What each site holds of each disk, sampled every few minutes.
     holdings: crate::measure::HoldingsCache,
+    /// Each link's probed bandwidth, probed every few minutes.
+    bandwidth: crate::measure::BandwidthCache,
 }
 
 fn cycle(sh: &Shared, sample: Duration, mem: &mut Memory, born: Instant) {
@@ -269,6 +271,7 @@ fn cycle(sh: &Shared, sample: Duration, mem: &mut Memory, born: Instant) {
         moved_at,
         unacted,
         holdings,
+        bandwidth,
     } = mem;
     let t = Instant::now();
     let settings = sh.settings.lock().clone();
@@ -288,9 +291,9 @@ fn cycle(sh: &Shared, sample: Duration, mem: &mut Memory, born: Instant) {
         .iter()
         .map(|(k, v)| (k.clone(), v.elapsed().as_secs_f64()))
         .collect();
-    let mut m = measure(&settings.inventory, sample, &since, holdings);
+    let mut m = measure(&settings.inventory, sample, &since, holdings, bandwidth);
     // Bandwidth: what the completed moves in the journal achieved, where
-    // there were any; the declared figure otherwise.
+    // there were any; else the probe's; else the declared figure.
     let outcomes: Vec<MoveOutcome> = sh
         .journal
         .tail(usize::MAX)

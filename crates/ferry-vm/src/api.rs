@@ -105,11 +105,21 @@ async fn probe(State(h): St, b: Body<ProbeRequest>) -> Result<Json<LinkProbe>, A
             format!("count must be 1 to 10, not {}", req.count),
         ));
     }
+    if req.bandwidth_bytes > crate::peer::SINK_MAX || !(0.1..=10.0).contains(&req.bandwidth_secs) {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "bandwidth_bytes must be at most {} and bandwidth_secs 0.1 to 10",
+                crate::peer::SINK_MAX
+            ),
+        ));
+    }
     let mut out = LinkProbe {
         to: req.to.clone(),
         rtt_ms: Vec::new(),
         min_ms: None,
         errors: Vec::new(),
+        bandwidth: None,
     };
     for _ in 0..req.count {
         let link = match crate::tunnel::connect(&h.certs, &req.to).await {
@@ -133,7 +143,72 @@ async fn probe(State(h): St, b: Body<ProbeRequest>) -> Result<Json<LinkProbe>, A
         }
     }
     out.min_ms = out.rtt_ms.iter().copied().reduce(f64::min);
+    if req.bandwidth_bytes > 0 {
+        let limit = std::time::Duration::from_secs_f64(req.bandwidth_secs);
+        match bandwidth_probe(&h, &req.to, req.bandwidth_bytes, limit).await {
+            Ok(b) => out.bandwidth = Some(b),
+            Err(e) => out.errors.push(format!("bandwidth: {e}")),
+        }
+    }
     Ok(Json(out))
+}
+
+/// Send up to `max` bytes to another host for at most `limit` (then the
+/// rest of what is in flight drains), and time it until the other host
+/// answers that it read them all. Set-up is not timed.
+async fn bandwidth_probe(
+    h: &VmHost,
+    to: &str,
+    max: u64,
+    limit: std::time::Duration,
+) -> Result<ferry_api::BandwidthProbe, crate::VmError> {
+    use crate::peer::{encode_line, PeerAnswer, PeerRequest, SINK_FRAME_MAX};
+    use tokio::io::AsyncWriteExt;
+    let mut link = crate::tunnel::connect(&h.certs, to).await?;
+    let err = |e: std::io::Error| crate::VmError::Peer(format!("{to}: {e}"));
+    link.write_all(&encode_line(&PeerRequest::Sink))
+        .await
+        .map_err(err)?;
+    // Random bytes: a link that compresses must not look faster.
+    let mut frame = vec![0u8; 4 + SINK_FRAME_MAX as usize];
+    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut frame[4..]);
+    let t = std::time::Instant::now();
+    let mut sent = 0u64;
+    while sent < max && t.elapsed() < limit {
+        let n =
+            u32::try_from((max - sent).min(u64::from(SINK_FRAME_MAX))).unwrap_or(SINK_FRAME_MAX);
+        frame[..4].copy_from_slice(&n.to_be_bytes());
+        link.write_all(&frame[..4 + n as usize])
+            .await
+            .map_err(err)?;
+        sent += u64::from(n);
+    }
+    link.write_all(&0u32.to_be_bytes()).await.map_err(err)?;
+    link.flush().await.map_err(err)?;
+    let (a, _) = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        crate::tunnel::read_message::<PeerAnswer, _>(&mut link),
+    )
+    .await
+    .map_err(|_| crate::VmError::Peer(format!("{to}: no answer to the bandwidth probe")))??;
+    let seconds = t.elapsed().as_secs_f64().max(1e-6);
+    if !a.ok {
+        return Err(crate::VmError::Peer(format!(
+            "{to}: {}",
+            a.error.unwrap_or_else(|| "refused".into())
+        )));
+    }
+    let bytes = a.received.unwrap_or(0);
+    if bytes != sent {
+        return Err(crate::VmError::Peer(format!(
+            "{to}: sent {sent} bytes, the other host read {bytes}"
+        )));
+    }
+    Ok(ferry_api::BandwidthProbe {
+        bytes,
+        seconds,
+        bytes_per_sec: bytes as f64 / seconds,
+    })
 }
 
 /// This daemon's moves, then those an earlier daemon on this state

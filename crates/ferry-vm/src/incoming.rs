@@ -15,7 +15,7 @@ use ferry_client::ExportDetails;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 /// In a guest's directory while it is being received.
@@ -106,6 +106,47 @@ async fn handle(host: Arc<VmHost>, mut link: ServerLink) -> Result<(), VmError> 
             answer(&mut link, &PeerAnswer::ok()).await
         }
         PeerRequest::Ping => answer(&mut link, &PeerAnswer::ok()).await,
+        PeerRequest::Sink => {
+            let a = match tokio::time::timeout(SINK_TIMEOUT, sink(&mut link, rest)).await {
+                Ok(Ok(n)) => PeerAnswer {
+                    received: Some(n),
+                    ..PeerAnswer::ok()
+                },
+                Ok(Err(e)) => PeerAnswer::err(e.to_string()),
+                Err(_) => PeerAnswer::err("bandwidth probe took too long"),
+            };
+            answer(&mut link, &a).await
+        }
+    }
+}
+
+/// The longest a bandwidth probe may keep a connection.
+const SINK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Read a bandwidth probe's frames up to the empty one; the bytes in them.
+async fn sink(link: &mut ServerLink, rest: Vec<u8>) -> Result<u64, VmError> {
+    use crate::peer::{SINK_FRAME_MAX, SINK_MAX};
+    let mut input = std::io::Cursor::new(rest).chain(link);
+    let mut total = 0u64;
+    let mut buf = vec![0u8; SINK_FRAME_MAX as usize];
+    let bad = |e: std::io::Error| VmError::Peer(format!("bandwidth probe: {e}"));
+    loop {
+        let mut len = [0u8; 4];
+        input.read_exact(&mut len).await.map_err(bad)?;
+        let n = u32::from_be_bytes(len);
+        if n == 0 {
+            return Ok(total);
+        }
+        if n > SINK_FRAME_MAX || total + u64::from(n) > SINK_MAX {
+            return Err(VmError::Peer(format!(
+                "bandwidth probe frame of {n} bytes after {total}: over the limit"
+            )));
+        }
+        input
+            .read_exact(&mut buf[..n as usize])
+            .await
+            .map_err(bad)?;
+        total += u64::from(n);
     }
 }
 

@@ -71,7 +71,16 @@ pub enum PeerRequest {
     Abort { id: MigrationId },
     /// Answer at once: a round-trip probe between hosts.
     Ping,
+    /// A bandwidth probe: frames follow (a 4-byte big-endian length, then
+    /// that many bytes; at most [`SINK_FRAME_MAX`] each), up to an empty
+    /// one; answer with how many bytes came. At most [`SINK_MAX`] in all.
+    Sink,
 }
+
+/// The largest frame of a bandwidth probe.
+pub const SINK_FRAME_MAX: u32 = 1 << 20;
+/// The most bytes one bandwidth probe may send.
+pub const SINK_MAX: u64 = 64 << 20;
 
 /// The answer line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -90,6 +99,9 @@ pub struct PeerAnswer {
     /// After `Finish`: QEMU's RESUME event here (unix seconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_unix_s: Option<f64>,
+    /// After `Sink`: the bytes received.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub received: Option<u64>,
 }
 
 impl PeerAnswer {
@@ -100,6 +112,7 @@ impl PeerAnswer {
             status: None,
             first_io_unix_ms: None,
             resumed_unix_s: None,
+            received: None,
         }
     }
     pub fn err(e: impl Into<String>) -> PeerAnswer {
@@ -109,6 +122,7 @@ impl PeerAnswer {
             status: None,
             first_io_unix_ms: None,
             resumed_unix_s: None,
+            received: None,
         }
     }
 }
