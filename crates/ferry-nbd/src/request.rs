@@ -150,31 +150,38 @@ impl RequestDecoder {
     /// Complete the WRITE whose payload the caller read itself (exactly
     /// [`RequestDecoder::pending_payload`] bytes).
     pub fn complete_payload(&mut self, payload: Bytes) -> Result<Request, NbdError> {
-        match self.state {
-            State::Payload {
-                flags,
-                cookie,
-                offset,
-                length,
-            } if payload.len() == length as usize => {
-                self.state = State::Header;
-                Ok(Request {
-                    flags,
-                    command: Command::Write,
-                    cookie,
-                    offset,
-                    length,
-                    payload: Some(payload),
-                })
-            }
-            _ => Err(NbdError::Malformed {
+        let len = payload.len();
+        let fits = matches!(self.state, State::Payload { length, .. } if len == length as usize);
+        fits.then(|| self.finish_write(payload))
+            .flatten()
+            .ok_or_else(|| NbdError::Malformed {
                 what: "write payload",
-                detail: format!(
-                    "{} bytes for a request that does not wait for them",
-                    payload.len()
-                ),
-            }),
-        }
+                detail: format!("{len} bytes for a request that does not wait for them"),
+            })
+    }
+
+    /// The WRITE whose header was decoded, with its whole payload; the
+    /// decoder then waits for the next header. `None` outside the payload
+    /// state.
+    fn finish_write(&mut self, payload: Bytes) -> Option<Request> {
+        let State::Payload {
+            flags,
+            cookie,
+            offset,
+            length,
+        } = self.state
+        else {
+            return None;
+        };
+        self.state = State::Header;
+        Some(Request {
+            flags,
+            command: Command::Write,
+            cookie,
+            offset,
+            length,
+            payload: Some(payload),
+        })
     }
 
     /// Decode the next request from `buf`.
@@ -192,25 +199,12 @@ impl RequestDecoder {
                     }
                     self.state = State::Header;
                 }
-                State::Payload {
-                    flags,
-                    cookie,
-                    offset,
-                    length,
-                } => {
+                State::Payload { length, .. } => {
                     if buf.len() < length as usize {
                         return Ok(None);
                     }
                     let payload = buf.split_to(length as usize).freeze();
-                    self.state = State::Header;
-                    return Ok(Some(Request {
-                        flags,
-                        command: Command::Write,
-                        cookie,
-                        offset,
-                        length,
-                        payload: Some(payload),
-                    }));
+                    return Ok(self.finish_write(payload));
                 }
                 State::Header => {
                     if buf.len() < REQUEST_HEADER_LEN {

@@ -1211,8 +1211,12 @@ mod tests {
     use crate::memory::MemoryDevice;
 
     fn unit() -> LogicalUnit {
+        unit_on(Arc::new(MemoryDevice::new(1 << 20, false)))
+    }
+
+    fn unit_on(dev: Arc<dyn BlockDevice>) -> LogicalUnit {
         LogicalUnit::new(
-            Arc::new(MemoryDevice::new(1 << 20, false)),
+            dev,
             Identity {
                 name: "v".into(),
                 naa: [0x3f, 1, 2, 3, 4, 5, 6, 7],
@@ -1514,15 +1518,7 @@ mod tests {
 
     #[test]
     fn while_a_sanitize_runs_only_inquiry_and_friends_answer() {
-        let lu = LogicalUnit::new(
-            Arc::new(Sanitizing(MemoryDevice::new(1 << 20, false))),
-            unit().identity().clone(),
-            LuConfig {
-                block_size: 512,
-                physical_block: 512,
-                thin: true,
-            },
-        );
+        let lu = unit_on(Arc::new(Sanitizing(MemoryDevice::new(1 << 20, false))));
         let a = nexus("a");
         for cdb in [vec![0u8; 6], cdb16(0x88, 0, 1), vec![0x1b, 0, 0, 0, 1, 0]] {
             let r = lu.execute(&a, &cdb, &[]);

@@ -203,7 +203,9 @@ impl Volume {
     /// limit) so that it does not starve the other volumes of the disk.
     /// On success the journal is cleared and I/O is allowed again; on
     /// failure the volume enters the failure mode (journaled, so it
-    /// survives a restart) and the error is returned.
+    /// survives a restart) and the error is returned. When the volume
+    /// closes under it, it stops with [`StorageError::Sanitizing`]: the
+    /// journal stays and the next open resumes it.
     pub fn run_sanitize(&self, bytes_per_sec: u64) -> Result<()> {
         let Some(job) = self.meta.lock().sanitize.clone() else {
             return Ok(());
@@ -218,7 +220,8 @@ impl Volume {
             // open resumes from the start.
             self.mark(0, self.size());
             tracing::info!(volume = %self.name, "sanitize interrupted by close; it resumes when the volume opens again");
-            return Ok(());
+            // Not done: whoever waits for it must not report success.
+            return Err(StorageError::Sanitizing(self.name.clone()));
         }
         // Every block changed: every dirty bitmap says so, also on failure.
         self.mark(0, self.size());
