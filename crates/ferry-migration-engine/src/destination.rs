@@ -502,12 +502,18 @@ where
                 // Flush, and hash the digest groups so the pause only
                 // re-hashes what the last chunks change.
                 let r = rx.clone();
+                let t = std::time::Instant::now();
                 blocking(move || {
                     r.vol.flush()?;
                     r.table.digest();
                     Ok(())
                 })
                 .await?;
+                tracing::debug!(
+                    round,
+                    ms = t.elapsed().as_millis(),
+                    "round flushed and hashed"
+                );
                 send(wr, &Message::Synced { round }).await?;
             }
             Message::Pause => {}
