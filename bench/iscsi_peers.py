@@ -8,7 +8,7 @@ sequential read at QD 4; `qemu-img bench` over iscsi:// for 4 KiB writes at
 QD 16 (scattered offsets: the step is 7919 blocks, so each write lands far
 from the last) and 1 MiB sequential reads at QD 4.
 
-Usage: python3 bench/iscsi_peers.py [--seconds 5] [--repeats 3] [--out FILE]
+Usage: python3 bench/iscsi_peers.py [--seconds 5] [--repeats 3] [--only NAME] [--out FILE]
 Needs (scripts/install-deps.sh --test): libiscsi-bin, tgt, qemu-block-extra,
 a release build of ferry. Run as root (tgtd).
 """
@@ -53,6 +53,7 @@ JOBS = [  # name, runner
     ("4k write qd16, scattered (qemu-img bench)", lambda u, s: qemu_bench(u, 4096, 16, 20000 * s, True, 4096 * 7919)),
     ("1M seq read qd4 (iscsi-perf)", lambda u, s: iscsi_perf(u, 4, 2048, s, False)),
     ("1M seq read qd4 (qemu-img bench)", lambda u, s: qemu_bench(u, 1 << 20, 4, 400 * s, False)),
+    ("1M seq write qd4 (qemu-img bench)", lambda u, s: qemu_bench(u, 1 << 20, 4, 400 * s, True)),
 ]
 
 
@@ -61,7 +62,9 @@ def main():
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", default="", help="run only the jobs whose name contains this")
     a = ap.parse_args()
+    jobs = [j for j in JOBS if a.only in j[0]]
     for t in ("iscsi-perf", "qemu-img", "tgtd", "tgtadm"):
         if not shutil.which(t):
             sys.exit(f"{t} is required (scripts/install-deps.sh --test)")
@@ -71,7 +74,7 @@ def main():
         for _ in range(IMAGE_MIB):
             f.write(os.urandom(1 << 20))
     kinds = ["ferry", "tgt"]
-    res = {j[0]: {k: [] for k in kinds} for j in JOBS}
+    res = {j[0]: {k: [] for k in kinds} for j in jobs}
     try:
         for rep in range(a.repeats):
             for kind in (kinds if rep % 2 == 0 else kinds[::-1]):
@@ -80,7 +83,7 @@ def main():
                 t = Ferry(d, portals=1) if kind == "ferry" else Tgt(d)
                 try:
                     url = t.add("bench", image=image)[0]
-                    for name, run in JOBS:
+                    for name, run in jobs:
                         r = run(url, a.seconds)
                         res[name][kind].append(r)
                         print(f"rep {rep} {kind:6} {name:42} {r['iops']:9.0f} IOPS {r['mbps']:8.1f} MB/s", flush=True)
@@ -95,7 +98,7 @@ def main():
              f"Initiators: libiscsi {version(['dpkg-query', '-W', '-f', '${Version}', 'libiscsi-bin'])} (iscsi-perf), "
              f"{version(['qemu-img', '--version'])}. Ratio = ferry / tgt.", "",
              "| job | ferry IOPS | tgt IOPS | ferry MB/s | tgt MB/s | ratio |", "|---|---|---|---|---|---|"]
-    for name, _ in JOBS:
+    for name, _ in jobs:
         r = res[name]
         fi, ti = med(r["ferry"], "iops"), med(r["tgt"], "iops")
         lines.append(f"| {name} | {fi:.0f} | {ti:.0f} | {med(r['ferry'], 'mbps'):.0f} | {med(r['tgt'], 'mbps'):.0f} | "
