@@ -143,6 +143,13 @@ pub enum ControlCmd {
         ticks: usize,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Share of VMs whose disk starts at another site.
+        #[arg(long, default_value_t = 0.5)]
+        remote_share: f64,
+        /// CPU each guest of the first site needs in the middle third of
+        /// the run (1 for no spike).
+        #[arg(long, default_value_t = 3.0)]
+        spike_cpu: f64,
         #[arg(long)]
         json: bool,
     },
@@ -346,13 +353,23 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
             vms,
             ticks,
             seed,
+            remote_share,
+            spike_cpu,
             json,
         } => {
+            let spike_ok = spike_cpu > 0.0 && spike_cpu <= 64.0;
+            if !(0.0..=1.0).contains(&remote_share) || !spike_ok {
+                anyhow::bail!(
+                    "--remote-share must be 0 to 1 and --spike-cpu above 0 and at most 64"
+                );
+            }
             let cfg = SimConfig {
                 sites,
                 vms,
                 ticks,
                 seed,
+                remote_share,
+                spike_cpu,
                 ..SimConfig::default()
             };
             let rs = compare(&cfg);
@@ -363,19 +380,21 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
                 "{} sites, {} VMs, {} ticks of {} s",
                 cfg.sites, cfg.vms, cfg.ticks, cfg.tick_s
             );
-            println!("| policy | guest-seconds lost | moves (VM / disk / teleport) | bytes moved | slowest cycle |");
-            println!("|---|---|---|---|---|");
+            println!("| policy | guest-seconds lost | of which CPU contention | moves (VM / disk / teleport) | bytes moved | slowest cycle | drained at tick |");
+            println!("|---|---|---|---|---|---|---|");
             for r in rs {
                 println!(
-                    "| {} | {:.0} | {} ({} / {} / {}) | {:.1} GB | {:.1} ms |",
+                    "| {} | {:.0} | {:.0} | {} ({} / {} / {}) | {:.1} GB | {:.1} ms | {} |",
                     r.policy,
                     r.lost_s,
+                    r.cpu_lost_s,
                     r.moves,
                     r.vm_moves,
                     r.disk_moves,
                     r.teleports,
                     r.bytes_moved / 1e9,
-                    r.max_cycle_ms
+                    r.max_cycle_ms,
+                    r.drained_at_tick.map_or("-".to_string(), |t| t.to_string())
                 );
             }
         }

@@ -610,9 +610,15 @@ fn control_plan_and_simulate() {
     ]);
     assert!(out.status.success());
     let rs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(rs.as_array().unwrap().len(), 3);
+    assert_eq!(rs.as_array().unwrap().len(), 5);
     assert_eq!(rs[0]["policy"], "none");
     assert!(rs[2]["lost_s"].as_f64() < rs[0]["lost_s"].as_f64(), "{rs}");
+    assert_eq!(rs[3]["policy"], "locality + bursting");
+    assert!(rs[4]["drained_at_tick"].as_u64().is_some(), "{rs}");
+    // Impossible numbers are refused.
+    let out = run(&["control", "simulate", "--remote-share", "2"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--remote-share must be 0 to 1"));
 }
 
 /// `ferry certs nbd` makes the credentials, `ferry serve --nbd-tls-dir`

@@ -3,9 +3,14 @@
 //! CPU-bound phases, disks placed away from their VMs at the start. Each
 //! tick the VMs' load is what their placement lets them do (a closed-loop
 //! I/O-bound guest issues one request per round trip); the policy plans;
-//! the plan is applied at once (the move's cost is charged). The report
-//! counts, per policy, the guests' lost seconds, bytes moved, moves, and
-//! the slowest decision cycle.
+//! the plan is applied at once (the move's cost is charged). In the middle
+//! third of the run the guests whose home is the first site need three
+//! times the CPU (a load spike that overfills that site): a site asked for
+//! more CPU than it has slows every guest on it in proportion (CPU
+//! contention, priced as lost guest-seconds). The report counts, per
+//! policy, the guests' lost seconds (I/O and CPU), bytes moved, moves, the
+//! slowest decision cycle, and in the maintenance run how long the drained
+//! site took to empty.
 
 use crate::cluster::{Cluster, Link, Placement, Site, VmLoad, VmState};
 use crate::model::access_cost;
@@ -24,6 +29,11 @@ pub struct SimConfig {
     pub remote_share: f64,
     /// Chance per tick that a VM switches between I/O- and CPU-bound.
     pub flip: f64,
+    /// CPU a guest of the first site needs during the spike (middle third
+    /// of the ticks); 1.0 elsewhere and otherwise.
+    pub spike_cpu: f64,
+    /// Drain this site for maintenance from this tick on.
+    pub maintenance: Option<(usize, String)>,
     pub seed: u64,
 }
 
@@ -36,6 +46,8 @@ impl Default for SimConfig {
             tick_s: 60.0,
             remote_share: 0.5,
             flip: 0.05,
+            spike_cpu: 3.0,
+            maintenance: None,
             seed: 1,
         }
     }
@@ -44,8 +56,12 @@ impl Default for SimConfig {
 #[derive(Debug, Clone, Serialize)]
 pub struct SimResult {
     pub policy: String,
-    /// Guest-seconds of work lost to remote access and to moves.
+    /// Guest-seconds of work lost to remote access, to moves and to CPU
+    /// contention.
     pub lost_s: f64,
+    /// The part of `lost_s` lost to CPU contention (a site asked for more
+    /// CPU than it has).
+    pub cpu_lost_s: f64,
     pub bytes_moved: f64,
     pub moves: usize,
     pub vm_moves: usize,
@@ -53,6 +69,9 @@ pub struct SimResult {
     pub teleports: usize,
     /// The slowest decision cycle (ms).
     pub max_cycle_ms: f64,
+    /// With a site drained for maintenance: the first tick after which no
+    /// guest ran there and no disk lived there (`None`: never).
+    pub drained_at_tick: Option<usize>,
 }
 
 /// Service time of one request on local storage (s).
@@ -126,6 +145,22 @@ fn build(cfg: &SimConfig) -> (Cluster, Vec<bool>) {
     )
 }
 
+/// CPU lost this tick to contention: a site whose guests ask for more
+/// CPU than it has runs each of them at capacity / demand of its speed.
+fn cpu_lost(c: &Cluster, tick_s: f64) -> f64 {
+    let mut demand: std::collections::BTreeMap<&str, f64> = Default::default();
+    for v in &c.vms {
+        *demand.entry(v.placement.host_site.as_str()).or_default() += v.load.cpu;
+    }
+    c.sites
+        .iter()
+        .filter_map(|s| {
+            let d = *demand.get(s.name.as_str())?;
+            (d > s.cpu_capacity).then_some(tick_s * (d - s.cpu_capacity))
+        })
+        .sum()
+}
+
 /// What each VM measures at its placement this tick.
 fn measure(c: &mut Cluster, io_bound: &[bool]) {
     let links: Vec<(f64, f64)> = c
@@ -146,19 +181,40 @@ fn measure(c: &mut Cluster, io_bound: &[bool]) {
 /// Run one policy (`None`: no automation) over the configured cluster.
 pub fn run(cfg: &SimConfig, name: &str, policy: Option<&Policy>) -> SimResult {
     let (mut c, mut io_bound) = build(cfg);
+    let home: Vec<bool> = c
+        .vms
+        .iter()
+        .map(|v| v.placement.host_site == "s0")
+        .collect();
+    let mut policy = policy.cloned();
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ 0x5eed);
     let mut triggers = Triggers::default();
     let mut r = SimResult {
         policy: name.into(),
         lost_s: 0.0,
+        cpu_lost_s: 0.0,
         bytes_moved: 0.0,
         moves: 0,
         vm_moves: 0,
         disk_moves: 0,
         teleports: 0,
         max_cycle_ms: 0.0,
+        drained_at_tick: None,
     };
     for tick in 0..cfg.ticks {
+        let spike = (cfg.ticks / 3..2 * cfg.ticks / 3).contains(&tick);
+        for (v, from_s0) in c.vms.iter_mut().zip(&home) {
+            v.load.cpu = if spike && *from_s0 {
+                cfg.spike_cpu
+            } else {
+                1.0
+            };
+        }
+        if let (Some((at, site)), Some(p)) = (&cfg.maintenance, policy.as_mut()) {
+            if tick == *at {
+                p.maintenance = vec![site.clone()];
+            }
+        }
         for io in &mut io_bound {
             if rng.gen_bool(cfg.flip) {
                 *io = !*io;
@@ -173,7 +229,10 @@ pub fn run(cfg: &SimConfig, name: &str, policy: Option<&Policy>) -> SimResult {
                 r.lost_s += a.lost_s;
             }
         }
-        let Some(p) = policy else { continue };
+        let cpu = cpu_lost(&c, cfg.tick_s);
+        r.cpu_lost_s += cpu;
+        r.lost_s += cpu;
+        let Some(p) = policy.as_ref() else { continue };
         let t = Instant::now();
         #[allow(clippy::cast_precision_loss)]
         let now = tick as f64 * cfg.tick_s;
@@ -197,6 +256,15 @@ pub fn run(cfg: &SimConfig, name: &str, policy: Option<&Policy>) -> SimResult {
         for v in &mut c.vms {
             v.since_move_s += cfg.tick_s;
         }
+        if let Some((at, site)) = &cfg.maintenance {
+            let empty = !c
+                .vms
+                .iter()
+                .any(|v| v.placement.host_site == *site || v.placement.disk_site == *site);
+            if tick >= *at && empty && r.drained_at_tick.is_none() {
+                r.drained_at_tick = Some(tick);
+            }
+        }
     }
     r
 }
@@ -209,10 +277,27 @@ pub fn compare(cfg: &SimConfig) -> Vec<SimResult> {
         hold_s: 300.0,
         ..Policy::default()
     };
+    let bursting = Policy {
+        burst: true,
+        ..Policy::default()
+    };
+    let drain = SimConfig {
+        maintenance: Some((cfg.ticks / 6, "s1".into())),
+        ..cfg.clone()
+    };
     vec![
         run(cfg, "none", None),
         run(cfg, "thresholds (15 ms for 300 s)", Some(&thresholds)),
         run(cfg, "locality", Some(&locality)),
+        run(cfg, "locality + bursting", Some(&bursting)),
+        run(
+            &drain,
+            &format!(
+                "locality + bursting, s1 drained from tick {}",
+                cfg.ticks / 6
+            ),
+            Some(&bursting),
+        ),
     ]
 }
 
@@ -229,6 +314,35 @@ mod tests {
         assert!(loc.moves > 0);
         assert!(loc.lost_s < none.lost_s * 0.5, "{rs:?}");
         assert!(thr.lost_s <= none.lost_s, "{rs:?}");
+        // The spike overfills the first site: doing nothing, its guests
+        // lose CPU time; bursting never loses more than locality alone.
+        let burst = &rs[3];
+        assert!(none.cpu_lost_s > 0.0, "{rs:?}");
+        assert!(burst.cpu_lost_s <= loc.cpu_lost_s, "{rs:?}");
+        // The drained site empties, and stays empty.
+        let drained = &rs[4];
+        assert!(drained.drained_at_tick.is_some(), "{rs:?}");
+        // With every disk at home, locality has nothing to move and the
+        // spike costs CPU time; bursting relieves the site.
+        let home = SimConfig {
+            remote_share: 0.0,
+            ..cfg.clone()
+        };
+        let loc_home = run(&home, "locality", Some(&Policy::default()));
+        let burst_home = run(
+            &home,
+            "locality + bursting",
+            Some(&Policy {
+                burst: true,
+                ..Policy::default()
+            }),
+        );
+        assert!(loc_home.cpu_lost_s > 0.0, "{loc_home:?}");
+        assert!(
+            burst_home.cpu_lost_s < loc_home.cpu_lost_s / 2.0,
+            "{burst_home:?} {loc_home:?}"
+        );
+        assert!(burst_home.vm_moves > 0);
         // Same seed, same answer.
         assert_eq!(
             run(&cfg, "locality", Some(&Policy::default())).moves,
