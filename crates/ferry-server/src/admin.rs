@@ -207,7 +207,10 @@ fn view(v: &Volume) -> VolumeView {
                         total_bytes: total,
                     }
                 }
-                _ => ferry_api::SanitizeView::Failed {
+                ferry_storage::SanitizeStatus::Failed { reason, .. } => {
+                    ferry_api::SanitizeView::Failed { op, error: reason }
+                }
+                ferry_storage::SanitizeStatus::Idle => ferry_api::SanitizeView::Failed {
                     op,
                     error: job.failed.unwrap_or_default(),
                 },

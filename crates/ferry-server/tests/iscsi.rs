@@ -333,6 +333,140 @@ fn a_sanitize_refuses_io_until_done_and_resumes_after_a_restart() {
     assert!(!meta.contains("\"sanitize\""), "{meta}");
 }
 
+/// A size-limited tmpfs, unmounted when dropped.
+struct SmallFs(std::path::PathBuf);
+
+impl SmallFs {
+    /// `None` when not root (mounting needs it).
+    fn mount(dir: &std::path::Path, mib: u32) -> Option<SmallFs> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: mounting a small tmpfs needs root");
+            return None;
+        }
+        std::fs::create_dir_all(dir).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs on {}", dir.display());
+        Some(SmallFs(dir.to_path_buf()))
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A sanitize that runs out of space half-way (a sparse volume larger than
+/// its 16 MiB file system): the command fails, the volume stays in the
+/// failure mode (MEDIUM ERROR, SANITIZE COMMAND FAILED) across a restart,
+/// EXIT FAILURE MODE is refused without AUSE, and a BLOCK ERASE, which
+/// frees the blocks, ends it.
+#[test]
+fn a_sanitize_that_runs_out_of_space_leaves_the_failure_mode_until_one_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(_fs) = SmallFs::mount(&dir.path().join("fs"), 16) else {
+        return;
+    };
+    let pool = dir.path().join("fs").join("pool");
+    // Room an operator frees later.
+    let ballast = dir.path().join("fs").join("ballast");
+    std::fs::write(&ballast, vec![1u8; 1 << 20]).unwrap();
+    let s = start(&pool, |c| c.storage.sanitize_bytes_per_sec = 0);
+    s.create("full", 64 << 20);
+    let p = portals(&s);
+    let mut r = Raw::login(p[0], "full", false);
+    let mut param = vec![0x01, 0, 0x02, 0x00];
+    param.extend_from_slice(&[0x5a; 512]);
+    let mut cdb = [0u8; 10];
+    cdb[0] = 0x48;
+    cdb[1] = 0x01; // OVERWRITE, no IMMED, no AUSE
+    cdb[7..9].copy_from_slice(&516u16.to_be_bytes());
+    let san = r.command_out(&cdb, &param);
+    let (status, sense) = status_and_sense(&mut r, &san);
+    assert_eq!(status, 2, "the sanitize did not fail");
+    assert_eq!(
+        (sense[2] & 0x0f, sense[12], sense[13]),
+        (7, 0x27, 0x07),
+        "space allocation failed"
+    );
+    let medium_failed = |r: &mut Raw| {
+        let rd = r.command(&read16(0, 1), 512);
+        let (status, sense) = status_and_sense(r, &rd);
+        assert_eq!(status, 2);
+        assert_eq!((sense[2] & 0x0f, sense[12], sense[13]), (3, 0x31, 0x03));
+    };
+    medium_failed(&mut r);
+    let view: serde_json::Value = ureq::get(&format!("http://{}/v1/volumes/full", s.admin))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(view["sanitize"]["state"], "failed", "{view}");
+    assert!(
+        view["sanitize"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("No space left")),
+        "{view}"
+    );
+    drop(r);
+    // A restarted daemon keeps refusing I/O: the failure is journaled, or,
+    // when even that found the disk full (here), the journaled request is
+    // resumed at start and fails again; never old data.
+    s.stop();
+    let s = start(&pool, |c| c.storage.sanitize_bytes_per_sec = 0);
+    let p = portals(&s);
+    let mut r = Raw::login(p[0], "full", false);
+    let t = std::time::Instant::now();
+    loop {
+        let rd = r.command(&read16(0, 1), 512);
+        let (status, sense) = status_and_sense(&mut r, &rd);
+        assert_eq!(status, 2, "a block was served");
+        match (sense[2] & 0x0f, sense[12], sense[13]) {
+            (2, 0x04, 0x1b) => {
+                assert!(t.elapsed() < Duration::from_secs(30));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => {
+                assert_eq!(other, (3, 0x31, 0x03));
+                break;
+            }
+        }
+    }
+    // EXIT FAILURE MODE is refused: the failed sanitize did not set AUSE.
+    let mut exit = [0u8; 10];
+    exit[0] = 0x48;
+    exit[1] = 0x1f;
+    let x = r.command(&exit, 0);
+    let (status, sense) = status_and_sense(&mut r, &x);
+    assert_eq!(status, 2);
+    assert_eq!((sense[2] & 0x0f, sense[12]), (5, 0x24));
+    medium_failed(&mut r);
+    // With the disk still full, even a BLOCK ERASE cannot be journaled:
+    // refused, and nothing changes.
+    let mut erase = [0u8; 10];
+    erase[0] = 0x48;
+    erase[1] = 0x02;
+    let e = r.command(&erase, 0);
+    let (status, sense) = status_and_sense(&mut r, &e);
+    assert_eq!(status, 2);
+    assert_eq!((sense[2] & 0x0f, sense[12], sense[13]), (7, 0x27, 0x07));
+    medium_failed(&mut r);
+    // The operator frees some room: BLOCK ERASE is journaled, frees the
+    // blocks and succeeds; the volume reads zeroes and takes writes.
+    std::fs::remove_file(&ballast).unwrap();
+    let e = r.command(&erase, 0);
+    assert_eq!(status_and_sense(&mut r, &e).0, 0);
+    let rd = r.command(&read16(0, 1), 512);
+    assert_eq!(r.run(&rd), (0, vec![0; 512]));
+    let w = r.command_out(&write16(3, 1), &[0x22; 512]);
+    assert_eq!(r.run(&w).0, 0);
+}
+
 #[test]
 fn libiscsi_tools_show_the_volume() {
     if !have("iscsi-ls") {

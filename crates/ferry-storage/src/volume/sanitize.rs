@@ -70,6 +70,10 @@ pub(crate) struct SanitizeCell {
     /// Set when the volume closes: a runner stops between steps, leaving
     /// the journal for the next open to resume.
     stop: AtomicBool,
+    /// Why the last sanitize failed, also when journaling that failed too
+    /// (a full disk): the journal then still says "running", and the next
+    /// open resumes the sanitize, which fails again or finishes.
+    reason: parking_lot::Mutex<Option<String>>,
 }
 
 impl SanitizeCell {
@@ -111,9 +115,13 @@ impl Volume {
             },
             _ => {
                 let m = self.meta.lock();
-                let (ause, reason) = m.sanitize.as_ref().map_or((false, String::new()), |j| {
-                    (j.ause, j.failed.clone().unwrap_or_default())
-                });
+                let (ause, journaled) = m
+                    .sanitize
+                    .as_ref()
+                    .map_or((false, None), |j| (j.ause, j.failed.clone()));
+                let reason = journaled
+                    .or_else(|| self.sanitize.reason.lock().clone())
+                    .unwrap_or_default();
                 SanitizeStatus::Failed { ause, reason }
             }
         }
@@ -238,6 +246,7 @@ impl Volume {
             Err(e) => {
                 tracing::error!(volume = %self.name, error = %e, "sanitize failed; the volume is in the sanitize failure mode");
                 let reason = e.to_string();
+                *self.sanitize.reason.lock() = Some(reason.clone());
                 let journaled = self.update_meta(|m| {
                     if let Some(j) = m.sanitize.as_mut() {
                         j.failed = Some(reason);
@@ -245,7 +254,9 @@ impl Volume {
                     Ok(())
                 });
                 self.sanitize.state.store(FAILED, Ordering::SeqCst);
-                journaled?;
+                if let Err(j) = journaled {
+                    tracing::error!(volume = %self.name, error = %j, "the sanitize's failure could not be journaled; it is retried when the volume opens again");
+                }
                 Err(e)
             }
         }
