@@ -337,7 +337,7 @@ fn a_sanitize_refuses_io_until_done_and_resumes_after_a_restart() {
 struct SmallFs(std::path::PathBuf);
 
 impl SmallFs {
-    /// `None` when not root (mounting needs it).
+    /// `None` when this process may not mount (not root, or a container).
     fn mount(dir: &std::path::Path, mib: u32) -> Option<SmallFs> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
@@ -348,9 +348,12 @@ impl SmallFs {
         let st = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
             .arg(dir)
-            .status()
-            .unwrap();
-        assert!(st.success(), "mount tmpfs on {}", dir.display());
+            .status();
+        if !st.is_ok_and(|s| s.success()) {
+            // A container without the right to mount.
+            eprintln!("skipped: cannot mount a tmpfs on {}", dir.display());
+            return None;
+        }
         Some(SmallFs(dir.to_path_buf()))
     }
 }
