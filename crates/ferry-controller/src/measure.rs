@@ -243,8 +243,15 @@ pub fn probe_links(inv: &Inventory, bandwidth: &mut BandwidthCache) -> Vec<LinkM
             } else {
                 BANDWIDTH_PROBE_BYTES
             };
+            // A bandwidth probe may take its second plus what is in flight
+            // draining over a slow link; round trips alone are quick.
+            let limit = if bytes > 0 {
+                HOST_CALL_LIMIT + Duration::from_secs(20)
+            } else {
+                HOST_CALL_LIMIT
+            };
             match AdminClient::for_host(&from.control)
-                .limited(HOST_CALL_LIMIT)
+                .limited(limit)
                 .probe_with_bandwidth(&to.moves, PROBES, bytes, BANDWIDTH_PROBE_SECS)
             {
                 Ok(p) => {

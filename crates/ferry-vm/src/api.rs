@@ -145,9 +145,20 @@ async fn probe(State(h): St, b: Body<ProbeRequest>) -> Result<Json<LinkProbe>, A
     out.min_ms = out.rtt_ms.iter().copied().reduce(f64::min);
     if req.bandwidth_bytes > 0 {
         let limit = std::time::Duration::from_secs_f64(req.bandwidth_secs);
-        match bandwidth_probe(&h, &req.to, req.bandwidth_bytes, limit).await {
-            Ok(b) => out.bandwidth = Some(b),
-            Err(e) => out.errors.push(format!("bandwidth: {e}")),
+        // A link that stops carrying cannot hold the probe (nor this
+        // request) longer than its limit plus what is in flight draining.
+        let whole = limit + std::time::Duration::from_secs(20);
+        match tokio::time::timeout(
+            whole,
+            bandwidth_probe(&h, &req.to, req.bandwidth_bytes, limit),
+        )
+        .await
+        {
+            Ok(Ok(b)) => out.bandwidth = Some(b),
+            Ok(Err(e)) => out.errors.push(format!("bandwidth: {e}")),
+            Err(_) => out
+                .errors
+                .push(format!("bandwidth: no answer within {} s", whole.as_secs())),
         }
     }
     Ok(Json(out))
