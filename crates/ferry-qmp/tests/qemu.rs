@@ -63,9 +63,11 @@ fn qemu(dir: &Path, name: &str, extra: &[&str]) -> Qemu {
         .stderr(Stdio::null())
         .spawn()
         .expect("qemu-system-x86_64 starts");
+    // The socket file appears when QEMU binds it, a moment before it
+    // listens: wait until a connection is taken (and let it go).
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !qmp.exists() {
-        assert!(Instant::now() < deadline, "no QMP socket");
+    while std::os::unix::net::UnixStream::connect(&qmp).is_err() {
+        assert!(Instant::now() < deadline, "QMP socket not listening");
         std::thread::sleep(Duration::from_millis(20));
     }
     Qemu { child, qmp }

@@ -103,9 +103,13 @@ fn qemu(
         .stderr(Stdio::null())
         .spawn()
         .expect("qemu-system-x86_64 starts");
+    // The file appears when QEMU binds, a moment before it listens.
     let t = Instant::now();
-    while !qmp.exists() {
-        assert!(t.elapsed() < Duration::from_secs(20), "no QMP socket");
+    while std::os::unix::net::UnixStream::connect(&qmp).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "QMP socket not listening"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     Qemu { child, qmp, serial }
