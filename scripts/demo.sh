@@ -42,8 +42,12 @@ tree() { # tree DIR PATH...
 tree "$W/base" /etc /usr/bin /usr/sbin /usr/lib/x86_64-linux-gnu
 tree "$W/big" /etc /usr/bin /usr/sbin /usr/lib/x86_64-linux-gnu \
   /usr/lib/python3 /usr/lib/python3.11 /usr/lib/gcc /usr/libexec
-mke2fs -q -F -t ext4 -d "$W/base" "$W/base.img" 2G
-mke2fs -q -F -t ext4 -d "$W/big" "$W/big.img" 2G
+# Sized from what went in (a quarter more, plus room for the metadata):
+# how much of /usr this machine holds varies with what is installed.
+mib() { echo $(( $(du -sm "$1" | cut -f1) * 5 / 4 + 256 )); }
+BASE_MIB=$(mib "$W/base") BIG_MIB=$(mib "$W/big")
+mke2fs -q -F -t ext4 -d "$W/base" "$W/base.img" "${BASE_MIB}M"
+mke2fs -q -F -t ext4 -d "$W/big" "$W/big.img" "${BIG_MIB}M"
 rm -rf "$W/base" "$W/big"
 
 echo "== two daemons; they trust each other's certificates"
@@ -74,10 +78,10 @@ done
 
 echo "== base image at the destination (indexed on import), bigger image at the source"
 export FERRY_ADMIN=$DST_ADMIN
-"$F" volume create base --size 2G >/dev/null
+"$F" volume create base --size "${BASE_MIB}M" >/dev/null
 "$F" volume import base "$W/base.img"
 export FERRY_ADMIN=$SRC_ADMIN
-"$F" volume create vm --size 2G >/dev/null
+"$F" volume create vm --size "${BIG_MIB}M" >/dev/null
 "$F" volume import vm "$W/big.img"
 rm -f "$W/base.img" "$W/big.img"
 
