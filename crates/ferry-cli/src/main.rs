@@ -498,31 +498,33 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
                     ferry_api::Backing::Preallocated => "preallocated",
                     ferry_api::Backing::External { .. } => "external",
                 };
-                let state = match (&vol.moved_to, &vol.incoming) {
-                    _ if vol.sanitize.is_some() => match &vol.sanitize {
+                let state = match (&vol.sanitize, &vol.moved_to, &vol.incoming) {
+                    (
                         Some(ferry_api::SanitizeView::Running {
                             op,
                             done_bytes,
                             total_bytes,
-                        }) => format!(
-                            "sanitizing ({op}, {}%)",
-                            done_bytes * 100 / (*total_bytes).max(1)
-                        ),
-                        Some(ferry_api::SanitizeView::Failed { op, error }) => {
-                            format!("sanitize ({op}) failed: {error}")
-                        }
-                        None => String::new(),
-                    },
-                    (Some(to), _) => format!("moved to {to}"),
-                    (None, Some(m)) => format!("incomplete (incoming migration {})", m.id),
-                    (None, None) if vol.importing => "incomplete (import did not finish)".into(),
-                    (None, None) if vol.outgoing.is_some() => {
+                        }),
+                        ..,
+                    ) => format!(
+                        "sanitizing ({op}, {}%)",
+                        done_bytes * 100 / (*total_bytes).max(1)
+                    ),
+                    (Some(ferry_api::SanitizeView::Failed { op, error }), ..) => {
+                        format!("sanitize ({op}) failed: {error}")
+                    }
+                    (None, Some(to), _) => format!("moved to {to}"),
+                    (None, None, Some(m)) => format!("incomplete (incoming migration {})", m.id),
+                    (None, None, None) if vol.importing => {
+                        "incomplete (import did not finish)".into()
+                    }
+                    (None, None, None) if vol.outgoing.is_some() => {
                         format!(
                             "migration to {} not finished",
                             vol.outgoing.as_ref().map_or("", |o| &o.to)
                         )
                     }
-                    (None, None) => "ready".into(),
+                    (None, None, None) => "ready".into(),
                 };
                 println!(
                     "{:<24} {:>12} {:>12} {:>6} {:<13} {:<20} {state}",

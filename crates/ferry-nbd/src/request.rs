@@ -151,13 +151,14 @@ impl RequestDecoder {
     /// [`RequestDecoder::pending_payload`] bytes).
     pub fn complete_payload(&mut self, payload: Bytes) -> Result<Request, NbdError> {
         let len = payload.len();
-        let fits = matches!(self.state, State::Payload { length, .. } if len == length as usize);
-        fits.then(|| self.finish_write(payload))
-            .flatten()
-            .ok_or_else(|| NbdError::Malformed {
-                what: "write payload",
-                detail: format!("{len} bytes for a request that does not wait for them"),
-            })
+        match self.state {
+            State::Payload { length, .. } if len == length as usize => self.finish_write(payload),
+            _ => None,
+        }
+        .ok_or_else(|| NbdError::Malformed {
+            what: "write payload",
+            detail: format!("{len} bytes for a request that does not wait for them"),
+        })
     }
 
     /// The WRITE whose header was decoded, with its whole payload; the

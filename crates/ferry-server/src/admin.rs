@@ -193,29 +193,33 @@ fn view(v: &Volume) -> VolumeView {
             .map(|o| ferry_api::OutgoingMigration { id: o.id, to: o.to }),
         incoming: m.incoming.map(incoming_view),
         arrived: m.arrived.map(incoming_view),
-        sanitize: m.sanitize.map(|job| {
-            let op = match job.op {
-                ferry_storage::SanitizeOp::Overwrite { .. } => "overwrite",
-                ferry_storage::SanitizeOp::BlockErase => "block_erase",
-            }
-            .to_string();
-            match v.sanitize_status() {
-                ferry_storage::SanitizeStatus::Running { done, total } => {
-                    ferry_api::SanitizeView::Running {
-                        op,
-                        done_bytes: done,
-                        total_bytes: total,
-                    }
-                }
-                ferry_storage::SanitizeStatus::Failed { reason, .. } => {
-                    ferry_api::SanitizeView::Failed { op, error: reason }
-                }
-                ferry_storage::SanitizeStatus::Idle => ferry_api::SanitizeView::Failed {
-                    op,
-                    error: job.failed.unwrap_or_default(),
-                },
-            }
-        }),
+        sanitize: sanitize_view(v, m.sanitize.as_ref()),
+    }
+}
+
+/// A running or failed sanitize as the API shows it (`None` when idle).
+fn sanitize_view(
+    v: &ferry_storage::Volume,
+    job: Option<&ferry_storage::SanitizeJob>,
+) -> Option<ferry_api::SanitizeView> {
+    let op = match job.map(|j| &j.op) {
+        Some(ferry_storage::SanitizeOp::Overwrite { .. }) => "overwrite",
+        Some(ferry_storage::SanitizeOp::BlockErase) => "block_erase",
+        None => "unknown",
+    }
+    .to_string();
+    match v.sanitize_status() {
+        ferry_storage::SanitizeStatus::Idle => None,
+        ferry_storage::SanitizeStatus::Running { done, total } => {
+            Some(ferry_api::SanitizeView::Running {
+                op,
+                done_bytes: done,
+                total_bytes: total,
+            })
+        }
+        ferry_storage::SanitizeStatus::Failed { reason, .. } => {
+            Some(ferry_api::SanitizeView::Failed { op, error: reason })
+        }
     }
 }
 

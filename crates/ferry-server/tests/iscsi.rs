@@ -218,16 +218,28 @@ fn sanitize_conformance_tests_pass() {
     }
 }
 
-/// Status and sense bytes (after the 2-byte length) of one command.
-fn status_and_sense(r: &mut Raw, p: &Pdu) -> (u8, Vec<u8>) {
+/// Status and sense (key, ASC, ASCQ; zeroes without sense data) of one
+/// command.
+fn status_and_sense(r: &mut Raw, p: &Pdu) -> (u8, (u8, u8, u8)) {
     r.send(p);
     loop {
         let x = r.recv().expect("answer");
         if x.opcode() == op::SCSI_RESPONSE {
-            let sense = x.data.get(2..).map(<[u8]>::to_vec).unwrap_or_default();
-            return (x.bhs[3], sense);
+            // Sense data follows a 2-byte length.
+            let s = x.data.get(2..).unwrap_or_default();
+            let at = |i: usize| s.get(i).copied().unwrap_or(0);
+            return (x.bhs[3], (at(2) & 0x0f, at(12), at(13)));
         }
     }
+}
+
+/// The admin API's view of a volume.
+fn volume_view(s: &TestServer, name: &str) -> serde_json::Value {
+    ureq::get(&format!("http://{}/v1/volumes/{name}", s.admin))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap()
 }
 
 /// Wait until nothing holds the data file's lock (a stopped daemon's
@@ -272,7 +284,7 @@ fn a_sanitize_refuses_io_until_done_and_resumes_after_a_restart() {
         let cmd = r.command(c, if c.len() == 16 { 512 } else { 0 });
         let (status, sense) = status_and_sense(&mut r, &cmd);
         assert_eq!(status, 2);
-        assert_eq!((sense[2] & 0x0f, sense[12], sense[13]), (2, 0x04, 0x1b));
+        assert_eq!(sense, (2, 0x04, 0x1b));
     }
     // NBD clients of the same volume get an error, not old data.
     if have("qemu-io") {
@@ -286,11 +298,7 @@ fn a_sanitize_refuses_io_until_done_and_resumes_after_a_restart() {
         assert!(text.contains("Input/output error"), "{text}");
     }
     // The admin API shows it running.
-    let view: serde_json::Value = ureq::get(&format!("http://{}/v1/volumes/s", s.admin))
-        .call()
-        .unwrap()
-        .into_json()
-        .unwrap();
+    let view = volume_view(&s, "s");
     assert_eq!(view["sanitize"]["state"], "running", "{view}");
     assert_eq!(view["sanitize"]["op"], "overwrite");
     drop(r);
@@ -317,7 +325,7 @@ fn a_sanitize_refuses_io_until_done_and_resumes_after_a_restart() {
         if status == 0 {
             break;
         }
-        assert_eq!((sense[2] & 0x0f, sense[12], sense[13]), (2, 0x04, 0x1b));
+        assert_eq!(sense, (2, 0x04, 0x1b));
         assert!(
             t.elapsed() < Duration::from_secs(60),
             "sanitize never ended"
@@ -392,23 +400,15 @@ fn a_sanitize_that_runs_out_of_space_leaves_the_failure_mode_until_one_succeeds(
     let san = r.command_out(&cdb, &param);
     let (status, sense) = status_and_sense(&mut r, &san);
     assert_eq!(status, 2, "the sanitize did not fail");
-    assert_eq!(
-        (sense[2] & 0x0f, sense[12], sense[13]),
-        (7, 0x27, 0x07),
-        "space allocation failed"
-    );
+    assert_eq!(sense, (7, 0x27, 0x07), "space allocation failed");
     let medium_failed = |r: &mut Raw| {
         let rd = r.command(&read16(0, 1), 512);
         let (status, sense) = status_and_sense(r, &rd);
         assert_eq!(status, 2);
-        assert_eq!((sense[2] & 0x0f, sense[12], sense[13]), (3, 0x31, 0x03));
+        assert_eq!(sense, (3, 0x31, 0x03));
     };
     medium_failed(&mut r);
-    let view: serde_json::Value = ureq::get(&format!("http://{}/v1/volumes/full", s.admin))
-        .call()
-        .unwrap()
-        .into_json()
-        .unwrap();
+    let view = volume_view(&s, "full");
     assert_eq!(view["sanitize"]["state"], "failed", "{view}");
     assert!(
         view["sanitize"]["error"]
@@ -429,7 +429,7 @@ fn a_sanitize_that_runs_out_of_space_leaves_the_failure_mode_until_one_succeeds(
         let rd = r.command(&read16(0, 1), 512);
         let (status, sense) = status_and_sense(&mut r, &rd);
         assert_eq!(status, 2, "a block was served");
-        match (sense[2] & 0x0f, sense[12], sense[13]) {
+        match sense {
             (2, 0x04, 0x1b) => {
                 assert!(t.elapsed() < Duration::from_secs(30));
                 std::thread::sleep(Duration::from_millis(20));
@@ -447,7 +447,7 @@ fn a_sanitize_that_runs_out_of_space_leaves_the_failure_mode_until_one_succeeds(
     let x = r.command(&exit, 0);
     let (status, sense) = status_and_sense(&mut r, &x);
     assert_eq!(status, 2);
-    assert_eq!((sense[2] & 0x0f, sense[12]), (5, 0x24));
+    assert_eq!((sense.0, sense.1), (5, 0x24));
     medium_failed(&mut r);
     // With the disk still full, even a BLOCK ERASE cannot be journaled:
     // refused, and nothing changes.
@@ -457,7 +457,7 @@ fn a_sanitize_that_runs_out_of_space_leaves_the_failure_mode_until_one_succeeds(
     let e = r.command(&erase, 0);
     let (status, sense) = status_and_sense(&mut r, &e);
     assert_eq!(status, 2);
-    assert_eq!((sense[2] & 0x0f, sense[12], sense[13]), (7, 0x27, 0x07));
+    assert_eq!(sense, (7, 0x27, 0x07));
     medium_failed(&mut r);
     // The operator frees some room: BLOCK ERASE is journaled, frees the
     // blocks and succeeds; the volume reads zeroes and takes writes.

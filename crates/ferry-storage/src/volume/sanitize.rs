@@ -8,7 +8,7 @@
 //! until a sanitize succeeds or, when the request allowed it, the failure
 //! mode is exited.
 
-use super::{fallocate, AlignedBuf, Volume};
+use super::{AlignedBuf, Volume};
 use crate::{Result, StorageError};
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::FileExt;
@@ -70,9 +70,10 @@ pub(crate) struct SanitizeCell {
     /// Set when the volume closes: a runner stops between steps, leaving
     /// the journal for the next open to resume.
     stop: AtomicBool,
-    /// Why the last sanitize failed, also when journaling that failed too
-    /// (a full disk): the journal then still says "running", and the next
-    /// open resumes the sanitize, which fails again or finishes.
+    /// Why the last sanitize failed (read from the journal at open), also
+    /// when journaling it failed too (a full disk): the journal then still
+    /// says "running", and the next open resumes the sanitize, which fails
+    /// again or finishes.
     reason: parking_lot::Mutex<Option<String>>,
 }
 
@@ -82,7 +83,10 @@ impl SanitizeCell {
     pub(crate) fn from_journal(job: Option<&SanitizeJob>) -> SanitizeCell {
         let c = SanitizeCell::default();
         match job {
-            Some(j) if j.failed.is_some() => c.state.store(FAILED, Ordering::SeqCst),
+            Some(j) if j.failed.is_some() => {
+                c.state.store(FAILED, Ordering::SeqCst);
+                c.reason.lock().clone_from(&j.failed);
+            }
             Some(_) => c.state.store(RUNNING, Ordering::SeqCst),
             None => {}
         }
@@ -113,17 +117,10 @@ impl Volume {
                 done: self.sanitize.done.load(Ordering::Relaxed),
                 total: self.sanitize.total.load(Ordering::Relaxed),
             },
-            _ => {
-                let m = self.meta.lock();
-                let (ause, journaled) = m
-                    .sanitize
-                    .as_ref()
-                    .map_or((false, None), |j| (j.ause, j.failed.clone()));
-                let reason = journaled
-                    .or_else(|| self.sanitize.reason.lock().clone())
-                    .unwrap_or_default();
-                SanitizeStatus::Failed { ause, reason }
-            }
+            _ => SanitizeStatus::Failed {
+                ause: self.meta.lock().sanitize.as_ref().is_some_and(|j| j.ause),
+                reason: self.sanitize.reason.lock().clone().unwrap_or_default(),
+            },
         }
     }
 
@@ -316,7 +313,13 @@ impl Volume {
                 }
                 let n = (STEP as u64).min(size - pos);
                 if pattern.is_empty() {
-                    self.erase_range(pos, n)?;
+                    // Block erase: deallocated on sparse volumes, zeroed in
+                    // place on preallocated ones.
+                    let erase = super::ZeroMode {
+                        may_punch: true,
+                        fast_only: false,
+                    };
+                    self.zero_range(pos, n, erase)?;
                 } else {
                     let len = usize::try_from(n).unwrap_or(STEP);
                     self.file
@@ -338,24 +341,5 @@ impl Volume {
             }
         }
         Ok(())
-    }
-
-    /// Block erase of one range: deallocate on sparse volumes, zero in
-    /// place on preallocated ones.
-    fn erase_range(&self, offset: u64, len: u64) -> Result<()> {
-        if self.is_sparse() {
-            let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-            if fallocate(&self.file, punch, offset, len).is_ok() {
-                return Ok(());
-            }
-        }
-        self.zero_range(
-            offset,
-            len,
-            super::ZeroMode {
-                may_punch: false,
-                fast_only: false,
-            },
-        )
     }
 }
