@@ -74,4 +74,8 @@ if [ "$want_test" = 1 ]; then
   if ! command -v cargo-fuzz >/dev/null 2>&1; then
     cargo install cargo-fuzz --version 0.13.2 --locked || echo "WARN: cargo-fuzz not installed; fuzz smoke runs will be skipped"
   fi
+  # QEMU tools that negotiate NBD extended headers (QEMU >= 9), beside the
+  # system QEMU.
+  bash "$(dirname "$0")/qemu-ext.sh" "${FERRY_QEMU_EXT_DIR:-/opt/ferry/qemu-ext}" \
+    || echo "WARN: no QEMU >= 9; the NBD extended-header tests will fail under FERRY_REQUIRE_TOOLS"
 fi

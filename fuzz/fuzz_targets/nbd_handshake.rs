@@ -22,6 +22,7 @@ impl ExportCatalog for Cat {
             max_block: 32 << 20,
             block_size_required: false,
             dirty_bitmaps: vec!["a".into(), "b".into()],
+            resizable: true,
         })
     }
     fn exports(&self) -> Vec<ExportInfo> {
@@ -39,8 +40,9 @@ fuzz_target!(|data: &[u8]| {
         1 => TlsMode::Optional,
         _ => TlsMode::Forced,
     };
+    let extended = split % 2 == 0;
     let split = split / 3 + 1;
-    let mut hs = ServerHandshake::with_tls(mode);
+    let mut hs = ServerHandshake::with_tls(mode).offer_extended_headers(extended);
     let mut input = BytesMut::new();
     let mut out = BytesMut::new();
     for piece in body.chunks(split) {

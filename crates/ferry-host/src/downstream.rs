@@ -8,8 +8,8 @@ use bytes::{Bytes, BytesMut};
 use ferry_client::ClientError;
 use ferry_nbd::consts::*;
 use ferry_nbd::{
-    reply, validate, Command, ErrorCode, ExportCatalog, ExportInfo, Negotiated, Request,
-    TransmissionLimits,
+    validate, Command, ErrorCode, ExportCatalog, ExportInfo, Negotiated, ReplyStyle, ReplyTo,
+    Request, TransmissionLimits,
 };
 use ferry_nbd_server::{serve_connection, Dispatch, ExportHandler, NbdBackend};
 use std::sync::Arc;
@@ -89,6 +89,9 @@ fn export_info(up: &Upstream) -> ExportInfo {
         max_block: d.max_block.max(1 << 20),
         block_size_required: false,
         dirty_bitmaps: Vec::new(),
+        // Resizing goes to the storage daemon's admin API, not through
+        // the agent.
+        resizable: false,
     }
 }
 
@@ -117,7 +120,8 @@ impl ExportCatalog for AgentCatalog<'_> {
 pub struct Forwarder {
     up: Arc<Upstream>,
     limits: TransmissionLimits,
-    structured: bool,
+    /// Compact headers only (the agent does not offer extended ones).
+    style: ReplyStyle,
     block_status: bool,
 }
 
@@ -145,13 +149,10 @@ impl NbdBackend for AgentBackend {
         Ok(Arc::new(Forwarder {
             up,
             limits: TransmissionLimits {
-                size: neg.export.size,
-                read_only: neg.export.read_only,
-                structured: neg.structured_replies,
-                has_meta_contexts: !neg.meta_contexts.is_empty(),
                 min_block: 1,
+                ..neg.limits(neg.export.size, neg.export.read_only)
             },
-            structured: neg.structured_replies,
+            style: neg.reply_style(),
             block_status: !neg.meta_contexts.is_empty(),
         }))
     }
@@ -196,13 +197,9 @@ pub async fn serve(listener: Listener, agent: Arc<Agent>, shutdown: Cancellation
     tracker.wait().await;
 }
 
-fn error_reply(structured: bool, req: &Request, code: ErrorCode, msg: &str) -> Bytes {
+fn error_reply(to: ReplyTo, code: ErrorCode, msg: &str) -> Bytes {
     let mut b = BytesMut::new();
-    if structured && matches!(req.command, Command::Read | Command::BlockStatus) {
-        reply::error(&mut b, req.cookie, code, msg);
-    } else {
-        reply::simple(&mut b, req.cookie, Some(code));
-    }
+    to.error(&mut b, code, msg);
     b.freeze()
 }
 
@@ -218,28 +215,32 @@ impl Forwarder {
     async fn forward(&self, req: &Request) -> Bytes {
         let t0 = std::time::Instant::now();
         let (reply, ok) = self.forward_inner(req).await;
-        self.up.io.record(req.command, req.length, t0.elapsed(), ok);
+        let len = u32::try_from(req.length).unwrap_or(u32::MAX);
+        self.up.io.record(req.command, len, t0.elapsed(), ok);
         reply
     }
 
     async fn forward_inner(&self, req: &Request) -> (Bytes, bool) {
-        let structured = self.structured;
+        let to = ReplyTo::new(self.style, req);
         if let Err(code) = validate(req, &self.limits) {
-            return (error_reply(structured, req, code, "invalid request"), false);
+            return (error_reply(to, code, "invalid request"), false);
         }
+        // Compact requests: every length fits 32 bits.
+        let Ok(len) = u32::try_from(req.length) else {
+            return (
+                error_reply(to, ErrorCode::Overflow, "length over 32 bits"),
+                false,
+            );
+        };
         let up = &self.up;
-        let (off, len, flags) = (req.offset, req.length, req.flags);
+        let (off, flags) = (req.offset, req.flags);
         let r: Result<Bytes, ClientError> = match req.command {
             Command::Read => up
                 .call(|c| async move { c.read(off, len).await })
                 .await
                 .map(|data| {
                     let mut b = BytesMut::with_capacity(40 + data.len());
-                    if structured {
-                        reply::offset_data_header(&mut b, req.cookie, off, len);
-                    } else {
-                        reply::simple(&mut b, req.cookie, None);
-                    }
+                    to.read_header(&mut b, len);
                     b.extend_from_slice(&data);
                     b.freeze()
                 }),
@@ -252,15 +253,11 @@ impl Forwarder {
                 .map(|ctxs| {
                     let mut b = BytesMut::new();
                     for (_, extents) in ctxs.iter().take(1) {
-                        reply::block_status(
-                            &mut b,
-                            req.cookie,
-                            ferry_nbd::BASE_ALLOCATION_ID,
-                            extents,
-                            false,
-                        );
+                        let extents: Vec<(u64, u32)> =
+                            extents.iter().map(|(l, f)| (u64::from(*l), *f)).collect();
+                        to.block_status(&mut b, ferry_nbd::BASE_ALLOCATION_ID, &extents);
                     }
-                    reply::done(&mut b, req.cookie);
+                    to.done(&mut b);
                     b.freeze()
                 }),
             Command::BlockStatus => Err(ClientError::Request {
@@ -276,17 +273,14 @@ impl Forwarder {
                 .await
                 .map(|()| {
                     let mut b = BytesMut::with_capacity(16);
-                    reply::simple(&mut b, req.cookie, None);
+                    to.ok(&mut b);
                     b.freeze()
                 })
             }
         };
         match r {
             Ok(b) => (b, true),
-            Err(e) => (
-                error_reply(structured, req, code_of(&e), &e.to_string()),
-                false,
-            ),
+            Err(e) => (error_reply(to, code_of(&e), &e.to_string()), false),
         }
     }
 }

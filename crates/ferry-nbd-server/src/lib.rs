@@ -112,15 +112,12 @@ pub const DEFAULT_CONNECTION_BUDGET: usize = 64 << 20;
 /// What one request is charged: the reply or payload it holds, plus room
 /// for headers.
 fn cost(req: &Request) -> u32 {
-    let body = match req.command {
-        Command::Read => req.length,
-        Command::Write => req
-            .payload
-            .as_ref()
-            .map_or(0, |p| u32::try_from(p.len()).unwrap_or(u32::MAX)),
-        _ => 0,
+    let body = match (&req.payload, req.command) {
+        (Some(p), _) => p.len() as u64,
+        (None, Command::Read) => req.length,
+        (None, _) => 0,
     };
-    body.saturating_add(4096)
+    u32::try_from(body).unwrap_or(u32::MAX).saturating_add(4096)
 }
 
 /// What a server serves.
@@ -137,6 +134,12 @@ pub trait NbdBackend: Send + Sync + 'static {
     /// Bytes requests and replies may hold in memory.
     fn reply_budget(&self) -> ReplyBudget {
         ReplyBudget::default()
+    }
+    /// Offer extended headers (`NBD_OPT_EXTENDED_HEADERS`): the handler
+    /// then gets 64-bit effect lengths and must answer in
+    /// [`ferry_nbd::ReplyStyle::Extended`] where the negotiation says so.
+    fn extended_headers(&self) -> bool {
+        false
     }
 }
 
@@ -178,7 +181,7 @@ where
 {
     stream.write_all(&ServerHandshake::greeting()).await?;
     let mode = tls.as_ref().map_or(TlsMode::Off, |t| t.1);
-    let mut hs = ServerHandshake::with_tls(mode);
+    let mut hs = ServerHandshake::with_tls(mode).offer_extended_headers(backend.extended_headers());
     let mut buf = BytesMut::with_capacity(4096);
     match negotiate(&mut stream, &mut hs, &mut buf, backend).await? {
         Negotiation::Aborted => Ok(()),
@@ -226,10 +229,11 @@ where
     let handler = backend
         .open(&neg)
         .map_err(|e| ConnError::Open(neg.export.name.clone(), e))?;
-    tracing::debug!(export = %neg.export.name, structured = neg.structured_replies, "NBD transmission starts");
+    tracing::debug!(export = %neg.export.name, structured = neg.structured_replies, extended = neg.extended_headers, "NBD transmission starts");
     let limits = Limits {
         in_flight: backend.max_in_flight(),
         budget: backend.reply_budget(),
+        extended_headers: neg.extended_headers,
     };
     transmission(rd, wr, buf, handler, limits, shutdown).await
 }
@@ -276,6 +280,8 @@ async fn negotiate<B: NbdBackend, S: AsyncRead + AsyncWrite + Unpin>(
 struct Limits {
     in_flight: usize,
     budget: ReplyBudget,
+    /// Requests come with extended headers.
+    extended_headers: bool,
 }
 
 /// Requests in one batch at most, and their payload bytes: a batch is cut
@@ -423,7 +429,7 @@ where
     let writer = tokio::spawn(write_loop(wr, rx));
     let slots = Arc::new(Semaphore::new(max_in_flight));
     let tracker = TaskTracker::new();
-    let mut decoder = RequestDecoder::new();
+    let mut decoder = RequestDecoder::with_headers(limits.extended_headers);
     let mut result = Ok(());
     let mut batch = Batch::default();
     // A request whose payload was read outside `buf`.

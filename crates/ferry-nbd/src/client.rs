@@ -109,6 +109,24 @@ pub fn encode_request(
     out.put_u32(length);
 }
 
+/// Encode an extended request header (`NBD_OPT_EXTENDED_HEADERS`); with
+/// `CMD_FLAG_PAYLOAD_LEN` in `flags`, `length` bytes of payload follow it.
+pub fn encode_extended_request(
+    out: &mut BytesMut,
+    flags: u16,
+    cmd: Command,
+    cookie: u64,
+    offset: u64,
+    length: u64,
+) {
+    out.put_u32(EXTENDED_REQUEST_MAGIC);
+    out.put_u16(flags);
+    out.put_u16(cmd.to_wire());
+    out.put_u64(cookie);
+    out.put_u64(offset);
+    out.put_u64(length);
+}
+
 /// A reply, or one chunk of a structured reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
@@ -177,13 +195,21 @@ pub fn reply_len(buf: &[u8], read_len: impl Fn(u64) -> u32) -> Option<usize> {
         }
         STRUCTURED_REPLY_MAGIC if buf.len() >= STRUCTURED_HEADER_LEN => {
             let len = u32::from_be_bytes(buf[16..20].try_into().ok()?) as usize;
-            Some(STRUCTURED_HEADER_LEN + len.min(crate::MAX_REQUEST_LEN as usize + 4096))
+            Some(STRUCTURED_HEADER_LEN + len.min(MAX_CHUNK))
+        }
+        EXTENDED_REPLY_MAGIC if buf.len() >= EXTENDED_HEADER_LEN => {
+            let len = u64::from_be_bytes(buf[24..32].try_into().ok()?);
+            Some(EXTENDED_HEADER_LEN + usize::try_from(len).unwrap_or(MAX_CHUNK).min(MAX_CHUNK))
         }
         _ => None,
     }
 }
 
-/// Decode one reply. `read_len(cookie)` tells how many data bytes follow a
+/// The largest chunk payload a reply may carry: a whole READ plus room
+/// for its headers.
+const MAX_CHUNK: usize = crate::MAX_REQUEST_LEN as usize + 4096;
+
+/// Decode one reply (simple, structured or extended). `read_len(cookie)` tells how many data bytes follow a
 /// successful simple reply (the length of that READ, or 0).
 pub fn decode_reply(
     buf: &mut BytesMut,
@@ -216,25 +242,38 @@ pub fn decode_reply(
                 data,
             }))
         }
-        STRUCTURED_REPLY_MAGIC => {
-            if buf.len() < STRUCTURED_HEADER_LEN {
+        STRUCTURED_REPLY_MAGIC | EXTENDED_REPLY_MAGIC => {
+            let extended = magic == EXTENDED_REPLY_MAGIC;
+            let header = if extended {
+                EXTENDED_HEADER_LEN
+            } else {
+                STRUCTURED_HEADER_LEN
+            };
+            if buf.len() < header {
                 return Ok(None);
             }
-            let len = u32::from_be_bytes(buf[16..20].try_into().expect("4")) as usize;
-            if len > crate::MAX_REQUEST_LEN as usize + 4096 {
-                return Err(NbdError::Malformed {
-                    what: "structured reply",
-                    detail: format!("chunk length {len}"),
-                });
-            }
-            if buf.len() < STRUCTURED_HEADER_LEN + len {
+            let len = if extended {
+                u64::from_be_bytes(buf[24..32].try_into().expect("8"))
+            } else {
+                u64::from(u32::from_be_bytes(buf[16..20].try_into().expect("4")))
+            };
+            let len = match usize::try_from(len) {
+                Ok(l) if l <= MAX_CHUNK => l,
+                _ => {
+                    return Err(NbdError::Malformed {
+                        what: "structured reply",
+                        detail: format!("chunk length {len}"),
+                    })
+                }
+            };
+            if buf.len() < header + len {
                 return Ok(None);
             }
             buf.advance(4);
             let flags = buf.get_u16();
             let ty = buf.get_u16();
             let cookie = buf.get_u64();
-            buf.advance(4);
+            buf.advance(header - 16);
             let payload = buf.split_to(len).freeze();
             Ok(Some(Reply::Chunk {
                 cookie,
@@ -253,18 +292,29 @@ pub fn decode_reply(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reply;
+    use crate::reply::{ReplyStyle, ReplyTo};
+
+    fn to(style: ReplyStyle, cookie: u64, command: Command) -> ReplyTo {
+        ReplyTo {
+            style,
+            cookie,
+            offset: 4096,
+            command,
+        }
+    }
 
     #[test]
     fn reply_round_trips() {
         let mut b = BytesMut::new();
-        reply::simple(&mut b, 5, None);
+        to(ReplyStyle::Simple, 5, Command::Read).read_header(&mut b, 4);
         b.extend_from_slice(b"data");
-        reply::simple(&mut b, 6, Some(ErrorCode::NoSpc));
-        reply::offset_data_header(&mut b, 7, 4096, 3);
+        to(ReplyStyle::Simple, 6, Command::Write).error(&mut b, ErrorCode::NoSpc, "full");
+        to(ReplyStyle::Structured, 7, Command::Read).read_header(&mut b, 3);
         b.extend_from_slice(b"xyz");
-        reply::error(&mut b, 8, ErrorCode::Io, "disk on fire");
-        reply::block_status(&mut b, 9, 1, &[(4096, 3), (512, 0)], true);
+        to(ReplyStyle::Structured, 8, Command::Read).error(&mut b, ErrorCode::Io, "disk on fire");
+        let bs = to(ReplyStyle::Structured, 9, Command::BlockStatus);
+        bs.block_status(&mut b, 1, &[(4096, 3), (512, 0)]);
+        bs.done(&mut b);
         let lens = |c: u64| if c == 5 { 4 } else { 0 };
         let r = decode_reply(&mut b, lens).unwrap().unwrap();
         assert_eq!(
@@ -291,6 +341,28 @@ mod tests {
             panic!()
         };
         assert_eq!(payload.len(), 4 + 16);
+        assert!(decode_reply(&mut b, lens).unwrap().unwrap().is_final());
+        assert!(b.is_empty());
+    }
+
+    #[test]
+    fn extended_replies_decode_as_chunks() {
+        let mut b = BytesMut::new();
+        let r = to(ReplyStyle::Extended, 3, Command::Read);
+        r.read_header(&mut b, 3);
+        b.extend_from_slice(b"abc");
+        to(ReplyStyle::Extended, 4, Command::Write).ok(&mut b);
+        to(ReplyStyle::Extended, 5, Command::Trim).error(&mut b, ErrorCode::NoSpc, "full");
+        assert_eq!(reply_len(&b, |_| 0), Some(EXTENDED_HEADER_LEN + 11));
+        let r = decode_reply(&mut b, |_| 0).unwrap().unwrap();
+        let Reply::Chunk { ty, payload, .. } = &r else {
+            panic!()
+        };
+        assert_eq!((*ty, &payload[8..]), (REPLY_TYPE_OFFSET_DATA, &b"abc"[..]));
+        let r = decode_reply(&mut b, |_| 0).unwrap().unwrap();
+        assert_eq!((r.cookie(), r.is_final(), r.error()), (4, true, None));
+        let r = decode_reply(&mut b, |_| 0).unwrap().unwrap();
+        assert_eq!((r.cookie(), r.error()), (5, Some(ErrorCode::NoSpc)));
         assert!(b.is_empty());
     }
 }

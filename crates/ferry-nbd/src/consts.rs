@@ -6,6 +6,10 @@ pub const OPTION_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+/// Requests once `NBD_OPT_EXTENDED_HEADERS` was acked (64-bit length).
+pub const EXTENDED_REQUEST_MAGIC: u32 = 0x21e4_1c71;
+/// Every reply chunk once extended headers were negotiated.
+pub const EXTENDED_REPLY_MAGIC: u32 = 0x6e8a_278c;
 
 // Handshake flags (server) and client flags.
 pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
@@ -40,6 +44,7 @@ pub const REP_ERR_UNKNOWN: u32 = REP_FLAG_ERROR | 6;
 pub const REP_ERR_SHUTDOWN: u32 = REP_FLAG_ERROR | 7;
 pub const REP_ERR_BLOCK_SIZE_REQD: u32 = REP_FLAG_ERROR | 8;
 pub const REP_ERR_TOO_BIG: u32 = REP_FLAG_ERROR | 9;
+pub const REP_ERR_EXT_HEADER_REQD: u32 = REP_FLAG_ERROR | 10;
 
 // Info types.
 pub const INFO_EXPORT: u16 = 0;
@@ -60,6 +65,7 @@ pub const FLAG_CAN_MULTI_CONN: u16 = 1 << 8;
 pub const FLAG_SEND_RESIZE: u16 = 1 << 9;
 pub const FLAG_SEND_CACHE: u16 = 1 << 10;
 pub const FLAG_SEND_FAST_ZERO: u16 = 1 << 11;
+pub const FLAG_BLOCK_STATUS_PAYLOAD: u16 = 1 << 12;
 
 // Commands.
 pub const CMD_READ: u16 = 0;
@@ -78,6 +84,8 @@ pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 pub const CMD_FLAG_DF: u16 = 1 << 2;
 pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
+/// Extended headers only: *length* is the payload that follows.
+pub const CMD_FLAG_PAYLOAD_LEN: u16 = 1 << 5;
 
 // Structured reply.
 pub const REPLY_FLAG_DONE: u16 = 1 << 0;
@@ -85,6 +93,7 @@ pub const REPLY_TYPE_NONE: u16 = 0;
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
 pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
 pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+pub const REPLY_TYPE_BLOCK_STATUS_EXT: u16 = 6;
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
 pub const REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) | 2;
 
@@ -94,9 +103,13 @@ pub const STATE_ZERO: u32 = 1 << 1;
 /// Dirty-bitmap context: the extent is dirty.
 pub const STATE_DIRTY: u32 = 1 << 0;
 
-/// Size of a request header on the wire.
+/// Size of a (compact) request header on the wire.
 pub const REQUEST_HEADER_LEN: usize = 28;
+/// Size of an extended request header.
+pub const EXTENDED_REQUEST_HEADER_LEN: usize = 32;
 /// Size of a simple reply header.
 pub const SIMPLE_REPLY_LEN: usize = 16;
 /// Size of a structured reply chunk header.
 pub const STRUCTURED_HEADER_LEN: usize = 20;
+/// Size of an extended reply chunk header.
+pub const EXTENDED_HEADER_LEN: usize = 32;

@@ -15,6 +15,7 @@
 
 use crate::consts::*;
 use crate::error::NbdError;
+use crate::reply::ReplyStyle;
 use crate::{BASE_ALLOCATION, BASE_ALLOCATION_ID, DIRTY_BITMAP_ID_BASE, DIRTY_BITMAP_PREFIX};
 use bytes::{Buf, BufMut, BytesMut};
 
@@ -39,17 +40,22 @@ pub struct ExportInfo {
     pub block_size_required: bool,
     /// Names of the dirty bitmaps offered as `ferry:dirty-bitmap:<name>`.
     pub dirty_bitmaps: Vec<String>,
+    /// `NBD_CMD_RESIZE` is served (advertised on writable exports only).
+    pub resizable: bool,
 }
 
 impl ExportInfo {
     /// Transmission flags for this export, given whether structured replies
-    /// were negotiated.
+    /// (or extended headers) were negotiated.
     pub fn transmission_flags(&self, structured: bool) -> u16 {
         let mut f = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_CAN_MULTI_CONN | FLAG_SEND_CACHE;
         if self.read_only {
             f |= FLAG_READ_ONLY;
         } else {
             f |= FLAG_SEND_FUA | FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO;
+            if self.resizable {
+                f |= FLAG_SEND_RESIZE;
+            }
         }
         if structured {
             f |= FLAG_SEND_DF;
@@ -115,10 +121,35 @@ impl MetaContext {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Negotiated {
     pub export: ExportInfo,
+    /// Structured replies were negotiated (also true with extended headers,
+    /// which include them).
     pub structured_replies: bool,
+    /// Extended headers were negotiated: 32-byte requests and replies.
+    pub extended_headers: bool,
     pub meta_contexts: Vec<MetaContext>,
     /// Transmission flags sent to the client.
     pub flags: u16,
+}
+
+impl Negotiated {
+    /// How this connection's replies are framed.
+    pub fn reply_style(&self) -> ReplyStyle {
+        ReplyStyle::negotiated(self.structured_replies, self.extended_headers)
+    }
+
+    /// What [`crate::validate`] checks requests against, for an export of
+    /// `size` bytes now.
+    pub fn limits(&self, size: u64, read_only: bool) -> crate::TransmissionLimits {
+        crate::TransmissionLimits {
+            size,
+            read_only,
+            structured: self.structured_replies,
+            extended: self.extended_headers,
+            has_meta_contexts: !self.meta_contexts.is_empty(),
+            min_block: self.export.min_block,
+            resizable: self.flags & FLAG_SEND_RESIZE != 0,
+        }
+    }
 }
 
 /// How a connection treats TLS.
@@ -168,6 +199,9 @@ pub struct ServerHandshake {
     tls_on: bool,
     no_zeroes: bool,
     structured: bool,
+    /// The server offers `NBD_OPT_EXTENDED_HEADERS`.
+    offer_extended: bool,
+    extended: bool,
     options_seen: usize,
     /// Contexts chosen by SET_META_CONTEXT, and the export they were chosen for.
     selected: Option<(String, Vec<MetaContext>)>,
@@ -192,9 +226,25 @@ impl ServerHandshake {
             tls_on: false,
             no_zeroes: false,
             structured: false,
+            offer_extended: false,
+            extended: false,
             options_seen: 0,
             selected: None,
         }
+    }
+
+    /// Offer extended headers (`NBD_OPT_EXTENDED_HEADERS`) to clients
+    /// that ask; without this they are answered `NBD_REP_ERR_UNSUP` and
+    /// the connection stays compact.
+    pub fn offer_extended_headers(mut self, offer: bool) -> Self {
+        self.offer_extended = offer;
+        self
+    }
+
+    /// Structured replies or extended headers were negotiated, so replies
+    /// may carry chunks (and meta contexts may be chosen).
+    fn chunks(&self) -> bool {
+        self.structured || self.extended
     }
 
     /// The TLS handshake the last [`HandshakeProgress::StartTls`] asked for
@@ -203,6 +253,7 @@ impl ServerHandshake {
     pub fn tls_started(&mut self) {
         self.tls_on = true;
         self.structured = false;
+        self.extended = false;
         self.selected = None;
     }
 
@@ -346,6 +397,14 @@ impl ServerHandshake {
         }
         match option {
             OPT_EXPORT_NAME => {
+                if self.extended {
+                    // It cannot be refused, and has no way to say the
+                    // headers are extended (proto.md: MUST NOT).
+                    return Err(NbdError::Malformed {
+                        what: "NBD_OPT_EXPORT_NAME",
+                        detail: "sent after extended headers were negotiated".into(),
+                    });
+                }
                 let name = String::from_utf8_lossy(data).into_owned();
                 let Some(export) = catalog.export(&name) else {
                     return Err(NbdError::UnknownExport(name));
@@ -360,6 +419,7 @@ impl ServerHandshake {
                 return Ok(Some(HandshakeProgress::Done(Box::new(Negotiated {
                     export,
                     structured_replies: self.structured,
+                    extended_headers: false,
                     meta_contexts: contexts,
                     flags,
                 }))));
@@ -385,8 +445,30 @@ impl ServerHandshake {
             OPT_STRUCTURED_REPLY => {
                 if !data.is_empty() {
                     error_reply(out, option, REP_ERR_INVALID, "option takes no data");
+                } else if self.extended {
+                    error_reply(
+                        out,
+                        option,
+                        REP_ERR_EXT_HEADER_REQD,
+                        "extended headers are already negotiated",
+                    );
                 } else {
                     self.structured = true;
+                    ack(out, option);
+                }
+            }
+            OPT_EXTENDED_HEADERS => {
+                if !self.offer_extended {
+                    error_reply(
+                        out,
+                        option,
+                        REP_ERR_UNSUP,
+                        "extended headers are not offered here",
+                    );
+                } else if !data.is_empty() {
+                    error_reply(out, option, REP_ERR_INVALID, "option takes no data");
+                } else {
+                    self.extended = true;
                     ack(out, option);
                 }
             }
@@ -465,7 +547,7 @@ impl ServerHandshake {
             );
             return None;
         }
-        let flags = export.transmission_flags(self.structured);
+        let flags = export.transmission_flags(self.chunks());
         for r in &requests {
             match *r {
                 INFO_NAME => {
@@ -501,7 +583,8 @@ impl ServerHandshake {
         let contexts = self.contexts_for(&export.name);
         Some(HandshakeProgress::Done(Box::new(Negotiated {
             export,
-            structured_replies: self.structured,
+            structured_replies: self.chunks(),
+            extended_headers: self.extended,
             meta_contexts: contexts,
             flags,
         })))
@@ -515,7 +598,7 @@ impl ServerHandshake {
         out: &mut BytesMut,
     ) {
         let set = option == OPT_SET_META_CONTEXT;
-        if !self.structured {
+        if !self.chunks() {
             error_reply(
                 out,
                 option,
@@ -686,6 +769,7 @@ mod tests {
             max_block: crate::MAX_REQUEST_LEN,
             block_size_required: false,
             dirty_bitmaps: vec!["mig".into()],
+            resizable: true,
         }])
     }
 
@@ -814,6 +898,63 @@ mod tests {
         assert_eq!(n.meta_contexts.len(), 2);
         assert_eq!(n.meta_contexts[1].id(), DIRTY_BITMAP_ID_BASE);
         assert!(n.flags & FLAG_SEND_DF != 0);
+    }
+
+    #[test]
+    fn extended_headers_are_acked_only_when_offered_and_take_precedence() {
+        let mut b = flags();
+        b.extend(client::encode_option(OPT_EXTENDED_HEADERS, &[]));
+        b.extend(client::encode_option(OPT_EXTENDED_HEADERS, b"x"));
+        b.extend(client::encode_option(OPT_STRUCTURED_REPLY, &[]));
+        b.extend(client::encode_option(
+            OPT_SET_META_CONTEXT,
+            &client::meta_context_data("vol", &["base:allocation"]),
+        ));
+        b.extend(client::encode_option(OPT_GO, &client::go_data("vol", &[])));
+        let mut hs = ServerHandshake::new().offer_extended_headers(true);
+        let mut out = BytesMut::new();
+        let r = hs.feed(&mut BytesMut::from(&b[..]), &cat(), &mut out);
+        let HandshakeProgress::Done(n) = r.unwrap() else {
+            panic!("not done")
+        };
+        assert_eq!(
+            replies(&out),
+            vec![
+                REP_ACK,
+                REP_ERR_INVALID,
+                REP_ERR_EXT_HEADER_REQD,
+                REP_META_CONTEXT,
+                REP_ACK,
+                REP_INFO,
+                REP_INFO,
+                REP_ACK
+            ]
+        );
+        assert!(n.extended_headers && n.structured_replies);
+        assert_eq!(n.reply_style(), ReplyStyle::Extended);
+        assert_eq!(n.meta_contexts.len(), 1);
+        assert!(n.flags & FLAG_SEND_DF != 0 && n.flags & FLAG_SEND_RESIZE != 0);
+        assert!(n.limits(1 << 20, false).extended);
+
+        // Not offered: unsupported, and the connection stays compact.
+        let mut b = flags();
+        b.extend(client::encode_option(OPT_EXTENDED_HEADERS, &[]));
+        b.extend(client::encode_option(OPT_GO, &client::go_data("vol", &[])));
+        let (r, out) = run(&b);
+        let HandshakeProgress::Done(n) = r.unwrap() else {
+            panic!("not done")
+        };
+        assert_eq!(replies(&out)[0], REP_ERR_UNSUP);
+        assert_eq!(n.reply_style(), ReplyStyle::Simple);
+
+        // EXPORT_NAME after extended headers cannot say so: the
+        // connection ends.
+        let mut b = flags();
+        b.extend(client::encode_option(OPT_EXTENDED_HEADERS, &[]));
+        b.extend(client::encode_option(OPT_EXPORT_NAME, b"vol"));
+        let mut hs = ServerHandshake::new().offer_extended_headers(true);
+        let r = hs.feed(&mut BytesMut::from(&b[..]), &cat(), &mut BytesMut::new());
+        assert!(matches!(r, Err(NbdError::Malformed { .. })));
     }
 
     #[test]

@@ -12,12 +12,16 @@
 //!    |  <------ option replies ------------|   ... until OPT_GO / OPT_EXPORT_NAME
 //!    |========== transmission =============|
 //!    |  ------- request (+payload) ------->|   RequestDecoder::decode(), validate()
-//!    |  <------ simple/structured reply ---|   reply::* encoders (any order)
+//!    |  <------ simple/structured/extended -|   ReplyTo encoders (any order)
 //! ```
 //!
-//! Versions: fixed newstyle only (oldstyle is obsolete). Extended headers are
+//! Versions: fixed newstyle only (oldstyle is obsolete). Extended headers
+//! (32-byte requests and replies, 64-bit effect lengths) are acked when the
+//! server offers them ([`ServerHandshake::offer_extended_headers`]), else
 //! answered `NBD_REP_ERR_UNSUP`; STARTTLS is acked when the caller offers
-//! TLS ([`TlsMode`]), and the caller runs TLS on its socket.
+//! TLS ([`TlsMode`]), and the caller runs TLS on its socket. `NBD_CMD_RESIZE`
+//! (the `extension-resize` branch: the new size in the offset field) is
+//! advertised for exports marked [`ExportInfo::resizable`].
 
 pub mod client;
 pub mod consts;
@@ -31,6 +35,7 @@ pub use handshake::{
     ExportCatalog, ExportInfo, HandshakeProgress, Negotiated, ServerHandshake, TlsMode,
     MOVED_PREFIX,
 };
+pub use reply::{ReplyStyle, ReplyTo};
 pub use request::{validate, Command, Request, RequestDecoder, TransmissionLimits};
 
 /// The largest request payload (and read length) ferry accepts: 32 MiB, the

@@ -14,6 +14,7 @@
 //! tls_dir = ""                   # ca-cert.pem, server-cert.pem, server-key.pem: TLS
 //!                                # with client certificates, required off loopback
 //! tls_clear_loopback = true      # false: loopback clients must use TLS too
+//! extended_headers = true        # offer NBD extended headers (64-bit lengths)
 //!
 //! [admin]
 //! listen = "127.0.0.1:10880"     # "" turns the admin API off
@@ -238,6 +239,9 @@ pub struct NbdConfig {
     /// With `tls_dir`: whether loopback clients may skip TLS (the default;
     /// `false` requires TLS of every client).
     pub tls_clear_loopback: bool,
+    /// Offer extended headers (`NBD_OPT_EXTENDED_HEADERS`: 64-bit TRIM,
+    /// WRITE_ZEROES and BLOCK_STATUS) to clients that ask.
+    pub extended_headers: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -289,6 +293,7 @@ impl Default for NbdConfig {
             max_queued_bytes_total: 1 << 30,
             tls_dir: PathBuf::new(),
             tls_clear_loopback: true,
+            extended_headers: true,
         }
     }
 }

@@ -698,8 +698,18 @@ impl Volume {
     }
 
     /// Change the size. Shrinking discards data and needs `allow_shrink`.
+    /// Refused while a migration holds the volume: the copy it builds has
+    /// the size the migration started with.
     pub fn resize(&self, new_size: u64, allow_shrink: bool) -> Result<()> {
         self.sanitize.check(&self.name)?;
+        let held = self.held_by();
+        if held.has_migration() {
+            return Err(StorageError::InUse {
+                name: self.name(),
+                held_by: held,
+                hint: "; resize it after the migration ends",
+            });
+        }
         let mut m = self.meta.lock();
         if m.read_only {
             return Err(StorageError::ReadOnly(m.name.clone()));

@@ -20,6 +20,9 @@ pub fn export_info(v: &Volume) -> ExportInfo {
         max_block: MAX_REQUEST_LEN,
         block_size_required: direct,
         dirty_bitmaps: v.bitmap_names(),
+        // NBD_CMD_RESIZE: volumes whose file ferry owns (an external
+        // file's size is its owner's).
+        resizable: !matches!(m.backing, ferry_storage::Backing::External { .. }),
     }
 }
 

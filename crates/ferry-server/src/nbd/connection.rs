@@ -53,6 +53,10 @@ impl NbdBackend for PoolBackend {
             total: Some(self.total.clone()),
         }
     }
+
+    fn extended_headers(&self) -> bool {
+        self.state.config.nbd.extended_headers
+    }
 }
 
 impl ExportHandler for ConnContext {

@@ -6,7 +6,9 @@ use crate::ServerState;
 use bytes::{Bytes, BytesMut};
 use ferry_nbd::consts::*;
 use ferry_nbd::handshake::MetaContext;
-use ferry_nbd::{reply, validate, Command, ErrorCode, Negotiated, Request, TransmissionLimits};
+use ferry_nbd::{
+    validate, Command, ErrorCode, Negotiated, ReplyStyle, ReplyTo, Request, TransmissionLimits,
+};
 use ferry_storage::{StorageError, Volume, ZeroMode};
 use prometheus_client::metrics::gauge::Gauge;
 use std::sync::Arc;
@@ -20,9 +22,9 @@ pub struct ConnContext {
     volume: Arc<Volume>,
     /// Counts this connection as a client of the volume.
     _hold: ferry_storage::HoldGuard,
-    structured: bool,
-    contexts: Vec<MetaContext>,
-    min_block: u32,
+    style: ReplyStyle,
+    /// What was negotiated: validation limits come from it.
+    neg: Negotiated,
     in_flight: Gauge,
     metrics: [OpMetrics; 8],
 }
@@ -42,9 +44,8 @@ impl ConnContext {
     pub fn new(volume: Arc<Volume>, neg: &Negotiated, state: &ServerState) -> Self {
         let name = volume.name();
         ConnContext {
-            structured: neg.structured_replies,
-            contexts: neg.meta_contexts.clone(),
-            min_block: neg.export.min_block,
+            style: neg.reply_style(),
+            neg: neg.clone(),
             in_flight: state.metrics.in_flight(&name),
             _hold: volume.hold(ferry_storage::Holder::NbdClient),
             metrics: OPS.map(|c| state.metrics.op(&name, c.name())),
@@ -79,7 +80,7 @@ pub fn errno_for(e: &StorageError, cmd: Command) -> ErrorCode {
             ErrorCode::NoSpc
         }
         StorageError::OutOfRange { .. } | StorageError::Invalid(_) => ErrorCode::Inval,
-        StorageError::ReadOnly(_) => ErrorCode::Perm,
+        StorageError::ReadOnly(_) | StorageError::InUse { .. } => ErrorCode::Perm,
         StorageError::NotFast => ErrorCode::NotSup,
         // Until the sanitize ends (NBD has no "not ready").
         StorageError::Sanitizing(_) | StorageError::SanitizeFailed(_) => ErrorCode::Io,
@@ -98,7 +99,7 @@ pub fn errno_for(e: &StorageError, cmd: Command) -> ErrorCode {
 /// Largest READ tried inline on the event loop. Bigger copies are spread
 /// over worker threads instead (measured: 1 MiB reads inline ran at half
 /// the rate of 1 MiB reads on the worker pool).
-const INLINE_READ_MAX: u32 = 128 << 10;
+const INLINE_READ_MAX: u64 = 128 << 10;
 /// READs from this size on, with structured replies, answer the holes of
 /// a sparse volume with `OFFSET_HOLE` chunks instead of zeroes on the wire.
 const SPARSE_READ_MIN: u32 = 64 << 10;
@@ -108,29 +109,28 @@ const HOLE_MIN: u64 = 4096;
 /// Allocation extents looked at for one READ; the rest goes as data.
 const READ_EXTENTS: usize = 64;
 /// Largest WRITE tried inline (its payload is already in memory).
-const INLINE_WRITE_MAX: u32 = 128 << 10;
+const INLINE_WRITE_MAX: u64 = 128 << 10;
 
 impl ConnContext {
     fn limits(&self) -> TransmissionLimits {
-        TransmissionLimits {
-            size: self.volume.size(),
-            read_only: self.volume.read_only(),
-            structured: self.structured,
-            has_meta_contexts: !self.contexts.is_empty(),
-            min_block: self.min_block,
-        }
+        self.neg.limits(self.volume.size(), self.volume.read_only())
+    }
+
+    /// How to frame the reply to `req`.
+    fn to(&self, req: &Request) -> ReplyTo {
+        ReplyTo::new(self.style, req)
     }
 
     /// Record metrics for a finished request and encode its reply.
     fn finish(&self, req: &Request, start: Instant, out: Outcome) -> Bytes {
         let m = self.op_metrics(req.command);
         m.ops.inc();
-        m.size.observe(f64::from(req.length));
+        m.size.observe(req.length as f64);
         m.latency.observe(start.elapsed().as_secs_f64());
         match out {
             Ok(bytes) => {
                 if matches!(req.command, Command::Read | Command::Write) {
-                    m.bytes.inc_by(u64::from(req.length));
+                    m.bytes.inc_by(req.length);
                 }
                 bytes
             }
@@ -164,7 +164,7 @@ pub fn try_inline(ctx: &ConnContext, req: &Request) -> Option<Bytes> {
         // A small buffered write costs less than handing it to a thread.
         let data = req.payload.as_deref().unwrap_or_default();
         let out = match ctx.volume.write_buffered_now(req.offset, data) {
-            Ok(true) => Ok(ok_reply(req.cookie)),
+            Ok(true) => Ok(ok_reply(ctx, req)),
             Ok(false) => return None,
             Err(e) => Err((errno_for(&e, req.command), e.to_string())),
         };
@@ -196,7 +196,7 @@ fn attempt_nowait(ctx: &ConnContext, req: &Request) -> Option<Outcome> {
             let data = req.payload.as_deref().unwrap_or_default();
             ctx.volume
                 .try_write_nowait(req.offset, data)
-                .map(|ok| ok.then(|| ok_reply(req.cookie)))
+                .map(|ok| ok.then(|| ok_reply(ctx, req)))
         }
         _ => return None,
     };
@@ -221,33 +221,21 @@ pub fn execute_blocking(ctx: &ConnContext, req: &Request) -> Bytes {
 
 pub fn error_reply(ctx: &ConnContext, req: &Request, code: ErrorCode, msg: &str) -> Bytes {
     let mut b = BytesMut::new();
-    if ctx.structured && matches!(req.command, Command::Read | Command::BlockStatus) {
-        reply::error(&mut b, req.cookie, code, msg);
-    } else {
-        reply::simple(&mut b, req.cookie, Some(code));
-    }
+    ctx.to(req).error(&mut b, code, msg);
     b.freeze()
 }
 
-fn ok_reply(cookie: u64) -> Bytes {
-    let mut b = BytesMut::with_capacity(SIMPLE_REPLY_LEN);
-    reply::simple(&mut b, cookie, None);
+fn ok_reply(ctx: &ConnContext, req: &Request) -> Bytes {
+    let mut b = BytesMut::with_capacity(ctx.style.header_len());
+    ctx.to(req).ok(&mut b);
     b.freeze()
 }
 
-/// A buffer holding the reply header of a successful READ, with room for the data.
-fn read_header(structured: bool, req: &Request) -> BytesMut {
-    let hdr = if structured {
-        STRUCTURED_HEADER_LEN + 8
-    } else {
-        SIMPLE_REPLY_LEN
-    };
-    let mut b = BytesMut::with_capacity(hdr + req.length as usize);
-    if structured {
-        reply::offset_data_header(&mut b, req.cookie, req.offset, req.length);
-    } else {
-        reply::simple(&mut b, req.cookie, None);
-    }
+/// A buffer holding the reply header of a successful READ, with room for
+/// the data (a validated READ is at most 32 MiB).
+fn read_header(ctx: &ConnContext, req: &Request, len: u32) -> BytesMut {
+    let mut b = BytesMut::with_capacity(ctx.style.read_header_len() + len as usize);
+    ctx.to(req).read_header(&mut b, len);
     b
 }
 
@@ -261,18 +249,21 @@ fn read_reply(
     req: &Request,
     nowait: bool,
 ) -> Result<Option<Bytes>, StorageError> {
+    let to = ctx.to(req);
+    // A validated READ is at most 32 MiB.
+    let length = u32::try_from(req.length).unwrap_or(u32::MAX);
     if let Some(pieces) = sparse_pieces(ctx, req) {
         let data: u64 = pieces.iter().filter(|p| !p.2).map(|p| p.1).sum();
-        let hdr = STRUCTURED_HEADER_LEN + 12;
+        let hdr = ctx.style.header_len() + 12;
         let mut b =
             BytesMut::with_capacity(hdr * (pieces.len() + 1) + usize::try_from(data).unwrap_or(0));
         for (offset, len, hole) in pieces {
             // Pieces lie inside the READ, whose length is a u32.
             let len32 = u32::try_from(len).unwrap_or(u32::MAX);
             if hole {
-                reply::offset_hole(&mut b, req.cookie, offset, len32);
+                to.offset_hole(&mut b, offset, len32);
             } else {
-                reply::offset_data_piece(&mut b, req.cookie, offset, len32);
+                to.offset_data_piece(&mut b, offset, len32);
                 if !ctx
                     .volume
                     .read_append(offset, len32 as usize, &mut b, nowait)?
@@ -281,23 +272,23 @@ fn read_reply(
                 }
             }
         }
-        reply::done(&mut b, req.cookie);
+        to.done(&mut b);
         return Ok(Some(b.freeze()));
     }
-    let mut b = read_header(ctx.structured, req);
+    let mut b = read_header(ctx, req, length);
     Ok(ctx
         .volume
-        .read_append(req.offset, req.length as usize, &mut b, nowait)?
+        .read_append(req.offset, length as usize, &mut b, nowait)?
         .then(|| b.freeze()))
 }
 
 /// How a large structured READ splits into `(offset, length, hole)`
 /// pieces, or `None` when it has no hole worth a chunk.
 fn sparse_pieces(ctx: &ConnContext, req: &Request) -> Option<Vec<(u64, u64, bool)>> {
-    if !ctx.structured || req.length < SPARSE_READ_MIN {
+    if !ctx.style.chunks() || req.length < u64::from(SPARSE_READ_MIN) {
         return None;
     }
-    let len = u64::from(req.length);
+    let len = req.length;
     let extents = ctx.volume.extents(req.offset, len, READ_EXTENTS).ok()?;
     if !extents.iter().any(|e| e.hole && e.length >= HOLE_MIN) {
         return None;
@@ -326,7 +317,7 @@ fn sparse_pieces(ctx: &ConnContext, req: &Request) -> Option<Vec<(u64, u64, bool
 
 fn execute(ctx: &ConnContext, req: &Request) -> Result<Bytes, StorageError> {
     let v = &ctx.volume;
-    let (cookie, offset, len) = (req.cookie, req.offset, u64::from(req.length));
+    let (offset, len) = (req.offset, req.length);
     let fua = req.has_flag(CMD_FLAG_FUA);
     match req.command {
         Command::Read => {
@@ -344,54 +335,61 @@ fn execute(ctx: &ConnContext, req: &Request) -> Result<Bytes, StorageError> {
         Command::Trim => v.trim(offset, len, fua)?,
         Command::Flush => v.flush()?,
         Command::Cache => v.cache(offset, len)?,
-        Command::BlockStatus => {
-            return block_status(
-                v,
-                &ctx.contexts,
-                cookie,
-                offset,
-                req.length,
-                req.has_flag(CMD_FLAG_REQ_ONE),
-            );
-        }
+        Command::BlockStatus => return block_status(ctx, req),
+        Command::Resize => resize(ctx, req.offset)?,
         // validate() refuses these; DISC never reaches here.
-        Command::Disc | Command::Resize | Command::Unknown(_) => {
+        Command::Disc | Command::Unknown(_) => {
             return Err(StorageError::Invalid("unsupported command".into()));
         }
     }
-    Ok(ok_reply(cookie))
+    Ok(ok_reply(ctx, req))
 }
 
-fn block_status(
-    v: &Volume,
-    contexts: &[MetaContext],
-    cookie: u64,
-    offset: u64,
-    len: u32,
-    one: bool,
-) -> Result<Bytes, StorageError> {
-    let max = if one { 1 } else { MAX_EXTENTS };
+/// `NBD_CMD_RESIZE` to `size` bytes. Growing is always allowed;
+/// shrinking discards data, so only the volume's one client may ask for it
+/// (proto.md's resize extension: EPERM when other clients use the export).
+/// A migration holding the volume refuses it (`Volume::resize`).
+fn resize(ctx: &ConnContext, size: u64) -> Result<(), StorageError> {
+    let held = ctx.volume.held_by();
+    let shrink = size < ctx.volume.size();
+    // This connection is one of the NBD clients counted.
+    let others = held.0.iter().map(|(_, n)| *n).sum::<usize>() > 1;
+    if shrink && others {
+        return Err(StorageError::InUse {
+            name: ctx.volume.name(),
+            held_by: held,
+            hint: "; only its one client may shrink it",
+        });
+    }
+    ctx.volume.resize(size, shrink)?;
+    tracing::info!(volume = %ctx.volume.name(), size, "resized by an NBD client");
+    Ok(())
+}
+
+fn block_status(ctx: &ConnContext, req: &Request) -> Result<Bytes, StorageError> {
+    let (v, offset, len) = (&ctx.volume, req.offset, req.length);
+    let max = if req.has_flag(CMD_FLAG_REQ_ONE) {
+        1
+    } else {
+        MAX_EXTENTS
+    };
+    let to = ctx.to(req);
     let mut b = BytesMut::new();
-    for c in contexts {
-        let extents: Vec<(u32, u32)> = match c {
+    for c in &ctx.neg.meta_contexts {
+        let extents: Vec<(u64, u32)> = match c {
             MetaContext::BaseAllocation => v
-                .extents(offset, u64::from(len), max)?
+                .extents(offset, len, max)?
                 .iter()
                 .map(|e| {
                     let flags = if e.hole { STATE_HOLE | STATE_ZERO } else { 0 };
-                    (u32::try_from(e.length).unwrap_or(u32::MAX), flags)
+                    (e.length, flags)
                 })
                 .collect(),
             MetaContext::DirtyBitmap { name, .. } => v
                 .bitmap(name)?
-                .extents(offset, u64::from(len), max)
+                .extents(offset, len, max)
                 .iter()
-                .map(|(l, d)| {
-                    (
-                        u32::try_from(*l).unwrap_or(u32::MAX),
-                        if *d { STATE_DIRTY } else { 0 },
-                    )
-                })
+                .map(|(l, d)| (*l, if *d { STATE_DIRTY } else { 0 }))
                 .collect(),
         };
         if extents.is_empty() {
@@ -399,8 +397,8 @@ fn block_status(
                 "no extents for the requested range".into(),
             ));
         }
-        reply::block_status(&mut b, cookie, c.id(), &extents, false);
+        to.block_status(&mut b, c.id(), &extents);
     }
-    reply::done(&mut b, cookie);
+    to.done(&mut b);
     Ok(b.freeze())
 }

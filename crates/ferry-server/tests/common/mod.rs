@@ -128,6 +128,36 @@ pub fn have(tool: &str) -> bool {
     found
 }
 
+/// A `qemu-io`, `qemu-img` or `qemu-nbd` of QEMU 9 or later (those
+/// negotiate NBD extended headers): the system's if it is that new, else
+/// the one `scripts/qemu-ext.sh` unpacked (`$FERRY_QEMU_EXT_DIR`, default
+/// /opt/ferry/qemu-ext). Missing: `None`, or a failure under
+/// FERRY_REQUIRE_TOOLS=1.
+pub fn qemu_ext(tool: &str) -> Option<std::path::PathBuf> {
+    let major = |bin: &std::path::Path| -> Option<u32> {
+        let out = Command::new(bin).arg("--version").output().ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let v = text.split("version ").nth(1)?;
+        v.split('.').next()?.trim().parse().ok()
+    };
+    let dir = std::env::var("FERRY_QEMU_EXT_DIR").unwrap_or_else(|_| "/opt/ferry/qemu-ext".into());
+    let candidates = [
+        std::path::PathBuf::from(tool),
+        std::path::Path::new(&dir).join("usr/bin").join(tool),
+    ];
+    if let Some(found) = candidates
+        .into_iter()
+        .find(|b| major(b).is_some_and(|m| m >= 9))
+    {
+        return Some(found);
+    }
+    if std::env::var("FERRY_REQUIRE_TOOLS").as_deref() == Ok("1") {
+        panic!("{tool} of QEMU >= 9 is required (FERRY_REQUIRE_TOOLS=1): run scripts/qemu-ext.sh");
+    }
+    eprintln!("SKIP: no {tool} of QEMU >= 9");
+    None
+}
+
 /// Run a command; panic with its output if it fails. Returns stdout.
 pub fn run(cmd: &mut Command) -> String {
     let out = cmd
