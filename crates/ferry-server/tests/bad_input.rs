@@ -8,7 +8,8 @@ mod common;
 use bytes::BytesMut;
 use common::*;
 use ferry_nbd::client::{
-    decode_option_reply, decode_reply, encode_option, encode_request, go_data, Reply,
+    decode_option_reply, decode_reply, encode_extended_request, encode_option, encode_request,
+    go_data, meta_context_data, Reply,
 };
 use ferry_nbd::consts::*;
 use ferry_nbd::{Command, ErrorCode};
@@ -399,6 +400,9 @@ fn read_only_volume_refuses_writes() {
     assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::Perm));
     request(&mut t, 0, Command::Read, 3, 0, 4, &[]);
     assert_eq!(reply(&mut t, &mut buf, 4).error(), None);
+    // RESIZE is not advertised on it, and not served.
+    request(&mut t, 0, Command::Resize, 4, 2 << 20, 0, &[]);
+    assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::NotSup));
 }
 
 #[test]
@@ -461,6 +465,238 @@ fn disc_drains_in_flight_writes_before_closing() {
     let mut data = vec![0u8; 32 * 65536];
     v.read_at(0, &mut data).unwrap();
     assert!(data.iter().all(|&x| x == 0x77));
+}
+
+/// Negotiate `export` with the given options before GO; returns the
+/// socket, what is buffered, and the transmission flags the server sent.
+fn go_with(
+    addr: std::net::SocketAddr,
+    export: &str,
+    options: &[(u32, Vec<u8>)],
+) -> (TcpStream, BytesMut, u16) {
+    let mut t = connect_to(addr);
+    let mut buf = BytesMut::new();
+    t.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
+        .unwrap();
+    for (opt, data) in options {
+        t.write_all(&encode_option(*opt, data)).unwrap();
+        loop {
+            match option_reply(&mut t, &mut buf) {
+                REP_ACK => break,
+                REP_META_CONTEXT => {}
+                other => panic!("option {opt} refused: {other:#x}"),
+            }
+        }
+    }
+    t.write_all(&encode_option(OPT_GO, &go_data(export, &[])))
+        .unwrap();
+    let mut flags = 0;
+    loop {
+        let r = loop {
+            if let Some(r) = decode_option_reply(&mut buf).unwrap() {
+                break r;
+            }
+            assert!(read_more(&mut t, &mut buf) > 0, "closed during GO");
+        };
+        match r.reply_type {
+            REP_ACK => return (t, buf, flags),
+            REP_INFO if r.data[..2] == INFO_EXPORT.to_be_bytes() => {
+                flags = u16::from_be_bytes([r.data[10], r.data[11]]);
+            }
+            REP_INFO => {}
+            other => panic!("GO refused: {other:#x}"),
+        }
+    }
+}
+
+/// Extended headers, negotiated with base:allocation.
+fn go_extended(s: &TestServer, export: &str) -> (TcpStream, BytesMut) {
+    let (t, buf, _) = go_with(
+        s.nbd,
+        export,
+        &[
+            (OPT_EXTENDED_HEADERS, vec![]),
+            (
+                OPT_SET_META_CONTEXT,
+                meta_context_data(export, &["base:allocation"]),
+            ),
+        ],
+    );
+    (t, buf)
+}
+
+fn ext_request(
+    t: &mut TcpStream,
+    flags: u16,
+    cmd: Command,
+    cookie: u64,
+    offset: u64,
+    len: u64,
+    payload: &[u8],
+) {
+    let mut b = BytesMut::new();
+    encode_extended_request(&mut b, flags, cmd, cookie, offset, len);
+    b.extend_from_slice(payload);
+    t.write_all(&b).unwrap();
+}
+
+/// The raw bytes of the next extended reply chunk: (header, payload).
+fn ext_chunk(t: &mut TcpStream, buf: &mut BytesMut) -> (Vec<u8>, Vec<u8>) {
+    loop {
+        if buf.len() >= 32 {
+            assert_eq!(buf[..4], EXTENDED_REPLY_MAGIC.to_be_bytes(), "not extended");
+            let len = u64::from_be_bytes(buf[24..32].try_into().unwrap()) as usize;
+            if buf.len() >= 32 + len {
+                let h = buf.split_to(32).to_vec();
+                return (h, buf.split_to(len).to_vec());
+            }
+        }
+        assert!(read_more(t, buf) > 0, "closed while waiting for a chunk");
+    }
+}
+
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes(b[at..at + 2].try_into().unwrap())
+}
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(b[at..at + 4].try_into().unwrap())
+}
+fn be64(b: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+#[test]
+fn extended_headers_carry_64_bit_lengths_and_echo_offsets() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(&d.path().join("pool"));
+    s.create("x", 8 << 30);
+    let (mut t, mut buf) = go_extended(&s, "x");
+    let at = 5 << 30;
+    // A WRITE with the payload flag, and one without (QEMU 10's way).
+    ext_request(
+        &mut t,
+        CMD_FLAG_PAYLOAD_LEN,
+        Command::Write,
+        1,
+        at,
+        5,
+        b"hello",
+    );
+    ext_request(&mut t, CMD_FLAG_FUA, Command::Write, 2, at + 5, 3, b"abc");
+    for _ in 0..2 {
+        let (h, p) = ext_chunk(&mut t, &mut buf);
+        assert_eq!(
+            (be16(&h, 4), be16(&h, 6)),
+            (REPLY_FLAG_DONE, REPLY_TYPE_NONE)
+        );
+        assert!(p.is_empty());
+    }
+    ext_request(&mut t, 0, Command::Read, 3, at, 8, &[]);
+    let (h, p) = ext_chunk(&mut t, &mut buf);
+    assert_eq!(be16(&h, 6), REPLY_TYPE_OFFSET_DATA);
+    assert_eq!(
+        (be64(&h, 8), be64(&h, 16)),
+        (3, at),
+        "cookie and offset echoed"
+    );
+    assert_eq!((be64(&p, 0), &p[8..]), (at, &b"helloabc"[..]));
+    // BLOCK_STATUS over all 8 GiB in one request: 64-bit extents.
+    ext_request(&mut t, 0, Command::BlockStatus, 4, 0, 8 << 30, &[]);
+    let (h, p) = ext_chunk(&mut t, &mut buf);
+    assert_eq!(be16(&h, 6), REPLY_TYPE_BLOCK_STATUS_EXT);
+    let n = be32(&p, 4) as usize;
+    assert_eq!(p.len(), 8 + 16 * n);
+    let extents: Vec<(u64, u64)> = (0..n)
+        .map(|i| (be64(&p, 8 + 16 * i), be64(&p, 16 + 16 * i)))
+        .collect();
+    assert_eq!(extents.iter().map(|e| e.0).sum::<u64>(), 8 << 30);
+    assert!(extents[0].0 >= 5 << 30 && extents[0].1 == 3, "{extents:?}");
+    let (h, _) = ext_chunk(&mut t, &mut buf);
+    assert_eq!(be16(&h, 6), REPLY_TYPE_NONE);
+    // A 5 GiB WRITE_ZEROES in one request leaves the data right after it.
+    ext_request(&mut t, 0, Command::WriteZeroes, 5, 0, 5 << 30, &[]);
+    assert_eq!(be16(&ext_chunk(&mut t, &mut buf).0, 6), REPLY_TYPE_NONE);
+    // A payload on a command without a payload form: consumed, EINVAL,
+    // and the connection goes on. Every error is a chunk with a message.
+    ext_request(
+        &mut t,
+        CMD_FLAG_PAYLOAD_LEN,
+        Command::Trim,
+        6,
+        0,
+        8,
+        &[9; 8],
+    );
+    let (h, p) = ext_chunk(&mut t, &mut buf);
+    assert_eq!((be16(&h, 6), be32(&p, 0)), (REPLY_TYPE_ERROR, 22));
+    ext_request(&mut t, 0, Command::Read, 7, 8 << 30, 1, &[]);
+    let (h, p) = ext_chunk(&mut t, &mut buf);
+    assert_eq!((be16(&h, 6), be32(&p, 0)), (REPLY_TYPE_ERROR, 22));
+    ext_request(&mut t, 0, Command::Flush, 8, 0, 0, &[]);
+    assert_eq!(be16(&ext_chunk(&mut t, &mut buf).0, 6), REPLY_TYPE_NONE);
+    // A compact header on an extended connection ends it, and only it.
+    request(&mut t, 0, Command::Read, 9, 0, 512, &[]);
+    t.write_all(&[0; 4]).unwrap();
+    assert!(closed(&mut t));
+    // So does a payload over the limit on a command that takes none.
+    let (mut t, _) = go_extended(&s, "x");
+    ext_request(
+        &mut t,
+        CMD_FLAG_PAYLOAD_LEN,
+        Command::Cache,
+        10,
+        0,
+        64 << 20,
+        &[],
+    );
+    assert!(closed(&mut t));
+    healthy(&s, "x", at, b"helloabc");
+}
+
+#[test]
+fn resize_grows_for_anyone_and_shrinks_only_for_the_one_client() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(&d.path().join("pool"));
+    let v = s.create("r", 1 << 20);
+    let (mut t, mut buf, flags) = go_with(s.nbd, "r", &[]);
+    assert!(flags & FLAG_SEND_RESIZE != 0, "resize not advertised");
+    // Grow to 4 MiB (the new size is in the offset field); the same
+    // connection may then use it.
+    request(&mut t, 0, Command::Resize, 1, 4 << 20, 0, &[]);
+    assert_eq!(reply(&mut t, &mut buf, 0).error(), None);
+    assert_eq!(v.size(), 4 << 20);
+    request(&mut t, 0, Command::Write, 2, 3 << 20, 4, b"tail");
+    assert_eq!(reply(&mut t, &mut buf, 0).error(), None);
+    // Not a multiple of the block size: EINVAL, nothing changes.
+    request(&mut t, 0, Command::Resize, 3, (4 << 20) + 1, 0, &[]);
+    assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::Inval));
+    // Shrinking while another client is connected: EPERM.
+    let (other, _, _) = go_with(s.nbd, "r", &[]);
+    request(&mut t, 0, Command::Resize, 4, 2 << 20, 0, &[]);
+    assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::Perm));
+    assert_eq!(v.size(), 4 << 20);
+    drop(other);
+    // Alone, it may: the volume and its file shrink.
+    let mut left = Some(());
+    for _ in 0..100 {
+        request(&mut t, 0, Command::Resize, 5, 2 << 20, 0, &[]);
+        if reply(&mut t, &mut buf, 0).error().is_none() {
+            left = None;
+            break;
+        }
+        // The other connection's close is seen a moment later.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(left.is_none(), "shrink refused with no other client");
+    assert_eq!(v.size(), 2 << 20);
+    request(&mut t, 0, Command::Read, 6, 3 << 20, 4, &[]);
+    assert_eq!(reply(&mut t, &mut buf, 4).error(), Some(ErrorCode::Inval));
+    // A new client is told the new size.
+    let (_t2, _, _) = go_with(s.nbd, "r", &[]);
+    assert_eq!(
+        run(std::process::Command::new("nbdinfo").args(["--size", &s.uri("r")])).trim(),
+        (2u64 << 20).to_string()
+    );
 }
 
 // ---- the migration listener -------------------------------------------

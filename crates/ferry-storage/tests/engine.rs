@@ -120,6 +120,15 @@ fn preallocated_and_resize_and_delete() {
     assert_eq!(v.bitmap("b").unwrap().dirty_bytes(), 1 << 20);
     assert!(v.resize(1 << 20, false).is_err());
     v.resize(1 << 20, true).unwrap();
+    // A migration fixes the size until it ends.
+    let held = v.hold(ferry_storage::Holder::OutgoingMigration);
+    let e = v.resize(2 << 20, false).unwrap_err();
+    assert!(
+        matches!(e, ferry_storage::StorageError::InUse { .. }),
+        "{e}"
+    );
+    assert_eq!(v.size(), 1 << 20);
+    drop(held);
     p.delete("pre", false).unwrap();
     assert!(p.get("pre").is_err());
     assert!(v.write_at(0, b"x", false).is_err());
