@@ -64,6 +64,8 @@ pub enum ControlCmd {
         /// Between the two readings of each measurement.
         #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
         sample: std::time::Duration,
+        #[command(flatten)]
+        loads: PrometheusArg,
         /// Start from this inventory (replaces the saved one).
         #[arg(long)]
         inventory: Option<PathBuf>,
@@ -121,6 +123,8 @@ pub enum ControlCmd {
         inventory: Option<PathBuf>,
         #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
         interval: std::time::Duration,
+        #[command(flatten)]
+        loads: PrometheusArg,
         /// Act on the decisions (through the hosts' move API) and report.
         #[arg(long, requires = "inventory")]
         apply: bool,
@@ -160,6 +164,38 @@ fn read_json<T: serde::de::DeserializeOwned>(p: &PathBuf, what: &str) -> Result<
     serde_json::from_str(&text).with_context(|| format!("{what} {}", p.display()))
 }
 
+/// Where the guests' loads come from: the hosts (default) or Prometheus.
+#[derive(clap::Args, Debug)]
+pub struct PrometheusArg {
+    /// Read the guests' loads (disk requests, bytes, latency, CPU) from
+    /// this Prometheus server, which scrapes the hosts' /metrics, instead
+    /// of reading every host twice; the hosts are still asked which guests
+    /// run where. If it does not answer, the hosts are read as without it.
+    #[arg(long, value_name = "URL")]
+    prometheus: Option<String>,
+    /// The window Prometheus' rates are taken over.
+    #[arg(long, default_value = "1m", value_parser = humantime::parse_duration)]
+    prometheus_window: std::time::Duration,
+}
+
+impl PrometheusArg {
+    fn source(&self) -> ferry_controller::measure::LoadSource {
+        match &self.prometheus {
+            Some(url) => ferry_controller::measure::LoadSource::Prometheus(
+                ferry_controller::prometheus::PrometheusSource {
+                    url: if url.contains("://") {
+                        url.clone()
+                    } else {
+                        format!("http://{url}")
+                    },
+                    window: self.prometheus_window,
+                },
+            ),
+            None => ferry_controller::measure::LoadSource::Hosts,
+        }
+    }
+}
+
 pub fn run(cmd: ControlCmd) -> Result<()> {
     match cmd {
         ControlCmd::Run {
@@ -172,6 +208,7 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
             listen,
             interval,
             sample,
+            loads,
             inventory,
             policy,
             paused,
@@ -232,6 +269,7 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
                 etcd,
                 interval,
                 sample,
+                loads: loads.source(),
                 initial,
             };
             crate::runtime()?.block_on(ferry_controller::service::run(opts))?;
@@ -263,6 +301,7 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
             cluster,
             inventory,
             interval,
+            loads,
             apply,
             save_snapshot,
             policy,
@@ -286,6 +325,7 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
                     let m = ferry_controller::measure::measure(
                         i,
                         interval,
+                        &loads.source(),
                         &BTreeMap::new(),
                         &mut Default::default(),
                         &mut Default::default(),
@@ -440,6 +480,9 @@ fn status(controller: &str, journal: usize, json: bool) -> Result<()> {
     }
     for p in st["problems"].as_array().into_iter().flatten() {
         println!("problem: {}", p.as_str().unwrap_or_default());
+    }
+    if let Some(from) = st["loads_from"].as_str() {
+        println!("guest loads from {from}");
     }
     for v in st["cluster"]["vms"].as_array().into_iter().flatten() {
         println!(

@@ -1378,6 +1378,51 @@ fn prometheus_scrapes_every_daemon_and_the_dashboards_queries_hold() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0.0);
     assert!(v > 0.0, "the guest's disk requests: {iops}");
+
+    // The controller takes the guests' loads from this Prometheus (the
+    // host is read once, for where the guest runs).
+    let inv = serde_json::json!({
+        "sites": [{"name": "a", "cpu_capacity": 4,
+                   "hosts": [{"control": host.control, "moves": host.moves}],
+                   "storage": [{"nbd": st.nbd, "migrate": st.mig, "admin": st.admin}]}],
+        "links": []});
+    let inv_file = d.path().join("inventory.json");
+    std::fs::write(&inv_file, inv.to_string()).unwrap();
+    let snap = d.path().join("snapshot.json");
+    let plan_with = |prom: &str| {
+        let out = ferry(&[
+            "control",
+            "plan",
+            "--inventory",
+            inv_file.to_str().unwrap(),
+            "--prometheus",
+            prom,
+            "--prometheus-window",
+            "30s",
+            "--save-snapshot",
+            snap.to_str().unwrap(),
+            "--json",
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        let m: Value = serde_json::from_slice(&std::fs::read(&snap).unwrap()).unwrap();
+        (m, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (m, problems) = plan_with(&prom_addr);
+    assert!(!problems.contains("prometheus"), "{problems}");
+    let load = &m["vms"][0]["load"];
+    assert_eq!(m["vms"][0]["name"], "g1", "{m}");
+    assert!(
+        load["iops"].as_f64().unwrap_or(0.0) > 0.0 && load["cpu"].as_f64().unwrap_or(0.0) > 0.0,
+        "loads from prometheus: {load}"
+    );
+    // Prometheus unreachable: said, and the hosts are read instead.
+    let (m, problems) = plan_with("127.0.0.1:1");
+    assert!(
+        problems.contains("prometheus at http://127.0.0.1:1")
+            && problems.contains("the hosts were read instead"),
+        "{problems}"
+    );
+    assert_eq!(m["vms"][0]["name"], "g1", "{m}");
     let _ = prom.kill();
     let _ = prom.wait();
     let _ = ctl.kill();

@@ -26,6 +26,7 @@ pub mod etcd;
 pub mod journal;
 pub mod leader;
 pub mod measure;
+pub mod prometheus;
 pub mod service;
 pub mod settings;
 pub mod store;

@@ -9,6 +9,11 @@
 //! [`BANDWIDTH_PROBE_BYTES`] for at most a second), once per
 //! [`BANDWIDTH_MAX_AGE`]: the plan uses what the controller's own moves
 //! achieved on the link, else the probe, else the declared figure.
+//!
+//! With a [`LoadSource::Prometheus`], the hosts are read once (which guests
+//! run where) and the guests' loads are Prometheus' rates over its window
+//! (`crate::prometheus`); if it does not answer, the cycle says so and
+//! reads the hosts twice as without it.
 
 use ferry_api::{AdminClient, DiskIo, VmState as GuestState, VmView};
 use ferry_control::inventory::Inventory;
@@ -273,9 +278,22 @@ pub fn probe_links(inv: &Inventory, bandwidth: &mut BandwidthCache) -> Vec<LinkM
         .collect()
 }
 
+/// Where the guests' loads come from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum LoadSource {
+    /// The hosts' counters, read twice a sample interval apart.
+    #[default]
+    Hosts,
+    /// Rates from a Prometheus server that scrapes the hosts.
+    Prometheus(crate::prometheus::PrometheusSource),
+}
+
 /// One measurement of the sites.
 #[derive(Debug, Clone)]
 pub struct Measured {
+    /// Where this measurement's loads came from: `hosts`, or
+    /// `prometheus URL (window W)`.
+    pub loads_from: String,
     pub cluster: Cluster,
     /// Which host (control address) runs each VM.
     pub running_on: BTreeMap<String, String>,
@@ -318,11 +336,13 @@ fn requests(x: &DiskIo) -> u64 {
     x.reads + x.writes + x.flushes + x.other
 }
 
-/// Measure every running guest twice, `interval` apart. `since_move_s`
-/// gives, per VM, the seconds since the controller last moved it.
+/// Measure every running guest: its load from Prometheus (`source`), or
+/// from its host read twice, `interval` apart. `since_move_s` gives, per
+/// VM, the seconds since the controller last moved it.
 pub fn measure(
     inv: &Inventory,
     interval: Duration,
+    source: &LoadSource,
     since_move_s: &BTreeMap<String, f64>,
     holdings: &mut HoldingsCache,
     bandwidth: &mut BandwidthCache,
@@ -330,15 +350,38 @@ pub fn measure(
     holdings.prune();
     let mut problems = Vec::new();
     let t0 = Instant::now();
-    let first = sample(inv, &mut problems, true);
+    let quiet = matches!(source, LoadSource::Hosts);
+    let first = sample(inv, &mut problems, quiet);
     let links = probe_links(inv, bandwidth);
     for l in &links {
         if let Some(e) = &l.error {
             problems.push(format!("link {}-{}: {e}", l.a, l.b));
         }
     }
-    std::thread::sleep(interval.saturating_sub(t0.elapsed()));
-    let second = sample(inv, &mut problems, false);
+    let rates = match source {
+        LoadSource::Hosts => None,
+        LoadSource::Prometheus(p) => match p.guest_rates() {
+            Ok(r) => Some((r, p)),
+            Err(e) => {
+                problems.push(format!("{e}; the hosts were read instead"));
+                None
+            }
+        },
+    };
+    // With rates from Prometheus the one reading of the hosts places the
+    // guests; without, a second reading gives the rates.
+    let (first, second, loads_from) = match &rates {
+        Some((_, p)) => (
+            Vec::new(),
+            first,
+            format!("prometheus {} (window {}s)", p.url, p.window.as_secs()),
+        ),
+        None => {
+            std::thread::sleep(interval.saturating_sub(t0.elapsed()));
+            let second = sample(inv, &mut problems, false);
+            (first, second, "hosts".to_string())
+        }
+    };
     let dt = t0.elapsed().as_secs_f64().max(1e-3);
     let mut vms = Vec::new();
     let mut running_on = BTreeMap::new();
@@ -406,14 +449,37 @@ pub fn measure(
                 &mut problems,
                 holdings,
             ),
-            load: VmLoad {
-                iops: nf / dt,
-                io_bytes: if n > 0 { bytes / nf } else { 4096.0 },
-                latency_ms: if n > 0 { lat_us / nf / 1000.0 } else { 0.0 },
-                cpu: (v.cpu_time_s - cpu_before).max(0.0) / dt,
-                // Not measured yet: the disk write rate stands in.
-                dirty_rate: writes / dt,
-                write_rate: writes / dt,
+            load: match &rates {
+                Some((r, _)) => {
+                    let g = r.get(&v.spec.name).cloned().unwrap_or_else(|| {
+                        problems.push(format!(
+                            "{}: no rates in prometheus yet; counted as idle",
+                            v.spec.name
+                        ));
+                        Default::default()
+                    });
+                    VmLoad {
+                        iops: g.iops,
+                        io_bytes: if g.iops > 0.0 {
+                            g.bytes_per_sec / g.iops
+                        } else {
+                            4096.0
+                        },
+                        latency_ms: g.latency_ms,
+                        cpu: g.cpu,
+                        dirty_rate: g.write_bytes_per_sec,
+                        write_rate: g.write_bytes_per_sec,
+                    }
+                }
+                None => VmLoad {
+                    iops: nf / dt,
+                    io_bytes: if n > 0 { bytes / nf } else { 4096.0 },
+                    latency_ms: if n > 0 { lat_us / nf / 1000.0 } else { 0.0 },
+                    cpu: (v.cpu_time_s - cpu_before).max(0.0) / dt,
+                    // Not measured yet: the disk write rate stands in.
+                    dirty_rate: writes / dt,
+                    write_rate: writes / dt,
+                },
             },
             since_move_s: since_move_s
                 .get(&v.spec.name)
@@ -422,6 +488,7 @@ pub fn measure(
         });
     }
     Measured {
+        loads_from,
         cluster: Cluster {
             sites: inv.sites(),
             links: inv

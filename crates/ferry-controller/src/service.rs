@@ -43,6 +43,8 @@ pub struct Options {
     pub interval: Duration,
     /// Between the two readings of a measurement.
     pub sample: Duration,
+    /// Where the guests' loads come from (the hosts, or Prometheus).
+    pub loads: crate::measure::LoadSource,
     /// Replaces the saved settings when given.
     pub initial: Option<Settings>,
 }
@@ -86,6 +88,9 @@ pub struct Status {
     pub in_flight: Vec<MoveOutcome>,
     /// Each declared link's RTT, declared and probed.
     pub links: Vec<crate::measure::LinkMeasure>,
+    /// Where the last cycle's guest loads came from (`hosts`, or
+    /// `prometheus URL (window W)`).
+    pub loads_from: Option<String>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -265,7 +270,7 @@ struct Memory {
     bandwidth: crate::measure::BandwidthCache,
 }
 
-fn cycle(sh: &Shared, sample: Duration, mem: &mut Memory, born: Instant) {
+fn cycle(sh: &Shared, cadence: &Cadence, mem: &mut Memory, born: Instant) {
     let Memory {
         triggers,
         moved_at,
@@ -291,7 +296,14 @@ fn cycle(sh: &Shared, sample: Duration, mem: &mut Memory, born: Instant) {
         .iter()
         .map(|(k, v)| (k.clone(), v.elapsed().as_secs_f64()))
         .collect();
-    let mut m = measure(&settings.inventory, sample, &since, holdings, bandwidth);
+    let mut m = measure(
+        &settings.inventory,
+        cadence.sample,
+        &cadence.loads,
+        &since,
+        holdings,
+        bandwidth,
+    );
     // Bandwidth: what the completed moves in the journal achieved, where
     // there were any; else the probe's; else the declared figure.
     let outcomes: Vec<MoveOutcome> = sh
@@ -358,6 +370,7 @@ fn cycle(sh: &Shared, sample: Duration, mem: &mut Memory, born: Instant) {
         let mut st = sh.status.lock();
         st.cluster = Some(m.cluster.clone());
         st.links.clone_from(&m.links);
+        st.loads_from = Some(m.loads_from.clone());
         st.plan.clone_from(&pl);
         st.problems = problems;
     }
@@ -469,7 +482,15 @@ fn lead(sh: &Shared, leading: &mut bool) -> bool {
     *leading
 }
 
-fn cycles(sh: &Shared, interval: Duration, sample: Duration) {
+/// How often the cycles run and how each measures.
+struct Cadence {
+    interval: Duration,
+    sample: Duration,
+    loads: crate::measure::LoadSource,
+}
+
+fn cycles(sh: &Shared, cadence: &Cadence) {
+    let interval = cadence.interval;
     let born = Instant::now();
     let mut mem = Memory::default();
     if sh.store.leadership().is_none() {
@@ -487,7 +508,7 @@ fn cycles(sh: &Shared, interval: Duration, sample: Duration) {
             std::thread::sleep(wait);
             continue;
         }
-        cycle(sh, sample, &mut mem, born);
+        cycle(sh, cadence, &mut mem, born);
         let (m, cv) = &sh.wake;
         let mut woken = m.lock();
         if !*woken {
@@ -741,9 +762,14 @@ pub async fn run(opts: Options) -> Result<(), ControllerError> {
         .await
         .map_err(|e| ControllerError::BadInput(format!("cannot listen on {}: {e}", opts.listen)))?;
     let worker = sh.clone();
+    let cadence = Cadence {
+        interval: opts.interval,
+        sample: opts.sample,
+        loads: opts.loads.clone(),
+    };
     std::thread::Builder::new()
         .name("control-cycles".into())
-        .spawn(move || cycles(&worker, opts.interval, opts.sample))
+        .spawn(move || cycles(&worker, &cadence))
         .map_err(|e| ControllerError::State(e.to_string()))?;
     if let Some(l) = store.leadership().cloned() {
         // Renewals go on whatever the cycle thread is busy with.
