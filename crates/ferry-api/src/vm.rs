@@ -391,6 +391,14 @@ pub struct VmMoveReport {
     pub disk_gap_ms: Option<f64>,
     /// The disk migration's own pause of guest writes.
     pub disk_pause_ms: Option<f64>,
+    /// The longest disk request of the guest answered by this (the
+    /// source) host's forwarder during the move: every stall the guest's
+    /// own I/O saw here (the disks' write hold, the forwarder following a
+    /// switch, a flush burst, throttling), not only the final hold. For a
+    /// disk-only move this is the guest-visible pause of its disk; a guest
+    /// that moves is stopped during its pause, which `guest_pause_ms` is.
+    #[serde(default)]
+    pub guest_io_longest_ms: Option<f64>,
     /// What was done to make the move converge, in order.
     pub convergence: Vec<String>,
     pub max_downtime_ms: u64,

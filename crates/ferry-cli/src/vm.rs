@@ -434,6 +434,10 @@ fn print_report(r: &VmMoveReport) {
         ms(r.disk_pause_ms),
         r.max_downtime_ms
     );
+    println!(
+        "  longest disk request of the guest here during the move: {}",
+        ms(r.guest_io_longest_ms)
+    );
     for c in &r.convergence {
         println!("  - {c}");
     }

@@ -729,6 +729,10 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     );
     assert!(done, "{r}");
     assert_eq!(r["kind"], "disk_only");
+    // The guest wrote throughout: its longest request here is reported
+    // (the stall it saw, the disks' write hold included).
+    let longest = r["guest_io_longest_ms"].as_f64().unwrap_or(0.0);
+    assert!(longest > 0.0 && longest < 60_000.0, "{r}");
     let v: Value = serde_json::from_str(&s.ha.vm_ok(&["show", "g1", "--json"])).unwrap();
     assert_eq!(v["state"], "running");
     assert_eq!(v["spec"]["disks"][0]["server"], s.sa.nbd.as_str(), "{v}");

@@ -43,6 +43,8 @@ pub struct IoStats {
     last_ms: AtomicU64,
     /// See [`IoStats::arm`]: 0 armed, `u64::MAX` not armed, else the time.
     first_after_arm: AtomicU64,
+    /// The longest request answered since [`IoStats::take_longest`], µs.
+    longest_us: AtomicU64,
 }
 
 impl Default for IoStats {
@@ -60,6 +62,7 @@ impl Default for IoStats {
             first_ms: AtomicU64::new(0),
             last_ms: AtomicU64::new(0),
             first_after_arm: AtomicU64::new(u64::MAX),
+            longest_us: AtomicU64::new(0),
         }
     }
 }
@@ -96,6 +99,7 @@ impl IoStats {
         }
         let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
         self.sum_us.fetch_add(us, r);
+        self.longest_us.fetch_max(us, r);
         let i = LATENCY_BOUNDS_US
             .iter()
             .position(|b| us <= *b)
@@ -105,6 +109,14 @@ impl IoStats {
         let _ = self.first_ms.compare_exchange(0, now, r, r);
         let _ = self.first_after_arm.compare_exchange(0, now, r, r);
         self.last_ms.store(now, r);
+    }
+
+    /// The longest request (arrival at the forwarder to its answer)
+    /// answered since the last call, in µs, and start again: over a move,
+    /// the longest the guest's own disk I/O stalled (write holds, the
+    /// forwarder's reconnect, a flush burst), whatever caused it.
+    pub fn take_longest(&self) -> u64 {
+        self.longest_us.swap(0, Ordering::Relaxed)
     }
 
     /// Note the time of the next request answered from now on (a guest
@@ -171,5 +183,9 @@ mod tests {
         assert_eq!(d.latency_us.last(), Some(&(u64::MAX, 3)));
         assert_eq!(d.latency_sum_us, 3740);
         assert!(d.first_io_unix_ms > 0 && d.last_io_unix_ms >= d.first_io_unix_ms);
+        assert_eq!(s.take_longest(), 3000);
+        assert_eq!(s.take_longest(), 0, "taken: starts again");
+        s.record(Command::Read, 512, Duration::from_micros(80), true);
+        assert_eq!(s.take_longest(), 80);
     }
 }

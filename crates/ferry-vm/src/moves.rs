@@ -321,15 +321,34 @@ pub async fn start(
     Ok(run.status())
 }
 
+/// The forwarders of the guest's disks at this host.
+fn disk_upstreams(host: &VmHost, g: &Guest) -> Vec<Arc<ferry_host::Upstream>> {
+    let spec = g.spec.lock().clone();
+    spec.disks
+        .iter()
+        .filter_map(|d| host.agent.get(&d.volume))
+        .collect()
+}
+
 async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
     let _op = g.op.lock().await;
     let here = host.name.clone();
+    // The longest guest request from here on is the move's.
+    for u in disk_upstreams(&host, &g) {
+        u.io.take_longest();
+    }
     let outcome = match run.kind {
         MoveKind::DiskOnly => disk_only(&host, &g, &run).await,
         MoveKind::VmOnly | MoveKind::Teleport => memory_move(&host, &g, &run).await,
     };
     let outcome = outcome.unwrap_or_else(|e| Outcome::aborted(e.to_string(), &here));
     let end = Instant::now();
+    #[allow(clippy::cast_precision_loss)]
+    let longest = disk_upstreams(&host, &g)
+        .iter()
+        .map(|u| u.io.take_longest())
+        .max()
+        .map(|us| us as f64 / 1000.0);
     let mut bytes = MoveBytes {
         memory_raw: run.counters.raw.load(Ordering::Relaxed),
         memory_link: run.counters.link.load(Ordering::Relaxed),
@@ -366,6 +385,7 @@ async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
         guest_pause_ms: outcome.guest_pause_ms,
         disk_gap_ms: outcome.disk_gap_ms,
         disk_pause_ms: disk_pause,
+        guest_io_longest_ms: longest,
         convergence: run.convergence.lock().clone(),
         max_downtime_ms: run.req.max_downtime_ms.unwrap_or(DEFAULT_MAX_DOWNTIME_MS),
         compress: run.req.compress.unwrap_or(true),
