@@ -2,7 +2,7 @@
 //! `<pool>/index/<volume>.fidx`, looked up together.
 
 use crate::run::VolumeRun;
-use crate::scan::scan_file;
+use crate::scan::{scan_file, ScanPace};
 use crate::{check_block_size, Fingerprint, IndexError, ScanStats};
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
@@ -140,7 +140,17 @@ impl PoolIndex {
 
     /// (Re)build the run of one volume from its backing file.
     pub fn rebuild(&self, volume: &str, data: &Path) -> Result<ScanStats, IndexError> {
-        let (mut entries, stats) = scan_file(data, self.block_size)?;
+        self.rebuild_at(volume, data, ScanPace::Full)
+    }
+
+    /// The same, hashing at `pace`.
+    pub fn rebuild_at(
+        &self,
+        volume: &str,
+        data: &Path,
+        pace: ScanPace,
+    ) -> Result<ScanStats, IndexError> {
+        let (mut entries, stats) = scan_file(data, self.block_size, pace)?;
         let run = VolumeRun::write(
             &self.dir.join(format!("{volume}.fidx")),
             self.block_size,

@@ -1,6 +1,9 @@
 //! Hashing a volume: one thread reads large sequential chunks (skipping holes
 //! with SEEK_DATA), every core hashes blocks of the previous chunk meanwhile,
-//! so indexing runs at the speed of reading, not of hashing.
+//! so indexing runs at the speed of reading, not of hashing. A
+//! [`ScanPace::Background`] scan hashes on the calling thread alone, for
+//! work that must not take the cores from guests (a volume that just
+//! arrived by migration while its guest resumes).
 
 use crate::{check_block_size, Fingerprint, IndexError};
 use rayon::prelude::*;
@@ -12,6 +15,17 @@ use std::time::Instant;
 
 /// Bytes read per chunk.
 const CHUNK: u64 = 8 << 20;
+
+/// How many cores a scan may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ScanPace {
+    /// Every core hashes (rayon's pool): as fast as the disk reads.
+    #[default]
+    Full,
+    /// The calling thread hashes, one block after another (plus one
+    /// reader thread, which inherits its scheduling class).
+    Background,
+}
 
 /// What a scan saw.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -57,6 +71,7 @@ pub fn scan_blocks(
     path: &Path,
     size: u64,
     block_size: u32,
+    pace: ScanPace,
     mut f: impl FnMut(u64, &[Option<Fingerprint>]),
 ) -> Result<ScanStats, IndexError> {
     check_block_size(block_size)?;
@@ -91,12 +106,13 @@ pub fn scan_blocks(
         for item in rx {
             let (off, buf) = item?;
             let first = off / bs;
-            let prints: Vec<Option<Fingerprint>> = match &buf {
-                Some(b) => b
-                    .par_chunks(block_size as usize)
-                    .map(|blk| (!crate::is_zero(blk)).then(|| Fingerprint::of(blk)))
-                    .collect(),
-                None => {
+            let print = |blk: &[u8]| (!crate::is_zero(blk)).then(|| Fingerprint::of(blk));
+            let prints: Vec<Option<Fingerprint>> = match (&buf, pace) {
+                (Some(b), ScanPace::Full) => b.par_chunks(block_size as usize).map(print).collect(),
+                (Some(b), ScanPace::Background) => {
+                    b.chunks(block_size as usize).map(print).collect()
+                }
+                (None, _) => {
                     let n = CHUNK.min(size - off).div_ceil(bs);
                     vec![None; usize::try_from(n).unwrap_or(usize::MAX)]
                 }
@@ -113,14 +129,18 @@ pub fn scan_blocks(
 }
 
 /// Index entries `(key, block)` for every non-zero block of the file at `path`.
-pub fn scan_file(path: &Path, block_size: u32) -> Result<(Vec<(u64, u64)>, ScanStats), IndexError> {
+pub fn scan_file(
+    path: &Path,
+    block_size: u32,
+    pace: ScanPace,
+) -> Result<(Vec<(u64, u64)>, ScanStats), IndexError> {
     let file = File::open(path).map_err(|e| IndexError::io("open", path, e))?;
     let size = file
         .metadata()
         .map_err(|e| IndexError::io("stat", path, e))?
         .len();
     let mut entries = Vec::new();
-    let stats = scan_blocks(&file, path, size, block_size, |first, prints| {
+    let stats = scan_blocks(&file, path, size, block_size, pace, |first, prints| {
         for (i, p) in prints.iter().enumerate() {
             if let Some(p) = p {
                 entries.push((p.key(), first + i as u64));
@@ -145,8 +165,11 @@ mod tests {
         f.write_all_at(&[2u8; 4096], 4096 * 3).unwrap();
         f.write_all_at(&[1u8; 4096], 30 << 20).unwrap();
         drop(f);
-        let (entries, st) = scan_file(&p, 4096).unwrap();
+        let (entries, st) = scan_file(&p, 4096, ScanPace::Full).unwrap();
         assert_eq!(entries.len(), 3);
+        // One thread finds the same.
+        let (alone, _) = scan_file(&p, 4096, ScanPace::Background).unwrap();
+        assert_eq!(alone, entries);
         assert_eq!(st.blocks, 10240);
         assert_eq!(st.zero_blocks, 10237);
         assert!(
@@ -167,7 +190,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("img");
         std::fs::write(&p, vec![7u8; 4096 + 100]).unwrap();
-        let (entries, st) = scan_file(&p, 4096).unwrap();
+        let (entries, st) = scan_file(&p, 4096, ScanPace::Background).unwrap();
         assert_eq!(st.blocks, 2);
         assert_eq!(entries.len(), 2);
         assert_eq!(entries[1].0, Fingerprint::of(&[7u8; 100]).key());

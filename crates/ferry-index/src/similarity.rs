@@ -2,7 +2,7 @@
 //! Fig. 8): the share of the target's non-zero blocks whose content the base
 //! image already holds somewhere, at any block position.
 
-use crate::scan::scan_blocks;
+use crate::scan::{scan_blocks, ScanPace};
 use crate::IndexError;
 use std::collections::HashSet;
 use std::fs::File;
@@ -56,7 +56,7 @@ pub fn similarity(
 ) -> Result<SimilarityPoint, IndexError> {
     let (bf, bn) = open(base)?;
     let mut have: HashSet<[u8; 16]> = HashSet::new();
-    scan_blocks(&bf, base, bn, block_size, |_, prints| {
+    scan_blocks(&bf, base, bn, block_size, ScanPace::Full, |_, prints| {
         for p in prints.iter().flatten() {
             have.insert(p.0[..16].try_into().expect("16 bytes"));
         }
@@ -68,7 +68,7 @@ pub fn similarity(
         target_zero_blocks: 0,
         found: 0,
     };
-    let st = scan_blocks(&tf, target, tn, block_size, |_, prints| {
+    let st = scan_blocks(&tf, target, tn, block_size, ScanPace::Full, |_, prints| {
         for p in prints.iter().flatten() {
             if have.contains(&<[u8; 16]>::try_from(&p.0[..16]).expect("16 bytes")) {
                 point.found += 1;

@@ -10,7 +10,7 @@
 //! candidates are verified by full BLAKE3 before use.)
 
 use crate::ServerState;
-use ferry_index::{IndexError, PoolIndex, ScanStats};
+use ferry_index::{IndexError, PoolIndex, ScanPace, ScanStats};
 use ferry_storage::{StorageError, Volume};
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +46,61 @@ fn reset_bitmap(index: &PoolIndex, v: &Volume) -> Result<(), StorageError> {
 pub fn rebuild_volume(index: &PoolIndex, v: &Volume) -> Result<ScanStats, IndexerError> {
     reset_bitmap(index, v)?;
     Ok(index.rebuild(&v.name(), v.data_path())?)
+}
+
+/// Index a volume that just arrived by migration, on a thread of its own
+/// that runs only when a CPU would otherwise idle (`SCHED_IDLE`, idle I/O
+/// class) and hashes on that one thread: the volume's guest resumes at
+/// this site right now, and a scan of all cores would slow it for as long
+/// as the scan takes (seen as a slow start after teleports).
+pub fn index_arrived(index: Arc<PoolIndex>, v: Arc<Volume>) {
+    let spawned = std::thread::Builder::new()
+        .name("index-arrived".into())
+        .spawn(move || {
+            run_when_idle();
+            let r = reset_bitmap(&index, &v)
+                .map_err(IndexerError::from)
+                .and_then(|()| {
+                    Ok(index.rebuild_at(&v.name(), v.data_path(), ScanPace::Background)?)
+                });
+            match r {
+                Ok(st) => tracing::info!(
+                    volume = %v.name(),
+                    seconds = st.seconds,
+                    "indexed the migrated volume in the background"
+                ),
+                Err(e) => tracing::warn!(volume = %v.name(), error = %e, "indexing the migrated volume failed"),
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start indexing the migrated volume");
+    }
+}
+
+/// Put the calling thread in the idle scheduling class and the idle I/O
+/// class (Linux; best effort: where refused, it runs at normal priority).
+fn run_when_idle() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param.
+    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    if r != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "SCHED_IDLE refused");
+    }
+    // ioprio_set(IOPRIO_WHO_PROCESS, this thread, IOPRIO_CLASS_IDLE << 13).
+    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+    const IOPRIO_CLASS_IDLE: libc::c_long = 3;
+    // SAFETY: a plain syscall with integer arguments.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0,
+            IOPRIO_CLASS_IDLE << 13,
+        )
+    };
+    if r != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "idle I/O class refused");
+    }
 }
 
 /// Re-hash what changed in one volume since the last pass (blocking).

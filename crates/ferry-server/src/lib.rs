@@ -290,11 +290,6 @@ impl migration::MigrationHost for ServerState {
     }
 
     fn volume_arrived(&self, vol: &Arc<ferry_storage::Volume>) {
-        let (index, v) = (self.index.clone(), vol.clone());
-        tokio::task::spawn_blocking(move || {
-            if let Err(e) = indexer::rebuild_volume(&index, &v) {
-                tracing::warn!(error = %e, "indexing the migrated volume failed");
-            }
-        });
+        indexer::index_arrived(self.index.clone(), vol.clone());
     }
 }
