@@ -635,6 +635,7 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     );
     assert!(r["downtime_ms_qemu"].as_u64().is_some(), "{r}");
     assert!(r["guest_pause_ms"].as_f64().is_some(), "{r}");
+    assert!(r["guest_io_longest_ms"].as_f64().is_some(), "{r}");
     assert!(r["bytes"]["disk_fingerprints"].as_u64().unwrap() > 0, "{r}");
     assert_eq!(s.ha.state_of("g1"), None, "the source forgot the guest");
     assert_eq!(s.hb.state_of("g1").as_deref(), Some("running"));

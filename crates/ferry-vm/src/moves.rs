@@ -333,8 +333,11 @@ fn disk_upstreams(host: &VmHost, g: &Guest) -> Vec<Arc<ferry_host::Upstream>> {
 async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
     let _op = g.op.lock().await;
     let here = host.name.clone();
-    // The longest guest request from here on is the move's.
-    for u in disk_upstreams(&host, &g) {
+    // The longest guest request from here on is the move's. The forwarders
+    // are held until the report: a guest that leaves has its disks
+    // detached here before the move ends.
+    let upstreams = disk_upstreams(&host, &g);
+    for u in &upstreams {
         u.io.take_longest();
     }
     let outcome = match run.kind {
@@ -344,7 +347,7 @@ async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
     let outcome = outcome.unwrap_or_else(|e| Outcome::aborted(e.to_string(), &here));
     let end = Instant::now();
     #[allow(clippy::cast_precision_loss)]
-    let longest = disk_upstreams(&host, &g)
+    let longest = upstreams
         .iter()
         .map(|u| u.io.take_longest())
         .max()
