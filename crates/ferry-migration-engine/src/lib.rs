@@ -68,6 +68,10 @@ pub enum MigrationError {
         "TLS handshake refused: {0} (are both daemons' certificates trusted? see `ferry certs`)"
     )]
     Handshake(String),
+    /// A plaintext link whose peer answered with TLS records: the two
+    /// ends disagree on `--plaintext`; retrying cannot help.
+    #[error("the peer answered with TLS while this end runs without it (--plaintext): use TLS at both ends, or plaintext at both (loopback only)")]
+    PeerSpeaksTls,
     #[error("refused by the destination: {0}")]
     Refused(String),
     #[error("aborted by the peer: {0}")]

@@ -90,8 +90,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// The next message; `Ok(None)` at a clean end of stream between frames.
     pub async fn next(&mut self) -> Result<Option<Message>, MigrationError> {
         loop {
-            if let Some(m) = self.dec.decode(&mut self.buf)? {
-                return Ok(Some(m));
+            match self.dec.decode(&mut self.buf) {
+                Ok(Some(m)) => return Ok(Some(m)),
+                Ok(None) => {}
+                Err(_) if tls_record(&self.buf) => return Err(MigrationError::PeerSpeaksTls),
+                Err(e) => return Err(e.into()),
             }
             let want = self.dec.wanted(&self.buf).max(64 << 10);
             self.buf.reserve(want);
@@ -99,6 +102,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             if n == 0 {
                 if self.buf.is_empty() {
                     return Ok(None);
+                }
+                if tls_record(&self.buf) {
+                    return Err(MigrationError::PeerSpeaksTls);
                 }
                 return Err(MigrationError::Link(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -123,6 +129,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             Ok(Err(e)) => Err(e),
         }
     }
+}
+
+/// Do `buf`'s first bytes look like a TLS record (change cipher spec,
+/// alert, handshake or data, version 3.x)? A TLS listener answers a
+/// plaintext Hello with an alert; no migration frame starts like that
+/// (frames start with their magic).
+fn tls_record(buf: &[u8]) -> bool {
+    matches!(buf, [0x14..=0x17, 0x03, 0x00..=0x04, ..])
 }
 
 /// Write one message.
@@ -169,5 +183,33 @@ impl RateLimit {
             self.start = Instant::now();
             self.sent = 0;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn first(bytes: &'static [u8]) -> Result<Option<Message>, MigrationError> {
+        FrameReader::new(bytes).next().await
+    }
+
+    #[tokio::test]
+    async fn a_tls_answer_to_a_plaintext_link_is_named_and_not_retried() {
+        // A TLS 1.2/1.3 alert (what a TLS listener answers a plaintext
+        // Hello with), and a longer handshake record.
+        let e = first(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32])
+            .await
+            .unwrap_err();
+        assert!(matches!(e, MigrationError::PeerSpeaksTls), "{e}");
+        assert!(!e.transient());
+        let e = first(&[0x16, 0x03, 0x01, 0x00, 0x40, 1, 2, 3, 4, 5, 6, 7, 8, 9])
+            .await
+            .unwrap_err();
+        assert!(matches!(e, MigrationError::PeerSpeaksTls), "{e}");
+        // Anything else cut short stays a (retried) link error.
+        let e = first(&[0x46, 0x52, 0x59]).await.unwrap_err();
+        assert!(e.transient(), "{e}");
+        assert!(first(&[]).await.unwrap().is_none());
     }
 }

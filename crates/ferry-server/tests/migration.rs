@@ -233,12 +233,22 @@ fn untrusted_or_conflicting_destinations_refuse_and_the_source_is_untouched() {
     assert_eq!(sha(v.data_path()), before);
     assert!(v.moved_to().is_none());
 
-    // Plaintext is refused by a TLS listener (no Hello gets through).
+    // Plaintext is refused by a TLS listener (no Hello gets through), and
+    // the source says why at once instead of retrying for `retry_for`.
     let mut req = request("vm", to);
     req.plaintext = true;
-    req.retry_for = Duration::ZERO;
+    let started = Instant::now();
     let r = wait(&migrate(&src, req), Duration::from_secs(30));
     assert_eq!(r.result, MigrationResult::Failed);
+    assert_eq!(r.attempts, 1, "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{r:?}");
+    assert!(
+        r.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("answered with TLS"),
+        "{r:?}"
+    );
 }
 
 #[test]
