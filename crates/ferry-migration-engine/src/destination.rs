@@ -70,6 +70,10 @@ pub async fn serve(
         let tls = tls.clone();
         let sd = shutdown.clone();
         conns.spawn(async move {
+            let mut tcp = tcp;
+            if tls.is_none() && answered_tls_client(&mut tcp, peer).await {
+                return;
+            }
             let local = tcp.local_addr().ok();
             let counted = Counted::new(tcp, Arc::new(WireCounters::default()));
             let r = match tls {
@@ -92,6 +96,30 @@ pub async fn serve(
     }
     conns.shutdown().await;
 }
+
+/// A TLS client at a plaintext listener (the two daemons disagree on
+/// plaintext): answered with a TLS `protocol_version` alert, which its TLS
+/// stack reports at once, instead of a close it would retry. `true` when
+/// the connection was such a client (or sent nothing for a long time).
+async fn answered_tls_client(tcp: &mut tokio::net::TcpStream, peer: SocketAddr) -> bool {
+    let mut first = [0u8; 3];
+    let n = match tokio::time::timeout(HELLO_WAIT, tcp.peek(&mut first)).await {
+        Ok(Ok(n)) => n,
+        Ok(Err(_)) => return false,
+        Err(_) => return true,
+    };
+    if !crate::transport::tls_record(&first[..n]) {
+        return false;
+    }
+    tracing::warn!(%peer, "a TLS client reached this plaintext migration listener; answered with a protocol_version alert");
+    // Alert record: type 21, TLS 1.2 framing, 2 bytes: fatal (2), protocol_version (70).
+    let alert = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46];
+    let _ = tokio::io::AsyncWriteExt::write_all(tcp, &alert).await;
+    true
+}
+
+/// How long a new connection may take to send its first bytes.
+const HELLO_WAIT: Duration = Duration::from_secs(30);
 
 /// What a Hello finds here.
 enum Prepared {

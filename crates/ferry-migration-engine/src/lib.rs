@@ -72,6 +72,9 @@ pub enum MigrationError {
     /// ends disagree on `--plaintext`; retrying cannot help.
     #[error("the peer answered with TLS while this end runs without it (--plaintext): use TLS at both ends, or plaintext at both (loopback only)")]
     PeerSpeaksTls,
+    /// The TLS link's peer listens without TLS (`--migrate-plaintext`).
+    #[error("the peer listens without TLS (--migrate-plaintext) while this end uses it: use TLS at both ends, or plaintext at both (loopback only)")]
+    PeerWithoutTls,
     #[error("refused by the destination: {0}")]
     Refused(String),
     #[error("aborted by the peer: {0}")]

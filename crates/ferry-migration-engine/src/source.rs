@@ -417,6 +417,10 @@ fn handshake_error(e: std::io::Error) -> MigrationError {
         .and_then(|inner| inner.downcast_ref::<rustls::Error>())
         .cloned();
     match tls {
+        // What a plaintext ferry listener answers a TLS client with.
+        Some(rustls::Error::AlertReceived(rustls::AlertDescription::ProtocolVersion)) => {
+            MigrationError::PeerWithoutTls
+        }
         Some(t) => MigrationError::Handshake(t.to_string()),
         None => MigrationError::Link(e),
     }

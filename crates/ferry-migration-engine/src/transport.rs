@@ -135,7 +135,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 /// alert, handshake or data, version 3.x)? A TLS listener answers a
 /// plaintext Hello with an alert; no migration frame starts like that
 /// (frames start with their magic).
-fn tls_record(buf: &[u8]) -> bool {
+pub(crate) fn tls_record(buf: &[u8]) -> bool {
     matches!(buf, [0x14..=0x17, 0x03, 0x00..=0x04, ..])
 }
 

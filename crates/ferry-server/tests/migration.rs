@@ -249,6 +249,31 @@ fn untrusted_or_conflicting_destinations_refuse_and_the_source_is_untouched() {
             .contains("answered with TLS"),
         "{r:?}"
     );
+
+    // The other way round: a TLS source at a plaintext listener is
+    // answered with a TLS alert and fails at once, saying why.
+    let pc = dir.path().join("c");
+    let plain = TestServer::start_with(&pc, |c| {
+        c.migration.listen = "127.0.0.1:0".into();
+        c.migration.plaintext = true;
+    });
+    trust_each_other(&pa, &pc);
+    let started = Instant::now();
+    let r = wait(
+        &migrate(&src, request("vm", plain.migration.unwrap().to_string())),
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.result, MigrationResult::Failed);
+    assert_eq!(r.attempts, 1, "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{r:?}");
+    assert!(
+        r.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("listens without TLS"),
+        "{r:?}"
+    );
+    assert!(plain.state.pool.get("vm").is_err());
 }
 
 #[test]
