@@ -459,6 +459,22 @@ mod tests {
         }
     }
 
+    /// Every request in `wire`, fed to a decoder in two pieces cut at
+    /// `split`.
+    fn decode_split(wire: &[u8], split: usize, extended: bool) -> Vec<Request> {
+        let mut d = RequestDecoder::with_headers(extended);
+        let mut b = BytesMut::from(&wire[..split]);
+        let mut got = vec![];
+        while let Some(r) = d.decode(&mut b).unwrap() {
+            got.push(r);
+        }
+        b.extend_from_slice(&wire[split..]);
+        while let Some(r) = d.decode(&mut b).unwrap() {
+            got.push(r);
+        }
+        got
+    }
+
     #[test]
     fn decodes_write_with_payload_across_splits() {
         let mut wire = BytesMut::new();
@@ -466,16 +482,7 @@ mod tests {
         wire.extend_from_slice(b"abcdefgh");
         encode_request(&mut wire, 0, Command::Read, 10, 0, 512);
         for split in 0..wire.len() {
-            let mut d = RequestDecoder::new();
-            let mut b = BytesMut::from(&wire[..split]);
-            let mut got = vec![];
-            while let Some(r) = d.decode(&mut b).unwrap() {
-                got.push(r);
-            }
-            b.extend_from_slice(&wire[split..]);
-            while let Some(r) = d.decode(&mut b).unwrap() {
-                got.push(r);
-            }
+            let got = decode_split(&wire, split, false);
             assert_eq!(got.len(), 2, "split {split}");
             assert_eq!(got[0].payload.as_deref(), Some(&b"abcdefgh"[..]));
             assert_eq!(got[1].command, Command::Read);
@@ -655,16 +662,7 @@ mod tests {
         wire.extend_from_slice(b"abc");
         encode_extended_request(&mut wire, 0, Command::Flush, 5, 0, 0);
         for split in 0..wire.len() {
-            let mut d = RequestDecoder::with_headers(true);
-            let mut b = BytesMut::from(&wire[..split]);
-            let mut got = vec![];
-            while let Some(r) = d.decode(&mut b).unwrap() {
-                got.push(r);
-            }
-            b.extend_from_slice(&wire[split..]);
-            while let Some(r) = d.decode(&mut b).unwrap() {
-                got.push(r);
-            }
+            let got = decode_split(&wire, split, true);
             assert_eq!(got.len(), 5, "split {split}");
             assert_eq!(got[0].payload.as_deref(), Some(&b"wxyz"[..]));
             assert_eq!(validate(&got[0], &ext()), Ok(()));

@@ -237,18 +237,7 @@ fn untrusted_or_conflicting_destinations_refuse_and_the_source_is_untouched() {
     // the source says why at once instead of retrying for `retry_for`.
     let mut req = request("vm", to);
     req.plaintext = true;
-    let started = Instant::now();
-    let r = wait(&migrate(&src, req), Duration::from_secs(30));
-    assert_eq!(r.result, MigrationResult::Failed);
-    assert_eq!(r.attempts, 1, "{r:?}");
-    assert!(started.elapsed() < Duration::from_secs(10), "{r:?}");
-    assert!(
-        r.error
-            .as_deref()
-            .unwrap_or("")
-            .contains("answered with TLS"),
-        "{r:?}"
-    );
+    fails_at_once_saying(&src, req, "answered with TLS");
 
     // The other way round: a TLS source at a plaintext listener is
     // answered with a TLS alert and fails at once, saying why.
@@ -258,22 +247,20 @@ fn untrusted_or_conflicting_destinations_refuse_and_the_source_is_untouched() {
         c.migration.plaintext = true;
     });
     trust_each_other(&pa, &pc);
+    let to_plain = plain.migration.unwrap().to_string();
+    fails_at_once_saying(&src, request("vm", to_plain), "listens without TLS");
+    assert!(plain.state.pool.get("vm").is_err());
+}
+
+/// The migration fails in one attempt, well within the retry window, and
+/// its error says `why`.
+fn fails_at_once_saying(src: &TestServer, req: MigrateRequest, why: &str) {
     let started = Instant::now();
-    let r = wait(
-        &migrate(&src, request("vm", plain.migration.unwrap().to_string())),
-        Duration::from_secs(30),
-    );
+    let r = wait(&migrate(src, req), Duration::from_secs(30));
     assert_eq!(r.result, MigrationResult::Failed);
     assert_eq!(r.attempts, 1, "{r:?}");
     assert!(started.elapsed() < Duration::from_secs(10), "{r:?}");
-    assert!(
-        r.error
-            .as_deref()
-            .unwrap_or("")
-            .contains("listens without TLS"),
-        "{r:?}"
-    );
-    assert!(plain.state.pool.get("vm").is_err());
+    assert!(r.error.as_deref().unwrap_or("").contains(why), "{r:?}");
 }
 
 #[test]
