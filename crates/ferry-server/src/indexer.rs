@@ -53,23 +53,31 @@ pub fn rebuild_volume(index: &PoolIndex, v: &Volume) -> Result<ScanStats, Indexe
 /// class) and hashes on that one thread: the volume's guest resumes at
 /// this site right now, and a scan of all cores would slow it for as long
 /// as the scan takes (seen as a slow start after teleports).
-pub fn index_arrived(index: Arc<PoolIndex>, v: Arc<Volume>) {
+pub fn index_arrived(index: Arc<PoolIndex>, v: &Arc<Volume>) {
+    // The thread may wait long for an idle CPU: it holds the volume (and
+    // so its file and lock) only to reset its bitmap, then scans by path.
+    let (volume, name, path) = (Arc::downgrade(v), v.name(), v.data_path().to_path_buf());
     let spawned = std::thread::Builder::new()
         .name("index-arrived".into())
         .spawn(move || {
             run_when_idle();
+            let Some(v) = volume.upgrade() else {
+                tracing::debug!(volume = %name, "closed before it could be indexed");
+                return;
+            };
             let r = reset_bitmap(&index, &v)
                 .map_err(IndexerError::from)
                 .and_then(|()| {
-                    Ok(index.rebuild_at(&v.name(), v.data_path(), ScanPace::Background)?)
+                    drop(v);
+                    Ok(index.rebuild_at(&name, &path, ScanPace::Background)?)
                 });
             match r {
                 Ok(st) => tracing::info!(
-                    volume = %v.name(),
+                    volume = %name,
                     seconds = st.seconds,
                     "indexed the migrated volume in the background"
                 ),
-                Err(e) => tracing::warn!(volume = %v.name(), error = %e, "indexing the migrated volume failed"),
+                Err(e) => tracing::warn!(volume = %name, error = %e, "indexing the migrated volume failed"),
             }
         });
     if let Err(e) = spawned {

@@ -290,6 +290,6 @@ impl migration::MigrationHost for ServerState {
     }
 
     fn volume_arrived(&self, vol: &Arc<ferry_storage::Volume>) {
-        indexer::index_arrived(self.index.clone(), vol.clone());
+        indexer::index_arrived(self.index.clone(), vol);
     }
 }
