@@ -38,14 +38,25 @@ pub fn kvm_usable() -> bool {
 }
 
 fn probe_kvm() -> bool {
-    let Ok(mut child) = Command::new(qemu_binary())
-        .args(["-accel", "kvm", "-M", "q35", "-cpu", "host", "-m", "32"])
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(qemu_binary());
+    cmd.args(["-accel", "kvm", "-M", "q35", "-cpu", "host", "-m", "32"])
         .args(["-nodefaults", "-display", "none", "-S"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-    else {
+        .stderr(Stdio::null());
+    // The probe must not outlive a daemon stopped during its 1.5 s: it
+    // dies with the thread that started it, which waits for it below.
+    // SAFETY: prctl is async-signal-safe and touches no memory of ours.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let Ok(mut child) = cmd.spawn() else {
         return false;
     };
     let t = std::time::Instant::now();
