@@ -336,6 +336,48 @@ fn requests(x: &DiskIo) -> u64 {
     x.reads + x.writes + x.flushes + x.other
 }
 
+/// A guest's load from two readings of its host `dt` seconds apart
+/// (`earlier` is `None` for a guest the first reading did not see).
+#[allow(clippy::cast_precision_loss)]
+fn load_between(earlier: Option<&VmView>, now: &VmView, d: &DiskIo, dt: f64) -> VmLoad {
+    let before = earlier
+        .and_then(|x| x.disks.first().cloned())
+        .unwrap_or_default();
+    let n = requests(d).saturating_sub(requests(&before));
+    let nf = n as f64;
+    let bytes = (d.read_bytes + d.write_bytes)
+        .saturating_sub(before.read_bytes + before.write_bytes) as f64;
+    let lat_us = d.latency_sum_us.saturating_sub(before.latency_sum_us) as f64;
+    let writes = d.write_bytes.saturating_sub(before.write_bytes) as f64;
+    let cpu_before = earlier.map_or(now.cpu_time_s, |x| x.cpu_time_s);
+    VmLoad {
+        iops: nf / dt,
+        io_bytes: if n > 0 { bytes / nf } else { 4096.0 },
+        latency_ms: if n > 0 { lat_us / nf / 1000.0 } else { 0.0 },
+        cpu: (now.cpu_time_s - cpu_before).max(0.0) / dt,
+        // Not measured yet: the disk write rate stands in.
+        dirty_rate: writes / dt,
+        write_rate: writes / dt,
+    }
+}
+
+/// A guest's load from Prometheus' rates.
+fn load_from_rates(g: &crate::prometheus::GuestRates) -> VmLoad {
+    VmLoad {
+        iops: g.iops,
+        io_bytes: if g.iops > 0.0 {
+            g.bytes_per_sec / g.iops
+        } else {
+            4096.0
+        },
+        latency_ms: g.latency_ms,
+        cpu: g.cpu,
+        // As from the hosts: the disk write rate stands in.
+        dirty_rate: g.write_bytes_per_sec,
+        write_rate: g.write_bytes_per_sec,
+    }
+}
+
 /// Measure every running guest: its load from Prometheus (`source`), or
 /// from its host read twice, `interval` apart. `since_move_s` gives, per
 /// VM, the seconds since the controller last moved it.
@@ -402,24 +444,25 @@ pub fn measure(
             ));
             continue;
         };
-        let earlier = first
-            .iter()
-            .find(|x| &x.control == control && x.vm.spec.name == v.spec.name)
-            .map(|x| &x.vm);
-        let before = earlier
-            .and_then(|x| x.disks.first().cloned())
-            .unwrap_or_default();
-        let n = requests(d).saturating_sub(requests(&before));
-        #[allow(clippy::cast_precision_loss)]
-        let nf = n as f64;
-        #[allow(clippy::cast_precision_loss)]
-        let bytes = (d.read_bytes + d.write_bytes)
-            .saturating_sub(before.read_bytes + before.write_bytes) as f64;
-        #[allow(clippy::cast_precision_loss)]
-        let lat_us = d.latency_sum_us.saturating_sub(before.latency_sum_us) as f64;
-        #[allow(clippy::cast_precision_loss)]
-        let writes = d.write_bytes.saturating_sub(before.write_bytes) as f64;
-        let cpu_before = earlier.map_or(v.cpu_time_s, |x| x.cpu_time_s);
+        let load = match &rates {
+            Some((r, _)) => r.get(&v.spec.name).map_or_else(
+                || {
+                    problems.push(format!(
+                        "{}: no rates in prometheus yet; counted as idle",
+                        v.spec.name
+                    ));
+                    load_from_rates(&Default::default())
+                },
+                load_from_rates,
+            ),
+            None => {
+                let earlier = first
+                    .iter()
+                    .find(|x| &x.control == control && x.vm.spec.name == v.spec.name)
+                    .map(|x| &x.vm);
+                load_between(earlier, v, d, dt)
+            }
+        };
         let size = AdminClient::for_host(control)
             .limited(HOST_CALL_LIMIT)
             .host_volumes()
@@ -449,38 +492,7 @@ pub fn measure(
                 &mut problems,
                 holdings,
             ),
-            load: match &rates {
-                Some((r, _)) => {
-                    let g = r.get(&v.spec.name).cloned().unwrap_or_else(|| {
-                        problems.push(format!(
-                            "{}: no rates in prometheus yet; counted as idle",
-                            v.spec.name
-                        ));
-                        Default::default()
-                    });
-                    VmLoad {
-                        iops: g.iops,
-                        io_bytes: if g.iops > 0.0 {
-                            g.bytes_per_sec / g.iops
-                        } else {
-                            4096.0
-                        },
-                        latency_ms: g.latency_ms,
-                        cpu: g.cpu,
-                        dirty_rate: g.write_bytes_per_sec,
-                        write_rate: g.write_bytes_per_sec,
-                    }
-                }
-                None => VmLoad {
-                    iops: nf / dt,
-                    io_bytes: if n > 0 { bytes / nf } else { 4096.0 },
-                    latency_ms: if n > 0 { lat_us / nf / 1000.0 } else { 0.0 },
-                    cpu: (v.cpu_time_s - cpu_before).max(0.0) / dt,
-                    // Not measured yet: the disk write rate stands in.
-                    dirty_rate: writes / dt,
-                    write_rate: writes / dt,
-                },
-            },
+            load,
             since_move_s: since_move_s
                 .get(&v.spec.name)
                 .copied()

@@ -215,8 +215,7 @@ impl Forwarder {
     async fn forward(&self, req: &Request) -> Bytes {
         let t0 = std::time::Instant::now();
         let (reply, ok) = self.forward_inner(req).await;
-        let len = u32::try_from(req.length).unwrap_or(u32::MAX);
-        self.up.io.record(req.command, len, t0.elapsed(), ok);
+        self.up.io.record(req.command, req.length, t0.elapsed(), ok);
         reply
     }
 

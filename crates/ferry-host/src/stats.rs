@@ -76,16 +76,16 @@ fn unix_ms() -> u64 {
 
 impl IoStats {
     /// Count one answered request.
-    pub fn record(&self, cmd: Command, len: u32, took: Duration, ok: bool) {
+    pub fn record(&self, cmd: Command, len: u64, took: Duration, ok: bool) {
         let r = Ordering::Relaxed;
         match cmd {
             Command::Read => {
                 self.reads.fetch_add(1, r);
-                self.read_bytes.fetch_add(u64::from(len), r);
+                self.read_bytes.fetch_add(len, r);
             }
             Command::Write => {
                 self.writes.fetch_add(1, r);
-                self.write_bytes.fetch_add(u64::from(len), r);
+                self.write_bytes.fetch_add(len, r);
             }
             Command::Flush => {
                 self.flushes.fetch_add(1, r);

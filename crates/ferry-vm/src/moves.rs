@@ -323,8 +323,9 @@ pub async fn start(
 
 /// The forwarders of the guest's disks at this host.
 fn disk_upstreams(host: &VmHost, g: &Guest) -> Vec<Arc<ferry_host::Upstream>> {
-    let spec = g.spec.lock().clone();
-    spec.disks
+    g.spec
+        .lock()
+        .disks
         .iter()
         .filter_map(|d| host.agent.get(&d.volume))
         .collect()
@@ -1009,10 +1010,8 @@ async fn memory_phase(
     rounds = rounds.max(u(&done["ram"]["dirty-sync-count"]));
     run.set_phase(VmMovePhase::Switchover);
     let spec = g.spec.lock().clone();
-    let last_here = spec
-        .disks
+    let last_here = disk_upstreams(host, g)
         .iter()
-        .filter_map(|d| host.agent.get(&d.volume))
         .map(|u| u.io.snapshot("", "", 0).last_io_unix_ms)
         .max();
     let fin = crate::tunnel::exchange(

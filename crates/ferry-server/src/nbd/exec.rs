@@ -22,8 +22,8 @@ pub struct ConnContext {
     volume: Arc<Volume>,
     /// Counts this connection as a client of the volume.
     _hold: ferry_storage::HoldGuard,
-    style: ReplyStyle,
-    /// What was negotiated: validation limits come from it.
+    /// What was negotiated: validation limits and the reply style come
+    /// from it.
     neg: Negotiated,
     in_flight: Gauge,
     metrics: [OpMetrics; 8],
@@ -44,7 +44,6 @@ impl ConnContext {
     pub fn new(volume: Arc<Volume>, neg: &Negotiated, state: &ServerState) -> Self {
         let name = volume.name();
         ConnContext {
-            style: neg.reply_style(),
             neg: neg.clone(),
             in_flight: state.metrics.in_flight(&name),
             _hold: volume.hold(ferry_storage::Holder::NbdClient),
@@ -118,7 +117,11 @@ impl ConnContext {
 
     /// How to frame the reply to `req`.
     fn to(&self, req: &Request) -> ReplyTo {
-        ReplyTo::new(self.style, req)
+        ReplyTo::new(self.style(), req)
+    }
+
+    fn style(&self) -> ReplyStyle {
+        self.neg.reply_style()
     }
 
     /// Record metrics for a finished request and encode its reply.
@@ -226,7 +229,7 @@ pub fn error_reply(ctx: &ConnContext, req: &Request, code: ErrorCode, msg: &str)
 }
 
 fn ok_reply(ctx: &ConnContext, req: &Request) -> Bytes {
-    let mut b = BytesMut::with_capacity(ctx.style.header_len());
+    let mut b = BytesMut::with_capacity(ctx.style().header_len());
     ctx.to(req).ok(&mut b);
     b.freeze()
 }
@@ -234,7 +237,7 @@ fn ok_reply(ctx: &ConnContext, req: &Request) -> Bytes {
 /// A buffer holding the reply header of a successful READ, with room for
 /// the data (a validated READ is at most 32 MiB).
 fn read_header(ctx: &ConnContext, req: &Request, len: u32) -> BytesMut {
-    let mut b = BytesMut::with_capacity(ctx.style.read_header_len() + len as usize);
+    let mut b = BytesMut::with_capacity(ctx.style().read_header_len() + len as usize);
     ctx.to(req).read_header(&mut b, len);
     b
 }
@@ -254,7 +257,7 @@ fn read_reply(
     let length = u32::try_from(req.length).unwrap_or(u32::MAX);
     if let Some(pieces) = sparse_pieces(ctx, req) {
         let data: u64 = pieces.iter().filter(|p| !p.2).map(|p| p.1).sum();
-        let hdr = ctx.style.header_len() + 12;
+        let hdr = ctx.style().header_len() + 12;
         let mut b =
             BytesMut::with_capacity(hdr * (pieces.len() + 1) + usize::try_from(data).unwrap_or(0));
         for (offset, len, hole) in pieces {
@@ -285,7 +288,7 @@ fn read_reply(
 /// How a large structured READ splits into `(offset, length, hole)`
 /// pieces, or `None` when it has no hole worth a chunk.
 fn sparse_pieces(ctx: &ConnContext, req: &Request) -> Option<Vec<(u64, u64, bool)>> {
-    if !ctx.style.chunks() || req.length < u64::from(SPARSE_READ_MIN) {
+    if !ctx.style().chunks() || req.length < u64::from(SPARSE_READ_MIN) {
         return None;
     }
     let len = req.length;
