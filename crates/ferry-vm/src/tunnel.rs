@@ -132,6 +132,8 @@ pub struct PipeCounters {
 }
 
 const CHUNK: usize = 256 << 10;
+/// The smallest frame the sender cuts from QEMU's stream.
+const MIN_FRAME: usize = 16 << 10;
 /// Bounds of the send window (link bytes not yet acknowledged).
 pub const MIN_WINDOW: u64 = 256 << 10;
 pub const MAX_WINDOW: u64 = 16 << 20;
@@ -151,9 +153,20 @@ struct Window {
     base_rtt: Option<Duration>,
     rate_since: Instant,
     rate_bytes: u64,
-    /// Bytes per second delivered, smoothed.
+    /// Delivery rates (bytes per second) measured over the last
+    /// [`RATE_MEMORY`], one per [`RATE_SAMPLE`].
+    samples: std::collections::VecDeque<(Instant, f64)>,
+    /// The link's delivery rate: the largest recent sample. Not a mean:
+    /// while QEMU has little to send (scanning zero pages, syncing its
+    /// dirty bitmap) the acknowledged rate says nothing about the link,
+    /// and a mean would shrink the window below what the link carries.
     rate: f64,
 }
+
+/// One delivery-rate sample per this much time.
+const RATE_SAMPLE: Duration = Duration::from_millis(200);
+/// Samples older than this are forgotten (the link may have slowed).
+const RATE_MEMORY: Duration = Duration::from_secs(2);
 
 impl Window {
     fn new() -> Window {
@@ -165,6 +178,7 @@ impl Window {
             base_rtt: None,
             rate_since: Instant::now(),
             rate_bytes: 0,
+            samples: Default::default(),
             rate: 0.0,
         }
     }
@@ -182,6 +196,13 @@ impl Window {
             }
             _ => MIN_WINDOW * 4,
         }
+    }
+
+    /// The most raw bytes to put in the next frame.
+    fn frame_room(&self) -> usize {
+        usize::try_from(self.limit() / 4)
+            .unwrap_or(CHUNK)
+            .clamp(MIN_FRAME, CHUNK)
     }
 
     fn on_send(&mut self, n: u64) {
@@ -205,13 +226,16 @@ impl Window {
         }
         self.rate_bytes += n;
         let dt = now.duration_since(self.rate_since);
-        if dt >= Duration::from_millis(200) {
+        if dt >= RATE_SAMPLE {
             let r = self.rate_bytes as f64 / dt.as_secs_f64();
-            self.rate = if self.rate == 0.0 {
-                r
-            } else {
-                0.7 * self.rate + 0.3 * r
-            };
+            self.samples.push_back((now, r));
+            while let Some((t, _)) = self.samples.front() {
+                if now.duration_since(*t) <= RATE_MEMORY {
+                    break;
+                }
+                self.samples.pop_front();
+            }
+            self.rate = self.samples.iter().map(|x| x.1).fold(0.0, f64::max);
             self.rate_since = now;
             self.rate_bytes = 0;
         }
@@ -246,8 +270,14 @@ where
             let mut buf = vec![0u8; CHUNK];
             let mut frame = Vec::with_capacity(CHUNK + 64);
             loop {
+                // Frames of at most a quarter of the window, so that
+                // several are in flight and the acknowledgements of the
+                // first open room while the last are still on the way: a
+                // window of one or two whole frames would stop and wait
+                // once per frame and never grow past that.
+                let most = window.lock().frame_room();
                 let n = qr
-                    .read(&mut buf)
+                    .read(&mut buf[..most])
                     .await
                     .map_err(|e| VmError::Peer(format!("reading QEMU's stream: {e}")))?;
                 if n == 0 {
@@ -323,4 +353,51 @@ where
     };
     let (a, b) = tokio::join!(out, back);
     a.and(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_are_a_quarter_of_the_window_within_bounds() {
+        let mut w = Window::new();
+        // No measurement yet: the starting window of 1 MiB, frames of 256 KiB.
+        assert_eq!(w.frame_room(), CHUNK);
+        // A slow link: 2 × 1 MB/s × 10 ms is under the smallest window.
+        w.base_rtt = Some(Duration::from_millis(10));
+        w.rate = 1e6;
+        assert_eq!(w.limit(), MIN_WINDOW);
+        assert_eq!(w.frame_room(), 64 << 10);
+        // A fast one: frames never exceed a chunk.
+        w.rate = 1e9;
+        assert_eq!(w.limit(), MAX_WINDOW);
+        assert_eq!(w.frame_room(), CHUNK);
+    }
+
+    #[test]
+    fn the_rate_is_the_largest_recent_sample_not_a_mean() {
+        let mut w = Window::new();
+        let t0 = Instant::now();
+        // 1 MB acknowledged over a 250 ms sample: 4 MB/s.
+        w.rate_since = t0 - Duration::from_millis(250);
+        w.on_send(1_000_000);
+        w.on_ack(1_000_000);
+        let fast = w.rate;
+        assert!(fast > 3e6, "{fast}");
+        // Then a quiet sample (QEMU scanning zero pages): the rate holds.
+        w.rate_since = Instant::now() - Duration::from_millis(250);
+        w.on_send(1000);
+        w.on_ack(1000);
+        assert_eq!(w.rate, fast);
+        // Samples older than the memory are forgotten.
+        for s in &mut w.samples {
+            s.0 = t0 - RATE_MEMORY - Duration::from_secs(1);
+        }
+        w.rate_since = Instant::now() - Duration::from_millis(250);
+        w.on_send(1000);
+        w.on_ack(1000);
+        assert!(w.rate < 1e5, "{}", w.rate);
+        assert_eq!(w.in_flight, 0);
+    }
 }
