@@ -434,6 +434,228 @@ def threshold_report(ctx, timeline, events, before_s, total_s, rtt_hi):
 # ---------------------------------------------------------------- seed 002
 
 
+def exp_model(ctx):
+    """The placement model's predictions against what happened (issue 11):
+    a guest's record rate behind links of other RTTs, and each kind of
+    move (VM only, teleport, disk only) with its pre-flight estimate from
+    `ferry control estimate` taken just before it."""
+    from migration_peers import Daemon, Link as RateLink
+    from vm_peers import Host, acks, trust, wait_acks
+    if not os.path.exists(os.path.join(GUEST, "vmlinuz")):
+        raise RuntimeError(f"{GUEST}/vmlinuz missing: run scripts/guest-image.sh")
+    mbit, rtt0 = 200, 8
+    rtts = [2, 16] if ctx.quick else [2, 4, 16]
+    window = 4 if ctx.quick else 10
+    repeats = 1 if ctx.quick else 3
+    data_mib, vol_mib = (8, 32) if ctx.quick else (48, 128)
+    work = ctx.sub("model")
+    pa, pb, ha, hb = (os.path.join(work, d) for d in ("sa", "sb", "ha", "hb"))
+    for d in (ha, hb):
+        os.makedirs(d, exist_ok=True)
+    trust(ha, hb)
+    trust(pa, pb)
+    sa, sb = Daemon(pa, migrate=True), Daemon(pb, migrate=True)
+    link = RateLink(work, mbit, rtt0)
+    hosts, rows = [], []
+    try:
+        # The guest's disk: ext4 holding data_mib of random bytes (what a
+        # disk move must send) in a vol_mib volume at site B.
+        stage = os.path.join(work, "data")
+        os.makedirs(stage, exist_ok=True)
+        with open(os.path.join(stage, "blob"), "wb") as f:
+            f.write(os.urandom(data_mib << 20))
+        img = os.path.join(work, "root.img")
+        ext4_image(img, [stage], vol_mib)
+        sb.ferry("volume", "create", "root", "--size", str(vol_mib << 20))
+        sb.ferry("volume", "import", "root", img)
+        A, B = Host(ha), Host(hb)
+        hosts = [A, B]
+        nbd_b_name, nbd_b = link.proxy(f"127.0.0.1:{sb.nbd}")
+        _, nbd_a = link.proxy(f"127.0.0.1:{sa.nbd}")
+        _, moves_a = link.proxy(f"127.0.0.1:{A.moves}")
+        _, moves_b = link.proxy(f"127.0.0.1:{B.moves}")
+        _, mig_a = link.proxy(f"127.0.0.1:{sa.mig}")
+        _, mig_b = link.proxy(f"127.0.0.1:{sb.mig}")
+        inv = {"sites": [
+            {"name": "a", "cpu_capacity": 8,
+             "hosts": [{"control": f"127.0.0.1:{A.control}", "moves": f"127.0.0.1:{moves_a}"}],
+             "storage": [{"nbd": f"127.0.0.1:{nbd_a}", "nbd_local": f"127.0.0.1:{sa.nbd}",
+                          "migrate": f"127.0.0.1:{mig_a}", "admin": f"127.0.0.1:{sa.admin}"}]},
+            {"name": "b", "cpu_capacity": 8,
+             "hosts": [{"control": f"127.0.0.1:{B.control}", "moves": f"127.0.0.1:{moves_b}"}],
+             "storage": [{"nbd": f"127.0.0.1:{nbd_b}", "nbd_local": f"127.0.0.1:{sb.nbd}",
+                          "migrate": f"127.0.0.1:{mig_b}", "admin": f"127.0.0.1:{sb.admin}"}]}],
+            "links": [{"a": "a", "b": "b", "rtt_ms": rtt0, "bandwidth": mbit * 125000}]}
+        inv_file = os.path.join(work, "inventory.json")
+        with open(inv_file, "w") as f:
+            json.dump(inv, f)
+        serial_a = start_guest(A, ha, f"127.0.0.1:{nbd_b}", f"127.0.0.1:{sb.admin}")
+        serial_b = os.path.join(hb, "vms", "g", "serial.log")
+        # Past its boot and first writebacks before anything is measured.
+        wait_acks(serial_a, 10 if ctx.quick else 60)
+
+        def ferry_json(*args):
+            r = subprocess.run([FERRY, *args, "--json"], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"ferry {' '.join(args)}: {r.stderr.strip()}")
+            return json.loads(r.stdout)
+
+        def estimate(*args):
+            return ferry_json("control", "estimate", "g", "--inventory", inv_file, "--interval", "3s", *args)
+
+        def rate(serials):
+            """Durable records per second over the next `window` seconds (wall clock)."""
+            n0 = max((a[0] for a in acks(serials)), default=0)
+            time.sleep(window)
+            n1 = max((a[0] for a in acks(serials)), default=0)
+            return (n1 - n0) / window
+
+        def err(p, m):
+            return (p - m) / m * 100 if m else float("nan")
+
+        # Remote access: measured at rtt0, predicted at the others.
+        snap = os.path.join(work, "snapshot.json")
+        subprocess.run([FERRY, "control", "plan", "--inventory", inv_file, "--interval", f"{window}s",
+                        "--save-snapshot", snap], check=True, capture_output=True)
+        base = rate([serial_a])
+        with open(snap) as f:
+            base_load = json.load(f)["vms"][0]["load"]
+        print(f"model: at {rtt0} ms {base:.1f} records/s, load {base_load}", flush=True)
+        # The what-if RTT is the link's as measured (the toxic's latency plus
+        # toxiproxy's own) moved by the change in the toxic.
+        with open(snap) as f:
+            probed = json.load(f)["links"][0]["rtt_ms"]
+        for rtt in rtts:
+            e = ferry_json("control", "estimate", "g", "--cluster", snap, "--rtt-ms", str(probed + rtt - rtt0))
+            predicted = base * e["access_then"]["rate"] / e["access_now"]["rate"]
+            link.set_rtt(nbd_b_name, rtt)
+            time.sleep(1)
+            measured = rate([serial_a])
+            rows.append({"what": f"records/s, disk {rtt} ms away (from {rtt0} ms)", "kind": "access",
+                         "predicted": predicted, "measured": measured, "error_pct": err(predicted, measured),
+                         "base": base, "estimate": e})
+            # The guest's per-request latency as its forwarder measured it, against the model's.
+            at = os.path.join(work, f"snapshot-{rtt}.json")
+            subprocess.run([FERRY, "control", "plan", "--inventory", inv_file, "--interval", "3s",
+                            "--save-snapshot", at], check=True, capture_output=True)
+            with open(at) as f:
+                load = json.load(f)["vms"][0]["load"]
+            lat_p, lat_m = e["access_then"]["latency_s"] * 1000, load["latency_ms"]
+            rows.append({"what": f"ms per disk request, disk {rtt} ms away (from {rtt0} ms)", "kind": "access",
+                         "predicted": lat_p, "measured": lat_m, "error_pct": err(lat_p, lat_m), "load": load})
+            print(f"model: access at {rtt} ms: predicted {predicted:.1f}/s, measured {measured:.1f}/s", flush=True)
+        link.set_rtt(nbd_b_name, rtt0)
+        time.sleep(1)
+
+        def move(kind, est_args, mig_args, serial_after):
+            e = estimate(*est_args)
+            t = time.time()
+            r = subprocess.run([FERRY, "vm", "--host", f"127.0.0.1:{hosts_at[0].control}", "migrate", "g",
+                                *mig_args, "--json"], capture_output=True, text=True)
+            wall = time.time() - t
+            if r.returncode != 0:
+                raise RuntimeError(f"{kind} failed: {r.stdout} {r.stderr}")
+            rep = json.loads(r.stdout)
+            link_bytes = rep["bytes"]["memory_link"] + rep["bytes"]["disk_link"]
+            c = e["cost"]
+            rows.append({"what": f"{kind}: time (s)", "kind": kind, "predicted": c["seconds"],
+                         "measured": rep["total_s"], "error_pct": err(c["seconds"], rep["total_s"]),
+                         "wall_s": wall, "report_bytes": rep["bytes"], "phases": rep["phases"],
+                         "estimate": e})
+            rows.append({"what": f"{kind}: bytes on the link (MB)", "kind": kind, "predicted": c["bytes"] / 1e6,
+                         "measured": link_bytes / 1e6, "error_pct": err(c["bytes"], link_bytes)})
+            pause = rep.get("guest_pause_ms") if not kind.startswith("disk only") else rep.get("disk_pause_ms")
+            if pause is not None:
+                rows.append({"what": f"{kind}: pause (ms)", "kind": kind, "predicted": c["pause_s"] * 1000,
+                             "measured": pause, "error_pct": err(c["pause_s"] * 1000, pause)})
+            print(f"model: {kind}: predicted {c['seconds']:.1f} s {c['bytes'] / 1e6:.0f} MB, measured "
+                  f"{rep['total_s']:.1f} s {link_bytes / 1e6:.0f} MB; phases {rep['phases']}", flush=True)
+            wait_acks(serial_after, max((a[0] for a in acks([serial_after])), default=0) + 3, secs=60)
+            return e
+
+        for i in range(repeats):
+            # 1. Disk only: the disk comes to the guest at A (the first time
+            # A holds none of it).
+            hosts_at = [A]
+            e = move("disk only" + (", A holds none of it" if i == 0 else ", A holds its last copy"),
+                     ["--disk-to", "a"],
+                     ["--to-storage", f"127.0.0.1:{mig_a}", "--to-storage-admin", f"127.0.0.1:{sa.admin}"],
+                     serial_a)
+            if i == 0:
+                local_pred = base * e["access_then"]["rate"] / e["access_now"]["rate"]
+                measured = rate([serial_a])
+                rows.append({"what": f"records/s, disk local after the move (from {rtt0} ms)", "kind": "access",
+                             "predicted": local_pred, "measured": measured, "error_pct": err(local_pred, measured)})
+            # 2. Teleport: guest and disk to B.
+            move("teleport", ["--teleport-to", "b"],
+                 ["--to-host", f"127.0.0.1:{moves_b}", "--with-disk", "--to-storage", f"127.0.0.1:{mig_b}",
+                  "--to-storage-admin", f"127.0.0.1:{sb.admin}"], serial_b)
+            # 3. VM only: the guest back to A, its disk staying at B (reached across the link).
+            hosts_at = [B]
+            move("VM only", ["--vm-to", "a"],
+                 ["--to-host", f"127.0.0.1:{moves_a}", "--disk-server", f"root=127.0.0.1:{nbd_b}"], serial_a)
+    finally:
+        for h in hosts:
+            h.stop()
+        sa.stop()
+        sb.stop()
+        link.close()
+    return model_report(ctx, rows, mbit, rtt0, data_mib, vol_mib)
+
+
+def model_report(ctx, rows, mbit, rtt0, data_mib, vol_mib):
+    """The figure, table and text of `model` from its rows (the median of
+    each prediction and of its measurement over the repeats)."""
+    runs = rows
+    rows = []
+    for what in dict.fromkeys(r["what"] for r in runs):
+        rs = [r for r in runs if r["what"] == what]
+        p = sorted(r["predicted"] for r in rs)[len(rs) // 2]
+        m = sorted(r["measured"] for r in rs)[len(rs) // 2]
+        rows.append({"what": what, "predicted": p, "measured": m, "n": len(rs),
+                     "error_pct": (p - m) / m * 100 if m else float("nan"),
+                     "each": [(round(r["predicted"], 2), round(r["measured"], 2)) for r in rs]})
+    fig, ax = plt.subplots(figsize=(10, 4))
+    names = [r["what"] for r in rows]
+    ax.barh(names, [r["error_pct"] for r in rows], color=["C0" if abs(r["error_pct"]) <= 15 else "C3" for r in rows])
+    ax.axvline(15, color="grey", ls="--", lw=1)
+    ax.axvline(-15, color="grey", ls="--", lw=1)
+    ax.set_xlabel("prediction error (%): (predicted - measured) / measured")
+    ax.invert_yaxis()
+    ax.tick_params(axis="y", labelsize=7)
+    ax.grid(alpha=.3, axis="x")
+    ax.set_title("The placement model against this machine (within ±15%: blue)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(ctx.png("model"), dpi=110)
+    plt.close(fig)
+    table = ["| prediction | predicted | measured | error | runs (predicted, measured) |", "|---|---|---|---|---|"]
+    table += [f"| {r['what']} | {r['predicted']:.2f} | {r['measured']:.2f} | {r['error_pct']:+.0f}% | "
+              + ", ".join(f"{p:g} / {m:g}" for p, m in r["each"]) + " |" for r in rows]
+    within = sum(1 for r in rows if abs(r["error_pct"]) <= 15)
+    worst = max(rows, key=lambda r: abs(r["error_pct"])) if rows else None
+    return {
+        "title": "The placement model's predictions against measured moves and remote access (issue 11)",
+        "seed": "No seed predicts these; Akoush et al. predicted live-migration times within about 10%. Issue 11 "
+                "asks every prediction of the model (remote access, VM move, disk move, teleport) within 15%.",
+        "ours": f"{within} of {len(rows)} predictions within 15%"
+                + (f"; the worst: {worst['what']}, {worst['error_pct']:+.0f}%." if worst else "."),
+        "table": table,
+        "conditions": f"Two sites on loopback joined by toxiproxy ({mbit} Mbit/s, {rtt0} ms RTT); the test guest "
+                      f"(256 MiB, TCG) at site A with its disk ({vol_mib} MiB ext4 holding {data_mib} MiB of random "
+                      "data) at site B; the guest appends a record and syncs it, over and over. Access rows: the "
+                      f"guest's load measured at {rtt0} ms (`ferry control plan --save-snapshot`), the prediction "
+                      "`ferry control estimate --cluster SNAPSHOT --rtt-ms R` scaled from the rate measured then; "
+                      "the RTT of the disk's link then set to R and the rate measured. Move rows: `ferry control "
+                      "estimate --inventory` just before each `ferry vm migrate` (disk only B→A to the guest, "
+                      "teleport A→B, VM only B→A away from the disk); measured: the move report's total time, its "
+                      "link bytes (memory and disk, TLS included), the guest's pause (QEMU's STOP→RESUME; for the disk-only move the hold of the "
+                      "guest's writes at the switch). Each move three times (quick runs: once); the table gives the "
+                      "medians and every run. The what-if RTT of an access row is the link's probed RTT moved by the "
+                      "change of the toxic's latency.",
+        "raw": runs,
+    }
+
+
 def image_pair(ctx):
     """(base, bigger install) images: debootstrap images in full runs, small
     ext4 images of this machine's files in quick runs."""
@@ -926,6 +1148,7 @@ EXPERIMENTS = {
     "rtt": exp_rtt,
     "move_then_run": exp_move_then_run,
     "threshold": exp_threshold,
+    "model": exp_model,
     "similarity": exp_similarity,
     "index": exp_index,
     "migration": exp_migration,

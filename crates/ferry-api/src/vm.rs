@@ -218,6 +218,10 @@ pub struct VmView {
     pub qemu_status: Option<String>,
     /// CPU time of the QEMU process (user + system), seconds.
     pub cpu_time_s: f64,
+    /// Bytes of the guest's RAM resident in QEMU (pages it has touched:
+    /// what a memory move sends in full), while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_resident_bytes: Option<u64>,
     pub disks: Vec<DiskIo>,
     /// The guest's serial console, as a file on the host.
     pub serial_log: PathBuf,

@@ -7,8 +7,9 @@
 use crate::print_json;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+use ferry_control::estimate::{estimate, Asked, Estimate};
 use ferry_control::inventory::{HostRef, Inventory, SiteInventory, StorageRef};
-use ferry_control::policy::{plan, Policy, Triggers};
+use ferry_control::policy::{place_new, plan, Action, NewGuest, Policy, Triggers};
 use ferry_control::simulate::{compare, SimConfig};
 use ferry_control::{Cluster, Link};
 use ferry_controller::client::ControllerClient;
@@ -134,6 +135,72 @@ pub enum ControlCmd {
         /// Policy settings (JSON; defaults otherwise).
         #[arg(long)]
         policy: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start a new guest where it fits: at its disk's site, or, when that
+    /// site is full and bursting is on (or it is being drained), at the
+    /// linked site with the most room, its disk staying home.
+    Place {
+        #[command(flatten)]
+        guest: crate::vm::CreateArgs,
+        /// CPUs the guest is expected to keep busy (default: its vCPUs).
+        #[arg(long)]
+        cpu: Option<f64>,
+        /// The live sites (as for plan --inventory); or --controller.
+        #[arg(long, required_unless_present = "controller")]
+        inventory: Option<PathBuf>,
+        /// Take the sites and the policy (bursting, maintenance) from this
+        /// running controller (its --listen address).
+        #[arg(long, conflicts_with_all = ["inventory", "policy"])]
+        controller: Option<String>,
+        /// Policy settings (JSON; defaults otherwise: no bursting).
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        interval: std::time::Duration,
+        #[command(flatten)]
+        loads: PrometheusArg,
+        /// Say where it would start and why; start nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// The pre-flight estimate of one move (time, bytes, pause) and the
+    /// guest's disk access before and after it; or, with only --rtt-ms,
+    /// its access behind a link of that RTT. Nothing moves.
+    Estimate {
+        /// The guest.
+        vm: String,
+        /// Move the VM (its memory) to this site; the disk stays.
+        #[arg(long, group = "move", value_name = "SITE")]
+        vm_to: Option<String>,
+        /// Move the disk to this site; the VM stays.
+        #[arg(long, group = "move", value_name = "SITE")]
+        disk_to: Option<String>,
+        /// Move both to this site (disk pre-copy, then memory).
+        #[arg(long, group = "move", value_name = "SITE")]
+        teleport_to: Option<String>,
+        /// The RTT (ms) of the link between where the guest runs and where
+        /// its disk lives afterwards, instead of the measured one.
+        #[arg(long)]
+        rtt_ms: Option<f64>,
+        /// A snapshot (as for plan --cluster).
+        #[arg(
+            long,
+            required_unless_present = "inventory",
+            conflicts_with = "inventory"
+        )]
+        cluster: Option<PathBuf>,
+        /// Or the live sites, measured as by plan --inventory.
+        #[arg(long)]
+        inventory: Option<PathBuf>,
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        interval: std::time::Duration,
+        #[command(flatten)]
+        loads: PrometheusArg,
+        /// Seconds over which the access cost is counted.
+        #[arg(long, default_value_t = 600.0)]
+        horizon_s: f64,
         #[arg(long)]
         json: bool,
     },
@@ -307,37 +374,8 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
             policy,
             json,
         } => {
-            let inv: Option<Inventory> = match &inventory {
-                Some(f) => {
-                    let i: Inventory = read_json(f, "inventory")?;
-                    i.validate().map_err(anyhow::Error::msg)?;
-                    Some(i)
-                }
-                None => None,
-            };
-            let (c, running_on, problems) = match (&cluster, &inv) {
-                (Some(f), _) => (
-                    read_json::<Cluster>(f, "cluster snapshot")?,
-                    BTreeMap::new(),
-                    Vec::new(),
-                ),
-                (None, Some(i)) => {
-                    let m = ferry_controller::measure::measure(
-                        i,
-                        interval,
-                        &loads.source(),
-                        &BTreeMap::new(),
-                        &mut Default::default(),
-                        &mut Default::default(),
-                    );
-                    (m.cluster, m.running_on, m.problems)
-                }
-                (None, None) => anyhow::bail!("give --cluster or --inventory"),
-            };
-            for p in &problems {
-                eprintln!("{p}");
-            }
-            c.validate()?;
+            let (inv, c, running_on) =
+                snapshot(cluster.as_ref(), inventory.as_ref(), interval, &loads)?;
             if let Some(f) = &save_snapshot {
                 std::fs::write(f, serde_json::to_vec_pretty(&c)?)
                     .with_context(|| format!("writing {}", f.display()))?;
@@ -387,6 +425,55 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
             for s in &pl.skipped {
                 println!("{} left alone: {}", s.vm, s.reason);
             }
+        }
+        ControlCmd::Place {
+            guest,
+            cpu,
+            inventory,
+            controller,
+            policy,
+            interval,
+            loads,
+            dry_run,
+        } => place(
+            &guest,
+            cpu,
+            inventory.as_ref(),
+            controller.as_deref(),
+            policy.as_ref(),
+            interval,
+            &loads,
+            dry_run,
+        )?,
+        ControlCmd::Estimate {
+            vm,
+            vm_to,
+            disk_to,
+            teleport_to,
+            rtt_ms,
+            cluster,
+            inventory,
+            interval,
+            loads,
+            horizon_s,
+            json,
+        } => {
+            if !(horizon_s.is_finite() && horizon_s > 0.0) {
+                anyhow::bail!("--horizon-s must be above 0");
+            }
+            let (asked, to) = match (vm_to, disk_to, teleport_to) {
+                (Some(s), _, _) => (Asked::Move(Action::MoveVm), s),
+                (_, Some(s), _) => (Asked::Move(Action::MoveDisk), s),
+                (_, _, Some(s)) => (Asked::Move(Action::Teleport), s),
+                _ if rtt_ms.is_some() => (Asked::Stay, String::new()),
+                _ => anyhow::bail!("give --vm-to, --disk-to or --teleport-to SITE, or --rtt-ms"),
+            };
+            let (_, c, _) = snapshot(cluster.as_ref(), inventory.as_ref(), interval, &loads)?;
+            let e = estimate(&c, &vm, asked, &to, rtt_ms, horizon_s)?;
+            if json {
+                return print_json(&e);
+            }
+            print_estimate(&e);
         }
         ControlCmd::Simulate {
             sites,
@@ -440,6 +527,194 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The cluster to plan on: a snapshot file, or the live sites of an
+/// inventory measured now (with where each guest runs). Problems met while
+/// measuring go to stderr.
+fn snapshot(
+    cluster: Option<&PathBuf>,
+    inventory: Option<&PathBuf>,
+    interval: std::time::Duration,
+    loads: &PrometheusArg,
+) -> Result<(Option<Inventory>, Cluster, BTreeMap<String, String>)> {
+    let inv: Option<Inventory> = match inventory {
+        Some(f) => {
+            let i: Inventory = read_json(f, "inventory")?;
+            i.validate().map_err(anyhow::Error::msg)?;
+            Some(i)
+        }
+        None => None,
+    };
+    let (c, running_on, problems) = match (cluster, &inv) {
+        (Some(f), _) => (
+            read_json::<Cluster>(f, "cluster snapshot")?,
+            BTreeMap::new(),
+            Vec::new(),
+        ),
+        (None, Some(i)) => {
+            let m = ferry_controller::measure::measure(
+                i,
+                interval,
+                &loads.source(),
+                &BTreeMap::new(),
+                &mut Default::default(),
+                &mut Default::default(),
+            );
+            (m.cluster, m.running_on, m.problems)
+        }
+        (None, None) => anyhow::bail!("give --cluster or --inventory"),
+    };
+    for p in &problems {
+        eprintln!("{p}");
+    }
+    c.validate()?;
+    Ok((inv, c, running_on))
+}
+
+/// `ferry control place`: decide where a new guest starts and start it
+/// there, its disks reached the way that site reaches them.
+#[allow(clippy::too_many_arguments)]
+fn place(
+    guest: &crate::vm::CreateArgs,
+    cpu: Option<f64>,
+    inventory: Option<&PathBuf>,
+    controller: Option<&str>,
+    policy: Option<&PathBuf>,
+    interval: std::time::Duration,
+    loads: &PrometheusArg,
+    dry_run: bool,
+) -> Result<()> {
+    let mut spec = crate::vm::spec_from(guest)?;
+    let (inv, p) = match controller {
+        Some(addr) => {
+            let s = ControllerClient::new(addr).settings()?;
+            (s.inventory, s.policy)
+        }
+        None => {
+            let f = inventory.context("give --inventory or --controller")?;
+            let i: Inventory = read_json(f, "inventory")?;
+            i.validate().map_err(anyhow::Error::msg)?;
+            let p: Policy = match policy {
+                Some(f) => read_json(f, "policy")?,
+                None => Policy::default(),
+            };
+            (i, p)
+        }
+    };
+    p.validate()?;
+    let first = spec
+        .disks
+        .first()
+        .context("a placed guest needs a disk (--disk VOLUME@NBD[@ADMIN]): its site decides")?;
+    let disk_site = inv
+        .site_of_storage(&first.server)
+        .with_context(|| {
+            format!(
+                "its disk's server {} is at no site of the inventory",
+                first.server
+            )
+        })?
+        .name
+        .clone();
+    let m = ferry_controller::measure::measure(
+        &inv,
+        interval,
+        &loads.source(),
+        &BTreeMap::new(),
+        &mut Default::default(),
+        &mut Default::default(),
+    );
+    for pr in &m.problems {
+        eprintln!("{pr}");
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let need = cpu.unwrap_or(f64::from(spec.vcpus));
+    let at = place_new(
+        &m.cluster,
+        &p,
+        &NewGuest {
+            name: spec.name.clone(),
+            cpu: need,
+            disk_site,
+        },
+    )?;
+    let site = inv
+        .site(&at.site)
+        .with_context(|| format!("no site {}", at.site))?;
+    let host = site
+        .hosts
+        .first()
+        .with_context(|| format!("site {} has no host to start it on", site.name))?;
+    for d in &mut spec.disks {
+        if let Some((s, st)) = inv.storage_at(&d.server) {
+            d.server = st.nbd_from(&s.name, &at.site).to_string();
+        }
+    }
+    if dry_run {
+        if guest.json {
+            return print_json(
+                &serde_json::json!({"placement": at, "host": host.control, "spec": spec}),
+            );
+        }
+        println!(
+            "{} would start at site {} (host {}): {}",
+            spec.name, at.site, host.control, at.reason
+        );
+        return Ok(());
+    }
+    let v = ferry_api::AdminClient::for_host(&host.control).create_vm(&spec, !guest.no_start)?;
+    if guest.json {
+        return print_json(&serde_json::json!({"placement": at, "host": host.control, "vm": v}));
+    }
+    println!(
+        "guest {} {} at site {} (host {}): {}",
+        v.spec.name,
+        v.state.as_str(),
+        at.site,
+        host.control,
+        at.reason
+    );
+    Ok(())
+}
+
+fn print_estimate(e: &Estimate) {
+    let what = match e.asked {
+        Asked::Stay => "stay".to_string(),
+        Asked::Move(a) => format!("{a:?}"),
+    };
+    println!(
+        "{}: {what} {}/{} -> {}/{} (link {:.1} ms, {:.1} MB/s)",
+        e.vm,
+        e.from.host_site,
+        e.from.disk_site,
+        e.to.host_site,
+        e.to.disk_site,
+        e.link_rtt_ms,
+        e.link_bandwidth / 1e6
+    );
+    if let Some(m) = &e.cost {
+        println!(
+            "  move: {:.1} s, {:.1} MB on the link, pause {:.0} ms{}",
+            m.seconds,
+            m.bytes / 1e6,
+            m.pause_s * 1000.0,
+            if m.converges {
+                ""
+            } else {
+                " (does not converge without throttling or post-copy)"
+            }
+        );
+    }
+    println!(
+        "  disk I/O: {:.2} ms per request now ({:.2} of local speed), {:.2} ms then ({:.2}); {:.0} s of {:.0} lost then",
+        e.access_now.latency_s * 1000.0,
+        e.access_now.rate,
+        e.access_then.latency_s * 1000.0,
+        e.access_then.rate,
+        e.access_then.lost_s,
+        e.horizon_s
+    );
 }
 
 fn status(controller: &str, journal: usize, json: bool) -> Result<()> {

@@ -189,41 +189,45 @@ fn show_line(v: &VmView) -> String {
     )
 }
 
+/// The guest `ferry vm create` describes (files resolved on this machine).
+pub fn spec_from(a: &CreateArgs) -> Result<VmSpec> {
+    let boot = match (&a.kernel, a.boot_disk) {
+        (Some(k), _) => Boot::Kernel {
+            kernel: std::fs::canonicalize(k).with_context(|| format!("kernel {}", k.display()))?,
+            initrd: a
+                .initrd
+                .as_ref()
+                .map(|i| {
+                    std::fs::canonicalize(i).with_context(|| format!("initrd {}", i.display()))
+                })
+                .transpose()?,
+            cmdline: a.cmdline.clone(),
+        },
+        (None, true) => Boot::Disk,
+        (None, false) => bail!("say how the guest boots: --kernel FILE or --boot-disk"),
+    };
+    let spec = VmSpec {
+        name: a.name.clone(),
+        memory_mib: parse_memory(&a.memory)?,
+        vcpus: a.vcpus,
+        disks: a
+            .disks
+            .iter()
+            .map(|d| parse_disk(d))
+            .collect::<Result<_>>()?,
+        boot,
+        accel: accel(&a.accel)?,
+    };
+    Ok(spec)
+}
+
 const HEADER: &str =
     "NAME             STATE     ACC  MEMORY CPU  CPU(s)   REQUESTS      BYTES  DISKS";
 
 pub fn run(cmd: VmCmd, c: &AdminClient) -> Result<()> {
     match cmd {
         VmCmd::Create(a) => {
-            let boot = match (&a.kernel, a.boot_disk) {
-                (Some(k), _) => Boot::Kernel {
-                    kernel: std::fs::canonicalize(k)
-                        .with_context(|| format!("kernel {}", k.display()))?,
-                    initrd: a
-                        .initrd
-                        .as_ref()
-                        .map(|i| {
-                            std::fs::canonicalize(i)
-                                .with_context(|| format!("initrd {}", i.display()))
-                        })
-                        .transpose()?,
-                    cmdline: a.cmdline.clone(),
-                },
-                (None, true) => Boot::Disk,
-                (None, false) => bail!("say how the guest boots: --kernel FILE or --boot-disk"),
-            };
-            let spec = VmSpec {
-                name: a.name.clone(),
-                memory_mib: parse_memory(&a.memory)?,
-                vcpus: a.vcpus,
-                disks: a
-                    .disks
-                    .iter()
-                    .map(|d| parse_disk(d))
-                    .collect::<Result<_>>()?,
-                boot,
-                accel: accel(&a.accel)?,
-            };
+            let spec = spec_from(&a)?;
             let v = c.create_vm(&spec, !a.no_start)?;
             if a.json {
                 return print_json(&v);

@@ -583,6 +583,63 @@ fn control_plan_and_simulate() {
     assert_eq!(ds[0]["action"], "move_vm");
     assert_eq!(ds[0]["to"]["host_site"], "cloud");
 
+    // The pre-flight estimate of a move by hand, and of staying behind
+    // another RTT; what cannot be estimated says why.
+    let s = snap.to_str().unwrap();
+    let out = run(&[
+        "control",
+        "estimate",
+        "db",
+        "--cluster",
+        s,
+        "--vm-to",
+        "cloud",
+        "--json",
+    ]);
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cost = &e["cost"];
+    assert!(
+        cost["seconds"].as_f64().unwrap() > 0.0 && cost["bytes"].as_f64().unwrap() > 0.0,
+        "{e}"
+    );
+    assert!(cost["pause_s"].as_f64().unwrap() < 0.3, "{e}");
+    assert!(
+        e["access_then"]["rate"].as_f64() > e["access_now"]["rate"].as_f64(),
+        "{e}"
+    );
+    let out = run(&["control", "estimate", "db", "--cluster", s, "--rtt-ms", "2"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("ms per request now"),
+        "{text}"
+    );
+    for (args, says) in [
+        (vec!["--vm-to", "home"], "already has its VM at site home"),
+        (
+            vec!["--teleport-to", "cloud"],
+            "already has its disk at site cloud",
+        ),
+        (vec!["--disk-to", "mars"], "no site mars"),
+        (vec![], "give --vm-to, --disk-to or --teleport-to"),
+        (vec!["--rtt-ms=-3"], "zero or more"),
+    ] {
+        let mut a = vec!["control", "estimate", "db", "--cluster", s];
+        a.extend(args);
+        let out = run(&a);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{a:?}: {err}");
+    }
+    let out = run(&[
+        "control",
+        "estimate",
+        "nobody",
+        "--cluster",
+        s,
+        "--vm-to",
+        "cloud",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no VM nobody"));
+
     let mut bad = cluster(vec![vm("db", 60.0)]);
     bad["vms"][0]["placement"]["disk_site"] = "mars".into();
     std::fs::write(&snap, bad.to_string()).unwrap();

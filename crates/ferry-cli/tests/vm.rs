@@ -1242,6 +1242,154 @@ fn the_controller_moves_an_io_bound_guest_next_to_its_disk() {
     }
 }
 
+/// `ferry control place` starts a new guest by its disk while its site
+/// has room; once that site is full it refuses with bursting off, and with
+/// bursting on starts the guest at the other site, reading its disk at
+/// home across the link.
+#[test]
+fn a_new_guest_starts_in_the_cloud_when_its_home_site_is_full() {
+    let Some((k, i)) = guest_files() else { return };
+    if !have("toxiproxy-server") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let s = two_sites(12_500);
+    let nbd_a_wan = s.tp.proxy("nbd_a", &s.sa.nbd);
+    ext4_volume(&s.sa, &s.dir, "root");
+    ext4_volume(&s.sa, &s.dir, "root2");
+    let inventory = |home_cpus: f64| {
+        let inv = serde_json::json!({
+            "sites": [
+                {"name": "home", "cpu_capacity": home_cpus,
+                 "hosts": [{"control": s.ha.control, "moves": s.ha.moves}],
+                 "storage": [{"nbd": nbd_a_wan, "nbd_local": s.sa.nbd, "migrate": s.sa.mig,
+                              "admin": s.sa.admin}]},
+                {"name": "cloud", "cpu_capacity": 8,
+                 "hosts": [{"control": s.hb.control, "moves": s.hb_wan}],
+                 "storage": [{"nbd": s.sb.nbd, "migrate": s.sb_wan, "admin": s.sb.admin}]}],
+            "links": [{"a": "home", "b": "cloud", "rtt_ms": 20, "bandwidth": 12.5e6}]});
+        let f = s.dir.join(format!("inventory-{home_cpus}.json"));
+        std::fs::write(&f, inv.to_string()).unwrap();
+        f
+    };
+    let guest = |name: &str, volume: &str| -> Vec<String> {
+        [
+            name,
+            "--memory",
+            "128M",
+            "--accel",
+            "tcg",
+            "--disk",
+            &format!("{volume}@{nbd_a_wan}@{}", s.sa.admin),
+            "--kernel",
+            k.to_str().unwrap(),
+            "--initrd",
+            i.to_str().unwrap(),
+            "--cmdline",
+            "console=ttyS0 quiet",
+            "--interval",
+            "1s",
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+    };
+    let place = |name: &str, volume: &str, more: &[&str]| {
+        let mut a: Vec<String> = vec!["control".into(), "place".into()];
+        a.extend(guest(name, volume));
+        a.extend(more.iter().map(ToString::to_string));
+        ferry(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    // Room at home: the first guest starts there, its disk at the local
+    // address.
+    let roomy = inventory(8.0);
+    let out = place(
+        "g1",
+        "root",
+        &["--inventory", roomy.to_str().unwrap(), "--json"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["placement"]["site"], "home", "{r}");
+    assert_eq!(
+        r["vm"]["spec"]["disks"][0]["server"],
+        s.sa.nbd.as_str(),
+        "{r}"
+    );
+    wait_acks(&s.ha.serial("g1"), 5);
+
+    // Home full (the running guest uses more than 0.1 CPU): refused while
+    // bursting is off, and nothing starts anywhere.
+    let full = inventory(0.1);
+    let f = full.to_str().unwrap();
+    let out = place("g2", "root2", &["--inventory", f, "--cpu", "0.5"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("cloud bursting is off"),
+        "{err}"
+    );
+    assert!(s.hb.state_of("g2").is_none() && s.ha.state_of("g2").is_none());
+    // A name that runs already is refused too.
+    let out = place("g1", "root2", &["--inventory", roomy.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("a guest named g1 already runs"));
+
+    // Bursting on: the dry run says where and why, then it starts there.
+    let pol = s.dir.join("burst.json");
+    let mut p = serde_json::to_value(ferry_control::policy::Policy::default()).unwrap();
+    p["burst"] = true.into();
+    std::fs::write(&pol, p.to_string()).unwrap();
+    let pf = pol.to_str().unwrap();
+    let out = place(
+        "g2",
+        "root2",
+        &[
+            "--inventory",
+            f,
+            "--cpu",
+            "0.5",
+            "--policy",
+            pf,
+            "--dry-run",
+            "--json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dry: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(dry["placement"]["site"], "cloud", "{dry}");
+    assert_eq!(dry["placement"]["away"], true, "{dry}");
+    assert!(s.hb.state_of("g2").is_none(), "a dry run starts nothing");
+    let out = place(
+        "g2",
+        "root2",
+        &["--inventory", f, "--cpu", "0.5", "--policy", pf],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("at site cloud") && text.contains("its disk stays at home"),
+        "{text}"
+    );
+    assert_eq!(s.hb.state_of("g2").as_deref(), Some("running"));
+    // At the cloud it reads its disk at home across the link.
+    let v: Value = serde_json::from_str(&s.hb.vm_ok(&["show", "g2", "--json"])).unwrap();
+    assert_eq!(v["spec"]["disks"][0]["server"], nbd_a_wan.as_str(), "{v}");
+    wait_acks(&s.hb.serial("g2"), 5);
+    s.hb.vm_ok(&["stop", "g2"]);
+    s.ha.vm_ok(&["stop", "g1"]);
+}
+
 /// A real Prometheus scrapes a storage daemon, a host running a guest and
 /// the controller; every query of the Grafana dashboard we ship
 /// (docs/grafana/ferry.json) is valid PromQL there, and every metric it

@@ -71,14 +71,23 @@ pub struct VmState {
     /// volume's fingerprints asked of its index); absent: all of it.
     #[serde(default)]
     pub missing_at: BTreeMap<String, f64>,
+    /// Share of the disk's blocks that are not zero (from the same
+    /// sample; only those are fingerprinted on a move); absent: all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonzero_share: Option<f64>,
     pub load: VmLoad,
-    /// Seconds since its last move (for cooldown and minimum stay).
-    #[serde(default = "long_ago")]
+    /// Seconds since its last move (for cooldown and minimum stay); never
+    /// moved is infinite, written `null` (JSON has no infinity).
+    #[serde(default = "long_ago", deserialize_with = "null_is_long_ago")]
     pub since_move_s: f64,
 }
 
 fn long_ago() -> f64 {
     f64::INFINITY
+}
+
+fn null_is_long_ago<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -180,5 +189,51 @@ impl Cluster {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_saved_snapshot_reads_back_with_a_never_moved_vm() {
+        let c = Cluster {
+            sites: vec![Site {
+                name: "a".into(),
+                cpu_capacity: 4.0,
+            }],
+            links: vec![],
+            vms: vec![VmState {
+                name: "g".into(),
+                placement: Placement {
+                    host_site: "a".into(),
+                    disk_site: "a".into(),
+                },
+                memory_bytes: 1e8,
+                disk_bytes: 1e9,
+                missing_at: BTreeMap::new(),
+                nonzero_share: None,
+                load: VmLoad {
+                    iops: 1.0,
+                    io_bytes: 4096.0,
+                    latency_ms: 1.0,
+                    cpu: 0.1,
+                    dirty_rate: 0.0,
+                    write_rate: 0.0,
+                },
+                since_move_s: f64::INFINITY,
+            }],
+            local_rtt_ms: 0.1,
+            link_index: Default::default(),
+        };
+        let text = serde_json::to_string(&c).unwrap();
+        assert!(text.contains("\"since_move_s\":null"), "{text}");
+        let back: Cluster = serde_json::from_str(&text).unwrap();
+        assert!(back.vms[0].since_move_s.is_infinite());
+        let mut moved = c.clone();
+        moved.vms[0].since_move_s = 12.5;
+        let back: Cluster = serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();
+        assert_eq!(back.vms[0].since_move_s, 12.5);
     }
 }

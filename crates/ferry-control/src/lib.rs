@@ -10,10 +10,13 @@
 //! - [`policy`]: locality (move compute to data or data to compute when the
 //!   gain beats the cost by a margin), thresholds with hysteresis, limits
 //!   (moves in flight per link, cooldown, minimum stay, paused automation).
+//! - [`estimate`]: the pre-flight estimate of one named move, or of
+//!   staying behind a link of another RTT (`ferry control estimate`).
 //! - [`simulate`]: a simulated cluster with load traces, stepped through the
 //!   policies.
 
 pub mod cluster;
+pub mod estimate;
 pub mod inventory;
 pub mod model;
 pub mod policy;

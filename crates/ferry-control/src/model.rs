@@ -8,26 +8,49 @@
 //! rate relative to fully local access is `1 / ((1 - u) + u × L_new/L_local)`.
 //! Over a horizon `H` the guest loses `H × (1 - rate)` seconds of work.
 //!
-//! Moving memory (QEMU pre-copy). Memory `M` over bandwidth `B` with the
-//! guest dirtying `D` bytes/s sends about `M / (1 - D/B)` bytes (the
-//! geometric series of rounds; infinite when `D >= B`, i.e. it does not
-//! converge without throttling or post-copy) in that time, then pauses for
-//! the target downtime. Moving the disk sends what the destination lacks
-//! plus 8 bytes of fingerprint per 4 KiB block, plus what the guest writes
-//! meanwhile. A teleport is the disk pre-copy, then the memory move; one
-//! pause. During a move the guest runs at a fraction `MOVE_SLOWDOWN` of
+//! Moving memory (QEMU pre-copy). The guest's resident RAM `M`, sent
+//! compressed (`MEMORY_LINK_SHARE` of it on the link), with the guest
+//! dirtying `D` bytes/s: about `M / (1 - D/B')` raw bytes over the link's
+//! raw rate `B'` (the geometric series of rounds; no convergence when `D`
+//! nears `B'` without throttling or post-copy), plus a fixed set-up; the
+//! pause sends the last round. Moving the disk sends what the destination
+//! lacks plus 9 bytes of fingerprint per 4 KiB block, plus what the guest
+//! writes meanwhile. A teleport is the disk pre-copy, then the memory
+//! move; one pause holding both switches. The constants are calibrated
+//! and checked against real moves (docs/placement-model.md, "Calibration
+//! and check"). During a move the guest runs at a fraction `MOVE_SLOWDOWN` of
 //! its speed on memory moves (auto-converge throttling) and on disk moves
 //! (its writes are tracked and may be throttled).
 
-use crate::cluster::{Cluster, ClusterError, VmState};
+use crate::cluster::{Cluster, ClusterError, Link, VmState};
 use serde::Serialize;
 
 /// Share of the guest's speed lost while it is being moved.
 pub const MOVE_SLOWDOWN: f64 = 0.05;
 /// Print bytes per 4 KiB block on the wire (an 8-byte key and its tag).
 pub const FINGERPRINT_BYTES_PER_BLOCK: f64 = 9.0;
-/// The pause a memory move aims at (s).
+/// The pause a memory move aims at (s): ferry's default `--max-downtime`.
 pub const TARGET_PAUSE_S: f64 = 0.3;
+/// Link bytes of a memory move per byte of guest RAM resident in QEMU:
+/// touched pages that are not zero, compressed by the tunnel (zstd level
+/// 1). Calibrated on this project's test guest (docs/placement-model.md,
+/// "Calibration"); a guest whose memory compresses worse sends more.
+pub const MEMORY_LINK_SHARE: f64 = 0.32;
+/// Fixed time of a memory move besides its bytes (s): the destination
+/// QEMU's start, QEMU's set-up and first dirty-bitmap sync, the last round.
+pub const VM_MOVE_SETUP_S: f64 = 1.0;
+/// The pause of a memory move besides its last dirty pages and round
+/// trips (s): device state, the destination's start of the CPUs.
+pub const VM_PAUSE_BASE_S: f64 = 0.02;
+/// Fixed time of a disk move besides its bytes (s): connection, the
+/// destination's volume, the first bitmap round.
+pub const DISK_MOVE_SETUP_S: f64 = 0.15;
+/// The write hold of a disk switch besides its round trip (s): the last
+/// delta's flush at the destination, the switch of the volume's owner.
+pub const DISK_PAUSE_BASE_S: f64 = 0.006;
+/// QEMU's pre-copy rounds last about this long once converged (s): the
+/// pages dirtied in one are what the pause sends.
+const LAST_ROUND_S: f64 = 0.1;
 
 /// What a placement costs the guest over a horizon.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -90,11 +113,17 @@ pub fn access_cost(
     })
 }
 
-/// Moving the VM's memory across a link.
+/// Moving the VM's memory across a link: its resident RAM, compressed,
+/// plus what it dirties meanwhile; the pause sends one last round.
 pub fn vm_move_cost(vm: &VmState, rtt_ms: f64, bw: f64) -> MoveCost {
-    let (bytes, converges) = precopy_bytes(vm.memory_bytes, vm.load.dirty_rate, bw);
-    let seconds = bytes / bw + 3.0 * rtt_ms / 1000.0;
-    let pause = TARGET_PAUSE_S.min(seconds) + rtt_ms / 1000.0;
+    // The link in raw (uncompressed) bytes per second.
+    let raw_bw = bw / MEMORY_LINK_SHARE;
+    let (raw, converges) = precopy_bytes(vm.memory_bytes, vm.load.dirty_rate, raw_bw);
+    let bytes = raw * MEMORY_LINK_SHARE;
+    let rtt = rtt_ms / 1000.0;
+    let last_round = vm.load.dirty_rate.min(raw_bw) * LAST_ROUND_S / raw_bw;
+    let pause = (VM_PAUSE_BASE_S + last_round).min(TARGET_PAUSE_S) + rtt;
+    let seconds = VM_MOVE_SETUP_S + bytes / bw + 3.0 * rtt + pause;
     move_cost(seconds, bytes, pause, converges)
 }
 
@@ -122,18 +151,24 @@ fn move_cost(seconds: f64, bytes: f64, pause_s: f64, converges: bool) -> MoveCos
 /// Moving the VM's disk to `to` across a link.
 pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost {
     let missing = vm.missing_at.get(to).copied().unwrap_or(vm.disk_bytes);
-    let prints = vm.disk_bytes / 4096.0 * FINGERPRINT_BYTES_PER_BLOCK;
+    let prints =
+        vm.disk_bytes * vm.nonzero_share.unwrap_or(1.0) / 4096.0 * FINGERPRINT_BYTES_PER_BLOCK;
     let (bytes, converges) = precopy_bytes(missing + prints, vm.load.write_rate, bw);
-    let seconds = bytes / bw + 4.0 * rtt_ms / 1000.0;
-    let pause = 0.05 + 2.0 * rtt_ms / 1000.0;
+    let rtt = rtt_ms / 1000.0;
+    let pause = DISK_PAUSE_BASE_S + rtt;
+    let seconds = DISK_MOVE_SETUP_S + bytes / bw + 4.0 * rtt + pause;
     move_cost(seconds, bytes, pause, converges)
 }
 
-/// Disk pre-copy, then memory; one pause (the longer of the two).
-pub fn teleport_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost {
-    let d = disk_move_cost(vm, to, rtt_ms, bw);
-    let m = vm_move_cost(vm, rtt_ms, bw);
-    let pause = d.pause_s.max(m.pause_s) + rtt_ms / 1000.0;
+/// Disk pre-copy over `disk_link`, then memory over `memory_link`; one
+/// pause: the memory's, then, with the guest stopped, the disk's last
+/// delta and switch, and three round trips to order them (QEMU holds
+/// before the switchover until the disk has sent its last delta and
+/// switched, then sends its device state).
+pub fn teleport_cost(vm: &VmState, to: &str, disk_link: &Link, memory_link: &Link) -> MoveCost {
+    let d = disk_move_cost(vm, to, disk_link.rtt_ms, disk_link.bandwidth);
+    let m = vm_move_cost(vm, memory_link.rtt_ms, memory_link.bandwidth);
+    let pause = d.pause_s + m.pause_s + 3.0 * memory_link.rtt_ms / 1000.0;
     move_cost(
         d.seconds + m.seconds,
         d.bytes + m.bytes,
@@ -145,7 +180,7 @@ pub fn teleport_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::{Link, Placement, Site, VmLoad};
+    use crate::cluster::{Placement, Site, VmLoad};
 
     fn cluster(rtt: f64) -> Cluster {
         Cluster {
@@ -181,6 +216,7 @@ mod tests {
             memory_bytes: 1e9,
             disk_bytes: 10e9,
             missing_at: [("a".to_string(), 1e9)].into(),
+            nonzero_share: None,
             load: VmLoad {
                 iops,
                 io_bytes: 4096.0,
@@ -213,15 +249,24 @@ mod tests {
     fn moves_cost_what_they_send() {
         let v = vm(60.0, 16.5, true);
         let m = vm_move_cost(&v, 20.0, 12.5e6);
-        assert!(m.converges && (m.bytes - 1e9 / (1.0 - 0.08)).abs() < 1.0);
+        let raw_bw = 12.5e6 / MEMORY_LINK_SHARE;
+        let expect = MEMORY_LINK_SHARE * 1e9 / (1.0 - 1e6 / raw_bw);
+        assert!(m.converges && (m.bytes - expect).abs() < 1.0, "{m:?}");
+        assert!(m.pause_s < TARGET_PAUSE_S && m.seconds > m.bytes / 12.5e6);
         let d = disk_move_cost(&v, "a", 20.0, 12.5e6);
         assert!(d.bytes < v.disk_bytes / 5.0, "only what is missing: {d:?}");
         let whole = disk_move_cost(&v, "c", 20.0, 12.5e6);
         assert!(whole.bytes > v.disk_bytes);
-        let t = teleport_cost(&v, "a", 20.0, 12.5e6);
+        let l = Link {
+            a: "a".into(),
+            b: "b".into(),
+            rtt_ms: 20.0,
+            bandwidth: 12.5e6,
+        };
+        let t = teleport_cost(&v, "a", &l, &l);
         assert!((t.seconds - (d.seconds + m.seconds)).abs() < 1e-9);
         let mut hot = v.clone();
-        hot.load.dirty_rate = 20e6;
+        hot.load.dirty_rate = 40e6;
         assert!(!vm_move_cost(&hot, 20.0, 12.5e6).converges);
     }
 }

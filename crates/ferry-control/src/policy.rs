@@ -221,7 +221,14 @@ fn options(c: &Cluster, vm: &VmState) -> Vec<(Action, Placement)> {
     out
 }
 
-fn cost_of(c: &Cluster, vm: &VmState, a: Action, to: &Placement) -> Result<MoveCost, ClusterError> {
+/// What moving `vm` to `to` by `a` costs: memory over the link between
+/// the host sites, the disk over the one between the disk sites.
+pub(crate) fn cost_of(
+    c: &Cluster,
+    vm: &VmState,
+    a: Action,
+    to: &Placement,
+) -> Result<MoveCost, ClusterError> {
     let p = &vm.placement;
     Ok(match a {
         Action::MoveVm => {
@@ -233,8 +240,9 @@ fn cost_of(c: &Cluster, vm: &VmState, a: Action, to: &Placement) -> Result<MoveC
             disk_move_cost(vm, &to.disk_site, l.rtt_ms, l.bandwidth)
         }
         Action::Teleport => {
-            let l = c.link(&p.host_site, &to.host_site)?;
-            teleport_cost(vm, &to.disk_site, l.rtt_ms, l.bandwidth)
+            let m = c.link(&p.host_site, &to.host_site)?;
+            let d = c.link(&p.disk_site, &to.disk_site)?;
+            teleport_cost(vm, &to.disk_site, &d, &m)
         }
     })
 }
@@ -672,6 +680,128 @@ fn burst(
     Ok(())
 }
 
+/// A guest about to start: what it needs and where its disk lives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewGuest {
+    pub name: String,
+    /// CPUs it is expected to keep busy.
+    pub cpu: f64,
+    /// The site whose storage holds its disk.
+    pub disk_site: String,
+}
+
+/// Where a new guest starts, and why.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NewPlacement {
+    pub vm: String,
+    pub site: String,
+    pub disk_site: String,
+    /// Started away from its disk's site (bursting, or a drained site).
+    pub away: bool,
+    /// RTT between where it runs and its disk (ms).
+    pub disk_rtt_ms: f64,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlaceError {
+    #[error("a guest named {0} already runs")]
+    Exists(String),
+    #[error("no site {0} (the guest's disk must be at a site of the inventory)")]
+    UnknownSite(String),
+    #[error("the guest's CPU need must be above 0 and finite, got {0}")]
+    BadCpu(String),
+    #[error("{0}")]
+    NoRoom(String),
+}
+
+/// Where to start `g`: at its disk's site when that has room (up to the
+/// burst threshold when bursting is on, so that it does not burst at
+/// once); when it is full and bursting is on, or it is being drained, at
+/// the linked site with the most room, its disk staying home (cloud
+/// bursting for new guests: the live planner may bring it home later);
+/// otherwise nowhere, with the reason.
+pub fn place_new(c: &Cluster, p: &Policy, g: &NewGuest) -> Result<NewPlacement, PlaceError> {
+    if !(g.cpu.is_finite() && g.cpu > 0.0) {
+        return Err(PlaceError::BadCpu(g.cpu.to_string()));
+    }
+    if c.vms.iter().any(|v| v.name == g.name) {
+        return Err(PlaceError::Exists(g.name.clone()));
+    }
+    let home = c
+        .sites
+        .iter()
+        .find(|s| s.name == g.disk_site)
+        .ok_or_else(|| PlaceError::UnknownSite(g.disk_site.clone()))?;
+    let sites = SiteLoad::new(c, p);
+    let at = |site: &str, away: bool, reason: String| -> Result<NewPlacement, PlaceError> {
+        let l = c
+            .link(site, &home.name)
+            .map_err(|e| PlaceError::NoRoom(e.to_string()))?;
+        Ok(NewPlacement {
+            vm: g.name.clone(),
+            site: site.into(),
+            disk_site: home.name.clone(),
+            away,
+            disk_rtt_ms: l.rtt_ms,
+            reason,
+        })
+    };
+    let used = sites.used(&home.name);
+    if sites.fits(&home.name, g.cpu, p) {
+        return at(
+            &home.name,
+            false,
+            format!(
+                "its disk's site {} has room: {:.1} of {:.0} CPUs used, {:.1} more fit",
+                home.name,
+                used,
+                home.cpu_capacity,
+                sites.room(&home.name, p)
+            ),
+        );
+    }
+    let draining = sites.draining(&home.name);
+    let why = if draining {
+        format!("its disk's site {} is being drained", home.name)
+    } else {
+        format!(
+            "its disk's site {} uses {:.1} of {:.0} CPUs (limit {:.1}): no room for {:.1} more",
+            home.name,
+            used,
+            home.cpu_capacity,
+            sites.limit(&home.name, p),
+            g.cpu
+        )
+    };
+    if !draining && !p.burst {
+        return Err(PlaceError::NoRoom(format!(
+            "{why}; cloud bursting is off (`ferry control burst on` lets new guests start at a linked site)"
+        )));
+    }
+    match sites.roomiest(c, &home.name, g.cpu, p) {
+        Some(t) => {
+            let room = sites.room(&t.name, p);
+            let rtt = c
+                .link(&t.name, &home.name)
+                .map(|l| l.rtt_ms)
+                .unwrap_or(f64::NAN);
+            at(
+                &t.name,
+                true,
+                format!(
+                    "{why}: starts at {} ({room:.1} CPUs free), its disk stays at {}, {rtt:.1} ms away",
+                    t.name, home.name
+                ),
+            )
+        }
+        None => Err(PlaceError::NoRoom(format!(
+            "{why}, and no site linked to it has room for {:.1} CPUs",
+            g.cpu
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -708,6 +838,7 @@ mod tests {
             memory_bytes: 256e6,
             disk_bytes: 4e9,
             missing_at: Default::default(),
+            nonzero_share: None,
             load: VmLoad {
                 iops,
                 io_bytes: 4096.0,
@@ -926,5 +1057,65 @@ mod tests {
         after.vms[0].placement.host_site = "cloud".into();
         let plan = super::plan(&after, &p, &mut Triggers::default(), 0.0).unwrap();
         assert!(plan.decisions.is_empty(), "{plan:?}");
+    }
+
+    #[test]
+    fn a_new_guest_starts_by_its_disk_or_bursts_when_that_site_is_full() {
+        let mut c = cluster(16.0, vec![at("busy", "a", "a", 10.0, 7.5)]);
+        c.sites[0].cpu_capacity = 8.0;
+        let g = |cpu| NewGuest {
+            name: "new".into(),
+            cpu,
+            disk_site: "a".into(),
+        };
+        let p = Policy::default();
+        let here = place_new(&c, &p, &g(0.5)).unwrap();
+        assert_eq!((here.site.as_str(), here.away), ("a", false), "{here:?}");
+        // Full: refused while bursting is off, with the way out named.
+        let e = place_new(&c, &p, &g(1.0)).unwrap_err();
+        assert!(e.to_string().contains("bursting is off"), "{e}");
+        let burst = Policy {
+            burst: true,
+            ..Policy::default()
+        };
+        // With bursting on, home is full above 90%: 7.5 + 0.5 > 7.2.
+        let away = place_new(&c, &burst, &g(0.5)).unwrap();
+        assert_eq!((away.site.as_str(), away.away), ("b", true), "{away:?}");
+        assert_eq!(away.disk_site, "a");
+        assert_eq!(away.disk_rtt_ms, 16.0);
+        assert!(
+            away.reason.contains("its disk stays at a"),
+            "{}",
+            away.reason
+        );
+        // Nowhere has room.
+        let e = place_new(&c, &burst, &g(100.0)).unwrap_err();
+        assert!(
+            e.to_string().contains("no site linked to it has room"),
+            "{e}"
+        );
+        // A drained home sends new guests away even without bursting.
+        let drained = Policy {
+            maintenance: vec!["a".into()],
+            ..Policy::default()
+        };
+        assert_eq!(place_new(&c, &drained, &g(0.5)).unwrap().site, "b");
+        // Bad asks.
+        assert!(matches!(
+            place_new(&c, &p, &g(f64::NAN)),
+            Err(PlaceError::BadCpu(_))
+        ));
+        let mut dup = g(0.5);
+        dup.name = "busy".into();
+        assert_eq!(
+            place_new(&c, &p, &dup),
+            Err(PlaceError::Exists("busy".into()))
+        );
+        let mut nowhere = g(0.5);
+        nowhere.disk_site = "mars".into();
+        assert_eq!(
+            place_new(&c, &p, &nowhere),
+            Err(PlaceError::UnknownSite("mars".into()))
+        );
     }
 }

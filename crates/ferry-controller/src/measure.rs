@@ -62,11 +62,19 @@ impl BandwidthCache {
 /// share of the disk a move there would send.
 #[derive(Debug, Default)]
 pub struct HoldingsCache {
-    entries: BTreeMap<(String, String), (Instant, BTreeMap<String, f64>)>,
+    entries: BTreeMap<(String, String), (Instant, Holdings)>,
+}
+
+/// What a sample of a volume said: its non-zero share, and per site the
+/// share a disk move there would send.
+#[derive(Debug, Clone, Default)]
+struct Holdings {
+    nonzero: Option<f64>,
+    missing: BTreeMap<String, f64>,
 }
 
 impl HoldingsCache {
-    fn fresh(&self, key: &(String, String)) -> Option<&BTreeMap<String, f64>> {
+    fn fresh(&self, key: &(String, String)) -> Option<&Holdings> {
         self.entries
             .get(key)
             .filter(|(at, _)| at.elapsed() < HOLDINGS_MAX_AGE)
@@ -85,7 +93,8 @@ impl HoldingsCache {
 /// lives) times the share of those blocks the site's index does not hold.
 /// 0 at its own site; sites without storage, or that do not answer, are
 /// left out (the model then counts the whole disk). A sample is reused for
-/// [`HOLDINGS_MAX_AGE`]; one that met a problem is not kept.
+/// [`HOLDINGS_MAX_AGE`]; one that met a problem is not kept. Also the
+/// volume's non-zero share, when a sample was read.
 fn missing_bytes(
     inv: &Inventory,
     server: &str,
@@ -93,7 +102,7 @@ fn missing_bytes(
     disk_bytes: f64,
     problems: &mut Vec<String>,
     cache: &mut HoldingsCache,
-) -> BTreeMap<String, f64> {
+) -> (BTreeMap<String, f64>, Option<f64>) {
     let key = (server.to_string(), volume.to_string());
     let shares = match cache.fresh(&key) {
         Some(s) => s.clone(),
@@ -106,10 +115,12 @@ fn missing_bytes(
             s
         }
     };
-    shares
+    let missing = shares
+        .missing
         .into_iter()
         .map(|(site, share)| (site, share * disk_bytes))
-        .collect()
+        .collect();
+    (missing, shares.nonzero)
 }
 
 /// Per site, the share of `volume` a disk move there would send (see
@@ -119,12 +130,12 @@ fn missing_shares(
     server: &str,
     volume: &str,
     problems: &mut Vec<String>,
-) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
+) -> Holdings {
+    let mut out = Holdings::default();
     let Some((home, st)) = inv.storage_at(server) else {
         return out;
     };
-    out.insert(home.name.clone(), 0.0);
+    out.missing.insert(home.name.clone(), 0.0);
     let sample = match AdminClient::with_timeout(&st.admin, HOST_CALL_LIMIT)
         .sample_volume(volume, SAMPLE_BLOCKS)
     {
@@ -137,6 +148,7 @@ fn missing_shares(
     };
     #[allow(clippy::cast_precision_loss)]
     let nonzero = (sample.sampled - sample.zero) as f64 / sample.sampled as f64;
+    out.nonzero = Some(nonzero);
     for s in inv.sites.iter().filter(|s| s.name != home.name) {
         let Some(there) = s.storage.first() else {
             continue;
@@ -155,7 +167,7 @@ fn missing_shares(
                 }
             }
         };
-        out.insert(s.name.clone(), nonzero * (1.0 - held));
+        out.missing.insert(s.name.clone(), nonzero * (1.0 - held));
     }
     out
 }
@@ -474,8 +486,22 @@ pub fn measure(
             })
             .unwrap_or(1 << 30);
         #[allow(clippy::cast_precision_loss)]
-        let (memory_bytes, disk_bytes) = ((v.spec.memory_mib << 20) as f64, size as f64);
+        // What a memory move sends in full: the RAM the guest touched
+        // (resident in QEMU), else all of it.
+        let memory_bytes = v
+            .memory_resident_bytes
+            .filter(|b| *b > 0)
+            .unwrap_or(v.spec.memory_mib << 20) as f64;
+        let disk_bytes = size as f64;
         running_on.insert(v.spec.name.clone(), control.clone());
+        let (missing_at, nonzero_share) = missing_bytes(
+            inv,
+            &d.server,
+            &d.volume,
+            disk_bytes,
+            &mut problems,
+            holdings,
+        );
         vms.push(VmState {
             name: v.spec.name.clone(),
             placement: Placement {
@@ -484,14 +510,8 @@ pub fn measure(
             },
             memory_bytes,
             disk_bytes,
-            missing_at: missing_bytes(
-                inv,
-                &d.server,
-                &d.volume,
-                disk_bytes,
-                &mut problems,
-                holdings,
-            ),
+            missing_at,
+            nonzero_share,
             load,
             since_move_s: since_move_s
                 .get(&v.spec.name)

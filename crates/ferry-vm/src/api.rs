@@ -285,6 +285,16 @@ pub fn render_metrics(views: &[VmView]) -> String {
             v.spec.name, v.cpu_time_s
         );
     }
+    let _ = writeln!(o, "# HELP ferry_vm_memory_resident_bytes Guest RAM resident in its QEMU process (pages the guest touched).\n# TYPE ferry_vm_memory_resident_bytes gauge");
+    for v in views {
+        if let Some(b) = v.memory_resident_bytes {
+            let _ = writeln!(
+                o,
+                "ferry_vm_memory_resident_bytes{{vm=\"{}\"}} {b}",
+                v.spec.name
+            );
+        }
+    }
     type Series = fn(&DiskIo) -> Vec<(&'static str, u64)>;
     let families: [(&str, &str, &str, Series); 3] = [
         (
@@ -393,6 +403,7 @@ mod tests {
             pid: Some(1),
             qemu_status: Some("running".into()),
             cpu_time_s: 1.5,
+            memory_resident_bytes: Some(40 << 20),
             disks: vec![DiskIo {
                 volume: "v".into(),
                 reads: 3,
@@ -409,6 +420,7 @@ mod tests {
         for line in [
             "ferry_vm_state{vm=\"g\",state=\"running\",accel=\"tcg\"} 1",
             "ferry_vm_cpu_seconds_total{vm=\"g\"} 1.5",
+            "ferry_vm_memory_resident_bytes{vm=\"g\"} 41943040",
             "# TYPE ferry_vm_disk_requests_total counter",
             "ferry_vm_disk_requests_total{vm=\"g\",volume=\"v\",op=\"read\"} 3",
             "ferry_vm_disk_requests_total{vm=\"g\",volume=\"v\",op=\"other\"} 0",

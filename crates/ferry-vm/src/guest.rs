@@ -59,6 +59,39 @@ pub fn pid_alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
+/// Bytes of a guest's RAM its QEMU process (`pid`) holds resident: the
+/// pages the guest has touched, which is what a pre-copy of its memory
+/// sends in full (untouched pages go as zero-page markers). The guest's
+/// RAM is the mapping of `memory_bytes` to `memory_bytes` + 16 MiB (QEMU
+/// aligns it and adds guard pages) with the most resident pages. None
+/// when `/proc` does not say.
+pub fn memory_resident_bytes(pid: u32, memory_bytes: u64) -> Option<u64> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    guest_ram_resident(&smaps, memory_bytes)
+}
+
+/// [`memory_resident_bytes`] over the text of an smaps file.
+fn guest_ram_resident(smaps: &str, memory_bytes: u64) -> Option<u64> {
+    let mut best: Option<u64> = None;
+    let mut size_ok = false;
+    for line in smaps.lines() {
+        let mut f = line.split_whitespace();
+        let Some(first) = f.next() else { continue };
+        if let Some((lo, hi)) = first.split_once('-') {
+            if let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) {
+                let size = hi.saturating_sub(lo);
+                size_ok = size >= memory_bytes && size <= memory_bytes + (16 << 20);
+                continue;
+            }
+        }
+        if first == "Rss:" && size_ok {
+            let kib: u64 = f.next().and_then(|v| v.parse().ok())?;
+            best = Some(best.map_or(kib << 10, |b| b.max(kib << 10)));
+        }
+    }
+    best
+}
+
 /// User + system CPU seconds of a process.
 pub fn cpu_seconds(pid: u32) -> f64 {
     let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -248,4 +281,32 @@ pub fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<(), VmError> {
     std::fs::write(&tmp, data)
         .and_then(|()| std::fs::rename(&tmp, path))
         .map_err(|e| VmError::Io(format!("{}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_guest_ram_is_the_mapping_of_its_size_with_most_resident() {
+        let smaps = "\
+55d0c0000000-55d0c0100000 r-xp 00000000 08:01 1234 /usr/bin/qemu-system-x86_64
+Size:               1024 kB
+Rss:                 900 kB
+7f0000000000-7f0010200000 rw-p 00000000 00:00 0
+Size:             264192 kB
+Rss:               40960 kB
+7f1000000000-7f1010000000 rw-p 00000000 00:00 0
+Size:             262144 kB
+Rss:                1024 kB
+7f2000000000-7f2040000000 rw-p 00000000 00:00 0
+Size:            1048576 kB
+Rss:              500000 kB
+";
+        // 256 MiB guest: the 258 MiB mapping (41 MiB resident) wins over the
+        // 256 MiB one with less; the 1 GiB TCG buffer is not its size.
+        assert_eq!(guest_ram_resident(smaps, 256 << 20), Some(40960 << 10));
+        assert_eq!(guest_ram_resident(smaps, 512 << 20), None);
+        assert_eq!(guest_ram_resident("", 256 << 20), None);
+    }
 }

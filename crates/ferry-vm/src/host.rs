@@ -2,7 +2,7 @@
 //! specs under `<state>/vms/NAME/`, their disks attached to the host's
 //! forwarder while a guest needs them.
 
-use crate::guest::{cpu_seconds, Guest};
+use crate::guest::{cpu_seconds, memory_resident_bytes, Guest};
 use crate::moves::MoveRun;
 use crate::qemu::{host_memory_mib, qemu_available, resolve_accel, validate};
 use crate::VmError;
@@ -305,6 +305,9 @@ impl VmHost {
             pid: rt.as_ref().map(|r| r.pid),
             qemu_status,
             cpu_time_s: rt.as_ref().map_or(0.0, |r| cpu_seconds(r.pid)),
+            memory_resident_bytes: rt
+                .as_ref()
+                .and_then(|r| memory_resident_bytes(r.pid, spec.memory_mib << 20)),
             disks,
             serial_log: g.paths.serial.clone(),
             moving: g.moving.lock().clone(),
