@@ -617,7 +617,14 @@ def model_report(ctx, rows, mbit, rtt0, data_mib, vol_mib):
                      "each": [(round(r["predicted"], 2), round(r["measured"], 2)) for r in rs]})
     fig, ax = plt.subplots(figsize=(10, 4))
     names = [r["what"] for r in rows]
-    ax.barh(names, [r["error_pct"] for r in rows], color=["C0" if abs(r["error_pct"]) <= 15 else "C3" for r in rows])
+    clip = 100
+    ax.barh(names, [max(-clip, min(clip, r["error_pct"])) for r in rows],
+            color=["C0" if abs(r["error_pct"]) <= 15 else "C3" for r in rows])
+    for i, r in enumerate(rows):
+        if abs(r["error_pct"]) > clip:
+            ax.annotate(f"{r['error_pct']:+.0f}%", (clip if r["error_pct"] > 0 else -clip, i), xytext=(-30, -3),
+                        textcoords="offset points", fontsize=7, color="white")
+    ax.set_xlim(-clip, clip)
     ax.axvline(15, color="grey", ls="--", lw=1)
     ax.axvline(-15, color="grey", ls="--", lw=1)
     ax.set_xlabel("prediction error (%): (predicted - measured) / measured")
@@ -1202,7 +1209,7 @@ def main():
     ap.add_argument("--doc", help="page to write (default: docs/evidence.md, or OUT/evidence.md with --quick)")
     ap.add_argument("--keep-going", action="store_true", help="run the other experiments when one fails")
     ap.add_argument("--redraw", action="store_true",
-                    help="redo the figure and table of --only pause or threshold from saved results, without measuring")
+                    help="redo the figure and table of --only pause, threshold or model from saved results, without measuring")
     a = ap.parse_args()
     names = a.only.split(",") if a.only else list(EXPERIMENTS)
     for n in names:
@@ -1224,12 +1231,15 @@ def main():
             print(f"== {n}", flush=True)
             try:
                 if a.redraw:
-                    if n not in ("pause", "threshold"):
-                        raise RuntimeError("--redraw knows only pause and threshold")
+                    if n not in ("pause", "threshold", "model"):
+                        raise RuntimeError("--redraw knows only pause, threshold and model")
                     with open(os.path.join(a.out, f"{n}.json")) as f:
                         old = json.load(f)
                     raw = old["raw"]
-                    if n == "pause":
+                    if n == "model":
+                        q = old.get("quick", False)
+                        r = model_report(ctx, raw, 200, 8, 8 if q else 48, 32 if q else 128)
+                    elif n == "pause":
                         raw.setdefault("what", old["conditions"].split(";")[0])
                         r = exp_pause(ctx, raw)
                     else:
