@@ -179,12 +179,26 @@ def run_ferry(work, link, base, image, load, teleport):
             return {"ok": False, "error": f"the guest did not go on at B: {first}", "report": report,
                     "seconds": secs}
         time.sleep(3)
+        # The destination's forwarder: its slowest requests since the guest
+        # arrived (histogram buckets, cumulative), to tell a slow disk after
+        # the switch from a slow guest.
+        dest = {}
+        try:
+            v = json.loads(B.vm("show", "g", "--json").stdout)
+            d = v["disks"][0]
+            total = d["latency_us"][-1][1]
+            slow = [(b, total - n) for b, n in d["latency_us"] if total - n > 0]
+            dest = {"requests": total, "above_us": slow[-3:], "server": d["server"],
+                    "first_io_unix_ms": d["first_io_unix_ms"]}
+        except (ValueError, KeyError, IndexError):
+            pass
         out = {
             "ok": r.returncode == 0,
             "seconds": secs,
             "pause_ms": max_gap_ms(src_logs + [serial_b], after_n=n0),
             "record_gap_ms": median_gap_ms(src_logs + [serial_b], after_n=n0),
             "report": report,
+            "destination_disk": dest,
         }
         B.vm("stop", "g")
         for h in hosts:
