@@ -309,9 +309,9 @@ def exp_threshold(ctx):
         A, B = Host(ha), Host(hb)
         hosts = [A, B]
         nbd_name, nbd_wan = link.proxy(f"127.0.0.1:{sb.nbd}")
-        _, moves_b = link.proxy(f"127.0.0.1:{B.moves}")
-        _, mig_b = link.proxy(f"127.0.0.1:{sb.mig}")
-        _, mig_a = link.proxy(f"127.0.0.1:{sa.mig}")
+        moves_name, moves_b = link.proxy(f"127.0.0.1:{B.moves}")
+        mig_b_name, mig_b = link.proxy(f"127.0.0.1:{sb.mig}")
+        mig_a_name, mig_a = link.proxy(f"127.0.0.1:{sa.mig}")
         serials = [start_guest(A, ha, f"127.0.0.1:{nbd_wan}", f"127.0.0.1:{sb.admin}"),
                    os.path.join(hb, "vms", "g", "serial.log")]
         wait_acks(serials[0], 5)
@@ -342,7 +342,10 @@ def exp_threshold(ctx):
         while time.time() - t0 < total_s:
             now = time.time() - t0
             if not raised and now >= before_s:
-                link.set_rtt(nbd_name, rtt_hi)
+                # The whole link between the sites: the disk's path and the
+                # hosts' and storage daemons' (which the controller probes).
+                for name in (nbd_name, moves_name, mig_b_name, mig_a_name):
+                    link.set_rtt(name, rtt_hi)
                 raised = True
                 events.append({"t": now, "what": f"RTT to the disk raised to {rtt_hi} ms"})
             a = acks(serials)
@@ -424,9 +427,9 @@ def threshold_report(ctx, timeline, events, before_s, total_s, rtt_hi):
         "conditions": "Two sites on loopback joined by toxiproxy (1 Gbit/s); the guest (256 MiB, TCG) at site A, its "
                       "disk at site B; `ferry control run --interval 2s --sample 1s` with the thresholds policy "
                       "(latency_trigger_ms 5, hold_s 6) and locality on; the record rate from the guest's serial acks. "
-                      f"The link's RTT is declared in the inventory ({rtt_hi} ms; the controller does not probe links "
-                      "yet): the threshold on the latency the guest's forwarder measures is what holds the move "
-                      "back until the RTT really rises.",
+                      f"The RTT of the whole link (the disk's path and the daemons' links) is raised to {rtt_hi} ms; "
+                      "the controller probes it host to host every cycle, and the threshold on the latency the "
+                      "guest's forwarder measures holds the move back until it has stayed high for the hold time.",
         "raw": {"timeline": timeline, "events": events, "before_s": before_s, "total_s": total_s, "rtt_hi": rtt_hi},
     }
 

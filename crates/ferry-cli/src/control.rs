@@ -110,22 +110,8 @@ pub enum ControlCmd {
     },
     /// What the policies would do with a cluster snapshot (a dry run).
     Plan {
-        /// A snapshot: {sites, links, vms} (docs/placement-model.md).
-        #[arg(
-            long,
-            required_unless_present = "inventory",
-            conflicts_with = "inventory"
-        )]
-        cluster: Option<PathBuf>,
-        /// Or the live sites: {sites: [{name, cpu_capacity, hosts:
-        /// [{control, moves}], storage: [{nbd, migrate, admin}]}], links};
-        /// the hosts are measured twice, --interval apart.
-        #[arg(long)]
-        inventory: Option<PathBuf>,
-        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-        interval: std::time::Duration,
         #[command(flatten)]
-        loads: PrometheusArg,
+        from: SnapshotArgs,
         /// Act on the decisions (through the hosts' move API) and report.
         #[arg(long, requires = "inventory")]
         apply: bool,
@@ -184,20 +170,8 @@ pub enum ControlCmd {
         /// its disk lives afterwards, instead of the measured one.
         #[arg(long)]
         rtt_ms: Option<f64>,
-        /// A snapshot (as for plan --cluster).
-        #[arg(
-            long,
-            required_unless_present = "inventory",
-            conflicts_with = "inventory"
-        )]
-        cluster: Option<PathBuf>,
-        /// Or the live sites, measured as by plan --inventory.
-        #[arg(long)]
-        inventory: Option<PathBuf>,
-        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-        interval: std::time::Duration,
         #[command(flatten)]
-        loads: PrometheusArg,
+        from: SnapshotArgs,
         /// Seconds over which the access cost is counted.
         #[arg(long, default_value_t = 600.0)]
         horizon_s: f64,
@@ -229,6 +203,27 @@ pub enum ControlCmd {
 fn read_json<T: serde::de::DeserializeOwned>(p: &PathBuf, what: &str) -> Result<T> {
     let text = std::fs::read_to_string(p).with_context(|| format!("{what} {}", p.display()))?;
     serde_json::from_str(&text).with_context(|| format!("{what} {}", p.display()))
+}
+
+/// The cluster a command plans on: a snapshot file or the live sites.
+#[derive(Args)]
+pub struct SnapshotArgs {
+    /// A snapshot: {sites, links, vms} (docs/placement-model.md).
+    #[arg(
+        long,
+        required_unless_present = "inventory",
+        conflicts_with = "inventory"
+    )]
+    cluster: Option<PathBuf>,
+    /// Or the live sites: {sites: [{name, cpu_capacity, hosts:
+    /// [{control, moves}], storage: [{nbd, migrate, admin}]}], links};
+    /// the hosts are measured twice, --interval apart.
+    #[arg(long)]
+    inventory: Option<PathBuf>,
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    interval: std::time::Duration,
+    #[command(flatten)]
+    loads: PrometheusArg,
 }
 
 /// Where the guests' loads come from: the hosts (default) or Prometheus.
@@ -365,17 +360,13 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
             );
         }
         ControlCmd::Plan {
-            cluster,
-            inventory,
-            interval,
-            loads,
+            from,
             apply,
             save_snapshot,
             policy,
             json,
         } => {
-            let (inv, c, running_on) =
-                snapshot(cluster.as_ref(), inventory.as_ref(), interval, &loads)?;
+            let (inv, c, running_on) = snapshot(&from)?;
             if let Some(f) = &save_snapshot {
                 std::fs::write(f, serde_json::to_vec_pretty(&c)?)
                     .with_context(|| format!("writing {}", f.display()))?;
@@ -451,10 +442,7 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
             disk_to,
             teleport_to,
             rtt_ms,
-            cluster,
-            inventory,
-            interval,
-            loads,
+            from,
             horizon_s,
             json,
         } => {
@@ -468,7 +456,7 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
                 _ if rtt_ms.is_some() => (Asked::Stay, String::new()),
                 _ => anyhow::bail!("give --vm-to, --disk-to or --teleport-to SITE, or --rtt-ms"),
             };
-            let (_, c, _) = snapshot(cluster.as_ref(), inventory.as_ref(), interval, &loads)?;
+            let (_, c, _) = snapshot(&from)?;
             let e = estimate(&c, &vm, asked, &to, rtt_ms, horizon_s)?;
             if json {
                 return print_json(&e);
@@ -532,13 +520,8 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
 /// The cluster to plan on: a snapshot file, or the live sites of an
 /// inventory measured now (with where each guest runs). Problems met while
 /// measuring go to stderr.
-fn snapshot(
-    cluster: Option<&PathBuf>,
-    inventory: Option<&PathBuf>,
-    interval: std::time::Duration,
-    loads: &PrometheusArg,
-) -> Result<(Option<Inventory>, Cluster, BTreeMap<String, String>)> {
-    let inv: Option<Inventory> = match inventory {
+fn snapshot(from: &SnapshotArgs) -> Result<(Option<Inventory>, Cluster, BTreeMap<String, String>)> {
+    let inv: Option<Inventory> = match &from.inventory {
         Some(f) => {
             let i: Inventory = read_json(f, "inventory")?;
             i.validate().map_err(anyhow::Error::msg)?;
@@ -546,7 +529,7 @@ fn snapshot(
         }
         None => None,
     };
-    let (c, running_on, problems) = match (cluster, &inv) {
+    let (c, running_on, problems) = match (&from.cluster, &inv) {
         (Some(f), _) => (
             read_json::<Cluster>(f, "cluster snapshot")?,
             BTreeMap::new(),
@@ -555,8 +538,8 @@ fn snapshot(
         (None, Some(i)) => {
             let m = ferry_controller::measure::measure(
                 i,
-                interval,
-                &loads.source(),
+                from.interval,
+                &from.loads.source(),
                 &BTreeMap::new(),
                 &mut Default::default(),
                 &mut Default::default(),
