@@ -1390,6 +1390,186 @@ fn a_new_guest_starts_in_the_cloud_when_its_home_site_is_full() {
     s.ha.vm_ok(&["stop", "g1"]);
 }
 
+/// Cloud bursting with running guests: two guests at a home site whose
+/// CPUs they overrun; `ferry control run` with bursting on sends guests to
+/// the cloud site (VM only, their disks stay home and are read across the
+/// link), and once home has room again brings them back to their disks.
+#[test]
+fn an_overrun_home_site_bursts_guests_to_the_cloud_and_takes_them_back() {
+    let Some((k, i)) = guest_files() else { return };
+    if !have("toxiproxy-server") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let s = two_sites(12_500);
+    let nbd_a_wan = s.tp.proxy("nbd_a", &s.sa.nbd);
+    for (name, dir) in [("lat_up", "upstream"), ("lat_down", "downstream")] {
+        s.tp.add_toxic(
+            "nbd_a",
+            name,
+            "latency",
+            dir,
+            serde_json::json!({"latency": 10}),
+        );
+    }
+    let names = ["g1", "g2"];
+    for (n, g) in names.iter().enumerate() {
+        let vol = format!("root{n}");
+        ext4_volume(&s.sa, &s.dir, &vol);
+        s.ha.vm_ok(&[
+            "create",
+            g,
+            "--memory",
+            "128M",
+            "--accel",
+            "tcg",
+            "--disk",
+            &format!("{vol}@{}@{}", s.sa.nbd, s.sa.admin),
+            "--kernel",
+            k.to_str().unwrap(),
+            "--initrd",
+            i.to_str().unwrap(),
+            "--cmdline",
+            "console=ttyS0 quiet",
+        ]);
+    }
+    for g in names {
+        wait_acks(&s.ha.serial(g), 5);
+    }
+    let inv = |home_cpus: f64| {
+        serde_json::json!({
+            "sites": [
+                {"name": "home", "cpu_capacity": home_cpus,
+                 "hosts": [{"control": s.ha.control, "moves": s.ha.moves}],
+                 "storage": [{"nbd": nbd_a_wan, "nbd_local": s.sa.nbd, "migrate": s.sa.mig,
+                              "admin": s.sa.admin}]},
+                {"name": "cloud", "cpu_capacity": 8,
+                 "hosts": [{"control": s.hb.control, "moves": s.hb_wan}],
+                 "storage": [{"nbd": s.sb.nbd, "migrate": s.sb_wan, "admin": s.sb.admin}]}],
+            "links": [{"a": "home", "b": "cloud", "rtt_ms": 20, "bandwidth": 12.5e6}]})
+    };
+    // Home's CPUs: three quarters of what its two guests use now, so that
+    // both together overrun it and one alone does not.
+    let snap = s.dir.join("snapshot.json");
+    let inv_file = s.dir.join("inventory.json");
+    std::fs::write(&inv_file, inv(8.0).to_string()).unwrap();
+    ok(&[
+        "control",
+        "plan",
+        "--inventory",
+        inv_file.to_str().unwrap(),
+        "--save-snapshot",
+        snap.to_str().unwrap(),
+    ]);
+    let measured: Value = serde_json::from_slice(&std::fs::read(&snap).unwrap()).unwrap();
+    let used: f64 = measured["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["load"]["cpu"].as_f64().unwrap())
+        .sum();
+    assert!(used > 0.05, "the guests use CPU: {measured}");
+    let home_cpus = used * 0.75 / 0.9;
+    std::fs::write(&inv_file, inv(home_cpus).to_string()).unwrap();
+
+    let ctl_addr = format!("127.0.0.1:{}", free_port());
+    let mut ctl = Command::new(FERRY)
+        .args(["control", "run", "--state-dir"])
+        .arg(s.dir.join("controller"))
+        .args([
+            "--listen",
+            &ctl_addr,
+            "--interval",
+            "2s",
+            "--sample",
+            "1s",
+            "--paused",
+            "--inventory",
+        ])
+        .arg(&inv_file)
+        .env("FERRY_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let api = format!("http://{ctl_addr}");
+    wait_http(&format!("{api}/v1/settings"), "controller", None);
+    let settings: Value = ureq::get(&format!("{api}/v1/settings"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let mut policy = settings["policy"].clone();
+    policy["burst"] = true.into();
+    policy["cooldown_s"] = 1.0.into();
+    policy["paused"] = false.into();
+    ureq::put(&format!("{api}/v1/policy"))
+        .send_json(policy)
+        .unwrap();
+    let finished = |want: &dyn Fn(&Value) -> bool, what: &str| -> Value {
+        let t = Instant::now();
+        loop {
+            let j: Value = ureq::get(&format!("{api}/v1/journal?limit=200"))
+                .call()
+                .ok()
+                .and_then(|r| r.into_json().ok())
+                .unwrap_or(Value::Null);
+            if let Some(e) = j.as_array().and_then(|a| {
+                a.iter()
+                    .find(|e| e["event"] == "finished" && want(&e["outcome"]))
+                    .cloned()
+            }) {
+                return e;
+            }
+            assert!(t.elapsed() < Duration::from_secs(240), "{what}: {j}");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+    // Home overrun: a guest goes to the cloud, VM only.
+    let out = finished(
+        &|o| o["to_host_site"] == "cloud" && o["result"] == "completed",
+        "no guest burst to the cloud",
+    );
+    let o = &out["outcome"];
+    assert_eq!(o["action"], "move_vm", "{out}");
+    assert_eq!(o["to_disk_site"], "home", "its disk stays home: {out}");
+    let moved = o["vm"].as_str().unwrap().to_string();
+    assert_eq!(s.hb.state_of(&moved).as_deref(), Some("running"));
+    // At the cloud it reads its disk at home across the link.
+    let v: Value = serde_json::from_str(&s.hb.vm_ok(&["show", &moved, "--json"])).unwrap();
+    assert_eq!(v["spec"]["disks"][0]["server"], nbd_a_wan.as_str(), "{v}");
+    wait_acks(&s.hb.serial(&moved), 3);
+
+    // Home has room again: the guest comes back to its disk.
+    let mut st: Value = ureq::get(&format!("{api}/v1/settings"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    st["inventory"]["sites"][0]["cpu_capacity"] = 8.into();
+    ureq::put(&format!("{api}/v1/settings"))
+        .send_json(st)
+        .unwrap();
+    let back = finished(
+        &|o| o["vm"] == moved.as_str() && o["to_host_site"] == "home" && o["result"] == "completed",
+        "the burst guest did not come home",
+    );
+    eprintln!("burst: {out}\nback: {back}");
+    let _ = ctl.kill();
+    let _ = ctl.wait();
+    assert_eq!(s.ha.state_of(&moved).as_deref(), Some("running"));
+    let v: Value = serde_json::from_str(&s.ha.vm_ok(&["show", &moved, "--json"])).unwrap();
+    assert_eq!(
+        v["spec"]["disks"][0]["server"],
+        s.sa.nbd.as_str(),
+        "local again: {v}"
+    );
+    for g in names {
+        wait_acks(&s.ha.serial(g), 3);
+        s.ha.vm_ok(&["stop", g]);
+    }
+}
+
 /// A real Prometheus scrapes a storage daemon, a host running a guest and
 /// the controller; every query of the Grafana dashboard we ship
 /// (docs/grafana/ferry.json) is valid PromQL there, and every metric it

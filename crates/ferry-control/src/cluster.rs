@@ -76,6 +76,10 @@ pub struct VmState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nonzero_share: Option<f64>,
     pub load: VmLoad,
+    /// The site it burst from, while it runs away from it (the
+    /// controller's journal knows); it goes back when that site has room.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home_site: Option<String>,
     /// Seconds since its last move (for cooldown and minimum stay); never
     /// moved is infinite, written `null` (JSON has no infinity).
     #[serde(default = "long_ago", deserialize_with = "null_is_long_ago")]
@@ -214,6 +218,7 @@ mod tests {
                 disk_bytes: 1e9,
                 missing_at: BTreeMap::new(),
                 nonzero_share: None,
+                home_site: None,
                 load: VmLoad {
                     iops: 1.0,
                     io_bytes: 4096.0,

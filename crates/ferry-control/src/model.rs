@@ -217,6 +217,7 @@ mod tests {
             disk_bytes: 10e9,
             missing_at: [("a".to_string(), 1e9)].into(),
             nonzero_share: None,
+            home_site: None,
             load: VmLoad {
                 iops,
                 io_bytes: 4096.0,

@@ -131,6 +131,10 @@ pub struct Decision {
     pub reason: String,
     /// Made for a site (maintenance, bursting), not for the guest's speed.
     pub forced: bool,
+    /// A burst: the site the guest leaves because it is full, where it
+    /// returns when that site has room again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst_from: Option<String>,
 }
 
 /// Why a VM was left alone (for the dry run's account).
@@ -181,6 +185,20 @@ pub const THIRD_SITES: usize = 3;
 fn options(c: &Cluster, vm: &VmState) -> Vec<(Action, Placement)> {
     let p = &vm.placement;
     let mut out = Vec::new();
+    // A guest that burst away keeps its disk at home: only its own return
+    // (below, `return_home`) or a move of the VM to its disk.
+    if vm.home_site.as_ref().is_some_and(|h| *h != p.host_site) {
+        if p.host_site != p.disk_site {
+            out.push((
+                Action::MoveVm,
+                Placement {
+                    host_site: p.disk_site.clone(),
+                    disk_site: p.disk_site.clone(),
+                },
+            ));
+        }
+        return out;
+    }
     if p.host_site != p.disk_site {
         out.push((
             Action::MoveVm,
@@ -277,6 +295,7 @@ pub fn plan(
     if p.burst {
         burst(c, p, &mut sites, &mut per_link, &mut moved, &mut plan)?;
     }
+    return_home(c, p, &mut sites, &mut per_link, &mut moved, &mut plan)?;
     if !p.locality {
         return Ok(plan);
     }
@@ -358,6 +377,7 @@ pub fn plan(
                 cost.pause_s * 1000.0
             ),
             forced: false,
+            burst_from: None,
         });
     }
     // Forced moves (maintenance, bursting) first, then biggest gains.
@@ -500,6 +520,7 @@ fn forced(
         cost,
         reason,
         forced: true,
+        burst_from: None,
     }))
 }
 
@@ -665,7 +686,10 @@ fn burst(
                 to.disk_site
             );
             match forced(c, p, vm, Action::MoveVm, to.clone(), why)? {
-                Ok(dec) => {
+                Ok(mut dec) => {
+                    // Its home is where it burst from, unless it had
+                    // burst before and is only moving on.
+                    dec.burst_from = Some(vm.home_site.clone().unwrap_or_else(|| s.to_string()));
                     moved.insert(vm.name.clone());
                     sites.shift(s, &to.host_site, vm.load.cpu);
                     plan.decisions.push(dec);
@@ -802,6 +826,72 @@ pub fn place_new(c: &Cluster, p: &Policy, g: &NewGuest) -> Result<NewPlacement, 
     }
 }
 
+/// Guests that burst away go back to their home site once it has room
+/// for them again (below the burst threshold, so that they do not burst
+/// straight out again), VM only, after their cooldown; whether bursting is
+/// still on or not.
+fn return_home(
+    c: &Cluster,
+    p: &Policy,
+    sites: &mut SiteLoad,
+    per_link: &mut BTreeMap<(String, String), usize>,
+    moved: &mut BTreeSet<String>,
+    plan: &mut Plan,
+) -> Result<(), ClusterError> {
+    for vm in &c.vms {
+        let Some(home) = vm.home_site.as_deref() else {
+            continue;
+        };
+        if moved.contains(&vm.name) {
+            continue;
+        }
+        if home == vm.placement.host_site || c.sites.iter().all(|s| s.name != home) {
+            continue;
+        }
+        let skip = |r: String| Skip {
+            vm: vm.name.clone(),
+            reason: r,
+        };
+        if !sites.fits(home, vm.load.cpu, p) {
+            plan.skipped.push(skip(format!(
+                "burst from {home}, which has no room for it yet ({:.1} of {:.1} CPUs used)",
+                sites.used(home),
+                sites.limit(home, p)
+            )));
+            continue;
+        }
+        if vm.since_move_s < p.cooldown_s {
+            plan.skipped.push(skip(format!(
+                "burst from {home}, moved {:.0} s ago (cooldown {:.0} s)",
+                vm.since_move_s, p.cooldown_s
+            )));
+            continue;
+        }
+        let to = Placement {
+            host_site: home.to_string(),
+            disk_site: vm.placement.disk_site.clone(),
+        };
+        if let Err(why) = take_link(per_link, p, &vm.placement, &to) {
+            plan.skipped.push(skip(why));
+            continue;
+        }
+        let why = format!(
+            "burst from {home}, which has room again ({:.1} of {:.1} CPUs used): back home",
+            sites.used(home),
+            sites.limit(home, p)
+        );
+        match forced(c, p, vm, Action::MoveVm, to.clone(), why)? {
+            Ok(dec) => {
+                moved.insert(vm.name.clone());
+                sites.shift(&vm.placement.host_site, home, vm.load.cpu);
+                plan.decisions.push(dec);
+            }
+            Err(why) => plan.skipped.push(skip(why)),
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -839,6 +929,7 @@ mod tests {
             disk_bytes: 4e9,
             missing_at: Default::default(),
             nonzero_share: None,
+            home_site: None,
             load: VmLoad {
                 iops,
                 io_bytes: 4096.0,
@@ -1053,10 +1144,49 @@ mod tests {
 
         // Once it runs in the cloud, locality does not bring it back while
         // home would go over the threshold again.
+        assert_eq!(d.burst_from.as_deref(), Some("home"));
         let mut after = c.clone();
         after.vms[0].placement.host_site = "cloud".into();
+        after.vms[0].home_site = Some("home".into());
         let plan = super::plan(&after, &p, &mut Triggers::default(), 0.0).unwrap();
         assert!(plan.decisions.is_empty(), "{plan:?}");
+        assert!(
+            plan.skipped
+                .iter()
+                .any(|s| s.vm == "crunch-1" && s.reason.contains("no room for it yet")),
+            "{plan:?}"
+        );
+        // Away, it is I/O-bound now: locality may bring the VM to its disk
+        // but never sends its disk to the cloud.
+        let mut hungry = after.clone();
+        hungry.vms[0].load.iops = 3000.0;
+        hungry.vms[0].load.latency_ms = 20.0;
+        let pl = super::plan(&hungry, &p, &mut Triggers::default(), 0.0).unwrap();
+        assert!(
+            pl.decisions.iter().all(|d| d.action == Action::MoveVm),
+            "{pl:?}"
+        );
+        // Home has room again (a cruncher left): back home, VM only, even
+        // with bursting switched off since.
+        after.vms.remove(1);
+        for pol in [p.clone(), Policy::default()] {
+            let pl = super::plan(&after, &pol, &mut Triggers::default(), 0.0).unwrap();
+            let d = pl
+                .decisions
+                .iter()
+                .find(|d| d.vm == "crunch-1")
+                .expect("comes home");
+            assert_eq!(d.action, Action::MoveVm);
+            assert_eq!(
+                (d.to.host_site.as_str(), d.to.disk_site.as_str()),
+                ("home", "home")
+            );
+            assert!(d.reason.contains("back home"), "{}", d.reason);
+        }
+        // Not during its cooldown.
+        after.vms[0].since_move_s = 10.0;
+        let pl = super::plan(&after, &p, &mut Triggers::default(), 0.0).unwrap();
+        assert!(pl.decisions.iter().all(|d| d.vm != "crunch-1"), "{pl:?}");
     }
 
     #[test]

@@ -122,6 +122,7 @@ fn build(cfg: &SimConfig) -> (Cluster, Vec<bool>) {
                 disk_bytes: f64::from(rng.gen_range(4u32..=40)) * 1e9,
                 missing_at: Default::default(),
                 nonzero_share: None,
+                home_site: None,
                 load: VmLoad {
                     iops: 0.0,
                     io_bytes: 8192.0,
@@ -245,6 +246,13 @@ pub fn run(cfg: &SimConfig, name: &str, policy: Option<&Policy>) -> SimResult {
             };
             v.placement = d.to.clone();
             v.since_move_s = 0.0;
+            // As the controller's journal does: a burst guest belongs home
+            // until it is back there.
+            if let Some(h) = &d.burst_from {
+                v.home_site = Some(h.clone());
+            } else if v.home_site.as_ref() == Some(&v.placement.host_site) {
+                v.home_site = None;
+            }
             r.lost_s += d.cost.lost_s;
             r.bytes_moved += d.cost.bytes;
             r.moves += 1;

@@ -33,6 +33,9 @@ pub struct MoveOutcome {
     pub guest_pause_ms: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// A burst: the site the guest left because it was full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst_from: Option<String>,
 }
 
 impl MoveOutcome {
@@ -143,6 +146,7 @@ pub fn start(
         predicted_bytes: d.cost.bytes,
         guest_pause_ms: None,
         reason: None,
+        burst_from: d.burst_from.clone(),
     };
     let c = AdminClient::for_host(control).limited(crate::measure::HOST_CALL_LIMIT);
     let req = match request(inv, &c, d) {

@@ -181,6 +181,7 @@ mod tests {
             predicted_bytes: 1e6,
             guest_pause_ms: None,
             reason: None,
+            burst_from: None,
         }
     }
 

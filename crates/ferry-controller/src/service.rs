@@ -316,6 +316,10 @@ fn cycle(sh: &Shared, cadence: &Cadence, mem: &mut Memory, born: Instant) {
         })
         .collect();
     let achieved = crate::measure::bandwidth_from_moves(outcomes.iter());
+    let homes = crate::measure::burst_homes(outcomes.iter());
+    for v in &mut m.cluster.vms {
+        v.home_site = homes.get(&v.name).cloned();
+    }
     for l in &mut m.cluster.links {
         let key = if l.a < l.b {
             (l.a.clone(), l.b.clone())
