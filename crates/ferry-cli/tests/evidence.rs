@@ -9,10 +9,11 @@ use common::on_path;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const EXPERIMENTS: [&str; 9] = [
+const EXPERIMENTS: [&str; 10] = [
     "rtt",
     "move_then_run",
     "threshold",
+    "model",
     "similarity",
     "index",
     "migration",
