@@ -247,6 +247,17 @@ impl Drop for Host {
     }
 }
 
+/// A process killed when the test ends, however it ends (a panicking
+/// test must not leave a controller moving guests behind it).
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn trust(a: &Path, b: &Path) {
     let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
     ok(&["certs", "show", "--pool", a]);
@@ -1129,24 +1140,26 @@ fn the_controller_moves_an_io_bound_guest_next_to_its_disk() {
     // The controller service, left to itself, makes the same decision and
     // carries it out.
     let ctl_addr = format!("127.0.0.1:{}", free_port());
-    let mut ctl = Command::new(FERRY)
-        .args(["control", "run", "--state-dir"])
-        .arg(s.dir.join("controller"))
-        .args([
-            "--listen",
-            &ctl_addr,
-            "--interval",
-            "2s",
-            "--sample",
-            "2s",
-            "--inventory",
-        ])
-        .arg(&inv_file)
-        .env("FERRY_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let _ctl = KillOnDrop(
+        Command::new(FERRY)
+            .args(["control", "run", "--state-dir"])
+            .arg(s.dir.join("controller"))
+            .args([
+                "--listen",
+                &ctl_addr,
+                "--interval",
+                "2s",
+                "--sample",
+                "2s",
+                "--inventory",
+            ])
+            .arg(&inv_file)
+            .env("FERRY_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let t = Instant::now();
     let finished = loop {
         let j: Option<Value> = ureq::get(&format!("http://{ctl_addr}/v1/journal?limit=100"))
@@ -1189,8 +1202,7 @@ fn the_controller_moves_an_io_bound_guest_next_to_its_disk() {
         "probed bandwidth: {}",
         st["links"]
     );
-    let _ = ctl.kill();
-    let _ = ctl.wait();
+    drop(_ctl);
     // A probe asked of a host with a bad count is refused with the reason.
     match ureq::post(&format!("http://{}/v1/probe", s.ha.control))
         .send_json(serde_json::json!({"to": s.hb_wan, "count": 0}))
@@ -1473,25 +1485,27 @@ fn an_overrun_home_site_bursts_guests_to_the_cloud_and_takes_them_back() {
     std::fs::write(&inv_file, inv(home_cpus).to_string()).unwrap();
 
     let ctl_addr = format!("127.0.0.1:{}", free_port());
-    let mut ctl = Command::new(FERRY)
-        .args(["control", "run", "--state-dir"])
-        .arg(s.dir.join("controller"))
-        .args([
-            "--listen",
-            &ctl_addr,
-            "--interval",
-            "2s",
-            "--sample",
-            "1s",
-            "--paused",
-            "--inventory",
-        ])
-        .arg(&inv_file)
-        .env("FERRY_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let _ctl = KillOnDrop(
+        Command::new(FERRY)
+            .args(["control", "run", "--state-dir"])
+            .arg(s.dir.join("controller"))
+            .args([
+                "--listen",
+                &ctl_addr,
+                "--interval",
+                "2s",
+                "--sample",
+                "1s",
+                "--paused",
+                "--inventory",
+            ])
+            .arg(&inv_file)
+            .env("FERRY_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let api = format!("http://{ctl_addr}");
     wait_http(&format!("{api}/v1/settings"), "controller", None);
     let settings: Value = ureq::get(&format!("{api}/v1/settings"))
@@ -1555,8 +1569,7 @@ fn an_overrun_home_site_bursts_guests_to_the_cloud_and_takes_them_back() {
         "the burst guest did not come home",
     );
     eprintln!("burst: {out}\nback: {back}");
-    let _ = ctl.kill();
-    let _ = ctl.wait();
+    drop(_ctl);
     assert_eq!(s.ha.state_of(&moved).as_deref(), Some("running"));
     let v: Value = serde_json::from_str(&s.ha.vm_ok(&["show", &moved, "--json"])).unwrap();
     assert_eq!(
@@ -1587,22 +1600,24 @@ fn prometheus_scrapes_every_daemon_and_the_dashboards_queries_hold() {
     ext4_volume(&st, d.path(), "root");
     create_guest(&host, &st, "g1", "root", false);
     let ctl_addr = addr();
-    let mut ctl = Command::new(FERRY)
-        .args(["control", "run", "--state-dir"])
-        .arg(d.path().join("controller"))
-        .args([
-            "--listen",
-            &ctl_addr,
-            "--interval",
-            "1s",
-            "--sample",
-            "200ms",
-        ])
-        .env("FERRY_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let _ctl = KillOnDrop(
+        Command::new(FERRY)
+            .args(["control", "run", "--state-dir"])
+            .arg(d.path().join("controller"))
+            .args([
+                "--listen",
+                &ctl_addr,
+                "--interval",
+                "1s",
+                "--sample",
+                "200ms",
+            ])
+            .env("FERRY_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     wait_http(
         &format!("http://{ctl_addr}/v1/status"),
         "ferry control",
@@ -1758,8 +1773,7 @@ fn prometheus_scrapes_every_daemon_and_the_dashboards_queries_hold() {
     assert_eq!(m["vms"][0]["name"], "g1", "{m}");
     let _ = prom.kill();
     let _ = prom.wait();
-    let _ = ctl.kill();
-    let _ = ctl.wait();
+    drop(_ctl);
     host.vm_ok(&["stop", "g1"]);
 }
 
