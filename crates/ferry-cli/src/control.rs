@@ -611,7 +611,6 @@ fn place(
     for pr in &m.problems {
         eprintln!("{pr}");
     }
-    #[allow(clippy::cast_precision_loss)]
     let need = cpu.unwrap_or(f64::from(spec.vcpus));
     let at = place_new(
         &m.cluster,

@@ -114,8 +114,9 @@ pub fn estimate(
             }
         }
     };
+    let now_link = c.link(&from.host_site, &from.disk_site)?;
     let (cost, link) = match asked {
-        Asked::Stay => (None, c.link(&from.host_site, &from.disk_site)?),
+        Asked::Stay => (None, now_link.clone()),
         Asked::Move(a) => {
             let (x, y) = match a {
                 Action::MoveDisk => (&from.disk_site, &to.disk_site),
@@ -124,7 +125,6 @@ pub fn estimate(
             (Some(cost_of(c, v, a, &to)?), c.link(x, y)?)
         }
     };
-    let now_link = c.link(&from.host_site, &from.disk_site)?;
     let access_now = access_cost(v, c, now_link.rtt_ms, now_link.bandwidth, horizon_s)?;
     let then_link = c.link(&to.host_site, &to.disk_site)?;
     let access_then = access_cost(

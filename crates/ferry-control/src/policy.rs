@@ -806,18 +806,12 @@ pub fn place_new(c: &Cluster, p: &Policy, g: &NewGuest) -> Result<NewPlacement, 
     match sites.roomiest(c, &home.name, g.cpu, p) {
         Some(t) => {
             let room = sites.room(&t.name, p);
-            let rtt = c
-                .link(&t.name, &home.name)
-                .map(|l| l.rtt_ms)
-                .unwrap_or(f64::NAN);
-            at(
-                &t.name,
-                true,
-                format!(
-                    "{why}: starts at {} ({room:.1} CPUs free), its disk stays at {}, {rtt:.1} ms away",
-                    t.name, home.name
-                ),
-            )
+            let mut there = at(&t.name, true, String::new())?;
+            there.reason = format!(
+                "{why}: starts at {} ({room:.1} CPUs free), its disk stays at {}, {:.1} ms away",
+                t.name, home.name, there.disk_rtt_ms
+            );
+            Ok(there)
         }
         None => Err(PlaceError::NoRoom(format!(
             "{why}, and no site linked to it has room for {:.1} CPUs",
