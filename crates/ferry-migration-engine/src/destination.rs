@@ -8,7 +8,7 @@
 
 use super::tls::CertStore;
 use super::transport::{send, Counted, FrameReader, WireCounters};
-use super::{blocking, coalesce, hex, unexpected, ChunkTable, MigrationError, MigrationHost};
+use super::{blocking, bulk, coalesce, hex, unexpected, ChunkTable, MigrationError, MigrationHost};
 use ferry_api::MigrationId;
 use ferry_index::Fingerprint;
 use ferry_migration::{DestinationOrder, Encoding, Message, PrintEntry, VolumeDescriptor, VERSION};
@@ -254,9 +254,33 @@ struct Receiver {
     use_index: bool,
     /// The connection's zstd stream, once the first piece arrives.
     stream: parking_lot::Mutex<Option<super::stream::StreamDecoder>>,
+    /// Bytes written since the last [`Volume::write_behind`].
+    unsynced: std::sync::atomic::AtomicU64,
 }
 
+/// How much a destination writes between two write-behind steps: its
+/// dirty page cache stays near twice this, so a round's flush (and the
+/// writeback burst that delays the guest's own flushes on a shared disk)
+/// stays small.
+const WRITE_BEHIND_STEP: u64 = 8 << 20;
+
 impl Receiver {
+    /// Write a block that arrived or was found, and keep the volume's
+    /// unwritten data bounded.
+    fn put(&self, offset: u64, data: &[u8]) -> Result<(), MigrationError> {
+        use std::sync::atomic::Ordering;
+        self.vol.write_at(offset, data, false)?;
+        let n = self
+            .unsynced
+            .fetch_add(data.len() as u64, Ordering::Relaxed)
+            + data.len() as u64;
+        if n >= WRITE_BEHIND_STEP {
+            self.unsynced.store(0, Ordering::Relaxed);
+            self.vol.write_behind()?;
+        }
+        Ok(())
+    }
+
     /// Handle one `Prints` frame (blocking): fill what can be filled here,
     /// return the chunks (with their prints) still missing.
     fn prints(
@@ -340,7 +364,7 @@ impl Receiver {
                 .and_then(|b| keyed(&b, key).map(|fp| (b, fp)))
             {
                 Some((b, fp)) => {
-                    self.vol.write_at(chunk * self.chunk, &b, false)?;
+                    self.put(chunk * self.chunk, &b)?;
                     self.table.set(chunk, fp.0);
                     filled += 1;
                 }
@@ -374,7 +398,7 @@ impl Receiver {
                 continue;
             }
             if let Some(fp) = keyed(buf, key) {
-                self.vol.write_at(chunk * self.chunk, buf, false)?;
+                self.put(chunk * self.chunk, buf)?;
                 return Ok(Some(fp));
             }
         }
@@ -418,7 +442,7 @@ impl Receiver {
                 raw.len()
             )));
         }
-        self.vol.write_at(offset, &raw, false)?;
+        self.put(offset, &raw)?;
         self.table.record(offset / self.chunk, &raw);
         Ok(())
     }
@@ -457,6 +481,7 @@ where
     let vol = &rx.vol;
     let chunk = desc.chunk_size;
     let mut stats = FillStats::default();
+    let mut paused = false;
     let mut digest_ok: Option<bool> = None;
     let mut buddies: Option<super::buddy::Buddies> = None;
     loop {
@@ -477,7 +502,7 @@ where
             } => {
                 let r = rx.clone();
                 let mut s = std::mem::take(&mut stats);
-                let (mut missing, s) = blocking(move || {
+                let (mut missing, s) = bulk("prints", move || {
                     let w = r.prints(first_chunk, &entries, &mut s)?;
                     Ok((w, s))
                 })
@@ -492,7 +517,7 @@ where
                         let found = b.fetch(chunk, &keys).await;
                         let r = rx.clone();
                         let (still, n) =
-                            blocking(move || r.fill_from_buddies(missing, found)).await?;
+                            bulk("buddies", move || r.fill_from_buddies(missing, found)).await?;
                         stats.buddy += n;
                         missing = still;
                     }
@@ -524,7 +549,13 @@ where
                 bytes,
             } => {
                 let r = rx.clone();
-                blocking(move || r.data(offset, encoding, raw_len, &bytes)).await?;
+                let write = move || r.data(offset, encoding, raw_len, &bytes);
+                if paused {
+                    // The source holds its guest's writes: no background pace.
+                    blocking(write).await?;
+                } else {
+                    bulk("data", write).await?;
+                }
             }
             Message::RoundEnd { round, .. } => {
                 // Flush, and hash the digest groups so the pause only
@@ -544,7 +575,7 @@ where
                 );
                 send(wr, &Message::Synced { round }).await?;
             }
-            Message::Pause => {}
+            Message::Pause => paused = true,
             Message::Digest { digest } => {
                 let r = rx.clone();
                 let mine = blocking(move || {
@@ -676,6 +707,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
         resumed,
         use_index: chunk == state.index().block_size(),
         stream: parking_lot::Mutex::new(None),
+        unsynced: std::sync::atomic::AtomicU64::new(0),
     });
     let outcome = transfer(
         state,

@@ -149,6 +149,53 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(|e| MigrationError::Worker(e.to_string()))?
 }
 
+/// Bulk migration work (hashing a volume, compressing and writing its
+/// copy) on a thread of its own at background CPU priority: on a host whose
+/// CPUs are busy, the guests and their disk I/O go first and the migration
+/// takes what they leave (at nice 10, about a tenth of a contended CPU at
+/// the least, so it never stops). The thread starts at once; the future
+/// gives its result. The pause's own work stays at normal priority
+/// ([`blocking`]): a guest waits for it.
+pub(crate) fn bulk<T: Send + 'static>(
+    what: &'static str,
+    f: impl FnOnce() -> Result<T, MigrationError> + Send + 'static,
+) -> impl std::future::Future<Output = Result<T, MigrationError>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name(format!("migrate-{what}"))
+        .spawn(move || {
+            background_priority();
+            let _ = tx.send(f());
+        });
+    async move {
+        spawned.map_err(|e| MigrationError::Worker(format!("{what}: {e}")))?;
+        rx.await.map_err(|_| {
+            MigrationError::Worker(format!("{what}: the worker ended without an answer"))
+        })?
+    }
+}
+
+/// The nice value of [`bulk`] threads.
+const BULK_NICE: libc::c_int = 10;
+
+/// Lower the calling thread's CPU priority (on Linux, nice is per thread).
+/// Refused or not, the work goes on.
+fn background_priority() {
+    // SAFETY: plain syscalls with integer arguments; gettid names the
+    // calling thread only.
+    let r = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(
+            libc::PRIO_PROCESS,
+            u32::try_from(tid).unwrap_or(0),
+            BULK_NICE,
+        )
+    };
+    if r != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "background priority refused");
+    }
+}
+
 fn unexpected(m: &ferry_migration::Message, during: &'static str) -> MigrationError {
     if let ferry_migration::Message::Abort { reason } = m {
         return MigrationError::PeerAborted(reason.clone());
@@ -501,6 +548,31 @@ pub fn coalesce(chunks: impl IntoIterator<Item = u64>) -> Vec<(u64, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn bulk_work_runs_at_background_priority_and_a_panic_is_an_error() {
+        let nice = bulk("test", || {
+            // SAFETY: getpriority of the calling thread; integer arguments.
+            let n = unsafe {
+                let tid = libc::gettid();
+                libc::getpriority(libc::PRIO_PROCESS, u32::try_from(tid).unwrap())
+            };
+            Ok(n)
+        })
+        .await
+        .unwrap();
+        assert_eq!(nice, BULK_NICE);
+        let e = bulk::<()>("test", || panic!("a worker's bug"))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, MigrationError::Worker(_)), "{e}");
+        // The caller's own thread keeps its priority.
+        // SAFETY: as above.
+        let mine = unsafe {
+            libc::getpriority(libc::PRIO_PROCESS, u32::try_from(libc::gettid()).unwrap())
+        };
+        assert_ne!(mine, BULK_NICE);
+    }
 
     #[test]
     fn coalesce_runs() {

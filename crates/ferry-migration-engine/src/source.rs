@@ -9,9 +9,9 @@ use super::converge::{self, ConvergePolicy, RoundStats, Step};
 use super::tls::{server_name, CertStore};
 use super::transport::{BoxStream, Counted, FrameReader, RateLimit};
 use super::{
-    blocking, coalesce, hex, unexpected, ChunkTable, MigrationError, MigrationHost, MigrationId,
-    MigrationResult, MigrationRun, Phase, Report, ReportBytes, ReportChunks, ReportDigest,
-    ReportThrottle, ReportTime,
+    blocking, bulk, coalesce, hex, unexpected, ChunkTable, MigrationError, MigrationHost,
+    MigrationId, MigrationResult, MigrationRun, Phase, Report, ReportBytes, ReportChunks,
+    ReportDigest, ReportThrottle, ReportTime,
 };
 use bytes::{Bytes, BytesMut};
 use ferry_migration::{Encoding, Message, PrintEntry, SourceOrder, VolumeDescriptor, VERSION};
@@ -489,7 +489,7 @@ impl Sender {
                     break;
                 }
                 buf.resize(usize::try_from(len).unwrap_or(usize::MAX), 0);
-                self.vol.read_at(off, &mut buf)?;
+                self.vol.read_sparse_at(off, &mut buf)?;
                 self.table.record(c, &buf);
                 let k = &self.run.counters;
                 k.bytes_data_raw.fetch_add(len, Ordering::Relaxed);
@@ -584,7 +584,7 @@ impl Sender {
             }
             let seg = SEGMENT.min(size - pos);
             buf.resize(usize::try_from(seg).unwrap_or(usize::MAX), 0);
-            self.vol.read_at(pos, &mut buf)?;
+            self.vol.read_sparse_at(pos, &mut buf)?;
             let mut off = 0usize;
             while off < buf.len() {
                 let ci = (pos + off as u64) / self.chunk;
@@ -980,9 +980,9 @@ async fn fingerprint_phase(
     let dedup = req.dedup;
     let (want_tx, mut want_rx) = mpsc::unbounded_channel::<Vec<(u64, u32)>>();
     let literal_tx = want_tx.clone();
-    let mut scan = tokio::task::spawn_blocking(move || s.scan(dedup, &literal_tx));
+    let mut scan = Box::pin(bulk("scan", move || s.scan(dedup, &literal_tx)));
     let s = sender.clone();
-    let data_task = tokio::task::spawn_blocking(move || {
+    let data_task = bulk("send", move || {
         while let Some(r) = want_rx.blocking_recv() {
             s.send_ranges(&r, false)?;
         }
@@ -993,7 +993,7 @@ async fn fingerprint_phase(
         tokio::select! {
             r = &mut scan, if !scan_done => {
                 scan_done = true;
-                r.map_err(|e| MigrationError::Worker(format!("scan: {e}")))??;
+                r?;
             }
             m = next_msg(in_rx, ANSWER_TIMEOUT, Some(&run.cancel)) => match m? {
                 Message::Want { ranges } => {
@@ -1012,8 +1012,7 @@ async fn fingerprint_phase(
                     c.chunks_buddy.store(buddy_chunks, Ordering::Relaxed);
                     if scan_done { break; }
                     // The destination finished before our scan did: wait for it.
-                    (&mut scan).await
-                        .map_err(|e| MigrationError::Worker(format!("scan: {e}")))??;
+                    (&mut scan).await?;
                     break;
                 }
                 m => return Err(unexpected(&m, "waiting for wants")),
@@ -1021,9 +1020,7 @@ async fn fingerprint_phase(
         }
     }
     drop(want_tx);
-    data_task
-        .await
-        .map_err(|e| MigrationError::Worker(format!("sender: {e}")))??;
+    data_task.await?;
     sync_round(link, in_rx, &run.cancel, 0, bm.dirty_bytes()).await?;
     let fingerprints_s = t_start.elapsed().as_secs_f64();
     let sent = run.wire.tx.load(Ordering::Relaxed) - tx_start;
@@ -1097,6 +1094,7 @@ async fn dirty_rounds(
         let step = converge::decide(&stats, &policy);
         match step {
             Step::Pause | Step::PauseUnconverged if go => {
+                tracing::debug!(migration = %run.id, dirty, "switch released; pausing");
                 if step == Step::PauseUnconverged {
                     converged = false;
                     tracing::warn!(migration = %run.id, dirty, "round limit reached; pausing longer than the target");
@@ -1111,17 +1109,24 @@ async fn dirty_rounds(
                     run.set_phase(Phase::ReadyToSwitch);
                     tracing::info!(migration = %run.id, "converged; holding before the switch until released");
                 }
+                // Keep the digest groups hashed while waiting: the release
+                // comes when the guest is stopped, and hashing every group
+                // then would cost it tens of milliseconds.
+                let t = sender.table.clone();
+                bulk("digest", move || Ok(t.digest())).await?;
                 tokio::select! {
                     () = run.switch_go.cancelled() => {}
                     () = run.cancel.cancelled() => return Err(MigrationError::Cancelled),
                     () = tokio::time::sleep(HOLD_ROUND) => {}
                 }
-                if run.switch_go.is_cancelled() && dirty == bm.dirty_bytes() {
+                // Released: decide again on what is dirty now. What the
+                // guest wrote while this waited goes with the pause unless
+                // it is too much for it; a round here would cost the stopped
+                // guest a round trip.
+                if run.switch_go.is_cancelled() {
                     continue;
                 }
-                if !run.switch_go.is_cancelled() {
-                    held_rounds = held_rounds.saturating_add(1);
-                }
+                held_rounds = held_rounds.saturating_add(1);
             }
             Step::Round { throttle: t } => {
                 if t != throttle {
@@ -1140,7 +1145,7 @@ async fn dirty_rounds(
         let tx0 = run.wire.tx.load(Ordering::Relaxed);
         let ranges = coalesce(bm.take().into_iter().map(|o| o / u64::from(chunk)));
         let s = sender.clone();
-        blocking(move || s.send_ranges(&ranges, true)).await?;
+        bulk("round", move || s.send_ranges(&ranges, true)).await?;
         let round = round.saturating_add(1);
         c.rounds.store(u64::from(round), Ordering::Relaxed);
         sync_round(link, in_rx, &run.cancel, round, dirty).await?;
@@ -1186,13 +1191,16 @@ async fn pause_and_switch(
     } = *job;
     // Phase 4: pause, send the rest, digest, switch. Hash the digest groups
     // now, so the pause re-hashes only what the last chunks change.
+    let t0 = Instant::now();
     let t = table.clone();
     blocking(move || Ok(t.digest())).await?;
+    tracing::debug!(elapsed = ?t0.elapsed(), "pause: digest groups hashed");
     // Journal that the switch may happen from here (before the guest is
     // paused, so it costs the guest nothing): a crash from now on leaves
     // the volume held until the destination is asked.
     let v = vol.clone();
     blocking(move || Ok(v.set_switch_sent(true)?)).await?;
+    tracing::debug!(elapsed = ?t0.elapsed(), "pause: switch journalled");
     run.set_phase(Phase::Paused);
     link.send(Message::Pause).await?;
     vol.gate().set_throttle(Duration::ZERO);

@@ -100,6 +100,53 @@ fn holes_zeroes_trim_and_allocation() {
 }
 
 #[test]
+fn sparse_reads_equal_plain_reads_across_holes_and_data() {
+    let d = tempfile::tempdir().unwrap();
+    let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+    let size = 16u64 << 20;
+    let v = p.create("v", &opts(size)).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    // Data islands of odd sizes, one at the very end, one crossing 8 MiB.
+    for (off, len) in [
+        (4096u64, 8192usize),
+        (1 << 20, 65536),
+        ((8 << 20) - 3000, 6000),
+        (size - 4096, 4096),
+    ] {
+        let data: Vec<u8> = (0..len).map(|_| rng.gen::<u8>() | 1).collect();
+        v.write_at(off, &data, false).unwrap();
+    }
+    // Reads that start and end in holes, in data, and span many extents;
+    // the buffer starts dirty so a hole not zeroed would show.
+    for (off, len) in [
+        (0u64, size),
+        (0, 4096),
+        (4096, 4096),
+        (2048, 12288),
+        ((8 << 20) - 4096, 8192),
+        (size - 8192, 8192),
+        (3 << 20, 1 << 20),
+    ] {
+        let len = len as usize;
+        let mut plain = vec![0xAAu8; len];
+        let mut sparse = vec![0x55u8; len];
+        v.read_at(off, &mut plain).unwrap();
+        v.read_sparse_at(off, &mut sparse).unwrap();
+        assert!(plain == sparse, "read at {off} of {len} bytes differs");
+    }
+    // Write-behind starts and bounds writeback; the data stays as written.
+    v.write_at(5 << 20, &[3u8; 65536], false).unwrap();
+    v.write_behind().unwrap();
+    v.write_behind().unwrap();
+    let mut b = vec![0u8; 65536];
+    v.read_at(5 << 20, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 3));
+    // Past the end is refused like read_at.
+    let mut b = vec![0u8; 8192];
+    assert!(v.read_sparse_at(size - 4096, &mut b).is_err());
+}
+
+#[test]
 fn preallocated_and_resize_and_delete() {
     let d = tempfile::tempdir().unwrap();
     let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
