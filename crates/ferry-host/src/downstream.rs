@@ -210,12 +210,27 @@ fn code_of(e: &ClientError) -> ErrorCode {
     }
 }
 
+/// A guest request that takes this long is logged (with what it was), so a
+/// stall the guest saw can be placed in time against a move's phases.
+const SLOW_REQUEST: Duration = Duration::from_millis(100);
+
 impl Forwarder {
     /// Answer one request by forwarding it upstream.
     async fn forward(&self, req: &Request) -> Bytes {
         let t0 = std::time::Instant::now();
         let (reply, ok) = self.forward_inner(req).await;
-        self.up.io.record(req.command, req.length, t0.elapsed(), ok);
+        let took = t0.elapsed();
+        self.up.io.record(req.command, req.length, took, ok);
+        if took >= SLOW_REQUEST {
+            tracing::warn!(
+                volume = %self.up.volume(),
+                command = ?req.command,
+                offset = req.offset,
+                length = req.length,
+                ms = took.as_millis(),
+                "slow guest request"
+            );
+        }
         reply
     }
 

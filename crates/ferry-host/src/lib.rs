@@ -191,11 +191,15 @@ impl Upstream {
         self.current.lock().1.is_some()
     }
 
-    /// Point a pending volume at `server` and connect now.
+    /// Point the volume at `server` and connect now: a pending volume, or
+    /// one whose connection still goes to the volume's old place (a guest
+    /// arriving by teleport whose QEMU touched its disk before the switch),
+    /// so that the guest's first request after it resumes does not go
+    /// there first and learn of the move.
     pub async fn connect_now(&self, server: &str) -> Result<(), HostError> {
         let generation = {
             let cur = self.current.lock();
-            if cur.1.is_some() {
+            if cur.1.is_some() && *self.server.lock() == server {
                 return Ok(());
             }
             cur.0
@@ -266,6 +270,7 @@ impl Upstream {
     /// Replace connection `failed` (unless another task already did).
     async fn reconnect(&self, failed: u64, since: Instant) -> Result<(), HostError> {
         let _one = self.reconnecting.lock().await;
+        tracing::debug!(volume = %self.volume, server = %self.server(), failed, "reconnecting");
         if self.current().0 != failed {
             return Ok(());
         }

@@ -343,6 +343,7 @@ async fn disk_switched(
 ) -> Result<PeerAnswer, VmError> {
     let g = receiving(host, id)?;
     for (volume, server) in servers {
+        tracing::debug!(%volume, %server, connected = host.agent.get(volume).is_some_and(|u| u.connected()), "disk switched; connecting its forwarder");
         if let Some(up) = host.agent.get(volume) {
             up.connect_now(server).await.map_err(|e| VmError::Disk {
                 volume: volume.clone(),

@@ -1121,10 +1121,12 @@ async fn switch_disks(
         SWITCH_POLL,
     )
     .await?;
+    tracing::debug!("disks ready; releasing their switch");
     for (d, id) in disks {
         let (c, i) = (admin_of(d), id.clone());
         blocking(move || c.release_switch(&i)).await?;
     }
+    tracing::debug!("disks released");
     let st = wait_disks(
         run,
         disks,
@@ -1139,6 +1141,10 @@ async fn switch_disks(
         .fold(0.0, f64::max);
     run.note(format!("disks switched (their own pause {pause:.0} ms)"));
     let servers = new_servers(disks).await?;
+    tracing::debug!(
+        early = spare.is_some(),
+        "telling the destination where the disks are"
+    );
     let req = PeerRequest::DiskSwitched {
         id: run.id.clone(),
         servers,
