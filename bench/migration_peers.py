@@ -111,9 +111,10 @@ class Daemon:
         if migrate:
             self.mig = free_port()
             args += ["--migrate", f"127.0.0.1:{self.mig}"]
-        env = dict(os.environ, FERRY_LOG="warn")
+        env = dict(os.environ, FERRY_LOG=os.environ.get("FERRY_BENCH_LOG", "warn"))
+        self.log = pool + ".log"
         self.proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL,
-                                     stderr=open(pool + ".log", "w"))
+                                     stderr=open(self.log, "w"))
         wait_http(f"http://127.0.0.1:{self.admin}/v1/server")
 
     def ferry(self, *args):

@@ -22,10 +22,14 @@ over every proxy the move used. One after the other, in one run:
 
 The guest's pause is QEMU's own stamps: STOP at the source to RESUME at the
 destination (host clocks). The largest gap between consecutive records'
-uptime stamps (both sides' serial logs) is reported too, but under TCG the
-guest's clock stands still while QEMU stops it, so that gap shows the
-guest's slowness after it resumes (a cold translation cache at the
-destination), not the stop.
+uptime stamps (both sides' serial logs) around the switch is reported too,
+but under TCG the guest's clock stands still while QEMU stops it, so that
+gap shows the guest's slowness after it resumes (a cold translation cache
+at the destination), not the stop. The largest gap of the whole move is
+placed in time (host clock, seconds from the command) by watching the
+serial logs as the acks appear: a stall during the pre-copy shows there.
+`--keep-logs DIR` keeps the daemons' logs (`FERRY_BENCH_LOG` sets their
+level; the host daemon logs every guest request over 100 ms).
 
   python3 bench/vm_peers.py [--rtt 20 --rtt 100] [--mbit 100] [--loads idle,heavy] [--json]
 """
@@ -45,6 +49,8 @@ from migration_peers import Daemon, Link, qmp, wait_http  # noqa: E402
 
 GUEST = os.environ.get("FERRY_GUEST_DIR", "/var/cache/ferry-guest")
 MEM = "256M"
+ACCEL = "tcg"  # --accel; module-wide so every peer runs the same way
+KEEP_LOGS = None  # --keep-logs: where the host daemons' logs are copied
 MAX_DOWNTIME_MS = 300
 
 
@@ -85,6 +91,72 @@ def median_gap_ms(paths, after_n=0):
     return g[len(g) // 2] if g else None
 
 
+class AckClock:
+    """Host-clock time at which each ack line appears in the serial logs
+    (polled every 10 ms): places the guest's largest gap against the
+    move's phases. Files are kept open, so a log moved away still reads."""
+
+    def __init__(self, paths):
+        import threading
+        self.paths, self.files, self.seen, self.rest = paths, {}, {}, {}
+        self.stop_ev = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop_ev.is_set():
+            now = time.time()
+            for p in self.paths:
+                if p not in self.files:
+                    try:
+                        self.files[p] = open(p, errors="replace")
+                    except OSError:
+                        continue
+                text = self.rest.get(p, "") + self.files[p].read()
+                lines = text.split("\n")
+                self.rest[p] = lines.pop()
+                for line in lines:
+                    f = line.split()
+                    if len(f) == 3 and f[0] == "ack" and f[1].isdigit():
+                        self.seen.setdefault(int(f[1]), now)
+            time.sleep(0.01)
+
+    def close(self):
+        self.stop_ev.set()
+        self.thread.join()
+        for f in self.files.values():
+            f.close()
+
+
+def largest_gap(paths, clock, t0, after_n=0, window=None):
+    """The largest gap between consecutive records (guest clock) and when
+    (host clock, seconds from t0) the record ending it appeared; with a
+    window (from, to), only among records that appeared in it."""
+    a = [x for x in acks(paths) if x[0] > after_n]
+    best = None
+    for x, b in zip(a, a[1:]):
+        at = clock.seen.get(b[0])
+        if window and (at is None or not window[0] <= at - t0 <= window[1]):
+            continue
+        if b[0] == x[0] + 1 and (best is None or b[1] - x[1] > best[0]):
+            best = (b[1] - x[1], b[0])
+    if best is None:
+        return None
+    at = clock.seen.get(best[1])
+    return {"ms": round(best[0] * 1000), "ack": best[1],
+            "seen_at_s": None if at is None else round(at - t0, 3)}
+
+
+def switchover_at(report):
+    """Seconds from the move's start to its switchover phase."""
+    acc = 0.0
+    for p in report.get("phases", []):
+        if p["phase"] == "switchover":
+            return acc
+        acc += p["seconds"]
+    return None
+
+
 def wait_acks(path, n, secs=120):
     end = time.time() + secs
     while time.time() < end:
@@ -110,8 +182,8 @@ class Host:
         self.proc = subprocess.Popen(
             [FERRY, "host", "--state-dir", state, "--control", f"127.0.0.1:{self.control}",
              "--move-listen", f"127.0.0.1:{self.moves}"],
-            env=dict(os.environ, FERRY_LOG="warn"), stdout=subprocess.DEVNULL,
-            stderr=open(state + ".log", "w"))
+            env=dict(os.environ, FERRY_LOG=os.environ.get("FERRY_BENCH_LOG", "warn")),
+            stdout=subprocess.DEVNULL, stderr=open(state + ".log", "w"))
         wait_http(f"http://127.0.0.1:{self.control}/v1/vms")
 
     def vm(self, *args):
@@ -121,6 +193,9 @@ class Host:
     def stop(self):
         self.proc.terminate()
         self.proc.wait()
+        if KEEP_LOGS:
+            os.makedirs(KEEP_LOGS, exist_ok=True)
+            shutil.copy(self.state + ".log", os.path.join(KEEP_LOGS, f"{int(time.time())}-{os.path.basename(self.state)}.log"))
         for d in os.listdir(os.path.join(self.state, "vms")) if os.path.isdir(os.path.join(self.state, "vms")) else []:
             try:
                 pid = int(open(os.path.join(self.state, "vms", d, "qemu.pid")).read())
@@ -148,7 +223,7 @@ def run_ferry(work, link, base, image, load, teleport):
         hosts = [A, B]
         mem_name, mem_port = link.proxy(f"127.0.0.1:{B.moves}")
         disk_name, disk_port = link.proxy(f"127.0.0.1:{sb.mig}")
-        r = A.vm("create", "g", "--memory", MEM, "--accel", "tcg",
+        r = A.vm("create", "g", "--memory", MEM, "--accel", ACCEL,
                  "--disk", f"root@127.0.0.1:{sa.nbd}@127.0.0.1:{sa.admin}",
                  "--kernel", f"{GUEST}/vmlinuz", "--initrd", f"{GUEST}/initrd.img",
                  "--cmdline", cmdline(load))
@@ -160,6 +235,8 @@ def run_ferry(work, link, base, image, load, teleport):
                 "--max-downtime", f"{MAX_DOWNTIME_MS}ms", "--json"]
         if teleport:
             args += ["--with-disk", "--to-storage", f"127.0.0.1:{disk_port}"]
+        serial_b = os.path.join(hb, "vms", "g", "serial.log")
+        clock = AckClock([serial_a, serial_b])
         t = time.time()
         r = A.vm(*args)
         secs = time.time() - t
@@ -168,7 +245,6 @@ def run_ferry(work, link, base, image, load, teleport):
             return {"ok": False, "error": report.get("reason") or report.get("error"), "report": report,
                     "seconds": secs}
         moved = [d for d in os.listdir(os.path.join(ha, "moved"))] if os.path.isdir(os.path.join(ha, "moved")) else []
-        serial_b = os.path.join(hb, "vms", "g", "serial.log")
         src_logs = [os.path.join(ha, "moved", d, "serial.log") for d in moved] + [serial_a]
         try:
             wait_acks(serial_b, 1, secs=30)
@@ -192,8 +268,14 @@ def run_ferry(work, link, base, image, load, teleport):
                     "first_io_unix_ms": d["first_io_unix_ms"]}
         except (ValueError, KeyError, IndexError):
             pass
+        clock.close()
         out = {
             "ok": r.returncode == 0,
+            "largest_gap": largest_gap(src_logs + [serial_b], clock, t, after_n=n0),
+            # The switch's own cost to the guest: records that appeared from
+            # the switchover to 2 s after the command returned.
+            "switch_gap": largest_gap(src_logs + [serial_b], clock, t, after_n=n0,
+                                      window=(switchover_at(report) or 0, secs + 2)),
             "seconds": secs,
             "pause_ms": max_gap_ms(src_logs + [serial_b], after_n=n0),
             "record_gap_ms": median_gap_ms(src_logs + [serial_b], after_n=n0),
@@ -215,12 +297,15 @@ def run_ferry(work, link, base, image, load, teleport):
         for d in (sa, sb):
             if d.proc.poll() is None:
                 d.stop()
+            if KEEP_LOGS:
+                os.makedirs(KEEP_LOGS, exist_ok=True)
+                shutil.copy(d.log, os.path.join(KEEP_LOGS, f"{int(time.time())}-{os.path.basename(d.log)}"))
 
 
 def qemu_cmd(name, disk, qsock, serial, load, incoming=None):
     node = json.dumps({"driver": "raw", "node-name": "disk0",
                        "file": {"driver": "file", "filename": disk}})
-    args = ["qemu-system-x86_64", "-name", name, "-M", "q35", "-accel", "tcg", "-cpu", "max",
+    args = ["qemu-system-x86_64", "-name", name, "-M", "q35", "-accel", ACCEL, "-cpu", "max",
             "-m", MEM, "-nodefaults", "-display", "none",
             "-qmp", f"unix:{qsock},server=on,wait=off",
             "-chardev", f"file,id=s0,path={serial}", "-serial", "chardev:s0",
@@ -340,8 +425,14 @@ def main():
     ap.add_argument("--loads", default="idle,heavy")
     ap.add_argument("--peers", default="ferry-vm-only,ferry-teleport,qemu-native")
     ap.add_argument("--images", default="/tmp/ferry-similarity")
+    ap.add_argument("--accel", choices=["tcg", "kvm"], default="tcg",
+                    help="how the guests run (kvm needs a working /dev/kvm)")
+    ap.add_argument("--keep-logs", metavar="DIR",
+                    help="copy each host daemon's log here (FERRY_BENCH_LOG sets its level; slow guest requests are warnings)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    global ACCEL, KEEP_LOGS
+    ACCEL, KEEP_LOGS = a.accel, a.keep_logs
     rtts = a.rtt or [20]
     base, image = os.path.join(a.images, "min.img"), os.path.join(a.images, "lamp.img")
     for f in (base, image, f"{GUEST}/vmlinuz"):
@@ -374,9 +465,9 @@ def main():
         print(json.dumps(results, indent=1))
         return
     print(f"ferry {version([FERRY, '--version'])}; {version(['qemu-system-x86_64', '--version'])}; "
-          f"{a.mbit:g} Mbit/s, guest {MEM} TCG, max downtime {MAX_DOWNTIME_MS} ms\n")
-    print("| RTT | guest load | peer | bytes on the link | of which memory | total time | STOP→RESUME (QEMU's stamps) | stall after resume, guest clock (normal gap) | QEMU downtime |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"{a.mbit:g} Mbit/s, guest {MEM} {ACCEL.upper()}, max downtime {MAX_DOWNTIME_MS} ms\n")
+    print("| RTT | guest load | peer | bytes on the link | of which memory | total time | STOP→RESUME (QEMU's stamps) | stall after resume, guest clock (normal gap) | largest stall of the move, guest clock (at) | QEMU downtime |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if not r.get("ok"):
             print(f"| {r['rtt']} ms | {r['load']} | {r['peer']} | failed: {r.get('error') or r.get('report', {}).get('reason')} | | | | |")
@@ -385,11 +476,14 @@ def main():
         dt = r.get("downtime_ms_qemu", rep.get("downtime_ms_qemu"))
         pause = r.get("pause_ms")
         sr = r.get("stop_resume_ms", rep.get("guest_pause_ms"))
+        sw, lg = r.get("switch_gap"), r.get("largest_gap")
+        pause = sw["ms"] if sw else pause
+        where = f"{lg['ms']} ms ({lg['seen_at_s']:.1f} s)" if lg and lg.get("seen_at_s") is not None else "-"
         print(f"| {r['rtt']} ms | {r['load']} | {r['peer']} | {r['bytes'] / 1e6:.1f} MB | "
               f"{r['memory_bytes'] / 1e6:.1f} MB | {r['seconds']:.1f} s | "
               f"{'-' if sr is None else f'{sr:.0f} ms'} | "
               f"{'-' if pause is None else f'{pause:.0f} ms'} ({r.get('record_gap_ms') or 0:.0f} ms) | "
-              f"{'-' if dt is None else f'{dt} ms'} |")
+              f"{where} | {'-' if dt is None else f'{dt} ms'} |")
 
 
 if __name__ == "__main__":
