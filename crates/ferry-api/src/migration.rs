@@ -258,6 +258,12 @@ pub struct ReportTime {
     #[serde(default)]
     pub held_s: f64,
     pub pause_ms: f64,
+    /// The slowest write, zeroing, trim or flush the volume's clients made
+    /// at the source during the migration (its time in the storage engine:
+    /// the pause's hold, auto-converge delays, a flush slowed by writeback
+    /// included; not the network to the client). 0 from daemons before it.
+    #[serde(default)]
+    pub slowest_write_ms: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

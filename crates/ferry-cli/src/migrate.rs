@@ -167,6 +167,10 @@ fn print_summary(r: &Report) {
         "  time: {:.2} s total, fingerprints {:.2} s, rounds {:.2} s ({} rounds), held {:.2} s, pause {:.1} ms; digest match: {}",
         t.total_s, t.fingerprints_s, t.rounds_s, r.rounds, t.held_s, t.pause_ms, r.digest.matches,
     );
+    println!(
+        "  slowest client write or flush at the source during the move: {:.1} ms",
+        t.slowest_write_ms
+    );
 }
 
 #[derive(Subcommand)]

@@ -224,6 +224,7 @@ async fn migrate(
     };
     let v = vol.clone();
     let journaled = blocking(move || Ok(v.set_outgoing(Some(journal))?)).await;
+    vol.take_slowest_write();
     let outcome = match journaled.and_then(|()| Ok(vol.create_bitmap(&bm_name, chunk, false)?)) {
         Err(e) => Err(e),
         Ok(bm) => {
@@ -342,6 +343,7 @@ async fn migrate(
             rounds_s: sw.as_ref().map_or(0.0, |s| s.rounds_s),
             held_s: sw.as_ref().map_or(0.0, |s| s.held_s),
             pause_ms: sw.as_ref().map_or(0.0, |s| s.pause.as_secs_f64() * 1e3),
+            slowest_write_ms: vol.take_slowest_write().as_secs_f64() * 1e3,
         },
         rounds: g(&c.rounds),
         converged: sw.as_ref().is_some_and(|s| s.converged),

@@ -498,6 +498,10 @@ fn writes_during_the_migration_arrive_and_auto_converge_reports() {
         r.auto_converge.max_delay_us > 0,
         "the guest outran the link; it must be slowed: {r:?}"
     );
+    // The report counts what the slowing cost the writer at the least.
+    #[allow(clippy::cast_precision_loss)]
+    let least = r.auto_converge.max_delay_us as f64 / 1e3;
+    assert!(r.time.slowest_write_ms >= least, "{r:?}");
     assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
     assert!(writes > 0);
     assert!(r.rounds >= 1, "{r:?}");

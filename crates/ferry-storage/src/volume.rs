@@ -65,6 +65,23 @@ pub struct Volume {
     holders: crate::holders::Holders,
     /// A sanitize running, or failed (I/O refused).
     sanitize: sanitize::SanitizeCell,
+    /// The slowest write, zeroing, trim or flush since
+    /// [`Volume::take_slowest_write`], in µs (gate waits included).
+    slowest_write_us: AtomicU64,
+}
+
+/// Times one write-side operation into [`Volume::slowest_write_us`] however
+/// it ends.
+struct WriteTimer<'a> {
+    slowest: &'a AtomicU64,
+    start: std::time::Instant,
+}
+
+impl Drop for WriteTimer<'_> {
+    fn drop(&mut self) {
+        let us = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.slowest.fetch_max(us, Ordering::Relaxed);
+    }
 }
 
 /// `preadv2`/`pwritev2` on one buffer; `Ok(n)` bytes done.
@@ -238,7 +255,24 @@ impl Volume {
             holders: Default::default(),
             nowait_writes: AtomicBool::new(true),
             gate: WriteGate::default(),
+            slowest_write_us: AtomicU64::new(0),
         })
+    }
+
+    fn write_timer(&self) -> WriteTimer<'_> {
+        WriteTimer {
+            slowest: &self.slowest_write_us,
+            start: std::time::Instant::now(),
+        }
+    }
+
+    /// The slowest write, zeroing, trim or flush a client made since the
+    /// last call (its time in the engine, waits at a migration's write
+    /// gate included), and start again: what a migration cost its volume's
+    /// writers beyond the switch's own hold (throttle delays, a flush slowed
+    /// by a burst of writeback).
+    pub fn take_slowest_write(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.slowest_write_us.swap(0, Ordering::Relaxed))
     }
 
     pub fn name(&self) -> String {
@@ -525,6 +559,7 @@ impl Volume {
 
     /// Write `data` at `offset`; with `fua` it is durable before this returns.
     pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        let _timer = self.write_timer();
         self.check(offset, data.len() as u64, true)?;
         let _ticket = self.gate.enter();
         self.check_not_moved()?;
@@ -545,6 +580,7 @@ impl Volume {
 
     /// Make `[offset, offset+len)` read as zeroes.
     pub fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode, fua: bool) -> Result<()> {
+        let _timer = self.write_timer();
         self.check(offset, len, true)?;
         let _ticket = self.gate.enter();
         self.check_not_moved()?;
@@ -593,6 +629,7 @@ impl Volume {
     /// Discard `[offset, offset+len)`. On sparse volumes the blocks are
     /// deallocated and read back as zeroes; preallocated volumes keep them.
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        let _timer = self.write_timer();
         self.check(offset, len, true)?;
         let _ticket = self.gate.enter();
         self.check_not_moved()?;
@@ -610,6 +647,7 @@ impl Volume {
 
     /// Make every completed write durable (`fdatasync`).
     pub fn flush(&self) -> Result<()> {
+        let _timer = self.write_timer();
         self.file
             .sync_data()
             .map_err(|e| self.io_err("fdatasync", e))

@@ -147,6 +147,24 @@ fn sparse_reads_equal_plain_reads_across_holes_and_data() {
 }
 
 #[test]
+fn the_slowest_write_counts_a_wait_at_the_gate_and_starts_again_when_taken() {
+    let d = tempfile::tempdir().unwrap();
+    let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+    let v = p.create("v", &opts(4 << 20)).unwrap();
+    v.write_at(0, &[1u8; 4096], false).unwrap();
+    v.flush().unwrap();
+    assert!(v.take_slowest_write() < std::time::Duration::from_millis(100));
+    assert!(v.gate().pause(std::time::Duration::from_secs(1)));
+    let v2 = v.clone();
+    let writer = std::thread::spawn(move || v2.write_at(4096, &[2u8; 4096], false));
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    v.gate().resume();
+    writer.join().unwrap().unwrap();
+    assert!(v.take_slowest_write() >= std::time::Duration::from_millis(150));
+    assert_eq!(v.take_slowest_write(), std::time::Duration::ZERO);
+}
+
+#[test]
 fn preallocated_and_resize_and_delete() {
     let d = tempfile::tempdir().unwrap();
     let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
