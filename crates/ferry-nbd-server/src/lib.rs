@@ -21,6 +21,7 @@
 //! answered before the socket closes (FLUSH semantics hold for a client
 //! that disconnects right after a write).
 
+mod locked;
 mod payload;
 mod tls;
 mod writer;
@@ -203,7 +204,7 @@ where
             tracing::debug!("NBD client upgraded to TLS");
             match negotiate(&mut stream, &mut hs, &mut buf, backend).await? {
                 Negotiation::Done(neg) => {
-                    let (rd, wr) = tokio::io::split(stream);
+                    let (rd, wr) = locked::split(stream);
                     run_export(rd, wr, buf, neg, backend, shutdown).await
                 }
                 // A second STARTTLS is refused by the handshake itself.
