@@ -77,7 +77,7 @@ mod tests {
         let (mut ar, mut aw) = split(a);
         let (mut br, mut bw) = split(b);
         let n = 1 << 20;
-        let data: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+        let data: Vec<u8> = (0..n).map(|i| u8::try_from(i % 251).unwrap()).collect();
         let d2 = data.clone();
         // Each end writes 1 MiB while it reads the other's: neither may wait
         // for the other half of its own stream to finish.
