@@ -576,15 +576,7 @@ fn two_sites(kbytes_per_s: u64) -> Sites {
     let hb_wan = tp.proxy("hosts", &hb.moves);
     let sb_wan = tp.proxy("storage", &sb.mig);
     for proxy in ["hosts", "storage"] {
-        for (name, dir) in [("lat_up", "upstream"), ("lat_down", "downstream")] {
-            tp.add_toxic(
-                proxy,
-                name,
-                "latency",
-                dir,
-                serde_json::json!({"latency": 10}),
-            );
-        }
+        tp.add_latency(proxy, 10);
         tp.add_toxic(
             proxy,
             "bw",
@@ -1067,15 +1059,7 @@ fn the_controller_moves_an_io_bound_guest_next_to_its_disk() {
     let s = two_sites(12_500);
     // The guest on host A reads and writes its disk at site B across 16 ms.
     let nbd_wan = s.tp.proxy("nbd", &s.sb.nbd);
-    for (name, dir) in [("lat_up", "upstream"), ("lat_down", "downstream")] {
-        s.tp.add_toxic(
-            "nbd",
-            name,
-            "latency",
-            dir,
-            serde_json::json!({"latency": 8}),
-        );
-    }
+    s.tp.add_latency("nbd", 8);
     ext4_volume(&s.sb, &s.dir, "root");
     let (k, i) = guest_files().unwrap();
     s.ha.vm_ok(&[
@@ -1415,15 +1399,7 @@ fn an_overrun_home_site_bursts_guests_to_the_cloud_and_takes_them_back() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let s = two_sites(12_500);
     let nbd_a_wan = s.tp.proxy("nbd_a", &s.sa.nbd);
-    for (name, dir) in [("lat_up", "upstream"), ("lat_down", "downstream")] {
-        s.tp.add_toxic(
-            "nbd_a",
-            name,
-            "latency",
-            dir,
-            serde_json::json!({"latency": 10}),
-        );
-    }
+    s.tp.add_latency("nbd_a", 10);
     let names = ["g1", "g2"];
     for (n, g) in names.iter().enumerate() {
         let vol = format!("root{n}");

@@ -77,6 +77,21 @@ impl Toxiproxy {
             .unwrap();
     }
 
+    /// Delay every byte `ms` each way (toxics `lat_up`, `lat_down`): a
+    /// round trip of twice `ms` through the proxy.
+    #[allow(dead_code)]
+    pub fn add_latency(&self, proxy: &str, ms: u64) {
+        for (name, dir) in [("lat_up", "upstream"), ("lat_down", "downstream")] {
+            self.add_toxic(
+                proxy,
+                name,
+                "latency",
+                dir,
+                serde_json::json!({ "latency": ms }),
+            );
+        }
+    }
+
     pub fn remove_toxic(&self, proxy: &str, toxic: &str) {
         ureq::delete(&format!("{}/proxies/{proxy}/toxics/{toxic}", self.api))
             .call()
