@@ -280,9 +280,6 @@ pub fn plan(
         });
         return Ok(plan);
     }
-    let mut per_link: BTreeMap<(String, String), usize> = BTreeMap::new();
-    let mut sites = SiteLoad::new(c, p);
-    let mut moved: BTreeSet<String> = BTreeSet::new();
     for m in &p.maintenance {
         if c.sites.iter().all(|s| &s.name != m) {
             plan.skipped.push(Skip {
@@ -291,11 +288,23 @@ pub fn plan(
             });
         }
     }
-    drain(c, p, &mut sites, &mut per_link, &mut moved, &mut plan)?;
+    let mut st = Planning {
+        sites: SiteLoad::new(c, p),
+        per_link: BTreeMap::new(),
+        moved: BTreeSet::new(),
+        plan,
+    };
+    drain(c, p, &mut st)?;
     if p.burst {
-        burst(c, p, &mut sites, &mut per_link, &mut moved, &mut plan)?;
+        burst(c, p, &mut st)?;
     }
-    return_home(c, p, &mut sites, &mut per_link, &mut moved, &mut plan)?;
+    return_home(c, p, &mut st)?;
+    let Planning {
+        mut sites,
+        mut per_link,
+        moved,
+        mut plan,
+    } = st;
     if !p.locality {
         return Ok(plan);
     }
@@ -389,6 +398,16 @@ pub fn plan(
         )
     });
     Ok(plan)
+}
+
+/// What the passes of one plan share: the sites' load as moves are
+/// planned, the moves planned per link, the guests a pass already moved
+/// (later passes leave them alone), and the plan so far.
+struct Planning {
+    sites: SiteLoad,
+    per_link: BTreeMap<(String, String), usize>,
+    moved: BTreeSet<String>,
+    plan: Plan,
 }
 
 /// The CPU the guests use at each site, kept up to date as moves are
@@ -492,7 +511,6 @@ fn take_link(
 }
 
 /// A forced move's decision (maintenance, bursting).
-#[allow(clippy::too_many_arguments)]
 fn forced(
     c: &Cluster,
     p: &Policy,
@@ -527,14 +545,13 @@ fn forced(
 /// Sites in maintenance: every guest running there goes to its disk's
 /// site if that can take it, else (and every guest whose disk is there)
 /// to the nearest site with room, disk and all.
-fn drain(
-    c: &Cluster,
-    p: &Policy,
-    sites: &mut SiteLoad,
-    per_link: &mut BTreeMap<(String, String), usize>,
-    moved: &mut BTreeSet<String>,
-    plan: &mut Plan,
-) -> Result<(), ClusterError> {
+fn drain(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError> {
+    let Planning {
+        sites,
+        per_link,
+        moved,
+        plan,
+    } = st;
     for vm in &c.vms {
         let (h, d) = (&vm.placement.host_site, &vm.placement.disk_site);
         if !sites.draining(h) && !sites.draining(d) {
@@ -627,14 +644,13 @@ fn drain(
 /// the linked site with the most room, VM only, those that lose least to
 /// their disk being remote first (per CPU they free), until it is back
 /// under the threshold.
-fn burst(
-    c: &Cluster,
-    p: &Policy,
-    sites: &mut SiteLoad,
-    per_link: &mut BTreeMap<(String, String), usize>,
-    moved: &mut BTreeSet<String>,
-    plan: &mut Plan,
-) -> Result<(), ClusterError> {
+fn burst(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError> {
+    let Planning {
+        sites,
+        per_link,
+        moved,
+        plan,
+    } = st;
     for site in &c.sites {
         let s = site.name.as_str();
         if sites.draining(s) || sites.used(s) <= site.cpu_capacity * p.burst_above {
@@ -824,14 +840,13 @@ pub fn place_new(c: &Cluster, p: &Policy, g: &NewGuest) -> Result<NewPlacement, 
 /// for them again (below the burst threshold, so that they do not burst
 /// straight out again), VM only, after their cooldown; whether bursting is
 /// still on or not.
-fn return_home(
-    c: &Cluster,
-    p: &Policy,
-    sites: &mut SiteLoad,
-    per_link: &mut BTreeMap<(String, String), usize>,
-    moved: &mut BTreeSet<String>,
-    plan: &mut Plan,
-) -> Result<(), ClusterError> {
+fn return_home(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError> {
+    let Planning {
+        sites,
+        per_link,
+        moved,
+        plan,
+    } = st;
     for vm in &c.vms {
         let Some(home) = vm.home_site.as_deref() else {
             continue;
