@@ -90,6 +90,21 @@ fn long_ago() -> f64 {
     f64::INFINITY
 }
 
+/// Where a guest belongs after a completed move that took its host to
+/// `to_host_site`: a burst (`burst_from`) makes that site its home, a move
+/// back home clears it, any other move keeps it. The controller replays
+/// its journal with this; the simulator applies it as it goes.
+pub fn home_after_move(
+    home: Option<String>,
+    burst_from: Option<&str>,
+    to_host_site: &str,
+) -> Option<String> {
+    match burst_from {
+        Some(h) => Some(h.to_string()),
+        None => home.filter(|h| h != to_host_site),
+    }
+}
+
 fn null_is_long_ago<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))
 }

@@ -246,13 +246,11 @@ pub fn run(cfg: &SimConfig, name: &str, policy: Option<&Policy>) -> SimResult {
             };
             v.placement = d.to.clone();
             v.since_move_s = 0.0;
-            // As the controller's journal does: a burst guest belongs home
-            // until it is back there.
-            if let Some(h) = &d.burst_from {
-                v.home_site = Some(h.clone());
-            } else if v.home_site.as_ref() == Some(&v.placement.host_site) {
-                v.home_site = None;
-            }
+            v.home_site = crate::cluster::home_after_move(
+                v.home_site.take(),
+                d.burst_from.as_deref(),
+                &v.placement.host_site,
+            );
             r.lost_s += d.cost.lost_s;
             r.bytes_moved += d.cost.bytes;
             r.moves += 1;

@@ -307,10 +307,13 @@ pub fn burst_homes<'a>(
 ) -> BTreeMap<String, String> {
     let mut homes = BTreeMap::new();
     for o in outcomes.filter(|o| o.completed()) {
-        if let Some(h) = &o.burst_from {
-            homes.insert(o.vm.clone(), h.clone());
-        } else if homes.get(&o.vm) == Some(&o.to_host_site) {
-            homes.remove(&o.vm);
+        let home = ferry_control::cluster::home_after_move(
+            homes.remove(&o.vm),
+            o.burst_from.as_deref(),
+            &o.to_host_site,
+        );
+        if let Some(h) = home {
+            homes.insert(o.vm.clone(), h);
         }
     }
     homes
