@@ -185,20 +185,6 @@ pub const THIRD_SITES: usize = 3;
 fn options(c: &Cluster, vm: &VmState) -> Vec<(Action, Placement)> {
     let p = &vm.placement;
     let mut out = Vec::new();
-    // A guest that burst away keeps its disk at home: only its own return
-    // (below, `return_home`) or a move of the VM to its disk.
-    if vm.home_site.as_ref().is_some_and(|h| *h != p.host_site) {
-        if p.host_site != p.disk_site {
-            out.push((
-                Action::MoveVm,
-                Placement {
-                    host_site: p.disk_site.clone(),
-                    disk_site: p.disk_site.clone(),
-                },
-            ));
-        }
-        return out;
-    }
     if p.host_site != p.disk_site {
         out.push((
             Action::MoveVm,
@@ -207,6 +193,13 @@ fn options(c: &Cluster, vm: &VmState) -> Vec<(Action, Placement)> {
                 disk_site: p.disk_site.clone(),
             },
         ));
+    }
+    // A guest that burst away keeps its disk at home: only its own return
+    // (`return_home`) or a move of the VM to its disk.
+    if vm.home_site.as_ref().is_some_and(|h| *h != p.host_site) {
+        return out;
+    }
+    if p.host_site != p.disk_site {
         out.push((
             Action::MoveDisk,
             Placement {
