@@ -21,6 +21,7 @@ mod common;
 
 use common::{free_port, have, required};
 use serde_json::Value;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -256,6 +257,24 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// `ferry control run` with its state in `state`, its API on `listen`, and
+/// `args` after those (cadence, inventory, `--paused`); killed when the
+/// handle is dropped.
+fn start_controller(state: &Path, listen: &str, args: &[&OsStr]) -> KillOnDrop {
+    KillOnDrop(
+        Command::new(FERRY)
+            .args(["control", "run", "--state-dir"])
+            .arg(state)
+            .args(["--listen", listen])
+            .args(args)
+            .env("FERRY_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
 }
 
 fn trust(a: &Path, b: &Path) {
@@ -1124,25 +1143,17 @@ fn the_controller_moves_an_io_bound_guest_next_to_its_disk() {
     // The controller service, left to itself, makes the same decision and
     // carries it out.
     let ctl_addr = format!("127.0.0.1:{}", free_port());
-    let _ctl = KillOnDrop(
-        Command::new(FERRY)
-            .args(["control", "run", "--state-dir"])
-            .arg(s.dir.join("controller"))
-            .args([
-                "--listen",
-                &ctl_addr,
-                "--interval",
-                "2s",
-                "--sample",
-                "2s",
-                "--inventory",
-            ])
-            .arg(&inv_file)
-            .env("FERRY_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let ctl = start_controller(
+        &s.dir.join("controller"),
+        &ctl_addr,
+        &[
+            "--interval".as_ref(),
+            "2s".as_ref(),
+            "--sample".as_ref(),
+            "2s".as_ref(),
+            "--inventory".as_ref(),
+            inv_file.as_os_str(),
+        ],
     );
     let t = Instant::now();
     let finished = loop {
@@ -1186,7 +1197,7 @@ fn the_controller_moves_an_io_bound_guest_next_to_its_disk() {
         "probed bandwidth: {}",
         st["links"]
     );
-    drop(_ctl);
+    drop(ctl);
     // A probe asked of a host with a bad count is refused with the reason.
     match ureq::post(&format!("http://{}/v1/probe", s.ha.control))
         .send_json(serde_json::json!({"to": s.hb_wan, "count": 0}))
@@ -1461,26 +1472,18 @@ fn an_overrun_home_site_bursts_guests_to_the_cloud_and_takes_them_back() {
     std::fs::write(&inv_file, inv(home_cpus).to_string()).unwrap();
 
     let ctl_addr = format!("127.0.0.1:{}", free_port());
-    let _ctl = KillOnDrop(
-        Command::new(FERRY)
-            .args(["control", "run", "--state-dir"])
-            .arg(s.dir.join("controller"))
-            .args([
-                "--listen",
-                &ctl_addr,
-                "--interval",
-                "2s",
-                "--sample",
-                "1s",
-                "--paused",
-                "--inventory",
-            ])
-            .arg(&inv_file)
-            .env("FERRY_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let ctl = start_controller(
+        &s.dir.join("controller"),
+        &ctl_addr,
+        &[
+            "--interval".as_ref(),
+            "2s".as_ref(),
+            "--sample".as_ref(),
+            "1s".as_ref(),
+            "--paused".as_ref(),
+            "--inventory".as_ref(),
+            inv_file.as_os_str(),
+        ],
     );
     let api = format!("http://{ctl_addr}");
     wait_http(&format!("{api}/v1/settings"), "controller", None);
@@ -1545,7 +1548,7 @@ fn an_overrun_home_site_bursts_guests_to_the_cloud_and_takes_them_back() {
         "the burst guest did not come home",
     );
     eprintln!("burst: {out}\nback: {back}");
-    drop(_ctl);
+    drop(ctl);
     assert_eq!(s.ha.state_of(&moved).as_deref(), Some("running"));
     let v: Value = serde_json::from_str(&s.ha.vm_ok(&["show", &moved, "--json"])).unwrap();
     assert_eq!(
@@ -1576,23 +1579,15 @@ fn prometheus_scrapes_every_daemon_and_the_dashboards_queries_hold() {
     ext4_volume(&st, d.path(), "root");
     create_guest(&host, &st, "g1", "root", false);
     let ctl_addr = addr();
-    let _ctl = KillOnDrop(
-        Command::new(FERRY)
-            .args(["control", "run", "--state-dir"])
-            .arg(d.path().join("controller"))
-            .args([
-                "--listen",
-                &ctl_addr,
-                "--interval",
-                "1s",
-                "--sample",
-                "200ms",
-            ])
-            .env("FERRY_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let ctl = start_controller(
+        &d.path().join("controller"),
+        &ctl_addr,
+        &[
+            "--interval".as_ref(),
+            "1s".as_ref(),
+            "--sample".as_ref(),
+            "200ms".as_ref(),
+        ],
     );
     wait_http(
         &format!("http://{ctl_addr}/v1/status"),
@@ -1749,7 +1744,7 @@ fn prometheus_scrapes_every_daemon_and_the_dashboards_queries_hold() {
     assert_eq!(m["vms"][0]["name"], "g1", "{m}");
     let _ = prom.kill();
     let _ = prom.wait();
-    drop(_ctl);
+    drop(ctl);
     host.vm_ok(&["stop", "g1"]);
 }
 
