@@ -58,6 +58,17 @@ def cmdline(load):
     return "console=ttyS0 quiet" + (" ferry.load=heavy" if load == "heavy" else "")
 
 
+def parse_ack(line):
+    """(n, uptime) of an "ack N UPTIME" line, else None."""
+    f = line.split()
+    if len(f) == 3 and f[0] == "ack":
+        try:
+            return int(f[1]), float(f[2])
+        except ValueError:
+            pass
+    return None
+
+
 def acks(paths):
     """(n, uptime) of every complete ack line in the logs, by n."""
     out = {}
@@ -67,12 +78,9 @@ def acks(paths):
         except OSError:
             continue
         for line in text.splitlines()[:-1] if not text.endswith("\n") else text.splitlines():
-            f = line.split()
-            if len(f) == 3 and f[0] == "ack":
-                try:
-                    out[int(f[1])] = float(f[2])
-                except ValueError:
-                    pass
+            a = parse_ack(line)
+            if a:
+                out[a[0]] = a[1]
     return sorted(out.items())
 
 
@@ -116,9 +124,9 @@ class AckClock:
                 lines = text.split("\n")
                 self.rest[p] = lines.pop()
                 for line in lines:
-                    f = line.split()
-                    if len(f) == 3 and f[0] == "ack" and f[1].isdigit():
-                        self.seen.setdefault(int(f[1]), now)
+                    a = parse_ack(line)
+                    if a:
+                        self.seen.setdefault(a[0], now)
             time.sleep(0.01)
 
     def close(self):
