@@ -580,6 +580,24 @@ struct Sites {
     sb_wan: String,
 }
 
+impl Sites {
+    /// An inventory of site "home" (host A; storage A, which the other
+    /// site reaches at `nbd_a_wan`) with `home_cpus` CPUs, and site
+    /// "cloud" (host B, storage B) with 8, 20 ms apart.
+    fn home_cloud_inventory(&self, nbd_a_wan: &str, home_cpus: f64) -> Value {
+        serde_json::json!({
+            "sites": [
+                {"name": "home", "cpu_capacity": home_cpus,
+                 "hosts": [{"control": self.ha.control, "moves": self.ha.moves}],
+                 "storage": [{"nbd": nbd_a_wan, "nbd_local": self.sa.nbd, "migrate": self.sa.mig,
+                              "admin": self.sa.admin}]},
+                {"name": "cloud", "cpu_capacity": 8,
+                 "hosts": [{"control": self.hb.control, "moves": self.hb_wan}],
+                 "storage": [{"nbd": self.sb.nbd, "migrate": self.sb_wan, "admin": self.sb.admin}]}],
+            "links": [{"a": "home", "b": "cloud", "rtt_ms": 20, "bandwidth": 12.5e6}]})
+    }
+}
+
 fn two_sites(kbytes_per_s: u64) -> Sites {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().to_path_buf();
@@ -1265,16 +1283,7 @@ fn a_new_guest_starts_in_the_cloud_when_its_home_site_is_full() {
     ext4_volume(&s.sa, &s.dir, "root");
     ext4_volume(&s.sa, &s.dir, "root2");
     let inventory = |home_cpus: f64| {
-        let inv = serde_json::json!({
-            "sites": [
-                {"name": "home", "cpu_capacity": home_cpus,
-                 "hosts": [{"control": s.ha.control, "moves": s.ha.moves}],
-                 "storage": [{"nbd": nbd_a_wan, "nbd_local": s.sa.nbd, "migrate": s.sa.mig,
-                              "admin": s.sa.admin}]},
-                {"name": "cloud", "cpu_capacity": 8,
-                 "hosts": [{"control": s.hb.control, "moves": s.hb_wan}],
-                 "storage": [{"nbd": s.sb.nbd, "migrate": s.sb_wan, "admin": s.sb.admin}]}],
-            "links": [{"a": "home", "b": "cloud", "rtt_ms": 20, "bandwidth": 12.5e6}]});
+        let inv = s.home_cloud_inventory(&nbd_a_wan, home_cpus);
         let f = s.dir.join(format!("inventory-{home_cpus}.json"));
         std::fs::write(&f, inv.to_string()).unwrap();
         f
@@ -1435,18 +1444,7 @@ fn an_overrun_home_site_bursts_guests_to_the_cloud_and_takes_them_back() {
     for g in names {
         wait_acks(&s.ha.serial(g), 5);
     }
-    let inv = |home_cpus: f64| {
-        serde_json::json!({
-            "sites": [
-                {"name": "home", "cpu_capacity": home_cpus,
-                 "hosts": [{"control": s.ha.control, "moves": s.ha.moves}],
-                 "storage": [{"nbd": nbd_a_wan, "nbd_local": s.sa.nbd, "migrate": s.sa.mig,
-                              "admin": s.sa.admin}]},
-                {"name": "cloud", "cpu_capacity": 8,
-                 "hosts": [{"control": s.hb.control, "moves": s.hb_wan}],
-                 "storage": [{"nbd": s.sb.nbd, "migrate": s.sb_wan, "admin": s.sb.admin}]}],
-            "links": [{"a": "home", "b": "cloud", "rtt_ms": 20, "bandwidth": 12.5e6}]})
-    };
+    let inv = |home_cpus: f64| s.home_cloud_inventory(&nbd_a_wan, home_cpus);
     // Home's CPUs: three quarters of what its two guests use now, so that
     // both together overrun it and one alone does not.
     let snap = s.dir.join("snapshot.json");
