@@ -6,17 +6,18 @@
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 mod common;
+#[path = "common/raw_iscsi.rs"]
+mod raw_iscsi;
 
 use bytes::{Bytes, BytesMut};
-use common::{have, make_image, rss, run, sha, TestServer};
-use ferry_iscsi::pdu::{op, Pdu, PduDecoder};
+use common::{have, make_image, run, sha, TestServer};
+use ferry_iscsi::pdu::{op, Pdu};
 use ferry_server::config::IscsiAccess;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use raw_iscsi::*;
+use std::io::Write;
+use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
-
-const IQN: &str = "iqn.2026-11.io.ferry";
 
 fn start(pool: &std::path::Path, f: impl FnOnce(&mut ferry_server::config::Config)) -> TestServer {
     TestServer::start_with(pool, |c| {
@@ -662,139 +663,6 @@ fn nbd_and_iscsi_see_one_disk_and_iscsi_writes_mark_bitmaps() {
     assert_eq!(server["iscsi"].as_array().unwrap().len(), 2);
 }
 
-// ---- raw PDUs -------------------------------------------------------------
-
-fn login_pdu(keys: &str, csg: u8, nsg: u8) -> Pdu {
-    let mut p = Pdu::new(op::LOGIN);
-    p.bhs[0] |= 0x40;
-    p.bhs[1] = 0x80 | (csg << 2) | nsg;
-    let isid = NEXT_ISID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    p.bhs[8..14].copy_from_slice(&[0x80, 0, 0, 0x12, 0x34, isid]);
-    let mut d = keys.replace('\n', "\0").into_bytes();
-    if !d.ends_with(&[0]) {
-        d.push(0);
-    }
-    p.data = Bytes::from(d);
-    p
-}
-
-struct Raw {
-    s: TcpStream,
-    buf: BytesMut,
-    dec: PduDecoder,
-    cmdsn: u32,
-    itt: u32,
-}
-
-/// Each raw session gets its own ISID (the same ISID would reinstate, and
-/// so close, the previous session).
-static NEXT_ISID: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(1);
-
-impl Raw {
-    fn connect(addr: SocketAddr) -> Raw {
-        let s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        Raw {
-            s,
-            buf: BytesMut::new(),
-            dec: PduDecoder::new(1 << 20),
-            cmdsn: 0,
-            itt: 1,
-        }
-    }
-
-    fn send(&mut self, p: &Pdu) {
-        let hd = self.dec.header_digest;
-        self.s.write_all(&p.to_bytes(hd, false)).unwrap();
-    }
-
-    /// The next PDU, or None when the target closed the connection.
-    fn recv(&mut self) -> Option<Pdu> {
-        loop {
-            if let Ok(Some(p)) = self.dec.decode(&mut self.buf) {
-                return Some(p);
-            }
-            let mut tmp = [0u8; 65536];
-            match self.s.read(&mut tmp) {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => self.buf.extend_from_slice(&tmp[..n]),
-            }
-        }
-    }
-
-    fn login(addr: SocketAddr, volume: &str, digest: bool) -> Raw {
-        let mut r = Raw::connect(addr);
-        let hd = if digest { "CRC32C" } else { "None" };
-        r.send(&login_pdu(
-            &format!("InitiatorName=iqn.2026-11.test:raw\nTargetName={IQN}:{volume}\nSessionType=Normal\nAuthMethod=None\nHeaderDigest={hd}\nDataDigest=None\nMaxRecvDataSegmentLength=65536\n"),
-            1,
-            3,
-        ));
-        let resp = r.recv().expect("login response");
-        assert_eq!(resp.opcode(), op::LOGIN_RESPONSE);
-        assert_eq!(resp.bhs[36], 0, "login refused: {:?}", &resp.bhs[36..38]);
-        r.cmdsn = resp.u32_at(28);
-        r.dec.header_digest = digest;
-        r
-    }
-
-    fn command(&mut self, cdb: &[u8], read_len: u32) -> Pdu {
-        let mut p = Pdu::new(op::SCSI_COMMAND);
-        p.bhs[1] = 0x80 | if read_len > 0 { 0x40 } else { 0 } | 0x01;
-        p.set_itt(self.itt);
-        self.itt += 1;
-        p.set_u32(20, read_len);
-        p.set_u32(24, self.cmdsn);
-        self.cmdsn += 1;
-        p.bhs[32..32 + cdb.len()].copy_from_slice(cdb);
-        p
-    }
-}
-
-impl Raw {
-    /// A command whose data-out goes as immediate data.
-    fn command_out(&mut self, cdb: &[u8], data: &[u8]) -> Pdu {
-        let mut p = self.command(cdb, 0);
-        p.bhs[1] = 0x80 | 0x20 | 0x01;
-        p.set_u32(20, data.len() as u32);
-        p.data = Bytes::copy_from_slice(data);
-        p
-    }
-
-    /// Send and wait for the status (and any data-in).
-    fn run(&mut self, p: &Pdu) -> (u8, Vec<u8>) {
-        self.send(p);
-        let mut data = Vec::new();
-        loop {
-            let x = self.recv().expect("answer");
-            match x.opcode() {
-                op::DATA_IN => {
-                    data.extend_from_slice(&x.data);
-                    if x.bhs[1] & 0x01 != 0 {
-                        return (x.bhs[3], data);
-                    }
-                }
-                op::SCSI_RESPONSE => return (x.bhs[3], data),
-                _ => {}
-            }
-        }
-    }
-}
-
-fn write16(lba: u64, blocks: u32) -> [u8; 16] {
-    let mut c = read16(lba, blocks);
-    c[0] = 0x8a;
-    c
-}
-
-fn read16(lba: u64, blocks: u32) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = 0x88;
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
-}
-
 #[test]
 fn bad_pdus_get_rfc_answers_and_harm_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -1061,45 +929,4 @@ fn logins_over_the_connection_limit_get_out_of_resources() {
     drop(a);
     std::thread::sleep(Duration::from_millis(300));
     let _d = Raw::login(p, "lim", false);
-}
-
-/// An initiator that fills its command window with large READs and never
-/// reads the Data-In holds at most its connection's budget of the
-/// daemon's memory; other sessions are served meanwhile, and the memory
-/// comes back when it leaves.
-#[test]
-fn an_initiator_that_never_reads_data_in_cannot_grow_the_daemon() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = start(dir.path(), |_| {});
-    let v = s.create("big", 64 << 20);
-    v.write_at(0, &vec![0x5a; 8 << 20], false).unwrap();
-    let p = portals(&s)[0];
-    let before = rss();
-    let mut hogs = Vec::new();
-    for _ in 0..3 {
-        let mut r = Raw::login(p, "big", false);
-        r.s.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
-        // 2,000 READs of 8 MiB (16 GiB if all were answered into memory),
-        // sent in CmdSN order; the target takes what its window allows.
-        let mut wire = Vec::new();
-        for i in 0..2000u64 {
-            let cmd = r.command(&read16((i % 8) * 16384, 16384), 8 << 20);
-            wire.extend_from_slice(&cmd.to_bytes(false, false));
-        }
-        let _ = r.s.write_all(&wire);
-        hogs.push(r);
-    }
-    std::thread::sleep(Duration::from_secs(3));
-    let grown = rss().saturating_sub(before);
-    // Three connections at their 64 MiB budget, plus buffers and slack.
-    assert!(grown < 400 << 20, "daemon grew by {} MiB", grown >> 20);
-    let mut good = Raw::login(p, "big", false);
-    let cmd = good.command(&read16(8, 8), 4096);
-    let (status, data) = good.run(&cmd);
-    assert_eq!(status, 0);
-    assert_eq!(data, vec![0x5a; 4096]);
-    drop(hogs);
-    std::thread::sleep(Duration::from_millis(500));
-    let cmd = good.command(&read16(16, 8), 4096);
-    assert_eq!(good.run(&cmd), (0, vec![0x5a; 4096]));
 }
