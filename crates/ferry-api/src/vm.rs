@@ -222,11 +222,24 @@ pub struct VmView {
     /// what a memory move sends in full), while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_resident_bytes: Option<u64>,
+    /// How fast the guest dirties its memory, QEMU's latest estimate
+    /// (`calc-dirty-rate`, page sampling), while it runs and once measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_dirty: Option<DirtyRateView>,
     pub disks: Vec<DiskIo>,
     /// The guest's serial console, as a file on the host.
     pub serial_log: PathBuf,
     /// A move of this guest that has not ended.
     pub moving: Option<MigrationId>,
+}
+
+/// A guest's memory dirty rate as its host last measured it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirtyRateView {
+    /// Bytes of guest RAM dirtied per second (QEMU's unit: 1 MiB/s steps).
+    pub bytes_per_s: u64,
+    /// Unix time (ms) the measurement ended.
+    pub measured_unix_ms: u64,
 }
 
 /// The three moves of a guest.

@@ -95,6 +95,11 @@ enum Cmd {
         /// storage daemon beyond this host.
         #[arg(long, value_name = "DIR")]
         nbd_tls_dir: Option<PathBuf>,
+        /// Measure each running guest's memory dirty rate (QEMU's
+        /// calc-dirty-rate, one second of page sampling) every SECS
+        /// seconds, for the controller's cost of moving it; 0: never.
+        #[arg(long, value_name = "SECS", default_value_t = 30)]
+        dirty_rate_every: u64,
     },
     /// Placement: the controller (run, status, pause, resume), one-off
     /// plans and a simulator.
@@ -328,6 +333,7 @@ fn main() -> Result<()> {
             state_dir,
             move_listen,
             nbd_tls_dir,
+            dirty_rate_every,
         } => host(ferry_vm::daemon::HostOptions {
             volumes: server.zip(volume).into_iter().collect(),
             listen,
@@ -335,6 +341,8 @@ fn main() -> Result<()> {
             state_dir,
             move_listen,
             nbd_tls_dir,
+            dirty_rate_every: (dirty_rate_every > 0)
+                .then(|| std::time::Duration::from_secs(dirty_rate_every)),
         }),
         Cmd::Control { cmd } => control::run(cmd),
         Cmd::Site { cmd } => control::site(cmd),

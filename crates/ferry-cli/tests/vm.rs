@@ -149,6 +149,8 @@ impl Host {
             .args(["host", "--state-dir"])
             .arg(state)
             .args(["--control", &control, "--move-listen", &moves])
+            // Often, so that every test's moves run beside a measurement.
+            .args(["--dirty-rate-every", "2"])
             .env("FERRY_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -542,6 +544,27 @@ fn guests_start_show_metrics_and_survive_a_restart_of_their_host() {
     );
     assert!(metrics
         .contains("ferry_vm_disk_latency_seconds_bucket{vm=\"g1\",volume=\"root\",le=\"+Inf\"}"));
+    // QEMU's estimate of the memory dirty rate, measured every 2 s.
+    let t = Instant::now();
+    let dirty = loop {
+        let v: Value = serde_json::from_str(&host.vm_ok(&["show", "g1", "--json"])).unwrap();
+        if !v["memory_dirty"].is_null() {
+            break v["memory_dirty"].clone();
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "no dirty rate: {v}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(dirty["bytes_per_s"].is_u64(), "{dirty}");
+    assert!(dirty["measured_unix_ms"].as_u64().unwrap() > 0, "{dirty}");
+    let metrics = ureq::get(&format!("http://{}/metrics", host.control))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(
+        metrics.contains("ferry_vm_memory_dirty_bytes_per_second{vm=\"g1\"}"),
+        "{metrics}"
+    );
 
     // The host daemon dies; its guest does not. A new daemon finds it.
     host.kill9();

@@ -396,10 +396,19 @@ fn load_between(earlier: Option<&VmView>, now: &VmView, d: &DiskIo, dt: f64) -> 
         io_bytes: if n > 0 { bytes / nf } else { 4096.0 },
         latency_ms: if n > 0 { lat_us / nf / 1000.0 } else { 0.0 },
         cpu: (now.cpu_time_s - cpu_before).max(0.0) / dt,
-        // Not measured yet: the disk write rate stands in.
-        dirty_rate: writes / dt,
+        dirty_rate: dirty_rate(now, writes / dt),
         write_rate: writes / dt,
     }
+}
+
+/// A guest's memory dirty rate: QEMU's estimate as its host last measured
+/// it; before the first measurement (or with the host's sampling off) the
+/// rate it writes its disk stands in (what it writes passes through its
+/// page cache).
+#[allow(clippy::cast_precision_loss)]
+fn dirty_rate(v: &VmView, disk_writes_per_s: f64) -> f64 {
+    v.memory_dirty
+        .map_or(disk_writes_per_s, |d| d.bytes_per_s as f64)
 }
 
 /// A guest's load from Prometheus' rates.
@@ -413,8 +422,9 @@ fn load_from_rates(g: &crate::prometheus::GuestRates) -> VmLoad {
         },
         latency_ms: g.latency_ms,
         cpu: g.cpu,
-        // As from the hosts: the disk write rate stands in.
-        dirty_rate: g.write_bytes_per_sec,
+        // As from the hosts: the disk write rate stands in until the
+        // host has measured the memory's.
+        dirty_rate: g.memory_dirty.unwrap_or(g.write_bytes_per_sec),
         write_rate: g.write_bytes_per_sec,
     }
 }
@@ -600,6 +610,44 @@ mod tests {
             reason: None,
             burst_from: None,
         }
+    }
+
+    /// A running guest as its host shows it, with `writes` disk bytes
+    /// written so far and QEMU's dirty rate `dirty` if measured.
+    fn view(writes: u64, dirty: Option<u64>) -> (VmView, DiskIo) {
+        let v: VmView = serde_json::from_value(serde_json::json!({
+            "spec": {"name": "g", "memory_mib": 256, "vcpus": 1, "disks": [],
+                     "boot": {"kind": "disk"}},
+            "state": "running", "accel": "tcg", "pid": 1, "qemu_status": "running",
+            "cpu_time_s": 1.0, "disks": [], "serial_log": "/s", "moving": null,
+            "memory_dirty": dirty.map(|b| serde_json::json!({
+                "bytes_per_s": b, "measured_unix_ms": 1})),
+        }))
+        .unwrap();
+        let d = DiskIo {
+            writes: writes / 4096,
+            write_bytes: writes,
+            ..Default::default()
+        };
+        (v, d)
+    }
+
+    #[test]
+    fn the_dirty_rate_is_qemus_once_measured_else_the_disk_write_rate() {
+        let (before, _) = view(0, None);
+        // 8 MB written in 2 s, no QEMU figure yet: the write rate stands in.
+        let (now, d) = view(8_000_000, None);
+        let l = load_between(Some(&before), &now, &d, 2.0);
+        assert!((l.dirty_rate - 4e6).abs() < 1.0, "{l:?}");
+        assert!((l.write_rate - 4e6).abs() < 1.0, "{l:?}");
+        // QEMU says 3 MiB/s: that, whatever the disk does.
+        let (now, d) = view(8_000_000, Some(3 << 20));
+        let l = load_between(Some(&before), &now, &d, 2.0);
+        assert!((l.dirty_rate - 3_145_728.0).abs() < 1.0, "{l:?}");
+        assert!((l.write_rate - 4e6).abs() < 1.0, "{l:?}");
+        // QEMU measured nothing dirtied: zero, not the write rate.
+        let (now, d) = view(8_000_000, Some(0));
+        assert!(load_between(Some(&before), &now, &d, 2.0).dirty_rate.abs() < 1e-9);
     }
 
     #[test]

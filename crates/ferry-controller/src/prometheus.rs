@@ -3,7 +3,8 @@
 //! reading every host twice itself. Five instant queries over a window:
 //! disk requests, bytes, written bytes, latency and QEMU's CPU time, each
 //! a `rate()` of the counters `ferry host` exports (`ferry_vm_*`), summed
-//! per guest (`vm` label). The placement (which host runs which guest,
+//! per guest (`vm` label); a sixth reads the guests' memory dirty rate
+//! (a gauge). The placement (which host runs which guest,
 //! where its disk is) still comes from the hosts: Prometheus only says
 //! how busy each guest is.
 
@@ -25,6 +26,8 @@ pub struct GuestRates {
     pub latency_ms: f64,
     /// CPUs the guest's QEMU used.
     pub cpu: f64,
+    /// Guest RAM dirtied per second, the host's latest measurement.
+    pub memory_dirty: Option<f64>,
 }
 
 /// A Prometheus server and the window its rates are taken over.
@@ -62,6 +65,7 @@ impl PrometheusSource {
         let cpu = self.by_vm(&format!(
             "sum by (vm) (rate(ferry_vm_cpu_seconds_total[{w}]))"
         ))?;
+        let dirty = self.by_vm("max by (vm) (ferry_vm_memory_dirty_bytes_per_second)")?;
         let mut out: BTreeMap<String, GuestRates> = BTreeMap::new();
         for (vm, v) in iops {
             out.entry(vm).or_default().iops = v;
@@ -78,6 +82,11 @@ impl PrometheusSource {
         }
         for (vm, v) in cpu {
             out.entry(vm).or_default().cpu = v;
+        }
+        for (vm, v) in dirty {
+            if v.is_finite() {
+                out.entry(vm).or_default().memory_dirty = Some(v);
+            }
         }
         Ok(out)
     }

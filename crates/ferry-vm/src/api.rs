@@ -295,6 +295,16 @@ pub fn render_metrics(views: &[VmView]) -> String {
             );
         }
     }
+    let _ = writeln!(o, "# HELP ferry_vm_memory_dirty_bytes_per_second Guest RAM dirtied per second, QEMU's latest estimate (calc-dirty-rate).\n# TYPE ferry_vm_memory_dirty_bytes_per_second gauge");
+    for v in views {
+        if let Some(d) = v.memory_dirty {
+            let _ = writeln!(
+                o,
+                "ferry_vm_memory_dirty_bytes_per_second{{vm=\"{}\"}} {}",
+                v.spec.name, d.bytes_per_s
+            );
+        }
+    }
     type Series = fn(&DiskIo) -> Vec<(&'static str, u64)>;
     let families: [(&str, &str, &str, Series); 3] = [
         (
@@ -404,6 +414,10 @@ mod tests {
             qemu_status: Some("running".into()),
             cpu_time_s: 1.5,
             memory_resident_bytes: Some(40 << 20),
+            memory_dirty: Some(ferry_api::DirtyRateView {
+                bytes_per_s: 2 << 20,
+                measured_unix_ms: 1,
+            }),
             disks: vec![DiskIo {
                 volume: "v".into(),
                 reads: 3,
@@ -421,6 +435,7 @@ mod tests {
             "ferry_vm_state{vm=\"g\",state=\"running\",accel=\"tcg\"} 1",
             "ferry_vm_cpu_seconds_total{vm=\"g\"} 1.5",
             "ferry_vm_memory_resident_bytes{vm=\"g\"} 41943040",
+            "ferry_vm_memory_dirty_bytes_per_second{vm=\"g\"} 2097152",
             "# TYPE ferry_vm_disk_requests_total counter",
             "ferry_vm_disk_requests_total{vm=\"g\",volume=\"v\",op=\"read\"} 3",
             "ferry_vm_disk_requests_total{vm=\"g\",volume=\"v\",op=\"other\"} 0",

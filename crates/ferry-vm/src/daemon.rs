@@ -22,6 +22,9 @@ pub struct HostOptions {
     pub move_listen: Option<String>,
     /// NBD TLS credentials (client layout) for every storage daemon.
     pub nbd_tls_dir: Option<PathBuf>,
+    /// Measure each running guest's memory dirty rate this often (None:
+    /// never).
+    pub dirty_rate_every: Option<Duration>,
 }
 
 fn listen_err(addr: &str, e: impl std::fmt::Display) -> VmError {
@@ -109,6 +112,22 @@ pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), V
                     () = tokio::time::sleep(Duration::from_secs(2)) => {}
                 }
                 incoming::reap_failed_incoming(&h).await;
+            }
+        });
+    }
+    if let (Some(h), Some(every)) = (&host, opts.dirty_rate_every) {
+        let (h, sd) = (h.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    () = sd.cancelled() => return,
+                    () = tokio::time::sleep(every) => {}
+                }
+                let guests = h.guests.read().values().cloned().collect();
+                tokio::select! {
+                    () = sd.cancelled() => return,
+                    () = crate::dirty_rate::sample(guests) => {}
+                }
             }
         });
     }

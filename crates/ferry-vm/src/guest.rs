@@ -38,6 +38,8 @@ pub struct Guest {
     pub moved: std::sync::atomic::AtomicBool,
     /// Serialises start, stop, delete and moves.
     pub op: tokio::sync::Mutex<()>,
+    /// QEMU's latest estimate of how fast the guest dirties its memory.
+    pub dirty_rate: parking_lot::Mutex<Option<crate::dirty_rate::DirtyRate>>,
 }
 
 pub fn pid_alive(pid: u32) -> bool {
@@ -123,6 +125,7 @@ impl Guest {
             moving: parking_lot::Mutex::new(None),
             moved: std::sync::atomic::AtomicBool::new(false),
             op: tokio::sync::Mutex::new(()),
+            dirty_rate: parking_lot::Mutex::new(None),
         }
     }
 
@@ -243,6 +246,7 @@ impl Guest {
 
     /// Stop QEMU: `quit`, then SIGKILL if it lingers.
     pub async fn stop_qemu(&self) {
+        *self.dirty_rate.lock() = None;
         let Some(rt) = self.runtime.lock().take() else {
             return;
         };

@@ -308,6 +308,13 @@ impl VmHost {
             memory_resident_bytes: rt
                 .as_ref()
                 .and_then(|r| memory_resident_bytes(r.pid, spec.memory_mib << 20)),
+            memory_dirty: rt
+                .as_ref()
+                .and(*g.dirty_rate.lock())
+                .map(|d| ferry_api::DirtyRateView {
+                    bytes_per_s: d.bytes_per_s,
+                    measured_unix_ms: d.measured_unix_ms,
+                }),
             disks,
             serial_log: g.paths.serial.clone(),
             moving: g.moving.lock().clone(),

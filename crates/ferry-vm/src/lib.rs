@@ -8,11 +8,13 @@
 //! migration tunnelled through ferry's mutually authenticated TLS
 //! ([`tunnel`], [`peer`]), disks by ferry's own migration, the two ordered
 //! so that the guest pauses once (the teleport). [`converge`] decides what
-//! to do when a move does not converge.
+//! to do when a move does not converge; [`dirty_rate`] measures how fast
+//! each guest dirties its memory, for the controller.
 
 pub mod api;
 pub mod converge;
 pub mod daemon;
+pub mod dirty_rate;
 pub mod guest;
 pub mod host;
 pub mod incoming;
