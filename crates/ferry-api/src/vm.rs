@@ -226,6 +226,11 @@ pub struct VmView {
     /// (`calc-dirty-rate`, page sampling), while it runs and once measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_dirty: Option<DirtyRateView>,
+    /// Link bytes a memory move would send per resident byte (zero pages
+    /// as markers, the rest as the tunnel compresses them), from a sample
+    /// of the guest's resident pages; measured with `memory_dirty`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_link_share: Option<f64>,
     pub disks: Vec<DiskIo>,
     /// The guest's serial console, as a file on the host.
     pub serial_log: PathBuf,

@@ -95,11 +95,12 @@ enum Cmd {
         /// storage daemon beyond this host.
         #[arg(long, value_name = "DIR")]
         nbd_tls_dir: Option<PathBuf>,
-        /// Measure each running guest's memory dirty rate (QEMU's
-        /// calc-dirty-rate, one second of page sampling) every SECS
-        /// seconds, for the controller's cost of moving it; 0: never.
+        /// Measure each running guest's memory every SECS seconds, for
+        /// the controller's cost of moving it: how fast it dirties it
+        /// (QEMU's calc-dirty-rate, one second of page sampling) and how
+        /// much of it a move sends (a sample of its pages); 0: never.
         #[arg(long, value_name = "SECS", default_value_t = 30)]
-        dirty_rate_every: u64,
+        memory_sample_every: u64,
     },
     /// Placement: the controller (run, status, pause, resume), one-off
     /// plans and a simulator.
@@ -333,7 +334,7 @@ fn main() -> Result<()> {
             state_dir,
             move_listen,
             nbd_tls_dir,
-            dirty_rate_every,
+            memory_sample_every,
         } => host(ferry_vm::daemon::HostOptions {
             volumes: server.zip(volume).into_iter().collect(),
             listen,
@@ -341,8 +342,8 @@ fn main() -> Result<()> {
             state_dir,
             move_listen,
             nbd_tls_dir,
-            dirty_rate_every: (dirty_rate_every > 0)
-                .then(|| std::time::Duration::from_secs(dirty_rate_every)),
+            memory_sample_every: (memory_sample_every > 0)
+                .then(|| std::time::Duration::from_secs(memory_sample_every)),
         }),
         Cmd::Control { cmd } => control::run(cmd),
         Cmd::Site { cmd } => control::site(cmd),

@@ -75,6 +75,11 @@ pub struct VmState {
     /// sample; only those are fingerprinted on a move); absent: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nonzero_share: Option<f64>,
+    /// Link bytes a memory move sends per byte of `memory_bytes`, from a
+    /// sample of the guest's pages its host took; absent: the calibrated
+    /// constant (`model::MEMORY_LINK_SHARE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_link_share: Option<f64>,
     pub load: VmLoad,
     /// The site it burst from, while it runs away from it (the
     /// controller's journal knows); it goes back when that site has room.
@@ -233,6 +238,7 @@ mod tests {
                 disk_bytes: 1e9,
                 missing_at: BTreeMap::new(),
                 nonzero_share: None,
+                memory_link_share: None,
                 home_site: None,
                 load: VmLoad {
                     iops: 1.0,

@@ -176,6 +176,7 @@ mod tests {
                 disk_bytes: 128e6,
                 missing_at: [("a".to_string(), 64e6)].into(),
                 nonzero_share: None,
+                memory_link_share: None,
                 home_site: None,
                 load: VmLoad {
                     iops: 55.0,

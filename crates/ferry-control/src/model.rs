@@ -116,15 +116,25 @@ pub fn access_cost(
 /// Moving the VM's memory across a link: its resident RAM, compressed,
 /// plus what it dirties meanwhile; the pause sends one last round.
 pub fn vm_move_cost(vm: &VmState, rtt_ms: f64, bw: f64) -> MoveCost {
+    let share = memory_link_share(vm);
     // The link in raw (uncompressed) bytes per second.
-    let raw_bw = bw / MEMORY_LINK_SHARE;
+    let raw_bw = bw / share;
     let (raw, converges) = precopy_bytes(vm.memory_bytes, vm.load.dirty_rate, raw_bw);
-    let bytes = raw * MEMORY_LINK_SHARE;
+    let bytes = raw * share;
     let rtt = rtt_ms / 1000.0;
     let last_round = vm.load.dirty_rate.min(raw_bw) * LAST_ROUND_S / raw_bw;
     let pause = (VM_PAUSE_BASE_S + last_round).min(TARGET_PAUSE_S) + rtt;
     let seconds = VM_MOVE_SETUP_S + bytes / bw + 3.0 * rtt + pause;
     move_cost(seconds, bytes, pause, converges)
+}
+
+/// Link bytes per byte of the guest's memory: its own sampled share
+/// when its host measured one (bounded to what a link can carry: a share
+/// above 1 would be incompressible data plus framing), else the constant.
+pub fn memory_link_share(vm: &VmState) -> f64 {
+    vm.memory_link_share
+        .filter(|s| s.is_finite())
+        .map_or(MEMORY_LINK_SHARE, |s| s.clamp(0.01, 1.05))
 }
 
 /// Bytes a pre-copy of `base` bytes sends while `rate` bytes/s are
@@ -217,6 +227,7 @@ mod tests {
             disk_bytes: 10e9,
             missing_at: [("a".to_string(), 1e9)].into(),
             nonzero_share: None,
+            memory_link_share: None,
             home_site: None,
             load: VmLoad {
                 iops,
@@ -269,5 +280,27 @@ mod tests {
         let mut hot = v.clone();
         hot.load.dirty_rate = 40e6;
         assert!(!vm_move_cost(&hot, 20.0, 12.5e6).converges);
+    }
+
+    #[test]
+    fn a_guest_whose_memory_compresses_worse_costs_more_to_move() {
+        let v = vm(60.0, 16.5, true);
+        let usual = vm_move_cost(&v, 20.0, 12.5e6);
+        let mut random = v.clone();
+        random.memory_link_share = Some(1.0);
+        let r = vm_move_cost(&random, 20.0, 12.5e6);
+        // 1 GB resident, sent whole, plus 1 MB/s dirtied meanwhile on a
+        // link whose raw rate is now its real one: more than three times
+        // the calibrated guest's bytes and time.
+        let expect = 1e9 / (1.0 - 1e6 / 12.5e6);
+        assert!((r.bytes - expect).abs() < 1.0, "{r:?}");
+        assert!(r.bytes > 3.0 * usual.bytes && r.seconds > 3.0 * (usual.seconds - 2.0));
+        // Nonsense from a sample is bounded, not believed.
+        random.memory_link_share = Some(f64::NAN);
+        assert!((memory_link_share(&random) - MEMORY_LINK_SHARE).abs() < 1e-12);
+        random.memory_link_share = Some(-3.0);
+        assert!((memory_link_share(&random) - 0.01).abs() < 1e-12);
+        random.memory_link_share = Some(40.0);
+        assert!((memory_link_share(&random) - 1.05).abs() < 1e-12);
     }
 }

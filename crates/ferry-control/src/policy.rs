@@ -931,6 +931,7 @@ mod tests {
             disk_bytes: 4e9,
             missing_at: Default::default(),
             nonzero_share: None,
+            memory_link_share: None,
             home_site: None,
             load: VmLoad {
                 iops,

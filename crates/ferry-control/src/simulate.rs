@@ -122,6 +122,7 @@ fn build(cfg: &SimConfig) -> (Cluster, Vec<bool>) {
                 disk_bytes: f64::from(rng.gen_range(4u32..=40)) * 1e9,
                 missing_at: Default::default(),
                 nonzero_share: None,
+                memory_link_share: None,
                 home_site: None,
                 load: VmLoad {
                     iops: 0.0,

@@ -551,6 +551,7 @@ pub fn measure(
             disk_bytes,
             missing_at,
             nonzero_share,
+            memory_link_share: v.memory_link_share,
             home_site: None,
             load,
             since_move_s: since_move_s

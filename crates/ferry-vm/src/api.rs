@@ -305,6 +305,16 @@ pub fn render_metrics(views: &[VmView]) -> String {
             );
         }
     }
+    let _ = writeln!(o, "# HELP ferry_vm_memory_link_share Link bytes a memory move would send per resident byte, from a sample of the guest's pages.\n# TYPE ferry_vm_memory_link_share gauge");
+    for v in views {
+        if let Some(s) = v.memory_link_share {
+            let _ = writeln!(
+                o,
+                "ferry_vm_memory_link_share{{vm=\"{}\"}} {s}",
+                v.spec.name
+            );
+        }
+    }
     type Series = fn(&DiskIo) -> Vec<(&'static str, u64)>;
     let families: [(&str, &str, &str, Series); 3] = [
         (
@@ -418,6 +428,7 @@ mod tests {
                 bytes_per_s: 2 << 20,
                 measured_unix_ms: 1,
             }),
+            memory_link_share: Some(0.25),
             disks: vec![DiskIo {
                 volume: "v".into(),
                 reads: 3,
@@ -436,6 +447,7 @@ mod tests {
             "ferry_vm_cpu_seconds_total{vm=\"g\"} 1.5",
             "ferry_vm_memory_resident_bytes{vm=\"g\"} 41943040",
             "ferry_vm_memory_dirty_bytes_per_second{vm=\"g\"} 2097152",
+            "ferry_vm_memory_link_share{vm=\"g\"} 0.25",
             "# TYPE ferry_vm_disk_requests_total counter",
             "ferry_vm_disk_requests_total{vm=\"g\",volume=\"v\",op=\"read\"} 3",
             "ferry_vm_disk_requests_total{vm=\"g\",volume=\"v\",op=\"other\"} 0",

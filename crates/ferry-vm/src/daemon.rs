@@ -22,9 +22,9 @@ pub struct HostOptions {
     pub move_listen: Option<String>,
     /// NBD TLS credentials (client layout) for every storage daemon.
     pub nbd_tls_dir: Option<PathBuf>,
-    /// Measure each running guest's memory dirty rate this often (None:
-    /// never).
-    pub dirty_rate_every: Option<Duration>,
+    /// Measure each running guest's memory (dirty rate, link share) this
+    /// often (None: never).
+    pub memory_sample_every: Option<Duration>,
 }
 
 fn listen_err(addr: &str, e: impl std::fmt::Display) -> VmError {
@@ -115,7 +115,7 @@ pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), V
             }
         });
     }
-    if let (Some(h), Some(every)) = (&host, opts.dirty_rate_every) {
+    if let (Some(h), Some(every)) = (&host, opts.memory_sample_every) {
         let (h, sd) = (h.clone(), shutdown.clone());
         tasks.spawn(async move {
             loop {

@@ -92,10 +92,12 @@ pub async fn measure(qmp: &QmpClient) -> Result<u64, VmError> {
     }
 }
 
-/// Measure every running guest of `guests` at once and keep the figures.
-/// A guest that is moving, waiting for a move or not running is skipped
-/// (its QEMU is busy with the move, or has nothing to say); a failure is
-/// logged and leaves the guest's last figure as it was.
+/// Measure every running guest of `guests` at once and keep the figures:
+/// its dirty rate, and the link share of its memory
+/// ([`crate::memory_sample`]). A guest that is moving, waiting for a move
+/// or not running is skipped (its QEMU is busy with the move, or has
+/// nothing to say); a failure is logged and leaves the guest's last
+/// figure as it was.
 pub async fn sample(guests: Vec<Arc<Guest>>) {
     let mut tasks = tokio::task::JoinSet::new();
     for g in guests {
@@ -115,6 +117,13 @@ pub async fn sample(guests: Vec<Arc<Guest>>) {
                     });
                 }
                 Err(e) => tracing::debug!(guest = %g.name(), error = %e, "no dirty rate"),
+            }
+            let (pid, memory) = (rt.pid, g.spec.lock().memory_mib << 20);
+            match tokio::task::spawn_blocking(move || crate::memory_sample::sample(pid, memory))
+                .await
+            {
+                Ok(Some(s)) => *g.memory_link_share.lock() = Some(s.share),
+                _ => tracing::debug!(guest = %g.name(), "no sample of its memory"),
             }
         });
     }

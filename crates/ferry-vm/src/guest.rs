@@ -40,6 +40,9 @@ pub struct Guest {
     pub op: tokio::sync::Mutex<()>,
     /// QEMU's latest estimate of how fast the guest dirties its memory.
     pub dirty_rate: parking_lot::Mutex<Option<crate::dirty_rate::DirtyRate>>,
+    /// Link bytes a memory move would send per resident byte, from the
+    /// latest sample of its pages.
+    pub memory_link_share: parking_lot::Mutex<Option<f64>>,
 }
 
 pub fn pid_alive(pid: u32) -> bool {
@@ -63,32 +66,55 @@ pub fn pid_alive(pid: u32) -> bool {
 
 /// Bytes of a guest's RAM its QEMU process (`pid`) holds resident: the
 /// pages the guest has touched, which is what a pre-copy of its memory
-/// sends in full (untouched pages go as zero-page markers). The guest's
-/// RAM is the mapping of `memory_bytes` to `memory_bytes` + 16 MiB (QEMU
-/// aligns it and adds guard pages) with the most resident pages. None
-/// when `/proc` does not say.
+/// sends in full (untouched pages go as zero-page markers). None when
+/// `/proc` does not say.
 pub fn memory_resident_bytes(pid: u32, memory_bytes: u64) -> Option<u64> {
-    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
-    guest_ram_resident(&smaps, memory_bytes)
+    guest_ram(pid, memory_bytes).map(|r| r.resident)
 }
 
-/// [`memory_resident_bytes`] over the text of an smaps file.
-fn guest_ram_resident(smaps: &str, memory_bytes: u64) -> Option<u64> {
-    let mut best: Option<u64> = None;
-    let mut size_ok = false;
+/// Where a guest's RAM lies in its QEMU process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuestRam {
+    /// The mapping's first and past-the-end addresses.
+    pub start: u64,
+    pub end: u64,
+    /// Bytes of it resident.
+    pub resident: u64,
+}
+
+/// The guest's RAM in QEMU `pid`: the mapping of `memory_bytes` to
+/// `memory_bytes` + 16 MiB (QEMU aligns it and adds guard pages) with the
+/// most resident pages.
+pub fn guest_ram(pid: u32, memory_bytes: u64) -> Option<GuestRam> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    guest_ram_in(&smaps, memory_bytes)
+}
+
+/// [`guest_ram`] over the text of an smaps file.
+fn guest_ram_in(smaps: &str, memory_bytes: u64) -> Option<GuestRam> {
+    let mut best: Option<GuestRam> = None;
+    let mut candidate: Option<(u64, u64)> = None;
     for line in smaps.lines() {
         let mut f = line.split_whitespace();
         let Some(first) = f.next() else { continue };
         if let Some((lo, hi)) = first.split_once('-') {
             if let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) {
                 let size = hi.saturating_sub(lo);
-                size_ok = size >= memory_bytes && size <= memory_bytes + (16 << 20);
+                candidate =
+                    (size >= memory_bytes && size <= memory_bytes + (16 << 20)).then_some((lo, hi));
                 continue;
             }
         }
-        if first == "Rss:" && size_ok {
+        if let (Some((start, end)), "Rss:") = (candidate, first) {
             let kib: u64 = f.next().and_then(|v| v.parse().ok())?;
-            best = Some(best.map_or(kib << 10, |b| b.max(kib << 10)));
+            let resident = kib << 10;
+            if best.is_none_or(|b| resident > b.resident) {
+                best = Some(GuestRam {
+                    start,
+                    end,
+                    resident,
+                });
+            }
         }
     }
     best
@@ -126,6 +152,7 @@ impl Guest {
             moved: std::sync::atomic::AtomicBool::new(false),
             op: tokio::sync::Mutex::new(()),
             dirty_rate: parking_lot::Mutex::new(None),
+            memory_link_share: parking_lot::Mutex::new(None),
         }
     }
 
@@ -247,6 +274,7 @@ impl Guest {
     /// Stop QEMU: `quit`, then SIGKILL if it lingers.
     pub async fn stop_qemu(&self) {
         *self.dirty_rate.lock() = None;
+        *self.memory_link_share.lock() = None;
         let Some(rt) = self.runtime.lock().take() else {
             return;
         };
@@ -309,8 +337,10 @@ Rss:              500000 kB
 ";
         // 256 MiB guest: the 258 MiB mapping (41 MiB resident) wins over the
         // 256 MiB one with less; the 1 GiB TCG buffer is not its size.
-        assert_eq!(guest_ram_resident(smaps, 256 << 20), Some(40960 << 10));
-        assert_eq!(guest_ram_resident(smaps, 512 << 20), None);
-        assert_eq!(guest_ram_resident("", 256 << 20), None);
+        let ram = guest_ram_in(smaps, 256 << 20).unwrap();
+        assert_eq!(ram.resident, 40960 << 10);
+        assert_eq!(ram.end - ram.start, (256 << 20) + (2 << 20));
+        assert_eq!(guest_ram_in(smaps, 512 << 20), None);
+        assert_eq!(guest_ram_in("", 256 << 20), None);
     }
 }

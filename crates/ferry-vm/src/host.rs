@@ -315,6 +315,7 @@ impl VmHost {
                     bytes_per_s: d.bytes_per_s,
                     measured_unix_ms: d.measured_unix_ms,
                 }),
+            memory_link_share: rt.as_ref().and(*g.memory_link_share.lock()),
             disks,
             serial_log: g.paths.serial.clone(),
             moving: g.moving.lock().clone(),

@@ -9,7 +9,8 @@
 //! ([`tunnel`], [`peer`]), disks by ferry's own migration, the two ordered
 //! so that the guest pauses once (the teleport). [`converge`] decides what
 //! to do when a move does not converge; [`dirty_rate`] measures how fast
-//! each guest dirties its memory, for the controller.
+//! each guest dirties its memory and [`memory_sample`] how much of it a
+//! move would send, for the controller.
 
 pub mod api;
 pub mod converge;
@@ -18,6 +19,7 @@ pub mod dirty_rate;
 pub mod guest;
 pub mod host;
 pub mod incoming;
+pub mod memory_sample;
 pub mod moves;
 pub mod peer;
 pub mod qemu;
