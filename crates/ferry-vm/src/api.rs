@@ -277,42 +277,39 @@ pub fn render_metrics(views: &[VmView]) -> String {
             v.accel.as_deref().unwrap_or("")
         );
     }
-    let _ = writeln!(o, "# HELP ferry_vm_cpu_seconds_total CPU time of the guest's QEMU process.\n# TYPE ferry_vm_cpu_seconds_total counter");
-    for v in views {
-        let _ = writeln!(
-            o,
-            "ferry_vm_cpu_seconds_total{{vm=\"{}\"}} {}",
-            v.spec.name, v.cpu_time_s
-        );
-    }
-    let _ = writeln!(o, "# HELP ferry_vm_memory_resident_bytes Guest RAM resident in its QEMU process (pages the guest touched).\n# TYPE ferry_vm_memory_resident_bytes gauge");
-    for v in views {
-        if let Some(b) = v.memory_resident_bytes {
-            let _ = writeln!(
-                o,
-                "ferry_vm_memory_resident_bytes{{vm=\"{}\"}} {b}",
-                v.spec.name
-            );
-        }
-    }
-    let _ = writeln!(o, "# HELP ferry_vm_memory_dirty_bytes_per_second Guest RAM dirtied per second, QEMU's latest estimate (calc-dirty-rate).\n# TYPE ferry_vm_memory_dirty_bytes_per_second gauge");
-    for v in views {
-        if let Some(d) = v.memory_dirty {
-            let _ = writeln!(
-                o,
-                "ferry_vm_memory_dirty_bytes_per_second{{vm=\"{}\"}} {}",
-                v.spec.name, d.bytes_per_s
-            );
-        }
-    }
-    let _ = writeln!(o, "# HELP ferry_vm_memory_link_share Link bytes a memory move would send per resident byte, from a sample of the guest's pages.\n# TYPE ferry_vm_memory_link_share gauge");
-    for v in views {
-        if let Some(s) = v.memory_link_share {
-            let _ = writeln!(
-                o,
-                "ferry_vm_memory_link_share{{vm=\"{}\"}} {s}",
-                v.spec.name
-            );
+    type PerGuest = fn(&VmView) -> Option<String>;
+    let per_guest: [(&str, &str, &str, PerGuest); 4] = [
+        (
+            "ferry_vm_cpu_seconds_total",
+            "counter",
+            "CPU time of the guest's QEMU process.",
+            |v| Some(v.cpu_time_s.to_string()),
+        ),
+        (
+            "ferry_vm_memory_resident_bytes",
+            "gauge",
+            "Guest RAM resident in its QEMU process (pages the guest touched).",
+            |v| v.memory_resident_bytes.map(|b| b.to_string()),
+        ),
+        (
+            "ferry_vm_memory_dirty_bytes_per_second",
+            "gauge",
+            "Guest RAM dirtied per second, QEMU's latest estimate (calc-dirty-rate).",
+            |v| v.memory_dirty.map(|d| d.bytes_per_s.to_string()),
+        ),
+        (
+            "ferry_vm_memory_link_share",
+            "gauge",
+            "Link bytes a memory move would send per resident byte, from a sample of the guest's pages.",
+            |v| v.memory_link_share.map(|s| s.to_string()),
+        ),
+    ];
+    for (name, kind, help, value) in per_guest {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for v in views {
+            if let Some(x) = value(v) {
+                let _ = writeln!(o, "{name}{{vm=\"{}\"}} {x}", v.spec.name);
+            }
         }
     }
     type Series = fn(&DiskIo) -> Vec<(&'static str, u64)>;
