@@ -118,15 +118,18 @@ pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), V
     if let (Some(h), Some(every)) = (&host, opts.memory_sample_every) {
         let (h, sd) = (h.clone(), shutdown.clone());
         tasks.spawn(async move {
+            // A guest just started or arrived is measured within a tick;
+            // after that, every `every`.
+            let tick = every.min(Duration::from_secs(2));
             loop {
                 tokio::select! {
                     () = sd.cancelled() => return,
-                    () = tokio::time::sleep(every) => {}
+                    () = tokio::time::sleep(tick) => {}
                 }
                 let guests = h.guests.read().values().cloned().collect();
                 tokio::select! {
                     () = sd.cancelled() => return,
-                    () = crate::dirty_rate::sample(guests) => {}
+                    () = crate::dirty_rate::sample(guests, every) => {}
                 }
             }
         });

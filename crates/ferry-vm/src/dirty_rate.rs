@@ -92,17 +92,25 @@ pub async fn measure(qmp: &QmpClient) -> Result<u64, VmError> {
     }
 }
 
-/// Measure every running guest of `guests` at once and keep the figures:
-/// its dirty rate, and the link share of its memory
+/// Measure every running guest of `guests` not measured in the last
+/// `every` (or never since its QEMU started), all at once, and keep the
+/// figures: its dirty rate, and the link share of its memory
 /// ([`crate::memory_sample`]). A guest that is moving, waiting for a move
 /// or not running is skipped (its QEMU is busy with the move, or has
 /// nothing to say); a failure is logged and leaves the guest's last
 /// figure as it was.
-pub async fn sample(guests: Vec<Arc<Guest>>) {
+pub async fn sample(guests: Vec<Arc<Guest>>, every: Duration) {
     let mut tasks = tokio::task::JoinSet::new();
     for g in guests {
         if g.moving.lock().is_some() || g.incoming.lock().is_some() {
             continue;
+        }
+        {
+            let mut last = g.memory_sampled.lock();
+            if last.is_some_and(|t| t.elapsed() < every) {
+                continue;
+            }
+            *last = Some(std::time::Instant::now());
         }
         tasks.spawn(async move {
             if g.state().await.0 != VmState::Running {

@@ -43,6 +43,9 @@ pub struct Guest {
     /// Link bytes a memory move would send per resident byte, from the
     /// latest sample of its pages.
     pub memory_link_share: parking_lot::Mutex<Option<f64>>,
+    /// When the two above were last asked for (None: not since QEMU
+    /// started here).
+    pub memory_sampled: parking_lot::Mutex<Option<Instant>>,
 }
 
 pub fn pid_alive(pid: u32) -> bool {
@@ -153,6 +156,7 @@ impl Guest {
             op: tokio::sync::Mutex::new(()),
             dirty_rate: parking_lot::Mutex::new(None),
             memory_link_share: parking_lot::Mutex::new(None),
+            memory_sampled: parking_lot::Mutex::new(None),
         }
     }
 
@@ -275,6 +279,7 @@ impl Guest {
     pub async fn stop_qemu(&self) {
         *self.dirty_rate.lock() = None;
         *self.memory_link_share.lock() = None;
+        *self.memory_sampled.lock() = None;
         let Some(rt) = self.runtime.lock().take() else {
             return;
         };

@@ -9,7 +9,11 @@
 //! "present" bit, which needs no privilege) and `/proc/PID/mem` (which
 //! needs the right to trace QEMU: the same user with no Yama restriction,
 //! or `CAP_SYS_PTRACE`); without it there is no estimate and the model
-//! keeps its constant.
+//! keeps its constant. Only pages mapped by QEMU alone are sampled: after
+//! a migration's zero-page checks, half of a guest's RAM can be "present"
+//! as the shared zero page without being resident (measured: 256 MiB
+//! present, 120 MiB resident; the share over all present pages came out
+//! 0.16 where the move sent 0.33).
 
 use crate::guest::guest_ram;
 use crate::peer::{encode_frame, MAX_FRAME};
@@ -54,8 +58,12 @@ pub fn sample(pid: u32, memory_bytes: u64) -> Option<LinkShare> {
         let page = ram.start / PAGE + rng.gen_range(0..pages);
         let mut entry = [0u8; 8];
         pagemap.read_exact_at(&mut entry, page * 8).ok()?;
-        // Bit 63: present in RAM.
-        if u64::from_le_bytes(entry) >> 63 == 1 {
+        // Bit 63: present; bit 56: mapped by this process alone. A page
+        // QEMU only read (its migration code checks every page for zeroes)
+        // is present as the kernel's shared zero page, which is not in the
+        // resident count the share multiplies: leave it out.
+        let e = u64::from_le_bytes(entry);
+        if e >> 63 == 1 && (e >> 56) & 1 == 1 {
             chosen.push(page * PAGE);
         }
     }
