@@ -195,6 +195,21 @@ pub enum ControlCmd {
         /// the run (1 for no spike).
         #[arg(long, default_value_t = 3.0)]
         spike_cpu: f64,
+        /// Instead of the generated cluster, replay this snapshot (`plan
+        /// --save-snapshot`) under one policy, each guest's I/O following
+        /// its placement, and print what happens at every tick.
+        #[arg(long, value_name = "SNAPSHOT")]
+        replay: Option<PathBuf>,
+        /// The replay's policy (JSON, as `ferry control run` takes it).
+        #[arg(long, requires = "replay")]
+        policy: Option<PathBuf>,
+        /// Seconds per tick of the replay (the controller's interval).
+        #[arg(long, default_value_t = 2.0, requires = "replay")]
+        tick_s: f64,
+        /// A link's RTT changes during the replay: SECONDS:SITE-SITE=MS
+        /// (repeatable).
+        #[arg(long, value_name = "T:A-B=MS", requires = "replay")]
+        rtt_at: Vec<ferry_control::replay::RttChange>,
         #[arg(long)]
         json: bool,
     },
@@ -470,8 +485,15 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
             seed,
             remote_share,
             spike_cpu,
+            replay,
+            policy,
+            tick_s,
+            rtt_at,
             json,
         } => {
+            if let Some(f) = &replay {
+                return replay_snapshot(f, policy.as_ref(), ticks, tick_s, &rtt_at, json);
+            }
             let spike_ok = spike_cpu > 0.0 && spike_cpu <= 64.0;
             if !(0.0..=1.0).contains(&remote_share) || !spike_ok {
                 anyhow::bail!(
@@ -513,6 +535,68 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
                 );
             }
         }
+    }
+    Ok(())
+}
+
+/// `ferry control simulate --replay`: the snapshot under one policy.
+fn replay_snapshot(
+    snapshot: &PathBuf,
+    policy: Option<&PathBuf>,
+    ticks: usize,
+    tick_s: f64,
+    changes: &[ferry_control::replay::RttChange],
+    json: bool,
+) -> Result<()> {
+    if !(tick_s.is_finite() && tick_s > 0.0) {
+        anyhow::bail!("--tick-s must be above 0");
+    }
+    let c: Cluster = read_json(snapshot, "cluster snapshot")?;
+    let p: Policy = match policy {
+        Some(f) => read_json(f, "policy")?,
+        None => Policy::default(),
+    };
+    p.validate().map_err(anyhow::Error::msg)?;
+    let r = ferry_control::replay::replay(&c, &p, ticks, tick_s, changes)?;
+    if json {
+        return print_json(&r);
+    }
+    println!(
+        "| t (s) | guest | host site | disk site | requests/s | vs snapshot | ms per request |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for t in &r.ticks {
+        for g in &t.guests {
+            println!(
+                "| {:.0} | {} | {} | {} | {:.1} | {:.2} | {:.2} |",
+                t.t_s,
+                g.vm,
+                g.placement.host_site,
+                g.placement.disk_site,
+                g.iops,
+                g.rate_vs_snapshot,
+                g.latency_ms
+            );
+        }
+    }
+    for m in &r.moves {
+        println!(
+            "at {:.0} s: {} {:?}: {}/{} -> {}/{}, {:.1} MB in {:.1} s, pause {:.0} ms: {}",
+            m.decided_s,
+            m.vm,
+            m.action,
+            m.from.host_site,
+            m.from.disk_site,
+            m.to.host_site,
+            m.to.disk_site,
+            m.bytes / 1e6,
+            m.seconds,
+            m.pause_s * 1000.0,
+            m.reason
+        );
+    }
+    if r.moves.is_empty() {
+        println!("no moves");
     }
     Ok(())
 }

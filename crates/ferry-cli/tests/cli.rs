@@ -676,6 +676,74 @@ fn control_plan_and_simulate() {
     let out = run(&["control", "simulate", "--remote-share", "2"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--remote-share must be 0 to 1"));
+
+    // Replay: both guests measured across 0.5 ms; the RTT rises to 16 ms
+    // at 10 s; with a 5 ms trigger held 6 s, the I/O-bound guest slows,
+    // is moved after the hold, and runs faster than before once moved;
+    // the CPU-bound one stays.
+    let mut calm = cluster(vec![vm("db", 1000.0), vm("batch", 0.2)]);
+    calm["links"][0]["rtt_ms"] = 0.5.into();
+    calm["vms"][0]["load"]["latency_ms"] = 0.9.into();
+    calm["vms"][1]["load"]["latency_ms"] = 0.9.into();
+    std::fs::write(&snap, calm.to_string()).unwrap();
+    std::fs::write(&pol, r#"{"locality":true,"horizon_s":600,"margin":1.5,"min_gain_share":0.1,"latency_trigger_ms":5,"hold_s":6,"hysteresis":0.8,"max_moves_per_link":2,"cooldown_s":300,"paused":false}"#).unwrap();
+    let (s, p) = (snap.to_str().unwrap(), pol.to_str().unwrap());
+    let replay = |more: &[&str]| {
+        let mut a = vec!["control", "simulate", "--replay", s, "--policy", p];
+        a.extend_from_slice(&["--ticks", "20"]);
+        a.extend_from_slice(more);
+        run(&a)
+    };
+    let out = replay(&["--rtt-at", "10:home-cloud=16", "--tick-s", "2", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let moves = r["moves"].as_array().unwrap();
+    assert_eq!(moves.len(), 1, "{r}");
+    assert_eq!(moves[0]["vm"], "db");
+    let decided = moves[0]["decided_s"].as_f64().unwrap();
+    assert!((16.0..=18.0).contains(&decided), "{r}");
+    let db_at = |t: f64| {
+        r["ticks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["t_s"].as_f64() == Some(t))
+            .and_then(|x| {
+                x["guests"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|g| g["vm"] == "db")
+            })
+            .map(|g| g["rate_vs_snapshot"].as_f64().unwrap())
+            .unwrap()
+    };
+    assert!(
+        (db_at(8.0) - 1.0).abs() < 1e-9 && db_at(12.0) < 0.2 && db_at(38.0) > 1.0,
+        "{r}"
+    );
+    let text =
+        String::from_utf8_lossy(&replay(&["--rtt-at", "10:home-cloud=16"]).stdout).into_owned();
+    assert!(
+        text.contains("| 12 | db | home | cloud |") && text.contains("at 1"),
+        "{text}"
+    );
+    for (args, says) in [
+        (vec!["--rtt-at", "soon"], "SECONDS:SITE-SITE=RTT_MS"),
+        (vec!["--rtt-at", "1:home-mars=3"], "mars"),
+        (vec!["--tick-s", "0"], "--tick-s must be above 0"),
+    ] {
+        let out = replay(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{args:?}: {err}"
+        );
+    }
 }
 
 /// `ferry certs nbd` makes the credentials, `ferry serve --nbd-tls-dir`

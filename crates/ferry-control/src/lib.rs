@@ -20,6 +20,7 @@ pub mod estimate;
 pub mod inventory;
 pub mod model;
 pub mod policy;
+pub mod replay;
 pub mod simulate;
 
 pub use cluster::{Cluster, Link, Placement, Site, VmLoad, VmState};

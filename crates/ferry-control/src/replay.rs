@@ -1,0 +1,311 @@
+//! A real cluster replayed in simulation: from a snapshot the controller
+//! measured (`ferry control plan --save-snapshot`), with the links' RTTs
+//! changed at the times a real run changed them, the same
+//! [`policy::plan`](crate::policy::plan) decides at every tick. Each
+//! guest's load follows its placement through the model: its per-request
+//! latency from [`latency_at`], its request rate scaled by the access
+//! rate of [`access_cost`] (both against what the snapshot measured), so
+//! the replay predicts what a real run measures: when the controller acts,
+//! what it moves at what cost, and each guest's I/O rate before and after.
+//! A decided move takes the predicted time; the guest's I/O follows the
+//! new placement once it has ended.
+
+use crate::cluster::{Cluster, ClusterError, Placement, VmState};
+use crate::model::{access_cost, latency_at};
+use crate::policy::{plan, Action, Policy, Triggers};
+use serde::{Deserialize, Serialize};
+
+/// A link's RTT set to `rtt_ms` at `at_s` seconds into the replay.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RttChange {
+    pub at_s: f64,
+    pub a: String,
+    pub b: String,
+    pub rtt_ms: f64,
+}
+
+impl std::str::FromStr for RttChange {
+    type Err = String;
+
+    /// `T:A-B=MS`, e.g. `30:home-cloud=16`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{s:?}: expected SECONDS:SITE-SITE=RTT_MS, e.g. 30:a-b=16");
+        let (at, rest) = s.split_once(':').ok_or_else(bad)?;
+        let (sites, rtt) = rest.split_once('=').ok_or_else(bad)?;
+        let (a, b) = sites.split_once('-').ok_or_else(bad)?;
+        let at_s: f64 = at.trim().parse().map_err(|_| bad())?;
+        let rtt_ms: f64 = rtt.trim().parse().map_err(|_| bad())?;
+        if !(at_s.is_finite() && at_s >= 0.0 && rtt_ms.is_finite() && rtt_ms >= 0.0) {
+            return Err(format!("{s:?}: the time and the RTT must be 0 or more"));
+        }
+        Ok(RttChange {
+            at_s,
+            a: a.trim().into(),
+            b: b.trim().into(),
+            rtt_ms,
+        })
+    }
+}
+
+/// One guest at one tick, as the replay predicts it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GuestAt {
+    pub vm: String,
+    pub placement: Placement,
+    /// Disk requests per second.
+    pub iops: f64,
+    /// Its I/O rate relative to the snapshot's (1 = as measured then).
+    pub rate_vs_snapshot: f64,
+    pub latency_ms: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplayTick {
+    pub t_s: f64,
+    pub guests: Vec<GuestAt>,
+}
+
+/// A move the policy decided during the replay.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplayMove {
+    /// When it was decided, and when it ends (decided + predicted time).
+    pub decided_s: f64,
+    pub ends_s: f64,
+    pub vm: String,
+    pub action: Action,
+    pub from: Placement,
+    pub to: Placement,
+    pub bytes: f64,
+    pub seconds: f64,
+    pub pause_s: f64,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Replay {
+    pub ticks: Vec<ReplayTick>,
+    pub moves: Vec<ReplayMove>,
+}
+
+/// Replay `snapshot` for `ticks` ticks of `tick_s` seconds under `policy`
+/// with the RTT `changes`. An unknown site in a change, or a snapshot
+/// whose guests sit on sites without a link, is an error.
+pub fn replay(
+    snapshot: &Cluster,
+    policy: &Policy,
+    ticks: usize,
+    tick_s: f64,
+    changes: &[RttChange],
+) -> Result<Replay, ClusterError> {
+    for ch in changes {
+        snapshot.link(&ch.a, &ch.b)?;
+    }
+    let mut c = snapshot.clone();
+    let mut triggers = Triggers::default();
+    let mut out = Replay {
+        ticks: Vec::with_capacity(ticks),
+        moves: Vec::new(),
+    };
+    // Moves decided and not yet ended: (index into `out.moves`).
+    let mut pending: Vec<usize> = Vec::new();
+    for tick in 0..ticks {
+        #[allow(clippy::cast_precision_loss)]
+        let now = tick as f64 * tick_s;
+        for ch in changes.iter().filter(|ch| ch.at_s <= now) {
+            for l in &mut c.links {
+                if (l.a == ch.a && l.b == ch.b) || (l.a == ch.b && l.b == ch.a) {
+                    l.rtt_ms = ch.rtt_ms;
+                }
+            }
+        }
+        pending.retain(|&i| {
+            let m = &out.moves[i];
+            if m.ends_s > now {
+                return true;
+            }
+            if let Some(v) = c.vms.iter_mut().find(|v| v.name == m.vm) {
+                v.placement = m.to.clone();
+            }
+            false
+        });
+        let guests = snapshot
+            .vms
+            .iter()
+            .zip(&c.vms)
+            .map(|(base, v)| follow(base, snapshot, &c, &v.placement))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (v, g) in c.vms.iter_mut().zip(&guests) {
+            v.load.iops = g.iops;
+            v.load.latency_ms = g.latency_ms;
+        }
+        out.ticks.push(ReplayTick { t_s: now, guests });
+        let p = plan(&c, policy, &mut triggers, now)?;
+        for d in p.decisions {
+            let Some(v) = c.vms.iter_mut().find(|v| v.name == d.vm) else {
+                continue;
+            };
+            v.since_move_s = 0.0;
+            v.home_site = crate::cluster::home_after_move(
+                v.home_site.take(),
+                d.burst_from.as_deref(),
+                &d.to.host_site,
+            );
+            pending.push(out.moves.len());
+            out.moves.push(ReplayMove {
+                decided_s: now,
+                ends_s: now + d.cost.seconds,
+                vm: d.vm,
+                action: d.action,
+                from: d.from,
+                to: d.to,
+                bytes: d.cost.bytes,
+                seconds: d.cost.seconds,
+                pause_s: d.cost.pause_s,
+                reason: d.reason,
+            });
+        }
+        for v in &mut c.vms {
+            v.since_move_s += tick_s;
+        }
+    }
+    Ok(out)
+}
+
+/// What guest `base` (as the snapshot measured it) does at `placement`
+/// over the links of `now`.
+fn follow(
+    base: &VmState,
+    snapshot: &Cluster,
+    now: &Cluster,
+    placement: &Placement,
+) -> Result<GuestAt, ClusterError> {
+    let was = snapshot.link(&base.placement.host_site, &base.placement.disk_site)?;
+    let is = now.link(&placement.host_site, &placement.disk_site)?;
+    let at_snapshot = access_cost(base, snapshot, was.rtt_ms, was.bandwidth, 1.0)?;
+    let here = access_cost(base, snapshot, is.rtt_ms, is.bandwidth, 1.0)?;
+    let ratio = if at_snapshot.rate > 0.0 {
+        here.rate / at_snapshot.rate
+    } else {
+        1.0
+    };
+    let latency = latency_at(base, was.rtt_ms, was.bandwidth, is.rtt_ms, is.bandwidth);
+    Ok(GuestAt {
+        vm: base.name.clone(),
+        placement: placement.clone(),
+        iops: base.load.iops * ratio,
+        rate_vs_snapshot: ratio,
+        latency_ms: latency * 1000.0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::{Link, Site, VmLoad};
+
+    /// Two sites 0.5 ms apart; an I/O-bound guest at `a` with its disk
+    /// at `b`, one request in flight, measured at 0.5 ms; and a CPU-bound
+    /// guest in the same spot.
+    fn two_sites() -> Cluster {
+        let vm = |name: &str, iops: f64, latency_ms: f64| VmState {
+            name: name.into(),
+            placement: Placement {
+                host_site: "a".into(),
+                disk_site: "b".into(),
+            },
+            memory_bytes: 128e6,
+            disk_bytes: 128e6,
+            missing_at: [("a".to_string(), 50e6)].into(),
+            nonzero_share: Some(0.4),
+            memory_link_share: None,
+            home_site: None,
+            load: VmLoad {
+                iops,
+                io_bytes: 4096.0,
+                latency_ms,
+                cpu: 0.5,
+                dirty_rate: 1e6,
+                write_rate: 1e5,
+            },
+            since_move_s: f64::INFINITY,
+        };
+        Cluster {
+            sites: ["a", "b"]
+                .iter()
+                .map(|n| Site {
+                    name: (*n).into(),
+                    cpu_capacity: 8.0,
+                })
+                .collect(),
+            links: vec![Link {
+                a: "a".into(),
+                b: "b".into(),
+                rtt_ms: 0.5,
+                bandwidth: 25e6,
+            }],
+            vms: vec![vm("io", 1000.0, 0.9), vm("cpu", 2.0, 0.9)],
+            local_rtt_ms: 0.1,
+            link_index: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_rise_of_the_rtt_slows_the_io_bound_guest_until_the_policy_moves_it() {
+        let c = two_sites();
+        let policy = Policy {
+            latency_trigger_ms: 5.0,
+            hold_s: 6.0,
+            ..Policy::default()
+        };
+        let rise: RttChange = "10:b-a=16".parse().unwrap();
+        let r = replay(&c, &policy, 30, 2.0, &[rise]).unwrap();
+        let at = |t: f64, vm: &str| {
+            r.ticks
+                .iter()
+                .find(|x| (x.t_s - t).abs() < 1e-9)
+                .unwrap()
+                .guests
+                .iter()
+                .find(|g| g.vm == vm)
+                .unwrap()
+                .clone()
+        };
+        // Before the rise: as measured.
+        let before = at(8.0, "io");
+        assert!((before.rate_vs_snapshot - 1.0).abs() < 1e-9, "{before:?}");
+        // After it, before any move: slower, latency up by about 15.5 ms.
+        let slow = at(12.0, "io");
+        assert!(slow.rate_vs_snapshot < 0.2, "{slow:?}");
+        assert!((slow.latency_ms - 16.4).abs() < 0.5, "{slow:?}");
+        // Only the I/O-bound guest is moved, after the hold, not before.
+        assert_eq!(r.moves.len(), 1, "{:?}", r.moves);
+        let m = &r.moves[0];
+        assert_eq!(m.vm, "io");
+        assert!(
+            m.decided_s >= 10.0 + 6.0 && m.decided_s <= 10.0 + 6.0 + 2.0,
+            "{m:?}"
+        );
+        // Once the move has ended, its disk (or itself) is local: faster
+        // than measured at 0.5 ms.
+        let t_after = (m.ends_s / 2.0).ceil() * 2.0 + 2.0;
+        let after = at(t_after, "io");
+        assert_eq!(after.placement.host_site, after.placement.disk_site);
+        assert!(after.rate_vs_snapshot > 1.0, "{after:?}");
+        // The CPU-bound guest barely notices the rise and stays.
+        let cpu = at(40.0 - 2.0, "cpu");
+        assert!(cpu.rate_vs_snapshot > 0.95, "{cpu:?}");
+        assert_eq!(cpu.placement.disk_site, "b");
+    }
+
+    #[test]
+    fn changes_are_checked() {
+        let c = two_sites();
+        assert!("x".parse::<RttChange>().is_err());
+        assert!("1:a-b".parse::<RttChange>().is_err());
+        assert!("1:ab=3".parse::<RttChange>().is_err());
+        assert!("-1:a-b=3".parse::<RttChange>().is_err());
+        assert!("1:a-b=nan".parse::<RttChange>().is_err());
+        let unknown: RttChange = "1:a-z=3".parse().unwrap();
+        assert!(replay(&c, &Policy::default(), 3, 1.0, &[unknown]).is_err());
+    }
+}
