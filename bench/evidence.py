@@ -14,7 +14,7 @@ qemu-utils (qemu-storage-daemon, qemu-img), rsync, casync, python3-matplotlib,
 a release build of ferry; the VM pause figure also needs the test guest
 (scripts/guest-image.sh). Run as root.
 """
-import argparse, contextlib, json, os, platform, shutil, subprocess, sys, tempfile, time
+import argparse, contextlib, json, os, platform, re, shutil, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import matplotlib  # noqa: E402
@@ -337,10 +337,21 @@ def exp_threshold(ctx):
         pol = json.loads(http("GET", api + "/v1/settings"))["policy"]
         pol.update(latency_trigger_ms=5.0, hold_s=6.0, paused=False)
         http("PUT", api + "/v1/policy", pol)
+        pol_file = os.path.join(work, "policy.json")
+        with open(pol_file, "w") as f:
+            json.dump(pol, f)
         t0 = time.time()
         raised = False
+        snap = os.path.join(work, "snapshot.json")
+        snap_at = None
         while time.time() - t0 < total_s:
             now = time.time() - t0
+            if snap_at is None and now >= before_s - 10:
+                # What the controller measures, for the replay below.
+                snap_at = now
+                subprocess.run([FERRY, "control", "plan", "--inventory", inv_file, "--interval", "3s",
+                                "--save-snapshot", snap], check=True, capture_output=True)
+                continue
             if not raised and now >= before_s:
                 # The whole link between the sites: the disk's path and the
                 # hosts' and storage daemons' (which the controller probes).
@@ -359,8 +370,8 @@ def exp_threshold(ctx):
                 if e["event"] == "finished":
                     o = e["outcome"]
                     what += (f" {o['action']} {o['result']} in {o['seconds']:.1f} s (predicted "
-                             f"{o['predicted_seconds']:.1f} s), {o['bytes'] / 1e6:.0f} MB (predicted "
-                             f"{o['predicted_bytes'] / 1e6:.0f} MB)")
+                             f"{o['predicted_seconds']:.1f} s), {o['bytes'] / 1e6:.2f} MB (predicted "
+                             f"{o['predicted_bytes'] / 1e6:.2f} MB)")
                 events.append({"t": e["at_unix"] - t0, "what": what})
     finally:
         if ctl is not None:
@@ -371,11 +382,26 @@ def exp_threshold(ctx):
         sa.stop()
         sb.stop()
         link.close()
-    return threshold_report(ctx, timeline, events, before_s, total_s, rtt_hi)
+    # The simulator replays the snapshot under the same policy and RTT
+    # change: the same timeline, predicted.
+    with open(snap) as f:
+        probed = json.load(f)["links"][0]["rtt_ms"]
+    ticks = int((total_s - snap_at) / 2)
+    r = subprocess.run([FERRY, "control", "simulate", "--replay", snap, "--policy", pol_file, "--tick-s", "2",
+                        "--ticks", str(ticks), "--rtt-at", f"{before_s - snap_at:.1f}:a-b={probed + rtt_hi}",
+                        "--json"], capture_output=True, text=True)
+    replay = None
+    if r.returncode == 0:
+        replay = {"at_s": snap_at, "probed_rtt_ms": probed, "result": json.loads(r.stdout)}
+    else:
+        # The measured run still makes its figure; the replay's failure is said.
+        print(f"threshold: the replay failed: {r.stderr.strip()}", file=sys.stderr, flush=True)
+    return threshold_report(ctx, timeline, events, before_s, total_s, rtt_hi, replay)
 
 
-def threshold_report(ctx, timeline, events, before_s, total_s, rtt_hi):
-    """The figure, table and text of `threshold` from its measurements."""
+def threshold_report(ctx, timeline, events, before_s, total_s, rtt_hi, replay=None):
+    """The figure, table and text of `threshold` from its measurements (and
+    the simulator's replay of the same run, when there is one)."""
     # Records per second over 3 s windows.
     rate = []
     for i, p in enumerate(timeline):
@@ -383,8 +409,26 @@ def threshold_report(ctx, timeline, events, before_s, total_s, rtt_hi):
         if j is not None:
             q = timeline[j]
             rate.append((p["t"], (p["acks"] - q["acks"]) / (p["t"] - q["t"])))
+    def mean_rate(t1, t2):
+        pts = [r[1] for r in rate if t1 <= r[0] <= t2]
+        return sum(pts) / len(pts) if pts else float("nan")
+    # The simulator's replay: the guest's rate relative to the snapshot's,
+    # times the records per second measured around the snapshot.
+    sim = []
+    if replay:
+        at = replay["at_s"]
+        # The snapshot measured the guest before the rise: its rate then is
+        # the replay's base.
+        base = mean_rate(3, before_s)
+        for tk in replay["result"]["ticks"]:
+            g = tk["guests"][0]
+            sim.append((at + tk["t_s"], base * g["rate_vs_snapshot"]))
     fig, ax = plt.subplots(figsize=(10, 4))
     ax.plot([r[0] for r in rate], [r[1] for r in rate], "-", label="guest's durable records per second")
+    if sim:
+        ax.plot([x[0] for x in sim], [x[1] for x in sim], "--", color="black", lw=1,
+                label="simulator's replay (ferry control simulate --replay)")
+        ax.legend(loc="lower right", fontsize=8)
     marks = {"RTT": ("red", f"RTT → {rtt_hi} ms"), "decided": ("orange", "decided"),
              "started": ("purple", "move started"), "finished": ("green", "move ended")}
     top = max((r[1] for r in rate), default=1)
@@ -402,9 +446,6 @@ def threshold_report(ctx, timeline, events, before_s, total_s, rtt_hi):
     fig.savefig(ctx.png("threshold"), dpi=110)
     plt.close(fig)
 
-    def mean_rate(t1, t2):
-        pts = [r[1] for r in rate if t1 <= r[0] <= t2]
-        return sum(pts) / len(pts) if pts else float("nan")
     fin = [e for e in events if e["what"].startswith("finished")]
     dec = [e for e in events if e["what"].startswith("decided")]
     end_move = fin[0]["t"] if fin else None
@@ -414,6 +455,47 @@ def threshold_report(ctx, timeline, events, before_s, total_s, rtt_hi):
     table = ["| t (s) | event |", "|---|---|"] + [f"| {e['t']:.1f} | {e['what']} |" for e in sorted(events, key=lambda e: e["t"])]
     table += ["", f"Records per second: {r0:.1f} with the disk across 0 ms, {r1:.1f} across {rtt_hi} ms before the "
                   f"move, {r2:.1f} after it."]
+    sim_text = ""
+    if sim:
+        moves = replay["result"]["moves"]
+        m = moves[0] if moves else None
+
+        def sim_mean(t1, t2):
+            pts = [x[1] for x in sim if t1 <= x[0] <= t2]
+            return sum(pts) / len(pts) if pts else float("nan")
+        s_dec = replay["at_s"] + m["decided_s"] if m else None
+        s_end = replay["at_s"] + m["ends_s"] if m else None
+        s1 = sim_mean(before_s + 1, s_dec if m else total_s)
+        s2 = sim_mean(s_end + 3, total_s) if m else float("nan")
+        real_fin = fin[0]["what"] if fin else ""
+        real_bytes = re.search(r", ([0-9.]+) MB \(predicted", real_fin)
+        real_secs = re.search(r" in ([0-9.]+) s \(predicted", real_fin)
+        real_action = next((a for a in ("move_vm", "move_disk", "teleport") if a in real_fin), "-")
+
+        def pct(p, q):
+            return f"{(p - q) / q * 100:+.0f}%" if q else "-"
+        rows = [(f"records/s across {rtt_hi} ms, before the move", s1, r1), ("records/s after the move", s2, r2)]
+        table += ["", f"The simulator's replay of the same run against what happened (its rates scaled from the "
+                      f"{r0:.1f} records/s measured before the rise, when the snapshot was taken):", "",
+                  "| | replay (predicted) | real run (measured) | error |", "|---|---|---|---|"]
+        for what, p, q in rows:
+            table.append(f"| {what} | {p:.1f} | {q:.1f} | {pct(p, q)} |")
+        if m and dec:
+            table.append(f"| decided after the rise (s) | {s_dec - before_s:.0f} | {dec[0]['t'] - before_s:.0f} | - |")
+            table.append(f"| action | {m['action']} | {real_action} | - |")
+        if m and real_secs:
+            q = float(real_secs.group(1))
+            table.append(f"| move time (s) | {m['seconds']:.1f} | {q:.1f} | {pct(m['seconds'], q)} |")
+        if m and real_bytes:
+            q = float(real_bytes.group(1))
+            table.append(f"| move bytes (MB) | {m['bytes'] / 1e6:.2f} | {q:.2f} | {pct(m['bytes'] / 1e6, q)} |")
+        if not m:
+            table.append("| move | none | " + ("yes" if dec else "none") + " | - |")
+        sim_text = (f" The simulator, replaying the snapshot the controller measured {replay['at_s']:.0f} s in "
+                    f"(`ferry control simulate --replay`, the same policy, the RTT change at the same time), "
+                    + (f"decided {m['action']} {s_dec - before_s:.0f} s after the rise and predicted "
+                       f"{r0:.1f} → {s1:.1f} → {s2:.1f} records per second (dashed line)." if m else
+                       "decided no move."))
     return {
         "title": "Threshold-triggered migration, decided by the controller (seed 003)",
         "seed": "Seed 003 migrates a VM (vMotion) when a monitored threshold is crossed; VMware Storage DRS acts on "
@@ -422,7 +504,8 @@ def threshold_report(ctx, timeline, events, before_s, total_s, rtt_hi):
         "ours": (f"The RTT to the guest's disk rose to {rtt_hi} ms at {before_s} s; the controller decided "
                  f"{dec[0]['t'] - before_s:.0f} s later (latency above 5 ms held for 6 s) and the move ended at "
                  f"{end_move:.0f} s. The guest's record rate went {r0:.1f} → {r1:.1f} → {r2:.1f} per second."
-                 if dec and end_move else "The controller did not complete a move within the run (see the table)."),
+                 if dec and end_move else "The controller did not complete a move within the run (see the table).")
+                + sim_text,
         "table": table,
         "conditions": "Two sites on loopback joined by toxiproxy (1 Gbit/s); the guest (256 MiB, TCG) at site A, its "
                       "disk at site B; `ferry control run --interval 2s --sample 1s` with the thresholds policy "
@@ -430,7 +513,8 @@ def threshold_report(ctx, timeline, events, before_s, total_s, rtt_hi):
                       f"The RTT of the whole link (the disk's path and the daemons' links) is raised to {rtt_hi} ms; "
                       "the controller probes it host to host every cycle, and the threshold on the latency the "
                       "guest's forwarder measures holds the move back until it has stayed high for the hold time.",
-        "raw": {"timeline": timeline, "events": events, "before_s": before_s, "total_s": total_s, "rtt_hi": rtt_hi},
+        "raw": {"timeline": timeline, "events": events, "before_s": before_s, "total_s": total_s, "rtt_hi": rtt_hi,
+                "replay": replay},
     }
 
 
@@ -1248,7 +1332,8 @@ def main():
                     else:
                         quick = old.get("quick", False)
                         r = threshold_report(ctx, raw["timeline"], raw["events"], raw.get("before_s", 15 if quick else 30),
-                                             raw.get("total_s", 60 if quick else 150), raw.get("rtt_hi", 16))
+                                             raw.get("total_s", 60 if quick else 150), raw.get("rtt_hi", 16),
+                                             raw.get("replay"))
                     r["when"], r["seconds"], r["quick"] = old["when"], old["seconds"], old.get("quick", False)
                 else:
                     r = EXPERIMENTS[n](ctx)

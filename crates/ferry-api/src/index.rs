@@ -64,6 +64,11 @@ pub struct VolumeSample {
     pub sampled: u64,
     pub zero: u64,
     pub fingerprints: Vec<String>,
+    /// The sampled non-zero blocks compressed together as a migration's
+    /// data stream compresses (zstd level 3), in bytes: with the count of
+    /// non-zero blocks, how well the disk's data compresses on the link.
+    #[serde(default)]
+    pub nonzero_compressed: u64,
 }
 
 /// `POST /v1/index/lookup`: which of these fingerprints (hex, at most

@@ -80,6 +80,11 @@ pub struct VmState {
     /// constant (`model::MEMORY_LINK_SHARE`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_link_share: Option<f64>,
+    /// Link bytes a disk move sends per byte of data the destination
+    /// lacks (the sample's non-zero blocks as the migration's stream
+    /// compresses them); absent: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_link_share: Option<f64>,
     pub load: VmLoad,
     /// The site it burst from, while it runs away from it (the
     /// controller's journal knows); it goes back when that site has room.
@@ -239,6 +244,7 @@ mod tests {
                 missing_at: BTreeMap::new(),
                 nonzero_share: None,
                 memory_link_share: None,
+                disk_link_share: None,
                 home_site: None,
                 load: VmLoad {
                     iops: 1.0,

@@ -177,6 +177,7 @@ mod tests {
                 missing_at: [("a".to_string(), 64e6)].into(),
                 nonzero_share: None,
                 memory_link_share: None,
+                disk_link_share: None,
                 home_site: None,
                 load: VmLoad {
                     iops: 55.0,

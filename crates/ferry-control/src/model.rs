@@ -160,10 +160,16 @@ fn move_cost(seconds: f64, bytes: f64, pause_s: f64, converges: bool) -> MoveCos
 
 /// Moving the VM's disk to `to` across a link.
 pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost {
-    let missing = vm.missing_at.get(to).copied().unwrap_or(vm.disk_bytes);
+    // Data the destination lacks, and what the guest writes meanwhile, as
+    // the stream compresses it.
+    let share = vm
+        .disk_link_share
+        .filter(|s| s.is_finite())
+        .map_or(1.0, |s| s.clamp(0.01, 1.05));
+    let missing = vm.missing_at.get(to).copied().unwrap_or(vm.disk_bytes) * share;
     let prints =
         vm.disk_bytes * vm.nonzero_share.unwrap_or(1.0) / 4096.0 * FINGERPRINT_BYTES_PER_BLOCK;
-    let (bytes, converges) = precopy_bytes(missing + prints, vm.load.write_rate, bw);
+    let (bytes, converges) = precopy_bytes(missing + prints, vm.load.write_rate * share, bw);
     let rtt = rtt_ms / 1000.0;
     let pause = DISK_PAUSE_BASE_S + rtt;
     let seconds = DISK_MOVE_SETUP_S + bytes / bw + 4.0 * rtt + pause;
@@ -228,6 +234,7 @@ mod tests {
             missing_at: [("a".to_string(), 1e9)].into(),
             nonzero_share: None,
             memory_link_share: None,
+            disk_link_share: None,
             home_site: None,
             load: VmLoad {
                 iops,
@@ -280,6 +287,24 @@ mod tests {
         let mut hot = v.clone();
         hot.load.dirty_rate = 40e6;
         assert!(!vm_move_cost(&hot, 20.0, 12.5e6).converges);
+    }
+
+    #[test]
+    fn a_disk_whose_data_compresses_costs_less_to_move() {
+        let v = vm(60.0, 16.5, true);
+        let raw = disk_move_cost(&v, "c", 20.0, 12.5e6);
+        let mut text = v.clone();
+        text.disk_link_share = Some(0.1);
+        let t = disk_move_cost(&text, "c", 20.0, 12.5e6);
+        // Prints are not compressed; the data is.
+        let prints = v.disk_bytes / 4096.0 * FINGERPRINT_BYTES_PER_BLOCK;
+        assert!(
+            (raw.bytes - prints) > 9.0 * (t.bytes - prints),
+            "{raw:?} {t:?}"
+        );
+        assert!(t.seconds < raw.seconds);
+        text.disk_link_share = Some(f64::NAN);
+        assert!((disk_move_cost(&text, "c", 20.0, 12.5e6).bytes - raw.bytes).abs() < 1.0);
     }
 
     #[test]

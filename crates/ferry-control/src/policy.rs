@@ -932,6 +932,7 @@ mod tests {
             missing_at: Default::default(),
             nonzero_share: None,
             memory_link_share: None,
+            disk_link_share: None,
             home_site: None,
             load: VmLoad {
                 iops,

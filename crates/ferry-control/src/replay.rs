@@ -218,6 +218,7 @@ mod tests {
             missing_at: [("a".to_string(), 50e6)].into(),
             nonzero_share: Some(0.4),
             memory_link_share: None,
+            disk_link_share: None,
             home_site: None,
             load: VmLoad {
                 iops,

@@ -123,6 +123,7 @@ fn build(cfg: &SimConfig) -> (Cluster, Vec<bool>) {
                 missing_at: Default::default(),
                 nonzero_share: None,
                 memory_link_share: None,
+                disk_link_share: None,
                 home_site: None,
                 load: VmLoad {
                     iops: 0.0,

@@ -67,12 +67,21 @@ pub struct HoldingsCache {
     entries: BTreeMap<(String, String), (Instant, Holdings)>,
 }
 
-/// What a sample of a volume said: its non-zero share, and per site the
-/// share a disk move there would send.
+/// What a sample of a volume said: its non-zero share, how well its data
+/// compresses on the link, and per site the share a disk move there would
+/// send.
 #[derive(Debug, Clone, Default)]
 struct Holdings {
     nonzero: Option<f64>,
+    link_share: Option<f64>,
     missing: BTreeMap<String, f64>,
+}
+
+/// What the sample says of a volume for the model.
+struct DiskSample {
+    missing_at: BTreeMap<String, f64>,
+    nonzero_share: Option<f64>,
+    link_share: Option<f64>,
 }
 
 impl HoldingsCache {
@@ -104,7 +113,7 @@ fn missing_bytes(
     disk_bytes: f64,
     problems: &mut Vec<String>,
     cache: &mut HoldingsCache,
-) -> (BTreeMap<String, f64>, Option<f64>) {
+) -> DiskSample {
     let key = (server.to_string(), volume.to_string());
     let shares = match cache.fresh(&key) {
         Some(s) => s.clone(),
@@ -117,12 +126,15 @@ fn missing_bytes(
             s
         }
     };
-    let missing = shares
-        .missing
-        .into_iter()
-        .map(|(site, share)| (site, share * disk_bytes))
-        .collect();
-    (missing, shares.nonzero)
+    DiskSample {
+        missing_at: shares
+            .missing
+            .into_iter()
+            .map(|(site, share)| (site, share * disk_bytes))
+            .collect(),
+        nonzero_share: shares.nonzero,
+        link_share: shares.link_share,
+    }
 }
 
 /// Per site, the share of `volume` a disk move there would send (see
@@ -151,6 +163,12 @@ fn missing_shares(
     #[allow(clippy::cast_precision_loss)]
     let nonzero = (sample.sampled - sample.zero) as f64 / sample.sampled as f64;
     out.nonzero = Some(nonzero);
+    let nonzero_bytes = (sample.sampled - sample.zero) * u64::from(sample.block_size);
+    if nonzero_bytes > 0 && sample.nonzero_compressed > 0 {
+        #[allow(clippy::cast_precision_loss)]
+        let share = sample.nonzero_compressed as f64 / nonzero_bytes as f64;
+        out.link_share = Some(share);
+    }
     for s in inv.sites.iter().filter(|s| s.name != home.name) {
         let Some(there) = s.storage.first() else {
             continue;
@@ -533,7 +551,7 @@ pub fn measure(
             .unwrap_or(v.spec.memory_mib << 20) as f64;
         let disk_bytes = size as f64;
         running_on.insert(v.spec.name.clone(), control.clone());
-        let (missing_at, nonzero_share) = missing_bytes(
+        let disk = missing_bytes(
             inv,
             &d.server,
             &d.volume,
@@ -549,8 +567,9 @@ pub fn measure(
             },
             memory_bytes,
             disk_bytes,
-            missing_at,
-            nonzero_share,
+            missing_at: disk.missing_at,
+            nonzero_share: disk.nonzero_share,
+            disk_link_share: disk.link_share,
             memory_link_share: v.memory_link_share,
             home_site: None,
             load,

@@ -576,8 +576,10 @@ async fn sample(
             sampled: 0,
             zero: 0,
             fingerprints: Vec::new(),
+            nonzero_compressed: 0,
         };
         let mut buf = vec![0u8; bs as usize];
+        let mut nonzero = Vec::new();
         for i in 0..n {
             let block = i * total / n;
             v.read_at(block * u64::from(bs), &mut buf)?;
@@ -588,7 +590,13 @@ async fn sample(
                 let fp = ferry_index::Fingerprint::of(&buf);
                 out.fingerprints
                     .push(fp.0.iter().map(|b| format!("{b:02x}")).collect());
+                nonzero.extend_from_slice(&buf);
             }
+        }
+        if !nonzero.is_empty() {
+            // The migration's stream level; a failure leaves it raw.
+            let z = zstd::bulk::compress(&nonzero, 3).map_or(nonzero.len(), |z| z.len());
+            out.nonzero_compressed = z.min(nonzero.len()) as u64;
         }
         Ok::<_, StorageError>(out)
     })

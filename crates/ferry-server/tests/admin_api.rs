@@ -296,6 +296,9 @@ fn a_volume_sample_asked_of_another_index_says_what_it_lacks() {
     );
     let prints = s["fingerprints"].clone();
     assert_eq!(prints.as_array().unwrap().len(), 128);
+    // Blocks of one repeated byte compress to almost nothing.
+    let z = s["nonzero_compressed"].as_u64().unwrap();
+    assert!(z > 0 && z < 128 * 4096 / 50, "{s}");
     let there: Value = ureq::post(&url(&b, "/v1/index/lookup"))
         .send_json(json!({"fingerprints": prints}))
         .unwrap()
@@ -313,6 +316,18 @@ fn a_volume_sample_asked_of_another_index_says_what_it_lacks() {
         .into_json()
         .unwrap();
     assert_eq!(here["found"].as_u64(), Some(128), "{here}");
+    // Random data does not compress.
+    let r = a.create("random", 1 << 20);
+    let mut noise = vec![0u8; 1 << 20];
+    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut noise);
+    r.write_at(0, &noise, false).unwrap();
+    let s: Value = ureq::post(&url(&a, "/v1/volumes/random/sample"))
+        .send_json(json!({"blocks": 64}))
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let z = s["nonzero_compressed"].as_u64().unwrap();
+    assert!((64 * 4096 * 99 / 100..=64 * 4096).contains(&z), "{s}");
     // Fewer blocks than asked for: spread evenly.
     let s: Value = ureq::post(&url(&a, "/v1/volumes/disk/sample"))
         .send_json(json!({"blocks": 16}))
