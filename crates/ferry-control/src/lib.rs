@@ -17,6 +17,8 @@
 
 pub mod cluster;
 pub mod estimate;
+#[cfg(test)]
+mod fixtures;
 pub mod inventory;
 pub mod model;
 pub mod policy;

@@ -196,56 +196,24 @@ pub fn teleport_cost(vm: &VmState, to: &str, disk_link: &Link, memory_link: &Lin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::{Placement, Site, VmLoad};
 
     fn cluster(rtt: f64) -> Cluster {
-        Cluster {
-            sites: vec![
-                Site {
-                    name: "a".into(),
-                    cpu_capacity: 8.0,
-                },
-                Site {
-                    name: "b".into(),
-                    cpu_capacity: 8.0,
-                },
-            ],
-            links: vec![Link {
-                a: "a".into(),
-                b: "b".into(),
-                rtt_ms: rtt,
-                bandwidth: 12.5e6,
-            }],
-            vms: vec![],
-            local_rtt_ms: 0.1,
-            link_index: Default::default(),
-        }
+        crate::fixtures::two_sites(rtt, 12.5e6, vec![])
     }
 
+    /// 1 GB of memory, a 10 GB disk of which site `a` lacks 1 GB; its
+    /// disk at `b` if `remote`.
     fn vm(iops: f64, latency_ms: f64, remote: bool) -> VmState {
-        VmState {
-            name: "v".into(),
-            placement: Placement {
-                host_site: "a".into(),
-                disk_site: if remote { "b" } else { "a" }.into(),
-            },
-            memory_bytes: 1e9,
-            disk_bytes: 10e9,
-            missing_at: [("a".to_string(), 1e9)].into(),
-            nonzero_share: None,
-            memory_link_share: None,
-            disk_link_share: None,
-            home_site: None,
-            load: VmLoad {
-                iops,
-                io_bytes: 4096.0,
-                latency_ms,
-                cpu: 0.5,
-                dirty_rate: 1e6,
-                write_rate: 1e5,
-            },
-            since_move_s: f64::INFINITY,
+        let mut v = crate::fixtures::remote_vm("v", iops, latency_ms);
+        if !remote {
+            v.placement.disk_site = "a".into();
         }
+        v.memory_bytes = 1e9;
+        v.disk_bytes = 10e9;
+        v.missing_at = [("a".to_string(), 1e9)].into();
+        v.load.cpu = 0.5;
+        v.load.write_rate = 1e5;
+        v
     }
 
     #[test]

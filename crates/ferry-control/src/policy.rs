@@ -897,53 +897,14 @@ fn return_home(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), Cluster
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::{Link, Site, VmLoad};
+    use crate::cluster::{Link, Site};
 
     fn cluster(rtt: f64, vms: Vec<VmState>) -> Cluster {
-        Cluster {
-            sites: ["a", "b"]
-                .iter()
-                .map(|n| Site {
-                    name: (*n).into(),
-                    cpu_capacity: 8.0,
-                })
-                .collect(),
-            links: vec![Link {
-                a: "a".into(),
-                b: "b".into(),
-                rtt_ms: rtt,
-                bandwidth: 12.5e6,
-            }],
-            vms,
-            local_rtt_ms: 0.1,
-            link_index: Default::default(),
-        }
+        crate::fixtures::two_sites(rtt, 12.5e6, vms)
     }
 
     fn vm(name: &str, iops: f64, rtt: f64) -> VmState {
-        VmState {
-            name: name.into(),
-            placement: Placement {
-                host_site: "a".into(),
-                disk_site: "b".into(),
-            },
-            memory_bytes: 256e6,
-            disk_bytes: 4e9,
-            missing_at: Default::default(),
-            nonzero_share: None,
-            memory_link_share: None,
-            disk_link_share: None,
-            home_site: None,
-            load: VmLoad {
-                iops,
-                io_bytes: 4096.0,
-                latency_ms: 0.3 + rtt,
-                cpu: 1.0,
-                dirty_rate: 1e6,
-                write_rate: 2e5,
-            },
-            since_move_s: f64::INFINITY,
-        }
+        crate::fixtures::remote_vm(name, iops, 0.3 + rtt)
     }
 
     #[test]

@@ -201,53 +201,22 @@ fn follow(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::{Link, Site, VmLoad};
 
     /// Two sites 0.5 ms apart; an I/O-bound guest at `a` with its disk
-    /// at `b`, one request in flight, measured at 0.5 ms; and a CPU-bound
-    /// guest in the same spot.
+    /// at `b`, one request in flight, measured at 0.9 ms per request; and
+    /// a CPU-bound guest in the same spot.
     fn two_sites() -> Cluster {
-        let vm = |name: &str, iops: f64, latency_ms: f64| VmState {
-            name: name.into(),
-            placement: Placement {
-                host_site: "a".into(),
-                disk_site: "b".into(),
-            },
-            memory_bytes: 128e6,
-            disk_bytes: 128e6,
-            missing_at: [("a".to_string(), 50e6)].into(),
-            nonzero_share: Some(0.4),
-            memory_link_share: None,
-            disk_link_share: None,
-            home_site: None,
-            load: VmLoad {
-                iops,
-                io_bytes: 4096.0,
-                latency_ms,
-                cpu: 0.5,
-                dirty_rate: 1e6,
-                write_rate: 1e5,
-            },
-            since_move_s: f64::INFINITY,
+        let vm = |name: &str, iops: f64| {
+            let mut v = crate::fixtures::remote_vm(name, iops, 0.9);
+            v.memory_bytes = 128e6;
+            v.disk_bytes = 128e6;
+            v.missing_at = [("a".to_string(), 50e6)].into();
+            v.nonzero_share = Some(0.4);
+            v.load.cpu = 0.5;
+            v.load.write_rate = 1e5;
+            v
         };
-        Cluster {
-            sites: ["a", "b"]
-                .iter()
-                .map(|n| Site {
-                    name: (*n).into(),
-                    cpu_capacity: 8.0,
-                })
-                .collect(),
-            links: vec![Link {
-                a: "a".into(),
-                b: "b".into(),
-                rtt_ms: 0.5,
-                bandwidth: 25e6,
-            }],
-            vms: vec![vm("io", 1000.0, 0.9), vm("cpu", 2.0, 0.9)],
-            local_rtt_ms: 0.1,
-            link_index: Default::default(),
-        }
+        crate::fixtures::two_sites(0.5, 25e6, vec![vm("io", 1000.0), vm("cpu", 2.0)])
     }
 
     #[test]

@@ -1,0 +1,56 @@
+//! Clusters for the crate's unit tests: two sites `a` and `b` with one
+//! link, and a guest running at `a` with its disk at `b`, which each test
+//! adjusts to what it checks.
+
+use crate::cluster::{Cluster, Link, Placement, Site, VmLoad, VmState};
+
+/// Sites `a` and `b` (8 CPUs each) joined by one link.
+pub fn two_sites(rtt_ms: f64, bandwidth: f64, vms: Vec<VmState>) -> Cluster {
+    Cluster {
+        sites: ["a", "b"]
+            .iter()
+            .map(|n| Site {
+                name: (*n).into(),
+                cpu_capacity: 8.0,
+            })
+            .collect(),
+        links: vec![Link {
+            a: "a".into(),
+            b: "b".into(),
+            rtt_ms,
+            bandwidth,
+        }],
+        vms,
+        local_rtt_ms: 0.1,
+        link_index: Default::default(),
+    }
+}
+
+/// A guest at `a` whose disk is at `b`, doing `iops` 4 KiB requests of
+/// `latency_ms` each; 256 MB of memory, a 4 GB disk, nothing sampled,
+/// never moved.
+pub fn remote_vm(name: &str, iops: f64, latency_ms: f64) -> VmState {
+    VmState {
+        name: name.into(),
+        placement: Placement {
+            host_site: "a".into(),
+            disk_site: "b".into(),
+        },
+        memory_bytes: 256e6,
+        disk_bytes: 4e9,
+        missing_at: Default::default(),
+        nonzero_share: None,
+        memory_link_share: None,
+        disk_link_share: None,
+        home_site: None,
+        load: VmLoad {
+            iops,
+            io_bytes: 4096.0,
+            latency_ms,
+            cpu: 1.0,
+            dirty_rate: 1e6,
+            write_rate: 2e5,
+        },
+        since_move_s: f64::INFINITY,
+    }
+}
