@@ -102,40 +102,47 @@ pub async fn measure(qmp: &QmpClient) -> Result<u64, VmError> {
 pub async fn sample(guests: Vec<Arc<Guest>>, every: Duration) {
     let mut tasks = tokio::task::JoinSet::new();
     for g in guests {
-        if g.moving.lock().is_some() || g.incoming.lock().is_some() {
+        let due = g.memory_sampled.lock().is_none_or(|t| t.elapsed() >= every);
+        if !due || g.moving.lock().is_some() || g.incoming.lock().is_some() {
             continue;
         }
-        {
-            let mut last = g.memory_sampled.lock();
-            if last.is_some_and(|t| t.elapsed() < every) {
-                continue;
-            }
-            *last = Some(std::time::Instant::now());
-        }
         tasks.spawn(async move {
-            if g.state().await.0 != VmState::Running {
-                return;
-            }
-            let Some(rt) = g.runtime() else { return };
-            match measure(&rt.qmp).await {
-                Ok(bytes_per_s) => {
-                    *g.dirty_rate.lock() = Some(DirtyRate {
-                        bytes_per_s,
-                        measured_unix_ms: unix_ms(),
-                    });
-                }
-                Err(e) => tracing::debug!(guest = %g.name(), error = %e, "no dirty rate"),
-            }
-            let (pid, memory) = (rt.pid, g.spec.lock().memory_mib << 20);
-            match tokio::task::spawn_blocking(move || crate::memory_sample::sample(pid, memory))
+            // A QEMU that stops answering holds up no one else, nor the
+            // next round.
+            if tokio::time::timeout(GUEST_LIMIT, sample_one(&g))
                 .await
+                .is_err()
             {
-                Ok(Some(s)) => *g.memory_link_share.lock() = Some(s.share),
-                _ => tracing::debug!(guest = %g.name(), "no sample of its memory"),
+                tracing::debug!(guest = %g.name(), "its memory sample timed out");
             }
         });
     }
     while tasks.join_next().await.is_some() {}
+}
+
+/// How long one guest's measurements may take.
+const GUEST_LIMIT: Duration = Duration::from_secs(20);
+
+async fn sample_one(g: &Guest) {
+    if g.state().await.0 != VmState::Running {
+        return;
+    }
+    let Some(rt) = g.runtime() else { return };
+    *g.memory_sampled.lock() = Some(std::time::Instant::now());
+    match measure(&rt.qmp).await {
+        Ok(bytes_per_s) => {
+            *g.dirty_rate.lock() = Some(DirtyRate {
+                bytes_per_s,
+                measured_unix_ms: unix_ms(),
+            });
+        }
+        Err(e) => tracing::debug!(guest = %g.name(), error = %e, "no dirty rate"),
+    }
+    let (pid, memory) = (rt.pid, g.spec.lock().memory_mib << 20);
+    match tokio::task::spawn_blocking(move || crate::memory_sample::sample(pid, memory)).await {
+        Ok(Some(s)) => *g.memory_link_share.lock() = Some(s.share),
+        _ => tracing::debug!(guest = %g.name(), "no sample of its memory"),
+    }
 }
 
 fn unix_ms() -> u64 {
