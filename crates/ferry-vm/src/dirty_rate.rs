@@ -11,11 +11,11 @@
 
 use crate::guest::Guest;
 use crate::VmError;
-use ferry_api::VmState;
+use ferry_api::{DirtyRateView, VmState};
 use ferry_qmp::QmpClient;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Seconds between QEMU's two looks at the sampled pages.
 const CALC_TIME_S: u64 = 1;
@@ -25,12 +25,16 @@ const SAMPLE_PAGES_PER_GIB: u64 = 4096;
 /// How long after the calculation's end QEMU may take to say it is done.
 const ANSWER_LIMIT: Duration = Duration::from_secs(5);
 
-/// A guest's latest dirty rate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DirtyRate {
-    pub bytes_per_s: u64,
-    /// Unix time (ms) the measurement ended.
-    pub measured_unix_ms: u64,
+/// What the host last measured of a guest's memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MemoryFigures {
+    /// When it was last asked for (None: not since QEMU started here).
+    pub sampled: Option<Instant>,
+    /// QEMU's latest estimate of how fast the guest dirties its memory.
+    pub dirty: Option<DirtyRateView>,
+    /// Link bytes a memory move would send per resident byte
+    /// ([`crate::memory_sample`]).
+    pub link_share: Option<f64>,
 }
 
 /// What one `query-dirty-rate` answer says.
@@ -102,7 +106,7 @@ pub async fn measure(qmp: &QmpClient) -> Result<u64, VmError> {
 pub async fn sample(guests: Vec<Arc<Guest>>, every: Duration) {
     let mut tasks = tokio::task::JoinSet::new();
     for g in guests {
-        let due = g.memory_sampled.lock().is_none_or(|t| t.elapsed() >= every);
+        let due = g.memory.lock().sampled.is_none_or(|t| t.elapsed() >= every);
         if !due || g.moving.lock().is_some() || g.incoming.lock().is_some() {
             continue;
         }
@@ -128,10 +132,10 @@ async fn sample_one(g: &Guest) {
         return;
     }
     let Some(rt) = g.runtime() else { return };
-    *g.memory_sampled.lock() = Some(std::time::Instant::now());
+    g.memory.lock().sampled = Some(Instant::now());
     match measure(&rt.qmp).await {
         Ok(bytes_per_s) => {
-            *g.dirty_rate.lock() = Some(DirtyRate {
+            g.memory.lock().dirty = Some(DirtyRateView {
                 bytes_per_s,
                 measured_unix_ms: unix_ms(),
             });
@@ -140,7 +144,7 @@ async fn sample_one(g: &Guest) {
     }
     let (pid, memory) = (rt.pid, g.spec.lock().memory_mib << 20);
     match tokio::task::spawn_blocking(move || crate::memory_sample::sample(pid, memory)).await {
-        Ok(Some(s)) => *g.memory_link_share.lock() = Some(s.share),
+        Ok(Some(share)) => g.memory.lock().link_share = Some(share),
         _ => tracing::debug!(guest = %g.name(), "no sample of its memory"),
     }
 }

@@ -38,14 +38,8 @@ pub struct Guest {
     pub moved: std::sync::atomic::AtomicBool,
     /// Serialises start, stop, delete and moves.
     pub op: tokio::sync::Mutex<()>,
-    /// QEMU's latest estimate of how fast the guest dirties its memory.
-    pub dirty_rate: parking_lot::Mutex<Option<crate::dirty_rate::DirtyRate>>,
-    /// Link bytes a memory move would send per resident byte, from the
-    /// latest sample of its pages.
-    pub memory_link_share: parking_lot::Mutex<Option<f64>>,
-    /// When the two above were last asked for (None: not since QEMU
-    /// started here).
-    pub memory_sampled: parking_lot::Mutex<Option<Instant>>,
+    /// What the host last measured of its memory, since QEMU started here.
+    pub memory: parking_lot::Mutex<crate::dirty_rate::MemoryFigures>,
 }
 
 pub fn pid_alive(pid: u32) -> bool {
@@ -154,9 +148,7 @@ impl Guest {
             moving: parking_lot::Mutex::new(None),
             moved: std::sync::atomic::AtomicBool::new(false),
             op: tokio::sync::Mutex::new(()),
-            dirty_rate: parking_lot::Mutex::new(None),
-            memory_link_share: parking_lot::Mutex::new(None),
-            memory_sampled: parking_lot::Mutex::new(None),
+            memory: parking_lot::Mutex::default(),
         }
     }
 
@@ -277,9 +269,7 @@ impl Guest {
 
     /// Stop QEMU: `quit`, then SIGKILL if it lingers.
     pub async fn stop_qemu(&self) {
-        *self.dirty_rate.lock() = None;
-        *self.memory_link_share.lock() = None;
-        *self.memory_sampled.lock() = None;
+        *self.memory.lock() = Default::default();
         let Some(rt) = self.runtime.lock().take() else {
             return;
         };

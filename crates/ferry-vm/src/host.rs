@@ -287,6 +287,7 @@ impl VmHost {
         let spec = g.spec.lock().clone();
         let (state, qemu_status) = g.state().await;
         let rt = g.runtime();
+        let memory = *g.memory.lock();
         let disks = spec
             .disks
             .iter()
@@ -308,14 +309,8 @@ impl VmHost {
             memory_resident_bytes: rt
                 .as_ref()
                 .and_then(|r| memory_resident_bytes(r.pid, spec.memory_mib << 20)),
-            memory_dirty: rt
-                .as_ref()
-                .and(*g.dirty_rate.lock())
-                .map(|d| ferry_api::DirtyRateView {
-                    bytes_per_s: d.bytes_per_s,
-                    measured_unix_ms: d.measured_unix_ms,
-                }),
-            memory_link_share: rt.as_ref().and(*g.memory_link_share.lock()),
+            memory_dirty: rt.as_ref().and(memory.dirty),
+            memory_link_share: rt.as_ref().and(memory.link_share),
             disks,
             serial_log: g.paths.serial.clone(),
             moving: g.moving.lock().clone(),

@@ -30,18 +30,10 @@ const PAGE: u64 = 4096;
 /// Bytes QEMU's stream spends on a zero page (its header and a marker).
 const ZERO_PAGE_BYTES: f64 = 9.0;
 
-/// The share, and what it was measured on.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LinkShare {
-    /// Link bytes per resident byte.
-    pub share: f64,
-    /// Resident pages sampled.
-    pub pages: usize,
-}
-
-/// Sample QEMU `pid`'s guest RAM of `memory_bytes`; None when the process
-/// or its memory cannot be read, or nothing of it is resident.
-pub fn sample(pid: u32, memory_bytes: u64) -> Option<LinkShare> {
+/// Link bytes per resident byte of QEMU `pid`'s guest RAM of
+/// `memory_bytes`, from a sample; None when the process or its memory
+/// cannot be read, or nothing of it is resident.
+pub fn sample(pid: u32, memory_bytes: u64) -> Option<f64> {
     let ram = guest_ram(pid, memory_bytes)?;
     let pagemap = File::open(format!("/proc/{pid}/pagemap")).ok()?;
     let mem = File::open(format!("/proc/{pid}/mem")).ok()?;
@@ -73,10 +65,7 @@ pub fn sample(pid: u32, memory_bytes: u64) -> Option<LinkShare> {
         mem.read_exact_at(&mut p, *addr).ok()?;
         contents.push(p);
     }
-    share_of(&contents).map(|share| LinkShare {
-        share,
-        pages: contents.len(),
-    })
+    share_of(&contents)
 }
 
 /// Link bytes per byte of `pages` (each 4 KiB): zero pages as QEMU's
