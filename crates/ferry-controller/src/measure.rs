@@ -77,11 +77,14 @@ struct Holdings {
     missing: BTreeMap<String, f64>,
 }
 
-/// What the sample says of a volume for the model.
-struct DiskSample {
-    missing_at: BTreeMap<String, f64>,
-    nonzero_share: Option<f64>,
-    link_share: Option<f64>,
+impl Holdings {
+    /// Per site, the bytes a disk move of `disk_bytes` there would send.
+    fn missing_at(&self, disk_bytes: f64) -> BTreeMap<String, f64> {
+        self.missing
+            .iter()
+            .map(|(site, share)| (site.clone(), share * disk_bytes))
+            .collect()
+    }
 }
 
 impl HoldingsCache {
@@ -99,46 +102,35 @@ impl HoldingsCache {
     }
 }
 
-/// Per site, the bytes of `volume` (at storage `server`) a disk move there
-/// would send: its non-zero share (a sample of its blocks, read where it
-/// lives) times the share of those blocks the site's index does not hold.
-/// 0 at its own site; sites without storage, or that do not answer, are
-/// left out (the model then counts the whole disk). A sample is reused for
-/// [`HOLDINGS_MAX_AGE`]; one that met a problem is not kept. Also the
-/// volume's non-zero share, when a sample was read.
-fn missing_bytes(
+/// What a sample of `volume` (at storage `server`) says: per site, the
+/// share of it a disk move there would send: its non-zero share (a sample
+/// of its blocks, read where it lives) times the share of those blocks the
+/// site's index does not hold. 0 at its own site; sites without storage,
+/// or that do not answer, are left out (the model then counts the whole
+/// disk). Also the volume's non-zero share and how its data compresses,
+/// when a sample was read. A sample is reused for [`HOLDINGS_MAX_AGE`];
+/// one that met a problem is not kept.
+fn volume_holdings(
     inv: &Inventory,
     server: &str,
     volume: &str,
-    disk_bytes: f64,
     problems: &mut Vec<String>,
     cache: &mut HoldingsCache,
-) -> DiskSample {
+) -> Holdings {
     let key = (server.to_string(), volume.to_string());
-    let shares = match cache.fresh(&key) {
-        Some(s) => s.clone(),
-        None => {
-            let before = problems.len();
-            let s = missing_shares(inv, server, volume, problems);
-            if problems.len() == before {
-                cache.entries.insert(key, (Instant::now(), s.clone()));
-            }
-            s
-        }
-    };
-    DiskSample {
-        missing_at: shares
-            .missing
-            .into_iter()
-            .map(|(site, share)| (site, share * disk_bytes))
-            .collect(),
-        nonzero_share: shares.nonzero,
-        link_share: shares.link_share,
+    if let Some(h) = cache.fresh(&key) {
+        return h.clone();
     }
+    let before = problems.len();
+    let h = missing_shares(inv, server, volume, problems);
+    if problems.len() == before {
+        cache.entries.insert(key, (Instant::now(), h.clone()));
+    }
+    h
 }
 
 /// Per site, the share of `volume` a disk move there would send (see
-/// [`missing_bytes`]).
+/// [`volume_holdings`]).
 fn missing_shares(
     inv: &Inventory,
     server: &str,
@@ -551,14 +543,7 @@ pub fn measure(
             .unwrap_or(v.spec.memory_mib << 20) as f64;
         let disk_bytes = size as f64;
         running_on.insert(v.spec.name.clone(), control.clone());
-        let disk = missing_bytes(
-            inv,
-            &d.server,
-            &d.volume,
-            disk_bytes,
-            &mut problems,
-            holdings,
-        );
+        let disk = volume_holdings(inv, &d.server, &d.volume, &mut problems, holdings);
         vms.push(VmState {
             name: v.spec.name.clone(),
             placement: Placement {
@@ -567,8 +552,8 @@ pub fn measure(
             },
             memory_bytes,
             disk_bytes,
-            missing_at: disk.missing_at,
-            nonzero_share: disk.nonzero_share,
+            missing_at: disk.missing_at(disk_bytes),
+            nonzero_share: disk.nonzero,
             disk_link_share: disk.link_share,
             memory_link_share: v.memory_link_share,
             home_site: None,
