@@ -100,6 +100,11 @@ pub fn replay(
     for ch in changes {
         snapshot.link(&ch.a, &ch.b)?;
     }
+    // In time order, each applied once when due (a later change of the
+    // same link wins, whatever order they were given in).
+    let mut changes = changes.to_vec();
+    changes.sort_by(|x, y| x.at_s.total_cmp(&y.at_s));
+    let mut due = changes.iter().peekable();
     let mut c = snapshot.clone();
     let mut triggers = Triggers::default();
     let mut out = Replay {
@@ -111,7 +116,7 @@ pub fn replay(
     for tick in 0..ticks {
         #[allow(clippy::cast_precision_loss)]
         let now = tick as f64 * tick_s;
-        for ch in changes.iter().filter(|ch| ch.at_s <= now) {
+        while let Some(ch) = due.next_if(|ch| ch.at_s <= now) {
             for l in &mut c.links {
                 if (l.a == ch.a && l.b == ch.b) || (l.a == ch.b && l.b == ch.a) {
                     l.rtt_ms = ch.rtt_ms;
@@ -265,6 +270,32 @@ mod tests {
         let cpu = at(40.0 - 2.0, "cpu");
         assert!(cpu.rate_vs_snapshot > 0.95, "{cpu:?}");
         assert_eq!(cpu.placement.disk_site, "b");
+    }
+
+    #[test]
+    fn changes_apply_in_time_order_whatever_order_they_are_given_in() {
+        let c = two_sites();
+        // A trigger never reached: nothing moves, the latency follows the link.
+        let still = Policy {
+            latency_trigger_ms: 1000.0,
+            hold_s: 1000.0,
+            ..Policy::default()
+        };
+        let back: RttChange = "20:a-b=0.5".parse().unwrap();
+        let rise: RttChange = "10:a-b=16".parse().unwrap();
+        let r = replay(&c, &still, 15, 2.0, &[back, rise]).unwrap();
+        assert!(r.moves.is_empty(), "{:?}", r.moves);
+        let io_ms = |t: f64| {
+            r.ticks
+                .iter()
+                .find(|x| (x.t_s - t).abs() < 1e-9)
+                .unwrap()
+                .guests[0]
+                .latency_ms
+        };
+        assert!((io_ms(8.0) - 0.9).abs() < 1e-6);
+        assert!((io_ms(12.0) - 16.4).abs() < 0.5);
+        assert!((io_ms(22.0) - 0.9).abs() < 1e-6, "{}", io_ms(22.0));
     }
 
     #[test]
