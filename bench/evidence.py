@@ -409,20 +409,19 @@ def threshold_report(ctx, timeline, events, before_s, total_s, rtt_hi, replay=No
         if j is not None:
             q = timeline[j]
             rate.append((p["t"], (p["acks"] - q["acks"]) / (p["t"] - q["t"])))
-    def mean_rate(t1, t2):
-        pts = [r[1] for r in rate if t1 <= r[0] <= t2]
+    def mean_over(series, t1, t2):
+        """The mean of the (t, value) points of `series` from t1 to t2."""
+        pts = [v for t, v in series if t1 <= t <= t2]
         return sum(pts) / len(pts) if pts else float("nan")
-    # The simulator's replay: the guest's rate relative to the snapshot's,
-    # times the records per second measured around the snapshot.
+    r0 = mean_over(rate, 3, before_s)
+    # The simulator's replay: the guest's rate relative to the snapshot's
+    # (taken before the rise), times the records per second measured then.
     sim = []
     if replay:
         at = replay["at_s"]
-        # The snapshot measured the guest before the rise: its rate then is
-        # the replay's base.
-        base = mean_rate(3, before_s)
         for tk in replay["result"]["ticks"]:
             g = tk["guests"][0]
-            sim.append((at + tk["t_s"], base * g["rate_vs_snapshot"]))
+            sim.append((at + tk["t_s"], r0 * g["rate_vs_snapshot"]))
     fig, ax = plt.subplots(figsize=(10, 4))
     ax.plot([r[0] for r in rate], [r[1] for r in rate], "-", label="guest's durable records per second")
     if sim:
@@ -449,9 +448,8 @@ def threshold_report(ctx, timeline, events, before_s, total_s, rtt_hi, replay=No
     fin = [e for e in events if e["what"].startswith("finished")]
     dec = [e for e in events if e["what"].startswith("decided")]
     end_move = fin[0]["t"] if fin else None
-    r0 = mean_rate(3, before_s)
-    r1 = mean_rate(before_s + 1, dec[0]["t"] if dec else total_s)
-    r2 = mean_rate(end_move + 3, total_s) if end_move else float("nan")
+    r1 = mean_over(rate, before_s + 1, dec[0]["t"] if dec else total_s)
+    r2 = mean_over(rate, end_move + 3, total_s) if end_move else float("nan")
     table = ["| t (s) | event |", "|---|---|"] + [f"| {e['t']:.1f} | {e['what']} |" for e in sorted(events, key=lambda e: e["t"])]
     table += ["", f"Records per second: {r0:.1f} with the disk across 0 ms, {r1:.1f} across {rtt_hi} ms before the "
                   f"move, {r2:.1f} after it."]
@@ -459,14 +457,10 @@ def threshold_report(ctx, timeline, events, before_s, total_s, rtt_hi, replay=No
     if sim:
         moves = replay["result"]["moves"]
         m = moves[0] if moves else None
-
-        def sim_mean(t1, t2):
-            pts = [x[1] for x in sim if t1 <= x[0] <= t2]
-            return sum(pts) / len(pts) if pts else float("nan")
         s_dec = replay["at_s"] + m["decided_s"] if m else None
         s_end = replay["at_s"] + m["ends_s"] if m else None
-        s1 = sim_mean(before_s + 1, s_dec if m else total_s)
-        s2 = sim_mean(s_end + 3, total_s) if m else float("nan")
+        s1 = mean_over(sim, before_s + 1, s_dec if m else total_s)
+        s2 = mean_over(sim, s_end + 3, total_s) if m else float("nan")
         real_fin = fin[0]["what"] if fin else ""
         real_bytes = re.search(r", ([0-9.]+) MB \(predicted", real_fin)
         real_secs = re.search(r" in ([0-9.]+) s \(predicted", real_fin)
