@@ -1,6 +1,7 @@
 //! How fast each running guest dirties its memory, as QEMU estimates it
 //! (`calc-dirty-rate` in page-sampling mode), measured now and then so that
-//! the controller prices a memory move with the guest's own figure.
+//! the controller prices a memory move with the guest's own figure; the
+//! same round takes [`crate::memory_sample`]'s share of each guest.
 //!
 //! Page sampling hashes a sample of the guest's pages, waits, and counts
 //! the sampled pages whose contents changed: it only reads guest RAM, so it
