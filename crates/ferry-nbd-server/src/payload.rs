@@ -1,5 +1,5 @@
-//! Buffers for large WRITE payloads, reused across requests and
-//! connections. A fresh 1 MiB allocation per request costs the daemon a
+//! Buffers for large WRITE payloads and READ replies, reused across
+//! requests and connections. A fresh 1 MiB allocation per request costs the daemon a
 //! page fault and a zeroed page per 4 KiB whenever the allocator hands the
 //! memory back to the kernel in between (glibc does, for large blocks
 //! freed on another thread): about a third of the CPU of 1 MiB writes. A

@@ -527,7 +527,7 @@ impl Volume {
         result
     }
 
-    /// A small buffered write done on the caller's thread right away, for a
+    /// A buffered write (up to about a megabyte) done on the caller's thread right away, for a
     /// server's event loop: `Ok(false)` (nothing written) when the volume
     /// bypasses the page cache or the write gate is paused or throttled
     /// (a migration needs the write to wait). Without RWF_NOWAIT support it
