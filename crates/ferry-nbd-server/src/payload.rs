@@ -1,8 +1,9 @@
 //! Buffers for large WRITE payloads and READ replies, reused across
-//! requests and connections. A fresh 1 MiB allocation per request costs the daemon a
-//! page fault and a zeroed page per 4 KiB whenever the allocator hands the
-//! memory back to the kernel in between (glibc does, for large blocks
-//! freed on another thread): about a third of the CPU of 1 MiB writes. A
+//! requests and connections. A fresh 1 MiB allocation per request costs
+//! the daemon a page fault and a zeroed page per 4 KiB whenever the
+//! allocator hands the memory back to the kernel in between (glibc does,
+//! for large blocks freed on another thread): about a third of the CPU of
+//! 1 MiB writes, a tenth of 1 MiB reads. A
 //! buffer goes back to the pool when the last [`Bytes`] of its payload is
 //! dropped; the pool keeps at most its byte cap, the rest is freed.
 

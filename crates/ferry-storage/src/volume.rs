@@ -527,12 +527,13 @@ impl Volume {
         result
     }
 
-    /// A buffered write (up to about a megabyte) done on the caller's thread right away, for a
-    /// server's event loop: `Ok(false)` (nothing written) when the volume
-    /// bypasses the page cache or the write gate is paused or throttled
-    /// (a migration needs the write to wait). Without RWF_NOWAIT support it
-    /// is a plain `pwrite` into the page cache, which can only wait on the
-    /// kernel's dirty-page throttling. Bitmaps are marked as by `write_at`.
+    /// A buffered write (a server's, up to 1 MiB) done on the caller's
+    /// thread right away, for its event loop: `Ok(false)` (nothing
+    /// written) when the volume bypasses the page cache or the write gate
+    /// is paused or throttled (a migration needs the write to wait).
+    /// Without RWF_NOWAIT support it is a plain `pwrite` into the page
+    /// cache, which can only wait on the kernel's dirty-page throttling.
+    /// Bitmaps are marked as by `write_at`.
     pub fn write_buffered_now(&self, offset: u64, data: &[u8]) -> Result<bool> {
         if self.nowait_writes() {
             return self.try_write_nowait(offset, data);
