@@ -477,7 +477,12 @@ fn resize_grows_for_anyone_and_shrinks_only_for_the_one_client() {
     request(&mut t, 0, Command::Resize, 3, (4 << 20) + 1, 0, &[]);
     assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::Inval));
     // Shrinking while another client is connected: EPERM.
-    let (other, _, _) = go_with(s.nbd, "r", &[]);
+    let (mut other, _, _) = go_with(s.nbd, "r", &[]);
+    // The server opens the export for a connection just after its GO
+    // reply: once a request on it is answered, it is surely open.
+    let mut other_buf = BytesMut::new();
+    request(&mut other, 0, Command::Flush, 9, 0, 0, &[]);
+    assert_eq!(reply(&mut other, &mut other_buf, 0).error(), None);
     request(&mut t, 0, Command::Resize, 4, 2 << 20, 0, &[]);
     assert_eq!(reply(&mut t, &mut buf, 0).error(), Some(ErrorCode::Perm));
     assert_eq!(v.size(), 4 << 20);
