@@ -224,6 +224,19 @@ mod tests {
         crate::fixtures::two_sites(0.5, 25e6, vec![vm("io", 1000.0), vm("cpu", 2.0)])
     }
 
+    /// Guest `vm` as the replay saw it at `t` seconds.
+    fn guest_at(r: &Replay, t: f64, vm: &str) -> GuestAt {
+        r.ticks
+            .iter()
+            .find(|x| (x.t_s - t).abs() < 1e-9)
+            .unwrap()
+            .guests
+            .iter()
+            .find(|g| g.vm == vm)
+            .unwrap()
+            .clone()
+    }
+
     #[test]
     fn a_rise_of_the_rtt_slows_the_io_bound_guest_until_the_policy_moves_it() {
         let c = two_sites();
@@ -234,17 +247,7 @@ mod tests {
         };
         let rise: RttChange = "10:b-a=16".parse().unwrap();
         let r = replay(&c, &policy, 30, 2.0, &[rise]).unwrap();
-        let at = |t: f64, vm: &str| {
-            r.ticks
-                .iter()
-                .find(|x| (x.t_s - t).abs() < 1e-9)
-                .unwrap()
-                .guests
-                .iter()
-                .find(|g| g.vm == vm)
-                .unwrap()
-                .clone()
-        };
+        let at = |t: f64, vm: &str| guest_at(&r, t, vm);
         // Before the rise: as measured.
         let before = at(8.0, "io");
         assert!((before.rate_vs_snapshot - 1.0).abs() < 1e-9, "{before:?}");
@@ -285,14 +288,7 @@ mod tests {
         let rise: RttChange = "10:a-b=16".parse().unwrap();
         let r = replay(&c, &still, 15, 2.0, &[back, rise]).unwrap();
         assert!(r.moves.is_empty(), "{:?}", r.moves);
-        let io_ms = |t: f64| {
-            r.ticks
-                .iter()
-                .find(|x| (x.t_s - t).abs() < 1e-9)
-                .unwrap()
-                .guests[0]
-                .latency_ms
-        };
+        let io_ms = |t: f64| guest_at(&r, t, "io").latency_ms;
         assert!((io_ms(8.0) - 0.9).abs() < 1e-6);
         assert!((io_ms(12.0) - 16.4).abs() < 0.5);
         assert!((io_ms(22.0) - 0.9).abs() < 1e-6, "{}", io_ms(22.0));
