@@ -315,7 +315,7 @@ fn fio_writes_through_ferry_host_see_no_error_across_the_switch() {
                 "--size=32m",
                 "--rate=2m",
                 "--time_based",
-                "--runtime=6",
+                "--runtime=15",
                 "--verify=crc32c",
                 "--verify_fatal=1",
                 "--do_verify=1",
@@ -325,9 +325,27 @@ fn fio_writes_through_ferry_host_see_no_error_across_the_switch() {
             .unwrap()
     });
     std::thread::sleep(Duration::from_millis(1500));
+    // The switch is held until the copy has converged, then let go while
+    // fio still writes: without the hold a slow machine could finish the
+    // copy after fio's last write, and nothing would cross the switch.
     let mut req = request("vm", dst.migration.unwrap().to_string());
     req.bwlimit = 8 * MIB;
-    let r = wait(&migrate(&src, req), Duration::from_secs(120));
+    req.hold_switch = true;
+    let run = migrate(&src, req);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while run.phase() != Phase::ReadyToSwitch {
+        assert!(!run.phase().is_terminal(), "{:?}", run.status());
+        assert!(Instant::now() < deadline, "{:?}", run.status());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !fio.is_finished(),
+        "fio ended before the copy converged: {:?}",
+        run.status()
+    );
+    assert!(run.release_switch());
+    let r = wait(&run, Duration::from_secs(120));
     assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
     let out = fio.join().unwrap();
     let text =
