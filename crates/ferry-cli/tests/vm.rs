@@ -1747,12 +1747,23 @@ fn prometheus_scrapes_every_daemon_and_the_dashboards_queries_hold() {
         );
     }
     // The guest's own I/O reached Prometheus through its host.
-    let iops = query("sum(rate(ferry_vm_disk_requests_total{vm=\"g1\"}[1m]))");
-    let v: f64 = iops["data"]["result"][0]["value"][1]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0.0);
-    assert!(v > 0.0, "the guest's disk requests: {iops}");
+    // (A rate needs two scrapes with a change between them: polled.)
+    let t = Instant::now();
+    loop {
+        let iops = query("sum(rate(ferry_vm_disk_requests_total{vm=\"g1\"}[1m]))");
+        let v: f64 = iops["data"]["result"][0]["value"][1]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0.0);
+        if v > 0.0 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the guest's disk requests: {iops}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 
     // The controller takes the guests' loads from this Prometheus (the
     // host is read once, for where the guest runs).

@@ -928,6 +928,25 @@ fn logins_over_the_connection_limit_get_out_of_resources() {
     assert!(c.recv().is_none(), "then the connection closes");
     assert!(t.elapsed() < Duration::from_secs(5));
     drop(a);
-    std::thread::sleep(Duration::from_millis(300));
-    let _d = Raw::login(p, "lim", false);
+    // Usable again once the target has seen the close (polled: a loaded
+    // machine may take longer than any fixed wait).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut d = Raw::connect(p);
+        d.send(&login_pdu(
+            &format!("InitiatorName=iqn.2026-11.test:again\nTargetName={IQN}:lim\nSessionType=Normal\nAuthMethod=None\n"),
+            1,
+            3,
+        ));
+        let resp = d.recv().expect("a login response, not a hang");
+        if resp.bhs[36..38] == [0, 0] {
+            break;
+        }
+        assert_eq!(&resp.bhs[36..38], &[3, 2], "only out of resources");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the freed slot never came back"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
