@@ -20,8 +20,13 @@ fio's default instead (`--invalidate=1`: the file's cached pages dropped
 when the job starts), as the issue's own figure was taken: the
 `ferry / local (dropped)` column.
 
+With `--pin`, every server runs on CPU 0 and fio (and the local job) on
+CPU 1, so that no server competes with its client for a core: the fio nbd
+client spends about as much CPU per 4 KiB request as the server does, and
+on two shared cores it, not the server, sets the ceiling.
+
 Usage: python3 bench/nbd_peers.py [--runtime 5] [--repeats 3] [--only peers|agree]
-       [--cache clean[,fresh,cold]] [--rows "4k randwrite,1M seq write"] [--out FILE]
+       [--cache clean[,fresh,cold]] [--rows "4k randwrite,1M seq write"] [--pin] [--out FILE]
 Needs: fio (with the nbd engine), nbdkit, qemu-nbd, a release build of ferry.
 """
 import argparse, json, os, shutil, subprocess, sys, tempfile
@@ -66,10 +71,11 @@ class Server:
             subprocess.run([FERRY, "volume", "create", "bench", "--path", image, "--admin", f"127.0.0.1:{admin}"],
                            check=True, stdout=subprocess.DEVNULL)
         elif kind == "nbdkit":
-            self.proc = subprocess.Popen(["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(self.port), "file", image])
+            self.proc = subprocess.Popen((PIN_SERVER if pin else []) + ["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(self.port),
+                                                                       "file", image])
         elif kind == "qemu-nbd":
-            self.proc = subprocess.Popen(["qemu-nbd", "-f", "raw", "-x", "bench", "-b", "127.0.0.1", "-p", str(self.port),
-                                          "-t", "-e", "16", "--aio=threads", image])
+            self.proc = subprocess.Popen((PIN_SERVER if pin else []) + ["qemu-nbd", "-f", "raw", "-x", "bench", "-b", "127.0.0.1",
+                                                                       "-p", str(self.port), "-t", "-e", "16", "--aio=threads", image])
         wait_port(self.port, self.proc)
         self.uri = f"nbd://127.0.0.1:{self.port}/bench"
 
@@ -138,6 +144,8 @@ def main():
     ap.add_argument("--only", choices=["peers", "agree"], default=None)
     ap.add_argument("--cache", default="clean", help="page-cache states, comma-separated: fresh, clean, cold")
     ap.add_argument("--rows", default=None, help="peer rows to run, comma-separated names (default: all)")
+    ap.add_argument("--pin", action="store_true",
+                    help="peer rows: every server on CPU 0, fio (and the local job) on CPU 1")
     a = ap.parse_args()
     states = [c for c in a.cache.split(",") if c]
     for c in states:
@@ -164,12 +172,12 @@ def main():
         if a.only != "agree":
             order = kinds[rep % 3:] + kinds[:rep % 3]
             for kind in order:
-                s = Server(kind, image, os.path.join(work, f"{kind}-{rep}"))
+                s = Server(kind, image, os.path.join(work, f"{kind}-{rep}"), pin=a.pin)
                 try:
                     for name, rw, bs, qd, conns in rows:
                         for c in states:
                             set_cache(image, c)
-                            r = fio(s.uri, rw, bs, qd, conns, a.runtime)
+                            r = fio(s.uri, rw, bs, qd, conns, a.runtime, pin=a.pin)
                             res[(name, c)][kind].append(r)
                             print(f"rep {rep} {kind:9} {name:18} {c:5} {r['iops']:10.0f} IOPS {r['mbps']:8.1f} MB/s p99 {r['p99_us']:8.0f} us", flush=True)
                 finally:
@@ -178,7 +186,7 @@ def main():
                 for c in states:
                     for kind, inv in locals_.items():
                         set_cache(image, c)
-                        r = fio(None, rw, bs, qd, conns, a.runtime, local=image, invalidate=inv)
+                        r = fio(None, rw, bs, qd, conns, a.runtime, local=image, invalidate=inv, pin=a.pin)
                         res[(name, c)][kind].append(r)
                         print(f"rep {rep} {kind:9} {name:18} {c:5} {r['iops']:10.0f} IOPS {r['mbps']:8.1f} MB/s p99 {r['p99_us']:8.0f} us", flush=True)
         if a.only != "peers":
@@ -198,8 +206,10 @@ def main():
     if a.only == "agree":
         lines.append("(peer comparison skipped)")
     lines.append(f"Medians of {a.repeats} repeats, {a.runtime} s each after 1 s ramp, fio {version(['fio', '--version'])} "
-                 f"`--ioengine=nbd`, {IMAGE_MIB} MiB image of random data (page cache as the cache column says, set before each row), loopback TCP, 2 cores shared "
-                 f"by client and server. Peers: {version(['nbdkit', '--version'])} (file plugin), "
+                 f"`--ioengine=nbd`, {IMAGE_MIB} MiB image of random data (page cache as the cache column says, set before each row), loopback TCP, "
+                 + ("every server pinned to CPU 0 and fio (the local job too) to CPU 1. " if a.pin
+                    else "2 cores shared by client and server. ")
+                 + f"Peers: {version(['nbdkit', '--version'])} (file plugin), "
                  f"{version(['qemu-nbd', '--version'])} (`--aio=threads -e 16`). Ratio = ferry / best peer "
                  "(IOPS; for p99 latency: best peer / ferry, so > 1 means ferry is better on both). "
                  "Local: fio `psync` on the image file itself, same job (one request at a time per job), "
