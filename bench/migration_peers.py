@@ -363,7 +363,7 @@ def main():
         subprocess.run(["bash", os.path.join(ROOT, "bench", "similarity.sh"), a.images], check=True)
     if "cross" in a.pairs and not os.path.exists(os.path.join(a.images, "trixie-min.img")):
         subprocess.run(["bash", os.path.join(ROOT, "bench", "similarity.sh"), a.images],
-                       env=dict(os.environ, RELEASE="trixie"), check=True)
+                       env=dict(os.environ, RELEASE="trixie", ONLY_MIN="1"), check=True)
     if not os.environ.get("FERRY_BIN"):
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "ferry-cli"], cwd=ROOT, check=True)
     pairs = {

@@ -4,6 +4,9 @@
 # install of the same release (LAMP stack and compilers), both built with
 # debootstrap and `mke2fs -d` (no mounting). Prints a markdown table.
 #   bash bench/similarity.sh [WORKDIR]        (as root; needs network to the Debian mirror)
+# RELEASE=trixie ONLY_MIN=1 bash bench/similarity.sh [WORKDIR] builds only
+# trixie-min.img (another release's images are named after it), the
+# destination of bench/migration_peers.py's cross-release pair.
 set -euo pipefail
 work="${1:-/tmp/ferry-similarity}"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
@@ -12,23 +15,28 @@ ferry="$(cd "$(dirname "$0")/.." && pwd)/target/release/ferry"
 [ -x "$ferry" ] || (cd "$(dirname "$0")/.." && cargo build --release -q -p ferry-cli)
 command -v debootstrap >/dev/null || apt-get install -y -q debootstrap
 mkdir -p "$work/cache"
-if [ ! -f "$work/min.img" ]; then
-  debootstrap --variant=minbase --cache-dir="$work/cache" "$release" "$work/min" "$mirror" > "$work/min.log"
-  mke2fs -q -F -t ext4 -d "$work/min" "$work/min.img" 2G
+prefix=""
+[ "$release" = bookworm ] || prefix="$release-"
+min="$work/${prefix}min"
+if [ ! -f "$min.img" ]; then
+  debootstrap --variant=minbase --cache-dir="$work/cache" "$release" "$min" "$mirror" > "$min.log"
+  mke2fs -q -F -t ext4 -d "$min" "$min.img" 2G
 fi
-if [ ! -f "$work/lamp.img" ]; then
+[ -z "${ONLY_MIN:-}" ] || exit 0
+lamp="$work/${prefix}lamp"
+if [ ! -f "$lamp.img" ]; then
   debootstrap --variant=minbase --cache-dir="$work/cache" \
     --include=apache2,php,libapache2-mod-php,mariadb-server,gcc,g++,make,python3,perl \
-    "$release" "$work/lamp" "$mirror" > "$work/lamp.log"
+    "$release" "$lamp" "$mirror" > "$lamp.log"
   # Package scripts may leave /proc or /sys mounted in the target.
-  umount "$work/lamp/proc" "$work/lamp/sys" 2>/dev/null || true
-  mke2fs -q -F -t ext4 -d "$work/lamp" "$work/lamp.img" 4G
+  umount "$lamp/proc" "$lamp/sys" 2>/dev/null || true
+  mke2fs -q -F -t ext4 -d "$lamp" "$lamp.img" 4G
 fi
-echo "min: $(du -sh "$work/min" 2>/dev/null | cut -f1) installed; lamp: $(du -sh "$work/lamp" 2>/dev/null | cut -f1) installed ($release)"
+echo "min: $(du -sh "$min" 2>/dev/null | cut -f1) installed; lamp: $(du -sh "$lamp" 2>/dev/null | cut -f1) installed ($release)"
 echo
 echo "| block size | LAMP blocks found in minimal (of non-zero) | LAMP image not to send (zero or found) |"
 echo "|---|---|---|"
-"$ferry" index similarity "$work/min.img" "$work/lamp.img" --json |
+"$ferry" index similarity "$min.img" "$lamp.img" --json |
   python3 -c '
 import json, sys
 for r in json.load(sys.stdin):
