@@ -129,6 +129,12 @@ def fio(uri, rw, bs, iodepth, conns, runtime, rwmixread=50, pin=False, local=Non
     return {"iops": iops, "mbps": bw, "p99_us": p99, "cpu": j.get("usr_cpu", 0) + j.get("sys_cpu", 0)}
 
 
+def show(rep, kind, name, cache, r):
+    """One result as it comes."""
+    print(f"rep {rep} {kind:9} {name:18} {cache:5} {r['iops']:10.0f} IOPS {r['mbps']:8.1f} MB/s p99 {r['p99_us']:8.0f} us",
+          flush=True)
+
+
 def ferry_bench(addr, args, iodepth, runtime):
     cmd = PIN_CLIENT + [FERRY, "bench", "--nbd", addr, "--export", "bench", "--iodepth", str(iodepth),
            "--runtime", str(runtime), "--json"] + args
@@ -179,7 +185,7 @@ def main():
                             set_cache(image, c)
                             r = fio(s.uri, rw, bs, qd, conns, a.runtime, pin=a.pin)
                             res[(name, c)][kind].append(r)
-                            print(f"rep {rep} {kind:9} {name:18} {c:5} {r['iops']:10.0f} IOPS {r['mbps']:8.1f} MB/s p99 {r['p99_us']:8.0f} us", flush=True)
+                            show(rep, kind, name, c, r)
                 finally:
                     s.stop()
             for name, rw, bs, qd, conns in rows:
@@ -188,7 +194,7 @@ def main():
                         set_cache(image, c)
                         r = fio(None, rw, bs, qd, conns, a.runtime, local=image, invalidate=inv, pin=a.pin)
                         res[(name, c)][kind].append(r)
-                        print(f"rep {rep} {kind:9} {name:18} {c:5} {r['iops']:10.0f} IOPS {r['mbps']:8.1f} MB/s p99 {r['p99_us']:8.0f} us", flush=True)
+                        show(rep, kind, name, c, r)
         if a.only != "peers":
             s = Server("ferry", image, os.path.join(work, f"agree-{rep}"), pin=True)
             try:

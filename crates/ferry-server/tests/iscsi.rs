@@ -915,15 +915,20 @@ fn logins_over_the_connection_limit_get_out_of_resources() {
     let p = portals(&s)[0];
     let a = Raw::login(p, "lim", false);
     let _b = Raw::login(p, "lim", false);
+    // A new connection's login as `who`; the connection and the answer.
+    let login_as = |who: &str| {
+        let mut c = Raw::connect(p);
+        c.send(&login_pdu(
+            &format!("InitiatorName=iqn.2026-11.test:{who}\nTargetName={IQN}:lim\nSessionType=Normal\nAuthMethod=None\n"),
+            1,
+            3,
+        ));
+        let resp = c.recv().expect("a login response, not a hang");
+        assert_eq!(resp.opcode(), op::LOGIN_RESPONSE);
+        (c, resp)
+    };
     let t = std::time::Instant::now();
-    let mut c = Raw::connect(p);
-    c.send(&login_pdu(
-        &format!("InitiatorName=iqn.2026-11.test:late\nTargetName={IQN}:lim\nSessionType=Normal\nAuthMethod=None\n"),
-        1,
-        3,
-    ));
-    let resp = c.recv().expect("a login response, not a hang");
-    assert_eq!(resp.opcode(), op::LOGIN_RESPONSE);
+    let (mut c, resp) = login_as("late");
     assert_eq!(&resp.bhs[36..38], &[3, 2], "out of resources");
     assert!(c.recv().is_none(), "then the connection closes");
     assert!(t.elapsed() < Duration::from_secs(5));
@@ -932,13 +937,7 @@ fn logins_over_the_connection_limit_get_out_of_resources() {
     // machine may take longer than any fixed wait).
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let mut d = Raw::connect(p);
-        d.send(&login_pdu(
-            &format!("InitiatorName=iqn.2026-11.test:again\nTargetName={IQN}:lim\nSessionType=Normal\nAuthMethod=None\n"),
-            1,
-            3,
-        ));
-        let resp = d.recv().expect("a login response, not a hang");
+        let (_d, resp) = login_as("again");
         if resp.bhs[36..38] == [0, 0] {
             break;
         }
