@@ -31,7 +31,10 @@ class Storage:
         self.log = open(os.path.join(work, "serve.log"), "w")
         self.proc = subprocess.Popen(
             [FERRY, "serve", "--pool", os.path.join(work, "pool"), "--nbd", f"127.0.0.1:{self.nbd}",
-             "--iscsi", f"127.0.0.1:{self.iscsi}", "--admin", f"127.0.0.1:{self.admin}"],
+             "--iscsi", f"127.0.0.1:{self.iscsi}", "--admin", f"127.0.0.1:{self.admin}",
+             # Images come from several work directories; this loopback
+             # daemon is the bench's own.
+             "--allow-path", "/"],
             env=dict(os.environ, FERRY_LOG="warn"), stdout=subprocess.DEVNULL, stderr=self.log)
         for p in (self.admin, self.nbd, self.iscsi):
             wait_port(p, self.proc)

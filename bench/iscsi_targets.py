@@ -23,7 +23,10 @@ class Ferry:
         ensure_ferry()
         self.ports = [free_port() for _ in range(portals)]
         self.admin = f"127.0.0.1:{free_port()}"
-        args = [FERRY, "serve", "--pool", os.path.join(work, "pool"), "--nbd", "", "--admin", self.admin]
+        # Images come from several work directories; this loopback daemon is
+        # the bench's own, so any file may be made a volume.
+        args = [FERRY, "serve", "--pool", os.path.join(work, "pool"), "--nbd", "", "--admin", self.admin,
+                "--allow-path", "/"]
         if config:
             # Extra settings as TOML text (e.g. "[storage]\nsanitize_bytes_per_sec = 1").
             os.makedirs(work, exist_ok=True)

@@ -38,7 +38,9 @@ from common import FERRY, ROOT, free_port, wait_port  # noqa: E402,F401
 
 def http(method, url, body=None):
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method)
+    # ferry's APIs refuse state changes without a JSON content type.
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as r:
         return r.read()
 

@@ -65,7 +65,8 @@ class Server:
         if kind == "ferry":
             admin = free_port()
             self.proc = subprocess.Popen((PIN_SERVER if pin else []) + [FERRY, "serve", "--pool", os.path.join(work, "pool"),
-                                          "--nbd", f"127.0.0.1:{self.port}", "--admin", f"127.0.0.1:{admin}"],
+                                          "--nbd", f"127.0.0.1:{self.port}", "--admin", f"127.0.0.1:{admin}",
+                                          "--allow-path", os.path.dirname(os.path.abspath(image))],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             wait_port(admin, self.proc)
             subprocess.run([FERRY, "volume", "create", "bench", "--path", image, "--admin", f"127.0.0.1:{admin}"],

@@ -30,7 +30,7 @@ class Server:
                 f.write("[nbd]\ntls_clear_loopback = false\n")
             pool = os.path.join(work, "pool-" + str(self.port))
             args = [FERRY, "serve", "--pool", pool, "--nbd", f"127.0.0.1:{self.port}",
-                    "--admin", f"127.0.0.1:{admin}"]
+                    "--admin", f"127.0.0.1:{admin}", "--allow-path", os.path.dirname(os.path.abspath(image))]
             if tls:
                 args += ["--config", cfg, "--nbd-tls-dir", server]
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

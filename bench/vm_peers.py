@@ -189,7 +189,7 @@ class Host:
         self.control, self.moves = free_port(), free_port()
         self.proc = subprocess.Popen(
             [FERRY, "host", "--state-dir", state, "--control", f"127.0.0.1:{self.control}",
-             "--move-listen", f"127.0.0.1:{self.moves}"],
+             "--move-listen", f"127.0.0.1:{self.moves}", "--image-dir", GUEST],
             env=dict(os.environ, FERRY_LOG=os.environ.get("FERRY_BENCH_LOG", "warn")),
             stdout=subprocess.DEVNULL, stderr=open(state + ".log", "w"))
         wait_http(f"http://127.0.0.1:{self.control}/v1/vms")

@@ -73,36 +73,112 @@ impl ClientError {
 
 type Result<T> = std::result::Result<T, ClientError>;
 
+/// Every state-changing call says it is JSON: the APIs refuse the content
+/// types a browser page can send across sites.
+const JSON: &str = "application/json";
+
 /// A client of one daemon's admin API.
 #[derive(Debug, Clone)]
 pub struct AdminClient {
+    url: String,
     base: String,
     agent: ureq::Agent,
     daemon: Daemon,
+    limit: Option<std::time::Duration>,
+    tls: Option<ferry_trust::CertStore>,
+}
+
+/// The identity every client of this process calls with unless told
+/// otherwise: a process is one daemon, or one operator's CLI, and has one
+/// identity ([`set_process_identity`]).
+static PROCESS_IDENTITY: std::sync::OnceLock<ferry_trust::CertStore> = std::sync::OnceLock::new();
+
+/// Set this process's identity (once; later calls are ignored): `ferry
+/// host` its state directory's store, `ferry control run` its own, the CLI
+/// the operator's `--tls-dir`.
+pub fn set_process_identity(store: ferry_trust::CertStore) {
+    let _ = PROCESS_IDENTITY.set(store);
+}
+
+/// This process's identity, if one was set.
+pub fn process_identity() -> Option<&'static ferry_trust::CertStore> {
+    PROCESS_IDENTITY.get()
 }
 
 impl AdminClient {
-    /// `url` is `HOST:PORT` or `http://HOST:PORT`.
+    /// `url` is `HOST:PORT`, `http://HOST:PORT` or `https://HOST:PORT`.
+    /// Calls go over TLS with the process's identity (if it has one)
+    /// wherever [`ferry_trust::client::wants_tls`] says so.
     pub fn new(url: &str) -> Self {
-        let base = if url.starts_with("http://") || url.starts_with("https://") {
-            url.trim_end_matches('/').to_string()
-        } else {
-            format!("http://{}", url.trim_end_matches('/'))
-        };
-        AdminClient {
-            base,
+        let mut c = AdminClient {
+            url: url.to_string(),
+            base: ferry_trust::client::base_url(url, url.starts_with("https://")),
             agent: ureq::AgentBuilder::new().build(),
             daemon: Daemon::Storage,
+            limit: None,
+            tls: None,
+        };
+        c.tls = process_identity()
+            .filter(|_| ferry_trust::client::wants_tls(url))
+            .cloned();
+        c.rebuild();
+        c
+    }
+
+    /// Call with this identity (a daemon's store, or an operator's
+    /// `--tls-dir`) wherever the call goes over TLS: to an `https://` URL,
+    /// or to any address that is not a loopback one. The server's
+    /// certificate must be pinned in `store` as the daemon this client
+    /// calls (a storage daemon, or a host).
+    pub fn identity(mut self, store: Option<&ferry_trust::CertStore>) -> Self {
+        self.tls = store
+            .filter(|_| ferry_trust::client::wants_tls(&self.url))
+            .cloned();
+        self.rebuild();
+        self
+    }
+
+    fn rebuild(&mut self) {
+        let roles: &[ferry_trust::Role] = match self.daemon {
+            Daemon::Storage => &[ferry_trust::Role::Storage],
+            Daemon::Host => &[ferry_trust::Role::Host],
+        };
+        let plain = || {
+            let mut b = ureq::AgentBuilder::new();
+            if let Some(t) = self.limit {
+                b = b
+                    .timeout_connect(t.min(std::time::Duration::from_secs(5)))
+                    .timeout(t);
+            }
+            b.build()
+        };
+        match &self.tls {
+            Some(store) => match ferry_trust::client::agent(store, roles, self.limit) {
+                Ok(a) => {
+                    self.agent = a;
+                    self.base = ferry_trust::client::base_url(&self.url, true);
+                }
+                Err(e) => {
+                    // Calls then fail with this reason, rather than going
+                    // out in plaintext.
+                    tracing::warn!(error = %e, "no TLS identity for the API client");
+                    self.agent = plain();
+                    self.base = format!("https://identity-unusable.invalid/{e}");
+                }
+            },
+            None => self.agent = plain(),
         }
     }
 
     /// A client of `ferry host`'s control API (same calls; its errors
     /// name the host daemon).
     pub fn for_host(url: &str) -> Self {
-        AdminClient {
+        let mut c = AdminClient {
             daemon: Daemon::Host,
             ..AdminClient::new(url)
-        }
+        };
+        c.rebuild();
+        c
     }
 
     /// The same with a limit on every call (connect, send and answer),
@@ -113,10 +189,8 @@ impl AdminClient {
 
     /// This client with a limit on every call.
     pub fn limited(mut self, limit: std::time::Duration) -> Self {
-        self.agent = ureq::AgentBuilder::new()
-            .timeout_connect(limit.min(std::time::Duration::from_secs(5)))
-            .timeout(limit)
-            .build();
+        self.limit = Some(limit);
+        self.rebuild();
         self
     }
 
@@ -174,7 +248,12 @@ impl AdminClient {
     }
 
     fn delete(&self, path: &str) -> Result<()> {
-        self.check(self.agent.delete(&self.url(path)).call())?;
+        self.check(
+            self.agent
+                .delete(&self.url(path))
+                .set("Content-Type", JSON)
+                .call(),
+        )?;
         Ok(())
     }
 
@@ -293,7 +372,12 @@ impl AdminClient {
     /// Cancel a migration that has not paused the guest yet.
     pub fn cancel_migration(&self, id: &MigrationId) -> Result<MigrationStatus> {
         let path = format!("/v1/migrations/{id}");
-        let r = self.check(self.agent.delete(&self.url(&path)).call())?;
+        let r = self.check(
+            self.agent
+                .delete(&self.url(&path))
+                .set("Content-Type", JSON)
+                .call(),
+        )?;
         Self::decode(&path, r)
     }
 

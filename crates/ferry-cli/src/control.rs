@@ -58,8 +58,15 @@ pub enum ControlCmd {
         /// acting within two thirds of it; another takes over after it.
         #[arg(long, default_value = "6s", value_parser = humantime::parse_duration)]
         lease: std::time::Duration,
+        /// The API and page. Beyond loopback it requires TLS with a pinned
+        /// client certificate (the controller's identity is --tls-dir, or
+        /// STATE_DIR/tls).
         #[arg(long, default_value = "127.0.0.1:10870")]
         listen: String,
+        /// Serve the API in plaintext, with no authentication, beyond
+        /// loopback (only on a network you trust; logged as insecure).
+        #[arg(long)]
+        insecure_plaintext_api: bool,
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         interval: std::time::Duration,
         /// Between the two readings of each measurement.
@@ -273,9 +280,10 @@ impl PrometheusArg {
     }
 }
 
-pub fn run(cmd: ControlCmd) -> Result<()> {
+pub fn run(cmd: ControlCmd, tls_dir: Option<PathBuf>) -> Result<()> {
     match cmd {
         ControlCmd::Run {
+            insecure_plaintext_api,
             state_dir,
             etcd,
             etcd_prefix,
@@ -340,7 +348,19 @@ pub fn run(cmd: ControlCmd) -> Result<()> {
             if let Some(s) = &initial {
                 s.validate()?;
             }
+            // The controller's identity: --tls-dir, else its state
+            // directory's tls/. Its calls to hosts and storage daemons
+            // beyond loopback go with it.
+            let identity = tls_dir
+                .or_else(|| state_dir.as_ref().map(|d| d.join("tls")))
+                .map(|d| ferry_trust::CertStore::at(&d, ferry_trust::Role::Controller));
+            if let Some(id) = &identity {
+                id.ensure_identity()?;
+                ferry_api::client::set_process_identity(id.clone());
+            }
             let opts = ferry_controller::service::Options {
+                identity,
+                insecure_plaintext_api,
                 listen,
                 state_dir: state_dir.unwrap_or_default(),
                 etcd,

@@ -22,6 +22,12 @@ use tokio_util::sync::CancellationToken;
     about = "VM disk storage over NBD, migrated across WANs"
 )]
 struct Cli {
+    /// An operator's TLS identity (cert.pem, key.pem, and trusted/ with the
+    /// daemons' certificates; `ferry certs identity` makes one): every call
+    /// to a daemon beyond loopback (or to an https:// address) goes over TLS
+    /// with it.
+    #[arg(long, global = true, env = "FERRY_TLS_DIR", value_name = "DIR")]
+    tls_dir: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -89,6 +95,17 @@ enum Cmd {
         /// Where other hosts send guests (TLS), HOST:PORT.
         #[arg(long, requires = "state_dir")]
         move_listen: Option<String>,
+        /// Serve the control API in plaintext, with no authentication,
+        /// beyond loopback (only on a network you trust; logged as
+        /// insecure). Without it, beyond loopback needs --state-dir (the
+        /// host's TLS identity) and callers with pinned certificates.
+        #[arg(long)]
+        insecure_plaintext_api: bool,
+        /// A directory guests' kernels and initrds may come from
+        /// (repeatable; default STATE_DIR/images). Any other boot file is
+        /// refused.
+        #[arg(long, value_name = "DIR", requires = "state_dir")]
+        image_dir: Vec<PathBuf>,
         /// Reach storage daemons' NBD over TLS with the credentials in DIR
         /// (QEMU's client layout: ca-cert.pem, client-cert.pem,
         /// client-key.pem; `ferry certs nbd` makes them). Needed for any
@@ -159,9 +176,18 @@ struct ServeArgs {
     /// by ca-cert.pem.
     #[arg(long, value_name = "DIR")]
     nbd_tls_dir: Option<PathBuf>,
-    /// Admin API listen address; "" turns it off.
+    /// Admin API listen address; "" turns it off. Beyond loopback it
+    /// requires TLS with a client certificate pinned in the pool.
     #[arg(long)]
     admin: Option<String>,
+    /// Serve the admin API in plaintext, with no authentication, beyond
+    /// loopback (only on a network you trust; logged as insecure).
+    #[arg(long)]
+    insecure_plaintext_api: bool,
+    /// A directory whose files may be made volumes (`ferry volume create
+    /// --path FILE`; repeatable). Without one, only the pool's own files.
+    #[arg(long, value_name = "DIR")]
+    allow_path: Vec<PathBuf>,
     /// Open backing files with O_DIRECT.
     #[arg(long)]
     direct_io: bool,
@@ -318,6 +344,21 @@ struct BenchArgs {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    if let Some(store) = ferry_trust::client::operator_store(cli.tls_dir.clone()) {
+        // Daemons (`serve`, `host`, `control run`) set their own identity
+        // first where they have one; for every other command this is the
+        // operator's.
+        if !matches!(
+            cli.cmd,
+            Cmd::Serve(_)
+                | Cmd::Host { .. }
+                | Cmd::Control {
+                    cmd: control::ControlCmd::Run { .. }
+                }
+        ) {
+            ferry_api::client::set_process_identity(store);
+        }
+    }
     match cli.cmd {
         Cmd::Serve(a) => serve(a),
         Cmd::Volume { cmd, admin } => volume(cmd, &AdminClient::new(&admin.admin)),
@@ -325,7 +366,7 @@ fn main() -> Result<()> {
         Cmd::Index { cmd, admin } => index(cmd, &AdminClient::new(&admin.admin)),
         Cmd::Migrate { args, admin } => migrate::migrate(args, &AdminClient::new(&admin.admin)),
         Cmd::MigrateSwitch { id, admin } => migrate::release(&id, &AdminClient::new(&admin.admin)),
-        Cmd::Certs { cmd, pool } => migrate::certs(cmd, pool),
+        Cmd::Certs { cmd, pool } => migrate::certs(cmd, pool, cli.tls_dir.clone()),
         Cmd::Host {
             server,
             volume,
@@ -333,9 +374,13 @@ fn main() -> Result<()> {
             control,
             state_dir,
             move_listen,
+            insecure_plaintext_api,
+            image_dir,
             nbd_tls_dir,
             memory_sample_every,
         } => host(ferry_vm::daemon::HostOptions {
+            insecure_plaintext_api,
+            image_dirs: image_dir,
             volumes: server.zip(volume).into_iter().collect(),
             listen,
             control,
@@ -345,7 +390,7 @@ fn main() -> Result<()> {
             memory_sample_every: (memory_sample_every > 0)
                 .then(|| std::time::Duration::from_secs(memory_sample_every)),
         }),
-        Cmd::Control { cmd } => control::run(cmd),
+        Cmd::Control { cmd } => control::run(cmd, cli.tls_dir.clone()),
         Cmd::Site { cmd } => control::site(cmd),
         Cmd::Vm { cmd, host } => vm::run(cmd, &AdminClient::for_host(&host.host)),
         Cmd::Bench(a) => bench(a),
@@ -386,9 +431,13 @@ fn serve(a: ServeArgs) -> Result<()> {
     if let Some(n) = a.admin {
         config.admin.listen = n;
     }
+    if a.insecure_plaintext_api {
+        config.admin.insecure_plaintext = true;
+    }
     if a.direct_io {
         config.storage.direct_io = true;
     }
+    config.storage.allowed_paths.extend(a.allow_path);
     if let Some(m) = a.migrate {
         config.migration.listen = m;
     }

@@ -178,16 +178,33 @@ pub enum CertsCmd {
     /// Print this daemon's certificate path and SHA-256 fingerprint
     /// (creates the certificate if there is none yet).
     Show,
-    /// Trust a peer daemon's certificate (its `<pool>/tls/cert.pem`) for
-    /// migrations in both directions.
+    /// Trust a peer's certificate (a daemon's `<pool>/tls/cert.pem` or
+    /// `<state>/tls/cert.pem`, an operator's or controller's `cert.pem`).
+    /// Without --role it is a peer of the store's own kind: another storage
+    /// daemon migrating to and from this one, another host moving guests.
     Trust {
         cert: PathBuf,
         /// File name to keep it under (default: its fingerprint).
         #[arg(long)]
         name: Option<String>,
+        /// What the certificate may do here: operator (everything),
+        /// controller (read, sample, probe, start and cancel moves), host
+        /// (drive its guests' volume migrations), storage, monitor (read).
+        #[arg(long)]
+        role: Option<ferry_trust::Role>,
     },
-    /// List the trusted peer certificates.
+    /// List the trusted certificates with their roles.
     List,
+    /// Make an identity for a person or a program that calls the APIs
+    /// (cert.pem, key.pem in --tls-dir, or the pool's tls/): give its
+    /// cert.pem to each daemon with `ferry certs trust FILE --role ...`,
+    /// trust each daemon's certificate in it the same way, and call with
+    /// `--tls-dir DIR` (or FERRY_TLS_DIR).
+    Identity {
+        /// What the identity is (named in its certificate).
+        #[arg(long, default_value = "operator")]
+        role: ferry_trust::Role,
+    },
     /// Make the certificates NBD over TLS needs: a certificate authority
     /// (OUT/ca-cert.pem, OUT/ca-key.pem), OUT/server/ for
     /// `ferry serve --nbd-tls-dir`, and OUT/client-NAME/ for each client
@@ -205,8 +222,14 @@ pub enum CertsCmd {
     },
 }
 
-pub fn certs(cmd: CertsCmd, pool: PathBuf) -> Result<()> {
-    let store = CertStore::new(&pool);
+pub fn certs(cmd: CertsCmd, pool: PathBuf, tls_dir: Option<PathBuf>) -> Result<()> {
+    let store = match (&tls_dir, &cmd) {
+        (Some(d), _) => CertStore::at(d, ferry_trust::Role::Operator),
+        (None, CertsCmd::Identity { .. }) => {
+            anyhow::bail!("say where to keep the identity: ferry certs --tls-dir DIR identity")
+        }
+        (None, _) => CertStore::new(&pool),
+    };
     match cmd {
         CertsCmd::Show => {
             store.ensure_identity()?;
@@ -214,18 +237,34 @@ pub fn certs(cmd: CertsCmd, pool: PathBuf) -> Result<()> {
             println!("certificate: {}", store.cert_path().display());
             println!("sha256:      {}", fingerprint(&c));
         }
-        CertsCmd::Trust { cert, name } => {
-            let fp = store.trust(&cert, name.as_deref())?;
+        CertsCmd::Trust { cert, name, role } => {
+            let fp = store.trust(&cert, name.as_deref(), role)?;
+            let what = match role {
+                Some(r) => format!("as {r}"),
+                None => "as a peer of the same kind (migrations, moves)".into(),
+            };
             println!(
-                "trusted {} (sha256 {fp}) in {}",
+                "trusted {} (sha256 {fp}) {what} in {}",
                 cert.display(),
                 store.trusted_dir().display()
             );
         }
         CertsCmd::List => {
-            for (file, fp) in store.trusted() {
-                println!("{file}\t{fp}");
+            for p in store.trusted() {
+                println!("{}\t{}\t{}", p.role, p.name, p.fingerprint);
             }
+        }
+        CertsCmd::Identity { role } => {
+            let store = CertStore::at(store.dir(), role);
+            store.ensure_identity()?;
+            let c = store.own_cert()?;
+            println!("identity ({role}): {}", store.cert_path().display());
+            println!("sha256:      {}", fingerprint(&c));
+            println!(
+                "next: on each daemon `ferry certs trust {} --role {role}`; here, `ferry --tls-dir {} certs trust DAEMON-CERT --role storage|host|controller`",
+                store.cert_path().display(),
+                store.dir().display()
+            );
         }
         CertsCmd::Nbd {
             out,

@@ -36,9 +36,13 @@ fn addr() -> String {
 }
 
 /// The guest kernel and initramfs (scripts/guest-image.sh), or None to skip.
+fn guest_dir() -> PathBuf {
+    std::env::var_os("FERRY_GUEST_DIR")
+        .map_or_else(|| PathBuf::from("/var/cache/ferry-guest"), PathBuf::from)
+}
+
 fn guest_files() -> Option<(PathBuf, PathBuf)> {
-    let dir = std::env::var_os("FERRY_GUEST_DIR")
-        .map_or_else(|| PathBuf::from("/var/cache/ferry-guest"), PathBuf::from);
+    let dir = guest_dir();
     let (k, i) = (dir.join("vmlinuz"), dir.join("initrd.img"));
     if k.is_file() && i.is_file() && have("qemu-system-x86_64") && have("debugfs") {
         return Some((k, i));
@@ -149,6 +153,9 @@ impl Host {
             .args(["host", "--state-dir"])
             .arg(state)
             .args(["--control", &control, "--move-listen", &moves])
+            // Where the test guest's kernel and initramfs are.
+            .arg("--image-dir")
+            .arg(guest_dir())
             // Often, so that every test's moves run beside a measurement.
             .args(["--memory-sample-every", "2"])
             .env("FERRY_LOG", "info")
@@ -516,6 +523,24 @@ fn guests_start_show_metrics_and_survive_a_restart_of_their_host() {
     );
     bad(&["--disk", &disk, "--kernel", "/no/kernel"], "/no/kernel");
     bad(&["--disk", &disk], "--kernel");
+    // Attacks (docs/security.md): a boot file outside the image
+    // directories (the host's TLS key as an initrd).
+    let key = state.join("tls").join("key.pem");
+    bad(
+        &[
+            "--disk",
+            &disk,
+            "--kernel",
+            k,
+            "--initrd",
+            key.to_str().unwrap(),
+        ],
+        "outside this host's image directories",
+    );
+    bad(
+        &["--disk", &disk, "--kernel", "/etc/hostname"],
+        "outside this host's image directories",
+    );
     assert!(host.list().is_empty());
 
     create_guest(&host, &st, "g1", "root", false);
@@ -523,11 +548,24 @@ fn guests_start_show_metrics_and_survive_a_restart_of_their_host() {
         "create", "g1", "--disk", &disk, "--kernel", k, "--initrd", i,
     ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("exists"));
+    // A second guest on the disk g1 runs on is refused.
+    bad(
+        &["--disk", &disk, "--kernel", k, "--initrd", i],
+        "is a disk of guest g1",
+    );
 
     let v: Value = serde_json::from_str(&host.vm_ok(&["show", "g1", "--json"])).unwrap();
     assert_eq!(v["state"], "running");
     assert_eq!(v["accel"], "tcg");
     let pid = v["pid"].as_u64().unwrap();
+    // QEMU runs under its system-call filter.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(
+        status
+            .lines()
+            .any(|l| l.split_whitespace().eq(["Seccomp:", "2"])),
+        "QEMU without seccomp: {status}"
+    );
     let io = &v["disks"][0];
     assert!(
         io["writes"].as_u64().unwrap() > 10 && io["flushes"].as_u64().unwrap() > 10,

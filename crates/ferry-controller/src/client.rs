@@ -23,6 +23,7 @@ pub enum ControllerClientError {
 
 type Result<T> = std::result::Result<T, ControllerClientError>;
 
+#[derive(Clone)]
 pub struct ControllerClient {
     base: String,
     agent: ureq::Agent,
@@ -31,17 +32,41 @@ pub struct ControllerClient {
 impl ControllerClient {
     /// `addr` is `host:port` or a URL.
     pub fn new(addr: &str) -> ControllerClient {
-        let base = if addr.starts_with("http") {
-            addr.trim_end_matches('/').to_string()
-        } else {
-            format!("http://{addr}")
-        };
-        ControllerClient {
-            base,
+        let plain = ControllerClient {
+            base: ferry_trust::client::base_url(addr, addr.starts_with("https://")),
             agent: ureq::AgentBuilder::new()
                 .timeout(Duration::from_secs(30))
                 .build(),
+        };
+        match ferry_api::client::process_identity() {
+            Some(store) => match plain.clone().identity(addr, Some(store)) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "no TLS identity for the controller client");
+                    plain
+                }
+            },
+            None => plain,
         }
+    }
+
+    /// Call with an operator's identity wherever the call goes over TLS
+    /// (an `https://` URL, or an address that is not a loopback one); the
+    /// controller's certificate must be pinned in `store` as a controller.
+    pub fn identity(
+        mut self,
+        addr: &str,
+        store: Option<&ferry_trust::CertStore>,
+    ) -> std::result::Result<ControllerClient, ferry_trust::CertError> {
+        if let Some(store) = store.filter(|_| ferry_trust::client::wants_tls(addr)) {
+            self.agent = ferry_trust::client::agent(
+                store,
+                &[ferry_trust::Role::Controller],
+                Some(Duration::from_secs(30)),
+            )?;
+            self.base = ferry_trust::client::base_url(addr, true);
+        }
+        Ok(self)
     }
 
     fn call<T: DeserializeOwned>(
@@ -50,7 +75,11 @@ impl ControllerClient {
         path: &str,
         body: Option<serde_json::Value>,
     ) -> Result<T> {
-        let req = self.agent.request(method, &format!("{}{path}", self.base));
+        let mut req = self.agent.request(method, &format!("{}{path}", self.base));
+        if method != "GET" {
+            // The API refuses state changes a browser page could forge.
+            req = req.set("Content-Type", "application/json");
+        }
         let r = match body {
             Some(b) => req.send_json(b),
             None => req.call(),

@@ -47,7 +47,17 @@ pub struct Options {
     pub loads: crate::measure::LoadSource,
     /// Replaces the saved settings when given.
     pub initial: Option<Settings>,
+    /// This controller's TLS identity: its API beyond loopback, and its
+    /// calls to hosts and storage daemons beyond loopback.
+    pub identity: Option<ferry_trust::CertStore>,
+    /// Serve the API in plaintext, unauthenticated, beyond loopback.
+    pub insecure_plaintext_api: bool,
 }
+
+/// Who besides an operator may call each route of the controller's API:
+/// anyone pinned reads (status, journal, settings, the page, metrics);
+/// only an operator changes anything.
+pub const ACCESS: ferry_trust::api::Access = ferry_trust::api::operator_writes;
 
 pub struct EtcdOptions {
     pub endpoints: Vec<String>,
@@ -765,6 +775,18 @@ pub async fn run(opts: Options) -> Result<(), ControllerError> {
     let listener = tokio::net::TcpListener::bind(&opts.listen)
         .await
         .map_err(|e| ControllerError::BadInput(format!("cannot listen on {}: {e}", opts.listen)))?;
+    let sec = ferry_trust::api::ApiSecurity {
+        name: "controller API",
+        store: opts.identity.clone(),
+        insecure_plaintext: opts.insecure_plaintext_api,
+        access: ACCESS,
+        limits: ferry_trust::api::API_LIMITS,
+    };
+    let bound = listener
+        .local_addr()
+        .map_err(|e| ControllerError::BadInput(format!("cannot listen on {}: {e}", opts.listen)))?;
+    // Refuse to start rather than serve plaintext beyond loopback.
+    ferry_trust::api::check(&sec, bound).map_err(|e| ControllerError::BadInput(e.to_string()))?;
     let worker = sh.clone();
     let cadence = Cadence {
         interval: opts.interval,
@@ -788,7 +810,12 @@ pub async fn run(opts: Options) -> Result<(), ControllerError> {
             .map_err(|e| ControllerError::State(e.to_string()))?;
     }
     tracing::info!("controller listening on {}", opts.listen);
-    axum::serve(listener, router(sh))
-        .await
-        .map_err(|e| ControllerError::State(e.to_string()))
+    ferry_trust::api::serve(
+        listener,
+        router(sh),
+        sec,
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .map_err(|e| ControllerError::State(e.to_string()))
 }

@@ -1,6 +1,8 @@
 //! The agent's control API (HTTP/JSON, `ferry_api::host` types): list,
-//! attach and detach the volumes it forwards. Loopback by default: it
-//! decides what the host's guests can reach.
+//! attach and detach the volumes it forwards. It decides what the host's
+//! guests can reach, so it is served through `ferry_trust::api`: plaintext
+//! only on loopback, TLS with pinned client certificates beyond it (`ferry
+//! host` with a state directory), and only operators change anything.
 //!
 //! | method and path | body | answer |
 //! |---|---|---|
@@ -88,10 +90,14 @@ pub async fn serve(
     agent: Arc<Agent>,
     shutdown: CancellationToken,
 ) {
-    if let Err(e) = axum::serve(listener, router(agent))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-    {
+    let sec = ferry_trust::api::ApiSecurity {
+        name: "host control API",
+        store: None,
+        insecure_plaintext: false,
+        access: ferry_trust::api::operator_writes,
+        limits: ferry_trust::api::API_LIMITS,
+    };
+    if let Err(e) = ferry_trust::api::serve(listener, router(agent), sec, shutdown).await {
         tracing::error!(error = %e, "control API failed");
     }
 }

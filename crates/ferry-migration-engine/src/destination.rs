@@ -52,50 +52,62 @@ pub async fn serve(
             }
         }
     };
-    let mut conns = tokio::task::JoinSet::new();
-    loop {
-        let (tcp, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "migration accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
+    // Caps overall and per peer address, and a deadline on the TLS
+    // handshake: connections that never authenticate cannot hold the
+    // listener (a source uses a few connections per migration).
+    ferry_trust::listen::accept_loop(
+        listener,
+        MIGRATION_LIMITS,
+        Arc::new(()),
+        shutdown.clone(),
+        Some(Duration::from_secs(5)),
+        move |tcp, peer| {
+            let _ = tcp.set_nodelay(true);
+            let (st, tls, sd) = (state.clone(), tls.clone(), shutdown.clone());
+            async move {
+                let mut tcp = tcp;
+                if tls.is_none() && answered_tls_client(&mut tcp, peer).await {
+                    return;
                 }
-            },
-            () = shutdown.cancelled() => break,
-        };
-        let _ = tcp.set_nodelay(true);
-        let st = state.clone();
-        let tls = tls.clone();
-        let sd = shutdown.clone();
-        conns.spawn(async move {
-            let mut tcp = tcp;
-            if tls.is_none() && answered_tls_client(&mut tcp, peer).await {
-                return;
-            }
-            let local = tcp.local_addr().ok();
-            let counted = Counted::new(tcp, Arc::new(WireCounters::default()));
-            let r = match tls {
-                None => receive(&st, counted, peer, local, &sd).await,
-                Some(acc) => match acc.accept(counted).await {
-                    Ok(s) => receive(&st, s, peer, local, &sd).await,
-                    Err(e) => {
-                        tracing::warn!(%peer, error = %e, "migration TLS handshake refused");
-                        return;
+                let local = tcp.local_addr().ok();
+                let counted = Counted::new(tcp, Arc::new(WireCounters::default()));
+                let r = match tls {
+                    None => receive(&st, counted, peer, local, &sd).await,
+                    Some(acc) => {
+                        match tokio::time::timeout(HANDSHAKE_DEADLINE, acc.accept(counted)).await {
+                            Ok(Ok(s)) => receive(&st, s, peer, local, &sd).await,
+                            Ok(Err(e)) => {
+                                tracing::warn!(%peer, error = %e, "migration TLS handshake refused");
+                                return;
+                            }
+                            Err(_) => {
+                                tracing::warn!(%peer, "migration TLS handshake not finished in time; closed");
+                                return;
+                            }
+                        }
                     }
-                },
-            };
-            match r {
-                Ok(name) if name.is_empty() => {}
-                Ok(name) => tracing::info!(%peer, volume = %name, "incoming migration complete"),
-                Err(e) => tracing::warn!(%peer, error = %e, "incoming migration stopped; the copy stays incomplete"),
+                };
+                match r {
+                    Ok(name) if name.is_empty() => {}
+                    Ok(name) => tracing::info!(%peer, volume = %name, "incoming migration complete"),
+                    Err(e) => tracing::warn!(%peer, error = %e, "incoming migration stopped; the copy stays incomplete"),
+                }
             }
-        });
-        while conns.try_join_next().is_some() {}
-    }
-    conns.shutdown().await;
+        },
+        |_tcp, _peer, _why| async {},
+    )
+    .await;
 }
+
+/// Connections the migration listener holds at once, overall and per peer
+/// address.
+pub const MIGRATION_LIMITS: ferry_trust::listen::ConnLimits = ferry_trust::listen::ConnLimits {
+    max: 256,
+    per_peer: 32,
+};
+
+/// Longest a connection may take to finish its TLS handshake.
+pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// A TLS client at a plaintext listener (the two daemons disagree on
 /// plaintext): answered with a TLS `protocol_version` alert, which its TLS

@@ -226,6 +226,37 @@ fn sanitize_view(
 type St = State<Arc<ServerState>>;
 type ApiResult<T> = Result<T, ApiError>;
 
+/// How the admin API is served: TLS with the pool's identity beyond
+/// loopback, and [`access`] per route.
+pub fn security(config: &crate::config::Config) -> ferry_trust::api::ApiSecurity {
+    ferry_trust::api::ApiSecurity {
+        name: "admin API",
+        store: Some(migration::tls::CertStore::new(&config.pool)),
+        insecure_plaintext: config.admin.insecure_plaintext,
+        access,
+        limits: ferry_trust::api::API_LIMITS,
+    }
+}
+
+/// Who besides an operator may call each route: anyone pinned reads; a
+/// host drives the migrations of its guests' volumes (start, follow,
+/// cancel, release the switch); a controller and a host sample a volume
+/// to price a move.
+pub fn access(m: &axum::http::Method, path: &str) -> &'static [ferry_trust::Role] {
+    use ferry_trust::api::{changes_state, segments, ANYONE, OPERATOR};
+    use ferry_trust::Role::{Controller, Host};
+    if !changes_state(m) {
+        return ANYONE;
+    }
+    match (m.as_str(), segments(path).as_slice()) {
+        ("POST", ["v1", "volumes", _, "migrate"])
+        | ("POST", ["v1", "migrations", _, "switch"])
+        | ("DELETE", ["v1", "migrations", _]) => &[Host],
+        ("POST", ["v1", "volumes", _, "sample"]) => &[Host, Controller],
+        _ => OPERATOR,
+    }
+}
+
 pub fn router(state: Arc<ServerState>) -> Router {
     Router::new()
         .route("/v1/server", get(server_info))
@@ -296,6 +327,10 @@ async fn create(
         None if r.path.is_some() => 0,
         None => return Err(bad("size is required")),
     };
+    check_size(&s, size)?;
+    if let Some(p) = &r.path {
+        check_allowed_path(&s.config.storage.allowed_paths, p)?;
+    }
     let opts = CreateOptions {
         size,
         block_size: r.block_size.unwrap_or(512),
@@ -309,6 +344,50 @@ async fn create(
     let v = blocking(move || pool.create(&r.name, &opts)).await?;
     tracing::info!(volume = %v.name(), size = v.size(), "volume created");
     Ok((StatusCode::CREATED, Json(view(&v))))
+}
+
+/// A size within `storage.max_volume_size`.
+fn check_size(s: &ServerState, size: u64) -> ApiResult<()> {
+    let max = s.config.storage.max_volume_size;
+    if size > max {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("size {size} is over this daemon's largest volume, {max} bytes (storage.max_volume_size)"),
+        ));
+    }
+    Ok(())
+}
+
+/// A file outside the pool becomes a volume only inside one of the
+/// configured directories (links resolved first, so a link cannot point
+/// out of them).
+fn check_allowed_path(allowed: &[std::path::PathBuf], p: &std::path::Path) -> ApiResult<()> {
+    let refuse = |why: String| ApiError(StatusCode::FORBIDDEN, why);
+    if allowed.is_empty() {
+        return Err(refuse(format!(
+            "{}: files outside the pool are not made volumes here: add its directory to \
+             storage.allowed_paths (ferry serve --allow-path DIR), or import it (ferry volume import)",
+            p.display()
+        )));
+    }
+    let real = std::fs::canonicalize(p)
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("{}: {e}", p.display())))?;
+    let inside = allowed
+        .iter()
+        .any(|dir| std::fs::canonicalize(dir).is_ok_and(|d| real.starts_with(&d) && real != d));
+    if !inside {
+        return Err(refuse(format!(
+            "{} (resolved: {}) is outside storage.allowed_paths ({})",
+            p.display(),
+            real.display(),
+            allowed
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    Ok(())
 }
 
 async fn info(State(s): St, Path(name): Path<String>) -> ApiResult<Json<VolumeView>> {
@@ -343,6 +422,7 @@ async fn resize(
 ) -> ApiResult<Json<VolumeView>> {
     let v = s.pool.get(&name)?;
     let size = size_bytes(&r.size)?;
+    check_size(&s, size)?;
     let v2 = v.clone();
     blocking(move || v2.resize(size, r.allow_shrink)).await?;
     Ok(Json(view(&v)))

@@ -17,10 +17,15 @@
 //! extended_headers = true        # offer NBD extended headers (64-bit lengths)
 //!
 //! [admin]
-//! listen = "127.0.0.1:10880"     # "" turns the admin API off
+//! listen = "127.0.0.1:10880"     # "" turns the admin API off; beyond loopback it
+//!                                # requires TLS with a pinned client certificate
+//! insecure_plaintext = false     # true: serve plaintext beyond loopback, unauthenticated
 //!
 //! [storage]
 //! direct_io = false
+//! allowed_paths = []             # directories whose files may become volumes (--path);
+//!                                # [] = none: only the pool's own files
+//! max_volume_size = 17592186044416  # largest size a create or resize may ask (16 TiB)
 //!
 //! [index]
 //! block_size = 4096              # fingerprint granularity, 512 B .. 64 KiB
@@ -248,6 +253,9 @@ pub struct NbdConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     pub listen: String,
+    /// Serve plaintext, unauthenticated calls beyond loopback (loudly
+    /// logged; `--insecure-plaintext-api`).
+    pub insecure_plaintext: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -257,13 +265,24 @@ pub struct StorageConfig {
     /// Most bytes per second a SANITIZE writes or erases, so that one
     /// volume's sanitize leaves the disk to the others (0: no limit).
     pub sanitize_bytes_per_sec: u64,
+    /// Directories whose regular files may be made volumes (`path` of a
+    /// create); empty: none.
+    pub allowed_paths: Vec<PathBuf>,
+    /// The largest size a create or a resize (admin API, NBD RESIZE) may
+    /// ask for.
+    pub max_volume_size: u64,
 }
+
+/// 16 TiB.
+pub const DEFAULT_MAX_VOLUME_SIZE: u64 = 16 << 40;
 
 impl Default for StorageConfig {
     fn default() -> Self {
         StorageConfig {
             direct_io: false,
             sanitize_bytes_per_sec: 256 << 20,
+            allowed_paths: Vec::new(),
+            max_volume_size: DEFAULT_MAX_VOLUME_SIZE,
         }
     }
 }
@@ -302,6 +321,7 @@ impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
             listen: DEFAULT_ADMIN_ADDR.into(),
+            insecure_plaintext: false,
         }
     }
 }

@@ -129,6 +129,12 @@ impl Daemon {
             }
         }
         let admin = bind("admin", &config.admin.listen).await?;
+        if let Some(l) = &admin {
+            // Refuse to start rather than serve plaintext beyond loopback.
+            let addr = l.local_addr().map_err(ServerError::Admin)?;
+            ferry_trust::api::check(&admin::security(&config), addr)
+                .map_err(|e| ServerError::Admin(std::io::Error::other(e.to_string())))?;
+        }
         let migration = bind("migration", &config.migration.listen).await?;
         let mut iscsi = Vec::new();
         for addr in &config.iscsi.listen {
@@ -210,12 +216,10 @@ impl Daemon {
         if let Some(l) = self.admin {
             tracing::info!(addr = ?self.state.addrs.admin, "admin API listening");
             let app = admin::router(self.state.clone());
+            let sec = admin::security(&self.state.config);
             let sd = shutdown.clone();
             tasks.spawn(async move {
-                if let Err(e) = axum::serve(l, app)
-                    .with_graceful_shutdown(sd.cancelled_owned())
-                    .await
-                {
+                if let Err(e) = ferry_trust::api::serve(l, app, sec, sd).await {
                     tracing::error!(error = %e, "admin API failed");
                 }
             });

@@ -5,66 +5,26 @@
 //! its protocol can say so. The writer task is `ferry_nbd_server`'s.
 
 use crate::ServerState;
-use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-/// How many connections a listener takes.
-#[derive(Debug, Clone, Copy)]
-pub struct ConnLimits {
-    pub max: usize,
-    /// Per peer IP address; 0 is no cap of its own.
-    pub per_peer: usize,
-}
+pub use ferry_trust::listen::{ConnLimits, Refusal, REFUSE_TIMEOUT};
 
-/// Why a connection is refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// The listener holds `max` connections.
-    Full,
-    /// This peer address holds `per_peer` connections.
-    PeerFull,
-}
+/// The daemon's connection gauges.
+struct Gauge(Arc<ServerState>);
 
-/// Refusals answered at once at most; beyond, sockets are just closed.
-const MAX_REFUSING: usize = 64;
-/// Longest a refused client is talked to.
-pub const REFUSE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Connections per peer address, released by [`PeerSlot`].
-#[derive(Debug, Default)]
-struct PeerCounts(Mutex<HashMap<IpAddr, usize>>);
-
-struct PeerSlot(Arc<PeerCounts>, IpAddr);
-
-impl Drop for PeerSlot {
-    fn drop(&mut self) {
-        let mut m = (self.0).0.lock();
-        if let Some(n) = m.get_mut(&self.1) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&self.1);
-            }
-        }
+impl ferry_trust::listen::ConnGauge for Gauge {
+    fn opened(&self) {
+        self.0.metrics.connections.inc();
     }
-}
-
-impl PeerCounts {
-    fn take(self: &Arc<Self>, ip: IpAddr, cap: usize) -> Option<PeerSlot> {
-        let mut m = self.0.lock();
-        let n = m.entry(ip).or_insert(0);
-        if cap > 0 && *n >= cap {
-            return None;
-        }
-        *n += 1;
-        Some(PeerSlot(self.clone(), ip))
+    fn closed(&self) {
+        self.0.metrics.connections.dec();
+    }
+    fn refused(&self) {
+        self.0.metrics.connections_refused.inc();
     }
 }
 
@@ -85,55 +45,16 @@ pub async fn accept_loop<F, Fut, R, RFut>(
     R: Fn(TcpStream, SocketAddr, Refusal) -> RFut,
     RFut: Future<Output = ()> + Send + 'static,
 {
-    let slots = Arc::new(Semaphore::new(limits.max.max(1)));
-    let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
-    let peers = Arc::new(PeerCounts::default());
-    let tracker = TaskTracker::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = shutdown.cancelled() => break,
-        };
-        let admitted = match slots.clone().try_acquire_owned() {
-            Err(_) => Err(Refusal::Full),
-            Ok(permit) => match peers.take(peer.ip(), limits.per_peer) {
-                Some(slot) => Ok((permit, slot)),
-                None => Err(Refusal::PeerFull),
-            },
-        };
-        match admitted {
-            Ok((permit, slot)) => {
-                let conn = serve(stream, peer);
-                let state = state.clone();
-                tracker.spawn(async move {
-                    let _held = (permit, slot);
-                    state.metrics.connections.inc();
-                    conn.await;
-                    state.metrics.connections.dec();
-                });
-            }
-            Err(why) => {
-                state.metrics.connections_refused.inc();
-                tracing::warn!(%peer, ?why, "connection refused: over the limit");
-                if let Ok(p) = refusing.clone().try_acquire_owned() {
-                    let answer = refuse(stream, peer, why);
-                    tracker.spawn(async move {
-                        let _ = tokio::time::timeout(REFUSE_TIMEOUT, answer).await;
-                        drop(p);
-                    });
-                }
-            }
-        }
-    }
-    tracker.close();
-    tracker.wait().await;
+    ferry_trust::listen::accept_loop(
+        listener,
+        limits,
+        Arc::new(Gauge(state)),
+        shutdown,
+        None,
+        serve,
+        refuse,
+    )
+    .await
 }
 
 pub use ferry_nbd_server::{write_loop, Frames, Held, HeldFrames};

@@ -82,12 +82,14 @@ fn volume_lifecycle_over_http() {
         .unwrap();
     assert_eq!(b["dirty_bytes"], 65536);
     let b: Value = ureq::post(&url(&s, "/v1/volumes/a/bitmaps/m/clear"))
+        .set("Content-Type", "application/json")
         .call()
         .unwrap()
         .into_json()
         .unwrap();
     assert_eq!(b["dirty_bytes"], 0);
     ureq::delete(&url(&s, "/v1/volumes/a/bitmaps/m"))
+        .set("Content-Type", "application/json")
         .call()
         .unwrap();
     assert!(matches!(
@@ -112,7 +114,10 @@ fn volume_lifecycle_over_http() {
         .into_json()
         .unwrap();
     assert_eq!(list.as_array().unwrap().len(), 2);
-    ureq::delete(&url(&s, "/v1/volumes/a")).call().unwrap();
+    ureq::delete(&url(&s, "/v1/volumes/a"))
+        .set("Content-Type", "application/json")
+        .call()
+        .unwrap();
     assert!(matches!(
         ureq::get(&url(&s, "/v1/volumes/a")).call(),
         Err(ureq::Error::Status(404, _))
@@ -204,7 +209,10 @@ fn index_rebuild_status_lookup_and_metrics() {
         .into_string()
         .unwrap();
     assert!(text.contains("ferry_index_entries 64"), "{text}");
-    ureq::delete(&url(&s, "/v1/volumes/base")).call().unwrap();
+    ureq::delete(&url(&s, "/v1/volumes/base"))
+        .set("Content-Type", "application/json")
+        .call()
+        .unwrap();
     let st: Value = ureq::get(&url(&s, "/v1/index"))
         .call()
         .unwrap()

@@ -34,8 +34,8 @@ fn trust_each_other(a: &Path, b: &Path) {
     sa.ensure_identity().unwrap();
     sb.ensure_identity().unwrap();
     let name = |p: &Path| p.file_name().unwrap().to_string_lossy().into_owned();
-    sa.trust(&sb.cert_path(), Some(&name(b))).unwrap();
-    sb.trust(&sa.cert_path(), Some(&name(a))).unwrap();
+    sa.trust(&sb.cert_path(), Some(&name(b)), None).unwrap();
+    sb.trust(&sa.cert_path(), Some(&name(a)), None).unwrap();
 }
 
 /// Deterministic pseudo-random bytes.
@@ -205,7 +205,7 @@ fn untrusted_or_conflicting_destinations_refuse_and_the_source_is_untouched() {
     // certificate; also not retried.
     let sa = CertStore::new(&pa);
     sa.ensure_identity().unwrap();
-    sa.trust(&CertStore::new(&pb).cert_path(), Some("b"))
+    sa.trust(&CertStore::new(&pb).cert_path(), Some("b"), None)
         .unwrap();
     let started = Instant::now();
     let r = wait(

@@ -125,7 +125,14 @@ async fn probe(State(h): St, b: Body<ProbeRequest>) -> Result<Json<LinkProbe>, A
         let link = match crate::tunnel::connect(&h.certs, &req.to).await {
             Ok(l) => l,
             Err(e) => {
-                out.errors.push(e.to_string());
+                // The caller learns only that no trusted ferry host
+                // answered: whether a port is open, closed or another
+                // program's is not told (the probe is no port scanner).
+                tracing::info!(to = %req.to, error = %e, "link probe found no trusted host");
+                out.errors.push(format!(
+                    "no trusted ferry host answered at {} (this host's log has the detail)",
+                    req.to
+                ));
                 continue;
             }
         };

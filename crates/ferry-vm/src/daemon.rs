@@ -25,6 +25,28 @@ pub struct HostOptions {
     /// Measure each running guest's memory (dirty rate, link share) this
     /// often (None: never).
     pub memory_sample_every: Option<Duration>,
+    /// Serve the control API in plaintext, unauthenticated, beyond
+    /// loopback (`--insecure-plaintext-api`).
+    pub insecure_plaintext_api: bool,
+    /// Where guests' kernels and initrds may come from (none given:
+    /// `<state>/images`).
+    pub image_dirs: Vec<PathBuf>,
+}
+
+/// Who besides an operator may call each route of the host's API: anyone
+/// pinned reads; a controller starts and cancels moves and probes links.
+pub fn access(m: &axum::http::Method, path: &str) -> &'static [ferry_trust::Role] {
+    use ferry_trust::api::{changes_state, segments, ANYONE, OPERATOR};
+    use ferry_trust::Role::Controller;
+    if !changes_state(m) {
+        return ANYONE;
+    }
+    match (m.as_str(), segments(path).as_slice()) {
+        ("POST", ["v1", "vms", _, "migrate"])
+        | ("POST", ["v1", "vm-moves", _, "cancel"])
+        | ("POST", ["v1", "probe"]) => &[Controller],
+        _ => OPERATOR,
+    }
 }
 
 fn listen_err(addr: &str, e: impl std::fmt::Display) -> VmError {
@@ -73,7 +95,7 @@ pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), V
                 .move_listen
                 .clone()
                 .unwrap_or_else(|| "this host".into());
-            Some(VmHost::open(dir, agent.clone(), sock, &name).await?)
+            Some(VmHost::open(dir, agent.clone(), sock, &name, opts.image_dirs.clone()).await?)
         }
         _ => None,
     };
@@ -85,13 +107,19 @@ pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), V
         if let Some(h) = &host {
             router = router.merge(api::router(h.clone()));
         }
-        tracing::info!(control = %addr, "control API listening");
+        let sec = ferry_trust::api::ApiSecurity {
+            name: "host control API",
+            store: host.as_ref().map(|h| h.certs.clone()),
+            insecure_plaintext: opts.insecure_plaintext_api,
+            access,
+            limits: ferry_trust::api::API_LIMITS,
+        };
+        // Refuse to start rather than serve plaintext beyond loopback.
+        let bound = l.local_addr().map_err(|e| listen_err(addr, e))?;
+        ferry_trust::api::check(&sec, bound).map_err(|e| listen_err(addr, e))?;
         let sd = shutdown.clone();
         tasks.spawn(async move {
-            if let Err(e) = axum::serve(l, router)
-                .with_graceful_shutdown(sd.cancelled_owned())
-                .await
-            {
+            if let Err(e) = ferry_trust::api::serve(l, router, sec, sd).await {
                 tracing::error!(error = %e, "control API failed");
             }
         });

@@ -19,6 +19,8 @@ pub struct VmHost {
     /// The forwarder's unix socket, where QEMU opens its disks.
     pub nbd_socket: PathBuf,
     pub certs: CertStore,
+    /// Where kernels and initrds may come from (`--image-dir`).
+    pub image_dirs: Vec<PathBuf>,
     /// This host's move listener as peers reach it (for reports).
     pub name: String,
     pub guests: parking_lot::RwLock<BTreeMap<String, Arc<Guest>>>,
@@ -44,19 +46,28 @@ impl VmHost {
         agent: Arc<Agent>,
         nbd_socket: &Path,
         name: &str,
+        image_dirs: Vec<PathBuf>,
     ) -> Result<Arc<VmHost>, VmError> {
         let vms = root.join("vms");
         std::fs::create_dir_all(&vms)
             .map_err(|e| VmError::Io(format!("{}: {e}", vms.display())))?;
-        let certs = CertStore::new(root);
+        let certs = CertStore::at(&root.join("tls"), ferry_trust::Role::Host);
         certs
             .ensure_identity()
             .map_err(|e| VmError::Io(e.to_string()))?;
+        // Calls to storage daemons' admin APIs beyond loopback go with
+        // this host's certificate.
+        ferry_api::client::set_process_identity(certs.clone());
         let host = Arc::new(VmHost {
             root: root.to_path_buf(),
             agent,
             nbd_socket: nbd_socket.to_path_buf(),
             certs,
+            image_dirs: if image_dirs.is_empty() {
+                vec![root.join("images")]
+            } else {
+                image_dirs
+            },
             name: name.into(),
             guests: Default::default(),
             moves: Default::default(),
@@ -160,6 +171,12 @@ impl VmHost {
         }
     }
 
+    /// The first disk of `spec` that another guest of this host has, and
+    /// that guest.
+    pub fn disk_in_use(&self, spec: &VmSpec) -> Option<(String, String)> {
+        disk_of_another(&self.guests.read(), spec)
+    }
+
     fn accel_for(spec: &VmSpec) -> Result<&'static str, VmError> {
         resolve_accel(spec.accel).map_err(VmError::BadSpec)
     }
@@ -169,6 +186,7 @@ impl VmHost {
     /// nothing behind.
     pub async fn create(&self, spec: VmSpec, start: bool) -> Result<VmView, VmError> {
         validate(&spec, host_memory_mib()).map_err(VmError::BadSpec)?;
+        crate::qemu::boot_files_allowed(&spec, &self.image_dirs).map_err(VmError::BadSpec)?;
         if !qemu_available() {
             return Err(VmError::BadSpec(format!(
                 "QEMU ({}) is not installed on this host",
@@ -181,6 +199,11 @@ impl VmHost {
             let mut guests = self.guests.write();
             if guests.contains_key(&spec.name) || dir.exists() {
                 return Err(VmError::Exists(spec.name.clone()));
+            }
+            if let Some((volume, other)) = disk_of_another(&guests, &spec) {
+                return Err(VmError::BadSpec(format!(
+                    "volume {volume} is a disk of guest {other}: a volume serves one guest"
+                )));
             }
             let g = Arc::new(Guest::new(spec.clone(), &dir));
             guests.insert(spec.name.clone(), g.clone());
@@ -326,4 +349,20 @@ impl VmHost {
         }
         out
     }
+}
+
+fn disk_of_another(
+    guests: &BTreeMap<String, Arc<Guest>>,
+    spec: &VmSpec,
+) -> Option<(String, String)> {
+    guests
+        .iter()
+        .filter(|(name, _)| **name != spec.name)
+        .find_map(|(name, g)| {
+            let theirs = g.spec.lock();
+            spec.disks
+                .iter()
+                .find(|d| theirs.disks.iter().any(|t| t.volume == d.volume))
+                .map(|d| (d.volume.clone(), name.clone()))
+        })
 }

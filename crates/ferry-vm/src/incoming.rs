@@ -35,35 +35,43 @@ pub async fn serve(
         }
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "move listener accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
+    // Caps overall and per peer address; the TLS handshake has
+    // EXCHANGE_TIMEOUT. Moves under way go on after a shutdown (Duration
+    // ZERO: not waited for), as guests do.
+    ferry_trust::listen::accept_loop(
+        listener,
+        MOVE_LIMITS,
+        Arc::new(()),
+        shutdown,
+        Some(Duration::ZERO),
+        move |tcp, peer| {
+            tcp.set_nodelay(true).ok();
+            let (h, acc) = (host.clone(), acceptor.clone());
+            async move {
+                let link = match tokio::time::timeout(EXCHANGE_TIMEOUT, acc.accept(tcp)).await {
+                    Ok(Ok(l)) => l,
+                    Ok(Err(e)) => {
+                        tracing::warn!(%peer, error = %e, "move link refused (TLS)");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+                if let Err(e) = handle(h, link).await {
+                    tracing::warn!(%peer, error = %e, "move request failed");
                 }
-            },
-            () = shutdown.cancelled() => return,
-        };
-        tcp.set_nodelay(true).ok();
-        let (h, acc) = (host.clone(), acceptor.clone());
-        tokio::spawn(async move {
-            let link = match tokio::time::timeout(EXCHANGE_TIMEOUT, acc.accept(tcp)).await {
-                Ok(Ok(l)) => l,
-                Ok(Err(e)) => {
-                    tracing::warn!(%peer, error = %e, "move link refused (TLS)");
-                    return;
-                }
-                Err(_) => return,
-            };
-            if let Err(e) = handle(h, link).await {
-                tracing::warn!(%peer, error = %e, "move request failed");
             }
-        });
-    }
+        },
+        |_tcp, _peer, _why| async {},
+    )
+    .await;
 }
+
+/// Connections the move listener holds at once, overall and per peer
+/// address (a move uses a control link, a memory stream and spares).
+pub const MOVE_LIMITS: ferry_trust::listen::ConnLimits = ferry_trust::listen::ConnLimits {
+    max: 128,
+    per_peer: 32,
+};
 
 async fn answer(link: &mut ServerLink, a: &PeerAnswer) -> Result<(), VmError> {
     link.write_all(&encode_line(a))
@@ -177,6 +185,12 @@ async fn prepare(
         }
     }
     validate(&spec, host_memory_mib()).map_err(VmError::BadSpec)?;
+    crate::qemu::boot_files_allowed(&spec, &host.image_dirs).map_err(VmError::BadSpec)?;
+    if let Some((volume, other)) = host.disk_in_use(&spec) {
+        return Err(VmError::BadSpec(format!(
+            "volume {volume} is a disk of guest {other} here: a volume serves one guest"
+        )));
+    }
     if !qemu_available() {
         return Err(VmError::BadSpec(
             "QEMU is not installed on the destination host".into(),

@@ -109,6 +109,41 @@ impl GuestPaths {
     }
 }
 
+/// A kernel or initrd QEMU is given must be a file inside one of the
+/// host's image directories (links resolved first): a caller cannot boot
+/// a guest from any file of the host (its TLS key read as an initrd).
+pub fn boot_files_allowed(spec: &VmSpec, dirs: &[PathBuf]) -> Result<(), String> {
+    let Boot::Kernel { kernel, initrd, .. } = &spec.boot else {
+        return Ok(());
+    };
+    for f in std::iter::once(kernel).chain(initrd.iter()) {
+        let real =
+            std::fs::canonicalize(f).map_err(|e| format!("boot file {}: {e}", f.display()))?;
+        let inside = dirs
+            .iter()
+            .filter_map(|d| std::fs::canonicalize(d).ok())
+            .any(|d| real.starts_with(&d) && real != d);
+        if !inside {
+            return Err(format!(
+                "boot file {} is outside this host's image directories ({}); \
+                 copy it there, or start `ferry host` with --image-dir",
+                f.display(),
+                dirs.iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// QEMU's system-call filter (seccomp): obsolete calls and changes to
+/// resource limits, priorities and affinities are denied. `spawn` and
+/// `elevateprivileges` would deny the fork and `setsid` of `-daemonize`,
+/// which ferry uses so that a guest outlives its host daemon.
+pub const SANDBOX: &str = "on,obsolete=deny,resourcecontrol=deny";
+
 /// Limits a spec must fall within.
 pub const MIN_MEMORY_MIB: u64 = 32;
 pub const MAX_VCPUS: u32 = 256;
@@ -237,6 +272,8 @@ pub fn command_line(
         "-pidfile".into(),
         paths.pidfile.display().to_string(),
         "-daemonize".into(),
+        "-sandbox".into(),
+        SANDBOX.into(),
     ];
     // Diagnosis: FERRY_QEMU_TRACE=PATTERN[,PATTERN] turns on QEMU's trace
     // events matching them, logged to qemu-trace.log beside the guest.

@@ -27,6 +27,10 @@ pub struct ConnContext {
     neg: Negotiated,
     in_flight: Gauge,
     metrics: [OpMetrics; 8],
+    /// RESIZE may not grow past `storage.max_volume_size`, nor by more
+    /// than the pool's file system has free.
+    max_size: u64,
+    pool: Arc<ferry_storage::Pool>,
 }
 
 const OPS: [Command; 8] = [
@@ -49,6 +53,8 @@ impl ConnContext {
             _hold: volume.hold(ferry_storage::Holder::NbdClient),
             metrics: OPS.map(|c| state.metrics.op(&name, c.name())),
             volume,
+            max_size: state.config.storage.max_volume_size,
+            pool: state.pool.clone(),
         }
     }
 
@@ -368,6 +374,23 @@ fn resize(ctx: &ConnContext, size: u64) -> Result<(), StorageError> {
             held_by: held,
             hint: "; only its one client may shrink it",
         });
+    }
+    if size > ctx.max_size {
+        return Err(StorageError::Invalid(format!(
+            "size {size} is over this daemon's largest volume ({} bytes)",
+            ctx.max_size
+        )));
+    }
+    if !shrink {
+        let grow = size - ctx.volume.size();
+        if grow > ctx.pool.free_bytes()? {
+            // The file would be promised more than its file system holds.
+            return Err(StorageError::Io {
+                op: "resize",
+                path: ctx.volume.data_path().to_path_buf(),
+                source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+            });
+        }
     }
     ctx.volume.resize(size, shrink)?;
     tracing::info!(volume = %ctx.volume.name(), size, "resized by an NBD client");
