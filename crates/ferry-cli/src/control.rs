@@ -50,8 +50,8 @@ pub enum ControlCmd {
         /// HOST:PORT endpoints are then https.
         #[arg(long, value_name = "DIR")]
         etcd_tls_dir: Option<PathBuf>,
-        /// This controller's name among those sharing etcd (default: its
-        /// --listen address).
+        /// This controller's name among those sharing etcd (default: this
+        /// machine's name, the --listen address and a random part).
         #[arg(long)]
         name: Option<String>,
         /// The leader's lease in etcd: a leader that cannot renew it stops
@@ -280,6 +280,20 @@ impl PrometheusArg {
     }
 }
 
+/// A controller's name among those sharing etcd when none is given: this
+/// machine's name, the API address, and a random part, so that two
+/// controllers started with the same defaults on two machines (or one
+/// restarted) never share a name.
+fn default_name(listen: &str) -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "controller".into());
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}/{listen}/{}", &id[..8])
+}
+
 pub fn run(cmd: ControlCmd, tls_dir: Option<PathBuf>) -> Result<()> {
     match cmd {
         ControlCmd::Run {
@@ -315,7 +329,7 @@ pub fn run(cmd: ControlCmd, tls_dir: Option<PathBuf>) -> Result<()> {
                 ferry_controller::service::EtcdOptions {
                     endpoints: etcd,
                     prefix,
-                    name: name.unwrap_or_else(|| listen.clone()),
+                    name: name.unwrap_or_else(|| default_name(&listen)),
                     lease,
                     tls,
                 }

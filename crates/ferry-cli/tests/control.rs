@@ -667,6 +667,75 @@ fn controllers_sharing_etcd_elect_one_leader_that_is_replaced_when_it_dies_or_fr
     });
 }
 
+/// Two controllers started with every default (no --name) on one etcd, as
+/// from one unit file on two machines: one leads, the other follows, and
+/// their names differ. The fence of every write is the leader's lease, so
+/// even two controllers given the same name cannot both write.
+#[test]
+fn controllers_started_with_the_same_defaults_never_both_lead() {
+    use ferry_controller::etcd::EtcdClient;
+    use ferry_controller::leader::Leadership;
+    if !common::have("etcd") {
+        assert!(!common::required(), "etcd is not installed");
+        return;
+    }
+    let etcd = Etcd::start();
+    let start = || {
+        let addr = format!("127.0.0.1:{}", free_port());
+        Controller::start_with(&["--etcd", &etcd.url, "--lease", "3s"], &addr)
+    };
+    let (one, two) = (start(), start());
+    let t = Instant::now();
+    loop {
+        let (r1, r2) = (role(&one), role(&two));
+        assert!(!(r1 == "leader" && r2 == "leader"), "two leaders");
+        if (r1 == "leader") != (r2 == "leader") && [&r1, &r2].iter().all(|r| !r.is_empty()) {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "no leader: {r1} {r2}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let name = |c: &Controller| c.status()["status"]["name"].as_str().unwrap().to_string();
+    assert_ne!(name(&one), name(&two), "default names must differ");
+
+    // Two leaderships under one name: only the one holding the lease writes.
+    let c = EtcdClient::new(std::slice::from_ref(&etcd.url), Duration::from_secs(5)).unwrap();
+    let a = std::sync::Arc::new(Leadership::new(
+        c.clone(),
+        "/same/",
+        "c1",
+        Duration::from_secs(6),
+    ));
+    let b = std::sync::Arc::new(Leadership::new(
+        c.clone(),
+        "/same/",
+        "c1",
+        Duration::from_secs(6),
+    ));
+    assert!(a.campaign().unwrap());
+    assert!(!b.campaign().unwrap(), "the key is held");
+    let key = "/same/probe".to_string();
+    let put = |l: &Leadership| {
+        c.txn(
+            &[l.fence()],
+            &[ferry_controller::etcd::Put::Value {
+                key: key.clone(),
+                value: b"x".to_vec(),
+                lease: None,
+            }],
+        )
+        .unwrap()
+    };
+    assert!(put(&a), "the leader writes");
+    assert!(
+        !put(&b),
+        "a controller of the same name without the lease cannot"
+    );
+}
+
 /// etcd that requires client certificates: a controller with
 /// `--etcd-tls-dir` leads and keeps its state there; one without the
 /// credentials cannot start, and says it could not reach etcd.

@@ -35,6 +35,8 @@ pub enum Compare {
     Absent(String),
     /// The key exists with exactly this value.
     ValueIs(String, Vec<u8>),
+    /// The key is attached to exactly this lease.
+    LeaseIs(String, i64),
 }
 
 /// A write of a transaction.
@@ -227,6 +229,10 @@ impl EtcdClient {
                 Compare::ValueIs(k, v) => json!({
                     "target": "VALUE", "result": "EQUAL",
                     "key": b64(k.as_bytes()), "value": b64(v),
+                }),
+                Compare::LeaseIs(k, l) => json!({
+                    "target": "LEASE", "result": "EQUAL",
+                    "key": b64(k.as_bytes()), "lease": l.to_string(),
                 }),
             })
             .collect();

@@ -3,8 +3,10 @@
 //! itself leader only until a margin before the lease could have run out
 //! (counted from when it *sent* the last renewal), so it stops acting
 //! before etcd lets anyone else take the key; and every write it makes
-//! to the shared state is a transaction that also checks the key still
-//! names it, so a leader that lost the key cannot write.
+//! to the shared state is a transaction that also checks the key is still
+//! held under *its* lease (the fence is the lease, not the name: two
+//! controllers given the same name still cannot both write), so a leader
+//! that lost the key cannot write.
 
 use crate::etcd::{Compare, EtcdClient, EtcdError, Put};
 use parking_lot::Mutex;
@@ -52,9 +54,12 @@ impl Leadership {
         self.held.lock().is_some_and(|h| Instant::now() < h.until)
     }
 
-    /// The condition every write of the leader carries.
+    /// The condition every write of the leader carries: the key is held
+    /// under this controller's lease. Without a lease, a condition no key
+    /// meets (lease ids are positive).
     pub fn fence(&self) -> Compare {
-        Compare::ValueIs(self.key.clone(), self.me.as_bytes().to_vec())
+        let lease = self.held.lock().map_or(-1, |h| h.lease);
+        Compare::LeaseIs(self.key.clone(), lease)
     }
 
     /// Who leads, as etcd says now.

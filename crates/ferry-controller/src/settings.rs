@@ -7,7 +7,6 @@ use crate::ControllerError;
 use ferry_control::inventory::{Inventory, SiteInventory};
 use ferry_control::policy::Policy;
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -69,6 +68,14 @@ impl Settings {
     }
 }
 
+/// `settings.json`'s format: named, versioned, written durably, read with
+/// a size limit.
+pub const SETTINGS_FILE: ferry_state_file::Kind = ferry_state_file::Kind {
+    format: "ferry-controller-settings",
+    version: 1,
+    max_bytes: 16 << 20,
+};
+
 pub struct SettingsFile {
     path: PathBuf,
 }
@@ -82,34 +89,12 @@ impl SettingsFile {
 
     /// The saved settings, or the defaults when none were saved yet.
     pub fn load(&self) -> Result<Option<Settings>, ControllerError> {
-        match std::fs::read(&self.path) {
-            Ok(b) => serde_json::from_slice(&b)
-                .map(Some)
-                .map_err(|e| ControllerError::State(format!("{}: {e}", self.path.display()))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(ControllerError::State(format!(
-                "{}: {e}",
-                self.path.display()
-            ))),
-        }
+        ferry_state_file::load(&self.path, SETTINGS_FILE)
+            .map_err(|e| ControllerError::State(e.to_string()))
     }
 
     pub fn save(&self, s: &Settings) -> Result<(), ControllerError> {
-        let err =
-            |e: std::io::Error| ControllerError::State(format!("{}: {e}", self.path.display()));
-        let tmp = self.path.with_extension("json.new");
-        let mut f = std::fs::File::create(&tmp).map_err(err)?;
-        f.write_all(
-            &serde_json::to_vec_pretty(s).map_err(|e| ControllerError::State(e.to_string()))?,
-        )
-        .and_then(|()| f.sync_all())
-        .map_err(err)?;
-        std::fs::rename(&tmp, &self.path).map_err(err)?;
-        if let Some(d) = self.path.parent() {
-            if let Ok(d) = std::fs::File::open(d) {
-                let _ = d.sync_all();
-            }
-        }
-        Ok(())
+        ferry_state_file::save(&self.path, SETTINGS_FILE, s)
+            .map_err(|e| ControllerError::State(e.to_string()))
     }
 }

@@ -23,6 +23,9 @@ pub enum Store {
         journal: Mutex<File>,
         /// What the journal file held when opened.
         loaded: Mutex<Option<Vec<Entry>>>,
+        /// Entries in the file now; past twice [`JOURNAL_KEEP`] it is
+        /// rewritten with the last `JOURNAL_KEEP`.
+        lines: Mutex<u64>,
     },
     Etcd {
         etcd: EtcdClient,
@@ -34,10 +37,40 @@ pub enum Store {
     },
 }
 
-/// Journal entries kept in etcd by default.
+/// Journal entries kept (in etcd, and in a state directory's
+/// journal.jsonl) by default.
 pub const JOURNAL_KEEP: u64 = 10_000;
 /// How often (in entries) the leader trims the journal in etcd.
 pub const TRIM_EVERY: u64 = 100;
+
+/// Replace the journal file with `entries`, durably.
+fn rewrite_journal(path: &Path, entries: &[Entry]) -> Result<(), ControllerError> {
+    let mut text = Vec::new();
+    for e in entries {
+        text.extend(serde_json::to_vec(e).map_err(state_err)?);
+        text.push(b'\n');
+    }
+    ferry_state_file::write_durably(path, &text).map_err(state_err)?;
+    tracing::info!(path = %path.display(), kept = entries.len(), "journal compacted");
+    Ok(())
+}
+
+/// Keep the last [`JOURNAL_KEEP`] entries of the journal file; the file
+/// to append to afterwards.
+fn compact_journal(path: &Path) -> Result<File, ControllerError> {
+    let io = |e: std::io::Error| state_err(format!("{}: {e}", path.display()));
+    let bytes = std::fs::read(path).map_err(io)?;
+    let mut entries: Vec<Entry> = bytes
+        .split(|b| *b == b'\n')
+        .filter_map(|l| serde_json::from_slice(l).ok())
+        .collect();
+    let skip = entries
+        .len()
+        .saturating_sub(usize::try_from(JOURNAL_KEEP).unwrap_or(usize::MAX));
+    entries.drain(..skip);
+    rewrite_journal(path, &entries)?;
+    OpenOptions::new().append(true).open(path).map_err(io)
+}
 
 fn state_err(e: impl std::fmt::Display) -> ControllerError {
     ControllerError::State(e.to_string())
@@ -56,10 +89,15 @@ impl Store {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(io(e)),
         };
-        let entries: Vec<Entry> = bytes
+        let mut entries: Vec<Entry> = bytes
             .split(|b| *b == b'\n')
             .filter_map(|l| serde_json::from_slice(l).ok())
             .collect();
+        if entries.len() as u64 > JOURNAL_KEEP {
+            let skip = entries.len() - usize::try_from(JOURNAL_KEEP).unwrap_or(usize::MAX);
+            entries.drain(..skip);
+            rewrite_journal(&path, &entries)?;
+        }
         let mut file = OpenOptions::new()
             .create(true)
             .append(true)
@@ -72,6 +110,7 @@ impl Store {
             settings: SettingsFile::new(dir),
             journal_path: path,
             journal: Mutex::new(file),
+            lines: Mutex::new(entries.len() as u64),
             loaded: Mutex::new(Some(entries)),
         })
     }
@@ -192,13 +231,23 @@ impl Store {
             Store::Dir {
                 journal,
                 journal_path,
+                lines,
                 ..
             } => {
                 line.push(b'\n');
                 let mut f = journal.lock();
                 f.write_all(&line)
                     .and_then(|()| f.sync_data())
-                    .map_err(|x| state_err(format!("{}: {x}", journal_path.display())))
+                    .map_err(|x| state_err(format!("{}: {x}", journal_path.display())))?;
+                let mut n = lines.lock();
+                *n += 1;
+                if *n > 2 * JOURNAL_KEEP {
+                    // Only the last JOURNAL_KEEP entries are kept: the file
+                    // is rewritten (durably) and appended to again.
+                    *f = compact_journal(journal_path)?;
+                    *n = JOURNAL_KEEP;
+                }
+                Ok(())
             }
             Store::Etcd {
                 etcd,

@@ -745,3 +745,113 @@ fn prints_stop_when_the_destination_holds_nothing_alike() {
         "with prints {ratio:.4}x without: {with:?} {without:?}"
     );
 }
+
+/// Attacks on the WAN-facing migration listener (docs/security.md): a
+/// certificate the destination pinned as a *host* cannot open a
+/// migration (one kind of peer cannot act as another); a hundred idle
+/// connections from one address are capped and, unauthenticated, closed at
+/// the handshake deadline, while a real migration from another address
+/// runs and switches.
+#[test]
+fn the_migration_listener_takes_only_storage_peers_and_idle_strangers_cannot_fill_it() {
+    use ferry_trust::Role;
+    use tokio::io::AsyncReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+    let src = TestServer::start(&pa);
+    let dst = destination(&pb);
+    trust_each_other(&pa, &pb);
+    let to = dst.migration.unwrap();
+
+    // A host's certificate, pinned at the destination as a host.
+    let host = CertStore::at(&dir.path().join("host-tls"), Role::Host);
+    host.ensure_identity().unwrap();
+    CertStore::new(&pb)
+        .trust(&host.cert_path(), Some("h"), Some(Role::Host))
+        .unwrap();
+    host.trust(
+        &CertStore::new(&pb).cert_path(),
+        Some("dst"),
+        Some(Role::Storage),
+    )
+    .unwrap();
+    let refused = src.rt().block_on(async {
+        let cfg = host.api_client_config(&[Role::Storage]).unwrap();
+        let tcp = tokio::net::TcpStream::connect(to).await.unwrap();
+        let tls = tokio_rustls::TlsConnector::from(cfg)
+            .connect(ferry_migration_engine::tls::server_name(), tcp)
+            .await;
+        match tls {
+            Err(_) => true,
+            // TLS 1.3: the server's verdict on our certificate comes with
+            // the first read.
+            Ok(mut s) => {
+                let mut b = [0u8; 1];
+                matches!(
+                    tokio::time::timeout(Duration::from_secs(5), s.read(&mut b)).await,
+                    Ok(Err(_) | Ok(0))
+                )
+            }
+        }
+    });
+    assert!(
+        refused,
+        "a host certificate was let into the migration listener"
+    );
+
+    // A hundred idle connections from 127.0.0.2.
+    let idle: Vec<tokio::net::TcpStream> = src.rt().block_on(async {
+        let mut v = Vec::new();
+        for _ in 0..100 {
+            let s = tokio::net::TcpSocket::new_v4().unwrap();
+            s.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+            v.push(s.connect(to).await.unwrap());
+        }
+        v
+    });
+    let closed_at_once = src.rt().block_on(async {
+        let mut n = 0;
+        for s in &idle {
+            let mut b = [0u8; 1];
+            if let Ok(Ok(0) | Err(_)) =
+                tokio::time::timeout(Duration::from_millis(50), s.peek(&mut b)).await
+            {
+                n += 1;
+            }
+        }
+        n
+    });
+    let cap = ferry_migration_engine::destination::MIGRATION_LIMITS.per_peer;
+    assert!(
+        closed_at_once >= 100 - cap,
+        "only {closed_at_once} of 100 idle connections were refused at once (cap {cap} per peer)"
+    );
+
+    // A real migration from 127.0.0.1 runs beside them.
+    let v = src.create("vm", 16 * MIB);
+    v.write_at(0, &noise(4 * MIB as usize, 5), false).unwrap();
+    let r = wait(
+        &migrate(&src, request("vm", to.to_string())),
+        Duration::from_secs(120),
+    );
+    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
+    assert!(r.digest.matches);
+
+    // The idle ones never authenticated: closed at the handshake deadline.
+    let deadline = ferry_migration_engine::destination::HANDSHAKE_DEADLINE;
+    let all_closed = src.rt().block_on(async {
+        let end = tokio::time::Instant::now() + deadline + Duration::from_secs(5);
+        for s in &idle {
+            let mut b = [0u8; 1];
+            match tokio::time::timeout_at(end, s.peek(&mut b)).await {
+                Ok(Ok(0) | Err(_)) => {}
+                _ => return false,
+            }
+        }
+        true
+    });
+    assert!(
+        all_closed,
+        "idle connections outlived the handshake deadline"
+    );
+}

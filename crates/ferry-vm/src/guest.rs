@@ -163,7 +163,7 @@ impl Guest {
     /// Write the spec (atomically: temporary file, then rename).
     pub fn save_spec(&self) -> Result<(), VmError> {
         let spec = self.spec.lock().clone();
-        write_json(&self.paths.dir.join("spec.json"), &spec)
+        write_json(&self.paths.dir.join("spec.json"), files::SPEC, &spec)
     }
 
     /// Start QEMU (detached), then connect to its QMP socket.
@@ -192,6 +192,7 @@ impl Guest {
         let qmp = connect_qmp(&self.paths.qmp).await?;
         write_json(
             &self.paths.dir.join("runtime.json"),
+            files::RUNTIME,
             &RuntimeFile {
                 pid,
                 accel: accel.into(),
@@ -210,18 +211,18 @@ impl Guest {
     /// Whether the QEMU an earlier daemon recorded (`runtime.json`) still
     /// runs, before anything is asked of it.
     pub fn recorded_qemu_alive(&self) -> bool {
-        std::fs::read_to_string(self.paths.dir.join("runtime.json"))
+        read_json::<RuntimeFile>(&self.paths.dir.join("runtime.json"), files::RUNTIME)
             .ok()
-            .and_then(|t| serde_json::from_str::<RuntimeFile>(&t).ok())
+            .flatten()
             .is_some_and(|rf| pid_alive(rf.pid))
     }
 
     pub async fn adopt(&self) -> Result<bool, VmError> {
-        let Ok(text) = std::fs::read_to_string(self.paths.dir.join("runtime.json")) else {
+        let Some(rf) =
+            read_json::<RuntimeFile>(&self.paths.dir.join("runtime.json"), files::RUNTIME)?
+        else {
             return Ok(false);
         };
-        let rf: RuntimeFile = serde_json::from_str(&text)
-            .map_err(|e| VmError::Io(format!("runtime.json of {}: {e}", self.name())))?;
         if !pid_alive(rf.pid) {
             return Ok(false);
         }
@@ -302,12 +303,55 @@ async fn connect_qmp(path: &Path) -> Result<QmpClient, VmError> {
     }
 }
 
-pub fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<(), VmError> {
-    let tmp = path.with_extension("tmp");
-    let data = serde_json::to_vec_pretty(v).map_err(|e| VmError::Io(e.to_string()))?;
-    std::fs::write(&tmp, data)
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| VmError::Io(format!("{}: {e}", path.display())))
+/// The files a host keeps of its guests and moves (`ferry-state-file`:
+/// named and versioned, written durably, read with a size limit).
+pub mod files {
+    use ferry_state_file::Kind;
+
+    /// `<state>/vms/NAME/spec.json`: the guest's definition.
+    pub const SPEC: Kind = Kind {
+        format: "ferry-vm-spec",
+        version: 1,
+        max_bytes: 1 << 20,
+    };
+    /// `<state>/vms/NAME/runtime.json`: the QEMU running it.
+    pub const RUNTIME: Kind = Kind {
+        format: "ferry-vm-runtime",
+        version: 1,
+        max_bytes: 64 << 10,
+    };
+    /// `<state>/vms/NAME/incoming.json`: the move it is arriving by.
+    pub const INCOMING: Kind = Kind {
+        format: "ferry-vm-incoming",
+        version: 1,
+        max_bytes: 64 << 10,
+    };
+    /// `<state>/moves/ID.json`: a move this host started.
+    pub const MOVE: Kind = Kind {
+        format: "ferry-vm-move",
+        version: 1,
+        max_bytes: 8 << 20,
+    };
+    /// Move records kept: the newest this many, none older than this.
+    pub const MOVES_KEPT: usize = 1000;
+    pub const MOVES_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(90 * 86_400);
+}
+
+/// Save `v` durably as a file of `kind`.
+pub fn write_json<T: Serialize>(
+    path: &Path,
+    kind: ferry_state_file::Kind,
+    v: &T,
+) -> Result<(), VmError> {
+    ferry_state_file::save(path, kind, v).map_err(|e| VmError::Io(e.to_string()))
+}
+
+/// Read a file of `kind`; `None` when there is none.
+pub fn read_json<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    kind: ferry_state_file::Kind,
+) -> Result<Option<T>, VmError> {
+    ferry_state_file::load(path, kind).map_err(|e| VmError::Io(e.to_string()))
 }
 
 #[cfg(test)]

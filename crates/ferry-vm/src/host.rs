@@ -79,21 +79,24 @@ impl VmHost {
             .collect();
         entries.sort();
         for dir in entries {
-            let Ok(text) = std::fs::read_to_string(dir.join("spec.json")) else {
-                continue;
-            };
-            let spec: VmSpec = match serde_json::from_str(&text) {
-                Ok(s) => s,
+            let spec: VmSpec = match crate::guest::read_json(
+                &dir.join("spec.json"),
+                crate::guest::files::SPEC,
+            ) {
+                Ok(Some(s)) => s,
+                Ok(None) => continue,
                 Err(e) => {
                     tracing::error!(dir = %dir.display(), error = %e, "unreadable guest spec; skipped");
                     continue;
                 }
             };
             let g = Arc::new(Guest::new(spec.clone(), &dir));
-            let incoming: Option<MigrationId> =
-                std::fs::read_to_string(dir.join(crate::incoming::INCOMING_MARK))
-                    .ok()
-                    .and_then(|t| serde_json::from_str(&t).ok());
+            let incoming: Option<MigrationId> = crate::guest::read_json(
+                &dir.join(crate::incoming::INCOMING_MARK),
+                crate::guest::files::INCOMING,
+            )
+            .ok()
+            .flatten();
             if let Some(id) = &incoming {
                 if !matches!(g.adopt().await, Ok(true)) {
                     tracing::info!(guest = %spec.name, move_id = %id, "a guest that never arrived; removing it");

@@ -260,7 +260,11 @@ async fn prepare(
         g.save_spec()?;
         // Marks the guest as not ours yet: a restarted daemon that finds
         // this without a live QEMU removes the guest.
-        crate::guest::write_json(&g.paths.dir.join(INCOMING_MARK), id)?;
+        crate::guest::write_json(
+            &g.paths.dir.join(INCOMING_MARK),
+            crate::guest::files::INCOMING,
+            id,
+        )?;
         g.start_qemu(accel, &host.nbd_socket, true).await?;
         let rt = g
             .runtime()

@@ -79,18 +79,22 @@ pub struct MoveRun {
 /// QEMU's migration ended and the guest stayed here (or waits, paused,
 /// for a person if it had been told to switch: the report says which).
 pub fn past_moves(root: &Path) -> BTreeMap<MigrationId, VmMoveStatus> {
+    use crate::guest::files;
     let dir = root.join("moves");
+    ferry_state_file::prune(&dir, files::MOVES_KEPT, files::MOVES_MAX_AGE);
     let mut out = BTreeMap::new();
     for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
         let p = e.path();
         if p.extension().is_none_or(|x| x != "json") {
             continue;
         }
-        let Ok(mut st) = std::fs::read(&p)
-            .map_err(|e| e.to_string())
-            .and_then(|b| serde_json::from_slice::<VmMoveStatus>(&b).map_err(|e| e.to_string()))
-        else {
-            continue;
+        let mut st: VmMoveStatus = match crate::guest::read_json(&p, files::MOVE) {
+            Ok(Some(st)) => st,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "an unreadable move record; skipped");
+                continue;
+            }
         };
         if !st.phase.is_terminal() {
             st.error = Some(format!(
@@ -98,7 +102,7 @@ pub fn past_moves(root: &Path) -> BTreeMap<MigrationId, VmMoveStatus> {
                 st.phase.as_str()
             ));
             st.phase = VmMovePhase::Failed;
-            let _ = crate::guest::write_json(&p, &st);
+            let _ = crate::guest::write_json(&p, files::MOVE, &st);
         }
         out.insert(st.id.clone(), st);
     }
@@ -119,7 +123,9 @@ impl MoveRun {
 
     /// Record the move's status, so a restarted daemon can answer for it.
     fn save(&self) {
-        if let Err(e) = crate::guest::write_json(&self.record, &self.status()) {
+        if let Err(e) =
+            crate::guest::write_json(&self.record, crate::guest::files::MOVE, &self.status())
+        {
             tracing::warn!(move_id = %self.id, error = %e, "cannot record the move");
         }
     }
