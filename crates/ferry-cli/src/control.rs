@@ -358,7 +358,11 @@ pub fn run(cmd: ControlCmd, tls_dir: Option<PathBuf>) -> Result<()> {
             if paused {
                 s.policy.paused = true;
             }
-            let initial = (Some(&s) != saved.as_ref()).then_some(s);
+            // Settings are "given" only when a flag gave some and they
+            // differ from what is saved: controllers started together on
+            // a fresh etcd with no settings all come up (one leads).
+            let given = inventory.is_some() || policy.is_some() || paused;
+            let initial = (given && Some(&s) != saved.as_ref()).then_some(s);
             if let Some(s) = &initial {
                 s.validate()?;
             }

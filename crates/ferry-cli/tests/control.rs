@@ -29,6 +29,13 @@ impl Controller {
 
     /// `ferry control run` with `args` (where its state lives) on `addr`.
     fn start_with(args: &[&str], addr: &str) -> Controller {
+        let c = Controller::spawn(args, addr);
+        c.wait_up();
+        c
+    }
+
+    /// Start it without waiting for its API.
+    fn spawn(args: &[&str], addr: &str) -> Controller {
         let child = Command::new(FERRY)
             .args(["control", "run"])
             .args(args)
@@ -38,8 +45,16 @@ impl Controller {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
+        Controller {
+            child,
+            addr: addr.into(),
+        }
+    }
+
+    /// Wait until its API answers.
+    fn wait_up(&self) {
         let t = Instant::now();
-        while ureq::get(&format!("http://{addr}/v1/status"))
+        while ureq::get(&format!("http://{}/v1/status", self.addr))
             .call()
             .is_err()
         {
@@ -48,10 +63,6 @@ impl Controller {
                 "controller did not start"
             );
             std::thread::sleep(Duration::from_millis(50));
-        }
-        Controller {
-            child,
-            addr: addr.into(),
         }
     }
 
@@ -667,10 +678,14 @@ fn controllers_sharing_etcd_elect_one_leader_that_is_replaced_when_it_dies_or_fr
     });
 }
 
-/// Two controllers started with every default (no --name) on one etcd, as
-/// from one unit file on two machines: one leads, the other follows, and
-/// their names differ. The fence of every write is the leader's lease, so
-/// even two controllers given the same name cannot both write.
+/// Two controllers started at the same moment with every default (no
+/// --name, no settings) on a fresh etcd, as from one unit file on two
+/// machines: both come up, one leads, the other follows, and their names
+/// differ. The fence of every write is the leader's lease, so even two
+/// controllers given the same name cannot both write. Then two more with
+/// the same policy file started together: both come up too (settings
+/// equal to the leader's are not a conflict), and one with a different
+/// policy is refused.
 #[test]
 fn controllers_started_with_the_same_defaults_never_both_lead() {
     use ferry_controller::etcd::EtcdClient;
@@ -680,11 +695,15 @@ fn controllers_started_with_the_same_defaults_never_both_lead() {
         return;
     }
     let etcd = Etcd::start();
-    let start = || {
+    let spawn = |extra: &[&str]| {
         let addr = format!("127.0.0.1:{}", free_port());
-        Controller::start_with(&["--etcd", &etcd.url, "--lease", "3s"], &addr)
+        let mut args = vec!["--etcd", &etcd.url, "--lease", "3s"];
+        args.extend_from_slice(extra);
+        Controller::spawn(&args, &addr)
     };
-    let (one, two) = (start(), start());
+    let (one, two) = (spawn(&[]), spawn(&[]));
+    one.wait_up();
+    two.wait_up();
     let t = Instant::now();
     loop {
         let (r1, r2) = (role(&one), role(&two));
@@ -733,6 +752,46 @@ fn controllers_started_with_the_same_defaults_never_both_lead() {
     assert!(
         !put(&b),
         "a controller of the same name without the lease cannot"
+    );
+    drop((one, two));
+
+    // The same settings given to controllers started together.
+    let d = tempfile::tempdir().unwrap();
+    let policy = d.path().join("policy.json");
+    let other = d.path().join("other.json");
+    for (f, horizon) in [(&policy, 120.0), (&other, 240.0)] {
+        let p = ferry_control::policy::Policy {
+            horizon_s: horizon,
+            ..Default::default()
+        };
+        std::fs::write(f, serde_json::to_string(&p).unwrap()).unwrap();
+    }
+    let with = |f: &Path| -> Vec<String> {
+        [
+            "--etcd-prefix",
+            "/together/",
+            "--policy",
+            f.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let args = with(&policy);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (three, four) = (spawn(&args), spawn(&args));
+    three.wait_up();
+    four.wait_up();
+    let out = Command::new(FERRY)
+        .args(["control", "run", "--etcd", &etcd.url, "--lease", "3s"])
+        .args(with(&other))
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let t = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        t.contains("differ from those of the controller that leads"),
+        "{t}"
     );
 }
 

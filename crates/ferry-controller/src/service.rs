@@ -724,16 +724,25 @@ pub async fn run(opts: Options) -> Result<(), ControllerError> {
         }
     };
     // Settings given at start are written by the leader only: wait to
-    // lead for one lease at most (else the leader's settings stand).
-    if let (Some(l), Some(_)) = (store.leadership(), &opts.initial) {
+    // lead for one lease at most. If another leads, the given settings
+    // stand only if they are what it holds already (several controllers
+    // started from one unit file with the same settings all come up);
+    // different ones are refused.
+    let mut initial = opts.initial;
+    if let (Some(l), Some(given)) = (store.leadership(), &initial) {
         let until = Instant::now() + l.renew_every() * 6;
         while !l
             .campaign()
             .map_err(|e| ControllerError::State(e.to_string()))?
         {
             if Instant::now() > until {
+                if store.load_settings()?.as_ref() == Some(given) {
+                    tracing::info!("the leader holds the settings given; following it");
+                    initial = None;
+                    break;
+                }
                 return Err(ControllerError::Conflict(format!(
-                    "settings were given, but another controller leads ({}); give them to it",
+                    "settings were given that differ from those of the controller that leads ({}); give them to it",
                     l.leader().ok().flatten().unwrap_or_default()
                 )));
             }
@@ -741,7 +750,7 @@ pub async fn run(opts: Options) -> Result<(), ControllerError> {
         }
     }
     let journal = Journal::open(store.clone())?;
-    let settings = match (opts.initial, store.load_settings()?) {
+    let settings = match (initial, store.load_settings()?) {
         (Some(s), _) => {
             s.validate()?;
             store.save_settings(&s)?;
