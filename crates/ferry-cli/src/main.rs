@@ -106,6 +106,16 @@ enum Cmd {
         /// refused.
         #[arg(long, value_name = "DIR", requires = "state_dir")]
         image_dir: Vec<PathBuf>,
+        /// A storage daemon (NBD HOST:PORT) beyond this machine whose
+        /// volumes guests here may use as disks (repeatable; those on this
+        /// machine need not be named). A disk on any other server is
+        /// refused at create, start and arrival.
+        #[arg(long, value_name = "HOST:PORT", requires = "state_dir")]
+        storage: Vec<String>,
+        /// Another host's move address (HOST:PORT) beyond this machine
+        /// that `/v1/probe` may measure the link to (repeatable).
+        #[arg(long, value_name = "HOST:PORT", requires = "state_dir")]
+        peer: Vec<String>,
         /// Reach storage daemons' NBD over TLS with the credentials in DIR
         /// (QEMU's client layout: ca-cert.pem, client-cert.pem,
         /// client-key.pem; `ferry certs nbd` makes them). Needed for any
@@ -376,11 +386,15 @@ fn main() -> Result<()> {
             move_listen,
             insecure_plaintext_api,
             image_dir,
+            storage,
+            peer,
             nbd_tls_dir,
             memory_sample_every,
         } => host(ferry_vm::daemon::HostOptions {
             insecure_plaintext_api,
             image_dirs: image_dir,
+            storage,
+            peers: peer,
             volumes: server.zip(volume).into_iter().collect(),
             listen,
             control,

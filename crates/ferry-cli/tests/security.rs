@@ -360,3 +360,62 @@ fn beyond_loopback_every_call_needs_a_pinned_certificate_of_the_right_role() {
     let t = text(&out);
     assert!(t.contains('v') && !t.contains(" m "), "{t}");
 }
+
+#[test]
+fn a_host_uses_only_storage_it_knows_and_probes_only_declared_peers() {
+    let d = tempfile::tempdir().unwrap();
+    let images = d.path().join("images");
+    std::fs::create_dir_all(&images).unwrap();
+    let kernel = images.join("vmlinuz");
+    std::fs::write(&kernel, b"not a kernel: refused before it is read").unwrap();
+    let control = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(FERRY)
+        .args(["host", "--state-dir"])
+        .arg(d.path().join("host"))
+        .args(["--control", &control, "--image-dir"])
+        .arg(&images)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _host = Daemon(child);
+    wait_port(&control, None);
+
+    // A disk on an NBD server beyond this machine that the host was not
+    // told of: refused before anything connects to it.
+    let out = Command::new(FERRY)
+        .args([
+            "vm",
+            "create",
+            "g",
+            "--disk",
+            "root@192.0.2.1:10809",
+            "--kernel",
+        ])
+        .arg(&kernel)
+        .args(["--no-start", "--host", &control])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let t = text(&out);
+    assert!(t.contains("not a storage daemon this host knows"), "{t}");
+    let listed: Value = ureq::get(&format!("http://{control}/v1/vms"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(listed, serde_json::json!([]), "nothing created");
+
+    // A probe to an address that is not a declared peer: refused, nothing
+    // sent there.
+    let (code, body) = raw(
+        &control,
+        "POST",
+        "/v1/probe",
+        "127.0.0.1",
+        Some("application/json"),
+        r#"{"to":"192.0.2.1:22"}"#,
+    );
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("not a declared peer"), "{body}");
+}

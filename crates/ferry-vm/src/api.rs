@@ -99,6 +99,15 @@ async fn migrate(
 /// set-up is not timed, only one `Ping` and its answer.
 async fn probe(State(h): St, b: Body<ProbeRequest>) -> Result<Json<LinkProbe>, ApiError> {
     let req = body(b)?;
+    if !h.peer_known(&req.to) {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{} is not a declared peer of this host (start `ferry host` with --peer {})",
+                req.to, req.to
+            ),
+        ));
+    }
     if !(1..=10).contains(&req.count) {
         return Err(ApiError(
             StatusCode::BAD_REQUEST,

@@ -31,6 +31,10 @@ pub struct HostOptions {
     /// Where guests' kernels and initrds may come from (none given:
     /// `<state>/images`).
     pub image_dirs: Vec<PathBuf>,
+    /// Storage daemons beyond this machine guests' disks may use.
+    pub storage: Vec<String>,
+    /// Other hosts beyond this machine this host may probe.
+    pub peers: Vec<String>,
 }
 
 /// Who besides an operator may call each route of the host's API: anyone
@@ -95,7 +99,18 @@ pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), V
                 .move_listen
                 .clone()
                 .unwrap_or_else(|| "this host".into());
-            Some(VmHost::open(dir, agent.clone(), sock, &name, opts.image_dirs.clone()).await?)
+            Some(
+                VmHost::open(
+                    dir,
+                    agent.clone(),
+                    sock,
+                    &name,
+                    opts.image_dirs.clone(),
+                    opts.storage.clone(),
+                    opts.peers.clone(),
+                )
+                .await?,
+            )
         }
         _ => None,
     };

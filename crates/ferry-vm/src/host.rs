@@ -21,6 +21,12 @@ pub struct VmHost {
     pub certs: CertStore,
     /// Where kernels and initrds may come from (`--image-dir`).
     pub image_dirs: Vec<PathBuf>,
+    /// Storage daemons (NBD `HOST:PORT`) guests' disks may be served by,
+    /// besides those on this machine (`--storage`).
+    pub known_storage: Vec<String>,
+    /// Other hosts' move addresses this host may probe, besides those on
+    /// this machine (`--peer`).
+    pub known_peers: Vec<String>,
     /// This host's move listener as peers reach it (for reports).
     pub name: String,
     pub guests: parking_lot::RwLock<BTreeMap<String, Arc<Guest>>>,
@@ -47,6 +53,8 @@ impl VmHost {
         nbd_socket: &Path,
         name: &str,
         image_dirs: Vec<PathBuf>,
+        known_storage: Vec<String>,
+        known_peers: Vec<String>,
     ) -> Result<Arc<VmHost>, VmError> {
         let vms = root.join("vms");
         std::fs::create_dir_all(&vms)
@@ -68,6 +76,8 @@ impl VmHost {
             } else {
                 image_dirs
             },
+            known_storage,
+            known_peers,
             name: name.into(),
             guests: Default::default(),
             moves: Default::default(),
@@ -174,6 +184,27 @@ impl VmHost {
         }
     }
 
+    /// Every disk of `spec` is served by a storage daemon this host knows:
+    /// one on this machine (loopback, a unix socket) or one given with
+    /// `--storage`. A caller cannot point a guest at an NBD server of its
+    /// own choosing beyond them.
+    pub fn check_disk_servers(&self, spec: &VmSpec) -> Result<(), VmError> {
+        for d in &spec.disks {
+            if !known_address(&d.server, &self.known_storage) {
+                return Err(VmError::BadSpec(format!(
+                    "disk {}: {} is not a storage daemon this host knows; start `ferry host` with --storage {}",
+                    d.volume, d.server, d.server
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this host may probe `to` (another host's move address).
+    pub fn peer_known(&self, to: &str) -> bool {
+        known_address(to, &self.known_peers)
+    }
+
     /// The first disk of `spec` that another guest of this host has, and
     /// that guest.
     pub fn disk_in_use(&self, spec: &VmSpec) -> Option<(String, String)> {
@@ -190,6 +221,7 @@ impl VmHost {
     pub async fn create(&self, spec: VmSpec, start: bool) -> Result<VmView, VmError> {
         validate(&spec, host_memory_mib()).map_err(VmError::BadSpec)?;
         crate::qemu::boot_files_allowed(&spec, &self.image_dirs).map_err(VmError::BadSpec)?;
+        self.check_disk_servers(&spec)?;
         if !qemu_available() {
             return Err(VmError::BadSpec(format!(
                 "QEMU ({}) is not installed on this host",
@@ -279,6 +311,7 @@ impl VmHost {
         }
         let spec = g.spec.lock().clone();
         let accel = Self::accel_for(&spec)?;
+        self.check_disk_servers(&spec)?;
         self.attach_disks(&spec).await?;
         g.start_qemu(accel, &self.nbd_socket, false).await?;
         Ok(self.view(&g).await)
@@ -368,4 +401,44 @@ fn disk_of_another(
                 .find(|d| theirs.disks.iter().any(|t| t.volume == d.volume))
                 .map(|d| (d.volume.clone(), name.clone()))
         })
+}
+
+/// An address on this machine (a loopback one, a unix socket) or one of
+/// `declared`.
+fn known_address(addr: &str, declared: &[String]) -> bool {
+    if addr.starts_with("unix:") || declared.iter().any(|d| d == addr) {
+        return true;
+    }
+    let host = addr.strip_prefix('[').map_or_else(
+        || addr.rsplit_once(':').map_or(addr, |(h, _)| h),
+        |rest| rest.split(']').next().unwrap_or(""),
+    );
+    ferry_trust::is_loopback_name(host)
+}
+
+#[cfg(test)]
+mod known_tests {
+    use super::known_address;
+
+    #[test]
+    fn loopback_and_declared_addresses_are_known() {
+        let declared = vec!["st-b.example:10809".to_string()];
+        for a in [
+            "127.0.0.1:10809",
+            "localhost:1",
+            "[::1]:10809",
+            "unix:/run/x.sock",
+            "st-b.example:10809",
+        ] {
+            assert!(known_address(a, &declared), "{a}");
+        }
+        for a in [
+            "192.0.2.1:10809",
+            "st-b.example:10810",
+            "evil.example:10809",
+            "[2001:db8::1]:1",
+        ] {
+            assert!(!known_address(a, &declared), "{a}");
+        }
+    }
 }

@@ -186,6 +186,9 @@ async fn prepare(
     }
     validate(&spec, host_memory_mib()).map_err(VmError::BadSpec)?;
     crate::qemu::boot_files_allowed(&spec, &host.image_dirs).map_err(VmError::BadSpec)?;
+    // The disks' servers (a VM-only move's disk_servers, or a teleport's
+    // destination storage) must be storage this host knows.
+    host.check_disk_servers(&spec)?;
     if let Some((volume, other)) = host.disk_in_use(&spec) {
         return Err(VmError::BadSpec(format!(
             "volume {volume} is a disk of guest {other} here: a volume serves one guest"
