@@ -31,6 +31,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -q "${missing[@]}"
 fi
 
+# The unprivileged user guests' QEMU runs as (ferry host --qemu-user).
+if ! id ferry-qemu >/dev/null 2>&1; then
+  echo "== useradd ferry-qemu"
+  useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin ferry-qemu
+fi
+
 # Rust: use what is there (rustup or distro); otherwise install rustup.
 export PATH="$HOME/.cargo/bin:$PATH"
 if ! command -v cargo >/dev/null 2>&1; then

@@ -860,6 +860,17 @@ fn status(controller: &str, journal: usize, json: bool) -> Result<()> {
     for p in st["problems"].as_array().into_iter().flatten() {
         println!("problem: {}", p.as_str().unwrap_or_default());
     }
+    for h in st["held_back"].as_array().into_iter().flatten() {
+        println!(
+            "held back: {} {} to {}: failed {} times in a row, next try in {:.0} s (last: {})",
+            h["vm"].as_str().unwrap_or("?"),
+            h["action"].as_str().unwrap_or("?"),
+            h["to"].as_str().unwrap_or("?"),
+            h["failures"],
+            h["retry_in_s"].as_f64().unwrap_or(0.0),
+            h["reason"].as_str().unwrap_or("")
+        );
+    }
     if let Some(from) = st["loads_from"].as_str() {
         println!("guest loads from {from}");
     }

@@ -116,6 +116,10 @@ enum Cmd {
         /// that `/v1/probe` may measure the link to (repeatable).
         #[arg(long, value_name = "HOST:PORT", requires = "state_dir")]
         peer: Vec<String>,
+        /// The unprivileged user guests' QEMU runs as (`-runas`) when this
+        /// daemon runs as root; "" runs them as root (logged).
+        #[arg(long, default_value = ferry_vm::confine::DEFAULT_QEMU_USER)]
+        qemu_user: String,
         /// Reach storage daemons' NBD over TLS with the credentials in DIR
         /// (QEMU's client layout: ca-cert.pem, client-cert.pem,
         /// client-key.pem; `ferry certs nbd` makes them). Needed for any
@@ -388,6 +392,7 @@ fn main() -> Result<()> {
             image_dir,
             storage,
             peer,
+            qemu_user,
             nbd_tls_dir,
             memory_sample_every,
         } => host(ferry_vm::daemon::HostOptions {
@@ -395,6 +400,7 @@ fn main() -> Result<()> {
             image_dirs: image_dir,
             storage,
             peers: peer,
+            qemu_user,
             volumes: server.zip(volume).into_iter().collect(),
             listen,
             control,

@@ -566,6 +566,25 @@ fn guests_start_show_metrics_and_survive_a_restart_of_their_host() {
             .any(|l| l.split_whitespace().eq(["Seccomp:", "2"])),
         "QEMU without seccomp: {status}"
     );
+    // ... and as the unprivileged user (this test runs as root, and
+    // scripts/install-deps.sh made the user).
+    let id = Command::new("id")
+        .args(["-u", "ferry-qemu"])
+        .output()
+        .unwrap();
+    if id.status.success() {
+        let uid = String::from_utf8_lossy(&id.stdout).trim().to_string();
+        let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+        assert!(
+            line.split_whitespace().skip(1).all(|u| u == uid),
+            "QEMU does not run as ferry-qemu ({uid}): {line}"
+        );
+    } else {
+        assert!(
+            !required(),
+            "no user ferry-qemu: run scripts/install-deps.sh"
+        );
+    }
     let io = &v["disks"][0];
     assert!(
         io["writes"].as_u64().unwrap() > 10 && io["flushes"].as_u64().unwrap() > 10,

@@ -101,6 +101,9 @@ pub struct Status {
     /// Where the last cycle's guest loads came from (`hosts`, or
     /// `prometheus URL (window W)`).
     pub loads_from: Option<String>,
+    /// Moves held back because they failed twice or more in a row
+    /// (`backoff`).
+    pub held_back: Vec<crate::backoff::HeldMove>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -271,6 +274,8 @@ struct Memory {
     triggers: Triggers,
     /// When the controller last moved each VM.
     moved_at: BTreeMap<String, Instant>,
+    /// Moves failing in a row, held back.
+    backoff: crate::backoff::Backoff,
     /// The decisions of the last cycle not acted on (paused): the same
     /// decision again is not journaled again.
     unacted: BTreeSet<(String, String, String, String)>,
@@ -284,6 +289,7 @@ fn cycle(sh: &Shared, cadence: &Cadence, mem: &mut Memory, born: Instant) {
     let Memory {
         triggers,
         moved_at,
+        backoff,
         unacted,
         holdings,
         bandwidth,
@@ -423,7 +429,18 @@ fn cycle(sh: &Shared, cadence: &Cadence, mem: &mut Memory, born: Instant) {
         let Some(control) = m.running_on.get(&d.vm) else {
             continue;
         };
-        match start(&settings.inventory, control, d) {
+        if let Some(h) = backoff.held(d, Instant::now()) {
+            tracing::info!(
+                vm = %d.vm,
+                failures = h.failures,
+                retry_in_s = h.retry_in_s,
+                "move held back: it failed {} times in a row ({})",
+                h.failures,
+                h.reason
+            );
+            continue;
+        }
+        let out = match start(&settings.inventory, control, d) {
             Ok((id, expect)) => {
                 sh.record(Event::Started {
                     vm: d.vm.clone(),
@@ -435,12 +452,20 @@ fn cycle(sh: &Shared, cadence: &Cadence, mem: &mut Memory, born: Instant) {
                 let out = follow(control, &id, expect);
                 sh.status.lock().in_flight.retain(|x| x.vm != d.vm);
                 moved_at.insert(d.vm.clone(), Instant::now());
-                finish(sh, &id.to_string(), out);
+                (id.to_string(), out)
             }
-            Err(out) => finish(sh, "", *out),
-        }
+            Err(out) => (String::new(), *out),
+        };
+        backoff.ended(
+            d,
+            out.1.result == "completed",
+            out.1.reason.as_deref(),
+            Instant::now(),
+        );
+        finish(sh, &out.0, out.1);
     }
     *unacted = now_unacted;
+    sh.status.lock().held_back = backoff.holding(Instant::now());
     let mut st = sh.status.lock();
     st.last_cycle_unix = Some(now_unix());
     st.last_cycle_s = t.elapsed().as_secs_f64();

@@ -35,6 +35,9 @@ pub struct HostOptions {
     pub storage: Vec<String>,
     /// Other hosts beyond this machine this host may probe.
     pub peers: Vec<String>,
+    /// The user guests' QEMU runs as (when this daemon is root and the
+    /// user exists; "" for none).
+    pub qemu_user: String,
 }
 
 /// Who besides an operator may call each route of the host's API: anyone
@@ -78,17 +81,48 @@ pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), V
             })?;
     }
     let mut listen = opts.listen.clone();
-    let nbd_socket = opts.state_dir.as_ref().map(|d| d.join("nbd.sock"));
+    let mut nbd_socket = opts.state_dir.as_ref().map(|d| d.join("nbd.sock"));
     if let Some(s) = &nbd_socket {
         std::fs::create_dir_all(s.parent().unwrap_or(s))
             .map_err(|e| VmError::Io(format!("{}: {e}", s.display())))?;
         listen.push(format!("unix:{}", s.display()));
     }
+    // Guests run as an unprivileged user when this daemon is root and the
+    // user exists; the forwarder's socket they reach is then in the
+    // confined socket directory (the one in the state directory stays, for
+    // guests started before).
+    let confinement = match (&opts.state_dir, crate::confine::qemu_user(&opts.qemu_user)) {
+        (Some(dir), Some(user)) => {
+            let sockets = crate::confine::socket_dir(dir);
+            crate::confine::make_socket_dir(&sockets)
+                .map_err(|e| VmError::Io(format!("{}: {e}", sockets.display())))?;
+            let s = sockets.join("nbd.sock");
+            listen.push(format!("unix:{}", s.display()));
+            nbd_socket = Some(s);
+            tracing::info!(user = %user.name, sockets = %sockets.display(), "guests' QEMU runs as an unprivileged user");
+            Some((sockets, user))
+        }
+        (Some(_), None) => {
+            // SAFETY: geteuid has no arguments and cannot fail.
+            if unsafe { libc::geteuid() } == 0 {
+                tracing::warn!(
+                    user = %opts.qemu_user,
+                    "guests' QEMU runs as root: no such user (create it, as scripts/install-deps.sh does, or give --qemu-user)"
+                );
+            }
+            None
+        }
+        (None, _) => None,
+    };
     let mut tasks = tokio::task::JoinSet::new();
     for l in &listen {
         let listener = Listener::bind(l).await.map_err(|e| listen_err(l, e))?;
         tracing::info!(listen = %l, "serving NBD");
         tasks.spawn(ferry_host::serve(listener, agent.clone(), shutdown.clone()));
+    }
+    if let (Some((_, user)), Some(s)) = (&confinement, &nbd_socket) {
+        crate::confine::give_socket(s, user)
+            .map_err(|e| VmError::Io(format!("{}: {e}", s.display())))?;
     }
     let host = match (&opts.state_dir, &nbd_socket) {
         (Some(dir), Some(sock)) => {
@@ -105,9 +139,12 @@ pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), V
                     agent.clone(),
                     sock,
                     &name,
-                    opts.image_dirs.clone(),
-                    opts.storage.clone(),
-                    opts.peers.clone(),
+                    crate::host::GuestBounds {
+                        image_dirs: opts.image_dirs.clone(),
+                        known_storage: opts.storage.clone(),
+                        known_peers: opts.peers.clone(),
+                        confinement: confinement.clone(),
+                    },
                 )
                 .await?,
             )

@@ -139,10 +139,14 @@ pub fn cpu_seconds(pid: u32) -> f64 {
 }
 
 impl Guest {
-    pub fn new(spec: VmSpec, dir: &Path) -> Guest {
+    pub fn new(
+        spec: VmSpec,
+        dir: &Path,
+        confined: Option<(std::path::PathBuf, crate::confine::QemuUser)>,
+    ) -> Guest {
         Guest {
             spec: parking_lot::Mutex::new(spec),
-            paths: GuestPaths::new(dir),
+            paths: GuestPaths::new(dir, confined),
             runtime: parking_lot::Mutex::new(None),
             incoming: parking_lot::Mutex::new(None),
             moving: parking_lot::Mutex::new(None),
@@ -171,6 +175,11 @@ impl Guest {
         let spec = self.spec.lock().clone();
         let _ = std::fs::remove_file(&self.paths.qmp);
         let _ = std::fs::remove_file(&self.paths.pidfile);
+        if let Some(u) = &self.paths.qemu_user {
+            // The confined QEMU creates its incoming socket here.
+            crate::confine::give_dir(&self.paths.sockets, u)
+                .map_err(|e| VmError::Io(format!("{}: {e}", self.paths.sockets.display())))?;
+        }
         let args = command_line(&spec, accel, &self.paths, nbd, incoming);
         tracing::info!(guest = %spec.name, accel, incoming, "starting QEMU");
         let out = tokio::process::Command::new(qemu_binary())

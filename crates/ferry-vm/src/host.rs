@@ -13,6 +13,17 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// What a host's guests may use: where their kernels come from, the
+/// storage and peer hosts it knows beyond its own machine, and the user
+/// and socket directory their QEMU is confined to (docs/security.md).
+#[derive(Debug, Clone, Default)]
+pub struct GuestBounds {
+    pub image_dirs: Vec<PathBuf>,
+    pub known_storage: Vec<String>,
+    pub known_peers: Vec<String>,
+    pub confinement: Option<(PathBuf, crate::confine::QemuUser)>,
+}
+
 pub struct VmHost {
     pub root: PathBuf,
     pub agent: Arc<Agent>,
@@ -27,6 +38,9 @@ pub struct VmHost {
     /// Other hosts' move addresses this host may probe, besides those on
     /// this machine (`--peer`).
     pub known_peers: Vec<String>,
+    /// The user QEMU runs as and the socket directory it reaches, when
+    /// guests are confined (`crate::confine`).
+    pub confinement: Option<(PathBuf, crate::confine::QemuUser)>,
     /// This host's move listener as peers reach it (for reports).
     pub name: String,
     pub guests: parking_lot::RwLock<BTreeMap<String, Arc<Guest>>>,
@@ -52,10 +66,14 @@ impl VmHost {
         agent: Arc<Agent>,
         nbd_socket: &Path,
         name: &str,
-        image_dirs: Vec<PathBuf>,
-        known_storage: Vec<String>,
-        known_peers: Vec<String>,
+        bounds: GuestBounds,
     ) -> Result<Arc<VmHost>, VmError> {
+        let GuestBounds {
+            image_dirs,
+            known_storage,
+            known_peers,
+            confinement,
+        } = bounds;
         let vms = root.join("vms");
         std::fs::create_dir_all(&vms)
             .map_err(|e| VmError::Io(format!("{}: {e}", vms.display())))?;
@@ -78,6 +96,7 @@ impl VmHost {
             },
             known_storage,
             known_peers,
+            confinement,
             name: name.into(),
             guests: Default::default(),
             moves: Default::default(),
@@ -100,7 +119,7 @@ impl VmHost {
                     continue;
                 }
             };
-            let g = Arc::new(Guest::new(spec.clone(), &dir));
+            let g = Arc::new(Guest::new(spec.clone(), &dir, host.confined(&spec.name)));
             let incoming: Option<MigrationId> = crate::guest::read_json(
                 &dir.join(crate::incoming::INCOMING_MARK),
                 crate::guest::files::INCOMING,
@@ -184,6 +203,14 @@ impl VmHost {
         }
     }
 
+    /// Where guest `name`'s move sockets live and the user its QEMU runs
+    /// as, when guests are confined.
+    pub fn confined(&self, name: &str) -> Option<(PathBuf, crate::confine::QemuUser)> {
+        self.confinement
+            .as_ref()
+            .map(|(dir, u)| (crate::confine::guest_socket_dir(dir, name), u.clone()))
+    }
+
     /// Every disk of `spec` is served by a storage daemon this host knows:
     /// one on this machine (loopback, a unix socket) or one given with
     /// `--storage`. A caller cannot point a guest at an NBD server of its
@@ -240,7 +267,7 @@ impl VmHost {
                     "volume {volume} is a disk of guest {other}: a volume serves one guest"
                 )));
             }
-            let g = Arc::new(Guest::new(spec.clone(), &dir));
+            let g = Arc::new(Guest::new(spec.clone(), &dir, self.confined(&spec.name)));
             guests.insert(spec.name.clone(), g.clone());
             g
         };

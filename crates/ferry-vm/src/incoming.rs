@@ -206,7 +206,18 @@ async fn prepare(
         if guests.contains_key(&spec.name) || dir.exists() {
             return Err(VmError::Exists(spec.name.clone()));
         }
-        let g = Arc::new(Guest::new(spec.clone(), &dir));
+        let mut confined = host.confined(&spec.name);
+        if postcopy && confined.is_some() && !crate::confine::unprivileged_postcopy() {
+            // Post-copy needs userfaultfd, which this system gives only
+            // to privileged processes: this guest's QEMU keeps root (it
+            // is still under its system-call filter).
+            tracing::warn!(
+                guest = %spec.name,
+                "a move that allows post-copy arrives: its QEMU runs as root (set vm.unprivileged_userfaultfd = 1 to keep it confined)"
+            );
+            confined = None;
+        }
+        let g = Arc::new(Guest::new(spec.clone(), &dir, confined));
         *g.incoming.lock() = Some(id.clone());
         guests.insert(spec.name.clone(), g.clone());
         g

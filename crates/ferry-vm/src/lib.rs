@@ -13,6 +13,7 @@
 //! move would send, for the controller.
 
 pub mod api;
+pub mod confine;
 pub mod converge;
 pub mod daemon;
 pub mod dirty_rate;

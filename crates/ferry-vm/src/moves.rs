@@ -791,6 +791,11 @@ async fn memory_phase(
     let _ = std::fs::remove_file(&g.paths.outgoing);
     let listener = tokio::net::UnixListener::bind(&g.paths.outgoing)
         .map_err(|e| VmError::Io(format!("{}: {e}", g.paths.outgoing.display())))?;
+    if let Some(u) = &g.paths.qemu_user {
+        // The confined QEMU connects to it.
+        crate::confine::give_socket(&g.paths.outgoing, u)
+            .map_err(|e| VmError::Io(format!("{}: {e}", g.paths.outgoing.display())))?;
+    }
     let tunnel = {
         let (certs, to, id, counters) = (
             host.certs.clone(),

@@ -94,17 +94,30 @@ pub struct GuestPaths {
     pub incoming: PathBuf,
     /// The source's end of an outgoing move.
     pub outgoing: PathBuf,
+    /// The directory of those two sockets (the guest's own directory, or
+    /// its confined socket directory).
+    pub sockets: PathBuf,
+    /// The user QEMU runs as (`-runas`), if it is confined.
+    pub qemu_user: Option<crate::confine::QemuUser>,
 }
 
 impl GuestPaths {
-    pub fn new(dir: &Path) -> GuestPaths {
+    /// The files of the guest in `dir`; with `confined`, its move sockets
+    /// are in that directory, for that user (`crate::confine`).
+    pub fn new(dir: &Path, confined: Option<(PathBuf, crate::confine::QemuUser)>) -> GuestPaths {
+        let (sockets, qemu_user) = match confined {
+            Some((s, u)) => (s, Some(u)),
+            None => (dir.to_path_buf(), None),
+        };
         GuestPaths {
             dir: dir.to_path_buf(),
             qmp: dir.join("qmp.sock"),
             serial: dir.join("serial.log"),
             pidfile: dir.join("qemu.pid"),
-            incoming: dir.join("in.sock"),
-            outgoing: dir.join("out.sock"),
+            incoming: sockets.join("in.sock"),
+            outgoing: sockets.join("out.sock"),
+            sockets,
+            qemu_user,
         }
     }
 }
@@ -275,6 +288,12 @@ pub fn command_line(
         "-sandbox".into(),
         SANDBOX.into(),
     ];
+    if let Some(u) = &paths.qemu_user {
+        // Everything QEMU opens after this is in `paths.sockets` or the
+        // forwarder's confined NBD socket.
+        a.push("-runas".into());
+        a.push(u.name.clone());
+    }
     // Diagnosis: FERRY_QEMU_TRACE=PATTERN[,PATTERN] turns on QEMU's trace
     // events matching them, logged to qemu-trace.log beside the guest.
     if let Ok(t) = std::env::var("FERRY_QEMU_TRACE") {
@@ -347,7 +366,7 @@ mod tests {
 
     #[test]
     fn command_line_has_disks_qmp_and_incoming() {
-        let p = GuestPaths::new(Path::new("/s/vms/web-1"));
+        let p = GuestPaths::new(Path::new("/s/vms/web-1"), None);
         let a = command_line(&spec(), "tcg", &p, Path::new("/s/nbd.sock"), true);
         let j = a.join(" ");
         // TCG: 8 KiB over, so QEMU syncs dirty pages page by page (memory_arg).

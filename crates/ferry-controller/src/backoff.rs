@@ -1,0 +1,182 @@
+//! Moves that keep failing are held back, so the controller never loops
+//! on one: a move (the guest, the action and where to) that has failed
+//! twice in a row waits before it is tried again, a minute after the
+//! second failure, doubling with each further one up to an hour; a success
+//! forgets it. Pure: the caller gives the time.
+
+use ferry_control::policy::{Action, Decision};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// The first hold, after the second failure in a row.
+pub const FIRST_HOLD: Duration = Duration::from_secs(60);
+/// The longest hold.
+pub const MAX_HOLD: Duration = Duration::from_secs(3600);
+
+#[derive(Debug, Clone)]
+struct Failing {
+    vm: String,
+    action: Action,
+    to: String,
+    failures: u32,
+    reason: String,
+    until: Instant,
+}
+
+/// A move held back, as the API, the page and `ferry control status` show
+/// it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HeldMove {
+    pub vm: String,
+    pub action: Action,
+    /// `host site/disk site` it would go to.
+    pub to: String,
+    /// Failures in a row.
+    pub failures: u32,
+    /// The last failure's reason.
+    pub reason: String,
+    /// Seconds until it may be tried again.
+    pub retry_in_s: f64,
+}
+
+/// The moves failing now.
+#[derive(Debug, Default)]
+pub struct Backoff {
+    failing: BTreeMap<String, Failing>,
+}
+
+fn key(d: &Decision) -> String {
+    format!(
+        "{}\u{0}{:?}\u{0}{}/{}",
+        d.vm, d.action, d.to.host_site, d.to.disk_site
+    )
+}
+
+/// How long a move that failed `failures` times in a row is held.
+pub fn hold_for(failures: u32) -> Duration {
+    if failures < 2 {
+        return Duration::ZERO;
+    }
+    let doublings = (failures - 2).min(16);
+    FIRST_HOLD.saturating_mul(1 << doublings).min(MAX_HOLD)
+}
+
+impl Backoff {
+    /// Record how `d` ended at `now`.
+    pub fn ended(&mut self, d: &Decision, completed: bool, reason: Option<&str>, now: Instant) {
+        let k = key(d);
+        if completed {
+            self.failing.remove(&k);
+            return;
+        }
+        let e = self.failing.entry(k).or_insert_with(|| Failing {
+            vm: d.vm.clone(),
+            action: d.action,
+            to: format!("{}/{}", d.to.host_site, d.to.disk_site),
+            failures: 0,
+            reason: String::new(),
+            until: now,
+        });
+        e.failures += 1;
+        e.reason = reason.unwrap_or("no reason given").to_string();
+        e.until = now + hold_for(e.failures);
+    }
+
+    /// The hold on `d` at `now`, if it is held back.
+    pub fn held(&self, d: &Decision, now: Instant) -> Option<HeldMove> {
+        self.failing
+            .get(&key(d))
+            .filter(|e| e.until > now)
+            .map(|e| view(e, now))
+    }
+
+    /// Every move held back at `now`.
+    pub fn holding(&self, now: Instant) -> Vec<HeldMove> {
+        self.failing
+            .values()
+            .filter(|e| e.until > now)
+            .map(|e| view(e, now))
+            .collect()
+    }
+}
+
+fn view(e: &Failing, now: Instant) -> HeldMove {
+    HeldMove {
+        vm: e.vm.clone(),
+        action: e.action,
+        to: e.to.clone(),
+        failures: e.failures,
+        reason: e.reason.clone(),
+        retry_in_s: e.until.saturating_duration_since(now).as_secs_f64(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_control::cluster::Placement;
+
+    fn decision(vm: &str, to: &str) -> Decision {
+        Decision {
+            vm: vm.into(),
+            action: Action::Teleport,
+            from: Placement {
+                host_site: "a".into(),
+                disk_site: "a".into(),
+            },
+            to: Placement {
+                host_site: to.into(),
+                disk_site: to.into(),
+            },
+            lost_here_s: 0.0,
+            lost_there_s: 0.0,
+            cost: ferry_control::model::MoveCost {
+                seconds: 1.0,
+                bytes: 1.0,
+                pause_s: 0.1,
+                lost_s: 0.1,
+                converges: true,
+            },
+            reason: String::new(),
+            forced: false,
+            burst_from: None,
+        }
+    }
+
+    #[test]
+    fn a_move_failing_twice_is_held_doubling_and_a_success_forgets_it() {
+        let (mut b, t0) = (Backoff::default(), Instant::now());
+        let d = decision("web", "b");
+        b.ended(&d, false, Some("refused by the destination"), t0);
+        assert!(b.held(&d, t0).is_none(), "one failure is retried");
+        b.ended(&d, false, Some("refused by the destination"), t0);
+        let h = b.held(&d, t0).expect("held after two");
+        assert_eq!((h.failures, h.retry_in_s), (2, 60.0));
+        assert_eq!(h.reason, "refused by the destination");
+        assert!(
+            b.held(&d, t0 + Duration::from_secs(61)).is_none(),
+            "tried again after the hold"
+        );
+        b.ended(&d, false, None, t0 + Duration::from_secs(61));
+        assert_eq!(
+            b.held(&d, t0 + Duration::from_secs(61)).unwrap().retry_in_s,
+            120.0
+        );
+        // Another guest, or the same one elsewhere, is not held.
+        assert!(b.held(&decision("db", "b"), t0).is_none());
+        assert!(b.held(&decision("web", "c"), t0).is_none());
+        assert_eq!(b.holding(t0).len(), 1);
+        b.ended(&d, true, None, t0);
+        assert!(b.held(&d, t0).is_none() && b.holding(t0).is_empty());
+    }
+
+    #[test]
+    fn holds_double_up_to_an_hour() {
+        assert_eq!(hold_for(1), Duration::ZERO);
+        assert_eq!(hold_for(2), Duration::from_secs(60));
+        assert_eq!(hold_for(4), Duration::from_secs(240));
+        assert_eq!(hold_for(9), MAX_HOLD);
+        assert_eq!(hold_for(u32::MAX), MAX_HOLD);
+    }
+}
