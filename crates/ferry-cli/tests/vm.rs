@@ -1071,6 +1071,34 @@ fn failed_moves_leave_the_guest_running_at_the_source_only() {
     wait_acks(&serial, 10);
     assert_eq!(boots(&serial), 1);
 
+    // 5a. A teleport to a host where nothing listens fails before any disk
+    // byte crosses: the destination storage holds no copy in the way of
+    // the next move (issue 32).
+    let dead = addr();
+    let out = s.ha.vm(&[
+        "migrate",
+        "g1",
+        "--to-host",
+        &dead,
+        "--with-disk",
+        "--to-storage",
+        &s.sb_wan,
+    ]);
+    assert!(!out.status.success());
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("checked before copying any disk"), "{said}");
+    let at_b: Value =
+        serde_json::from_str(&ok(&["volume", "list", "--json", "--admin", &s.sb.admin])).unwrap();
+    assert!(
+        !at_b.as_array().unwrap().iter().any(|v| v["name"] == "root"),
+        "a failed teleport left a copy at the destination: {at_b}"
+    );
+    assert_eq!(s.ha.state_of("g1").as_deref(), Some("running"));
+
     // 5. Teleport; the destination storage is killed during the memory copy.
     let c = migrate_child(
         &s.ha,
@@ -1669,9 +1697,21 @@ fn an_overrun_home_site_bursts_guests_to_the_cloud_and_takes_them_back() {
         s.sa.nbd.as_str(),
         "local again: {v}"
     );
+    // The other guest may have been burst as well (the policy sees the
+    // machine's load): each keeps writing wherever it runs now.
     for g in names {
-        wait_acks(&s.ha.serial(g), 3);
-        s.ha.vm_ok(&["stop", g]);
+        let here = if s.ha.state_of(g).as_deref() == Some("running") {
+            &s.ha
+        } else {
+            &s.hb
+        };
+        assert_eq!(
+            here.state_of(g).as_deref(),
+            Some("running"),
+            "{g} runs nowhere"
+        );
+        wait_acks(&here.serial(g), 3);
+        here.vm_ok(&["stop", g]);
     }
 }
 

@@ -42,6 +42,7 @@ fn volume_lifecycle_over_http() {
         .map(|i| if i < (1 << 20) { 0 } else { (i % 251) as u8 })
         .collect();
     let r: Value = ureq::put(&url(&s, "/v1/volumes/a/data"))
+        .set("Content-Type", "application/octet-stream")
         .send_bytes(&img)
         .unwrap()
         .into_json()
@@ -61,6 +62,7 @@ fn volume_lifecycle_over_http() {
     assert_eq!(&out[..img.len()], &img[..]);
     let too_big = vec![1u8; 9 << 20];
     assert!(ureq::put(&url(&s, "/v1/volumes/a/data"))
+        .set("Content-Type", "application/octet-stream")
         .send_bytes(&too_big)
         .is_err());
 
@@ -235,6 +237,7 @@ fn index_follows_imports_and_writes() {
     let mut img = vec![0u8; 4 << 20];
     img[..4096].fill(0x11);
     ureq::put(&url(&s, "/v1/volumes/img/data"))
+        .set("Content-Type", "application/octet-stream")
         .send_bytes(&img)
         .unwrap();
     let wait_for = |fp: &ferry_index::Fingerprint, want: Option<u64>| {

@@ -313,7 +313,7 @@ fn an_import_cut_half_way_stays_marked_incomplete_and_unexported_until_one_finis
     let mut t = TcpStream::connect(s.admin).unwrap();
     write!(
         t,
-        "PUT /v1/volumes/img/data HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+        "PUT /v1/volumes/img/data HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
         8 * MIB
     )
     .unwrap();

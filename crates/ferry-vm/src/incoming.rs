@@ -100,6 +100,10 @@ async fn handle(host: Arc<VmHost>, mut link: ServerLink) -> Result<(), VmError> 
             let a = reply(prepare(&host, &id, spec, &disks, postcopy, multifd).await);
             answer(&mut link, &a).await
         }
+        PeerRequest::Check { mut spec, disks } => {
+            let a = reply(admissible(&host, &mut spec, &disks).map(|()| PeerAnswer::ok()));
+            answer(&mut link, &a).await
+        }
         PeerRequest::Stream { id, compress } => stream(&host, &id, compress, link, rest).await,
         PeerRequest::DiskSwitched { id, servers } => {
             let a = reply(disk_switched(&host, &id, &servers).await);
@@ -168,6 +172,62 @@ fn receiving(host: &VmHost, id: &MigrationId) -> Result<Arc<Guest>, VmError> {
         .ok_or_else(|| VmError::NoMove(id.to_string()))
 }
 
+/// Whether this host can take the guest `spec` with `disks`, checked
+/// without changing anything: its spec, boot files, disks (servers this
+/// host knows, volumes no other guest here uses), QEMU, the accelerator,
+/// its name, and room for its memory. `spec`'s disks are pointed at the
+/// servers the guest will use here.
+fn admissible(host: &VmHost, spec: &mut VmSpec, disks: &[IncomingDisk]) -> Result<(), VmError> {
+    for d in disks {
+        if let Some(s) = spec.disks.iter_mut().find(|s| s.volume == d.volume) {
+            s.server.clone_from(&d.server);
+        }
+    }
+    validate(spec, host_memory_mib()).map_err(VmError::BadSpec)?;
+    crate::qemu::boot_files_allowed(spec, &host.image_dirs).map_err(VmError::BadSpec)?;
+    // Disks this host connects to now (a VM-only move's disk_servers) must
+    // be storage it knows. A teleport's disks are pending: they connect
+    // only to where their migration switched them, a storage daemon the
+    // source's storage authenticated by its pinned certificate.
+    let pending: Vec<&str> = disks
+        .iter()
+        .filter(|d| d.pending)
+        .map(|d| d.volume.as_str())
+        .collect();
+    host.check_disk_servers(&VmSpec {
+        disks: spec
+            .disks
+            .iter()
+            .filter(|d| !pending.contains(&d.volume.as_str()))
+            .cloned()
+            .collect(),
+        ..spec.clone()
+    })?;
+    if let Some((volume, other)) = host.disk_in_use(spec) {
+        return Err(VmError::BadSpec(format!(
+            "volume {volume} is a disk of guest {other} here: a volume serves one guest"
+        )));
+    }
+    if !qemu_available() {
+        return Err(VmError::BadSpec(
+            "QEMU is not installed on the destination host".into(),
+        ));
+    }
+    resolve_accel(spec.accel).map_err(VmError::BadSpec)?;
+    let dir = host.root.join("vms").join(&spec.name);
+    if host.guests.read().contains_key(&spec.name) || dir.exists() {
+        return Err(VmError::Exists(spec.name.clone()));
+    }
+    let available = crate::qemu::host_available_mib();
+    if available > 0 && spec.memory_mib > available {
+        return Err(VmError::BadSpec(format!(
+            "no room for the guest's memory here: it needs {} MiB, this host has {available} MiB available",
+            spec.memory_mib
+        )));
+    }
+    Ok(())
+}
+
 async fn prepare(
     host: &Arc<VmHost>,
     id: &MigrationId,
@@ -179,26 +239,7 @@ async fn prepare(
     if receiving(host, id).is_ok() {
         return Ok(PeerAnswer::ok());
     }
-    for d in disks {
-        if let Some(s) = spec.disks.iter_mut().find(|s| s.volume == d.volume) {
-            s.server.clone_from(&d.server);
-        }
-    }
-    validate(&spec, host_memory_mib()).map_err(VmError::BadSpec)?;
-    crate::qemu::boot_files_allowed(&spec, &host.image_dirs).map_err(VmError::BadSpec)?;
-    // The disks' servers (a VM-only move's disk_servers, or a teleport's
-    // destination storage) must be storage this host knows.
-    host.check_disk_servers(&spec)?;
-    if let Some((volume, other)) = host.disk_in_use(&spec) {
-        return Err(VmError::BadSpec(format!(
-            "volume {volume} is a disk of guest {other} here: a volume serves one guest"
-        )));
-    }
-    if !qemu_available() {
-        return Err(VmError::BadSpec(
-            "QEMU is not installed on the destination host".into(),
-        ));
-    }
+    admissible(host, &mut spec, disks)?;
     let accel = resolve_accel(spec.accel).map_err(VmError::BadSpec)?;
     let dir = host.root.join("vms").join(&spec.name);
     let g = {

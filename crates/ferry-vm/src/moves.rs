@@ -603,31 +603,7 @@ async fn memory_move(
     let compress = run.req.compress.unwrap_or(true);
     let here = host.name.clone();
 
-    // 1. Disk pre-copy, held before the switch.
-    let mut disks = Vec::new();
-    if teleport {
-        run.set_phase(VmMovePhase::DiskPrecopy);
-        let to = run.req.to_storage.clone().unwrap_or_default();
-        disks = start_disks(run, &spec.disks, &to, true).await?;
-        if let Err(e) = wait_disks(
-            run,
-            &disks,
-            |p| p == MigrationPhase::ReadyToSwitch,
-            deadline,
-            DISK_POLL,
-        )
-        .await
-        {
-            cancel_disks(run, &disks).await;
-            let mut o = Outcome::aborted(e.to_string(), &here);
-            o.disks = disk_statuses(&disks).await.unwrap_or_default();
-            return Ok(o);
-        }
-        run.note("disks converged; holding before their switch".into());
-        run.set_phase(VmMovePhase::Preparing);
-    }
-
-    // 2. The destination waits for the guest.
+    // What the destination will be asked to take.
     let mut incoming = Vec::new();
     for d in &spec.disks {
         let up = host.agent.get(&d.volume).ok_or_else(|| VmError::Disk {
@@ -662,6 +638,50 @@ async fn memory_move(
             }
         }
     }
+    // 0. Before any disk byte crosses: can the destination take the guest
+    // (reachable, trusted, its checks of spec, boot files, disks, QEMU,
+    // name and memory)? A teleport that cannot finish leaves no copy.
+    if teleport {
+        let check = PeerRequest::Check {
+            spec: there.clone(),
+            disks: incoming.clone(),
+        };
+        if let Err(e) = call(&host.certs, &to_host, &check, Duration::from_secs(30)).await {
+            return Ok(Outcome::aborted(
+                format!(
+                    "the destination cannot take the guest (checked before copying any disk): {e}"
+                ),
+                &here,
+            ));
+        }
+        run.note("the destination can take the guest".into());
+    }
+
+    // 1. Disk pre-copy, held before the switch.
+    let mut disks = Vec::new();
+    if teleport {
+        run.set_phase(VmMovePhase::DiskPrecopy);
+        let to = run.req.to_storage.clone().unwrap_or_default();
+        disks = start_disks(run, &spec.disks, &to, true).await?;
+        if let Err(e) = wait_disks(
+            run,
+            &disks,
+            |p| p == MigrationPhase::ReadyToSwitch,
+            deadline,
+            DISK_POLL,
+        )
+        .await
+        {
+            cancel_disks(run, &disks).await;
+            let mut o = Outcome::aborted(e.to_string(), &here);
+            o.disks = disk_statuses(&disks).await.unwrap_or_default();
+            return Ok(o);
+        }
+        run.note("disks converged; holding before their switch".into());
+        run.set_phase(VmMovePhase::Preparing);
+    }
+
+    // 2. The destination waits for the guest.
     let prepare = PeerRequest::Prepare {
         id: run.id.clone(),
         spec: there,

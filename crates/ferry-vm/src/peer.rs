@@ -58,6 +58,12 @@ pub enum PeerRequest {
         #[serde(default)]
         multifd: u8,
     },
+    /// Could this host take the guest? The checks of `Prepare`, with no
+    /// side effect: asked before a teleport copies any disk byte.
+    Check {
+        spec: VmSpec,
+        disks: Vec<IncomingDisk>,
+    },
     /// This connection carries one channel of QEMU's migration stream.
     Stream { id: MigrationId, compress: bool },
     /// The disks switched: connect the pending ones to where they are now.

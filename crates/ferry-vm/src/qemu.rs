@@ -216,6 +216,20 @@ pub fn validate(spec: &VmSpec, host_mib: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// The memory this host can still give, in MiB (`MemAvailable`; 0 when
+/// it cannot be read).
+pub fn host_available_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb / 1024)
+}
+
 /// The host's memory in MiB (0 when it cannot be read).
 pub fn host_memory_mib() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
