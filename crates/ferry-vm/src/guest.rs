@@ -182,23 +182,7 @@ impl Guest {
         }
         let args = command_line(&spec, accel, &self.paths, nbd, incoming);
         tracing::info!(guest = %spec.name, accel, incoming, "starting QEMU");
-        let out = tokio::process::Command::new(qemu_binary())
-            .args(&args)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .await
-            .map_err(|e| VmError::Qemu(format!("cannot run {}: {e}", qemu_binary())))?;
-        if !out.status.success() {
-            return Err(VmError::Qemu(format!(
-                "QEMU did not start: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
-        let pid: u32 = std::fs::read_to_string(&self.paths.pidfile)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .ok_or_else(|| VmError::Qemu("QEMU started but wrote no pid file".into()))?;
-        let qmp = connect_qmp(&self.paths.qmp).await?;
+        let (pid, qmp) = self.spawn_detached(&args).await?;
         write_json(
             &self.paths.dir.join("runtime.json"),
             files::RUNTIME,
@@ -214,6 +198,68 @@ impl Guest {
             qmp: Arc::new(qmp),
         }));
         Ok(())
+    }
+
+    /// Run QEMU detached from this daemon (its own session, its output to
+    /// `qemu.log` beside the guest; a dropped child is reaped by tokio),
+    /// so that it outlives the daemon, as `-daemonize` would make it but
+    /// without QEMU forking itself after its system-call filter is on
+    /// (which lets the filter deny `spawn`). Ready when its monitor
+    /// answers; an exit before that is an error with QEMU's own words.
+    async fn spawn_detached(&self, args: &[String]) -> Result<(u32, QmpClient), VmError> {
+        let log_path = self.paths.dir.join("qemu.log");
+        let log = std::fs::File::create(&log_path)
+            .map_err(|e| VmError::Io(format!("{}: {e}", log_path.display())))?;
+        let err_log = log
+            .try_clone()
+            .map_err(|e| VmError::Io(format!("{}: {e}", log_path.display())))?;
+        let mut cmd = tokio::process::Command::new(qemu_binary());
+        cmd.args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(log)
+            .stderr(err_log);
+        // SAFETY: between fork and exec only setsid runs, which is
+        // async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| VmError::Qemu(format!("cannot run {}: {e}", qemu_binary())))?;
+        let pid = child
+            .id()
+            .ok_or_else(|| VmError::Qemu("QEMU exited at once".into()))?;
+        let said = |log: &Path| {
+            std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        };
+        let t = Instant::now();
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(VmError::Qemu(format!(
+                    "QEMU did not start ({status}): {}",
+                    said(&log_path)
+                )));
+            }
+            if let Ok(c) = QmpClient::connect(&self.paths.qmp).await {
+                return Ok((pid, c));
+            }
+            if t.elapsed() > Duration::from_secs(30) {
+                let _ = child.start_kill();
+                return Err(VmError::Qemu(format!(
+                    "QEMU's monitor did not answer within 30 s: {}",
+                    said(&log_path)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Find the QEMU a previous daemon started, if it still runs.

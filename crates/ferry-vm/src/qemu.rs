@@ -151,11 +151,12 @@ pub fn boot_files_allowed(spec: &VmSpec, dirs: &[PathBuf]) -> Result<(), String>
     Ok(())
 }
 
-/// QEMU's system-call filter (seccomp): obsolete calls and changes to
-/// resource limits, priorities and affinities are denied. `spawn` and
-/// `elevateprivileges` would deny the fork and `setsid` of `-daemonize`,
-/// which ferry uses so that a guest outlives its host daemon.
-pub const SANDBOX: &str = "on,obsolete=deny,resourcecontrol=deny";
+/// QEMU's system-call filter (seccomp): obsolete calls, new processes
+/// (fork, exec) and changes to resource limits, priorities and affinities
+/// are denied. ferry starts QEMU detached itself rather than with
+/// `-daemonize`, which forks after the filter is on. `elevateprivileges`
+/// stays allowed: `-runas` calls setgid and setuid after it too.
+pub const SANDBOX: &str = "on,obsolete=deny,spawn=deny,resourcecontrol=deny";
 
 /// Limits a spec must fall within.
 pub const MIN_MEMORY_MIB: u64 = 32;
@@ -265,8 +266,8 @@ pub fn memory_arg(memory_mib: u64, accel: &str) -> String {
 
 /// QEMU's arguments for `spec`. Disks are NBD exports on the forwarder's
 /// unix socket `nbd`, reconnected for 30 s if the forwarder restarts. With
-/// `incoming`, QEMU waits for a move (`-incoming defer`). QEMU detaches
-/// itself (`-daemonize`), so it outlives the host daemon.
+/// `incoming`, QEMU waits for a move (`-incoming defer`). The host starts
+/// it detached (`Guest::spawn_detached`), so it outlives the host daemon.
 pub fn command_line(
     spec: &VmSpec,
     accel: &str,
@@ -298,7 +299,6 @@ pub fn command_line(
         "chardev:serial0".into(),
         "-pidfile".into(),
         paths.pidfile.display().to_string(),
-        "-daemonize".into(),
         "-sandbox".into(),
         SANDBOX.into(),
     ];
