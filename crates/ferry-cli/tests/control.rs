@@ -552,17 +552,17 @@ fn controllers_sharing_etcd_elect_one_leader_that_is_replaced_when_it_dies_or_fr
         "predicted_bytes": 0.0, "guest_pause_ms": null, "reason": null
     }))
     .unwrap();
-    let started = Entry {
-        seq: 1_000_000,
-        at_unix: 0.0,
-        cycle: 0,
-        event: Event::Started {
+    let started = Entry::new(
+        1_000_000,
+        0.0,
+        0,
+        Event::Started {
             vm: "g".into(),
             id: id.clone(),
             control: format!("127.0.0.1:{}", free_port()),
             expect,
         },
-    };
+    );
     let key = format!("{prefix}journal/{:020}", started.seq);
     assert!(c
         .txn(

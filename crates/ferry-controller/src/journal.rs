@@ -42,8 +42,26 @@ pub enum Event {
     Problem { what: String },
 }
 
+/// Every journal entry's format name and version (entries written before
+/// entries carried them read as this format, version 1). An entry of
+/// another format or a newer version is not read.
+pub const JOURNAL_FORMAT: &str = "ferry-journal";
+pub const JOURNAL_VERSION: u32 = 1;
+
+fn journal_format() -> String {
+    JOURNAL_FORMAT.into()
+}
+
+fn journal_version() -> u32 {
+    1
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
+    #[serde(default = "journal_format")]
+    pub format: String,
+    #[serde(default = "journal_version")]
+    pub version: u32,
     /// Position in the journal (1, 2, ...): the entry's key in etcd.
     #[serde(default)]
     pub seq: u64,
@@ -51,6 +69,25 @@ pub struct Entry {
     pub cycle: u64,
     #[serde(flatten)]
     pub event: Event,
+}
+
+impl Entry {
+    /// An entry of this build's format and version.
+    pub fn new(seq: u64, at_unix: f64, cycle: u64, event: Event) -> Entry {
+        Entry {
+            format: JOURNAL_FORMAT.into(),
+            version: JOURNAL_VERSION,
+            seq,
+            at_unix,
+            cycle,
+            event,
+        }
+    }
+
+    /// Whether this build reads it: this format, a version it knows.
+    pub fn readable(&self) -> bool {
+        self.format == JOURNAL_FORMAT && self.version <= JOURNAL_VERSION
+    }
 }
 
 pub struct Journal {
@@ -116,12 +153,7 @@ impl Journal {
     /// Append one entry; it is durable when this returns Ok.
     pub fn record(&self, cycle: u64, event: Event) -> Result<Entry, ControllerError> {
         let mut r = self.recent.lock();
-        let e = Entry {
-            seq: r.back().map_or(1, |e| e.seq + 1),
-            at_unix: now_unix(),
-            cycle,
-            event,
-        };
+        let e = Entry::new(r.back().map_or(1, |e| e.seq + 1), now_unix(), cycle, event);
         self.store.append(&e)?;
         r.push_back(e.clone());
         if r.len() > RECENT {
@@ -230,5 +262,42 @@ mod tests {
         assert_eq!(open.len(), 1);
         assert_eq!(open[0].0, "m2");
         assert_eq!(open[0].2.vm, "b");
+    }
+
+    #[test]
+    fn entries_carry_their_format_old_ones_read_and_newer_ones_are_skipped() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("journal.jsonl");
+        // Before entries had a format; a newer ferry's; another format.
+        std::fs::write(
+            &path,
+            concat!(
+                "{\"seq\":1,\"at_unix\":1,\"cycle\":1,\"event\":\"problem\",\"what\":\"old\"}\n",
+                "{\"format\":\"ferry-journal\",\"version\":9,\"seq\":2,\"at_unix\":1,\"cycle\":1,\"event\":\"problem\",\"what\":\"new\"}\n",
+                "{\"format\":\"other\",\"version\":1,\"seq\":3,\"at_unix\":1,\"cycle\":1,\"event\":\"problem\",\"what\":\"other\"}\n",
+            ),
+        )
+        .unwrap();
+        let j = Journal::open(Arc::new(Store::dir(d.path()).unwrap())).unwrap();
+        let what: Vec<String> = j
+            .tail(10)
+            .iter()
+            .map(|e| match &e.event {
+                Event::Problem { what } => what.clone(),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(what, ["old"]);
+        let e = j.record(2, Event::Problem { what: "now".into() }).unwrap();
+        assert_eq!(
+            (e.format.as_str(), e.version),
+            (JOURNAL_FORMAT, JOURNAL_VERSION)
+        );
+        let last = std::fs::read_to_string(&path).unwrap();
+        let last = last.lines().last().unwrap();
+        assert!(
+            last.contains("\"format\":\"ferry-journal\",\"version\":1"),
+            "{last}"
+        );
     }
 }

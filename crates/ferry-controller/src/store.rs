@@ -62,7 +62,8 @@ fn compact_journal(path: &Path) -> Result<File, ControllerError> {
     let bytes = std::fs::read(path).map_err(io)?;
     let mut entries: Vec<Entry> = bytes
         .split(|b| *b == b'\n')
-        .filter_map(|l| serde_json::from_slice(l).ok())
+        .filter_map(|l| serde_json::from_slice::<Entry>(l).ok())
+        .filter(Entry::readable)
         .collect();
     let skip = entries
         .len()
@@ -91,7 +92,8 @@ impl Store {
         };
         let mut entries: Vec<Entry> = bytes
             .split(|b| *b == b'\n')
-            .filter_map(|l| serde_json::from_slice(l).ok())
+            .filter_map(|l| serde_json::from_slice::<Entry>(l).ok())
+            .filter(Entry::readable)
             .collect();
         if entries.len() as u64 > JOURNAL_KEEP {
             let skip = entries.len() - usize::try_from(JOURNAL_KEEP).unwrap_or(usize::MAX);
@@ -286,6 +288,16 @@ impl Store {
 fn journal_entry(kv: &crate::etcd::KeyValue) -> Result<Entry, ControllerError> {
     let mut e: Entry = serde_json::from_slice(&kv.value)
         .map_err(|x| state_err(format!("journal entry {}: {x}", kv.key)))?;
+    if !e.readable() {
+        return Err(state_err(format!(
+            "journal entry {} is {} version {}; this ferry reads {} up to version {} (written by a newer ferry?)",
+            kv.key,
+            e.format,
+            e.version,
+            crate::journal::JOURNAL_FORMAT,
+            crate::journal::JOURNAL_VERSION
+        )));
+    }
     e.seq = kv
         .key
         .rsplit('/')

@@ -1,0 +1,32 @@
+//! A host's or controller's state file (`ferry-state-file`: a guest's
+//! spec, a move record, the controller's settings) read back after
+//! damage: loading never panics, and whatever loads saves and loads again
+//! to the same value.
+#![no_main]
+
+use ferry_state_file::{load, save, Kind};
+use ferry_vm::guest::files;
+use libfuzzer_sys::fuzz_target;
+
+const ANY: Kind = Kind {
+    format: "ferry-vm-spec",
+    version: 1,
+    max_bytes: 1 << 16,
+};
+
+fuzz_target!(|data: &[u8]| {
+    let dir = std::env::temp_dir().join(format!("ferry-fuzz-state-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join("state.json");
+    if std::fs::write(&path, data).is_err() {
+        return;
+    }
+    // A guest's spec, as the host reads it at start.
+    let _ = load::<ferry_api::VmSpec>(&path, files::SPEC);
+    // Any JSON under the envelope: what loads round-trips.
+    if let Ok(Some(v)) = load::<serde_json::Value>(&path, ANY) {
+        save(&path, ANY, &v).expect("a loaded state saves");
+        let again: serde_json::Value = load(&path, ANY).expect("saved loads").expect("present");
+        assert_eq!(again, v);
+    }
+});
