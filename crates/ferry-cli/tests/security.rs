@@ -207,7 +207,10 @@ impl Netns {
             assert!(!required(), "iproute2 missing");
             return None;
         }
-        let name = format!("ferrysec{}", std::process::id());
+        // One per test: tests of this file run at once.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("ferrysec{}-{n}", std::process::id());
         let ok = Command::new("ip")
             .args(["netns", "add", &name])
             .status()
@@ -418,4 +421,112 @@ fn a_host_uses_only_storage_it_knows_and_probes_only_declared_peers() {
     );
     assert_eq!(code, 400, "{body}");
     assert!(body.contains("not a declared peer"), "{body}");
+}
+
+/// The host's control API and the controller's API beyond loopback, as
+/// the storage admin API above: no certificate, 403; a monitor reads but
+/// may not change anything; the operator may.
+#[test]
+fn beyond_loopback_the_host_and_controller_apis_need_a_pinned_certificate_too() {
+    let Some(ns) = Netns::new() else { return };
+    let d = tempfile::tempdir().unwrap();
+    let (ops, mon) = (d.path().join("ops"), d.path().join("mon"));
+    let (ops_cert, mon_cert) = (identity(&ops, "operator"), identity(&mon, "monitor"));
+    let as_caller = |who: Option<&Path>, args: &[&str]| -> Output {
+        let mut c = ns.cmd(FERRY);
+        if let Some(w) = who {
+            c.arg("--tls-dir").arg(w);
+        }
+        c.args(args).env_remove("FERRY_TLS_DIR").output().unwrap()
+    };
+
+    // A host: its identity in its state directory; it trusts both callers,
+    // and both pin it as a host.
+    let state = d.path().join("host");
+    let state_s = state.to_str().unwrap();
+    let out = Command::new(FERRY)
+        .args(["certs", "--pool", state_s, "show"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    trust(&[], &["--pool", state_s], &ops_cert, "operator");
+    trust(&[], &["--pool", state_s], &mon_cert, "monitor");
+    for who in [&ops, &mon] {
+        trust(
+            &["--tls-dir", who.to_str().unwrap()],
+            &[],
+            &state.join("tls").join("cert.pem"),
+            "host",
+        );
+    }
+    let control = format!("192.0.2.1:{}", free_port());
+    let nbd = format!("127.0.0.1:{}", free_port());
+    let child = ns
+        .cmd(FERRY)
+        .args(["host", "--state-dir", state_s, "--control", &control])
+        .args(["--listen", &nbd, "--qemu-user", ""])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _host = Daemon(child);
+    wait_port(&control, Some(&ns));
+    let out = as_caller(None, &["vm", "list", "--host", &control]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("requires TLS with a pinned client certificate"),
+        "{}",
+        text(&out)
+    );
+    let out = as_caller(Some(&mon), &["vm", "list", "--host", &control]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = as_caller(Some(&mon), &["vm", "stop", "g", "--host", &control]);
+    let t = text(&out);
+    assert!(
+        !out.status.success() && t.contains("needs the role operator"),
+        "{t}"
+    );
+    let out = as_caller(Some(&ops), &["vm", "list", "--host", &control]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    // A controller: its identity in its state directory.
+    let cstate = d.path().join("controller");
+    let cstate_s = cstate.to_str().unwrap();
+    let api = format!("192.0.2.1:{}", free_port());
+    let child = ns
+        .cmd(FERRY)
+        .args(["control", "run", "--state-dir", cstate_s, "--listen", &api])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _controller = Daemon(child);
+    wait_port(&api, Some(&ns));
+    trust(&[], &["--pool", cstate_s], &ops_cert, "operator");
+    trust(&[], &["--pool", cstate_s], &mon_cert, "monitor");
+    for who in [&ops, &mon] {
+        trust(
+            &["--tls-dir", who.to_str().unwrap()],
+            &[],
+            &cstate.join("tls").join("cert.pem"),
+            "controller",
+        );
+    }
+    let out = as_caller(None, &["control", "status", "--controller", &api]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("requires TLS with a pinned client certificate"),
+        "{}",
+        text(&out)
+    );
+    let out = as_caller(Some(&mon), &["control", "status", "--controller", &api]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = as_caller(Some(&mon), &["control", "pause", "--controller", &api]);
+    let t = text(&out);
+    assert!(
+        !out.status.success() && t.contains("needs the role operator"),
+        "{t}"
+    );
+    let out = as_caller(Some(&ops), &["control", "pause", "--controller", &api]);
+    assert!(out.status.success(), "{}", text(&out));
 }

@@ -853,3 +853,29 @@ pub async fn run(opts: Options) -> Result<(), ControllerError> {
     .await
     .map_err(|e| ControllerError::State(e.to_string()))
 }
+
+#[cfg(test)]
+mod access_tests {
+    use super::ACCESS;
+    use axum::http::Method;
+    use ferry_trust::Role;
+
+    /// Only an operator changes the controller's settings or state; every
+    /// pinned role reads.
+    #[test]
+    fn only_the_operator_changes_anything() {
+        for (m, p) in [
+            (Method::PUT, "/v1/settings"),
+            (Method::PUT, "/v1/policy"),
+            (Method::POST, "/v1/sites"),
+            (Method::DELETE, "/v1/sites/a"),
+            (Method::PUT, "/v1/links"),
+            (Method::POST, "/v1/pause"),
+            (Method::POST, "/v1/resume"),
+            (Method::POST, "/v1/cycle"),
+        ] {
+            assert_eq!(ACCESS(&m, p), [Role::Operator], "{m} {p}");
+        }
+        assert_eq!(ACCESS(&Method::GET, "/v1/status").len(), 5);
+    }
+}

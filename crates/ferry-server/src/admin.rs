@@ -241,7 +241,7 @@ pub fn security(config: &crate::config::Config) -> ferry_trust::api::ApiSecurity
 /// Who besides an operator may call each route: anyone pinned reads; a
 /// host drives the migrations of its guests' volumes (start, follow,
 /// cancel, release the switch); a controller and a host sample a volume
-/// to price a move.
+/// and look its sample's prints up in the index, to price a move.
 pub fn access(m: &axum::http::Method, path: &str) -> &'static [ferry_trust::Role] {
     use ferry_trust::api::{changes_state, segments, ANYONE, OPERATOR};
     use ferry_trust::Role::{Controller, Host};
@@ -252,7 +252,9 @@ pub fn access(m: &axum::http::Method, path: &str) -> &'static [ferry_trust::Role
         ("POST", ["v1", "volumes", _, "migrate"])
         | ("POST", ["v1", "migrations", _, "switch"])
         | ("DELETE", ["v1", "migrations", _]) => &[Host],
-        ("POST", ["v1", "volumes", _, "sample"]) => &[Host, Controller],
+        ("POST", ["v1", "volumes", _, "sample"]) | ("POST", ["v1", "index", "lookup"]) => {
+            &[Host, Controller]
+        }
         _ => OPERATOR,
     }
 }
@@ -873,4 +875,64 @@ async fn migration_events(State(s): St, Path(id): Path<String>) -> ApiResult<Res
         .header(header::CONTENT_TYPE, "application/x-ndjson")
         .body(Body::from_stream(stream))
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+#[cfg(test)]
+mod access_tests {
+    use super::access;
+    use axum::http::Method;
+    use ferry_trust::Role::{self, Controller, Host, Monitor, Operator, Storage};
+
+    fn admits(m: Method, path: &str) -> Vec<Role> {
+        let mut r: Vec<Role> = access(&m, path).to_vec();
+        r.retain(|x| *x != Operator);
+        r.sort();
+        r
+    }
+
+    /// Every state-changing route of the admin API, and who besides an
+    /// operator may call it: a certificate of any other role gets 403.
+    #[test]
+    fn each_state_changing_route_admits_only_its_roles() {
+        let only_operator: [(Method, &str); 10] = [
+            (Method::POST, "/v1/volumes"),
+            (Method::DELETE, "/v1/volumes/v"),
+            (Method::POST, "/v1/volumes/v/resize"),
+            (Method::PUT, "/v1/volumes/v/data"),
+            (Method::POST, "/v1/volumes/v/bitmaps"),
+            (Method::DELETE, "/v1/volumes/v/bitmaps/b"),
+            (Method::POST, "/v1/volumes/v/bitmaps/b/clear"),
+            (Method::POST, "/v1/index/rebuild"),
+            (Method::POST, "/v1/volumes/v/migrate/x"),
+            (Method::PATCH, "/v1/volumes/v"),
+        ];
+        for (m, p) in only_operator {
+            assert!(admits(m.clone(), p).is_empty(), "{m} {p}");
+        }
+        for (m, p) in [
+            (Method::POST, "/v1/volumes/v/migrate"),
+            (Method::POST, "/v1/migrations/i/switch"),
+            (Method::DELETE, "/v1/migrations/i"),
+        ] {
+            assert_eq!(admits(m.clone(), p), [Host], "{m} {p}");
+        }
+        for (m, p) in [
+            (Method::POST, "/v1/volumes/v/sample"),
+            (Method::POST, "/v1/index/lookup"),
+        ] {
+            assert_eq!(admits(m.clone(), p), [Controller, Host], "{m} {p}");
+        }
+        for p in [
+            "/v1/volumes",
+            "/v1/migrations/i/events",
+            "/metrics",
+            "/v1/server",
+        ] {
+            assert_eq!(
+                admits(Method::GET, p),
+                [Controller, Host, Storage, Monitor],
+                "{p}"
+            );
+        }
+    }
 }

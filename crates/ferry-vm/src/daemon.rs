@@ -217,3 +217,40 @@ pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), V
     while tasks.join_next().await.is_some() {}
     Ok(())
 }
+
+#[cfg(test)]
+mod access_tests {
+    use super::access;
+    use axum::http::Method;
+    use ferry_trust::Role::{self, Controller, Operator};
+
+    fn admits(m: Method, path: &str) -> Vec<Role> {
+        let mut r: Vec<Role> = access(&m, path).to_vec();
+        r.retain(|x| *x != Operator);
+        r
+    }
+
+    /// Every state-changing route of the host's API: a controller starts
+    /// and cancels moves and probes; everything else is the operator's.
+    #[test]
+    fn each_state_changing_route_admits_only_its_roles() {
+        for (m, p) in [
+            (Method::POST, "/v1/vms"),
+            (Method::DELETE, "/v1/vms/g"),
+            (Method::POST, "/v1/vms/g/start"),
+            (Method::POST, "/v1/vms/g/stop"),
+            (Method::POST, "/v1/volumes"),
+            (Method::DELETE, "/v1/volumes/v"),
+        ] {
+            assert!(admits(m.clone(), p).is_empty(), "{m} {p}");
+        }
+        for (m, p) in [
+            (Method::POST, "/v1/vms/g/migrate"),
+            (Method::POST, "/v1/vm-moves/i/cancel"),
+            (Method::POST, "/v1/probe"),
+        ] {
+            assert_eq!(admits(m.clone(), p), [Controller], "{m} {p}");
+        }
+        assert_eq!(admits(Method::GET, "/v1/vms").len(), 4);
+    }
+}
