@@ -449,16 +449,11 @@ fn beyond_loopback_the_host_and_controller_apis_need_a_pinned_certificate_too() 
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
-    trust(&[], &["--pool", state_s], &ops_cert, "operator");
-    trust(&[], &["--pool", state_s], &mon_cert, "monitor");
-    for who in [&ops, &mon] {
-        trust(
-            &["--tls-dir", who.to_str().unwrap()],
-            &[],
-            &state.join("tls").join("cert.pem"),
-            "host",
-        );
-    }
+    pin_both_ways(
+        state_s,
+        &[(&ops, &ops_cert, "operator"), (&mon, &mon_cert, "monitor")],
+        "host",
+    );
     let control = format!("192.0.2.1:{}", free_port());
     let nbd = format!("127.0.0.1:{}", free_port());
     let child = ns
@@ -471,23 +466,14 @@ fn beyond_loopback_the_host_and_controller_apis_need_a_pinned_certificate_too() 
         .unwrap();
     let _host = Daemon(child);
     wait_port(&control, Some(&ns));
-    let out = as_caller(None, &["vm", "list", "--host", &control]);
-    assert!(!out.status.success());
-    assert!(
-        text(&out).contains("requires TLS with a pinned client certificate"),
-        "{}",
-        text(&out)
+    roles_hold(
+        &as_caller,
+        &ops,
+        &mon,
+        &["vm", "list", "--host", &control],
+        &["vm", "stop", "g", "--host", &control],
+        &["vm", "list", "--host", &control],
     );
-    let out = as_caller(Some(&mon), &["vm", "list", "--host", &control]);
-    assert!(out.status.success(), "{}", text(&out));
-    let out = as_caller(Some(&mon), &["vm", "stop", "g", "--host", &control]);
-    let t = text(&out);
-    assert!(
-        !out.status.success() && t.contains("needs the role operator"),
-        "{t}"
-    );
-    let out = as_caller(Some(&ops), &["vm", "list", "--host", &control]);
-    assert!(out.status.success(), "{}", text(&out));
 
     // A controller: its identity in its state directory.
     let cstate = d.path().join("controller");
@@ -502,31 +488,62 @@ fn beyond_loopback_the_host_and_controller_apis_need_a_pinned_certificate_too() 
         .unwrap();
     let _controller = Daemon(child);
     wait_port(&api, Some(&ns));
-    trust(&[], &["--pool", cstate_s], &ops_cert, "operator");
-    trust(&[], &["--pool", cstate_s], &mon_cert, "monitor");
-    for who in [&ops, &mon] {
+    pin_both_ways(
+        cstate_s,
+        &[(&ops, &ops_cert, "operator"), (&mon, &mon_cert, "monitor")],
+        "controller",
+    );
+    roles_hold(
+        &as_caller,
+        &ops,
+        &mon,
+        &["control", "status", "--controller", &api],
+        &["control", "pause", "--controller", &api],
+        &["control", "pause", "--controller", &api],
+    );
+}
+
+/// The daemon whose store is `--pool STORE` trusts each caller's
+/// certificate as its role, and each caller pins the daemon's certificate
+/// as `daemon_role`.
+fn pin_both_ways(store: &str, callers: &[(&Path, &Path, &str)], daemon_role: &str) {
+    let daemon_cert = Path::new(store).join("tls").join("cert.pem");
+    for (dir, cert, role) in callers {
+        trust(&[], &["--pool", store], cert, role);
         trust(
-            &["--tls-dir", who.to_str().unwrap()],
+            &["--tls-dir", dir.to_str().unwrap()],
             &[],
-            &cstate.join("tls").join("cert.pem"),
-            "controller",
+            &daemon_cert,
+            daemon_role,
         );
     }
-    let out = as_caller(None, &["control", "status", "--controller", &api]);
+}
+
+/// Beyond loopback: without a certificate even `read` is refused; the
+/// monitor may `read` but not `change`; the operator may `operator_may`.
+fn roles_hold(
+    as_caller: &dyn Fn(Option<&Path>, &[&str]) -> Output,
+    ops: &Path,
+    mon: &Path,
+    read: &[&str],
+    change: &[&str],
+    operator_may: &[&str],
+) {
+    let out = as_caller(None, read);
     assert!(!out.status.success());
+    let t = text(&out);
     assert!(
-        text(&out).contains("requires TLS with a pinned client certificate"),
-        "{}",
-        text(&out)
+        t.contains("requires TLS with a pinned client certificate"),
+        "{t}"
     );
-    let out = as_caller(Some(&mon), &["control", "status", "--controller", &api]);
+    let out = as_caller(Some(mon), read);
     assert!(out.status.success(), "{}", text(&out));
-    let out = as_caller(Some(&mon), &["control", "pause", "--controller", &api]);
+    let out = as_caller(Some(mon), change);
     let t = text(&out);
     assert!(
         !out.status.success() && t.contains("needs the role operator"),
         "{t}"
     );
-    let out = as_caller(Some(&ops), &["control", "pause", "--controller", &api]);
+    let out = as_caller(Some(ops), operator_may);
     assert!(out.status.success(), "{}", text(&out));
 }
