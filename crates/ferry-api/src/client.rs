@@ -86,6 +86,9 @@ pub struct AdminClient {
     daemon: Daemon,
     limit: Option<std::time::Duration>,
     tls: Option<ferry_trust::CertStore>,
+    /// Why this process's identity cannot be used: every call fails with
+    /// it (and goes nowhere: the base is an unroutable name).
+    identity_error: Option<String>,
 }
 
 /// The identity every client of this process calls with unless told
@@ -117,6 +120,7 @@ impl AdminClient {
             daemon: Daemon::Storage,
             limit: None,
             tls: None,
+            identity_error: None,
         };
         c.tls = process_identity()
             .filter(|_| ferry_trust::client::wants_tls(url))
@@ -152,6 +156,7 @@ impl AdminClient {
             }
             b.build()
         };
+        self.identity_error = None;
         match &self.tls {
             Some(store) => match ferry_trust::client::agent(store, roles, self.limit) {
                 Ok(a) => {
@@ -159,11 +164,11 @@ impl AdminClient {
                     self.base = ferry_trust::client::base_url(&self.url, true);
                 }
                 Err(e) => {
-                    // Calls then fail with this reason, rather than going
-                    // out in plaintext.
-                    tracing::warn!(error = %e, "no TLS identity for the API client");
+                    // Calls fail with this reason, rather than going out in
+                    // plaintext.
                     self.agent = plain();
-                    self.base = format!("https://identity-unusable.invalid/{e}");
+                    self.base = "https://identity-unusable.invalid".into();
+                    self.identity_error = Some(format!("this process's TLS identity: {e}"));
                 }
             },
             None => self.agent = plain(),
@@ -203,6 +208,13 @@ impl AdminClient {
     }
 
     fn check(&self, r: std::result::Result<ureq::Response, ureq::Error>) -> Result<ureq::Response> {
+        if let Some(why) = &self.identity_error {
+            return Err(ClientError::Unreachable {
+                daemon: self.daemon,
+                base: self.url.clone(),
+                detail: why.clone(),
+            });
+        }
         match r {
             Ok(r) => Ok(r),
             Err(ureq::Error::Status(status, resp)) => {

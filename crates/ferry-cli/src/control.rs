@@ -28,62 +28,67 @@ pub struct ControllerArg {
     pub controller: String,
 }
 
+/// `ferry control run`: where the controller keeps its state, how it
+/// serves its API, and how often it measures and decides.
+#[derive(Args)]
+pub struct RunArgs {
+    /// Where its state lives (settings.json, journal.jsonl) when it runs
+    /// alone.
+    #[arg(long, required_unless_present = "etcd", conflicts_with = "etcd")]
+    pub state_dir: Option<PathBuf>,
+    /// Keep the state in etcd (URL[,URL...]); controllers sharing it
+    /// elect one leader, the others follow and take over if it goes.
+    #[arg(long, value_delimiter = ',')]
+    pub etcd: Vec<String>,
+    /// Keys in etcd start with this.
+    #[arg(long, default_value = "/ferry/control/")]
+    pub etcd_prefix: String,
+    /// Reach etcd over TLS with the credentials in DIR: ca-cert.pem
+    /// (etcd's authority), client-cert.pem and client-key.pem (this
+    /// controller's; `ferry certs nbd` makes such a set). Bare
+    /// HOST:PORT endpoints are then https.
+    #[arg(long, value_name = "DIR")]
+    pub etcd_tls_dir: Option<PathBuf>,
+    /// This controller's name among those sharing etcd (default: this
+    /// machine's name, the --listen address and a random part).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// The leader's lease in etcd: a leader that cannot renew it stops
+    /// acting within two thirds of it; another takes over after it.
+    #[arg(long, default_value = "6s", value_parser = humantime::parse_duration)]
+    pub lease: std::time::Duration,
+    /// The API and page. Beyond loopback it requires TLS with a pinned
+    /// client certificate (the controller's identity is --tls-dir, or
+    /// STATE_DIR/tls).
+    #[arg(long, default_value = "127.0.0.1:10870")]
+    pub listen: String,
+    /// Serve the API in plaintext, with no authentication, beyond
+    /// loopback (only on a network you trust; logged as insecure).
+    #[arg(long)]
+    pub insecure_plaintext_api: bool,
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub interval: std::time::Duration,
+    /// Between the two readings of each measurement.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub sample: std::time::Duration,
+    #[command(flatten)]
+    pub loads: PrometheusArg,
+    /// Start from this inventory (replaces the saved one).
+    #[arg(long)]
+    pub inventory: Option<PathBuf>,
+    /// Policy settings (JSON; replaces the saved policy).
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// Start with automation paused (decisions shown, not acted on).
+    #[arg(long)]
+    pub paused: bool,
+}
+
 #[derive(Subcommand)]
 pub enum ControlCmd {
     /// Run the controller: measure, plan and move every --interval; API,
     /// /metrics and a live page on --listen.
-    Run {
-        /// Where its state lives (settings.json, journal.jsonl) when it runs
-        /// alone.
-        #[arg(long, required_unless_present = "etcd", conflicts_with = "etcd")]
-        state_dir: Option<PathBuf>,
-        /// Keep the state in etcd (URL[,URL...]); controllers sharing it
-        /// elect one leader, the others follow and take over if it goes.
-        #[arg(long, value_delimiter = ',')]
-        etcd: Vec<String>,
-        /// Keys in etcd start with this.
-        #[arg(long, default_value = "/ferry/control/")]
-        etcd_prefix: String,
-        /// Reach etcd over TLS with the credentials in DIR: ca-cert.pem
-        /// (etcd's authority), client-cert.pem and client-key.pem (this
-        /// controller's; `ferry certs nbd` makes such a set). Bare
-        /// HOST:PORT endpoints are then https.
-        #[arg(long, value_name = "DIR")]
-        etcd_tls_dir: Option<PathBuf>,
-        /// This controller's name among those sharing etcd (default: this
-        /// machine's name, the --listen address and a random part).
-        #[arg(long)]
-        name: Option<String>,
-        /// The leader's lease in etcd: a leader that cannot renew it stops
-        /// acting within two thirds of it; another takes over after it.
-        #[arg(long, default_value = "6s", value_parser = humantime::parse_duration)]
-        lease: std::time::Duration,
-        /// The API and page. Beyond loopback it requires TLS with a pinned
-        /// client certificate (the controller's identity is --tls-dir, or
-        /// STATE_DIR/tls).
-        #[arg(long, default_value = "127.0.0.1:10870")]
-        listen: String,
-        /// Serve the API in plaintext, with no authentication, beyond
-        /// loopback (only on a network you trust; logged as insecure).
-        #[arg(long)]
-        insecure_plaintext_api: bool,
-        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
-        interval: std::time::Duration,
-        /// Between the two readings of each measurement.
-        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-        sample: std::time::Duration,
-        #[command(flatten)]
-        loads: PrometheusArg,
-        /// Start from this inventory (replaces the saved one).
-        #[arg(long)]
-        inventory: Option<PathBuf>,
-        /// Policy settings (JSON; replaces the saved policy).
-        #[arg(long)]
-        policy: Option<PathBuf>,
-        /// Start with automation paused (decisions shown, not acted on).
-        #[arg(long)]
-        paused: bool,
-    },
+    Run(RunArgs),
     /// What the controller sees and decided last, and its journal.
     Status {
         #[command(flatten)]
@@ -294,101 +299,168 @@ fn default_name(listen: &str) -> String {
     format!("{host}/{listen}/{}", &id[..8])
 }
 
+/// `ferry control plan`: one dry run of the policy over the live sites or
+/// a snapshot, or (`--apply`) one round of its moves carried out.
+fn plan_once(
+    from: SnapshotArgs,
+    apply: bool,
+    save_snapshot: Option<PathBuf>,
+    policy: Option<PathBuf>,
+    json: bool,
+) -> Result<()> {
+    let (inv, c, running_on) = snapshot(&from)?;
+    if let Some(f) = &save_snapshot {
+        std::fs::write(f, serde_json::to_vec_pretty(&c)?)
+            .with_context(|| format!("writing {}", f.display()))?;
+    }
+    let p: Policy = match &policy {
+        Some(f) => read_json(f, "policy")?,
+        None => Policy::default(),
+    };
+    p.validate()?;
+    let pl = plan(&c, &p, &mut Triggers::default(), 0.0)?;
+    if apply {
+        let inv = inv.as_ref().context("--apply needs --inventory")?;
+        let results: Vec<String> = pl
+            .decisions
+            .iter()
+            .map(|d| match running_on.get(&d.vm) {
+                Some(control) => ferry_controller::act::carry_out(inv, control, d).line(),
+                None => format!("{}: not moved: not running on any known host", d.vm),
+            })
+            .collect();
+        if json {
+            return print_json(&serde_json::json!({"plan": pl, "moves": results}));
+        }
+        for r in &results {
+            println!("{r}");
+        }
+        return Ok(());
+    }
+    if json {
+        return print_json(&pl);
+    }
+    if pl.decisions.is_empty() {
+        println!("nothing to do");
+    }
+    for d in &pl.decisions {
+        println!(
+            "{} {:?}: {}/{} -> {}/{}: {}",
+            d.vm,
+            d.action,
+            d.from.host_site,
+            d.from.disk_site,
+            d.to.host_site,
+            d.to.disk_site,
+            d.reason
+        );
+    }
+    for s in &pl.skipped {
+        println!("{} left alone: {}", s.vm, s.reason);
+    }
+    Ok(())
+}
+
+/// `ferry control run`: the controller service until the process ends.
+fn run_controller(a: RunArgs, tls_dir: Option<PathBuf>) -> Result<()> {
+    let RunArgs {
+        insecure_plaintext_api,
+        state_dir,
+        etcd,
+        etcd_prefix,
+        etcd_tls_dir,
+        name,
+        lease,
+        listen,
+        interval,
+        sample,
+        loads,
+        inventory,
+        policy,
+        paused,
+    } = a;
+    crate::init_logging();
+    let tls = match &etcd_tls_dir {
+        Some(d) => Some(
+            ferry_client::ClientTls::from_dir(d)
+                .map_err(|e| anyhow::anyhow!("etcd TLS credentials: {e}"))?
+                .rustls_config(),
+        ),
+        None => None,
+    };
+    let etcd = (!etcd.is_empty()).then(|| {
+        let mut prefix = etcd_prefix;
+        if !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        ferry_controller::service::EtcdOptions {
+            endpoints: etcd,
+            prefix,
+            name: name.unwrap_or_else(|| default_name(&listen)),
+            lease,
+            tls,
+        }
+    });
+    let saved = match (&etcd, &state_dir) {
+        (Some(e), _) => {
+            let c = e.client()?;
+            let l = std::sync::Arc::new(ferry_controller::leader::Leadership::new(
+                c.clone(),
+                &e.prefix,
+                &e.name,
+                e.lease,
+            ));
+            ferry_controller::store::Store::etcd(c, &e.prefix, l, 1).load_settings()?
+        }
+        (None, Some(d)) => ferry_controller::settings::SettingsFile::new(d).load()?,
+        (None, None) => anyhow::bail!("give --state-dir or --etcd"),
+    };
+    let mut s = saved.clone().unwrap_or_default();
+    if let Some(f) = &inventory {
+        s.inventory = read_json(f, "inventory")?;
+    }
+    if let Some(f) = &policy {
+        s.policy = read_json(f, "policy")?;
+    }
+    if paused {
+        s.policy.paused = true;
+    }
+    // Settings are "given" only when a flag gave some and they
+    // differ from what is saved: controllers started together on
+    // a fresh etcd with no settings all come up (one leads).
+    let given = inventory.is_some() || policy.is_some() || paused;
+    let initial = (given && Some(&s) != saved.as_ref()).then_some(s);
+    if let Some(s) = &initial {
+        s.validate()?;
+    }
+    // The controller's identity: --tls-dir, else its state
+    // directory's tls/. Its calls to hosts and storage daemons
+    // beyond loopback go with it.
+    let identity = tls_dir
+        .or_else(|| state_dir.as_ref().map(|d| d.join("tls")))
+        .map(|d| ferry_trust::CertStore::at(&d, ferry_trust::Role::Controller));
+    if let Some(id) = &identity {
+        id.ensure_identity()?;
+        ferry_api::client::set_process_identity(id.clone());
+    }
+    let opts = ferry_controller::service::Options {
+        identity,
+        insecure_plaintext_api,
+        listen,
+        state_dir: state_dir.unwrap_or_default(),
+        etcd,
+        interval,
+        sample,
+        loads: loads.source(),
+        initial,
+    };
+    crate::runtime()?.block_on(ferry_controller::service::run(opts))?;
+    Ok(())
+}
+
 pub fn run(cmd: ControlCmd, tls_dir: Option<PathBuf>) -> Result<()> {
     match cmd {
-        ControlCmd::Run {
-            insecure_plaintext_api,
-            state_dir,
-            etcd,
-            etcd_prefix,
-            etcd_tls_dir,
-            name,
-            lease,
-            listen,
-            interval,
-            sample,
-            loads,
-            inventory,
-            policy,
-            paused,
-        } => {
-            crate::init_logging();
-            let tls = match &etcd_tls_dir {
-                Some(d) => Some(
-                    ferry_client::ClientTls::from_dir(d)
-                        .map_err(|e| anyhow::anyhow!("etcd TLS credentials: {e}"))?
-                        .rustls_config(),
-                ),
-                None => None,
-            };
-            let etcd = (!etcd.is_empty()).then(|| {
-                let mut prefix = etcd_prefix;
-                if !prefix.ends_with('/') {
-                    prefix.push('/');
-                }
-                ferry_controller::service::EtcdOptions {
-                    endpoints: etcd,
-                    prefix,
-                    name: name.unwrap_or_else(|| default_name(&listen)),
-                    lease,
-                    tls,
-                }
-            });
-            let saved = match (&etcd, &state_dir) {
-                (Some(e), _) => {
-                    let c = e.client()?;
-                    let l = std::sync::Arc::new(ferry_controller::leader::Leadership::new(
-                        c.clone(),
-                        &e.prefix,
-                        &e.name,
-                        e.lease,
-                    ));
-                    ferry_controller::store::Store::etcd(c, &e.prefix, l, 1).load_settings()?
-                }
-                (None, Some(d)) => ferry_controller::settings::SettingsFile::new(d).load()?,
-                (None, None) => anyhow::bail!("give --state-dir or --etcd"),
-            };
-            let mut s = saved.clone().unwrap_or_default();
-            if let Some(f) = &inventory {
-                s.inventory = read_json(f, "inventory")?;
-            }
-            if let Some(f) = &policy {
-                s.policy = read_json(f, "policy")?;
-            }
-            if paused {
-                s.policy.paused = true;
-            }
-            // Settings are "given" only when a flag gave some and they
-            // differ from what is saved: controllers started together on
-            // a fresh etcd with no settings all come up (one leads).
-            let given = inventory.is_some() || policy.is_some() || paused;
-            let initial = (given && Some(&s) != saved.as_ref()).then_some(s);
-            if let Some(s) = &initial {
-                s.validate()?;
-            }
-            // The controller's identity: --tls-dir, else its state
-            // directory's tls/. Its calls to hosts and storage daemons
-            // beyond loopback go with it.
-            let identity = tls_dir
-                .or_else(|| state_dir.as_ref().map(|d| d.join("tls")))
-                .map(|d| ferry_trust::CertStore::at(&d, ferry_trust::Role::Controller));
-            if let Some(id) = &identity {
-                id.ensure_identity()?;
-                ferry_api::client::set_process_identity(id.clone());
-            }
-            let opts = ferry_controller::service::Options {
-                identity,
-                insecure_plaintext_api,
-                listen,
-                state_dir: state_dir.unwrap_or_default(),
-                etcd,
-                interval,
-                sample,
-                loads: loads.source(),
-                initial,
-            };
-            crate::runtime()?.block_on(ferry_controller::service::run(opts))?;
-        }
+        ControlCmd::Run(a) => run_controller(a, tls_dir)?,
         ControlCmd::Status { to, journal, json } => status(&to.controller, journal, json)?,
         ControlCmd::Pause { to } => {
             ControllerClient::new(&to.controller).pause()?;
@@ -418,58 +490,7 @@ pub fn run(cmd: ControlCmd, tls_dir: Option<PathBuf>) -> Result<()> {
             save_snapshot,
             policy,
             json,
-        } => {
-            let (inv, c, running_on) = snapshot(&from)?;
-            if let Some(f) = &save_snapshot {
-                std::fs::write(f, serde_json::to_vec_pretty(&c)?)
-                    .with_context(|| format!("writing {}", f.display()))?;
-            }
-            let p: Policy = match &policy {
-                Some(f) => read_json(f, "policy")?,
-                None => Policy::default(),
-            };
-            p.validate()?;
-            let pl = plan(&c, &p, &mut Triggers::default(), 0.0)?;
-            if apply {
-                let inv = inv.as_ref().context("--apply needs --inventory")?;
-                let results: Vec<String> = pl
-                    .decisions
-                    .iter()
-                    .map(|d| match running_on.get(&d.vm) {
-                        Some(control) => ferry_controller::act::carry_out(inv, control, d).line(),
-                        None => format!("{}: not moved: not running on any known host", d.vm),
-                    })
-                    .collect();
-                if json {
-                    return print_json(&serde_json::json!({"plan": pl, "moves": results}));
-                }
-                for r in &results {
-                    println!("{r}");
-                }
-                return Ok(());
-            }
-            if json {
-                return print_json(&pl);
-            }
-            if pl.decisions.is_empty() {
-                println!("nothing to do");
-            }
-            for d in &pl.decisions {
-                println!(
-                    "{} {:?}: {}/{} -> {}/{}: {}",
-                    d.vm,
-                    d.action,
-                    d.from.host_site,
-                    d.from.disk_site,
-                    d.to.host_site,
-                    d.to.disk_site,
-                    d.reason
-                );
-            }
-            for s in &pl.skipped {
-                println!("{} left alone: {}", s.vm, s.reason);
-            }
-        }
+        } => plan_once(from, apply, save_snapshot, policy, json)?,
         ControlCmd::Place {
             guest,
             cpu,

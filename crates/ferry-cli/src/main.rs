@@ -367,7 +367,7 @@ fn main() -> Result<()> {
             Cmd::Serve(_)
                 | Cmd::Host { .. }
                 | Cmd::Control {
-                    cmd: control::ControlCmd::Run { .. }
+                    cmd: control::ControlCmd::Run(_)
                 }
         ) {
             ferry_api::client::set_process_identity(store);

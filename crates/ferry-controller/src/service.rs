@@ -426,50 +426,64 @@ fn cycle(sh: &Shared, cadence: &Cadence, mem: &mut Memory, born: Instant) {
         if paused || !journaled || !sh.store.may_act() {
             continue;
         }
-        let Some(control) = m.running_on.get(&d.vm) else {
-            continue;
-        };
-        if let Some(h) = backoff.held(d, Instant::now()) {
-            tracing::info!(
-                vm = %d.vm,
-                failures = h.failures,
-                retry_in_s = h.retry_in_s,
-                "move held back: it failed {} times in a row ({})",
-                h.failures,
-                h.reason
-            );
-            continue;
+        if let Some(control) = m.running_on.get(&d.vm) {
+            carry_out(sh, &settings.inventory, control, d, moved_at, backoff);
         }
-        let out = match start(&settings.inventory, control, d) {
-            Ok((id, expect)) => {
-                sh.record(Event::Started {
-                    vm: d.vm.clone(),
-                    id: id.to_string(),
-                    control: control.clone(),
-                    expect: expect.clone(),
-                });
-                sh.status.lock().in_flight.push(expect.clone());
-                let out = follow(control, &id, expect);
-                sh.status.lock().in_flight.retain(|x| x.vm != d.vm);
-                moved_at.insert(d.vm.clone(), Instant::now());
-                (id.to_string(), out)
-            }
-            Err(out) => (String::new(), *out),
-        };
-        backoff.ended(
-            d,
-            out.1.result == "completed",
-            out.1.reason.as_deref(),
-            Instant::now(),
-        );
-        finish(sh, &out.0, out.1);
     }
     *unacted = now_unacted;
-    sh.status.lock().held_back = backoff.holding(Instant::now());
     let mut st = sh.status.lock();
+    st.held_back = backoff.holding(Instant::now());
     st.last_cycle_unix = Some(now_unix());
     st.last_cycle_s = t.elapsed().as_secs_f64();
     sh.metrics.cycle_seconds.set(st.last_cycle_s);
+}
+
+/// Carry out decision `d` for a guest running at `control`, unless the
+/// same move failed twice in a row lately (`backoff`): start it at the
+/// guest's host, follow it to its end (shown in flight meanwhile), journal
+/// how it ended and remember it for the cooldown and the backoff.
+fn carry_out(
+    sh: &Shared,
+    inventory: &ferry_control::inventory::Inventory,
+    control: &str,
+    d: &ferry_control::policy::Decision,
+    moved_at: &mut BTreeMap<String, Instant>,
+    backoff: &mut crate::backoff::Backoff,
+) {
+    if let Some(h) = backoff.held(d, Instant::now()) {
+        tracing::info!(
+            vm = %d.vm,
+            failures = h.failures,
+            retry_in_s = h.retry_in_s,
+            "move held back: it failed {} times in a row ({})",
+            h.failures,
+            h.reason
+        );
+        return;
+    }
+    let (id, out) = match start(inventory, control, d) {
+        Ok((id, expect)) => {
+            sh.record(Event::Started {
+                vm: d.vm.clone(),
+                id: id.to_string(),
+                control: control.to_string(),
+                expect: expect.clone(),
+            });
+            sh.status.lock().in_flight.push(expect.clone());
+            let out = follow(control, &id, expect);
+            sh.status.lock().in_flight.retain(|x| x.vm != d.vm);
+            moved_at.insert(d.vm.clone(), Instant::now());
+            (id.to_string(), out)
+        }
+        Err(out) => (String::new(), *out),
+    };
+    backoff.ended(
+        d,
+        out.result == "completed",
+        out.reason.as_deref(),
+        Instant::now(),
+    );
+    finish(sh, &id, out);
 }
 
 /// A controller that just became leader: the settings and journal as the
@@ -816,11 +830,9 @@ pub async fn run(opts: Options) -> Result<(), ControllerError> {
         access: ACCESS,
         limits: ferry_trust::api::API_LIMITS,
     };
-    let bound = listener
-        .local_addr()
-        .map_err(|e| ControllerError::BadInput(format!("cannot listen on {}: {e}", opts.listen)))?;
     // Refuse to start rather than serve plaintext beyond loopback.
-    ferry_trust::api::check(&sec, bound).map_err(|e| ControllerError::BadInput(e.to_string()))?;
+    let api = ferry_trust::api::ApiListener::new(listener, sec)
+        .map_err(|e| ControllerError::BadInput(e.to_string()))?;
     let worker = sh.clone();
     let cadence = Cadence {
         interval: opts.interval,
@@ -844,14 +856,8 @@ pub async fn run(opts: Options) -> Result<(), ControllerError> {
             .map_err(|e| ControllerError::State(e.to_string()))?;
     }
     tracing::info!("controller listening on {}", opts.listen);
-    ferry_trust::api::serve(
-        listener,
-        router(sh),
-        sec,
-        tokio_util::sync::CancellationToken::new(),
-    )
-    .await
-    .map_err(|e| ControllerError::State(e.to_string()))
+    ferry_trust::api::serve(api, router(sh), tokio_util::sync::CancellationToken::new()).await;
+    Ok(())
 }
 
 #[cfg(test)]

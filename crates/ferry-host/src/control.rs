@@ -97,7 +97,8 @@ pub async fn serve(
         access: ferry_trust::api::operator_writes,
         limits: ferry_trust::api::API_LIMITS,
     };
-    if let Err(e) = ferry_trust::api::serve(listener, router(agent), sec, shutdown).await {
-        tracing::error!(error = %e, "control API failed");
+    match ferry_trust::api::ApiListener::new(listener, sec) {
+        Ok(api) => ferry_trust::api::serve(api, router(agent), shutdown).await,
+        Err(e) => tracing::error!(error = %e, "control API not served"),
     }
 }

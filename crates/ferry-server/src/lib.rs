@@ -77,7 +77,7 @@ pub struct ServerState {
 pub struct Daemon {
     state: Arc<ServerState>,
     nbd: Option<TcpListener>,
-    admin: Option<TcpListener>,
+    admin: Option<ferry_trust::api::ApiListener>,
     migration: Option<TcpListener>,
     iscsi: Vec<TcpListener>,
 }
@@ -128,13 +128,14 @@ impl Daemon {
                 );
             }
         }
-        let admin = bind("admin", &config.admin.listen).await?;
-        if let Some(l) = &admin {
-            // Refuse to start rather than serve plaintext beyond loopback.
-            let addr = l.local_addr().map_err(ServerError::Admin)?;
-            ferry_trust::api::check(&admin::security(&config), addr)
-                .map_err(|e| ServerError::Admin(std::io::Error::other(e.to_string())))?;
-        }
+        // Refuses to start rather than serve plaintext beyond loopback.
+        let admin = match bind("admin", &config.admin.listen).await? {
+            Some(l) => Some(
+                ferry_trust::api::ApiListener::new(l, admin::security(&config))
+                    .map_err(|e| ServerError::Admin(std::io::Error::other(e.to_string())))?,
+            ),
+            None => None,
+        };
         let migration = bind("migration", &config.migration.listen).await?;
         let mut iscsi = Vec::new();
         for addr in &config.iscsi.listen {
@@ -153,7 +154,9 @@ impl Daemon {
         }
         let addrs = BoundAddrs {
             nbd: nbd.as_ref().and_then(|l| l.local_addr().ok()),
-            admin: admin.as_ref().and_then(|l| l.local_addr().ok()),
+            admin: admin
+                .as_ref()
+                .map(ferry_trust::api::ApiListener::local_addr),
             migration: migration.as_ref().and_then(|l| l.local_addr().ok()),
         };
         Ok(Daemon {
@@ -214,15 +217,8 @@ impl Daemon {
             ));
         }
         if let Some(l) = self.admin {
-            tracing::info!(addr = ?self.state.addrs.admin, "admin API listening");
             let app = admin::router(self.state.clone());
-            let sec = admin::security(&self.state.config);
-            let sd = shutdown.clone();
-            tasks.spawn(async move {
-                if let Err(e) = ferry_trust::api::serve(l, app, sec, sd).await {
-                    tracing::error!(error = %e, "admin API failed");
-                }
-            });
+            tasks.spawn(ferry_trust::api::serve(l, app, shutdown.clone()));
         }
         while tasks.join_next().await.is_some() {}
         // The index delta lives in memory; fold it into the runs before the

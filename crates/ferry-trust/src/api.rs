@@ -93,6 +93,42 @@ pub enum ApiError {
         #[source]
         source: crate::CertError,
     },
+    #[error("the {name}'s listener: {source}")]
+    Listener {
+        name: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A listener an API may serve on: checked once ([`check`]: plaintext
+/// beyond loopback refused, the TLS configuration built), so a daemon
+/// fails at start, before it serves anything, and [`serve`] only serves.
+pub struct ApiListener {
+    listener: TcpListener,
+    addr: SocketAddr,
+    sec: ApiSecurity,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl ApiListener {
+    pub fn new(listener: TcpListener, sec: ApiSecurity) -> Result<ApiListener, ApiError> {
+        let addr = listener.local_addr().map_err(|source| ApiError::Listener {
+            name: sec.name,
+            source,
+        })?;
+        let tls = check(&sec, addr)?.map(tokio_rustls::TlsAcceptor::from);
+        Ok(ApiListener {
+            listener,
+            addr,
+            sec,
+            tls,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
 }
 
 /// Who is calling, as established for the connection.
@@ -131,7 +167,7 @@ struct Conn {
 }
 
 /// Check that the API may listen on `addr` as configured, and build its
-/// TLS configuration. Call before binding's result is used.
+/// TLS configuration (what [`ApiListener::new`] does once).
 pub fn check(
     sec: &ApiSecurity,
     addr: SocketAddr,
@@ -169,18 +205,14 @@ pub fn check(
     Ok(tls)
 }
 
-/// Serve `router` on `listener` until `shutdown`.
-pub async fn serve(
-    listener: TcpListener,
-    router: axum::Router,
-    sec: ApiSecurity,
-    shutdown: CancellationToken,
-) -> Result<(), ApiError> {
-    let addr = listener
-        .local_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-    let tls = check(&sec, addr)?;
-    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+/// Serve `router` on `api` until `shutdown`.
+pub async fn serve(api: ApiListener, router: axum::Router, shutdown: CancellationToken) {
+    let ApiListener {
+        listener,
+        sec,
+        tls: acceptor,
+        ..
+    } = api;
     let sec = Arc::new(sec);
     let sd = shutdown.clone();
     accept_loop(
@@ -200,7 +232,6 @@ pub async fn serve(
         },
     )
     .await;
-    Ok(())
 }
 
 fn plain_response(code: u16, msg: &str) -> Vec<u8> {
@@ -416,11 +447,7 @@ fn guard(sec: &ApiSecurity, conn: &Conn, req: &Request<Body>) -> Result<(), Refu
 /// A Host header naming a loopback name or the address the connection
 /// reached (with or without a port).
 fn host_is_ours(host: &str, local: SocketAddr) -> bool {
-    let name = if let Some(rest) = host.strip_prefix('[') {
-        rest.split(']').next().unwrap_or("")
-    } else {
-        host.rsplit_once(':').map_or(host, |(h, _)| h)
-    };
+    let name = crate::host_of(host);
     if name.is_empty() {
         return false;
     }

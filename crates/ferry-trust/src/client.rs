@@ -23,12 +23,7 @@ pub fn wants_tls(url: &str) -> bool {
         return false;
     }
     let host = url.split('/').next().unwrap_or("");
-    let name = if let Some(rest) = host.strip_prefix('[') {
-        rest.split(']').next().unwrap_or("")
-    } else {
-        host.rsplit_once(':').map_or(host, |(h, _)| h)
-    };
-    !crate::is_loopback_name(name)
+    !crate::is_loopback_name(crate::host_of(host))
 }
 
 /// `url` as a base URL with the scheme the call uses.

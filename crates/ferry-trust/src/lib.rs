@@ -16,9 +16,6 @@ pub mod client;
 pub mod listen;
 pub mod store;
 
-use std::io::Write;
-use std::path::Path;
-
 pub use store::{CertError, CertStore, Peer};
 
 /// What a pinned certificate is allowed to be. Each HTTP route names the
@@ -79,18 +76,13 @@ impl std::str::FromStr for Role {
     }
 }
 
-/// Replace `path` with `data`: a temporary file beside it, fsync, rename,
-/// fsync of the directory.
-pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(data)?;
-        f.sync_all()?;
+/// The host part of an address: `HOST` of `HOST:PORT`, `V6` of
+/// `[V6]:PORT`, or the address itself when it has no port.
+pub fn host_of(addr: &str) -> &str {
+    match addr.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => addr.rsplit_once(':').map_or(addr, |(h, _)| h),
     }
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Whether `host` (a Host header's name, or an address) names this machine
@@ -113,6 +105,14 @@ mod tests {
             assert_eq!(r.to_string().parse::<Role>(), Ok(r));
         }
         assert!("root".parse::<Role>().unwrap_err().contains("operator"));
+    }
+
+    #[test]
+    fn the_host_of_an_address() {
+        assert_eq!(host_of("a.example:10880"), "a.example");
+        assert_eq!(host_of("[::1]:1"), "::1");
+        assert_eq!(host_of("localhost"), "localhost");
+        assert_eq!(host_of("[::1"), "::1");
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub enum CertError {
     Generate(#[from] rcgen::Error),
     #[error("TLS configuration: {0}")]
     Tls(#[from] TlsError),
+    #[error(transparent)]
+    Write(#[from] ferry_state_file::StateFileError),
 }
 
 fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> CertError + 'a {
@@ -134,7 +136,7 @@ impl CertStore {
         let kp = self.key_path();
         write_private(&kp, key.serialize_pem().as_bytes())?;
         let cp = self.cert_path();
-        crate::write_atomic(&cp, cert.pem().as_bytes()).map_err(io("write", &cp))?;
+        ferry_state_file::write_durably(&cp, cert.pem().as_bytes())?;
         tracing::info!(cert = %cp.display(), "created this daemon's TLS certificate");
         Ok(())
     }
@@ -172,7 +174,7 @@ impl CertStore {
         };
         let pem = std::fs::read(peer_cert).map_err(io("read", peer_cert))?;
         let dest = dir.join(file);
-        crate::write_atomic(&dest, &pem).map_err(io("write", &dest))?;
+        ferry_state_file::write_durably(&dest, &pem)?;
         Ok(fp)
     }
 

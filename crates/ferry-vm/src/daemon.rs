@@ -5,6 +5,7 @@
 use crate::{api, incoming, VmError, VmHost};
 use ferry_host::{Agent, Listener, DEFAULT_HOLD};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -60,6 +61,59 @@ fn listen_err(addr: &str, e: impl std::fmt::Display) -> VmError {
     VmError::Io(format!("listening on {addr}: {e}"))
 }
 
+/// Whether guests' QEMU runs as an unprivileged user (this daemon is root
+/// and the user exists), and the socket directory it then reaches
+/// (`crate::confine`); the forwarder's NBD socket for those guests is
+/// `nbd.sock` in it (the one in the state directory stays, for guests
+/// started before).
+fn confinement(opts: &HostOptions) -> Result<Option<(PathBuf, crate::confine::QemuUser)>, VmError> {
+    let Some(dir) = &opts.state_dir else {
+        return Ok(None);
+    };
+    let Some(user) = crate::confine::qemu_user(&opts.qemu_user) else {
+        // SAFETY: geteuid has no arguments and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            tracing::warn!(
+                user = %opts.qemu_user,
+                "guests' QEMU runs as root: no such user (create it, as scripts/install-deps.sh does, or give --qemu-user)"
+            );
+        }
+        return Ok(None);
+    };
+    let sockets = crate::confine::socket_dir(dir);
+    crate::confine::make_socket_dir(&sockets)
+        .map_err(|e| VmError::Io(format!("{}: {e}", sockets.display())))?;
+    tracing::info!(user = %user.name, sockets = %sockets.display(), "guests' QEMU runs as an unprivileged user");
+    Ok(Some((sockets, user)))
+}
+
+/// The control API (the forwarder's volumes, and the guests' routes with a
+/// state directory) on `addr`, checked: a daemon that would serve it in
+/// plaintext beyond loopback does not start.
+async fn control_api(
+    addr: &str,
+    opts: &HostOptions,
+    agent: &Arc<Agent>,
+    host: Option<&Arc<VmHost>>,
+) -> Result<(ferry_trust::api::ApiListener, axum::Router), VmError> {
+    let l = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| listen_err(addr, e))?;
+    let mut router = ferry_host::control::router(agent.clone());
+    if let Some(h) = host {
+        router = router.merge(api::router(h.clone()));
+    }
+    let sec = ferry_trust::api::ApiSecurity {
+        name: "host control API",
+        store: host.map(|h| h.certs.clone()),
+        insecure_plaintext: opts.insecure_plaintext_api,
+        access,
+        limits: ferry_trust::api::API_LIMITS,
+    };
+    let api = ferry_trust::api::ApiListener::new(l, sec).map_err(|e| listen_err(addr, e))?;
+    Ok((api, router))
+}
+
 /// Run until `shutdown`. Guests keep running when the daemon stops; the
 /// next daemon on the same state directory finds them.
 pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), VmError> {
@@ -87,33 +141,12 @@ pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), V
             .map_err(|e| VmError::Io(format!("{}: {e}", s.display())))?;
         listen.push(format!("unix:{}", s.display()));
     }
-    // Guests run as an unprivileged user when this daemon is root and the
-    // user exists; the forwarder's socket they reach is then in the
-    // confined socket directory (the one in the state directory stays, for
-    // guests started before).
-    let confinement = match (&opts.state_dir, crate::confine::qemu_user(&opts.qemu_user)) {
-        (Some(dir), Some(user)) => {
-            let sockets = crate::confine::socket_dir(dir);
-            crate::confine::make_socket_dir(&sockets)
-                .map_err(|e| VmError::Io(format!("{}: {e}", sockets.display())))?;
-            let s = sockets.join("nbd.sock");
-            listen.push(format!("unix:{}", s.display()));
-            nbd_socket = Some(s);
-            tracing::info!(user = %user.name, sockets = %sockets.display(), "guests' QEMU runs as an unprivileged user");
-            Some((sockets, user))
-        }
-        (Some(_), None) => {
-            // SAFETY: geteuid has no arguments and cannot fail.
-            if unsafe { libc::geteuid() } == 0 {
-                tracing::warn!(
-                    user = %opts.qemu_user,
-                    "guests' QEMU runs as root: no such user (create it, as scripts/install-deps.sh does, or give --qemu-user)"
-                );
-            }
-            None
-        }
-        (None, _) => None,
-    };
+    let confinement = confinement(&opts)?;
+    if let Some((sockets, _)) = &confinement {
+        let s = sockets.join("nbd.sock");
+        listen.push(format!("unix:{}", s.display()));
+        nbd_socket = Some(s);
+    }
     let mut tasks = tokio::task::JoinSet::new();
     for l in &listen {
         let listener = Listener::bind(l).await.map_err(|e| listen_err(l, e))?;
@@ -152,29 +185,8 @@ pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), V
         _ => None,
     };
     if let Some(addr) = &opts.control {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| listen_err(addr, e))?;
-        let mut router = ferry_host::control::router(agent.clone());
-        if let Some(h) = &host {
-            router = router.merge(api::router(h.clone()));
-        }
-        let sec = ferry_trust::api::ApiSecurity {
-            name: "host control API",
-            store: host.as_ref().map(|h| h.certs.clone()),
-            insecure_plaintext: opts.insecure_plaintext_api,
-            access,
-            limits: ferry_trust::api::API_LIMITS,
-        };
-        // Refuse to start rather than serve plaintext beyond loopback.
-        let bound = l.local_addr().map_err(|e| listen_err(addr, e))?;
-        ferry_trust::api::check(&sec, bound).map_err(|e| listen_err(addr, e))?;
-        let sd = shutdown.clone();
-        tasks.spawn(async move {
-            if let Err(e) = ferry_trust::api::serve(l, router, sec, sd).await {
-                tracing::error!(error = %e, "control API failed");
-            }
-        });
+        let (api, router) = control_api(addr, &opts, &agent, host.as_ref()).await?;
+        tasks.spawn(ferry_trust::api::serve(api, router, shutdown.clone()));
     }
     if let (Some(h), Some(addr)) = (&host, &opts.move_listen) {
         let l = tokio::net::TcpListener::bind(addr)

@@ -436,11 +436,7 @@ fn known_address(addr: &str, declared: &[String]) -> bool {
     if addr.starts_with("unix:") || declared.iter().any(|d| d == addr) {
         return true;
     }
-    let host = addr.strip_prefix('[').map_or_else(
-        || addr.rsplit_once(':').map_or(addr, |(h, _)| h),
-        |rest| rest.split(']').next().unwrap_or(""),
-    );
-    ferry_trust::is_loopback_name(host)
+    ferry_trust::is_loopback_name(ferry_trust::host_of(addr))
 }
 
 #[cfg(test)]

@@ -729,6 +729,19 @@ async fn memory_move(
     }
 }
 
+/// The unix socket the guest's QEMU sends its migration stream to (a
+/// confined QEMU's own to connect to).
+fn outgoing_socket(g: &Guest) -> Result<tokio::net::UnixListener, VmError> {
+    let path = &g.paths.outgoing;
+    let io = |e: std::io::Error| VmError::Io(format!("{}: {e}", path.display()));
+    let _ = std::fs::remove_file(path);
+    let listener = tokio::net::UnixListener::bind(path).map_err(io)?;
+    if let Some(u) = &g.paths.qemu_user {
+        crate::confine::give_socket(path, u).map_err(io)?;
+    }
+    Ok(listener)
+}
+
 /// Steps 3 to 5. An error here means the guest still runs at the source.
 #[allow(clippy::too_many_arguments)]
 async fn memory_phase(
@@ -808,14 +821,7 @@ async fn memory_phase(
     ));
 
     // The tunnel: QEMU connects here; each connection becomes a TLS stream.
-    let _ = std::fs::remove_file(&g.paths.outgoing);
-    let listener = tokio::net::UnixListener::bind(&g.paths.outgoing)
-        .map_err(|e| VmError::Io(format!("{}: {e}", g.paths.outgoing.display())))?;
-    if let Some(u) = &g.paths.qemu_user {
-        // The confined QEMU connects to it.
-        crate::confine::give_socket(&g.paths.outgoing, u)
-            .map_err(|e| VmError::Io(format!("{}: {e}", g.paths.outgoing.display())))?;
-    }
+    let listener = outgoing_socket(g)?;
     let tunnel = {
         let (certs, to, id, counters) = (
             host.certs.clone(),
