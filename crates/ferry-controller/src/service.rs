@@ -320,36 +320,7 @@ fn cycle(sh: &Shared, cadence: &Cadence, mem: &mut Memory, born: Instant) {
         holdings,
         bandwidth,
     );
-    // Bandwidth: what the completed moves in the journal achieved, where
-    // there were any; else the probe's; else the declared figure.
-    let outcomes: Vec<MoveOutcome> = sh
-        .journal
-        .tail(usize::MAX)
-        .into_iter()
-        .filter_map(|e| match e.event {
-            Event::Finished { outcome, .. } => Some(outcome),
-            _ => None,
-        })
-        .collect();
-    let achieved = crate::measure::bandwidth_from_moves(outcomes.iter());
-    let homes = crate::measure::burst_homes(outcomes.iter());
-    for v in &mut m.cluster.vms {
-        v.home_site = homes.get(&v.name).cloned();
-    }
-    for l in &mut m.cluster.links {
-        let key = if l.a < l.b {
-            (l.a.clone(), l.b.clone())
-        } else {
-            (l.b.clone(), l.a.clone())
-        };
-        if let Some((bw, n)) = achieved.get(&key) {
-            l.bandwidth = *bw;
-            if let Some(lm) = m.links.iter_mut().find(|x| x.a == l.a && x.b == l.b) {
-                lm.moves_bandwidth = Some(*bw);
-                lm.moves_counted = *n;
-            }
-        }
-    }
+    learn_from_moves(sh, &mut m);
     let previous = sh.status.lock().problems.clone();
     for p in m.problems.iter().filter(|p| !previous.contains(p)) {
         sh.record(Event::Problem { what: p.clone() });
@@ -436,6 +407,40 @@ fn cycle(sh: &Shared, cadence: &Cadence, mem: &mut Memory, born: Instant) {
     st.last_cycle_unix = Some(now_unix());
     st.last_cycle_s = t.elapsed().as_secs_f64();
     sh.metrics.cycle_seconds.set(st.last_cycle_s);
+}
+
+/// What the journal's finished moves teach the measurement: each link's
+/// bandwidth is what completed moves achieved, where there were any (else
+/// the probe's, else the declared figure), and each burst guest's home.
+fn learn_from_moves(sh: &Shared, m: &mut crate::measure::Measured) {
+    let outcomes: Vec<MoveOutcome> = sh
+        .journal
+        .tail(usize::MAX)
+        .into_iter()
+        .filter_map(|e| match e.event {
+            Event::Finished { outcome, .. } => Some(outcome),
+            _ => None,
+        })
+        .collect();
+    let achieved = crate::measure::bandwidth_from_moves(outcomes.iter());
+    let homes = crate::measure::burst_homes(outcomes.iter());
+    for v in &mut m.cluster.vms {
+        v.home_site = homes.get(&v.name).cloned();
+    }
+    for l in &mut m.cluster.links {
+        let key = if l.a < l.b {
+            (l.a.clone(), l.b.clone())
+        } else {
+            (l.b.clone(), l.a.clone())
+        };
+        if let Some((bw, n)) = achieved.get(&key) {
+            l.bandwidth = *bw;
+            if let Some(lm) = m.links.iter_mut().find(|x| x.a == l.a && x.b == l.b) {
+                lm.moves_bandwidth = Some(*bw);
+                lm.moves_counted = *n;
+            }
+        }
+    }
 }
 
 /// Carry out decision `d` for a guest running at `control`, unless the
