@@ -25,8 +25,8 @@ pub use index::{
     VolumeIndexStatus, VolumeSample,
 };
 pub use migration::{
-    MigrateRequest, MigrationId, MigrationPhase, MigrationResult, MigrationStatus, Report,
-    ReportBytes, ReportChunks, ReportDigest, ReportThrottle, ReportTime,
+    DestinationCopy, MigrateRequest, MigrationId, MigrationPhase, MigrationResult, MigrationStatus,
+    Report, ReportBytes, ReportChunks, ReportDigest, ReportThrottle, ReportTime,
 };
 pub use server::ServerView;
 pub use vm::{

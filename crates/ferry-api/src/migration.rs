@@ -212,6 +212,42 @@ pub struct Report {
     pub auto_converge: ReportThrottle,
     pub attempts: u64,
     pub digest: ReportDigest,
+    /// What the destination filled (its answer to the last attempt).
+    #[serde(default)]
+    pub destination_copy: DestinationCopy,
+}
+
+/// What a destination filled: a copy of its own making, or an incomplete
+/// one it already held.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DestinationCopy {
+    /// A copy created for this migration (or no answer yet).
+    #[default]
+    New,
+    /// The incomplete copy an earlier attempt of this migration left.
+    Resumed,
+    /// The incomplete copy a failed migration of the same volume left:
+    /// resumed, the chunks that still matched kept.
+    LeftoverResumed,
+    /// Such a leftover, replaced because the volume's size or block size
+    /// had changed since.
+    LeftoverReplaced,
+}
+
+impl DestinationCopy {
+    pub fn describe(self) -> &'static str {
+        match self {
+            DestinationCopy::New => "a new copy",
+            DestinationCopy::Resumed => "its copy from an earlier attempt, resumed",
+            DestinationCopy::LeftoverResumed => {
+                "the incomplete copy a failed migration of this volume left, resumed"
+            }
+            DestinationCopy::LeftoverReplaced => {
+                "the incomplete copy a failed migration of this volume left, replaced (the size had changed)"
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -86,7 +86,14 @@ pub enum Backing {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IncomingMigration {
     pub id: String,
+    /// The source's address.
     pub source: String,
+    /// When the copy was begun (Unix seconds; 0 if not known).
+    #[serde(default)]
+    pub started_unix: u64,
+    /// When a migration last began or stopped filling it (Unix seconds).
+    #[serde(default)]
+    pub touched_unix: u64,
 }
 
 /// The journal of an outgoing migration.

@@ -214,6 +214,10 @@ struct ServeArgs {
     /// NBD HOST:PORT to send clients to after a migration arrives here.
     #[arg(long)]
     advertise_nbd: Option<String>,
+    /// Delete an incomplete incoming copy no migration has touched for
+    /// this many seconds (0: never; default 86400).
+    #[arg(long, value_name = "SECS")]
+    incomplete_ttl: Option<u64>,
     /// Serve every volume as an iSCSI target on this portal (HOST:PORT);
     /// repeat for more portals (multipath). Without an ACL or CHAP in the
     /// config file, only loopback portals answer.
@@ -467,6 +471,9 @@ fn serve(a: ServeArgs) -> Result<()> {
     if let Some(n) = a.advertise_nbd {
         config.migration.advertise_nbd = n;
     }
+    if let Some(t) = a.incomplete_ttl {
+        config.migration.incomplete_ttl_secs = t;
+    }
     if !a.iscsi.is_empty() {
         config.iscsi.listen = a.iscsi;
     }
@@ -516,6 +523,39 @@ fn host(opts: ferry_vm::daemon::HostOptions) -> Result<()> {
 fn print_json(v: &impl serde::Serialize) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
+}
+
+/// The state column of an incomplete incoming copy: where from, how old,
+/// how long untouched (the daemon deletes it after
+/// `migration.incomplete_ttl_secs` untouched), and the migration.
+fn incomplete_copy(m: &ferry_api::IncomingMigration) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let age = |t: u64| {
+        if t == 0 {
+            "?".to_string()
+        } else {
+            ago(now.saturating_sub(t))
+        }
+    };
+    format!(
+        "incomplete copy from {}, begun {} ago, untouched {} (migration {})",
+        m.source,
+        age(m.started_unix),
+        age(m.touched_unix),
+        m.id.get(..12).unwrap_or(&m.id),
+    )
+}
+
+/// A duration for people: 45s, 12m, 3h, 2d.
+fn ago(secs: u64) -> String {
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 2 * 86_400 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
 }
 
 fn human(bytes: u64) -> String {
@@ -592,7 +632,7 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
                         format!("sanitize ({op}) failed: {error}")
                     }
                     (None, Some(to), _) => format!("moved to {to}"),
-                    (None, None, Some(m)) => format!("incomplete (incoming migration {})", m.id),
+                    (None, None, Some(m)) => incomplete_copy(m),
                     (None, None, None) if vol.importing => {
                         "incomplete (import did not finish)".into()
                     }

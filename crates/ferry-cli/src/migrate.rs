@@ -163,6 +163,9 @@ fn print_summary(r: &Report) {
         "  chunks: {} total, {} zero, {} local, {} resumed, {} sent, {} resent dirty",
         ch.total, ch.zero, ch.local, ch.resumed, ch.sent, ch.dirty_resent,
     );
+    if r.destination_copy != ferry_api::DestinationCopy::New {
+        println!("  destination filled {}", r.destination_copy.describe());
+    }
     println!(
         "  time: {:.2} s total, fingerprints {:.2} s, rounds {:.2} s ({} rounds), held {:.2} s, pause {:.1} ms; digest match: {}",
         t.total_s, t.fingerprints_s, t.rounds_s, r.rounds, t.held_s, t.pause_ms, r.digest.matches,

@@ -11,7 +11,9 @@ use super::transport::{send, Counted, FrameReader, WireCounters};
 use super::{blocking, bulk, coalesce, hex, unexpected, ChunkTable, MigrationError, MigrationHost};
 use ferry_api::MigrationId;
 use ferry_index::Fingerprint;
-use ferry_migration::{DestinationOrder, Encoding, Message, PrintEntry, VolumeDescriptor, VERSION};
+use ferry_migration::{
+    CopyBasis, DestinationOrder, Encoding, Message, PrintEntry, VolumeDescriptor, VERSION,
+};
 use ferry_storage::{CreateOptions, IncomingMigration, StorageError, Volume, ZeroMode};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -135,8 +137,8 @@ const HELLO_WAIT: Duration = Duration::from_secs(30);
 
 /// What a Hello finds here.
 enum Prepared {
-    /// The copy to fill, and whether it is a resumed one.
-    Copy(Arc<Volume>, bool),
+    /// The copy to fill, and what it is.
+    Copy(Arc<Volume>, CopyBasis),
     /// This migration already switched here (the source lost our `Done`).
     AlreadySwitched,
 }
@@ -148,9 +150,21 @@ enum Refusal {
     #[error("the copy here has a different size or block size")]
     SizeDiffers,
     #[error(
-        "volume {name} is the incomplete copy of another migration ({other}); delete it first"
+        "volume {name} here is the incomplete copy of a migration of another volume with that name ({other}, from {from}); if it is not wanted, delete it on this storage daemon: ferry volume delete {name}"
     )]
-    OtherMigration { name: String, other: String },
+    OtherVolume {
+        name: String,
+        other: String,
+        from: String,
+    },
+    #[error(
+        "volume {name} here is being filled by another migration of it right now ({other}, from {from}); cancel that one or try again when it ends"
+    )]
+    BeingFilled {
+        name: String,
+        other: String,
+        from: String,
+    },
     #[error("volume {0} already exists here")]
     Exists(String),
     #[error("not enough space here: the copy needs {need} bytes, the pool has {free} free (and keeps migration.reserve_bytes)")]
@@ -172,13 +186,18 @@ fn check_space(state: &dyn MigrationHost, need: u64) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Open or create the copy for this migration.
+/// Open or create the copy for this migration. An incomplete copy of the
+/// same volume (same identity) that another migration left, a move that
+/// failed and is tried again under a new id, is resumed (every chunk is
+/// checked against the source's prints before it is kept), or replaced if
+/// the volume's geometry changed since; one of another volume is refused.
 fn prepare(
     state: &dyn MigrationHost,
     id: &str,
     d: &VolumeDescriptor,
     peer: SocketAddr,
 ) -> Result<Prepared, Refusal> {
+    let source = peer.ip().to_string();
     match state.pool().get(&d.name) {
         Ok(v) if v.incoming().is_none() && v.arrived().is_some_and(|a| a.id == id) => {
             Ok(Prepared::AlreadySwitched)
@@ -194,12 +213,9 @@ fn prepare(
                 return Err(Refusal::SizeDiffers);
             }
             check_space(state, d.allocated.saturating_sub(v.allocated_bytes()))?;
-            v.reclaim_for_incoming(IncomingMigration {
-                id: id.to_string(),
-                source: peer.to_string(),
-            })?;
+            v.reclaim_for_incoming(IncomingMigration::begun(id, &source))?;
             tracing::info!(volume = %d.name, migration = %id, "the volume comes back: its moved-away copy is the basis");
-            Ok(Prepared::Copy(v, true))
+            Ok(Prepared::Copy(v, CopyBasis::Resumed))
         }
         Ok(v) => match v.incoming() {
             Some(inc) if inc.id == id => {
@@ -207,35 +223,67 @@ fn prepare(
                     return Err(Refusal::SizeDiffers);
                 }
                 check_space(state, d.allocated.saturating_sub(v.allocated_bytes()))?;
-                Ok(Prepared::Copy(v, true))
+                v.adopt_incoming(id, &source)?;
+                Ok(Prepared::Copy(v, CopyBasis::Resumed))
             }
-            Some(inc) => Err(Refusal::OtherMigration {
+            Some(inc) if v.meta().uuid.as_bytes() == &d.uuid => {
+                if !v.held_by().is_empty() {
+                    return Err(Refusal::BeingFilled {
+                        name: d.name.clone(),
+                        other: inc.id,
+                        from: inc.source,
+                    });
+                }
+                let m = v.meta();
+                let same_shape = v.size() == d.size
+                    && m.block_size == d.block_size
+                    && m.physical_block_size.unwrap_or(m.block_size)
+                        == d.physical_block_size.max(d.block_size);
+                if !same_shape {
+                    tracing::info!(volume = %d.name, migration = %id, left_by = %inc.id, "replacing the incomplete copy a failed migration left: the volume's size or block size changed");
+                    state.pool().delete(&d.name, false)?;
+                    return create_copy(state, id, d, &source, CopyBasis::LeftoverReplaced);
+                }
+                check_space(state, d.allocated.saturating_sub(v.allocated_bytes()))?;
+                v.adopt_incoming(id, &source)?;
+                tracing::info!(volume = %d.name, migration = %id, left_by = %inc.id, "resuming into the incomplete copy a failed migration of this volume left");
+                Ok(Prepared::Copy(v, CopyBasis::LeftoverResumed))
+            }
+            Some(inc) => Err(Refusal::OtherVolume {
                 name: d.name.clone(),
                 other: inc.id,
+                from: inc.source,
             }),
             None => Err(Refusal::Exists(d.name.clone())),
         },
-        Err(StorageError::NotFound(_)) => {
-            check_space(state, d.allocated)?;
-            let uuid = uuid::Uuid::from_bytes(d.uuid);
-            let opts = CreateOptions {
-                size: d.size,
-                block_size: d.block_size,
-                physical_block_size: Some(d.physical_block_size),
-                identity: Some((uuid, d.wwn.clone())),
-                incoming: Some(IncomingMigration {
-                    id: id.to_string(),
-                    source: peer.to_string(),
-                }),
-                ..CreateOptions::default()
-            };
-            Ok(state
-                .pool()
-                .create(&d.name, &opts)
-                .map(|v| Prepared::Copy(v, false))?)
-        }
+        Err(StorageError::NotFound(_)) => create_copy(state, id, d, &source, CopyBasis::New),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Create the incomplete copy migration `id` fills, with the source
+/// volume's identity.
+fn create_copy(
+    state: &dyn MigrationHost,
+    id: &str,
+    d: &VolumeDescriptor,
+    source: &str,
+    basis: CopyBasis,
+) -> Result<Prepared, Refusal> {
+    check_space(state, d.allocated)?;
+    let uuid = uuid::Uuid::from_bytes(d.uuid);
+    let opts = CreateOptions {
+        size: d.size,
+        block_size: d.block_size,
+        physical_block_size: Some(d.physical_block_size),
+        identity: Some((uuid, d.wwn.clone())),
+        incoming: Some(IncomingMigration::begun(id, source)),
+        ..CreateOptions::default()
+    };
+    Ok(state
+        .pool()
+        .create(&d.name, &opts)
+        .map(|v| Prepared::Copy(v, basis))?)
 }
 
 /// Chunks still missing, with the source's key of each.
@@ -693,8 +741,8 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
             .await
             .map_err(|e| MigrationError::Worker(e.to_string()))?
     };
-    let (vol, resumed) = match prepared {
-        Ok(Prepared::Copy(v, r)) => (v, r),
+    let (vol, basis) = match prepared {
+        Ok(Prepared::Copy(v, b)) => (v, b),
         Ok(Prepared::AlreadySwitched) => {
             tracing::info!(%peer, volume = %desc.name, migration = %id, "source asks again after the switch: it is done");
             let location = state.advertised_nbd(local);
@@ -706,12 +754,12 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
         }
     };
     let _hold = vol.hold(ferry_storage::Holder::IncomingMigration);
-    tracing::info!(%peer, volume = %desc.name, migration = %id, resumed, "incoming migration");
+    tracing::info!(%peer, volume = %desc.name, migration = %id, ?basis, "incoming migration");
     send(
         &mut wr,
         &Message::Welcome {
             version: VERSION,
-            resumed,
+            basis,
         },
     )
     .await?;
@@ -720,7 +768,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
         vol: vol.clone(),
         table: Arc::new(ChunkTable::zeroed(desc.size, chunk)),
         chunk: u64::from(chunk),
-        resumed,
+        resumed: basis.resumes(),
         use_index: chunk == state.index().block_size(),
         stream: parking_lot::Mutex::new(None),
         unsynced: std::sync::atomic::AtomicU64::new(0),
@@ -736,6 +784,14 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
         &desc,
     )
     .await;
+    // The copy's idle time (after which the daemon deletes it) counts from
+    // the last migration that touched it.
+    if outcome.is_err() {
+        let v = vol.clone();
+        if let Err(e) = blocking(move || Ok(v.touch_incoming()?)).await {
+            tracing::warn!(volume = %desc.name, error = %e, "recording the incomplete copy's last use failed");
+        }
+    }
     // Tell the source why, when another attempt could not do better (a
     // full disk, bad data, a message out of order); a lost link or a
     // shutdown ends silently and the source resumes.

@@ -234,6 +234,9 @@ pub struct Counters {
     /// Frame bytes sent by attempts that later failed (resent work).
     pub bytes_lost_to_failures: AtomicU64,
     pub throttle_us: AtomicU64,
+    /// The destination's last `Welcome`: what it fills
+    /// ([`ferry_migration::CopyBasis`] as its wire number).
+    pub destination_copy: std::sync::atomic::AtomicU8,
 }
 
 fn get(a: &AtomicU64) -> u64 {

@@ -194,6 +194,18 @@ pub fn start(host: Arc<dyn MigrationHost>, req: MigrateRequest) -> Result<Starte
     Ok(Started::New(run))
 }
 
+/// The report's word for a `Welcome`'s copy basis (its wire number).
+fn copy_basis(wire: u8) -> ferry_api::DestinationCopy {
+    use ferry_api::DestinationCopy as D;
+    use ferry_migration::CopyBasis as B;
+    match wire {
+        w if w == B::Resumed as u8 => D::Resumed,
+        w if w == B::LeftoverResumed as u8 => D::LeftoverResumed,
+        w if w == B::LeftoverReplaced as u8 => D::LeftoverReplaced,
+        _ => D::New,
+    }
+}
+
 /// How one attempt ended well.
 struct Switched {
     location: String,
@@ -352,6 +364,7 @@ async fn migrate(
             writes_delayed: delayed,
         },
         attempts: g(&c.attempts),
+        destination_copy: copy_basis(c.destination_copy.load(Ordering::Relaxed)),
         digest: ReportDigest {
             source: sw
                 .as_ref()
@@ -759,7 +772,13 @@ async fn attempt(
     let answer = reader.expect(ANSWER_TIMEOUT).await?;
     order.lock().receive(&answer)?;
     match answer {
-        Message::Welcome { .. } => {
+        Message::Welcome { basis, .. } => {
+            run.counters
+                .destination_copy
+                .store(basis as u8, Ordering::Relaxed);
+            if basis != ferry_migration::CopyBasis::New {
+                tracing::info!(migration = %run.id, destination_copy = %copy_basis(basis as u8).describe(), "the destination holds an incomplete copy");
+            }
             if pending.take().is_some() {
                 tracing::warn!(migration = %run.id, "the destination had not committed; the guest writes again and the migration resumes");
                 let v = vol.clone();

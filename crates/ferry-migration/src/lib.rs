@@ -4,7 +4,7 @@
 //! ```text
 //!  source                                   destination
 //!    | Hello{versions, id, volume} ------------>|
-//!    |<---------- Welcome{version, resumed} / Refuse
+//!    |<---------- Welcome{version, basis} / Refuse
 //!    | Prints{first, [zero run | key]} ...     ->|  phase 1: 8-byte keys, zero runs as intervals
 //!    | PrintsDone ------------------------------>|
 //!    |<------------------------- Want{ranges} ...|  phase 2: one per Prints, what it cannot rebuild,
@@ -35,15 +35,18 @@
 //!
 //! Versions: `Hello` carries the range the source speaks; `Welcome` names
 //! the one chosen, and a destination refuses a source whose range does not
-//! include its own. Version 4 is this document: the destination answers
-//! every `Prints` with one `Want`, empty when it needs nothing of that
-//! frame, so the source knows how many of its prints were answered and
-//! how many found a block; when almost none do (a volume the destination
-//! has nothing like), it sends the rest of the volume as data without
-//! prints, which then cost no more than a migration without them; and the
-//! volume descriptor of `Hello` ends with the physical block size, which
-//! the copy keeps (512e volumes). Version
-//! 3 made prints 8-byte keys
+//! include its own. Version 5 is this document: `Welcome`'s last byte
+//! says what the destination fills ([`CopyBasis`]: a new copy, its own
+//! earlier attempt, or the incomplete copy another migration of the same
+//! volume left, resumed or replaced), where version 4 had a resumed flag.
+//! In version 4 the destination began to answer every `Prints` with one
+//! `Want`, empty when it needs nothing of that frame, so the source knows
+//! how many of its prints were answered and how many found a block; when
+//! almost none do (a volume the destination has nothing like), it sends
+//! the rest of the volume as data without prints, which then cost no more
+//! than a migration without them; and the volume descriptor of `Hello`
+//! began to end with the physical block size, which the copy keeps (512e
+//! volumes). Version 3 made prints 8-byte keys
 //! (entry tag 3) instead of whole BLAKE3 hashes (tag 2, gone), and so are
 //! buddy lookups. Version 2 removed two fields version 1 always sent empty
 //! (`Switch.location`, the resume point of `Welcome`, now one `resumed`
@@ -68,12 +71,13 @@ mod message;
 pub mod order;
 
 pub use message::{
-    Encoding, FrameDecoder, Message, MessageType, PrintEntry, VolumeDescriptor, WireError,
+    CopyBasis, Encoding, FrameDecoder, Message, MessageType, PrintEntry, VolumeDescriptor,
+    WireError,
 };
 pub use order::{DestinationOrder, ProtocolViolation, SourceOrder};
 
 /// Protocol version spoken by this build.
-pub const VERSION: u16 = 4;
+pub const VERSION: u16 = 5;
 /// Largest payload of one frame.
 pub const MAX_PAYLOAD: u32 = 64 << 20;
 /// Frame header length.

@@ -151,6 +151,31 @@ impl MessageType {
     }
 }
 
+/// What a destination fills when it welcomes a migration (`Welcome`'s
+/// last byte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum CopyBasis {
+    /// A copy created for this migration.
+    New = 0,
+    /// The incomplete copy an earlier attempt of this migration left.
+    Resumed = 1,
+    /// The incomplete copy another migration of the same volume left (a
+    /// failed move, tried again under a new id): resumed, its matching
+    /// chunks kept.
+    LeftoverResumed = 2,
+    /// Such a leftover that could not be resumed (the volume's size or
+    /// block size changed since): replaced by a new copy.
+    LeftoverReplaced = 3,
+}
+
+impl CopyBasis {
+    /// Whether chunks already in the copy may be kept.
+    pub fn resumes(self) -> bool {
+        matches!(self, CopyBasis::Resumed | CopyBasis::LeftoverResumed)
+    }
+}
+
 /// A protocol message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
@@ -162,9 +187,9 @@ pub enum Message {
     },
     Welcome {
         version: u16,
-        /// The destination holds an incomplete copy from an earlier
-        /// attempt of this migration and will keep what matches.
-        resumed: bool,
+        /// What the destination fills: a new copy, or an incomplete one it
+        /// holds (whose chunks that already match are kept).
+        basis: CopyBasis,
     },
     Refuse {
         reason: String,
@@ -290,9 +315,9 @@ impl Message {
                 out.put_u64(volume.allocated);
                 out.put_u32(volume.physical_block_size);
             }
-            Message::Welcome { version, resumed } => {
+            Message::Welcome { version, basis } => {
                 out.put_u16(*version);
-                out.put_u8(u8::from(*resumed));
+                out.put_u8(*basis as u8);
             }
             Message::Refuse { reason } | Message::Abort { reason } => put_str(out, reason),
             Message::Done { location } => put_str(out, location),
@@ -487,12 +512,14 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
         },
         T::Welcome => {
             let version = p.u16()?;
-            let resumed = match p.u8()? {
-                0 => false,
-                1 => true,
-                t => return Err(malformed(what, format!("resumed flag {t}"))),
+            let basis = match p.u8()? {
+                0 => CopyBasis::New,
+                1 => CopyBasis::Resumed,
+                2 => CopyBasis::LeftoverResumed,
+                3 => CopyBasis::LeftoverReplaced,
+                t => return Err(malformed(what, format!("copy basis {t}"))),
             };
-            Message::Welcome { version, resumed }
+            Message::Welcome { version, basis }
         }
         T::Refuse => Message::Refuse {
             reason: p.string()?,
@@ -674,11 +701,19 @@ mod tests {
             },
             Message::Welcome {
                 version: 2,
-                resumed: false,
+                basis: CopyBasis::New,
             },
             Message::Welcome {
                 version: 2,
-                resumed: true,
+                basis: CopyBasis::Resumed,
+            },
+            Message::Welcome {
+                version: 5,
+                basis: CopyBasis::LeftoverResumed,
+            },
+            Message::Welcome {
+                version: 5,
+                basis: CopyBasis::LeftoverReplaced,
             },
             Message::Refuse {
                 reason: "volume exists".into(),

@@ -334,7 +334,7 @@ mod tests {
                 hello(),
                 Message::Welcome {
                     version: 2,
-                    resumed: false,
+                    basis: crate::CopyBasis::New,
                 },
             ],
             vec![
@@ -376,7 +376,7 @@ mod tests {
             .is_err());
         o.receive(&Message::Welcome {
             version: 2,
-            resumed: false,
+            basis: crate::CopyBasis::New,
         })
         .unwrap();
         o.receive(&Message::Want {

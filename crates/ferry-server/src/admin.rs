@@ -163,6 +163,8 @@ fn incoming_view(m: ferry_storage::IncomingMigration) -> IncomingMigration {
     IncomingMigration {
         id: m.id,
         source: m.source,
+        started_unix: m.started_unix,
+        touched_unix: m.touched_unix,
     }
 }
 

@@ -191,6 +191,10 @@ pub struct MigrationConfig {
     /// Bytes the pool's file system keeps free: an incoming copy that would
     /// leave less is refused before anything is written.
     pub reserve_bytes: u64,
+    /// An incomplete copy of an incoming migration that no migration has
+    /// touched for this long is deleted (0: kept until deleted by hand). A
+    /// migration of the same volume resumes into such a copy meanwhile.
+    pub incomplete_ttl_secs: u64,
 }
 
 impl Default for MigrationConfig {
@@ -201,6 +205,7 @@ impl Default for MigrationConfig {
             plaintext: false,
             buddies: Vec::new(),
             reserve_bytes: 64 << 20,
+            incomplete_ttl_secs: 24 * 3600,
         }
     }
 }

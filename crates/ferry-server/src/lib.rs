@@ -13,6 +13,7 @@ pub mod iscsi;
 pub mod metrics;
 pub mod nbd;
 pub mod net;
+pub mod stale_copies;
 
 use config::Config;
 use ferry_migration_engine as migration;
@@ -197,6 +198,7 @@ impl Daemon {
             tasks.spawn(iscsi::serve(l, i, self.state.clone(), shutdown.clone()));
         }
         tasks.spawn(indexer::run(self.state.clone(), shutdown.clone()));
+        tasks.spawn(stale_copies::run(self.state.clone(), shutdown.clone()));
         // Sanitizes a crash interrupted go on (their volumes refuse I/O
         // until they finish).
         for v in self.state.pool.list() {

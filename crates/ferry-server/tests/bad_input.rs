@@ -752,11 +752,26 @@ mod migration_input {
         send(&mut c, &hello("b", size, 4096, 5));
         assert!(matches!(
             recv(&mut c),
-            Some(Message::Welcome { resumed: true, .. })
+            Some(Message::Welcome {
+                basis: ferry_migration::CopyBasis::Resumed,
+                ..
+            })
         ));
-        let mut c = connect(&s);
-        send(&mut c, &hello("b", size, 4096, 9));
-        assert!(matches!(recv(&mut c), Some(Message::Refuse { .. })));
+        // Another volume of that name: refused, saying how to clear it.
+        let mut other = connect(&s);
+        send(&mut other, &hello("b", size, 4096, 9));
+        assert!(matches!(recv(&mut other),
+            Some(Message::Refuse { reason }) if reason.contains("ferry volume delete b")));
+        // The same volume under another id while the first still fills it.
+        let mut again = connect(&s);
+        let mut same = hello("b", size, 4096, 9);
+        if let Message::Hello { volume, .. } = &mut same {
+            volume.uuid = [5; 16];
+        }
+        send(&mut again, &same);
+        assert!(matches!(recv(&mut again),
+            Some(Message::Refuse { reason }) if reason.contains("being filled")));
+        drop(c);
     }
 
     #[test]

@@ -855,3 +855,150 @@ fn the_migration_listener_takes_only_storage_peers_and_idle_strangers_cannot_fil
         "idle connections outlived the handshake deadline"
     );
 }
+
+/// Start a migration of `volume` over a slow proxy, let 8 MiB arrive, and
+/// cancel it at the source: the destination keeps an incomplete copy, as a
+/// failed move leaves one.
+fn leave_an_incomplete_copy(
+    src: &TestServer,
+    dst: &TestServer,
+    tp: &toxiproxy::Toxiproxy,
+    volume: &str,
+) -> String {
+    let to = tp.proxy(volume, &dst.migration.unwrap().to_string());
+    tp.add_toxic(
+        volume,
+        "slow",
+        "bandwidth",
+        "upstream",
+        serde_json::json!({"rate": 8_000}),
+    );
+    let mut req = request(volume, to.clone());
+    req.compress = false;
+    let run = migrate(src, req);
+    wait_for_bytes_at(
+        dst,
+        volume,
+        8 * MIB,
+        Instant::now() + Duration::from_secs(60),
+        &run,
+    );
+    run.cancel.cancel();
+    assert_eq!(
+        wait(&run, Duration::from_secs(30)).result,
+        MigrationResult::Failed
+    );
+    let copy = dst.state.pool.get(volume).unwrap();
+    assert_eq!(copy.incoming().unwrap().id, run.id.to_string());
+    // The destination notices the closed link and lets the copy go.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !copy.held_by().is_empty() {
+        assert!(Instant::now() < deadline, "the copy stays held");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    tp.remove_toxic(volume, "slow");
+    to
+}
+
+/// A move tried again under a new id, as a teleport or the controller does.
+fn again(volume: &str, to: &str) -> MigrateRequest {
+    let mut req = request(volume, to.to_string());
+    req.id = Some(ferry_api::MigrationId::random());
+    req
+}
+
+#[test]
+fn a_failed_migrations_leftover_is_resumed_or_replaced_refused_when_foreign_and_cleared_when_stale()
+{
+    assert!(
+        have("toxiproxy-server"),
+        "the test command installs toxiproxy"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+    let src = TestServer::start(&pa);
+    let keep_copies = |c: &mut ferry_server::config::Config| {
+        c.migration.listen = "127.0.0.1:0".into();
+        c.migration.incomplete_ttl_secs = 0;
+    };
+    let dst = TestServer::start_with(&pb, keep_copies);
+    trust_each_other(&pa, &pb);
+    let tp = toxiproxy::Toxiproxy::start();
+    for (name, seed) in [("vm", 61), ("web", 62), ("db", 63)] {
+        let v = src.create(name, 64 * MIB);
+        v.write_at(0, &noise(32 * MIB as usize, seed), false)
+            .unwrap();
+    }
+
+    // The same volume again: resumed, what arrived kept.
+    let to = leave_an_incomplete_copy(&src, &dst, &tp, "vm");
+    let admin = ferry_api::AdminClient::new(&format!("http://{}", dst.admin));
+    let shown = admin.volume("vm").unwrap().unwrap();
+    let inc = shown.incoming.expect("the copy shows as incomplete");
+    assert!(
+        inc.started_unix > 0 && inc.touched_unix >= inc.started_unix,
+        "{inc:?}"
+    );
+    assert_eq!(inc.source, "127.0.0.1");
+    let r = wait(&migrate(&src, again("vm", &to)), Duration::from_secs(120));
+    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
+    assert_eq!(
+        r.destination_copy,
+        ferry_api::DestinationCopy::LeftoverResumed
+    );
+    assert!(r.chunks.resumed >= 8 * MIB / 4096 / 2, "{:?}", r.chunks);
+    assert_eq!(
+        sha(src.state.pool.get("vm").unwrap().data_path()),
+        sha(dst.state.pool.get("vm").unwrap().data_path())
+    );
+
+    // The same volume grown since: the leftover cannot be resumed, it is
+    // replaced.
+    let to = leave_an_incomplete_copy(&src, &dst, &tp, "web");
+    src.state
+        .pool
+        .get("web")
+        .unwrap()
+        .resize(96 * MIB, false)
+        .unwrap();
+    let r = wait(&migrate(&src, again("web", &to)), Duration::from_secs(120));
+    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
+    assert_eq!(
+        r.destination_copy,
+        ferry_api::DestinationCopy::LeftoverReplaced
+    );
+    assert_eq!(dst.state.pool.get("web").unwrap().size(), 96 * MIB);
+    assert_eq!(
+        sha(src.state.pool.get("web").unwrap().data_path()),
+        sha(dst.state.pool.get("web").unwrap().data_path())
+    );
+
+    // Another volume with the same name (a new identity): refused, and the
+    // message says how to clear the copy; the leftover is untouched.
+    let to = leave_an_incomplete_copy(&src, &dst, &tp, "db");
+    src.state.pool.delete("db", false).unwrap();
+    src.create("db", 64 * MIB);
+    let r = wait(&migrate(&src, again("db", &to)), Duration::from_secs(60));
+    assert_eq!(r.result, MigrationResult::Failed, "{r:?}");
+    let why = r.error.unwrap_or_default();
+    assert!(
+        why.contains("another volume") && why.contains("ferry volume delete db"),
+        "{why}"
+    );
+    assert_eq!(r.attempts, 1, "a refusal is not retried");
+    assert!(dst.state.pool.get("db").unwrap().incoming().is_some());
+
+    // A daemon that deletes copies untouched for 2 s clears it.
+    dst.stop();
+    let dst = TestServer::start_with(&pb, |c| {
+        keep_copies(c);
+        c.migration.incomplete_ttl_secs = 2;
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while dst.state.pool.get("db").is_ok() {
+        assert!(Instant::now() < deadline, "the stale copy stays");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(dst.state.pool.get("vm").unwrap().incoming().is_none());
+    assert!(!pb.join("volumes").join("db").exists());
+}

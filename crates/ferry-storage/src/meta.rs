@@ -105,6 +105,35 @@ pub struct IncomingMigration {
     pub id: String,
     /// Peer address or certificate name of the source, for operators.
     pub source: String,
+    /// When the copy was begun (Unix seconds; 0 in metadata written
+    /// before it was kept).
+    #[serde(default)]
+    pub started_unix: u64,
+    /// When a migration last connected to fill it or left it (Unix
+    /// seconds): a copy nothing has touched for `migration.incomplete_ttl_secs`
+    /// is deleted by the daemon.
+    #[serde(default)]
+    pub touched_unix: u64,
+}
+
+impl IncomingMigration {
+    /// A copy begun now by migration `id` from `source`.
+    pub fn begun(id: &str, source: &str) -> Self {
+        let now = crate::meta::unix_now();
+        IncomingMigration {
+            id: id.to_string(),
+            source: source.to_string(),
+            started_unix: now,
+            touched_unix: now,
+        }
+    }
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 impl VolumeMeta {
@@ -119,9 +148,7 @@ impl VolumeMeta {
             physical_block_size: None,
             uuid,
             wwn: naa_from_uuid(&uuid),
-            created_unix: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            created_unix: unix_now(),
             backing,
             read_only,
             bitmaps: Vec::new(),

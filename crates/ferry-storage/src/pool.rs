@@ -296,13 +296,56 @@ impl Pool {
                 .ok_or_else(|| StorageError::NotFound(name.into()))?
         };
         v.mark_deleted();
+        self.remove_files(&v)
+    }
+
+    /// Remove a volume's directory (already out of the map): renamed
+    /// aside first, so a crash half-way leaves no half volume to open.
+    fn remove_files(&self, v: &Volume) -> Result<()> {
         let dir = v.dir().to_path_buf();
-        let gone = self
-            .root
-            .join("volumes")
-            .join(format!(".del-{name}-{}", uuid::Uuid::new_v4()));
+        let gone =
+            self.root
+                .join("volumes")
+                .join(format!(".del-{}-{}", v.name(), uuid::Uuid::new_v4()));
         fs::rename(&dir, &gone).map_err(|e| StorageError::io("rename", &dir, e))?;
         fs::remove_dir_all(&gone).map_err(|e| StorageError::io("remove", &gone, e))
+    }
+
+    /// Delete the incomplete copies of incoming migrations that no
+    /// migration holds and none has touched for `idle_secs`; returns what
+    /// was deleted, with the migration and source each copy was for. The
+    /// check and the removal happen under the pool's lock, so a migration
+    /// that takes a copy up meanwhile keeps it.
+    pub fn delete_stale_incoming(&self, idle_secs: u64) -> Vec<(String, crate::IncomingMigration)> {
+        let now = crate::meta::unix_now();
+        let mut gone = Vec::new();
+        let stale: Vec<(String, crate::IncomingMigration)> = {
+            let mut vols = self.volumes.write();
+            let names: Vec<String> = vols
+                .iter()
+                .filter(|(_, v)| {
+                    v.incoming()
+                        .is_some_and(|inc| now.saturating_sub(inc.touched_unix) >= idle_secs)
+                        && v.held_by().is_empty()
+                })
+                .map(|(n, _)| n.clone())
+                .collect();
+            names
+                .into_iter()
+                .filter_map(|n| {
+                    let v = vols.remove(&n)?;
+                    v.mark_deleted();
+                    gone.push(v.clone());
+                    Some((n, v.incoming()?))
+                })
+                .collect()
+        };
+        for v in gone {
+            if let Err(e) = self.remove_files(&v) {
+                tracing::warn!(volume = %v.name(), error = %e, "removing a stale incomplete copy failed");
+            }
+        }
+        stale
     }
 
     /// Close every volume cleanly (flush, save bitmaps).

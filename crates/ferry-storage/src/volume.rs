@@ -953,6 +953,36 @@ impl Volume {
         self.meta.lock().incoming.clone()
     }
 
+    /// Hand this incomplete copy (durably) to migration `id` from
+    /// `source`, which resumes into it: the copy keeps when it was begun
+    /// and counts as touched now. Refused if the volume is not an
+    /// incomplete copy.
+    pub fn adopt_incoming(&self, id: &str, source: &str) -> Result<()> {
+        self.update_meta(|m| {
+            let Some(inc) = m.incoming.as_mut() else {
+                return Err(StorageError::Invalid(format!(
+                    "volume {} is not an incomplete copy",
+                    m.name
+                )));
+            };
+            inc.id = id.to_string();
+            inc.source = source.to_string();
+            inc.touched_unix = crate::meta::unix_now();
+            Ok(())
+        })
+    }
+
+    /// Record (durably) that a migration touched this incomplete copy now
+    /// (began or stopped filling it); nothing for a complete volume.
+    pub fn touch_incoming(&self) -> Result<()> {
+        self.update_meta(|m| {
+            if let Some(inc) = m.incoming.as_mut() {
+                inc.touched_unix = crate::meta::unix_now();
+            }
+            Ok(())
+        })
+    }
+
     /// Mark (durably) the copy of an incoming migration complete: it is
     /// exported from now on, and remembers which migration brought it.
     pub fn complete_incoming(&self) -> Result<()> {
