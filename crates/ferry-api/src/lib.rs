@@ -30,9 +30,9 @@ pub use migration::{
 };
 pub use server::ServerView;
 pub use vm::{
-    Accel, BandwidthProbe, Boot, CreateVm, DirtyRateView, DiskIo, LinkProbe, MoveBytes, MoveKind,
-    PhaseTime, ProbeRequest, VmDisk, VmMigrateRequest, VmMovePhase, VmMoveReport, VmMoveStatus,
-    VmSpec, VmState, VmView,
+    Accel, BandwidthProbe, Boot, CreateVm, DirtyRateView, DiskIo, DiskMigrationRef, LinkProbe,
+    MoveBytes, MoveKind, PhaseTime, ProbeRequest, VmDisk, VmMigrateRequest, VmMovePhase,
+    VmMoveReport, VmMoveStatus, VmSpec, VmState, VmView,
 };
 pub use volume::{
     Backing, BitmapRequest, BitmapView, CreateVolume, ImportReport, IncomingMigration,

@@ -336,6 +336,10 @@ pub enum VmMovePhase {
     MemoryPrecopy,
     Postcopy,
     Switchover,
+    /// The host daemon stopped during the move (or lost the destination
+    /// at the end); it is asking the destination how the move ended, and
+    /// ends it that way (the guest runs at one site, never two).
+    Resolving,
     Completed,
     /// Ended before the point of no return; the guest runs at the source.
     Aborted,
@@ -357,6 +361,7 @@ impl VmMovePhase {
             VmMovePhase::MemoryPrecopy => "memory_precopy",
             VmMovePhase::Postcopy => "postcopy",
             VmMovePhase::Switchover => "switchover",
+            VmMovePhase::Resolving => "resolving",
             VmMovePhase::Completed => "completed",
             VmMovePhase::Aborted => "aborted",
             VmMovePhase::Failed => "failed",
@@ -443,6 +448,25 @@ pub struct VmMoveStatus {
     pub convergence: Vec<String>,
     pub error: Option<String>,
     pub report: Option<VmMoveReport>,
+    /// The destination host's move listener (none for a disk-only move).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_host: Option<String>,
+    /// The disk migrations a teleport or disk-only move started, so that a
+    /// restarted daemon can finish or cancel them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disk_migrations: Vec<DiskMigrationRef>,
+}
+
+/// One disk migration a move started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskMigrationRef {
+    pub volume: String,
+    /// The source storage daemon's admin API.
+    pub admin: String,
+    pub id: MigrationId,
+    /// The destination storage daemon's admin API, if the move was told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_admin: Option<String>,
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use ferry_nbd::{Command, ErrorCode, NbdError};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io::IoSlice;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -89,6 +89,10 @@ type PendingMap = Arc<Mutex<HashMap<u64, Pending>>>;
 pub struct NbdClient {
     tx: mpsc::Sender<(Bytes, Option<Bytes>)>,
     pending: PendingMap,
+    /// Set (under the `pending` lock) once the reply reader has ended: a
+    /// request submitted after it would never be answered, so it fails at
+    /// once instead of waiting for ever.
+    closed: Arc<AtomicBool>,
     next_cookie: AtomicU64,
     export: ExportDetails,
 }
@@ -138,11 +142,13 @@ impl NbdClient {
     {
         let (tx, rx) = mpsc::channel(1024);
         let pending: PendingMap = Arc::new(Mutex::new(HashMap::new()));
+        let closed = Arc::new(AtomicBool::new(false));
         tokio::spawn(write_loop(wr, rx));
-        tokio::spawn(read_loop(rd, pending.clone()));
+        tokio::spawn(read_loop(rd, pending.clone(), closed.clone()));
         NbdClient {
             tx,
             pending,
+            closed,
             next_cookie: AtomicU64::new(1),
             export: details,
         }
@@ -167,18 +173,24 @@ impl NbdClient {
         let cookie = self.next_cookie.fetch_add(1, Ordering::Relaxed);
         let (done, rx) = oneshot::channel();
         let read_len = if cmd == Command::Read { length } else { 0 };
-        self.pending.lock().insert(
-            cookie,
-            Pending {
-                offset,
-                read_len,
-                buf: None,
-                whole: None,
-                extents: Vec::new(),
-                error: None,
-                done,
-            },
-        );
+        {
+            let mut pending = self.pending.lock();
+            if self.closed.load(Ordering::Acquire) {
+                return Err(ClientError::Disconnected);
+            }
+            pending.insert(
+                cookie,
+                Pending {
+                    offset,
+                    read_len,
+                    buf: None,
+                    whole: None,
+                    extents: Vec::new(),
+                    error: None,
+                    done,
+                },
+            );
+        }
         let mut h = BytesMut::with_capacity(REQUEST_HEADER_LEN);
         codec::encode_request(&mut h, flags, cmd, cookie, offset, length);
         if self.tx.send((h.freeze(), payload)).await.is_err() {
@@ -548,7 +560,7 @@ fn on_chunk(
     Ok(())
 }
 
-async fn read_loop<R: AsyncRead + Unpin>(mut rd: R, pending: PendingMap) {
+async fn read_loop<R: AsyncRead + Unpin>(mut rd: R, pending: PendingMap, closed: Arc<AtomicBool>) {
     let mut buf = BytesMut::with_capacity(1 << 20);
     let outcome: Result<(), ClientError> = async {
         loop {
@@ -600,7 +612,42 @@ async fn read_loop<R: AsyncRead + Unpin>(mut rd: R, pending: PendingMap) {
     }
     .await;
     let err = outcome.err().unwrap_or(ClientError::Disconnected);
-    for (_, p) in pending.lock().drain() {
+    // Under the lock that submissions take: every request is either
+    // failed here or refused by `submit`, none left waiting.
+    let mut pending = pending.lock();
+    closed.store(true, Ordering::Release);
+    for (_, p) in pending.drain() {
         let _ = p.done.send(Err(err.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that stops answering (it closed its side, or was killed
+    /// while the kernel still takes our bytes): a request made after the
+    /// reader saw the end fails at once. It used to wait for ever, and a
+    /// guest behind `ferry host` hung on a storage daemon's restart.
+    #[tokio::test]
+    async fn a_request_after_the_server_went_away_fails_instead_of_waiting() {
+        let (client, mut server) = tokio::io::duplex(1 << 16);
+        let (rd, wr) = tokio::io::split(client);
+        let c = NbdClient::start(
+            rd,
+            wr,
+            ExportDetails {
+                size: 1 << 20,
+                ..Default::default()
+            },
+        );
+        // The server's side stops sending; it still takes what we write.
+        server.shutdown().await.unwrap();
+        while !c.closed.load(Ordering::Acquire) {
+            tokio::task::yield_now().await;
+        }
+        let r = tokio::time::timeout(std::time::Duration::from_secs(5), c.read(0, 512)).await;
+        assert!(matches!(r, Ok(Err(ClientError::Disconnected))), "{r:?}");
+        drop(server);
     }
 }

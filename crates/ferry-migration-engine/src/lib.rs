@@ -104,6 +104,8 @@ pub enum MigrationError {
     PauseTimeout(Duration),
     #[error("the link failed during the switch and the destination could not be asked whether it committed; the source stays authoritative")]
     SwitchUnknown,
+    #[error("the destination had not committed the switch; the volume is served here again (run the migration again to move it)")]
+    NotSwitched,
     #[error("a worker thread failed: {0}")]
     Worker(String),
     #[error("cancelled")]

@@ -74,6 +74,11 @@ pub struct MigrateRequest {
     /// Converge, then wait for [`MigrationRun::release_switch`] before
     /// pausing the guest.
     pub hold_switch: bool,
+    /// Only learn how an earlier switch of this (journaled) migration
+    /// ended: done there, the volume is marked moved; not, it is served
+    /// here again and the migration ends instead of resuming (the daemon's
+    /// own look at a volume held in doubt, `in_doubt::run`).
+    pub resolve_only: bool,
 }
 
 impl Default for MigrateRequest {
@@ -90,6 +95,7 @@ impl Default for MigrateRequest {
             compress: true,
             retry_for: Duration::from_secs(60),
             hold_switch: false,
+            resolve_only: false,
         }
     }
 }
@@ -233,6 +239,7 @@ async fn migrate(
         id: run.id.to_string(),
         to: run.to.clone(),
         switch_sent: vol.in_doubt(),
+        plaintext: req.plaintext,
     };
     let v = vol.clone();
     let journaled = blocking(move || Ok(v.set_outgoing(Some(journal))?)).await;
@@ -784,6 +791,9 @@ async fn attempt(
                 let v = vol.clone();
                 blocking(move || Ok(v.set_switch_sent(false)?)).await?;
                 vol.gate().resume();
+                if req.resolve_only {
+                    return Err(MigrationError::NotSwitched);
+                }
             }
         }
         // The destination committed before the link failed: finish here.

@@ -789,6 +789,7 @@ async fn migrate(
             .retry_for_s
             .map_or(d.retry_for, std::time::Duration::from_secs),
         hold_switch: b.hold_switch,
+        resolve_only: false,
     };
     let host: Arc<dyn MigrationHost> = s.clone();
     match start(host, req)? {

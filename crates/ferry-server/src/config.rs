@@ -195,6 +195,11 @@ pub struct MigrationConfig {
     /// touched for this long is deleted (0: kept until deleted by hand). A
     /// migration of the same volume resumes into such a copy meanwhile.
     pub incomplete_ttl_secs: u64,
+    /// How often a volume held in doubt (its migration's switch may have
+    /// happened, and this daemon did not learn the answer) is settled by
+    /// asking its destination; the first look comes after this long too,
+    /// so an operator who runs the migration again goes first.
+    pub in_doubt_check_secs: u64,
 }
 
 impl Default for MigrationConfig {
@@ -206,6 +211,7 @@ impl Default for MigrationConfig {
             buddies: Vec::new(),
             reserve_bytes: 64 << 20,
             incomplete_ttl_secs: 24 * 3600,
+            in_doubt_check_secs: 30,
         }
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod in_doubt;
 pub mod indexer;
 pub mod iscsi;
 pub mod metrics;
@@ -199,6 +200,7 @@ impl Daemon {
         }
         tasks.spawn(indexer::run(self.state.clone(), shutdown.clone()));
         tasks.spawn(stale_copies::run(self.state.clone(), shutdown.clone()));
+        tasks.spawn(in_doubt::run(self.state.clone(), shutdown.clone()));
         // Sanitizes a crash interrupted go on (their volumes refuse I/O
         // until they finish).
         for v in self.state.pool.list() {

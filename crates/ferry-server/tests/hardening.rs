@@ -362,17 +362,21 @@ fn journal_switch_sent(pool: &std::path::Path, volume: &str, id: &str, to: &str)
     o.remove("moved_to");
     o.insert(
         "outgoing".into(),
-        serde_json::json!({"id": id, "to": to, "switch_sent": true}),
+        serde_json::json!({"id": id, "to": to, "switch_sent": true, "plaintext": true}),
     );
     std::fs::write(&path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
 }
 
-#[test]
-fn a_source_restarted_after_switch_holds_the_volume_until_the_destination_answers() {
-    let dir = tempfile::tempdir().unwrap();
-    let pa = dir.path().join("a");
-    let src = TestServer::start(&pa);
-    let dst = TestServer::start_with(&dir.path().join("b"), |c| {
+/// Two volumes of a stopped source daemon, both journaled as if it had
+/// crashed just after sending Switch to `dst`: "vm" moved there for real,
+/// "w2" was never committed. Returns the destination, the request that
+/// reaches it, and vm's migration id.
+fn held_in_doubt(
+    pa: &std::path::Path,
+    pb: &std::path::Path,
+) -> (TestServer, MigrateRequest, ferry_api::MigrationId) {
+    let src = TestServer::start(pa);
+    let dst = TestServer::start_with(pb, |c| {
         c.migration.listen = "127.0.0.1:0".into();
         c.migration.plaintext = true;
     });
@@ -396,10 +400,18 @@ fn a_source_restarted_after_switch_holds_the_volume_until_the_destination_answer
         MigrationPhase::Switched
     );
     src.stop();
-    journal_switch_sent(&pa, "vm", run.id.as_str(), &to);
+    journal_switch_sent(pa, "vm", run.id.as_str(), &to);
     // w2: "crashed" before the destination committed anything.
     let other = ferry_api::MigrationId::random();
-    journal_switch_sent(&pa, "w2", other.as_str(), &to);
+    journal_switch_sent(pa, "w2", other.as_str(), &to);
+    (dst, req, run.id)
+}
+
+#[test]
+fn a_source_restarted_after_switch_holds_the_volume_until_the_destination_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let pa = dir.path().join("a");
+    let (dst, req, vm_id) = held_in_doubt(&pa, &dir.path().join("b"));
     let src = TestServer::start(&pa);
     let c = AdminClient::new(&src.admin.to_string());
     for name in ["vm", "w2"] {
@@ -445,7 +457,7 @@ fn a_source_restarted_after_switch_holds_the_volume_until_the_destination_answer
     let r = c.migrate("vm", &req).unwrap();
     let last = c.watch_migration(&r.id, |_| {}).unwrap();
     assert_eq!(last.phase, MigrationPhase::Switched, "{last:?}");
-    assert_eq!(r.id, run.id, "the journaled id is reused");
+    assert_eq!(r.id, vm_id, "the journaled id is reused");
     let v = c.get_volume("vm").unwrap();
     assert_eq!(v.moved_to.as_deref(), Some(&*dst.nbd.to_string()));
     assert!(v.outgoing.is_none());
@@ -457,4 +469,32 @@ fn a_source_restarted_after_switch_holds_the_volume_until_the_destination_answer
     let mut b = vec![0u8; 4096];
     copy.read_at(0, &mut b).unwrap();
     assert!(b.iter().all(|&x| x == 6));
+}
+
+#[test]
+fn a_source_held_in_doubt_asks_the_destination_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let pa = dir.path().join("a");
+    let (dst, _, _) = held_in_doubt(&pa, &dir.path().join("b"));
+    let src = TestServer::start_with(&pa, |c| c.migration.in_doubt_check_secs = 1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let settled = |name: &str| !src.state.pool.get(name).unwrap().in_doubt();
+    while !(settled("vm") && settled("w2")) {
+        assert!(std::time::Instant::now() < deadline, "still held in doubt");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // The destination had committed vm: marked moved there.
+    let vm = src.state.pool.get("vm").unwrap();
+    assert_eq!(vm.moved_to().as_deref(), Some(&*dst.nbd.to_string()));
+    // It had not committed w2: served and writable here again, not moved,
+    // and the journal kept so the same migration resumes when run again.
+    let w2 = src.state.pool.get("w2").unwrap();
+    assert!(w2.moved_to().is_none());
+    w2.write_at(0, b"x", false).unwrap();
+    assert!(w2.outgoing().is_some_and(|o| !o.switch_sent));
+    assert!(dst
+        .state
+        .pool
+        .get("w2")
+        .map_or(true, |v| v.incoming().is_some()));
 }

@@ -96,6 +96,10 @@ pub struct OutgoingMigration {
     /// the destination is asked (the same migration started again).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub switch_sent: bool,
+    /// The migration ran without TLS (loopback only), as its resumption
+    /// must.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub plaintext: bool,
 }
 
 /// An unfinished incoming migration: the copy is incomplete and not exported.

@@ -45,8 +45,11 @@ fn body<T>(b: Body<T>) -> Result<T, ApiError> {
 }
 
 pub fn router(host: Arc<VmHost>) -> Router {
-    Router::new()
-        .route("/v1/vms", get(list).post(create))
+    let r = Router::new();
+    // Test builds: tests hold a move at a named point (`crate::fault`).
+    #[cfg(feature = "failpoints")]
+    let r = r.route("/v1/failpoints/:name", axum::routing::put(set_failpoint));
+    r.route("/v1/vms", get(list).post(create))
         .route("/v1/vms/:name", get(show).delete(remove))
         .route("/v1/vms/:name/start", post(start))
         .route("/v1/vms/:name/stop", post(stop))
@@ -57,6 +60,22 @@ pub fn router(host: Arc<VmHost>) -> Router {
         .route("/v1/probe", post(probe))
         .route("/metrics", get(metrics))
         .with_state(host)
+}
+
+#[cfg(feature = "failpoints")]
+#[derive(serde::Deserialize)]
+struct FailpointBody {
+    actions: String,
+}
+
+#[cfg(feature = "failpoints")]
+async fn set_failpoint(
+    Path(name): Path<String>,
+    b: Body<FailpointBody>,
+) -> Result<StatusCode, ApiError> {
+    let f = body(b)?;
+    crate::fault::set(&name, &f.actions).map_err(|e| ApiError::from(VmError::BadSpec(e)))?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn list(State(h): St) -> Json<Vec<VmView>> {

@@ -196,6 +196,8 @@ pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), V
         tasks.spawn(incoming::serve(h.clone(), l, shutdown.clone()));
     }
     if let Some(h) = &host {
+        // Moves the last daemon left unfinished: asked about and ended.
+        crate::recover::resume_unfinished(h);
         let (h, sd) = (h.clone(), shutdown.clone());
         tasks.spawn(async move {
             loop {

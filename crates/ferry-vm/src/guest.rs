@@ -171,7 +171,13 @@ impl Guest {
     }
 
     /// Start QEMU (detached), then connect to its QMP socket.
-    pub async fn start_qemu(&self, accel: &str, nbd: &Path, incoming: bool) -> Result<(), VmError> {
+    pub async fn start_qemu(
+        &self,
+        accel: &str,
+        nbd: &Path,
+        start: crate::qemu::Start,
+    ) -> Result<(), VmError> {
+        let incoming = start != crate::qemu::Start::Boot;
         let spec = self.spec.lock().clone();
         let _ = std::fs::remove_file(&self.paths.qmp);
         let _ = std::fs::remove_file(&self.paths.pidfile);
@@ -180,7 +186,7 @@ impl Guest {
             crate::confine::give_dir(&self.paths.sockets, u)
                 .map_err(|e| VmError::Io(format!("{}: {e}", self.paths.sockets.display())))?;
         }
-        let args = command_line(&spec, accel, &self.paths, nbd, incoming);
+        let args = command_line(&spec, accel, &self.paths, nbd, start);
         tracing::info!(guest = %spec.name, accel, incoming, "starting QEMU");
         let (pid, qmp) = self.spawn_detached(&args).await?;
         write_json(
@@ -378,6 +384,13 @@ pub mod files {
     /// `<state>/vms/NAME/incoming.json`: the move it is arriving by.
     pub const INCOMING: Kind = Kind {
         format: "ferry-vm-incoming",
+        version: 1,
+        max_bytes: 64 << 10,
+    };
+    /// `<state>/vms/NAME/arrived.json`: the move it arrived by, so that a
+    /// source that lost the answer and asks again hears it runs here.
+    pub const ARRIVED: Kind = Kind {
+        format: "ferry-vm-arrived",
         version: 1,
         max_bytes: 64 << 10,
     };

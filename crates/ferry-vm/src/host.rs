@@ -308,7 +308,10 @@ impl VmHost {
         g.save_spec().map_err(undo_all)?;
         if start {
             let _op = g.op.lock().await;
-            if let Err(e) = g.start_qemu(accel, &self.nbd_socket, false).await {
+            if let Err(e) = g
+                .start_qemu(accel, &self.nbd_socket, crate::qemu::Start::Boot)
+                .await
+            {
                 return Err(undo_all(e));
             }
         }
@@ -340,7 +343,8 @@ impl VmHost {
         let accel = Self::accel_for(&spec)?;
         self.check_disk_servers(&spec)?;
         self.attach_disks(&spec).await?;
-        g.start_qemu(accel, &self.nbd_socket, false).await?;
+        g.start_qemu(accel, &self.nbd_socket, crate::qemu::Start::Boot)
+            .await?;
         Ok(self.view(&g).await)
     }
 

@@ -20,6 +20,8 @@ use tokio_util::sync::CancellationToken;
 
 /// In a guest's directory while it is being received.
 pub const INCOMING_MARK: &str = "incoming.json";
+/// The file in a guest's directory naming the move it arrived by.
+pub const ARRIVED_MARK: &str = "arrived.json";
 
 /// Accept peer hosts until `shutdown`.
 pub async fn serve(
@@ -320,7 +322,12 @@ async fn prepare(
             crate::guest::files::INCOMING,
             id,
         )?;
-        g.start_qemu(accel, &host.nbd_socket, true).await?;
+        let start = if postcopy {
+            crate::qemu::Start::IncomingPostcopy
+        } else {
+            crate::qemu::Start::Incoming
+        };
+        g.start_qemu(accel, &host.nbd_socket, start).await?;
         let rt = g
             .runtime()
             .ok_or_else(|| VmError::Qemu("QEMU is gone".into()))?;
@@ -431,18 +438,80 @@ async fn disk_switched(
     Ok(PeerAnswer::ok())
 }
 
-/// Wait until QEMU runs the guest here; then it is ours.
+/// The guest that arrived here by move `id` (its source asks again after
+/// losing the answer or restarting).
+fn arrived(host: &VmHost, id: &MigrationId) -> Option<Arc<Guest>> {
+    host.guests
+        .read()
+        .values()
+        .find(|g| {
+            crate::guest::read_json::<MigrationId>(
+                &g.paths.dir.join(ARRIVED_MARK),
+                crate::guest::files::ARRIVED,
+            )
+            .ok()
+            .flatten()
+            .as_ref()
+                == Some(id)
+        })
+        .cloned()
+}
+
+/// The source has the guest's state sent and stopped: record durably that
+/// the guest is this host's, run it (QEMU holds an arrived guest paused,
+/// `-S`), and answer once it runs. Asked again for a guest that already
+/// arrived, say how it runs, and that it arrived: a source resumes its own
+/// copy only for a guest that never ran here.
 async fn finish(host: &Arc<VmHost>, id: &MigrationId) -> Result<PeerAnswer, VmError> {
-    let g = receiving(host, id)?;
+    let g = match receiving(host, id) {
+        Ok(g) => g,
+        Err(e) => {
+            let Some(g) = arrived(host, id) else {
+                return Err(e);
+            };
+            let st = g.qemu_status().await;
+            tracing::info!(guest = %g.name(), move_id = %id, status = ?st, "the source asks again how the move ended");
+            let mut a = if st.as_deref() == Some("running") {
+                PeerAnswer::ok()
+            } else {
+                PeerAnswer::err(format!(
+                    "the guest arrived here and does not run now (QEMU: {})",
+                    st.as_deref().unwrap_or("gone")
+                ))
+            };
+            a.status = st;
+            a.arrived = true;
+            return Ok(a);
+        }
+    };
     let t = Instant::now();
+    let mut marked = false;
     loop {
         let st = g.qemu_status().await;
         match st.as_deref() {
-            Some("running") => break,
-            Some("inmigrate" | "postmigrate" | "finish-migrate" | "paused" | "prelaunch")
+            Some("running") if marked => break,
+            // Arrived and held (`-S`), or already running (post-copy):
+            // ours from here, durably, before it runs.
+            Some("paused" | "running") => {
+                crate::guest::write_json(
+                    &g.paths.dir.join(ARRIVED_MARK),
+                    crate::guest::files::ARRIVED,
+                    id,
+                )?;
+                marked = true;
+                if st.as_deref() == Some("paused") {
+                    if let Some(rt) = g.runtime() {
+                        rt.qmp
+                            .execute_value("cont", None)
+                            .await
+                            .map_err(|e| VmError::Qemu(e.to_string()))?;
+                    }
+                }
+            }
+            Some("inmigrate" | "postmigrate" | "finish-migrate" | "prelaunch")
                 if t.elapsed() < Duration::from_secs(60) =>
             {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
             other => {
                 let mut a = PeerAnswer::err(format!(
@@ -450,6 +519,7 @@ async fn finish(host: &Arc<VmHost>, id: &MigrationId) -> Result<PeerAnswer, VmEr
                     other.unwrap_or("gone")
                 ));
                 a.status = other.map(str::to_string);
+                a.arrived = marked;
                 return Ok(a);
             }
         }

@@ -17,6 +17,7 @@ pub mod confine;
 pub mod converge;
 pub mod daemon;
 pub mod dirty_rate;
+pub mod fault;
 pub mod guest;
 pub mod host;
 pub mod incoming;
@@ -24,6 +25,7 @@ pub mod memory_sample;
 pub mod moves;
 pub mod peer;
 pub mod qemu;
+pub mod recover;
 pub mod tunnel;
 
 pub use host::VmHost;

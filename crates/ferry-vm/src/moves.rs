@@ -25,8 +25,9 @@ use crate::peer::{IncomingDisk, PeerRequest};
 use crate::tunnel::{call, exchange, pipe, PipeCounters};
 use crate::{VmError, VmHost};
 use ferry_api::{
-    AdminClient, MigrateRequest, MigrationId, MigrationPhase, MigrationStatus, MoveBytes, MoveKind,
-    PhaseTime, VmDisk, VmMigrateRequest, VmMovePhase, VmMoveReport, VmMoveStatus, VmState,
+    AdminClient, DiskMigrationRef, MigrateRequest, MigrationId, MigrationPhase, MigrationStatus,
+    MoveBytes, MoveKind, PhaseTime, VmDisk, VmMigrateRequest, VmMovePhase, VmMoveReport,
+    VmMoveStatus, VmState,
 };
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -72,12 +73,13 @@ pub struct MoveRun {
     pub counters: Arc<PipeCounters>,
     /// Where the move's status is kept (`<state>/moves/<id>.json`).
     record: PathBuf,
+    /// The disk migrations this move started (recorded with its status).
+    disk_migrations: parking_lot::Mutex<Vec<DiskMigrationRef>>,
 }
 
 /// The moves a daemon on `root` recorded. One still running when it
-/// stopped reads as failed: its memory stream went with the daemon, so
-/// QEMU's migration ended and the guest stayed here (or waits, paused,
-/// for a person if it had been told to switch: the report says which).
+/// stopped reads as `resolving`, with the phase it was in: the new daemon
+/// finds out how it ended ([`crate::recover`]).
 pub fn past_moves(root: &Path) -> BTreeMap<MigrationId, VmMoveStatus> {
     use crate::guest::files;
     let dir = root.join("moves");
@@ -96,12 +98,12 @@ pub fn past_moves(root: &Path) -> BTreeMap<MigrationId, VmMoveStatus> {
                 continue;
             }
         };
-        if !st.phase.is_terminal() {
+        if !st.phase.is_terminal() && st.phase != VmMovePhase::Resolving {
             st.error = Some(format!(
-                "the host daemon stopped during the move (in phase {}); the move ended with it (a memory copy fails with its stream, a disk migration is its storage daemons' to finish or cancel)",
+                "the host daemon stopped during the move (in phase {})",
                 st.phase.as_str()
             ));
-            st.phase = VmMovePhase::Failed;
+            st.phase = VmMovePhase::Resolving;
             let _ = crate::guest::write_json(&p, files::MOVE, &st);
         }
         out.insert(st.id.clone(), st);
@@ -151,6 +153,8 @@ impl MoveRun {
             convergence: self.convergence.lock().clone(),
             error: self.error.lock().clone(),
             report: self.report.lock().clone(),
+            to_host: self.req.to_host.clone(),
+            disk_migrations: self.disk_migrations.lock().clone(),
         }
     }
 
@@ -318,6 +322,7 @@ pub async fn start(
             cancel: CancellationToken::new(),
             counters: Arc::default(),
             record,
+            disk_migrations: Default::default(),
         })
     };
     run.save();
@@ -436,6 +441,13 @@ async fn start_disks(
             "disk {}: migration {} started to {to}",
             d.volume, s.id
         ));
+        run.disk_migrations.lock().push(DiskMigrationRef {
+            volume: d.volume.clone(),
+            admin: d.admin.clone().unwrap_or_default(),
+            id: s.id.clone(),
+            to_admin: run.req.to_storage_admin.clone(),
+        });
+        run.save();
         out.push((d.clone(), s.id));
     }
     Ok(out)
@@ -663,6 +675,7 @@ async fn memory_move(
         run.set_phase(VmMovePhase::DiskPrecopy);
         let to = run.req.to_storage.clone().unwrap_or_default();
         disks = start_disks(run, &spec.disks, &to, true).await?;
+        crate::fault::hold(crate::fault::DISK_PRECOPY).await;
         if let Err(e) = wait_disks(
             run,
             &disks,
@@ -718,9 +731,11 @@ async fn memory_move(
                 Duration::from_secs(30),
             )
             .await;
-            let st = disk_statuses(&disks).await.unwrap_or_default();
-            if st.iter().any(|s| s.phase != MigrationPhase::Switched) {
-                cancel_disks(run, &disks).await;
+            // Disks that switched stay where they went (the guest's spec
+            // follows them); the others are cancelled.
+            let refs = run.disk_migrations.lock().clone();
+            for n in crate::recover::settle_disks(g, &refs).await {
+                run.note(n);
             }
             let mut o = Outcome::aborted(e.to_string(), &here);
             o.disks = disk_statuses(&disks).await.unwrap_or_default();
@@ -907,16 +922,16 @@ async fn memory_phase(
     let mut rounds = 0;
     let mut polls = 0u64;
     let mut disks_lost_since: Option<Instant> = None;
-    // A link to the destination opened ahead, for the one message sent
-    // while the guest is stopped.
-    let mut spare = if teleport {
-        crate::tunnel::connect(&host.certs, to_host)
-            .await
-            .ok()
-            .map(|l| (l, Instant::now()))
-    } else {
-        None
-    };
+    // A link to the destination opened ahead, for the messages sent while
+    // the guest is stopped (a teleport's `DiskSwitched`, then `Finish`;
+    // a VM-only move's `Finish`).
+    let mut spare = crate::tunnel::connect(&host.certs, to_host)
+        .await
+        .ok()
+        .map(|l| (l, Instant::now()));
+    // A teleport's second one, opened while QEMU sends the device state.
+    let mut next_link: Option<tokio::task::JoinHandle<Result<crate::tunnel::ClientLink, VmError>>> =
+        None;
     loop {
         if spare
             .as_ref()
@@ -1015,6 +1030,11 @@ async fn memory_phase(
                     {
                         return Err(cancel_qemu(format!("disk switch failed: {e}")).await);
                     }
+                    crate::fault::hold(crate::fault::SWITCHOVER).await;
+                    let (certs, to) = (host.certs.clone(), to_host.to_string());
+                    next_link = Some(tokio::spawn(async move {
+                        crate::tunnel::connect(&certs, &to).await
+                    }));
                 }
                 switched = true;
                 q.execute_value("migrate-continue", Some(json!({"state": "pre-switchover"})))
@@ -1046,37 +1066,43 @@ async fn memory_phase(
     let downtime = done["downtime"].as_u64();
     rounds = rounds.max(u(&done["ram"]["dirty-sync-count"]));
     run.set_phase(VmMovePhase::Switchover);
-    let spec = g.spec.lock().clone();
     let last_here = disk_upstreams(host, g)
         .iter()
         .map(|u| u.io.snapshot("", "", 0).last_io_unix_ms)
         .max();
-    let fin = crate::tunnel::exchange(
-        &host.certs,
-        to_host,
-        &PeerRequest::Finish { id: run.id.clone() },
-        Duration::from_secs(90),
-    )
-    .await;
+    crate::fault::hold(crate::fault::FINISH).await;
+    // The destination runs the guest when this arrives: on a link opened
+    // ahead if there is one (a round trip, not three).
+    let finish = PeerRequest::Finish { id: run.id.clone() };
+    let limit = Duration::from_secs(90);
+    let mut link = spare
+        .take()
+        .filter(|(_, t)| t.elapsed() < SPARE_LINK_AGE)
+        .map(|(l, _)| l);
+    if link.is_none() {
+        if let Some(h) = next_link.take() {
+            link = h.await.ok().and_then(Result::ok);
+        }
+    }
+    let fin = match link {
+        Some(l) => match crate::tunnel::ask_on(l, to_host, &finish, limit).await {
+            Ok(a) => Ok(a),
+            Err(e) => {
+                tracing::debug!(error = %e, "the link opened ahead failed; a new one");
+                crate::tunnel::exchange(&host.certs, to_host, &finish, limit)
+                    .await
+                    .map(|(a, _, _)| a)
+            }
+        },
+        None => crate::tunnel::exchange(&host.certs, to_host, &finish, limit)
+            .await
+            .map(|(a, _, _)| a),
+    };
     let disk_states = disk_statuses(disks).await.unwrap_or_default();
     match fin {
-        Ok((a, _, _)) if a.ok => {
-            g.moved.store(true, Ordering::SeqCst);
-            g.stop_qemu().await;
-            host.guests.write().remove(&spec.name);
-            host.detach_disks(&spec);
-            // Its files (the serial log above all) stay for the record.
-            let moved = host.root.join("moved");
-            let _ = std::fs::create_dir_all(&moved);
-            let _ = std::fs::remove_file(g.paths.dir.join("runtime.json"));
-            if std::fs::rename(
-                &g.paths.dir,
-                moved.join(format!("{}.{}", spec.name, run.id)),
-            )
-            .is_err()
-            {
-                let _ = std::fs::remove_dir_all(&g.paths.dir);
-            }
+        Ok(a) if a.ok => {
+            crate::fault::hold(crate::fault::SWITCHED).await;
+            hand_over(host, g, &run.id).await;
             #[allow(clippy::cast_precision_loss)]
             let gap = match (last_here, a.first_io_unix_ms) {
                 (Some(l), Some(f)) if l > 0 => Some(f.saturating_sub(l) as f64),
@@ -1102,8 +1128,23 @@ async fn memory_phase(
                 disks: disk_states,
             })
         }
-        Ok((a, _, _)) => {
-            // The destination says it does not run the guest: run it here.
+        Ok(a) if a.arrived => {
+            // It ran there and is gone (its QEMU died with its host):
+            // resuming the copy here would rewind the guest under the
+            // writes it made there. It stays paused here for a person.
+            Ok(Outcome {
+                guest_pause_ms: None,
+                result: VmMovePhase::Failed,
+                reason: Some(crate::recover::lost_there(a.error.as_deref())),
+                running_at: "nowhere".into(),
+                memory_rounds: rounds,
+                downtime_ms: downtime,
+                disk_gap_ms: None,
+                disks: disk_states,
+            })
+        }
+        Ok(a) => {
+            // The destination says the guest never ran there: run it here.
             let why = a.error.unwrap_or_default();
             let _ = call(
                 &host.certs,
@@ -1113,6 +1154,10 @@ async fn memory_phase(
             )
             .await;
             q.execute_value("cont", None).await.map_err(qerr)?;
+            let refs = run.disk_migrations.lock().clone();
+            for n in crate::recover::settle_disks(g, &refs).await {
+                run.note(n);
+            }
             let mut o = Outcome::aborted(
                 format!("the destination could not run the guest ({why}); resumed here"),
                 &host.name,
@@ -1123,20 +1168,64 @@ async fn memory_phase(
         }
         Err(e) => {
             // In doubt: the guest may run there. Never run it twice: it
-            // stays paused here until a person looks.
-            Ok(Outcome {
-                guest_pause_ms: None,
-                result: VmMovePhase::Failed,
-                reason: Some(format!(
-                    "memory sent, but the destination did not confirm ({e}); the guest stays paused here, never resumed in two places; check {to_host}"
-                )),
-                running_at: "unknown".into(),
-                memory_rounds: rounds,
-                downtime_ms: downtime,
-                disk_gap_ms: None,
-                disks: disk_states,
-            })
+            // stays paused here, and the destination is asked again until
+            // it answers (a restarted daemon goes on asking).
+            run.set_phase(VmMovePhase::Resolving);
+            run.note(format!(
+                "memory sent, but the destination did not confirm ({e}); the guest stays paused here until it answers"
+            ));
+            let refs = run.disk_migrations.lock().clone();
+            let mut wait = Duration::from_secs(1);
+            let resolution = loop {
+                match crate::recover::resolve(host, g, &run.id, Some(to_host), &refs).await {
+                    crate::recover::Resolution::Unknown(why) => {
+                        tracing::info!(move_id = %run.id, "{why}");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_secs(30));
+                    }
+                    known => break known,
+                }
+            };
+            let mut o = match resolution {
+                crate::recover::Resolution::There => Outcome {
+                    guest_pause_ms: None,
+                    result: VmMovePhase::Completed,
+                    reason: None,
+                    running_at: to_host.into(),
+                    memory_rounds: rounds,
+                    downtime_ms: downtime,
+                    disk_gap_ms: None,
+                    disks: Vec::new(),
+                },
+                other => Outcome::aborted(
+                    match other {
+                        crate::recover::Resolution::Here(why) => why,
+                        _ => String::new(),
+                    },
+                    &host.name,
+                ),
+            };
+            o.memory_rounds = rounds;
+            o.disks = disk_states;
+            Ok(o)
         }
+    }
+}
+
+/// The guest runs at the destination now: end its QEMU here, forget it
+/// and its disks, and keep its files (the serial log above all) under
+/// `<state>/moved/NAME.ID` for the record.
+pub(crate) async fn hand_over(host: &VmHost, g: &Guest, id: &MigrationId) {
+    g.moved.store(true, Ordering::SeqCst);
+    g.stop_qemu().await;
+    let spec = g.spec.lock().clone();
+    host.guests.write().remove(&spec.name);
+    host.detach_disks(&spec);
+    let moved = host.root.join("moved");
+    let _ = std::fs::create_dir_all(&moved);
+    let _ = std::fs::remove_file(g.paths.dir.join("runtime.json"));
+    if std::fs::rename(&g.paths.dir, moved.join(format!("{}.{id}", spec.name))).is_err() {
+        let _ = std::fs::remove_dir_all(&g.paths.dir);
     }
 }
 
@@ -1224,7 +1313,7 @@ mod tests {
     }
 
     #[test]
-    fn a_move_left_running_by_a_stopped_daemon_reads_as_failed_with_the_reason() {
+    fn a_move_left_running_by_a_stopped_daemon_reads_as_resolving_with_the_phase_it_was_in() {
         let d = tempfile::tempdir().unwrap();
         let dir = d.path().join("moves");
         std::fs::create_dir_all(&dir).unwrap();
@@ -1240,7 +1329,7 @@ mod tests {
         let past = past_moves(d.path());
         assert_eq!(past.len(), 2);
         let r = &past[&running];
-        assert_eq!(r.phase, VmMovePhase::Failed);
+        assert_eq!(r.phase, VmMovePhase::Resolving);
         assert!(
             r.error.as_deref().is_some_and(
                 |e| e.contains("host daemon stopped during the move (in phase memory_precopy)")
@@ -1249,8 +1338,10 @@ mod tests {
         );
         assert_eq!(past[&done].phase, VmMovePhase::Completed);
         assert!(past[&done].error.is_none());
-        // The verdict is written back: the next daemon reads the same.
+        // Written back: a daemon stopped again before it resolved the move
+        // reads the same, with the phase it was first in.
         let again = past_moves(d.path());
-        assert_eq!(again[&running].phase, VmMovePhase::Failed);
+        assert_eq!(again[&running].phase, VmMovePhase::Resolving);
+        assert_eq!(again[&running].error, r.error);
     }
 }

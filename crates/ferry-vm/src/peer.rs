@@ -105,6 +105,10 @@ pub struct PeerAnswer {
     /// After `Finish`: QEMU's RESUME event here (unix seconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_unix_s: Option<f64>,
+    /// After `Finish`: the guest arrived here (it may have run), whatever
+    /// runs now; a source must not resume its own copy then.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub arrived: bool,
     /// After `Sink`: the bytes received.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub received: Option<u64>,
@@ -118,6 +122,7 @@ impl PeerAnswer {
             status: None,
             first_io_unix_ms: None,
             resumed_unix_s: None,
+            arrived: false,
             received: None,
         }
     }
@@ -128,6 +133,7 @@ impl PeerAnswer {
             status: None,
             first_io_unix_ms: None,
             resumed_unix_s: None,
+            arrived: false,
             received: None,
         }
     }

@@ -264,16 +264,30 @@ pub fn memory_arg(memory_mib: u64, accel: &str) -> String {
     }
 }
 
+/// How a QEMU starts: booting the guest, or waiting for it to arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    Boot,
+    /// Waits for a move (`-incoming defer`) and, once the guest's state
+    /// has arrived, stays paused (`-S`) until the source confirms and this
+    /// host records the arrival (`Finish`): a guest never runs here unless
+    /// its source can no longer run it.
+    Incoming,
+    /// The same, running the guest as soon as QEMU says (post-copy, where
+    /// the guest runs here while its memory still comes).
+    IncomingPostcopy,
+}
+
 /// QEMU's arguments for `spec`. Disks are NBD exports on the forwarder's
-/// unix socket `nbd`, reconnected for 30 s if the forwarder restarts. With
-/// `incoming`, QEMU waits for a move (`-incoming defer`). The host starts
-/// it detached (`Guest::spawn_detached`), so it outlives the host daemon.
+/// unix socket `nbd`, reconnected for 30 s if the forwarder restarts. See
+/// [`Start`] for an incoming guest. The host starts it detached
+/// (`Guest::spawn_detached`), so it outlives the host daemon.
 pub fn command_line(
     spec: &VmSpec,
     accel: &str,
     paths: &GuestPaths,
     nbd: &Path,
-    incoming: bool,
+    start: Start,
 ) -> Vec<String> {
     let mut a: Vec<String> = vec![
         "-name".into(),
@@ -351,9 +365,12 @@ pub fn command_line(
         a.push("-append".into());
         a.push(cmdline.clone());
     }
-    if incoming {
+    if start != Start::Boot {
         a.push("-incoming".into());
         a.push("defer".into());
+    }
+    if start == Start::Incoming {
+        a.push("-S".into());
     }
     a
 }
@@ -381,15 +398,30 @@ mod tests {
     #[test]
     fn command_line_has_disks_qmp_and_incoming() {
         let p = GuestPaths::new(Path::new("/s/vms/web-1"), None);
-        let a = command_line(&spec(), "tcg", &p, Path::new("/s/nbd.sock"), true);
+        let a = command_line(
+            &spec(),
+            "tcg",
+            &p,
+            Path::new("/s/nbd.sock"),
+            Start::Incoming,
+        );
         let j = a.join(" ");
         // TCG: 8 KiB over, so QEMU syncs dirty pages page by page (memory_arg).
         assert!(j.contains("-accel tcg -cpu max -m 262152K -smp 2"), "{j}");
         assert!(j.contains("unix:/s/vms/web-1/qmp.sock,server=on,wait=off"));
         assert!(j.contains(r#""export":"root""#) && j.contains(r#""reconnect-delay":30"#));
         assert!(j.contains("virtio-blk-pci,drive=disk0,id=vd0,bootindex=1"));
-        assert!(j.ends_with("-incoming defer"));
-        let a = command_line(&spec(), "kvm", &p, Path::new("/s/nbd.sock"), false);
+        // Arrived, it waits for the source's word before it runs.
+        assert!(j.ends_with("-incoming defer -S"));
+        let a = command_line(
+            &spec(),
+            "tcg",
+            &p,
+            Path::new("/s/nbd.sock"),
+            Start::IncomingPostcopy,
+        );
+        assert!(a.join(" ").ends_with("-incoming defer"));
+        let a = command_line(&spec(), "kvm", &p, Path::new("/s/nbd.sock"), Start::Boot);
         assert!(!a.contains(&"-incoming".to_string()));
         assert!(a.join(" ").contains("-cpu host -m 256M"));
     }

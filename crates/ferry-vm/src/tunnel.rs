@@ -97,10 +97,10 @@ pub async fn call(
     }
 }
 
-/// Send a request on a link opened earlier ([`connect`]) and insist on
-/// `ok`: one round trip instead of three (TCP, TLS, request) when every
-/// millisecond counts.
-pub async fn call_on(
+/// Send a request on a link opened earlier ([`connect`]) and read the
+/// answer, whatever it says: one round trip instead of three (TCP, TLS,
+/// request) when every millisecond counts.
+pub async fn ask_on(
     mut link: ClientLink,
     addr: &str,
     req: &PeerRequest,
@@ -114,9 +114,19 @@ pub async fn call_on(
         let (a, _) = read_message::<PeerAnswer, _>(&mut link).await?;
         Ok::<_, VmError>(a)
     };
-    let a = tokio::time::timeout(limit, fut)
+    tokio::time::timeout(limit, fut)
         .await
-        .map_err(|_| peer_err(addr, "no answer in time"))??;
+        .map_err(|_| peer_err(addr, "no answer in time"))?
+}
+
+/// [`ask_on`], insisting on `ok`.
+pub async fn call_on(
+    link: ClientLink,
+    addr: &str,
+    req: &PeerRequest,
+    limit: Duration,
+) -> Result<PeerAnswer, VmError> {
+    let a = ask_on(link, addr, req, limit).await?;
     if a.ok {
         Ok(a)
     } else {
