@@ -251,6 +251,14 @@ impl Drop for Host {
                 let _ = Command::new("kill").args(["-9", pid.trim()]).status();
             }
         }
+        // And any QEMU of this host a failed test left without a pid file
+        // in a guest directory (its command line names the state
+        // directory: its serial log and pid file live there).
+        let _ = Command::new("pkill")
+            .arg("-9")
+            .arg("-f")
+            .arg(format!("qemu-system.*{}/", self.state.display()))
+            .status();
     }
 }
 
