@@ -422,12 +422,16 @@ fn main() -> Result<()> {
     }
 }
 
+/// Logs on stderr, filtered by `FERRY_LOG`; colours only on a terminal (a
+/// log file or journal gets plain text).
 fn init_logging() {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
 
