@@ -311,14 +311,6 @@ fn kill_qemus(state: &Path) {
     }
 }
 
-fn restart_storage(st: &mut Storage) {
-    st.kill9();
-    std::thread::sleep(Duration::from_millis(500));
-    let mut next = Storage::start_on(&st.pool, st.nbd.clone(), st.admin.clone(), st.mig.clone());
-    std::mem::swap(&mut st.child, &mut next.child);
-    std::mem::forget(next);
-}
-
 /// One case: start the move, hold it at `phase`, kill `who`, start it
 /// again, and check the outcome. Returns a line for the record.
 fn run_case(w: &mut World, kind: Kind, who: Who, phase: Phase) -> String {
@@ -394,8 +386,8 @@ fn run_case(w: &mut World, kind: Kind, who: Who, phase: Phase) -> String {
         Who::SourceHost => {
             w.sites[from].host.restart();
         }
-        Who::DestinationStorage => restart_storage(&mut w.sites[to].st),
-        Who::SourceStorage => restart_storage(&mut w.sites[from].st),
+        Who::DestinationStorage => w.sites[to].st.restart(),
+        Who::SourceStorage => w.sites[from].st.restart(),
     }
     let out = child.wait_with_output().unwrap();
     let report = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -757,29 +757,16 @@ fn outgoing_socket(g: &Guest) -> Result<tokio::net::UnixListener, VmError> {
     Ok(listener)
 }
 
-/// Steps 3 to 5. An error here means the guest still runs at the source.
-#[allow(clippy::too_many_arguments)]
-async fn memory_phase(
-    host: &Arc<VmHost>,
-    g: &Arc<Guest>,
-    run: &Arc<MoveRun>,
-    to_host: &str,
-    disks: &[(VmDisk, MigrationId)],
+/// QEMU's migration settings for this move: capabilities, the first
+/// allowed pause, and what the request asked for (xbzrle, multifd).
+async fn configure_qemu(
+    q: &ferry_qmp::QmpClient,
+    run: &MoveRun,
+    ladder: &Ladder,
     max_downtime: u64,
-    deadline: Instant,
-    compress: bool,
-) -> Result<Outcome, VmError> {
+) -> Result<(), VmError> {
     let teleport = run.kind == MoveKind::Teleport;
-    let rt = g
-        .runtime()
-        .ok_or_else(|| VmError::Qemu("the guest has no QEMU process".into()))?;
-    let q = rt.qmp.clone();
     let qerr = |e: ferry_qmp::QmpError| VmError::Qemu(e.to_string());
-    let mut ladder = Ladder::new(
-        max_downtime,
-        run.req.postcopy,
-        deadline.saturating_duration_since(run.started),
-    );
     let mut caps = vec![
         json!({"capability": "auto-converge", "state": true}),
         json!({"capability": "pause-before-switchover", "state": teleport}),
@@ -834,60 +821,140 @@ async fn memory_phase(
         "pause allowed: {} ms (maximum {max_downtime} ms)",
         ladder.downtime_ms
     ));
+    Ok(())
+}
 
-    // The tunnel: QEMU connects here; each connection becomes a TLS stream.
-    let listener = outgoing_socket(g)?;
-    let tunnel = {
-        let (certs, to, id, counters) = (
-            host.certs.clone(),
-            to_host.to_string(),
-            run.id.clone(),
-            run.counters.clone(),
-        );
-        tokio::spawn(async move {
-            let mut pipes = tokio::task::JoinSet::new();
-            loop {
-                let Ok((unix, _)) = listener.accept().await else {
-                    break;
-                };
-                // One channel at a time up to the destination's answer (it
-                // answers once its QEMU took the connection): QEMU 7.2 takes
-                // the first connection it gets for the main channel, so
-                // with multifd the channels must reach it in the order
-                // this QEMU opened them; the pipes then run side by side.
-                let req = PeerRequest::Stream {
-                    id: id.clone(),
-                    compress,
-                };
-                let (link, rest) = match exchange(&certs, &to, &req, Duration::from_secs(60)).await
-                {
-                    Ok((a, link, rest)) if a.ok => (link, rest),
-                    Ok((a, _, _)) => {
-                        tracing::warn!(error = ?a.error, "the destination refused a memory stream");
-                        continue;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot open a memory stream");
-                        continue;
-                    }
-                };
-                let counters = counters.clone();
-                pipes.spawn(async move { pipe(unix, link, compress, rest, &counters).await });
-            }
-            while let Some(r) = pipes.join_next().await {
-                if let Ok(Err(e)) = r {
-                    tracing::warn!(error = %e, "memory stream pipe ended with an error");
+/// The tunnel of the memory stream: each connection QEMU opens on
+/// `listener` becomes a TLS stream to the destination.
+fn spawn_tunnel(
+    host: &VmHost,
+    run: &MoveRun,
+    to_host: &str,
+    listener: tokio::net::UnixListener,
+    compress: bool,
+) -> tokio::task::JoinHandle<()> {
+    let (certs, to, id, counters) = (
+        host.certs.clone(),
+        to_host.to_string(),
+        run.id.clone(),
+        run.counters.clone(),
+    );
+    tokio::spawn(async move {
+        let mut pipes = tokio::task::JoinSet::new();
+        loop {
+            let Ok((unix, _)) = listener.accept().await else {
+                break;
+            };
+            // One channel at a time up to the destination's answer (it
+            // answers once its QEMU took the connection): QEMU 7.2 takes
+            // the first connection it gets for the main channel, so
+            // with multifd the channels must reach it in the order
+            // this QEMU opened them; the pipes then run side by side.
+            let req = PeerRequest::Stream {
+                id: id.clone(),
+                compress,
+            };
+            let (link, rest) = match exchange(&certs, &to, &req, Duration::from_secs(60)).await {
+                Ok((a, link, rest)) if a.ok => (link, rest),
+                Ok((a, _, _)) => {
+                    tracing::warn!(error = ?a.error, "the destination refused a memory stream");
+                    continue;
                 }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot open a memory stream");
+                    continue;
+                }
+            };
+            let counters = counters.clone();
+            pipes.spawn(async move { pipe(unix, link, compress, rest, &counters).await });
+        }
+        while let Some(r) = pipes.join_next().await {
+            if let Ok(Err(e)) = r {
+                tracing::warn!(error = %e, "memory stream pipe ended with an error");
             }
-        })
-    };
-    struct AbortOnDrop(tokio::task::JoinHandle<()>);
-    impl Drop for AbortOnDrop {
-        fn drop(&mut self) {
-            self.0.abort();
+        }
+    })
+}
+
+/// Ends the tunnel when the move's memory phase ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Send `Finish` (the destination runs the guest when it arrives) on a
+/// link opened ahead if there is one: a round trip, not three.
+async fn send_finish(
+    host: &VmHost,
+    run: &MoveRun,
+    to_host: &str,
+    spare: Option<(crate::tunnel::ClientLink, Instant)>,
+    next_link: Option<tokio::task::JoinHandle<Result<crate::tunnel::ClientLink, VmError>>>,
+) -> Result<crate::peer::PeerAnswer, VmError> {
+    // The destination runs the guest when this arrives: on a link opened
+    // ahead if there is one (a round trip, not three).
+    let finish = PeerRequest::Finish { id: run.id.clone() };
+    let limit = Duration::from_secs(90);
+    let mut link = spare
+        .filter(|(_, t)| t.elapsed() < SPARE_LINK_AGE)
+        .map(|(l, _)| l);
+    if link.is_none() {
+        if let Some(h) = next_link {
+            link = h.await.ok().and_then(Result::ok);
         }
     }
-    let _tunnel = AbortOnDrop(tunnel);
+    match link {
+        Some(l) => match crate::tunnel::ask_on(l, to_host, &finish, limit).await {
+            Ok(a) => Ok(a),
+            Err(e) => {
+                tracing::debug!(error = %e, "the link opened ahead failed; a new one");
+                crate::tunnel::exchange(&host.certs, to_host, &finish, limit)
+                    .await
+                    .map(|(a, _, _)| a)
+            }
+        },
+        None => crate::tunnel::exchange(&host.certs, to_host, &finish, limit)
+            .await
+            .map(|(a, _, _)| a),
+    }
+}
+
+/// Steps 3 to 5. An error here means the guest still runs at the source.
+#[allow(clippy::too_many_arguments)]
+async fn memory_phase(
+    host: &Arc<VmHost>,
+    g: &Arc<Guest>,
+    run: &Arc<MoveRun>,
+    to_host: &str,
+    disks: &[(VmDisk, MigrationId)],
+    max_downtime: u64,
+    deadline: Instant,
+    compress: bool,
+) -> Result<Outcome, VmError> {
+    let teleport = run.kind == MoveKind::Teleport;
+    let rt = g
+        .runtime()
+        .ok_or_else(|| VmError::Qemu("the guest has no QEMU process".into()))?;
+    let q = rt.qmp.clone();
+    let qerr = |e: ferry_qmp::QmpError| VmError::Qemu(e.to_string());
+    let mut ladder = Ladder::new(
+        max_downtime,
+        run.req.postcopy,
+        deadline.saturating_duration_since(run.started),
+    );
+    configure_qemu(&q, run, &ladder, max_downtime).await?;
+
+    // The tunnel: QEMU connects here; each connection becomes a TLS stream.
+    let _tunnel = AbortOnDrop(spawn_tunnel(
+        host,
+        run,
+        to_host,
+        outgoing_socket(g)?,
+        compress,
+    ));
 
     run.set_phase(VmMovePhase::MemoryPrecopy);
     let migrate_mark = q.mark();
@@ -898,24 +965,10 @@ async fn memory_phase(
     .await
     .map_err(qerr)?;
 
-    let cancel_qemu = |why: String| {
-        let q = q.clone();
-        async move {
-            let _ = q.execute_value("migrate_cancel", None).await;
-            // Wait until QEMU has really stopped the migration (it resumes the guest).
-            for _ in 0..200 {
-                if let Ok(v) = qmp_status(&q).await {
-                    if matches!(
-                        v["status"].as_str(),
-                        Some("cancelled" | "failed" | "completed") | None
-                    ) {
-                        break;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            VmError::Peer(why)
-        }
+    // Cancel QEMU's migration (the guest resumes here) and say why.
+    let cancel_qemu = |why: String| async move {
+        crate::recover::cancel_migration(g).await;
+        VmError::Peer(why)
     };
 
     let mut switched = false;
@@ -1071,33 +1124,7 @@ async fn memory_phase(
         .map(|u| u.io.snapshot("", "", 0).last_io_unix_ms)
         .max();
     crate::fault::hold(crate::fault::FINISH).await;
-    // The destination runs the guest when this arrives: on a link opened
-    // ahead if there is one (a round trip, not three).
-    let finish = PeerRequest::Finish { id: run.id.clone() };
-    let limit = Duration::from_secs(90);
-    let mut link = spare
-        .take()
-        .filter(|(_, t)| t.elapsed() < SPARE_LINK_AGE)
-        .map(|(l, _)| l);
-    if link.is_none() {
-        if let Some(h) = next_link.take() {
-            link = h.await.ok().and_then(Result::ok);
-        }
-    }
-    let fin = match link {
-        Some(l) => match crate::tunnel::ask_on(l, to_host, &finish, limit).await {
-            Ok(a) => Ok(a),
-            Err(e) => {
-                tracing::debug!(error = %e, "the link opened ahead failed; a new one");
-                crate::tunnel::exchange(&host.certs, to_host, &finish, limit)
-                    .await
-                    .map(|(a, _, _)| a)
-            }
-        },
-        None => crate::tunnel::exchange(&host.certs, to_host, &finish, limit)
-            .await
-            .map(|(a, _, _)| a),
-    };
+    let fin = send_finish(host, run, to_host, spare.take(), next_link.take()).await;
     let disk_states = disk_statuses(disks).await.unwrap_or_default();
     match fin {
         Ok(a) if a.ok => {

@@ -90,17 +90,21 @@ async fn migrate_status(g: &Guest) -> Option<String> {
     Some(v["status"].as_str().unwrap_or("none").to_string())
 }
 
-/// Cancel QEMU's outgoing migration and wait (bounded) until it ended.
-async fn cancel_migration(g: &Guest) {
+/// Cancel QEMU's outgoing migration and wait (bounded, 10 s) until QEMU
+/// has really stopped it (it then resumes the guest).
+pub(crate) async fn cancel_migration(g: &Guest) {
     let Some(rt) = g.runtime() else { return };
     let _ = rt.qmp.execute_value("migrate_cancel", None).await;
     for _ in 0..200 {
-        match migrate_status(g).await.as_deref() {
-            Some("cancelling" | "active" | "pre-switchover" | "device" | "setup") => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
+        if let Ok(v) = rt.qmp.execute::<Value>("query-migrate", None).await {
+            if matches!(
+                v["status"].as_str(),
+                Some("cancelled" | "failed" | "completed") | None
+            ) {
+                return;
             }
-            _ => return,
         }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

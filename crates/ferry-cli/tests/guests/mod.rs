@@ -119,6 +119,21 @@ impl Storage {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// Kill the daemon (SIGKILL) and start another on the same pool and
+    /// addresses.
+    pub fn restart(&mut self) {
+        self.kill9();
+        std::thread::sleep(Duration::from_millis(500));
+        let next = Storage::start_on(
+            &self.pool,
+            self.nbd.clone(),
+            self.admin.clone(),
+            self.mig.clone(),
+        );
+        // The old value, its daemon already dead, is dropped here.
+        let _ = std::mem::replace(self, next);
+    }
 }
 
 impl Drop for Storage {
