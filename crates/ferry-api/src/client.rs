@@ -483,6 +483,11 @@ impl AdminClient {
         self.get(&format!("/v1/vms/{name}"))
     }
 
+    /// Change a defined guest where it is safe ([`crate::UpdateVm`]).
+    pub fn set_vm(&self, name: &str, update: &crate::UpdateVm) -> Result<VmView> {
+        self.post(&format!("/v1/vms/{name}/set"), update)
+    }
+
     pub fn start_vm(&self, name: &str) -> Result<VmView> {
         self.post(&format!("/v1/vms/{name}/start"), &serde_json::Value::Null)
     }

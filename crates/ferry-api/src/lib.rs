@@ -31,7 +31,7 @@ pub use migration::{
 pub use server::ServerView;
 pub use vm::{
     Accel, BandwidthProbe, Boot, CreateVm, DirtyRateView, DiskIo, DiskMigrationRef, LinkProbe,
-    MoveBytes, MoveKind, PhaseTime, ProbeRequest, VmDisk, VmMigrateRequest, VmMovePhase,
+    MoveBytes, MoveKind, PhaseTime, ProbeRequest, UpdateVm, VmDisk, VmMigrateRequest, VmMovePhase,
     VmMoveReport, VmMoveStatus, VmSpec, VmState, VmView,
 };
 pub use volume::{

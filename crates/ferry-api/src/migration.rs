@@ -199,6 +199,10 @@ pub struct Report {
     pub result: MigrationResult,
     pub error: Option<String>,
     pub new_location: Option<String>,
+    /// The destination's admin API, if it advertised one: where the
+    /// volume's next migration starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_admin: Option<String>,
     pub size: u64,
     pub chunk_size: u32,
     pub dedup: bool,

@@ -147,6 +147,24 @@ pub struct CreateVm {
     pub start: bool,
 }
 
+/// `POST /v1/vms/NAME/set`: change a defined guest where it is safe. Every
+/// field is optional; what is absent stays.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateVm {
+    /// Volume -> the admin API (`HOST:PORT`) of the storage daemon that
+    /// holds it, where its next move starts ("" forgets it). Allowed in any
+    /// state but during a move; the daemon must hold the volume.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub disk_admin: std::collections::BTreeMap<String, String>,
+    /// Only while the guest is stopped (QEMU reads it at start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+    /// Only while the guest is stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<u32>,
+}
+
 fn yes() -> bool {
     true
 }

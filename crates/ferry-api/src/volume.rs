@@ -141,6 +141,10 @@ pub struct VolumeView {
     /// Set after the volume migrated away: the NBD `HOST:PORT` it lives at.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moved_to: Option<String>,
+    /// With `moved_to`: the admin API `HOST:PORT` of the daemon it went to,
+    /// if that daemon advertised one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_admin: Option<String>,
     /// An image import began and has not finished: the content is partial
     /// and the volume is not exported until an import completes.
     #[serde(default)]

@@ -214,6 +214,10 @@ struct ServeArgs {
     /// NBD HOST:PORT to send clients to after a migration arrives here.
     #[arg(long)]
     advertise_nbd: Option<String>,
+    /// Admin HOST:PORT the hosts of a guest whose disk arrives here are
+    /// told to start its next move at (default: derived from --admin).
+    #[arg(long)]
+    advertise_admin: Option<String>,
     /// Delete an incomplete incoming copy no migration has touched for
     /// this many seconds (0: never; default 86400).
     #[arg(long, value_name = "SECS")]
@@ -474,6 +478,9 @@ fn serve(a: ServeArgs) -> Result<()> {
     }
     if let Some(n) = a.advertise_nbd {
         config.migration.advertise_nbd = n;
+    }
+    if let Some(n) = a.advertise_admin {
+        config.migration.advertise_admin = n;
     }
     if let Some(t) = a.incomplete_ttl {
         config.migration.incomplete_ttl_secs = t;

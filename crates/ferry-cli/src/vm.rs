@@ -44,6 +44,10 @@ pub enum VmCmd {
     },
     /// Stop a guest and forget it (its volumes stay).
     Delete { name: String },
+    /// Change a guest's definition where it is safe: the admin address of
+    /// a disk's storage daemon at any time but during a move, memory and
+    /// CPUs while it is stopped.
+    Set(SetArgs),
     /// Move a guest: memory to another host (--to-host), its disks to
     /// another storage daemon (--to-storage), or both at once (teleport).
     Migrate(MigrateVmArgs),
@@ -83,6 +87,23 @@ pub struct CreateArgs {
     /// Define only; do not start.
     #[arg(long)]
     pub no_start: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct SetArgs {
+    pub name: String,
+    /// VOLUME=ADMIN_HOST:PORT: where the disk's storage daemon takes admin
+    /// calls (its next move starts there); VOLUME= forgets it. Repeatable.
+    #[arg(long = "disk-admin", value_name = "VOLUME=HOST:PORT", value_parser = volume_admin)]
+    pub disk_admin: Vec<(String, String)>,
+    /// Memory, e.g. 512M (stopped guests only).
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// CPUs (stopped guests only).
+    #[arg(long)]
+    pub vcpus: Option<u32>,
     #[arg(long)]
     pub json: bool,
 }
@@ -252,6 +273,28 @@ pub fn run(cmd: VmCmd, c: &AdminClient) -> Result<()> {
             let v = c.stop_vm(&name)?;
             println!("guest {name} {}", v.state.as_str());
         }
+        VmCmd::Set(a) => {
+            let u = ferry_api::UpdateVm {
+                disk_admin: a.disk_admin.iter().cloned().collect(),
+                memory_mib: a.memory.as_deref().map(parse_memory).transpose()?,
+                vcpus: a.vcpus,
+            };
+            if u == ferry_api::UpdateVm::default() {
+                bail!("nothing to change: give --disk-admin, --memory or --vcpus");
+            }
+            let v = c.set_vm(&a.name, &u)?;
+            if a.json {
+                return print_json(&v);
+            }
+            println!(
+                "guest {} {}: {} MiB, {} CPU(s); disks {}",
+                v.spec.name,
+                v.state.as_str(),
+                v.spec.memory_mib,
+                v.spec.vcpus,
+                disk_list(&v.spec.disks)
+            );
+        }
         VmCmd::Delete { name } => {
             c.delete_vm(&name)?;
             println!("guest {name} deleted (its volumes stay)");
@@ -276,8 +319,15 @@ pub fn run(cmd: VmCmd, c: &AdminClient) -> Result<()> {
                 let n = d.latency_us.last().map_or(0, |x| x.1).max(1);
                 #[allow(clippy::cast_precision_loss)]
                 let mean = d.latency_sum_us as f64 / n as f64;
+                let admin = v
+                    .spec
+                    .disks
+                    .iter()
+                    .find(|s| s.volume == d.volume)
+                    .and_then(|s| s.admin.clone())
+                    .map_or_else(|| "no admin address".to_string(), |a| format!("admin {a}"));
                 println!(
-                    "  disk {} at {}: {} reads ({}), {} writes ({}), {} flushes, {} errors, mean latency {:.0} µs, {} switches",
+                    "  disk {} at {} ({admin}): {} reads ({}), {} writes ({}), {} flushes, {} errors, mean latency {:.0} µs, {} switches",
                     d.volume, d.server, d.reads, human(d.read_bytes), d.writes, human(d.write_bytes),
                     d.flushes, d.errors, mean, d.switches
                 );
@@ -307,6 +357,27 @@ pub fn run(cmd: VmCmd, c: &AdminClient) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn volume_admin(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((v, a)) if !v.is_empty() && (a.is_empty() || a.contains(':')) => {
+            Ok((v.to_string(), a.to_string()))
+        }
+        _ => Err(format!("expected VOLUME=HOST:PORT (or VOLUME= to forget), got {s:?}")),
+    }
+}
+
+/// `volume@nbd (admin ADDR)` for each disk.
+fn disk_list(disks: &[VmDisk]) -> String {
+    disks
+        .iter()
+        .map(|d| match &d.admin {
+            Some(a) => format!("{}@{} (admin {a})", d.volume, d.server),
+            None => format!("{}@{} (no admin address: its disk cannot move)", d.volume, d.server),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn volume_server(s: &str) -> Result<(String, String), String> {

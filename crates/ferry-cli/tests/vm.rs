@@ -212,8 +212,7 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
             "--with-disk",
             "--to-storage",
             &s.sb_wan,
-            "--to-storage-admin",
-            &s.sb.admin,
+            // No --to-storage-admin: the destination storage advertises it.
             "--xbzrle-cache-mib",
             "32",
         ],
@@ -243,7 +242,22 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
         s.sb.nbd.as_str(),
         "the disk is read at site B: {v}"
     );
-    assert_eq!(v["spec"]["disks"][0]["admin"], s.sb.admin.as_str());
+    assert_eq!(
+        v["spec"]["disks"][0]["admin"],
+        s.sb.admin.as_str(),
+        "the host learnt the disk's new admin address from the move: {v}"
+    );
+    // The spec is editable where it is safe: a disk's admin address is
+    // checked against the daemon named (A saw the volume leave); memory
+    // changes only while the guest is stopped.
+    s.hb.vm_refused(
+        &["set", "g1", "--disk-admin", &format!("root={}", s.sa.admin)],
+        "saw it move to",
+    );
+    s.hb.vm_refused(&["set", "g1", "--memory", "512M"], "only while it is stopped");
+    s.hb.vm_refused(&["set", "g1", "--disk-admin", "nope=127.0.0.1:1"], "no disk nope");
+    let out = s.hb.vm_ok(&["set", "g1", "--disk-admin", &format!("root={}", s.sb.admin)]);
+    assert!(out.contains(&format!("admin {}", s.sb.admin)), "{out}");
 
     // VM-only back to host A: the disk stays at storage B, which host A
     // reaches across the WAN (its own proxy), not at B's local address.
@@ -338,17 +352,9 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     wait_acks(&third, 20);
     check_continued(&second, &third);
 
-    // Disk-only back to storage A (direct, no toxics): the guest stays.
-    let (done, r) = migrate(
-        &s.ha,
-        &[
-            "g1",
-            "--to-storage",
-            &s.sa.mig,
-            "--to-storage-admin",
-            &s.sa.admin,
-        ],
-    );
+    // Disk-only back to storage A (direct, no toxics): the guest stays;
+    // the disk's admin address came with the guest from host B.
+    let (done, r) = migrate(&s.ha, &["g1", "--to-storage", &s.sa.mig]);
     assert!(done, "{r}");
     assert_eq!(r["kind"], "disk_only");
     // The guest wrote throughout: its longest request here is reported
@@ -358,6 +364,7 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     let v: Value = serde_json::from_str(&s.ha.vm_ok(&["show", "g1", "--json"])).unwrap();
     assert_eq!(v["state"], "running");
     assert_eq!(v["spec"]["disks"][0]["server"], s.sa.nbd.as_str(), "{v}");
+    assert_eq!(v["spec"]["disks"][0]["admin"], s.sa.admin.as_str(), "{v}");
     let before = acks(&third).last().unwrap().0;
     assert!(wait_acks(&third, 20) > before);
     s.ha.vm_ok(&["stop", "g1"]);

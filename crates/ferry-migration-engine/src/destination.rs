@@ -681,7 +681,8 @@ where
                 })
                 .await?;
                 let location = state.advertised_nbd(local);
-                send(wr, &Message::Done { location }).await?;
+                let admin = state.advertised_admin(local);
+                send(wr, &Message::Done { location, admin }).await?;
                 // Index the new volume so it can be a base for later migrations.
                 state.volume_arrived(vol);
                 return Ok(desc.name.clone());
@@ -746,7 +747,8 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
         Ok(Prepared::AlreadySwitched) => {
             tracing::info!(%peer, volume = %desc.name, migration = %id, "source asks again after the switch: it is done");
             let location = state.advertised_nbd(local);
-            send(&mut wr, &Message::Done { location }).await?;
+            let admin = state.advertised_admin(local);
+            send(&mut wr, &Message::Done { location, admin }).await?;
             return Ok(desc.name);
         }
         Err(reason) => {

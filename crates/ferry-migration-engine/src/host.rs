@@ -30,6 +30,11 @@ pub trait MigrationHost: Send + Sync + 'static {
     /// The NBD `HOST:PORT` clients are sent to once a volume arrived here;
     /// `local` is the address the migration connection came in on.
     fn advertised_nbd(&self, local: Option<SocketAddr>) -> String;
+    /// The admin API `HOST:PORT` a volume's next migration from here is
+    /// started at ("" if this daemon advertises none).
+    fn advertised_admin(&self, _local: Option<SocketAddr>) -> String {
+        String::new()
+    }
     /// A migration this daemon started has ended (metrics, logs).
     fn migration_finished(&self, _report: &Report) {}
     /// A volume arrived here complete (index it so it can be a base).

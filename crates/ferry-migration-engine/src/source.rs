@@ -215,6 +215,7 @@ fn copy_basis(wire: u8) -> ferry_api::DestinationCopy {
 /// How one attempt ended well.
 struct Switched {
     location: String,
+    admin: String,
     pause: Duration,
     converged: bool,
     source_digest: [u8; 32],
@@ -332,6 +333,10 @@ async fn migrate(
         result,
         error,
         new_location: sw.as_ref().map(|s| s.location.clone()),
+        new_admin: sw
+            .as_ref()
+            .map(|s| s.admin.clone())
+            .filter(|a| !a.is_empty()),
         size: vol.size(),
         chunk_size: chunk,
         dedup: req.dedup,
@@ -797,16 +802,16 @@ async fn attempt(
             }
         }
         // The destination committed before the link failed: finish here.
-        Message::Done { location } => {
+        Message::Done { location, admin } => {
             let Some(p) = pending.take() else {
                 return Err(unexpected(
-                    &Message::Done { location },
+                    &Message::Done { location, admin },
                     "waiting for Welcome",
                 ));
             };
             let v = vol.clone();
-            let loc = location.clone();
-            let moved = blocking(move || v.set_moved(&loc).map_err(Into::into)).await;
+            let (loc, adm) = (location.clone(), admin.clone());
+            let moved = blocking(move || v.set_moved(&loc, &adm).map_err(Into::into)).await;
             if moved.is_ok() {
                 vol.set_in_doubt(false);
             }
@@ -815,6 +820,7 @@ async fn attempt(
             tracing::info!(migration = %run.id, to = %location, "the destination had committed; switched");
             return Ok(Switched {
                 location,
+                admin,
                 pause: p.pause_start.elapsed(),
                 converged: p.converged,
                 source_digest: p.source_digest,
@@ -1277,11 +1283,11 @@ async fn pause_and_switch(
         };
         tracing::debug!(elapsed = ?pause_start.elapsed(), "pause: digest answered");
         match next_msg(in_rx, wait, None).await? {
-            Message::Done { location } => Ok((dest_digest, location)),
+            Message::Done { location, admin } => Ok((dest_digest, location, admin)),
             m => Err(unexpected(&m, "waiting for Done")),
         }
     };
-    let (dest_digest, location) = match answers.await {
+    let (dest_digest, location, admin) = match answers.await {
         Ok(x) => x,
         Err(e) if e.transient() => {
             guard.armed = false;
@@ -1298,14 +1304,15 @@ async fn pause_and_switch(
         Err(e) => return Err(e),
     };
     let v = vol.clone();
-    let loc = location.clone();
-    blocking(move || v.set_moved(&loc).map_err(Into::into)).await?;
+    let (loc, adm) = (location.clone(), admin.clone());
+    blocking(move || v.set_moved(&loc, &adm).map_err(Into::into)).await?;
     // Writers held by the pause now fail with "moved" and follow the volume.
     drop(guard);
     let pause = pause_start.elapsed();
     tracing::info!(migration = %run.id, volume = %run.volume, to = %location, pause_ms = pause.as_secs_f64() * 1e3, "migration switched");
     Ok(Switched {
         location,
+        admin,
         pause,
         converged: rounds.converged,
         source_digest,

@@ -16,7 +16,7 @@
 //!    | Data ... , Digest{blake3} --------------->|
 //!    |<-------------------- DigestResult{matches}|
 //!    | Switch ---------------------------------->|  destination owns the volume
-//!    |<------------------------- Done{nbd location}|  source marks it moved there
+//!    |<---------------- Done{nbd, admin location}|  source marks it moved there
 //!  either side: Abort{reason} ends the migration; the source volume is untouched.
 //!
 //!  destination                              buddy server (same LAN)
@@ -77,7 +77,7 @@ pub use message::{
 pub use order::{DestinationOrder, ProtocolViolation, SourceOrder};
 
 /// Protocol version spoken by this build.
-pub const VERSION: u16 = 5;
+pub const VERSION: u16 = 6;
 /// Largest payload of one frame.
 pub const MAX_PAYLOAD: u32 = 64 << 20;
 /// Frame header length.

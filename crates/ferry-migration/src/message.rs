@@ -229,9 +229,12 @@ pub enum Message {
     /// Commit (only after a matching digest); no payload.
     Switch,
     /// The destination owns the volume now; `location` is its NBD
-    /// `HOST:PORT`, where clients go next.
+    /// `HOST:PORT`, where clients go next, and `admin` its admin API's
+    /// `HOST:PORT` where the volume's next migration starts ("" when the
+    /// destination advertises none).
     Done {
         location: String,
+        admin: String,
     },
     Abort {
         reason: String,
@@ -320,7 +323,10 @@ impl Message {
                 out.put_u8(*basis as u8);
             }
             Message::Refuse { reason } | Message::Abort { reason } => put_str(out, reason),
-            Message::Done { location } => put_str(out, location),
+            Message::Done { location, admin } => {
+                put_str(out, location);
+                put_str(out, admin);
+            }
             Message::Prints {
                 first_chunk,
                 entries,
@@ -594,6 +600,7 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
         T::Switch => Message::Switch,
         T::Done => Message::Done {
             location: p.string()?,
+            admin: p.string()?,
         },
         T::Abort => Message::Abort {
             reason: p.string()?,
@@ -756,6 +763,7 @@ mod tests {
             Message::Switch,
             Message::Done {
                 location: "10.0.0.3:10809".into(),
+                admin: "10.0.0.3:10880".into(),
             },
             Message::Abort {
                 reason: "link lost".into(),

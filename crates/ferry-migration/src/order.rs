@@ -371,7 +371,8 @@ mod tests {
         let mut o = SourceOrder::new(false);
         assert!(o
             .receive(&Message::Done {
-                location: "x".into()
+                location: "x".into(),
+                admin: String::new(),
             })
             .is_err());
         o.receive(&Message::Welcome {
@@ -411,7 +412,8 @@ mod tests {
         o.sent(&Message::Digest { digest: [0; 32] });
         assert!(
             o.receive(&Message::Done {
-                location: "x".into()
+                location: "x".into(),
+                admin: String::new(),
             })
             .is_err(),
             "no verdict yet"
@@ -423,7 +425,8 @@ mod tests {
         .unwrap();
         assert!(
             o.receive(&Message::Done {
-                location: "x".into()
+                location: "x".into(),
+                admin: String::new(),
             })
             .is_err(),
             "no Switch sent"
@@ -431,6 +434,7 @@ mod tests {
         o.sent(&Message::Switch);
         o.receive(&Message::Done {
             location: "x".into(),
+            admin: String::new(),
         })
         .unwrap();
         assert_eq!(o.state(), SourceState::Ended);
@@ -440,6 +444,7 @@ mod tests {
     fn source_accepts_done_on_greeting_only_after_a_lost_switch() {
         let done = Message::Done {
             location: "x".into(),
+            admin: String::new(),
         };
         assert!(SourceOrder::new(false).receive(&done).is_err());
         assert!(SourceOrder::new(true).receive(&done).is_ok());

@@ -189,6 +189,7 @@ fn view(v: &Volume) -> VolumeView {
         direct_io: v.direct_io(),
         dirty_bitmaps: v.bitmaps().into_iter().map(bitmap_view).collect(),
         moved_to: m.moved_to,
+        moved_admin: m.moved_admin,
         importing: m.importing,
         outgoing: m
             .outgoing

@@ -34,6 +34,7 @@
 //! [migration]
 //! listen = ""                    # e.g. "0.0.0.0:10900" accepts incoming migrations
 //! advertise_nbd = ""             # NBD HOST:PORT clients are sent to; "" = derived
+//! advertise_admin = ""           # admin HOST:PORT the volume's next move starts at; "" = derived
 //! plaintext = false              # loopback only: no TLS (for tests)
 //! buddies = []                   # ["10.0.0.5:10900"]: same-site daemons to take blocks from
 //!
@@ -181,6 +182,12 @@ pub struct MigrationConfig {
     /// listen address, with an unspecified IP replaced by the address the
     /// migration arrived on.
     pub advertise_nbd: String,
+    /// The admin API `HOST:PORT` handed back to a migration's source, so
+    /// the hosts of a guest whose disk arrived here start its next move
+    /// here. Empty: the admin listen address, with an unspecified IP
+    /// replaced by the address the migration arrived on; none when the
+    /// admin API listens on loopback and the migration came from beyond.
+    pub advertise_admin: String,
     /// Accept migrations without TLS. Refused unless `listen` is loopback.
     pub plaintext: bool,
     /// Migration listeners (`HOST:PORT`) of daemons on this site whose
@@ -207,6 +214,7 @@ impl Default for MigrationConfig {
         MigrationConfig {
             listen: String::new(),
             advertise_nbd: String::new(),
+            advertise_admin: String::new(),
             plaintext: false,
             buddies: Vec::new(),
             reserve_bytes: 64 << 20,

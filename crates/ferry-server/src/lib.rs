@@ -289,6 +289,27 @@ impl migration::MigrationHost for ServerState {
         }
     }
 
+    /// `migration.advertise_admin` if set; otherwise the admin listener,
+    /// with an unspecified address replaced by the one the migration came
+    /// in on, and nothing when it listens on loopback while the migration
+    /// came from beyond (that address would name the source's machine).
+    fn advertised_admin(&self, local: Option<SocketAddr>) -> String {
+        if !self.config.migration.advertise_admin.is_empty() {
+            return self.config.migration.advertise_admin.clone();
+        }
+        match (self.addrs.admin, local) {
+            (Some(mut admin), Some(l)) if admin.ip().is_unspecified() => {
+                admin.set_ip(l.ip());
+                admin.to_string()
+            }
+            (Some(admin), Some(l)) if admin.ip().is_loopback() && !l.ip().is_loopback() => {
+                String::new()
+            }
+            (Some(admin), _) => admin.to_string(),
+            (None, _) => String::new(),
+        }
+    }
+
     fn migration_finished(&self, report: &ferry_api::Report) {
         self.metrics.migration_finished(report);
     }

@@ -60,6 +60,10 @@ pub struct VolumeMeta {
     /// Set on a migration source after the switch: where the volume lives now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moved_to: Option<String>,
+    /// With `moved_to`: the admin API of the daemon the volume went to, if
+    /// it advertised one (where the volume's next migration starts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_admin: Option<String>,
     /// Set on a migration destination until the copy is complete.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incoming: Option<IncomingMigration>,
@@ -157,6 +161,7 @@ impl VolumeMeta {
             read_only,
             bitmaps: Vec::new(),
             moved_to: None,
+            moved_admin: None,
             incoming: None,
             arrived: None,
             importing: false,

@@ -903,12 +903,23 @@ impl Volume {
         self.meta.lock().moved_to.clone()
     }
 
-    /// Record (durably) that the volume now lives at `location`; from here on
-    /// every write fails with [`StorageError::Moved`]. Call with the gate
-    /// paused so no write is half-way through.
-    pub fn set_moved(&self, location: &str) -> Result<()> {
+    /// Where the volume's new daemon takes admin calls, once it has moved
+    /// (if that daemon advertised it).
+    pub fn moved_admin(&self) -> Option<String> {
+        if !self.moved.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.meta.lock().moved_admin.clone()
+    }
+
+    /// Record (durably) that the volume now lives at `location` (NBD), its
+    /// daemon's admin API at `admin` ("" if unknown); from here on every
+    /// write fails with [`StorageError::Moved`]. Call with the gate paused
+    /// so no write is half-way through.
+    pub fn set_moved(&self, location: &str, admin: &str) -> Result<()> {
         self.update_meta(|m| {
             m.moved_to = Some(location.to_string());
+            m.moved_admin = (!admin.is_empty()).then(|| admin.to_string());
             // The migration is over: nothing left to resume.
             m.outgoing = None;
             Ok(())
@@ -930,6 +941,7 @@ impl Volume {
                 )));
             }
             m.moved_to = None;
+            m.moved_admin = None;
             m.incoming = Some(incoming);
             Ok(())
         })?;
@@ -942,6 +954,7 @@ impl Volume {
     pub fn clear_moved(&self) -> Result<()> {
         self.update_meta(|m| {
             m.moved_to = None;
+            m.moved_admin = None;
             Ok(())
         })?;
         self.moved.store(false, Ordering::SeqCst);

@@ -53,6 +53,7 @@ pub fn router(host: Arc<VmHost>) -> Router {
         .route("/v1/vms/:name", get(show).delete(remove))
         .route("/v1/vms/:name/start", post(start))
         .route("/v1/vms/:name/stop", post(stop))
+        .route("/v1/vms/:name/set", post(set))
         .route("/v1/vms/:name/migrate", post(migrate))
         .route("/v1/vm-moves", get(moves_list))
         .route("/v1/vm-moves/:id", get(move_show))
@@ -94,6 +95,15 @@ async fn show(State(h): St, Path(name): Path<String>) -> Result<Json<VmView>, Ap
 
 async fn start(State(h): St, Path(name): Path<String>) -> Result<Json<VmView>, ApiError> {
     Ok(Json(h.start(&name).await?))
+}
+
+async fn set(
+    State(h): St,
+    Path(name): Path<String>,
+    b: Body<ferry_api::UpdateVm>,
+) -> Result<Json<VmView>, ApiError> {
+    let u = body(b)?;
+    Ok(Json(h.update(&name, u).await?))
 }
 
 async fn stop(State(h): St, Path(name): Path<String>) -> Result<Json<VmView>, ApiError> {

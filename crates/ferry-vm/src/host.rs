@@ -348,6 +348,64 @@ impl VmHost {
         Ok(self.view(&g).await)
     }
 
+    /// Change a defined guest where it is safe: a disk's admin address at
+    /// any time but during a move (checked: that daemon must hold the
+    /// volume, not have seen it leave), memory and CPUs only while stopped.
+    pub async fn update(&self, name: &str, u: ferry_api::UpdateVm) -> Result<VmView, VmError> {
+        let g = self.guest(name)?;
+        if let Some(id) = g.moving.lock().clone() {
+            return Err(VmError::Busy {
+                name: name.into(),
+                state: "moving".into(),
+                what: format!("move {id} runs; change it once the move ended"),
+            });
+        }
+        let _op = g.op.lock().await;
+        let (st, _) = g.state().await;
+        if matches!(st, VmState::Incoming | VmState::Moved) {
+            return Err(VmError::Busy {
+                name: name.into(),
+                state: st.as_str().into(),
+                what: "change it on the host it runs at".into(),
+            });
+        }
+        let mut spec = g.spec.lock().clone();
+        if u.memory_mib.is_some() || u.vcpus.is_some() {
+            if !matches!(st, VmState::Stopped | VmState::Crashed) {
+                return Err(VmError::Busy {
+                    name: name.into(),
+                    state: st.as_str().into(),
+                    what: "memory and CPUs change only while it is stopped (`ferry vm stop` first)"
+                        .into(),
+                });
+            }
+            spec.memory_mib = u.memory_mib.unwrap_or(spec.memory_mib);
+            spec.vcpus = u.vcpus.unwrap_or(spec.vcpus);
+            validate(&spec, host_memory_mib()).map_err(VmError::BadSpec)?;
+        }
+        for (volume, admin) in &u.disk_admin {
+            let Some(d) = spec.disks.iter_mut().find(|d| &d.volume == volume) else {
+                return Err(VmError::BadSpec(format!(
+                    "guest {name} has no disk {volume} (its disks: {})",
+                    spec.disks
+                        .iter()
+                        .map(|d| d.volume.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            };
+            if admin.is_empty() {
+                d.admin = None;
+                continue;
+            }
+            holds_volume(admin, volume).await?;
+            d.admin = Some(admin.clone());
+        }
+        *g.spec.lock() = spec;
+        g.save_spec()?;
+        Ok(self.view(&g).await)
+    }
+
     pub async fn stop(&self, name: &str) -> Result<VmView, VmError> {
         let g = self.guest(name)?;
         if let Some(id) = g.moving.lock().clone() {
@@ -467,5 +525,31 @@ mod known_tests {
         ] {
             assert!(!known_address(a, &declared), "{a}");
         }
+    }
+}
+
+/// Whether the storage daemon whose admin API is `admin` holds `volume`
+/// here (not moved away): the check before a guest's spec names it.
+async fn holds_volume(admin: &str, volume: &str) -> Result<(), VmError> {
+    let (c, v) = (ferry_api::AdminClient::new(admin), volume.to_string());
+    let view = tokio::task::spawn_blocking(move || c.volume(&v))
+        .await
+        .map_err(|e| VmError::Io(e.to_string()))?;
+    let bad = |detail: String| VmError::Disk {
+        volume: volume.into(),
+        detail,
+    };
+    match view {
+        Ok(Some(v)) => match v.moved_to {
+            None => Ok(()),
+            Some(to) => Err(bad(format!(
+                "the storage daemon at {admin} saw it move to {to}{}",
+                v.moved_admin
+                    .map(|a| format!("; its admin address there is {a}"))
+                    .unwrap_or_default()
+            ))),
+        },
+        Ok(None) => Err(bad(format!("the storage daemon at {admin} has no such volume"))),
+        Err(e) => Err(bad(format!("the admin API at {admin} did not answer: {e}"))),
     }
 }

@@ -107,8 +107,12 @@ async fn handle(host: Arc<VmHost>, mut link: ServerLink) -> Result<(), VmError> 
             answer(&mut link, &a).await
         }
         PeerRequest::Stream { id, compress } => stream(&host, &id, compress, link, rest).await,
-        PeerRequest::DiskSwitched { id, servers } => {
-            let a = reply(disk_switched(&host, &id, &servers).await);
+        PeerRequest::DiskSwitched {
+            id,
+            servers,
+            admins,
+        } => {
+            let a = reply(disk_switched(&host, &id, &servers, &admins).await);
             answer(&mut link, &a).await
         }
         PeerRequest::Finish { id } => {
@@ -420,6 +424,7 @@ async fn disk_switched(
     host: &Arc<VmHost>,
     id: &MigrationId,
     servers: &[(String, String)],
+    admins: &[(String, String)],
 ) -> Result<PeerAnswer, VmError> {
     let g = receiving(host, id)?;
     for (volume, server) in servers {
@@ -432,6 +437,9 @@ async fn disk_switched(
         }
         if let Some(d) = g.spec.lock().disks.iter_mut().find(|d| &d.volume == volume) {
             d.server.clone_from(server);
+            if let Some((_, a)) = admins.iter().find(|(v, _)| v == volume) {
+                d.admin = Some(a.clone());
+            }
         }
     }
     g.save_spec()?;

@@ -525,18 +525,58 @@ fn deadline_of(run: &MoveRun) -> Instant {
 }
 
 /// Where each volume went, from its old storage daemon.
-async fn new_servers(disks: &[(VmDisk, MigrationId)]) -> Result<Vec<(String, String)>, VmError> {
+/// Where a switched disk lives now.
+#[derive(Debug, Clone)]
+struct NewPlace {
+    volume: String,
+    /// The destination's NBD `HOST:PORT`.
+    server: String,
+    /// Its admin API: the move's `to_storage_admin`, else what the
+    /// destination advertised to the source (none if neither).
+    admin: Option<String>,
+}
+
+/// Where every switched disk went: from its migration's report (the
+/// source's storage has it at hand), else from the source volume's record.
+async fn new_places(
+    run: &MoveRun,
+    disks: &[(VmDisk, MigrationId)],
+    reports: &[MigrationStatus],
+) -> Result<Vec<NewPlace>, VmError> {
     let mut out = Vec::new();
-    for (d, _) in disks {
-        let (c, v) = (admin_of(d), d.volume.clone());
-        let view = blocking(move || c.get_volume(&v)).await?;
-        let to = view.moved_to.ok_or_else(|| {
-            VmError::Peer(format!(
-                "disk {} switched but its daemon names no new place",
+    for (i, (d, _)) in disks.iter().enumerate() {
+        let report = reports.get(i).and_then(|s| s.report.as_ref());
+        let (server, advertised) = match report.and_then(|r| r.new_location.clone()) {
+            Some(loc) => (loc, report.and_then(|r| r.new_admin.clone())),
+            None => {
+                let (c, v) = (admin_of(d), d.volume.clone());
+                let view = blocking(move || c.get_volume(&v)).await?;
+                let to = view.moved_to.ok_or_else(|| {
+                    VmError::Peer(format!(
+                        "disk {} switched but its daemon names no new place",
+                        d.volume
+                    ))
+                })?;
+                (to, view.moved_admin)
+            }
+        };
+        let admin = run.req.to_storage_admin.clone().or(advertised);
+        if admin.is_none() {
+            run.note(format!(
+                "disk {}: its new storage daemon advertised no admin address; \
+                 the guest's spec keeps {} (its next disk move needs --to-storage-admin \
+                 or `ferry vm set {} --disk-admin {}=ADDR`)",
+                d.volume,
+                d.admin.as_deref().unwrap_or("none"),
+                run.vm,
                 d.volume
-            ))
-        })?;
-        out.push((d.volume.clone(), to));
+            ));
+        }
+        out.push(NewPlace {
+            volume: d.volume.clone(),
+            server,
+            admin,
+        });
     }
     Ok(out)
 }
@@ -567,13 +607,13 @@ async fn disk_only(
             return Ok(o);
         }
     };
-    let servers = new_servers(&disks).await?;
+    let places = new_places(run, &disks, &st).await?;
     {
         let mut s = g.spec.lock();
-        for (vol, server) in &servers {
-            if let Some(d) = s.disks.iter_mut().find(|d| &d.volume == vol) {
-                d.server.clone_from(server);
-                if let Some(a) = &run.req.to_storage_admin {
+        for p in &places {
+            if let Some(d) = s.disks.iter_mut().find(|d| d.volume == p.volume) {
+                d.server.clone_from(&p.server);
+                if let Some(a) = &p.admin {
                     d.admin = Some(a.clone());
                 }
             }
@@ -1293,14 +1333,21 @@ async fn switch_disks(
         .filter_map(|s| s.report.as_ref().map(|r| r.time.pause_ms))
         .fold(0.0, f64::max);
     run.note(format!("disks switched (their own pause {pause:.0} ms)"));
-    let servers = new_servers(disks).await?;
+    let places = new_places(run, disks, &st).await?;
     tracing::debug!(
         early = spare.is_some(),
         "telling the destination where the disks are"
     );
     let req = PeerRequest::DiskSwitched {
         id: run.id.clone(),
-        servers,
+        servers: places
+            .iter()
+            .map(|p| (p.volume.clone(), p.server.clone()))
+            .collect(),
+        admins: places
+            .iter()
+            .filter_map(|p| Some((p.volume.clone(), p.admin.clone()?)))
+            .collect(),
     };
     let limit = Duration::from_secs(60);
     let early = match spare {

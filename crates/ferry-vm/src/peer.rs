@@ -69,7 +69,12 @@ pub enum PeerRequest {
     /// The disks switched: connect the pending ones to where they are now.
     DiskSwitched {
         id: MigrationId,
+        /// (volume, NBD `HOST:PORT`) of every switched disk.
         servers: Vec<(String, String)>,
+        /// (volume, admin API `HOST:PORT`) where known: the guest's spec
+        /// records it, so the disk's next move starts there.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        admins: Vec<(String, String)>,
     },
     /// The source finished sending: is the guest running here?
     Finish { id: MigrationId },

@@ -132,9 +132,9 @@ pub async fn settle_disks(g: &Guest, disks: &[DiskMigrationRef]) -> Vec<String> 
         let (c, id) = (AdminClient::new(&d.admin), d.id.clone());
         let st = tokio::task::spawn_blocking(move || c.migration(&id)).await;
         let moved_to = match st {
-            Ok(Ok(s)) if s.phase == MigrationPhase::Switched => {
-                s.report.and_then(|r| r.new_location)
-            }
+            Ok(Ok(s)) if s.phase == MigrationPhase::Switched => s
+                .report
+                .and_then(|r| Some((r.new_location?, r.new_admin))),
             Ok(Ok(s)) if s.phase == MigrationPhase::Failed => None,
             Ok(Ok(_)) => {
                 let (c, id) = (AdminClient::new(&d.admin), d.id.clone());
@@ -155,7 +155,7 @@ pub async fn settle_disks(g: &Guest, disks: &[DiskMigrationRef]) -> Vec<String> 
             _ => {
                 let (c, v) = (AdminClient::new(&d.admin), d.volume.clone());
                 match tokio::task::spawn_blocking(move || c.volume(&v)).await {
-                    Ok(Ok(Some(view))) => view.moved_to,
+                    Ok(Ok(Some(view))) => view.moved_to.map(|to| (to, view.moved_admin)),
                     _ => {
                         notes.push(format!(
                             "disk {}: its storage daemon ({}) did not answer; the disk stays as the guest's spec says",
@@ -166,12 +166,14 @@ pub async fn settle_disks(g: &Guest, disks: &[DiskMigrationRef]) -> Vec<String> 
                 }
             }
         };
-        let Some(location) = moved_to else { continue };
+        let Some((location, advertised)) = moved_to else {
+            continue;
+        };
         let mut spec = g.spec.lock();
         if let Some(disk) = spec.disks.iter_mut().find(|x| x.volume == d.volume) {
             if disk.server != location {
                 disk.server.clone_from(&location);
-                if let Some(a) = &d.to_admin {
+                if let Some(a) = d.to_admin.as_ref().or(advertised.as_ref()) {
                     disk.admin = Some(a.clone());
                 }
                 changed = true;
