@@ -237,6 +237,9 @@ pub enum DestinationCopy {
     /// Such a leftover, replaced because the volume's size or block size
     /// had changed since.
     LeftoverReplaced,
+    /// The copy the destination kept when the volume left it (the volume
+    /// comes back): only what changed since crossed.
+    Returned,
 }
 
 impl DestinationCopy {
@@ -244,6 +247,9 @@ impl DestinationCopy {
         match self {
             DestinationCopy::New => "a new copy",
             DestinationCopy::Resumed => "its copy from an earlier attempt, resumed",
+            DestinationCopy::Returned => {
+                "the copy it kept when the volume left it, updated with what changed since"
+            }
             DestinationCopy::LeftoverResumed => {
                 "the incomplete copy a failed migration of this volume left, resumed"
             }

@@ -458,7 +458,11 @@ pub struct VmMoveStatus {
     pub vm: String,
     pub kind: MoveKind,
     pub phase: VmMovePhase,
+    /// Seconds the move ran: until now while it runs, its total once ended.
     pub elapsed_s: f64,
+    /// When it started (unix seconds; 0 in records of older versions).
+    #[serde(default)]
+    pub started_unix: f64,
     /// Memory still to send (QEMU's estimate), bytes.
     pub memory_remaining: u64,
     /// Disk bytes dirty in the last round.

@@ -253,6 +253,9 @@ enum VolumeCmd {
         path: Option<PathBuf>,
         #[arg(long)]
         read_only: bool,
+        /// Print the new volume as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// List volumes.
     List {
@@ -405,14 +408,15 @@ fn main() -> Result<()> {
             memory_sample_every,
         } => host(ferry_vm::daemon::HostOptions {
             insecure_plaintext_api,
-            image_dirs: image_dir,
+            // Absolute: guests' QEMU command lines and files name them.
+            image_dirs: image_dir.into_iter().map(absolute).collect(),
             storage,
             peers: peer,
             qemu_user,
             volumes: server.zip(volume).into_iter().collect(),
             listen,
             control,
-            state_dir,
+            state_dir: state_dir.map(absolute),
             move_listen,
             nbd_tls_dir,
             memory_sample_every: (memory_sample_every > 0)
@@ -424,6 +428,21 @@ fn main() -> Result<()> {
         Cmd::Bench(a) => bench(a),
         Cmd::Demo(a) => demo::run(a),
     }
+}
+
+/// The UTC time of day of a unix time, `HH:MM:SSZ` ("-" for none).
+pub(crate) fn clock_time(unix_s: f64) -> String {
+    if unix_s <= 0.0 {
+        return "-".into();
+    }
+    let t = std::time::UNIX_EPOCH + Duration::from_secs_f64(unix_s);
+    let s = humantime::format_rfc3339_seconds(t).to_string();
+    s.get(11..).unwrap_or("-").to_string()
+}
+
+/// `p` made absolute against the working directory (as it is if that fails).
+fn absolute(p: PathBuf) -> PathBuf {
+    std::path::absolute(&p).unwrap_or(p)
 }
 
 /// Logs on stderr, filtered by `FERRY_LOG`; colours only on a terminal (a
@@ -594,6 +613,7 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
             preallocate,
             path,
             read_only,
+            json,
         } => {
             let size = size.map(|s| parse_size(&s)).transpose()?;
             if size.is_none() && path.is_none() {
@@ -602,7 +622,7 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
             let path = path
                 .map(|p| std::fs::canonicalize(&p).with_context(|| format!("{}", p.display())))
                 .transpose()?;
-            print_json(&c.create_volume(&CreateVolume {
+            let v = c.create_volume(&CreateVolume {
                 name,
                 size: size.map(Size::Bytes),
                 block_size: Some(block_size),
@@ -610,7 +630,24 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
                 preallocate,
                 path,
                 read_only,
-            })?)
+            })?;
+            if json {
+                return print_json(&v);
+            }
+            println!(
+                "created volume {}: {} ({}), block size {}, {}{}",
+                v.name,
+                human(v.size),
+                match &v.backing {
+                    ferry_api::Backing::Sparse => "sparse".to_string(),
+                    ferry_api::Backing::Preallocated => "preallocated".to_string(),
+                    ferry_api::Backing::External { path } => format!("on {}", path.display()),
+                },
+                v.block_size,
+                v.wwn,
+                if v.read_only { ", read-only" } else { "" }
+            );
+            Ok(())
         }
         VolumeCmd::List { json } => {
             let v = c.volumes()?;

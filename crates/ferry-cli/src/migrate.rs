@@ -115,7 +115,8 @@ pub fn migrate(a: MigrateArgs, c: &AdminClient) -> Result<()> {
     }
     if status.phase != MigrationPhase::Switched {
         bail!(
-            "migration failed: {}",
+            "migration {id} of {} failed: {}",
+            a.volume,
             status.error.as_deref().unwrap_or("unknown error")
         );
     }
@@ -143,13 +144,23 @@ fn print_summary(r: &Report) {
     let b = &r.bytes;
     let ch = &r.chunks;
     let t = &r.time;
-    println!(
-        "volume {} -> {} ({}): {:?}",
-        r.volume,
-        r.to,
-        r.new_location.as_deref().unwrap_or("-"),
-        r.result
-    );
+    let switched = r.result == ferry_api::MigrationResult::Switched;
+    if switched {
+        println!(
+            "volume {} moved to {}: NBD {}, admin {}",
+            r.volume,
+            r.to,
+            r.new_location.as_deref().unwrap_or("-"),
+            r.new_admin.as_deref().unwrap_or("not advertised")
+        );
+    } else {
+        println!(
+            "volume {} did not move to {}: {}; it stays here, unchanged",
+            r.volume,
+            r.to,
+            r.error.as_deref().unwrap_or("unknown error")
+        );
+    }
     println!(
         "  wire: {} sent, {} received; fingerprints {}, data {} ({} raw), protocol {}",
         human(b.wire_tx),
@@ -167,8 +178,18 @@ fn print_summary(r: &Report) {
         println!("  destination filled {}", r.destination_copy.describe());
     }
     println!(
-        "  time: {:.2} s total, fingerprints {:.2} s, rounds {:.2} s ({} rounds), held {:.2} s, pause {:.1} ms; digest match: {}",
-        t.total_s, t.fingerprints_s, t.rounds_s, r.rounds, t.held_s, t.pause_ms, r.digest.matches,
+        "  time: {:.2} s total, fingerprints {:.2} s, rounds {:.2} s ({} rounds), held {:.2} s, pause {:.1} ms{}",
+        t.total_s,
+        t.fingerprints_s,
+        t.rounds_s,
+        r.rounds,
+        t.held_s,
+        t.pause_ms,
+        if switched {
+            "; digests match"
+        } else {
+            ""
+        },
     );
     println!(
         "  slowest client write or flush at the source during the move: {:.1} ms",

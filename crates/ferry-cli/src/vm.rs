@@ -340,12 +340,13 @@ pub fn run(cmd: VmCmd, c: &AdminClient) -> Result<()> {
                 return print_json(&ms);
             }
             println!(
-                "{:<32}  {:<12} {:<9} {:<16} {:>8}  ERROR",
-                "ID", "VM", "KIND", "PHASE", "SECONDS"
+                "{:<9} {:<32}  {:<12} {:<9} {:<16} {:>8}  ERROR",
+                "STARTED", "ID", "VM", "KIND", "PHASE", "SECONDS"
             );
             for m in &ms {
                 println!(
-                    "{:<32}  {:<12} {:<9} {:<16} {:>8.1}  {}",
+                    "{:<9} {:<32}  {:<12} {:<9} {:<16} {:>8.1}  {}",
+                    crate::clock_time(m.started_unix),
                     m.id,
                     m.vm,
                     m.kind.as_str(),
@@ -364,7 +365,9 @@ fn volume_admin(s: &str) -> Result<(String, String), String> {
         Some((v, a)) if !v.is_empty() && (a.is_empty() || a.contains(':')) => {
             Ok((v.to_string(), a.to_string()))
         }
-        _ => Err(format!("expected VOLUME=HOST:PORT (or VOLUME= to forget), got {s:?}")),
+        _ => Err(format!(
+            "expected VOLUME=HOST:PORT (or VOLUME= to forget), got {s:?}"
+        )),
     }
 }
 
@@ -374,7 +377,10 @@ fn disk_list(disks: &[VmDisk]) -> String {
         .iter()
         .map(|d| match &d.admin {
             Some(a) => format!("{}@{} (admin {a})", d.volume, d.server),
-            None => format!("{}@{} (no admin address: its disk cannot move)", d.volume, d.server),
+            None => format!(
+                "{}@{} (no admin address: its disk cannot move)",
+                d.volume, d.server
+            ),
         })
         .collect::<Vec<_>>()
         .join(", ")
@@ -474,7 +480,14 @@ fn print_report(r: &VmMoveReport) {
     if let Some(why) = &r.reason {
         println!("  reason: {why}");
     }
-    println!("  running at: {}", r.running_at);
+    if r.running_at.contains(':') {
+        println!(
+            "  running at: {} (its host's control API: ferry vm --host {} ...)",
+            r.running_at, r.running_at
+        );
+    } else {
+        println!("  running at: {}", r.running_at);
+    }
     println!(
         "  total {:.2} s; {}",
         r.total_s,

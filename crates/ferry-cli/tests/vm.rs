@@ -254,9 +254,16 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
         &["set", "g1", "--disk-admin", &format!("root={}", s.sa.admin)],
         "saw it move to",
     );
-    s.hb.vm_refused(&["set", "g1", "--memory", "512M"], "only while it is stopped");
-    s.hb.vm_refused(&["set", "g1", "--disk-admin", "nope=127.0.0.1:1"], "no disk nope");
-    let out = s.hb.vm_ok(&["set", "g1", "--disk-admin", &format!("root={}", s.sb.admin)]);
+    s.hb.vm_refused(
+        &["set", "g1", "--memory", "512M"],
+        "only while it is stopped",
+    );
+    s.hb.vm_refused(
+        &["set", "g1", "--disk-admin", "nope=127.0.0.1:1"],
+        "no disk nope",
+    );
+    let out =
+        s.hb.vm_ok(&["set", "g1", "--disk-admin", &format!("root={}", s.sb.admin)]);
     assert!(out.contains(&format!("admin {}", s.sb.admin)), "{out}");
 
     // VM-only back to host A: the disk stays at storage B, which host A

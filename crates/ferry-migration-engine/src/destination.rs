@@ -215,7 +215,7 @@ fn prepare(
             check_space(state, d.allocated.saturating_sub(v.allocated_bytes()))?;
             v.reclaim_for_incoming(IncomingMigration::begun(id, &source))?;
             tracing::info!(volume = %d.name, migration = %id, "the volume comes back: its moved-away copy is the basis");
-            Ok(Prepared::Copy(v, CopyBasis::Resumed))
+            Ok(Prepared::Copy(v, CopyBasis::Returned))
         }
         Ok(v) => match v.incoming() {
             Some(inc) if inc.id == id => {

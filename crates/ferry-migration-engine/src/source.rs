@@ -208,6 +208,7 @@ fn copy_basis(wire: u8) -> ferry_api::DestinationCopy {
         w if w == B::Resumed as u8 => D::Resumed,
         w if w == B::LeftoverResumed as u8 => D::LeftoverResumed,
         w if w == B::LeftoverReplaced as u8 => D::LeftoverReplaced,
+        w if w == B::Returned as u8 => D::Returned,
         _ => D::New,
     }
 }

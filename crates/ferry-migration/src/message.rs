@@ -167,12 +167,19 @@ pub enum CopyBasis {
     /// Such a leftover that could not be resumed (the volume's size or
     /// block size changed since): replaced by a new copy.
     LeftoverReplaced = 3,
+    /// The copy this daemon kept when the volume moved away from here (the
+    /// volume comes back): its chunks that still match are kept, only what
+    /// changed since crosses.
+    Returned = 4,
 }
 
 impl CopyBasis {
     /// Whether chunks already in the copy may be kept.
     pub fn resumes(self) -> bool {
-        matches!(self, CopyBasis::Resumed | CopyBasis::LeftoverResumed)
+        matches!(
+            self,
+            CopyBasis::Resumed | CopyBasis::LeftoverResumed | CopyBasis::Returned
+        )
     }
 }
 
@@ -523,6 +530,7 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
                 1 => CopyBasis::Resumed,
                 2 => CopyBasis::LeftoverResumed,
                 3 => CopyBasis::LeftoverReplaced,
+                4 => CopyBasis::Returned,
                 t => return Err(malformed(what, format!("copy basis {t}"))),
             };
             Message::Welcome { version, basis }
@@ -721,6 +729,10 @@ mod tests {
             Message::Welcome {
                 version: 5,
                 basis: CopyBasis::LeftoverReplaced,
+            },
+            Message::Welcome {
+                version: 6,
+                basis: CopyBasis::Returned,
             },
             Message::Refuse {
                 reason: "volume exists".into(),

@@ -191,11 +191,27 @@ impl Daemon {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ServerError> {
         let mut tasks = tokio::task::JoinSet::new();
         if let Some(l) = self.nbd {
-            tracing::info!(addr = ?self.state.addrs.nbd, "NBD listening");
+            let mode = match (
+                &self.state.nbd_tls,
+                self.state.config.nbd.tls_clear_loopback,
+            ) {
+                (Some(_), true) => {
+                    "TLS with a client certificate of its authority (loopback clients may skip TLS)"
+                }
+                (Some(_), false) => "TLS with a client certificate of its authority",
+                (None, _) => "no TLS, no authentication",
+            };
+            tracing::info!(addr = %shown(self.state.addrs.nbd), mode, "NBD listening");
             tasks.spawn(nbd::serve(l, self.state.clone(), shutdown.clone()));
         }
         for (i, l) in self.iscsi.into_iter().enumerate() {
-            tracing::info!(addr = ?l.local_addr().ok(), portal_group = i + 1, "iSCSI portal listening");
+            let c = &self.state.config.iscsi;
+            let mode = if c.chap_user.is_empty() && c.acl.is_empty() {
+                "no CHAP, no ACL: loopback initiators only, unless a target sets its own; no encryption"
+            } else {
+                "CHAP and/or initiator ACL; no encryption"
+            };
+            tracing::info!(addr = %shown(l.local_addr().ok()), portal_group = i + 1, mode, "iSCSI portal listening");
             tasks.spawn(iscsi::serve(l, i, self.state.clone(), shutdown.clone()));
         }
         tasks.spawn(indexer::run(self.state.clone(), shutdown.clone()));
@@ -213,7 +229,12 @@ impl Daemon {
             }
         }
         if let Some(l) = self.migration {
-            tracing::info!(addr = ?self.state.addrs.migration, "accepting migrations");
+            let mode = if self.state.config.migration.plaintext {
+                "PLAINTEXT (loopback only)"
+            } else {
+                "TLS 1.3, both ends present certificates pinned in <pool>/tls/trusted"
+            };
+            tracing::info!(addr = %shown(self.state.addrs.migration), mode, "accepting migrations");
             tasks.spawn(migration::destination::serve(
                 l,
                 self.state.clone() as Arc<dyn migration::MigrationHost>,
@@ -317,4 +338,9 @@ impl migration::MigrationHost for ServerState {
     fn volume_arrived(&self, vol: &Arc<ferry_storage::Volume>) {
         indexer::index_arrived(self.index.clone(), vol);
     }
+}
+
+/// A bound address for a log line ("-" when there is none).
+fn shown(a: Option<SocketAddr>) -> String {
+    a.map_or_else(|| "-".into(), |a| a.to_string())
 }

@@ -278,6 +278,8 @@ async fn moves_list(State(h): St) -> Json<Vec<VmMoveStatus>> {
             .cloned()
             .collect::<Vec<_>>(),
     );
+    // Newest first.
+    out.sort_by(|a, b| b.started_unix.total_cmp(&a.started_unix));
     Json(out)
 }
 

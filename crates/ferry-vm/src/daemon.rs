@@ -184,6 +184,9 @@ pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), V
         }
         _ => None,
     };
+    if let (Some(h), Some(addr)) = (&host, &opts.control) {
+        *h.control.lock() = Some(addr.clone());
+    }
     if let Some(addr) = &opts.control {
         let (api, router) = control_api(addr, &opts, &agent, host.as_ref()).await?;
         tasks.spawn(ferry_trust::api::serve(api, router, shutdown.clone()));

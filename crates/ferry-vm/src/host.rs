@@ -49,6 +49,9 @@ pub struct VmHost {
     /// recorded them (`<state>/moves/<id>.json`); one it left unfinished
     /// reads as failed, with the reason.
     pub past_moves: parking_lot::Mutex<BTreeMap<MigrationId, ferry_api::VmMoveStatus>>,
+    /// This host's control API (`--control`), told to a source whose guest
+    /// arrived here: where `ferry vm` reaches the guest now.
+    pub control: parking_lot::Mutex<Option<String>>,
 }
 
 fn disk_error(volume: &str, e: &HostError) -> VmError {
@@ -101,6 +104,7 @@ impl VmHost {
             guests: Default::default(),
             moves: Default::default(),
             past_moves: parking_lot::Mutex::new(crate::moves::past_moves(root)),
+            control: parking_lot::Mutex::new(None),
         });
         let mut entries: Vec<PathBuf> = std::fs::read_dir(&vms)
             .map_err(|e| VmError::Io(e.to_string()))?
@@ -240,6 +244,15 @@ impl VmHost {
 
     fn accel_for(spec: &VmSpec) -> Result<&'static str, VmError> {
         resolve_accel(spec.accel).map_err(VmError::BadSpec)
+    }
+
+    /// Where `ferry vm` reaches this host's guests: its control API, else
+    /// its move listener's name.
+    pub fn reached_at(&self) -> String {
+        self.control
+            .lock()
+            .clone()
+            .unwrap_or_else(|| self.name.clone())
     }
 
     /// Define a guest (and start it). Everything is checked first: a bad
@@ -549,7 +562,9 @@ async fn holds_volume(admin: &str, volume: &str) -> Result<(), VmError> {
                     .unwrap_or_default()
             ))),
         },
-        Ok(None) => Err(bad(format!("the storage daemon at {admin} has no such volume"))),
+        Ok(None) => Err(bad(format!(
+            "the storage daemon at {admin} has no such volume"
+        ))),
         Err(e) => Err(bad(format!("the admin API at {admin} did not answer: {e}"))),
     }
 }

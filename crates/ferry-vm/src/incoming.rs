@@ -116,7 +116,8 @@ async fn handle(host: Arc<VmHost>, mut link: ServerLink) -> Result<(), VmError> 
             answer(&mut link, &a).await
         }
         PeerRequest::Finish { id } => {
-            let a = reply(finish(&host, &id).await);
+            let mut a = reply(finish(&host, &id).await);
+            a.control = host.control.lock().clone();
             answer(&mut link, &a).await
         }
         PeerRequest::Abort { id } => {

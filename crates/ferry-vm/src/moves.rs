@@ -142,17 +142,24 @@ impl MoveRun {
     }
 
     pub fn status(&self) -> VmMoveStatus {
+        let report = self.report.lock().clone();
+        let ran = self.started.elapsed();
+        let started_unix = std::time::SystemTime::now()
+            .checked_sub(ran)
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0.0, |d| d.as_secs_f64());
         VmMoveStatus {
             id: self.id.clone(),
             vm: self.vm.clone(),
             kind: self.kind,
             phase: self.phase(),
-            elapsed_s: self.started.elapsed().as_secs_f64(),
+            elapsed_s: report.as_ref().map_or(ran.as_secs_f64(), |r| r.total_s),
+            started_unix,
             memory_remaining: self.memory_remaining.load(Ordering::Relaxed),
             disk_dirty: self.disk_dirty.load(Ordering::Relaxed),
             convergence: self.convergence.lock().clone(),
             error: self.error.lock().clone(),
-            report: self.report.lock().clone(),
+            report,
             to_host: self.req.to_host.clone(),
             disk_migrations: self.disk_migrations.lock().clone(),
         }
@@ -344,7 +351,7 @@ fn disk_upstreams(host: &VmHost, g: &Guest) -> Vec<Arc<ferry_host::Upstream>> {
 
 async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
     let _op = g.op.lock().await;
-    let here = host.name.clone();
+    let here = host.reached_at();
     // The longest guest request from here on is the move's. The forwarders
     // are held until the report: a guest that leaves has its disks
     // detached here before the move ends.
@@ -602,7 +609,7 @@ async fn disk_only(
         Ok(st) => st,
         Err(e) => {
             cancel_disks(run, &disks).await;
-            let mut o = Outcome::aborted(e.to_string(), &host.name);
+            let mut o = Outcome::aborted(e.to_string(), &host.reached_at());
             o.disks = disk_statuses(&disks).await.unwrap_or_default();
             return Ok(o);
         }
@@ -624,7 +631,7 @@ async fn disk_only(
         guest_pause_ms: None,
         result: VmMovePhase::Completed,
         reason: None,
-        running_at: host.name.clone(),
+        running_at: host.reached_at(),
         memory_rounds: 0,
         downtime_ms: None,
         disk_gap_ms: None,
@@ -653,7 +660,7 @@ async fn memory_move(
     let max_downtime = run.req.max_downtime_ms.unwrap_or(DEFAULT_MAX_DOWNTIME_MS);
     let deadline = deadline_of(run);
     let compress = run.req.compress.unwrap_or(true);
-    let here = host.name.clone();
+    let here = host.reached_at();
 
     // What the destination will be asked to take.
     let mut incoming = Vec::new();
@@ -1188,7 +1195,7 @@ async fn memory_phase(
                 guest_pause_ms,
                 result: VmMovePhase::Completed,
                 reason: None,
-                running_at: to_host.into(),
+                running_at: a.control.clone().unwrap_or_else(|| to_host.into()),
                 memory_rounds: rounds,
                 downtime_ms: downtime,
                 disk_gap_ms: gap,
@@ -1227,7 +1234,7 @@ async fn memory_phase(
             }
             let mut o = Outcome::aborted(
                 format!("the destination could not run the guest ({why}); resumed here"),
-                &host.name,
+                &host.reached_at(),
             );
             o.memory_rounds = rounds;
             o.disks = disk_states;
@@ -1269,7 +1276,7 @@ async fn memory_phase(
                         crate::recover::Resolution::Here(why) => why,
                         _ => String::new(),
                     },
-                    &host.name,
+                    &host.reached_at(),
                 ),
             };
             o.memory_rounds = rounds;

@@ -100,6 +100,10 @@ pub struct PeerAnswer {
     pub ok: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// After `Finish`: this host's control API, where `ferry vm` reaches
+    /// the guest now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<String>,
     /// After `Finish`: QEMU's run state at the destination.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
@@ -123,6 +127,7 @@ impl PeerAnswer {
     pub fn ok() -> PeerAnswer {
         PeerAnswer {
             ok: true,
+            control: None,
             error: None,
             status: None,
             first_io_unix_ms: None,
@@ -134,6 +139,7 @@ impl PeerAnswer {
     pub fn err(e: impl Into<String>) -> PeerAnswer {
         PeerAnswer {
             ok: false,
+            control: None,
             error: Some(e.into()),
             status: None,
             first_io_unix_ms: None,

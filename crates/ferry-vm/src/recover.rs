@@ -132,9 +132,9 @@ pub async fn settle_disks(g: &Guest, disks: &[DiskMigrationRef]) -> Vec<String> 
         let (c, id) = (AdminClient::new(&d.admin), d.id.clone());
         let st = tokio::task::spawn_blocking(move || c.migration(&id)).await;
         let moved_to = match st {
-            Ok(Ok(s)) if s.phase == MigrationPhase::Switched => s
-                .report
-                .and_then(|r| Some((r.new_location?, r.new_admin))),
+            Ok(Ok(s)) if s.phase == MigrationPhase::Switched => {
+                s.report.and_then(|r| Some((r.new_location?, r.new_admin)))
+            }
             Ok(Ok(s)) if s.phase == MigrationPhase::Failed => None,
             Ok(Ok(_)) => {
                 let (c, id) = (AdminClient::new(&d.admin), d.id.clone());
