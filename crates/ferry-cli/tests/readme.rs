@@ -15,7 +15,6 @@
 #[allow(dead_code)]
 mod toxiproxy;
 
-#[allow(dead_code)]
 mod common;
 mod guests;
 

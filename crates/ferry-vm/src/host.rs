@@ -514,33 +514,6 @@ fn known_address(addr: &str, declared: &[String]) -> bool {
     ferry_trust::is_loopback_name(ferry_trust::host_of(addr))
 }
 
-#[cfg(test)]
-mod known_tests {
-    use super::known_address;
-
-    #[test]
-    fn loopback_and_declared_addresses_are_known() {
-        let declared = vec!["st-b.example:10809".to_string()];
-        for a in [
-            "127.0.0.1:10809",
-            "localhost:1",
-            "[::1]:10809",
-            "unix:/run/x.sock",
-            "st-b.example:10809",
-        ] {
-            assert!(known_address(a, &declared), "{a}");
-        }
-        for a in [
-            "192.0.2.1:10809",
-            "st-b.example:10810",
-            "evil.example:10809",
-            "[2001:db8::1]:1",
-        ] {
-            assert!(!known_address(a, &declared), "{a}");
-        }
-    }
-}
-
 /// Whether the storage daemon whose admin API is `admin` holds `volume`
 /// here (not moved away): the check before a guest's spec names it.
 async fn holds_volume(admin: &str, volume: &str) -> Result<(), VmError> {
@@ -566,5 +539,32 @@ async fn holds_volume(admin: &str, volume: &str) -> Result<(), VmError> {
             "the storage daemon at {admin} has no such volume"
         ))),
         Err(e) => Err(bad(format!("the admin API at {admin} did not answer: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod known_tests {
+    use super::known_address;
+
+    #[test]
+    fn loopback_and_declared_addresses_are_known() {
+        let declared = vec!["st-b.example:10809".to_string()];
+        for a in [
+            "127.0.0.1:10809",
+            "localhost:1",
+            "[::1]:10809",
+            "unix:/run/x.sock",
+            "st-b.example:10809",
+        ] {
+            assert!(known_address(a, &declared), "{a}");
+        }
+        for a in [
+            "192.0.2.1:10809",
+            "st-b.example:10810",
+            "evil.example:10809",
+            "[2001:db8::1]:1",
+        ] {
+            assert!(!known_address(a, &declared), "{a}");
+        }
     }
 }
