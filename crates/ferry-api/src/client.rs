@@ -28,8 +28,13 @@ pub enum ClientError {
         detail: String,
     },
     /// The daemon answered with an error status.
-    #[error("admin API answered {status}: {message}")]
-    Status { status: u16, message: String },
+    #[error("{} at {base} answered {status}: {message}", .daemon.what())]
+    Status {
+        daemon: Daemon,
+        base: String,
+        status: u16,
+        message: String,
+    },
     /// The answer is not what this client expects.
     #[error("admin API answer to {path} does not decode: {detail}")]
     Decode { path: String, detail: String },
@@ -48,8 +53,8 @@ pub enum Daemon {
 impl Daemon {
     fn what(self) -> &'static str {
         match self {
-            Daemon::Storage => "the ferry admin API",
-            Daemon::Host => "the ferry host daemon",
+            Daemon::Storage => "the storage daemon's admin API",
+            Daemon::Host => "the host's control API",
         }
     }
 
@@ -228,7 +233,12 @@ impl AdminClient {
                             text
                         }
                     });
-                Err(ClientError::Status { status, message })
+                Err(ClientError::Status {
+                    daemon: self.daemon,
+                    base: self.base.clone(),
+                    status,
+                    message,
+                })
             }
             Err(e) => Err(ClientError::Unreachable {
                 daemon: self.daemon,

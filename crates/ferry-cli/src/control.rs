@@ -236,17 +236,19 @@ fn read_json<T: serde::de::DeserializeOwned>(p: &PathBuf, what: &str) -> Result<
 #[derive(Args)]
 pub struct SnapshotArgs {
     /// A snapshot: {sites, links, vms} (docs/placement-model.md).
-    #[arg(
-        long,
-        required_unless_present = "inventory",
-        conflicts_with = "inventory"
-    )]
+    #[arg(long, conflicts_with_all = ["inventory", "controller"])]
     cluster: Option<PathBuf>,
     /// Or the live sites: {sites: [{name, cpu_capacity, hosts:
-    /// [{control, moves}], storage: [{nbd, migrate, admin}]}], links};
+    /// [{control, moves}], storage: [{nbd, migrate, admin}]}], links}
+    /// (`ferry site list --json` prints a controller's in this format);
     /// the hosts are measured twice, --interval apart.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "controller")]
     inventory: Option<PathBuf>,
+    /// Or the live sites a controller knows (its inventory, measured here
+    /// the same way); the default when neither --cluster nor --inventory
+    /// is given: $FERRY_CONTROLLER, else 127.0.0.1:10870.
+    #[arg(long, env = "FERRY_CONTROLLER")]
+    controller: Option<String>,
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     interval: std::time::Duration,
     #[command(flatten)]
@@ -308,7 +310,12 @@ fn plan_once(
     policy: Option<PathBuf>,
     json: bool,
 ) -> Result<()> {
-    let (inv, c, running_on) = snapshot(&from)?;
+    let Snapshot {
+        inventory: inv,
+        cluster: c,
+        running_on,
+        ..
+    } = snapshot(&from)?;
     if let Some(f) = &save_snapshot {
         std::fs::write(f, serde_json::to_vec_pretty(&c)?)
             .with_context(|| format!("writing {}", f.display()))?;
@@ -530,12 +537,12 @@ pub fn run(cmd: ControlCmd, tls_dir: Option<PathBuf>) -> Result<()> {
                 _ if rtt_ms.is_some() => (Asked::Stay, String::new()),
                 _ => anyhow::bail!("give --vm-to, --disk-to or --teleport-to SITE, or --rtt-ms"),
             };
-            let (_, c, _) = snapshot(&from)?;
-            let e = estimate(&c, &vm, asked, &to, rtt_ms, horizon_s)?;
+            let snap = snapshot(&from)?;
+            let e = estimate(&snap.cluster, &vm, asked, &to, rtt_ms, horizon_s)?;
             if json {
-                return print_json(&e);
+                return print_json(&serde_json::json!({"estimate": e, "links": snap.links}));
             }
-            print_estimate(&e);
+            print_estimate(&e, &snap.links);
         }
         ControlCmd::Simulate {
             sites,
@@ -663,39 +670,59 @@ fn replay_snapshot(
 /// The cluster to plan on: a snapshot file, or the live sites of an
 /// inventory measured now (with where each guest runs). Problems met while
 /// measuring go to stderr.
-fn snapshot(from: &SnapshotArgs) -> Result<(Option<Inventory>, Cluster, BTreeMap<String, String>)> {
-    let inv: Option<Inventory> = match &from.inventory {
-        Some(f) => {
-            let i: Inventory = read_json(f, "inventory")?;
-            i.validate().map_err(anyhow::Error::msg)?;
-            Some(i)
+/// A cluster to plan or estimate on, and where its figures came from.
+struct Snapshot {
+    inventory: Option<Inventory>,
+    cluster: Cluster,
+    running_on: BTreeMap<String, String>,
+    /// Each link as declared and as probed (empty for a saved snapshot).
+    links: Vec<ferry_controller::measure::LinkMeasure>,
+}
+
+fn snapshot(from: &SnapshotArgs) -> Result<Snapshot> {
+    if let Some(f) = &from.cluster {
+        let c = read_json::<Cluster>(f, "cluster snapshot")?;
+        c.validate()?;
+        return Ok(Snapshot {
+            inventory: None,
+            cluster: c,
+            running_on: BTreeMap::new(),
+            links: Vec::new(),
+        });
+    }
+    let inv: Inventory = match &from.inventory {
+        Some(f) => read_json(f, "inventory")?,
+        None => {
+            let addr = from.controller.as_deref().unwrap_or("127.0.0.1:10870");
+            ControllerClient::new(addr)
+                .settings()
+                .with_context(|| {
+                    format!(
+                        "asking the controller at {addr} for its sites (or give --inventory FILE or --cluster FILE)"
+                    )
+                })?
+                .inventory
         }
-        None => None,
     };
-    let (c, running_on, problems) = match (&from.cluster, &inv) {
-        (Some(f), _) => (
-            read_json::<Cluster>(f, "cluster snapshot")?,
-            BTreeMap::new(),
-            Vec::new(),
-        ),
-        (None, Some(i)) => {
-            let m = ferry_controller::measure::measure(
-                i,
-                from.interval,
-                &from.loads.source(),
-                &BTreeMap::new(),
-                &mut Default::default(),
-                &mut Default::default(),
-            );
-            (m.cluster, m.running_on, m.problems)
-        }
-        (None, None) => anyhow::bail!("give --cluster or --inventory"),
-    };
-    for p in &problems {
+    inv.validate().map_err(anyhow::Error::msg)?;
+    let m = ferry_controller::measure::measure(
+        &inv,
+        from.interval,
+        &from.loads.source(),
+        &BTreeMap::new(),
+        &mut Default::default(),
+        &mut Default::default(),
+    );
+    for p in &m.problems {
         eprintln!("{p}");
     }
-    c.validate()?;
-    Ok((inv, c, running_on))
+    m.cluster.validate()?;
+    Ok(Snapshot {
+        inventory: Some(inv),
+        cluster: m.cluster,
+        running_on: m.running_on,
+        links: m.links,
+    })
 }
 
 /// `ferry control place`: decide where a new guest starts and start it
@@ -803,18 +830,26 @@ fn place(
     Ok(())
 }
 
-fn print_estimate(e: &Estimate) {
+fn print_estimate(e: &Estimate, links: &[ferry_controller::measure::LinkMeasure]) {
     let what = match e.asked {
-        Asked::Stay => "stay".to_string(),
-        Asked::Move(a) => format!("{a:?}"),
+        Asked::Stay => "stay where it is".to_string(),
+        Asked::Move(a) => a.describe().to_string(),
     };
     println!(
-        "{}: {what} {}/{} -> {}/{} (link {:.1} ms, {:.1} MB/s)",
-        e.vm,
-        e.from.host_site,
-        e.from.disk_site,
-        e.to.host_site,
-        e.to.disk_site,
+        "{}: {what}: VM at {}, disk at {} -> VM at {}, disk at {}",
+        e.vm, e.from.host_site, e.from.disk_site, e.to.host_site, e.to.disk_site,
+    );
+    let (a, b) = &e.link_sites;
+    let m = links
+        .iter()
+        .find(|l| (&l.a == a && &l.b == b) || (&l.a == b && &l.b == a));
+    let (rtt_from, bw_from) = match m {
+        Some(m) => (m.rtt_used().1, m.bandwidth_used().1),
+        None if a == b => ("within a site".into(), "within a site".into()),
+        None => ("from the snapshot".into(), "from the snapshot".into()),
+    };
+    println!(
+        "  link {a} <-> {b}: RTT {:.1} ms ({rtt_from}), {:.1} MB/s ({bw_from})",
         e.link_rtt_ms,
         e.link_bandwidth / 1e6
     );
@@ -881,6 +916,28 @@ fn status(controller: &str, journal: usize, json: bool) -> Result<()> {
     for p in st["problems"].as_array().into_iter().flatten() {
         println!("problem: {}", p.as_str().unwrap_or_default());
     }
+    let measured: Vec<ferry_controller::measure::LinkMeasure> =
+        serde_json::from_value(st["links"].clone()).unwrap_or_default();
+    for l in &set.inventory.links {
+        match measured.iter().find(|m| m.a == l.a && m.b == l.b) {
+            Some(m) => {
+                let ((rtt, rtt_from), (bw, bw_from)) = (m.rtt_used(), m.bandwidth_used());
+                println!(
+                    "link {} <-> {}: RTT {rtt:.1} ms ({rtt_from}), {:.1} MB/s ({bw_from})",
+                    l.a,
+                    l.b,
+                    bw / 1e6
+                );
+            }
+            None => println!(
+                "link {} <-> {}: RTT {:.1} ms, {:.1} MB/s (declared; not measured yet)",
+                l.a,
+                l.b,
+                l.rtt_ms,
+                l.bandwidth / 1e6
+            ),
+        }
+    }
     for h in st["held_back"].as_array().into_iter().flatten() {
         println!(
             "held back: {} {} to {}: failed {} times in a row, next try in {:.0} s (last: {})",
@@ -942,7 +999,8 @@ fn status(controller: &str, journal: usize, json: bool) -> Result<()> {
             _ => e["what"].as_str().unwrap_or_default().to_string(),
         };
         println!(
-            "journal {} {}: {what}",
+            "journal #{} (cycle {}) {}: {what}",
+            e["seq"],
             e["cycle"],
             e["event"].as_str().unwrap_or_default()
         );
@@ -964,6 +1022,9 @@ pub enum SiteCmd {
         /// A storage daemon: nbd=..,migrate=..,admin=..[,nbd_local=..] (repeatable).
         #[arg(long = "storage", value_parser = storage_ref)]
         storage: Vec<StorageRef>,
+        /// Change an existing site to this description (its links stay).
+        #[arg(long)]
+        replace: bool,
         #[command(flatten)]
         to: ControllerArg,
     },
@@ -1050,6 +1111,7 @@ pub fn site(cmd: SiteCmd) -> Result<()> {
             cpu_capacity,
             hosts,
             storage,
+            replace,
             to,
         } => {
             let site = SiteInventory {
@@ -1058,8 +1120,14 @@ pub fn site(cmd: SiteCmd) -> Result<()> {
                 hosts,
                 storage,
             };
-            ControllerClient::new(&to.controller).add_site(&site)?;
-            println!("site {name} added");
+            let c = ControllerClient::new(&to.controller);
+            if replace {
+                c.replace_site(&site)?;
+                println!("site {name} replaced (its links stay)");
+            } else {
+                c.add_site(&site)?;
+                println!("site {name} added");
+            }
         }
         SiteCmd::Remove { name, to } => {
             ControllerClient::new(&to.controller).remove_site(&name)?;

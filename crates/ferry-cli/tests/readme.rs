@@ -174,6 +174,7 @@ impl Walk {
             .current_dir(&self.dir)
             .env("PATH", path)
             .env_remove("FERRY_LOG")
+            .env_remove("RUST_BACKTRACE")
             .env_remove("FERRY_ADMIN")
             .env_remove("FERRY_HOST")
             .env_remove("FERRY_TLS_DIR");

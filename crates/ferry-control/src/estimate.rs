@@ -21,6 +21,14 @@ pub enum EstimateError {
         what: &'static str,
         site: String,
     },
+    #[error("{vm} already has its {there} at site {site}: to move only its {other} there, ask --{flag}-to {site}")]
+    HalfThere {
+        vm: String,
+        there: &'static str,
+        other: &'static str,
+        flag: &'static str,
+        site: String,
+    },
     #[error("the RTT must be zero or more and finite, got {0}")]
     BadRtt(f64),
     #[error(transparent)]
@@ -42,7 +50,9 @@ pub struct Estimate {
     pub asked: Asked,
     pub from: Placement,
     pub to: Placement,
-    /// The move's link (sites, RTT ms, bytes/s) as the snapshot has it.
+    /// The move's link (sites, RTT ms, bytes/s) as the snapshot has it
+    /// (for staying put: the link between the guest and its disk).
+    pub link_sites: (String, String),
     pub link_rtt_ms: f64,
     pub link_bandwidth: f64,
     /// None when nothing moves.
@@ -107,6 +117,19 @@ pub fn estimate(
         },
         // Both move, or it is not a teleport (the other moves say so).
         Asked::Move(Action::Teleport) => {
+            let half = |there, other, flag| EstimateError::HalfThere {
+                vm: vm.into(),
+                there,
+                other,
+                flag,
+                site: to_site.into(),
+            };
+            if from.host_site == to_site && from.disk_site != to_site {
+                return Err(half("VM", "disk", "disk"));
+            }
+            if from.disk_site == to_site && from.host_site != to_site {
+                return Err(half("disk", "VM", "vm"));
+            }
             let s = there("its VM", &from.host_site)?;
             Placement {
                 host_site: s.clone(),
@@ -115,14 +138,22 @@ pub fn estimate(
         }
     };
     let now_link = c.link(&from.host_site, &from.disk_site)?;
-    let (cost, link) = match asked {
-        Asked::Stay => (None, now_link.clone()),
+    let (cost, link, link_sites) = match asked {
+        Asked::Stay => (
+            None,
+            now_link.clone(),
+            (from.host_site.clone(), from.disk_site.clone()),
+        ),
         Asked::Move(a) => {
             let (x, y) = match a {
                 Action::MoveDisk => (&from.disk_site, &to.disk_site),
                 _ => (&from.host_site, &to.host_site),
             };
-            (Some(cost_of(c, v, a, &to)?), c.link(x, y)?)
+            (
+                Some(cost_of(c, v, a, &to)?),
+                c.link(x, y)?,
+                (x.clone(), y.clone()),
+            )
         }
     };
     let access_now = access_cost(v, c, now_link.rtt_ms, now_link.bandwidth, horizon_s)?;
@@ -139,6 +170,7 @@ pub fn estimate(
         asked,
         from,
         to,
+        link_sites,
         link_rtt_ms: link.rtt_ms,
         link_bandwidth: link.bandwidth,
         cost,
@@ -213,11 +245,11 @@ mod tests {
         let t = estimate(&both, "g", Asked::Move(Action::Teleport), "a", None, 600.0).unwrap();
         assert!(t.cost.unwrap().seconds > d.cost.unwrap().seconds);
         assert!(t.cost.unwrap().pause_s > vm.cost.unwrap().pause_s);
-        // From a/b, one of the two is already there.
-        assert!(matches!(
-            estimate(&c, "g", Asked::Move(Action::Teleport), "a", None, 600.0),
-            Err(EstimateError::AlreadyThere { .. })
-        ));
+        // From a/b, the VM is already there: the error names the move
+        // that would do (the disk's).
+        let e = estimate(&c, "g", Asked::Move(Action::Teleport), "a", None, 600.0).unwrap_err();
+        assert!(matches!(e, EstimateError::HalfThere { flag: "disk", .. }));
+        assert!(e.to_string().contains("--disk-to a"), "{e}");
     }
 
     #[test]

@@ -118,6 +118,17 @@ pub enum Action {
     Teleport,
 }
 
+impl Action {
+    /// What an operator calls it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Action::MoveVm => "move the VM (memory only; the disk stays)",
+            Action::MoveDisk => "move the disk (the VM stays)",
+            Action::Teleport => "teleport (VM and disk together)",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Decision {
     pub vm: String,

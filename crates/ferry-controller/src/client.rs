@@ -143,6 +143,11 @@ impl ControllerClient {
         self.send("POST", "/v1/sites", s)
     }
 
+    /// Change a site in place (its links stay).
+    pub fn replace_site(&self, s: &SiteInventory) -> Result<Settings> {
+        self.send("PUT", &format!("/v1/sites/{}", s.name), s)
+    }
+
     pub fn remove_site(&self, name: &str) -> Result<()> {
         self.call::<serde_json::Value>("DELETE", &format!("/v1/sites/{name}"), None)
             .map(|_| ())

@@ -209,6 +209,48 @@ pub struct LinkMeasure {
     pub moves_counted: usize,
 }
 
+impl LinkMeasure {
+    /// The RTT the model uses (ms), and where it came from.
+    pub fn rtt_used(&self) -> (f64, String) {
+        match (self.measured_rtt_ms, &self.error) {
+            (Some(m), _) => (
+                m,
+                format!(
+                    "probed{}; declared {:.1} ms",
+                    self.from
+                        .as_deref()
+                        .map(|f| format!(" from {f}"))
+                        .unwrap_or_default(),
+                    self.declared_rtt_ms
+                ),
+            ),
+            (None, Some(e)) => (
+                self.declared_rtt_ms,
+                format!("declared; the probe failed: {e}"),
+            ),
+            (None, None) => (self.declared_rtt_ms, "declared".into()),
+        }
+    }
+
+    /// The bandwidth the model uses (bytes/s), and where it came from:
+    /// what the controller's moves achieved, else the probe, else the
+    /// declared figure.
+    pub fn bandwidth_used(&self) -> (f64, String) {
+        let declared = format!("declared {:.1} MB/s", self.declared_bandwidth / 1e6);
+        match (self.moves_bandwidth, self.probed_bandwidth) {
+            (Some(b), _) => (
+                b,
+                format!(
+                    "achieved by {} completed move(s); {declared}",
+                    self.moves_counted
+                ),
+            ),
+            (None, Some(b)) => (b, format!("probed; {declared}")),
+            (None, None) => (self.declared_bandwidth, "declared".into()),
+        }
+    }
+}
+
 /// Per link (sites in name order): the smoothed bytes per second of the
 /// completed moves among `outcomes` (oldest first) that carried at least
 /// 1 MB, and how many there were. The model's fixed set-up of each kind

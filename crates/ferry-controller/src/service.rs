@@ -221,12 +221,21 @@ impl Shared {
         self.store.save_settings(&next)?;
         *s = next.clone();
         drop(s);
+        if !next.inventory.sites.is_empty() {
+            // Said by the last cycle; the next one (woken below) measures.
+            self.status
+                .lock()
+                .problems
+                .retain(|p| !p.starts_with(NO_SITES));
+        }
         self.record(Event::Settings { what });
         self.metrics.paused.set(i64::from(next.policy.paused));
         self.wake();
         Ok(next)
     }
 }
+
+const NO_SITES: &str = "no sites yet";
 
 fn now_unix() -> f64 {
     std::time::SystemTime::now()
@@ -304,7 +313,7 @@ fn cycle(sh: &Shared, cadence: &Cadence, mem: &mut Memory, born: Instant) {
     sh.metrics.cycles.inc();
     if settings.inventory.sites.is_empty() {
         let mut st = sh.status.lock();
-        st.problems = vec!["no sites yet: add one (ferry site add)".into()];
+        st.problems = vec![format!("{NO_SITES}: add one (ferry site add)")];
         st.last_cycle_unix = Some(now_unix());
         return;
     }
@@ -661,6 +670,25 @@ async fn add_site(
     Ok((StatusCode::CREATED, Json(s)))
 }
 
+async fn replace_site(
+    State(sh): State<Arc<Shared>>,
+    UrlPath(name): UrlPath<String>,
+    b: axum::body::Bytes,
+) -> ApiResult<Json<Settings>> {
+    let site: SiteInventory = body(&b)?;
+    if site.name != name {
+        return Err(ControllerError::BadInput(format!(
+            "the body describes site {}, the path names {name}",
+            site.name
+        ))
+        .into());
+    }
+    let s = tokio::task::block_in_place(|| {
+        sh.change(format!("site {name} replaced"), |s| s.replace_site(site))
+    })?;
+    Ok(Json(s))
+}
+
 async fn remove_site(
     State(sh): State<Arc<Shared>>,
     UrlPath(name): UrlPath<String>,
@@ -740,7 +768,7 @@ fn router(sh: Arc<Shared>) -> Router {
         .route("/v1/settings", get(get_settings).put(put_settings))
         .route("/v1/policy", axum::routing::put(put_policy))
         .route("/v1/sites", post(add_site))
-        .route("/v1/sites/:name", delete(remove_site))
+        .route("/v1/sites/:name", delete(remove_site).put(replace_site))
         .route("/v1/links", axum::routing::put(put_links))
         .route("/v1/pause", post(pause))
         .route("/v1/resume", post(resume))

@@ -44,12 +44,32 @@ impl Settings {
     pub fn add_site(&mut self, site: SiteInventory) -> Result<(), ControllerError> {
         if self.inventory.site(&site.name).is_some() {
             return Err(ControllerError::Conflict(format!(
-                "site {} exists already",
-                site.name
+                "site {} exists already: `ferry site add {} --replace ...` changes it (its links stay)",
+                site.name, site.name
             )));
         }
         let mut next = self.clone();
         next.inventory.sites.push(site);
+        next.validate()?;
+        *self = next;
+        Ok(())
+    }
+
+    /// Change a site's description in place; its links stay.
+    pub fn replace_site(&mut self, site: SiteInventory) -> Result<(), ControllerError> {
+        let mut next = self.clone();
+        let Some(old) = next
+            .inventory
+            .sites
+            .iter_mut()
+            .find(|s| s.name == site.name)
+        else {
+            return Err(ControllerError::NotFound(format!(
+                "no site {} to replace (add it without --replace)",
+                site.name
+            )));
+        };
+        *old = site;
         next.validate()?;
         *self = next;
         Ok(())

@@ -55,6 +55,25 @@ pub struct VmHost {
 }
 
 fn disk_error(volume: &str, e: &HostError) -> VmError {
+    // The server answers, but has no such export: say what to do.
+    if let HostError::Connect {
+        server,
+        source:
+            ferry_client::ClientError::Protocol(ferry_nbd::NbdError::OptionRefused { reply, .. }),
+        ..
+    } = e
+    {
+        if *reply == ferry_nbd::consts::REP_ERR_UNKNOWN {
+            return VmError::Disk {
+                volume: volume.into(),
+                detail: format!(
+                    "the storage daemon at {server} has no volume {volume}: create it there first \
+                     (`ferry volume create {volume} --size SIZE --admin ITS_ADMIN_ADDRESS`), or name \
+                     the daemon that holds it"
+                ),
+            };
+        }
+    }
     VmError::Disk {
         volume: volume.into(),
         detail: e.to_string(),
@@ -303,10 +322,14 @@ impl VmHost {
                     ferry_client::NbdClient::connect(&d.server, &d.volume, &opts)
                         .await
                         .map_err(|e| {
-                            undo(VmError::Disk {
-                                volume: d.volume.clone(),
-                                detail: format!("not reachable at {}: {e}", d.server),
-                            })
+                            undo(disk_error(
+                                &d.volume,
+                                &HostError::Connect {
+                                    volume: d.volume.clone(),
+                                    server: d.server.clone(),
+                                    source: e,
+                                },
+                            ))
                         })?;
                 }
             }
