@@ -132,6 +132,17 @@ enum Cmd {
         /// much of it a move sends (a sample of its pages); 0: never.
         #[arg(long, value_name = "SECS", default_value_t = 30)]
         memory_sample_every: u64,
+        /// What a stop of this daemon (SIGTERM, Ctrl-C) does to its
+        /// guests: keep (they run on; their disk requests wait up to 30 s
+        /// for the next daemon on this state directory, then fail) or
+        /// stop (each is shut down, power button first, while its disk is
+        /// still served; it stays stopped). SIGKILL always keeps them.
+        #[arg(long, default_value = "keep", value_parser = str::parse::<ferry_vm::daemon::OnStop>)]
+        on_stop: ferry_vm::daemon::OnStop,
+        /// With --on-stop stop: how long a guest may take to power off
+        /// before QEMU is ended.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        stop_timeout: Duration,
     },
     /// Placement: the controller (run, status, pause, resume), one-off
     /// plans and a simulator.
@@ -406,7 +417,11 @@ fn main() -> Result<()> {
             qemu_user,
             nbd_tls_dir,
             memory_sample_every,
+            on_stop,
+            stop_timeout,
         } => host(ferry_vm::daemon::HostOptions {
+            on_stop,
+            stop_timeout,
             insecure_plaintext_api,
             // Absolute: guests' QEMU command lines and files name them.
             image_dirs: image_dir.into_iter().map(absolute).collect(),

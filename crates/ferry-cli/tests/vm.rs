@@ -181,6 +181,31 @@ fn guests_start_show_metrics_and_survive_a_restart_of_their_host() {
     assert!(after >= before + 20);
     assert_eq!(boots(&serial), 1);
 
+    // Stopped on purpose with --on-stop stop, the daemon shuts its guest
+    // down (the test guest ignores the power button: QEMU is ended after
+    // --stop-timeout) while its disk is still served; the guest stays
+    // stopped under the next daemon.
+    let (control, moves) = (host.control.clone(), host.moves.clone());
+    let mut host = host;
+    host.kill9();
+    let mut host = Host::start_with(
+        &state,
+        control.clone(),
+        moves.clone(),
+        &["--on-stop", "stop", "--stop-timeout", "2s"],
+    );
+    assert_eq!(host.state_of("g1").as_deref(), Some("running"));
+    let at_stop = wait_acks(&serial, 5);
+    assert!(host.terminate().success(), "ferry host exits 0 on SIGTERM");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(
+        stat.is_empty() || stat.contains(") Z "),
+        "QEMU ended with the daemon: {stat}"
+    );
+    let host = Host::start_on(&state, control, moves);
+    assert_eq!(host.state_of("g1").as_deref(), Some("stopped"));
+    let after = acks(&serial).last().unwrap().0.max(at_stop);
+
     host.vm_ok(&["stop", "g1"]);
     assert_eq!(host.state_of("g1").as_deref(), Some("stopped"));
     let n = check_records(&st, "root", d.path(), &[serial]);

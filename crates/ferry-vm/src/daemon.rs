@@ -9,8 +9,39 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+/// What `ferry host` does with its guests when it is stopped on purpose
+/// (SIGTERM, SIGINT).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnStop {
+    /// Guests run on. Their disk requests wait for the next daemon on the
+    /// same state directory (QEMU reconnects to the forwarder for 30 s;
+    /// a daemon back within that loses nothing, a later one leaves the
+    /// guest with I/O errors).
+    #[default]
+    Keep,
+    /// Guests are shut down (ACPI power button, then QEMU quits after
+    /// `--stop-timeout`) while the forwarder still serves their disks; they
+    /// stay stopped (`ferry vm start`).
+    Stop,
+}
+
+impl std::str::FromStr for OnStop {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "keep" => Ok(OnStop::Keep),
+            "stop" => Ok(OnStop::Stop),
+            _ => Err(format!("{s:?}: keep (guests run on) or stop (they are shut down)")),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct HostOptions {
+    /// What happens to the guests when the daemon is stopped on purpose.
+    pub on_stop: OnStop,
+    /// With [`OnStop::Stop`]: how long a guest may take to power off.
+    pub stop_timeout: Duration,
     /// `(server, volume)` pairs forwarded from the start.
     pub volumes: Vec<(String, String)>,
     /// NBD listeners for hypervisors: `HOST:PORT` or `unix:PATH`.
@@ -116,7 +147,11 @@ async fn control_api(
 
 /// Run until `shutdown`. Guests keep running when the daemon stops; the
 /// next daemon on the same state directory finds them.
-pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), VmError> {
+pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmError> {
+    // Everything below ends on `shutdown`, which follows `signal` once the
+    // guests were dealt with as `opts.on_stop` says (the forwarder serves
+    // their disks until then).
+    let shutdown = CancellationToken::new();
     let tls =
         match &opts.nbd_tls_dir {
             Some(dir) => Some(ferry_client::ClientTls::from_dir(dir).map_err(|e| {
@@ -229,6 +264,17 @@ pub async fn run(opts: HostOptions, shutdown: CancellationToken) -> Result<(), V
                     () = crate::dirty_rate::sample(guests, every) => {}
                 }
             }
+        });
+    }
+    {
+        let (host, shutdown, on_stop, timeout) =
+            (host.clone(), shutdown.clone(), opts.on_stop, opts.stop_timeout);
+        tasks.spawn(async move {
+            signal.cancelled().await;
+            if let (Some(h), OnStop::Stop) = (&host, on_stop) {
+                h.stop_all(timeout).await;
+            }
+            shutdown.cancel();
         });
     }
     while tasks.join_next().await.is_some() {}

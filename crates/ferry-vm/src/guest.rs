@@ -330,6 +330,31 @@ impl Guest {
     }
 
     /// Stop QEMU: `quit`, then SIGKILL if it lingers.
+    /// Press the guest's power button and wait up to `timeout` for QEMU to
+    /// end; then end it as [`Self::stop_qemu`] does. Says which it was.
+    pub async fn power_off(&self, timeout: Duration) -> &'static str {
+        let pid = self.runtime.lock().as_ref().map(|r| (r.pid, r.qmp.clone()));
+        let Some((pid, qmp)) = pid else {
+            return "not running";
+        };
+        let _ = tokio::time::timeout(
+            Duration::from_secs(5),
+            qmp.execute_value("system_powerdown", None),
+        )
+        .await;
+        let t = Instant::now();
+        while pid_alive(pid) && t.elapsed() < timeout {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let powered_off = !pid_alive(pid);
+        self.stop_qemu().await;
+        if powered_off {
+            "powered off"
+        } else {
+            "quit (it did not power off in time)"
+        }
+    }
+
     pub async fn stop_qemu(&self) {
         *self.memory.lock() = Default::default();
         let Some(rt) = self.runtime.lock().take() else {

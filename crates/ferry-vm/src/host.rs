@@ -265,6 +265,35 @@ impl VmHost {
         resolve_accel(spec.accel).map_err(VmError::BadSpec)
     }
 
+    /// Shut every guest down (the daemon stops with `--on-stop stop`): the
+    /// ACPI power button, then QEMU quits once `timeout` passed; a guest in
+    /// a move is left to the move's recovery. All at once.
+    pub async fn stop_all(&self, timeout: std::time::Duration) {
+        let guests: Vec<Arc<Guest>> = self.guests.read().values().cloned().collect();
+        let mut stops = tokio::task::JoinSet::new();
+        for g in guests {
+            if g.runtime().is_none() {
+                continue;
+            }
+            if let Some(id) = g.moving.lock().clone() {
+                tracing::warn!(guest = %g.name(), move_id = %id, "not stopped: a move runs (the next daemon finishes or ends it)");
+                continue;
+            }
+            stops.spawn(async move {
+                let _op = g.op.lock().await;
+                let how = g.power_off(timeout).await;
+                let spec = g.spec.lock().clone();
+                (g.name().to_string(), how, spec)
+            });
+        }
+        while let Some(r) = stops.join_next().await {
+            if let Ok((name, how, spec)) = r {
+                tracing::info!(guest = %name, how, "guest stopped with the daemon");
+                self.detach_disks(&spec);
+            }
+        }
+    }
+
     /// Where `ferry vm` reaches this host's guests: its control API, else
     /// its move listener's name.
     pub fn reached_at(&self) -> String {

@@ -156,6 +156,11 @@ impl Host {
     }
 
     pub fn start_on(state: &Path, control: String, moves: String) -> Host {
+        Self::start_with(state, control, moves, &[])
+    }
+
+    /// With more `ferry host` arguments.
+    pub fn start_with(state: &Path, control: String, moves: String, extra: &[&str]) -> Host {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -170,6 +175,7 @@ impl Host {
             .arg(guest_dir())
             // Often, so that every test's moves run beside a measurement.
             .args(["--memory-sample-every", "2"])
+            .args(extra)
             .env("FERRY_LOG", "info,ferry_host=debug")
             .stdout(Stdio::null())
             .stderr(log)
@@ -238,6 +244,14 @@ impl Host {
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Stop the daemon as an operator does (SIGTERM); its exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        self.child.wait().unwrap()
     }
 
     /// Kill the daemon (SIGKILL) and start another on the same state and
