@@ -464,8 +464,12 @@ fn absolute(p: PathBuf) -> PathBuf {
 /// log file or journal gets plain text).
 fn init_logging() {
     use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // rustls warns of every client that names an IP address as the TLS
+    // server name (QEMU's and libnbd's NBD clients do, connecting to an
+    // address): harmless, and not the operator's to fix.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,rustls::msgs::handshake=error")
+    });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
