@@ -580,12 +580,19 @@ pub fn run(cmd: ControlCmd, tls_dir: Option<PathBuf>) -> Result<()> {
                 return print_json(&rs);
             }
             println!(
-                "{} sites, {} VMs, {} ticks of {} s",
-                cfg.sites, cfg.vms, cfg.ticks, cfg.tick_s
+                "{} sites of {:.0} CPUs, {} VMs (1 CPU each; {:.0} on the spiking sites s0, s10, ... in ticks {} to {}), {} ticks of {} s",
+                cfg.sites,
+                ferry_control::simulate::site_capacity(&cfg),
+                cfg.vms,
+                cfg.spike_cpu,
+                cfg.ticks / 3,
+                2 * cfg.ticks / 3 - 1,
+                cfg.ticks,
+                cfg.tick_s
             );
             println!("| policy | guest-seconds lost | of which CPU contention | moves (VM / disk / teleport) | bytes moved | slowest cycle | drained at tick |");
             println!("|---|---|---|---|---|---|---|");
-            for r in rs {
+            for r in &rs {
                 println!(
                     "| {} | {:.0} | {:.0} | {} ({} / {} / {}) | {:.1} GB | {:.1} ms | {} |",
                     r.policy,
@@ -597,7 +604,18 @@ pub fn run(cmd: ControlCmd, tls_dir: Option<PathBuf>) -> Result<()> {
                     r.teleports,
                     r.bytes_moved / 1e9,
                     r.max_cycle_ms,
-                    r.drained_at_tick.map_or("-".to_string(), |t| t.to_string())
+                    match (r.drained_at_tick, r.drain_left) {
+                        (Some(t), _) => t.to_string(),
+                        (None, 0) => "-".to_string(),
+                        (None, n) => format!("not by the end: {n} guests or disks left"),
+                    }
+                );
+            }
+            let peak = rs.iter().map(|r| r.peak_cpu_share).fold(0.0, f64::max);
+            if peak > 1.0 {
+                println!(
+                    "\nThe guests asked for up to {:.0}% of all the sites' CPUs: no placement avoids that contention, and every policy loses it alike.",
+                    peak * 100.0
                 );
             }
         }

@@ -3,11 +3,13 @@
 //! CPU-bound phases, disks placed away from their VMs at the start. Each
 //! tick the VMs' load is what their placement lets them do (a closed-loop
 //! I/O-bound guest issues one request per round trip); the policy plans;
-//! the plan is applied at once (the move's cost is charged). In the middle
-//! third of the run the guests whose home is the first site need three
-//! times the CPU (a load spike that overfills that site): a site asked for
-//! more CPU than it has slows every guest on it in proportion (CPU
-//! contention, priced as lost guest-seconds). The report counts, per
+//! the plan is applied at once (the move's cost is charged). Each site has
+//! twice the CPUs its guests need on average (at least 16), so the cluster
+//! has room; in the middle third of the run the guests whose home is a
+//! spiking site (the first, and every tenth after it) need three times the
+//! CPU (a load spike that overfills that site): a site asked for more CPU
+//! than it has slows every guest on it in proportion (CPU contention,
+//! priced as lost guest-seconds). The report counts, per
 //! policy, the guests' lost seconds (I/O and CPU), bytes moved, moves, the
 //! slowest decision cycle, and in the maintenance run how long the drained
 //! site took to empty.
@@ -29,7 +31,7 @@ pub struct SimConfig {
     pub remote_share: f64,
     /// Chance per tick that a VM switches between I/O- and CPU-bound.
     pub flip: f64,
-    /// CPU a guest of the first site needs during the spike (middle third
+    /// CPU a guest of a spiking site needs during the spike (middle third
     /// of the ticks); 1.0 elsewhere and otherwise.
     pub spike_cpu: f64,
     /// Drain this site for maintenance from this tick on.
@@ -72,6 +74,26 @@ pub struct SimResult {
     /// With a site drained for maintenance: the first tick after which no
     /// guest ran there and no disk lived there (`None`: never).
     pub drained_at_tick: Option<usize>,
+    /// With a site drained: guests running there or with their disk there
+    /// at the end (a drain is limited by the moves each link carries at
+    /// once, `max_moves_per_link`).
+    pub drain_left: usize,
+    /// The most CPU the guests asked for at one tick, as a share of all
+    /// the sites' CPUs: above 1, no placement avoids contention.
+    pub peak_cpu_share: f64,
+}
+
+/// CPUs each simulated site has: twice the guests it starts with on
+/// average, at least 16.
+pub fn site_capacity(cfg: &SimConfig) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let per_site = cfg.vms as f64 / cfg.sites.max(1) as f64;
+    (2.0 * per_site).ceil().max(16.0)
+}
+
+/// Whether the guests of site `i` spike: the first and every tenth.
+fn spiking(i: usize) -> bool {
+    i % 10 == 0
 }
 
 /// Service time of one request on local storage (s).
@@ -84,7 +106,7 @@ fn build(cfg: &SimConfig) -> (Cluster, Vec<bool>) {
         .iter()
         .map(|n| Site {
             name: n.clone(),
-            cpu_capacity: 64.0,
+            cpu_capacity: site_capacity(cfg),
         })
         .collect();
     let mut links = Vec::new();
@@ -185,11 +207,16 @@ fn measure(c: &mut Cluster, io_bound: &[bool]) {
 /// Run one policy (`None`: no automation) over the configured cluster.
 pub fn run(cfg: &SimConfig, name: &str, policy: Option<&Policy>) -> SimResult {
     let (mut c, mut io_bound) = build(cfg);
+    let spiking_sites: Vec<String> = (0..cfg.sites)
+        .filter(|i| spiking(*i))
+        .map(|i| format!("s{i}"))
+        .collect();
     let home: Vec<bool> = c
         .vms
         .iter()
-        .map(|v| v.placement.host_site == "s0")
+        .map(|v| spiking_sites.contains(&v.placement.host_site))
         .collect();
+    let all_cpus: f64 = c.sites.iter().map(|s| s.cpu_capacity).sum();
     let mut policy = policy.cloned();
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ 0x5eed);
     let mut triggers = Triggers::default();
@@ -204,6 +231,8 @@ pub fn run(cfg: &SimConfig, name: &str, policy: Option<&Policy>) -> SimResult {
         teleports: 0,
         max_cycle_ms: 0.0,
         drained_at_tick: None,
+        drain_left: 0,
+        peak_cpu_share: 0.0,
     };
     for tick in 0..cfg.ticks {
         let spike = (cfg.ticks / 3..2 * cfg.ticks / 3).contains(&tick);
@@ -233,6 +262,8 @@ pub fn run(cfg: &SimConfig, name: &str, policy: Option<&Policy>) -> SimResult {
                 r.lost_s += a.lost_s;
             }
         }
+        let asked: f64 = c.vms.iter().map(|v| v.load.cpu).sum();
+        r.peak_cpu_share = r.peak_cpu_share.max(asked / all_cpus);
         let cpu = cpu_lost(&c, cfg.tick_s);
         r.cpu_lost_s += cpu;
         r.lost_s += cpu;
@@ -266,11 +297,12 @@ pub fn run(cfg: &SimConfig, name: &str, policy: Option<&Policy>) -> SimResult {
             v.since_move_s += cfg.tick_s;
         }
         if let Some((at, site)) = &cfg.maintenance {
-            let empty = !c
+            r.drain_left = c
                 .vms
                 .iter()
-                .any(|v| v.placement.host_site == *site || v.placement.disk_site == *site);
-            if tick >= *at && empty && r.drained_at_tick.is_none() {
+                .filter(|v| v.placement.host_site == *site || v.placement.disk_site == *site)
+                .count();
+            if tick >= *at && r.drain_left == 0 && r.drained_at_tick.is_none() {
                 r.drained_at_tick = Some(tick);
             }
         }
