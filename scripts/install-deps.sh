@@ -9,7 +9,8 @@ want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 
 export DEBIAN_FRONTEND=noninteractive
-pkgs=(build-essential pkg-config ca-certificates curl e2fsprogs)
+# qemu-system-x86: the demo's guest (and the VM tests').
+pkgs=(build-essential pkg-config ca-certificates curl e2fsprogs qemu-system-x86 qemu-utils)
 if [ "$want_test" = 1 ]; then
   # libiscsi-bin: iscsi-test-cu, iscsi-ls, iscsi-inq, iscsi-perf; qemu-block-extra:
   # qemu-img and qemu-io over iscsi://; tgt: the peer in bench/iscsi_peers.py.
@@ -19,7 +20,7 @@ if [ "$want_test" = 1 ]; then
   # etcd-server: controllers sharing their state and electing a leader;
   # prometheus: scrapes every daemon, and runs the Grafana dashboard's queries;
   # syslinux, mtools, dosfstools: a disk a guest boots from (--boot-disk).
-  pkgs+=(qemu-utils qemu-block-extra libnbd-bin python3-libnbd nbdkit fio python3 python3-matplotlib chromium rsync libiscsi-bin tgt qemu-system-x86 etcd-server prometheus syslinux syslinux-common mtools dosfstools)
+  pkgs+=(qemu-block-extra libnbd-bin python3-libnbd nbdkit fio python3 python3-matplotlib chromium rsync libiscsi-bin tgt etcd-server prometheus syslinux syslinux-common mtools dosfstools)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
@@ -69,10 +70,12 @@ if ! command -v toxiproxy-server >/dev/null 2>&1; then
   rm -rf "$tmp"
 fi
 
+# The guest of the demo and the VM tests: Debian's kernel and a busybox
+# initramfs (does nothing when it is there).
+bash "$(dirname "$0")/guest-image.sh" "${FERRY_GUEST_DIR:-/var/cache/ferry-guest}" \
+  || echo "WARN: no guest image; the demo and the VM tests need it"
+
 if [ "$want_test" = 1 ]; then
-  # The test guest: Debian's kernel and a busybox initramfs (VM tests).
-  bash "$(dirname "$0")/guest-image.sh" "${FERRY_GUEST_DIR:-/var/cache/ferry-guest}" \
-    || echo "WARN: no guest image; the VM tests will fail under FERRY_REQUIRE_TOOLS"
   # cargo-fuzz needs a nightly toolchain; pinned version of the tool itself.
   if command -v rustup >/dev/null 2>&1 && ! rustup run nightly rustc --version >/dev/null 2>&1; then
     rustup toolchain install nightly --profile minimal || echo "WARN: no nightly toolchain; fuzz smoke runs will be skipped"

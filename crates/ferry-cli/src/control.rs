@@ -352,14 +352,8 @@ fn plan_once(
     }
     for d in &pl.decisions {
         println!(
-            "{} {:?}: {}/{} -> {}/{}: {}",
-            d.vm,
-            d.action,
-            d.from.host_site,
-            d.from.disk_site,
-            d.to.host_site,
-            d.to.disk_site,
-            d.reason
+            "{} {}: {} -> {}: {}",
+            d.vm, d.action, d.from, d.to, d.reason
         );
     }
     for s in &pl.skipped {
@@ -665,14 +659,12 @@ fn replay_snapshot(
     }
     for m in &r.moves {
         println!(
-            "at {:.0} s: {} {:?}: {}/{} -> {}/{}, {:.1} MB in {:.1} s, pause {:.0} ms: {}",
+            "at {:.0} s: {} {}: {} -> {}, {:.1} MB in {:.1} s, pause {:.0} ms: {}",
             m.decided_s,
             m.vm,
             m.action,
-            m.from.host_site,
-            m.from.disk_site,
-            m.to.host_site,
-            m.to.disk_site,
+            m.from,
+            m.to,
             m.bytes / 1e6,
             m.seconds,
             m.pause_s * 1000.0,
@@ -895,6 +887,17 @@ fn print_estimate(e: &Estimate, links: &[ferry_controller::measure::LinkMeasure]
     );
 }
 
+/// An action as the API or the journal spells it (`move_disk`,
+/// `MoveDisk`), in words.
+fn action_words(v: &serde_json::Value) -> &'static str {
+    match v.as_str().unwrap_or_default() {
+        "move_vm" | "MoveVm" => "VM move",
+        "move_disk" | "MoveDisk" => "disk move",
+        "teleport" | "Teleport" => "teleport",
+        _ => "move",
+    }
+}
+
 fn status(controller: &str, journal: usize, json: bool) -> Result<()> {
     let c = ControllerClient::new(controller);
     let st = c.status()?;
@@ -985,7 +988,7 @@ fn status(controller: &str, journal: usize, json: bool) -> Result<()> {
         println!(
             "decided: {} {}: {}",
             d["vm"].as_str().unwrap_or_default(),
-            d["action"].as_str().unwrap_or_default(),
+            action_words(&d["action"]),
             d["reason"].as_str().unwrap_or_default()
         );
     }
@@ -994,7 +997,7 @@ fn status(controller: &str, journal: usize, json: bool) -> Result<()> {
             "finished" => format!(
                 "{} {}: {} in {:.1} s (predicted {:.1} s){}",
                 e["outcome"]["vm"].as_str().unwrap_or_default(),
-                e["outcome"]["action"].as_str().unwrap_or_default(),
+                action_words(&e["outcome"]["action"]),
                 e["outcome"]["result"].as_str().unwrap_or_default(),
                 e["outcome"]["seconds"].as_f64().unwrap_or(0.0),
                 e["outcome"]["predicted_seconds"].as_f64().unwrap_or(0.0),
@@ -1006,7 +1009,7 @@ fn status(controller: &str, journal: usize, json: bool) -> Result<()> {
             "decided" => format!(
                 "{} {}: {}",
                 e["vm"].as_str().unwrap_or_default(),
-                e["action"].as_str().unwrap_or_default(),
+                action_words(&e["action"]),
                 e["reason"].as_str().unwrap_or_default()
             ),
             "started" => format!(

@@ -44,6 +44,16 @@ pub struct Placement {
     pub disk_site: String,
 }
 
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host_site == self.disk_site {
+            write!(f, "VM and disk at {}", self.host_site)
+        } else {
+            write!(f, "VM at {}, disk at {}", self.host_site, self.disk_site)
+        }
+    }
+}
+
 /// A VM's load as its host measured it (forwarder and QEMU).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VmLoad {

@@ -118,6 +118,17 @@ pub enum Action {
     Teleport,
 }
 
+impl std::fmt::Display for Action {
+    /// The short name in reasons and listings.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Action::MoveVm => "VM move",
+            Action::MoveDisk => "disk move",
+            Action::Teleport => "teleport",
+        })
+    }
+}
+
 impl Action {
     /// What an operator calls it.
     pub fn describe(self) -> &'static str {
@@ -359,7 +370,7 @@ pub fn plan(
         {
             if lost_here > 1.0 {
                 plan.skipped.push(skip(format!(
-                    "best move ({action:?}) gains {gain:.1} s over {:.0} s for a cost of {:.1} s (margin {:.1}×)",
+                    "best move ({action}) gains {gain:.1} s over {:.0} s for a cost of {:.1} s (margin {:.1}×)",
                     p.horizon_s, cost.lost_s, p.margin
                 )));
             }
@@ -379,11 +390,9 @@ pub fn plan(
             lost_there_s: lost_there,
             cost,
             reason: format!(
-                "disk {:.1} ms away costs {lost_here:.1} s of {:.0} s; at {}/{} it would cost {lost_there:.1} s; the move costs {:.1} s ({:.0} MB, {:.1} s, pause {:.0} ms)",
+                "disk {:.1} ms away costs {lost_here:.1} s of {:.0} s; with {to} it would cost {lost_there:.1} s; the {action} costs {:.1} s ({:.0} MB, {:.1} s, pause {:.0} ms)",
                 here.rtt_ms,
                 p.horizon_s,
-                to.host_site,
-                to.disk_site,
                 cost.lost_s,
                 cost.bytes / 1e6,
                 cost.seconds,
@@ -526,8 +535,7 @@ fn forced(
     let cost = cost_of(c, vm, action, &to)?;
     if !cost.converges {
         return Ok(Err(format!(
-            "{action:?} to {}/{} would not converge (dirty rate above the link's)",
-            to.host_site, to.disk_site
+            "a {action} to {to} would not converge (dirty rate above the link's)"
         )));
     }
     let here = c.link(&vm.placement.host_site, &vm.placement.disk_site)?;
@@ -628,10 +636,8 @@ fn drain(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError>
             continue;
         }
         let why = format!(
-            "site {} is in maintenance: {action:?} to {}/{}",
+            "site {} is in maintenance: a {action} to {to}",
             if sites.draining(h) { h } else { d },
-            to.host_site,
-            to.disk_site
         );
         match forced(c, p, vm, action, to.clone(), why)? {
             Ok(dec) => {

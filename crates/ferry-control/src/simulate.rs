@@ -93,7 +93,7 @@ pub fn site_capacity(cfg: &SimConfig) -> f64 {
 
 /// Whether the guests of site `i` spike: the first and every tenth.
 fn spiking(i: usize) -> bool {
-    i % 10 == 0
+    i.is_multiple_of(10)
 }
 
 /// Service time of one request on local storage (s).

@@ -63,7 +63,7 @@ impl MoveOutcome {
     /// One line for people.
     pub fn line(&self) -> String {
         format!(
-            "{} {:?} to {}/{}: {} in {:.1} s (predicted {:.1} s), {:.0} MB (predicted {:.0} MB){}",
+            "{} {} to VM at {}, disk at {}: {} in {:.1} s (predicted {:.1} s), {:.0} MB (predicted {:.0} MB){}",
             self.vm,
             self.action,
             self.to_host_site,

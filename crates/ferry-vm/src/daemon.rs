@@ -31,7 +31,9 @@ impl std::str::FromStr for OnStop {
         match s {
             "keep" => Ok(OnStop::Keep),
             "stop" => Ok(OnStop::Stop),
-            _ => Err(format!("{s:?}: keep (guests run on) or stop (they are shut down)")),
+            _ => Err(format!(
+                "{s:?}: keep (guests run on) or stop (they are shut down)"
+            )),
         }
     }
 }
@@ -267,8 +269,12 @@ pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmE
         });
     }
     {
-        let (host, shutdown, on_stop, timeout) =
-            (host.clone(), shutdown.clone(), opts.on_stop, opts.stop_timeout);
+        let (host, shutdown, on_stop, timeout) = (
+            host.clone(),
+            shutdown.clone(),
+            opts.on_stop,
+            opts.stop_timeout,
+        );
         tasks.spawn(async move {
             signal.cancelled().await;
             if let (Some(h), OnStop::Stop) = (&host, on_stop) {
