@@ -10,6 +10,8 @@
 //! line starting `Error: ` must fail. A command ending in `&` is a daemon:
 //! it runs in the background until the walkthrough ends, and the next
 //! command waits until every address it was told to listen on answers.
+//! The guest's files are where `scripts/guest-image.sh` puts them,
+//! `/var/cache/ferry-guest`, unless `FERRY_GUEST_DIR` says otherwise.
 
 #[path = "../../ferry-server/tests/common/toxiproxy.rs"]
 #[allow(dead_code)]
@@ -36,6 +38,9 @@ const LISTEN_FLAGS: &[&str] = &[
     "--move-listen",
     "--listen",
 ];
+
+/// Where the README says the guest's files are.
+const README_GUEST_DIR: &str = "/var/cache/ferry-guest";
 
 /// The longest one foreground command may take (a teleport under TCG).
 const COMMAND_LIMIT_S: u32 = 300;
@@ -182,7 +187,10 @@ impl Walk {
     }
 
     fn run(&mut self, s: &Step) {
-        let cmd = s.command.replace("\\\n", " ");
+        let cmd = s
+            .command
+            .replace("\\\n", " ")
+            .replace(README_GUEST_DIR, &guests::guest_dir().display().to_string());
         if let Some(bg) = cmd.trim_end().strip_suffix('&') {
             let child = self
                 .shell(bg)
