@@ -297,38 +297,24 @@ impl migration::MigrationHost for ServerState {
     /// `migration.advertise_nbd` if set; otherwise the NBD listener, with
     /// an unspecified address replaced by the one the migration came in on.
     fn advertised_nbd(&self, local: Option<SocketAddr>) -> String {
-        if !self.config.migration.advertise_nbd.is_empty() {
-            return self.config.migration.advertise_nbd.clone();
-        }
-        match (self.addrs.nbd, local) {
-            (Some(mut nbd), Some(l)) if nbd.ip().is_unspecified() => {
-                nbd.set_ip(l.ip());
-                nbd.to_string()
-            }
-            (Some(nbd), _) => nbd.to_string(),
-            (None, _) => String::new(),
-        }
+        advertised(
+            &self.config.migration.advertise_nbd,
+            self.addrs.nbd,
+            local,
+            false,
+        )
     }
 
-    /// `migration.advertise_admin` if set; otherwise the admin listener,
-    /// with an unspecified address replaced by the one the migration came
-    /// in on, and nothing when it listens on loopback while the migration
+    /// `migration.advertise_admin` if set; otherwise the admin listener as
+    /// for NBD, and nothing when it listens on loopback while the migration
     /// came from beyond (that address would name the source's machine).
     fn advertised_admin(&self, local: Option<SocketAddr>) -> String {
-        if !self.config.migration.advertise_admin.is_empty() {
-            return self.config.migration.advertise_admin.clone();
-        }
-        match (self.addrs.admin, local) {
-            (Some(mut admin), Some(l)) if admin.ip().is_unspecified() => {
-                admin.set_ip(l.ip());
-                admin.to_string()
-            }
-            (Some(admin), Some(l)) if admin.ip().is_loopback() && !l.ip().is_loopback() => {
-                String::new()
-            }
-            (Some(admin), _) => admin.to_string(),
-            (None, _) => String::new(),
-        }
+        advertised(
+            &self.config.migration.advertise_admin,
+            self.addrs.admin,
+            local,
+            true,
+        )
     }
 
     fn migration_finished(&self, report: &ferry_api::Report) {
@@ -340,7 +326,67 @@ impl migration::MigrationHost for ServerState {
     }
 }
 
+/// The address a migration's source is told to use for one of this
+/// daemon's listeners: `configured` if set; else `bound`, an unspecified
+/// IP replaced by `local` (the address the migration came in on); with
+/// `local_only_on_loopback`, none for a loopback listener reached from
+/// beyond loopback.
+fn advertised(
+    configured: &str,
+    bound: Option<SocketAddr>,
+    local: Option<SocketAddr>,
+    local_only_on_loopback: bool,
+) -> String {
+    if !configured.is_empty() {
+        return configured.to_string();
+    }
+    match (bound, local) {
+        (Some(mut b), Some(l)) if b.ip().is_unspecified() => {
+            b.set_ip(l.ip());
+            b.to_string()
+        }
+        (Some(b), Some(l))
+            if local_only_on_loopback && b.ip().is_loopback() && !l.ip().is_loopback() =>
+        {
+            String::new()
+        }
+        (Some(b), _) => b.to_string(),
+        (None, _) => String::new(),
+    }
+}
+
 /// A bound address for a log line ("-" when there is none).
 fn shown(a: Option<SocketAddr>) -> String {
     a.map_or_else(|| "-".into(), |a| a.to_string())
+}
+
+#[cfg(test)]
+mod advertised_tests {
+    use super::advertised;
+
+    #[test]
+    fn listeners_are_advertised_as_the_source_can_reach_them() {
+        let a = |s: &str| Some(s.parse().unwrap());
+        // Configured wins.
+        assert_eq!(
+            advertised("x:1", a("0.0.0.0:2"), a("10.0.0.1:3"), true),
+            "x:1"
+        );
+        // An unspecified listener: the address the migration came in on.
+        assert_eq!(
+            advertised("", a("0.0.0.0:2"), a("10.0.0.1:3"), true),
+            "10.0.0.1:2"
+        );
+        // A loopback admin API is no use to a source beyond loopback.
+        assert_eq!(advertised("", a("127.0.0.1:2"), a("10.0.0.1:3"), true), "");
+        assert_eq!(
+            advertised("", a("127.0.0.1:2"), a("127.0.0.1:3"), true),
+            "127.0.0.1:2"
+        );
+        assert_eq!(
+            advertised("", a("127.0.0.1:2"), a("10.0.0.1:3"), false),
+            "127.0.0.1:2"
+        );
+        assert_eq!(advertised("", None, a("10.0.0.1:3"), true), "");
+    }
 }
