@@ -187,7 +187,12 @@ pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmE
     let mut tasks = tokio::task::JoinSet::new();
     for l in &listen {
         let listener = Listener::bind(l).await.map_err(|e| listen_err(l, e))?;
-        tracing::info!(listen = %l, "serving NBD");
+        let mode = if l.starts_with("unix:") {
+            "a unix socket: this machine's hypervisors"
+        } else {
+            "no TLS, no authentication: this machine's hypervisors, or a network you trust"
+        };
+        tracing::info!(listen = %l, mode, "serving NBD (the guests' disks)");
         tasks.spawn(ferry_host::serve(listener, agent.clone(), shutdown.clone()));
     }
     if let (Some((_, user)), Some(s)) = (&confinement, &nbd_socket) {
@@ -232,7 +237,7 @@ pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmE
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| listen_err(addr, e))?;
-        tracing::info!(listen = %addr, "move listener (TLS)");
+        tracing::info!(listen = %addr, mode = "TLS 1.3, both ends present certificates pinned in <state-dir>/tls/trusted", "move listener");
         tasks.spawn(incoming::serve(h.clone(), l, shutdown.clone()));
     }
     if let Some(h) = &host {
