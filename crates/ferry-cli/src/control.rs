@@ -534,7 +534,10 @@ pub fn run(cmd: ControlCmd, tls_dir: Option<PathBuf>) -> Result<()> {
             let snap = snapshot(&from)?;
             let e = estimate(&snap.cluster, &vm, asked, &to, rtt_ms, horizon_s)?;
             if json {
-                return print_json(&serde_json::json!({"estimate": e, "links": snap.links}));
+                // The estimate's fields, and each link as declared and probed.
+                let mut v = serde_json::to_value(&e)?;
+                v["links"] = serde_json::to_value(&snap.links)?;
+                return print_json(&v);
             }
             print_estimate(&e, &snap.links);
         }

@@ -171,7 +171,8 @@ fn bad_arguments_get_clear_errors() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the ferry admin API"));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("cannot reach the storage daemon's admin API"));
     let d = tempfile::tempdir().unwrap();
     let s = Serve::start(&d.path().join("pool"));
     let out = Command::new(FERRY)
