@@ -384,9 +384,27 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     wait_acks(&third, 20);
     check_continued(&second, &third);
 
-    // Disk-only back to storage A (direct, no toxics): the guest stays;
-    // the disk's admin address came with the guest from host B.
+    // A spec that still names the daemon the disk left (written by a host
+    // before hosts learnt the new address): host A's spec is set back to
+    // storage A's admin address while host A is down. The disk move
+    // follows the volume to storage B's address, which A recorded.
+    let mut s = s;
+    s.ha.kill9();
+    let spec = s.ha.state.join("vms").join("g1").join("spec.json");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    // Storage B's admin address is in the spec as the disk's admin only.
+    let stale = text.replace(s.sb.admin.as_str(), s.sa.admin.as_str());
+    assert_ne!(text, stale, "{text}");
+    std::fs::write(&spec, stale).unwrap();
+    s.ha.restart();
+    // The guest's disk is back (QEMU reconnected) before the move.
+    wait_acks(&third, 5);
+    // Disk-only back to storage A (direct, no toxics): the guest stays.
     let (done, r) = migrate(&s.ha, &["g1", "--to-storage", &s.sa.mig]);
+    assert!(
+        r["convergence"].to_string().contains("saw it move to"),
+        "{r}"
+    );
     assert!(done, "{r}");
     assert_eq!(r["kind"], "disk_only");
     // The guest wrote throughout: its longest request here is reported

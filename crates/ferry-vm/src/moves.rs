@@ -424,6 +424,28 @@ fn admin_of(d: &VmDisk) -> AdminClient {
     AdminClient::new(d.admin.as_deref().unwrap_or_default())
 }
 
+/// `d` as its storage daemons say it is now: a spec whose admin address
+/// names a daemon the volume has left (a move made before hosts learnt
+/// the new address) follows the volume to the admin address that daemon
+/// recorded, a few hops at most.
+async fn follow_moved(run: &MoveRun, d: &VmDisk) -> Result<VmDisk, VmError> {
+    let mut d = d.clone();
+    for _ in 0..4 {
+        let (c, v) = (admin_of(&d), d.volume.clone());
+        let view = blocking(move || c.get_volume(&v)).await?;
+        let (Some(to), Some(next)) = (view.moved_to, view.moved_admin) else {
+            return Ok(d);
+        };
+        run.note(format!(
+            "disk {}: the storage daemon at {} saw it move to {to}; its admin address there is {next}",
+            d.volume,
+            d.admin.as_deref().unwrap_or("-")
+        ));
+        d.admin = Some(next);
+    }
+    Ok(d)
+}
+
 /// Start every disk's migration to `to` (held before the switch or not).
 async fn start_disks(
     run: &MoveRun,
@@ -433,6 +455,7 @@ async fn start_disks(
 ) -> Result<Vec<(VmDisk, MigrationId)>, VmError> {
     let mut out = Vec::new();
     for d in disks {
+        let d = &follow_moved(run, d).await?;
         let c = admin_of(d);
         let req = MigrateRequest {
             to: to.into(),
