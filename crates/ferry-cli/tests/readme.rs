@@ -182,6 +182,7 @@ impl Walk {
             .env_remove("RUST_BACKTRACE")
             .env_remove("FERRY_ADMIN")
             .env_remove("FERRY_HOST")
+            .env_remove("FERRY_CONTROLLER")
             .env_remove("FERRY_TLS_DIR");
         c
     }
@@ -191,32 +192,42 @@ impl Walk {
             .command
             .replace("\\\n", " ")
             .replace(README_GUEST_DIR, &guests::guest_dir().display().to_string());
-        if let Some(bg) = cmd.trim_end().strip_suffix('&') {
-            let child = self
-                .shell(bg)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .process_group(0)
-                .spawn()
-                .unwrap();
-            self.daemons.push(child);
-            let t = Instant::now();
-            for a in listen_addrs(bg) {
-                while TcpStream::connect(&a).is_err() {
-                    assert!(
-                        t.elapsed() < Duration::from_secs(30),
-                        "README.md:{}: {bg}: nothing listens on {a} after 30 s",
-                        s.line
-                    );
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
-            return;
+        match cmd.trim_end().strip_suffix('&') {
+            Some(bg) => self.start_daemon(s, bg),
+            None => self.run_command(s, &cmd),
         }
+    }
+
+    /// A daemon in the background, waited for on its listen addresses.
+    fn start_daemon(&mut self, s: &Step, bg: &str) {
+        let child = self
+            .shell(bg)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        self.daemons.push(child);
+        let t = Instant::now();
+        for a in listen_addrs(bg) {
+            while TcpStream::connect(&a).is_err() {
+                assert!(
+                    t.elapsed() < Duration::from_secs(30),
+                    "README.md:{}: {bg}: nothing listens on {a} after 30 s",
+                    s.line
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+
+    /// A command in the foreground: its status and output as the README
+    /// shows them.
+    fn run_command(&mut self, s: &Step, cmd: &str) {
         let mut child = self
             .shell(&format!(
                 "timeout {COMMAND_LIMIT_S} bash -c {}",
-                shell_quote(&cmd)
+                shell_quote(cmd)
             ))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
