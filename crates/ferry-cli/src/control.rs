@@ -520,27 +520,14 @@ pub fn run(cmd: ControlCmd, tls_dir: Option<PathBuf>) -> Result<()> {
             from,
             horizon_s,
             json,
-        } => {
-            if !(horizon_s.is_finite() && horizon_s > 0.0) {
-                anyhow::bail!("--horizon-s must be above 0");
-            }
-            let (asked, to) = match (vm_to, disk_to, teleport_to) {
-                (Some(s), _, _) => (Asked::Move(Action::MoveVm), s),
-                (_, Some(s), _) => (Asked::Move(Action::MoveDisk), s),
-                (_, _, Some(s)) => (Asked::Move(Action::Teleport), s),
-                _ if rtt_ms.is_some() => (Asked::Stay, String::new()),
-                _ => anyhow::bail!("give --vm-to, --disk-to or --teleport-to SITE, or --rtt-ms"),
-            };
-            let snap = snapshot(&from)?;
-            let e = estimate(&snap.cluster, &vm, asked, &to, rtt_ms, horizon_s)?;
-            if json {
-                // The estimate's fields, and each link as declared and probed.
-                let mut v = serde_json::to_value(&e)?;
-                v["links"] = serde_json::to_value(&snap.links)?;
-                return print_json(&v);
-            }
-            print_estimate(&e, &snap.links);
-        }
+        } => estimate_one(
+            &vm,
+            (vm_to, disk_to, teleport_to),
+            rtt_ms,
+            &from,
+            horizon_s,
+            json,
+        )?,
         ControlCmd::Simulate {
             sites,
             vms,
@@ -563,59 +550,99 @@ pub fn run(cmd: ControlCmd, tls_dir: Option<PathBuf>) -> Result<()> {
                     "--remote-share must be 0 to 1 and --spike-cpu above 0 and at most 64"
                 );
             }
-            let cfg = SimConfig {
-                sites,
-                vms,
-                ticks,
-                seed,
-                remote_share,
-                spike_cpu,
-                ..SimConfig::default()
-            };
-            let rs = compare(&cfg);
-            if json {
-                return print_json(&rs);
-            }
-            println!(
-                "{} sites of {:.0} CPUs, {} VMs (1 CPU each; {:.0} on the spiking sites s0, s10, ... in ticks {} to {}), {} ticks of {} s",
-                cfg.sites,
-                ferry_control::simulate::site_capacity(&cfg),
-                cfg.vms,
-                cfg.spike_cpu,
-                cfg.ticks / 3,
-                2 * cfg.ticks / 3 - 1,
-                cfg.ticks,
-                cfg.tick_s
-            );
-            println!("| policy | guest-seconds lost | of which CPU contention | moves (VM / disk / teleport) | bytes moved | slowest cycle | drained at tick |");
-            println!("|---|---|---|---|---|---|---|");
-            for r in &rs {
-                println!(
-                    "| {} | {:.0} | {:.0} | {} ({} / {} / {}) | {:.1} GB | {:.1} ms | {} |",
-                    r.policy,
-                    r.lost_s,
-                    r.cpu_lost_s,
-                    r.moves,
-                    r.vm_moves,
-                    r.disk_moves,
-                    r.teleports,
-                    r.bytes_moved / 1e9,
-                    r.max_cycle_ms,
-                    match (r.drained_at_tick, r.drain_left) {
-                        (Some(t), _) => t.to_string(),
-                        (None, 0) => "-".to_string(),
-                        (None, n) => format!("not by the end: {n} guests or disks left"),
-                    }
-                );
-            }
-            let peak = rs.iter().map(|r| r.peak_cpu_share).fold(0.0, f64::max);
-            if peak > 1.0 {
-                println!(
-                    "\nThe guests asked for up to {:.0}% of all the sites' CPUs: no placement avoids that contention, and every policy loses it alike.",
-                    peak * 100.0
-                );
-            }
+            simulate_generated(
+                &SimConfig {
+                    sites,
+                    vms,
+                    ticks,
+                    seed,
+                    remote_share,
+                    spike_cpu,
+                    ..SimConfig::default()
+                },
+                json,
+            )?;
         }
+    }
+    Ok(())
+}
+
+/// `ferry control estimate`: one move (or staying) priced on the live sites
+/// or a snapshot; each link's figures with where they came from.
+fn estimate_one(
+    vm: &str,
+    (vm_to, disk_to, teleport_to): (Option<String>, Option<String>, Option<String>),
+    rtt_ms: Option<f64>,
+    from: &SnapshotArgs,
+    horizon_s: f64,
+    json: bool,
+) -> Result<()> {
+    if !(horizon_s.is_finite() && horizon_s > 0.0) {
+        anyhow::bail!("--horizon-s must be above 0");
+    }
+    let (asked, to) = match (vm_to, disk_to, teleport_to) {
+        (Some(s), _, _) => (Asked::Move(Action::MoveVm), s),
+        (_, Some(s), _) => (Asked::Move(Action::MoveDisk), s),
+        (_, _, Some(s)) => (Asked::Move(Action::Teleport), s),
+        _ if rtt_ms.is_some() => (Asked::Stay, String::new()),
+        _ => anyhow::bail!("give --vm-to, --disk-to or --teleport-to SITE, or --rtt-ms"),
+    };
+    let snap = snapshot(from)?;
+    let e = estimate(&snap.cluster, vm, asked, &to, rtt_ms, horizon_s)?;
+    if json {
+        // The estimate's fields, and each link as declared and probed.
+        let mut v = serde_json::to_value(&e)?;
+        v["links"] = serde_json::to_value(&snap.links)?;
+        return print_json(&v);
+    }
+    print_estimate(&e, &snap.links);
+    Ok(())
+}
+
+/// `ferry control simulate` on a generated cluster: every policy, a table.
+fn simulate_generated(cfg: &SimConfig, json: bool) -> Result<()> {
+    let rs = compare(cfg);
+    if json {
+        return print_json(&rs);
+    }
+    println!(
+        "{} sites of {:.0} CPUs, {} VMs (1 CPU each; {:.0} on the spiking sites s0, s10, ... in ticks {} to {}), {} ticks of {} s",
+        cfg.sites,
+        ferry_control::simulate::site_capacity(cfg),
+        cfg.vms,
+        cfg.spike_cpu,
+        cfg.ticks / 3,
+        2 * cfg.ticks / 3 - 1,
+        cfg.ticks,
+        cfg.tick_s
+    );
+    println!("| policy | guest-seconds lost | of which CPU contention | moves (VM / disk / teleport) | bytes moved | slowest cycle | drained at tick |");
+    println!("|---|---|---|---|---|---|---|");
+    for r in &rs {
+        println!(
+            "| {} | {:.0} | {:.0} | {} ({} / {} / {}) | {:.1} GB | {:.1} ms | {} |",
+            r.policy,
+            r.lost_s,
+            r.cpu_lost_s,
+            r.moves,
+            r.vm_moves,
+            r.disk_moves,
+            r.teleports,
+            r.bytes_moved / 1e9,
+            r.max_cycle_ms,
+            match (r.drained_at_tick, r.drain_left) {
+                (Some(t), _) => t.to_string(),
+                (None, 0) => "-".to_string(),
+                (None, n) => format!("not by the end: {n} guests or disks left"),
+            }
+        );
+    }
+    let peak = rs.iter().map(|r| r.peak_cpu_share).fold(0.0, f64::max);
+    if peak > 1.0 {
+        println!(
+            "\nThe guests asked for up to {:.0}% of all the sites' CPUs: no placement avoids that contention, and every policy loses it alike.",
+            peak * 100.0
+        );
     }
     Ok(())
 }
