@@ -319,13 +319,13 @@ pub fn run(cmd: VmCmd, c: &AdminClient) -> Result<()> {
                 let n = d.latency_us.last().map_or(0, |x| x.1).max(1);
                 #[allow(clippy::cast_precision_loss)]
                 let mean = d.latency_sum_us as f64 / n as f64;
-                let admin = v
-                    .spec
-                    .disks
-                    .iter()
-                    .find(|s| s.volume == d.volume)
-                    .and_then(|s| s.admin.clone())
-                    .map_or_else(|| "no admin address".to_string(), |a| format!("admin {a}"));
+                let admin = admin_words(
+                    v.spec
+                        .disks
+                        .iter()
+                        .find(|s| s.volume == d.volume)
+                        .and_then(|s| s.admin.as_deref()),
+                );
                 println!(
                     "  disk {} at {} ({admin}): {} reads ({}), {} writes ({}), {} flushes, {} errors, mean latency {:.0} µs, {} switches",
                     d.volume, d.server, d.reads, human(d.read_bytes), d.writes, human(d.write_bytes),
@@ -375,15 +375,24 @@ fn volume_admin(s: &str) -> Result<(String, String), String> {
 fn disk_list(disks: &[VmDisk]) -> String {
     disks
         .iter()
-        .map(|d| match &d.admin {
-            Some(a) => format!("{}@{} (admin {a})", d.volume, d.server),
-            None => format!(
-                "{}@{} (no admin address: its disk cannot move)",
-                d.volume, d.server
-            ),
+        .map(|d| {
+            format!(
+                "{}@{} ({})",
+                d.volume,
+                d.server,
+                admin_words(d.admin.as_deref())
+            )
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// A disk's admin address as `vm show` and `vm set` print it.
+fn admin_words(admin: Option<&str>) -> String {
+    admin.map_or_else(
+        || "no admin address: its disk cannot move".to_string(),
+        |a| format!("admin {a}"),
+    )
 }
 
 fn volume_server(s: &str) -> Result<(String, String), String> {
