@@ -273,52 +273,7 @@ async fn prepare(
     let op = g.op.lock().await;
     let r = async {
         std::fs::create_dir_all(&dir).map_err(|e| VmError::Io(e.to_string()))?;
-        for d in disks {
-            if host.agent.get(&d.volume).is_some() {
-                continue;
-            }
-            if d.pending {
-                let details = ExportDetails {
-                    size: d.size,
-                    flags: d.flags,
-                    min_block: 0,
-                    preferred_block: 0,
-                    max_block: 0,
-                    contexts: Vec::new(),
-                    structured_replies: true,
-                };
-                host.agent
-                    .attach_pending(&d.server, &d.volume, details)
-                    .map_err(|e| VmError::Disk {
-                        volume: d.volume.clone(),
-                        detail: e.to_string(),
-                    })?;
-            } else {
-                host.attach_disks(&VmSpec {
-                    disks: spec
-                        .disks
-                        .iter()
-                        .filter(|x| x.volume == d.volume)
-                        .cloned()
-                        .collect(),
-                    ..spec.clone()
-                })
-                .await?;
-                // The same disk, wherever this host reaches it.
-                let here = host.agent.get(&d.volume).map(|u| u.details().size);
-                if here != Some(d.size) {
-                    return Err(VmError::Disk {
-                        volume: d.volume.clone(),
-                        detail: format!(
-                            "the disk reached at {} is {} bytes, the guest's is {}: not the same volume",
-                            d.server,
-                            here.map_or("no".into(), |s| s.to_string()),
-                            d.size
-                        ),
-                    });
-                }
-            }
-        }
+        attach_incoming_disks(host, &spec, disks).await?;
         g.save_spec()?;
         // Marks the guest as not ours yet: a restarted daemon that finds
         // this without a live QEMU removes the guest.
@@ -336,41 +291,7 @@ async fn prepare(
         let rt = g
             .runtime()
             .ok_or_else(|| VmError::Qemu("QEMU is gone".into()))?;
-        let qerr = |e: ferry_qmp::QmpError| VmError::Qemu(e.to_string());
-        if postcopy {
-            rt.qmp
-                .execute_value(
-                    "migrate-set-capabilities",
-                    Some(json!({"capabilities": [{"capability": "postcopy-ram", "state": true}]})),
-                )
-                .await
-                .map_err(qerr)?;
-        }
-        if multifd > 0 {
-            // The destination must expect the channels before it listens.
-            rt.qmp
-                .execute_value(
-                    "migrate-set-capabilities",
-                    Some(json!({"capabilities": [{"capability": "multifd", "state": true}]})),
-                )
-                .await
-                .map_err(qerr)?;
-            rt.qmp
-                .execute_value(
-                    "migrate-set-parameters",
-                    Some(json!({"multifd-channels": multifd})),
-                )
-                .await
-                .map_err(qerr)?;
-        }
-        let _ = std::fs::remove_file(&g.paths.incoming);
-        rt.qmp
-            .execute_value(
-                "migrate-incoming",
-                Some(json!({"uri": format!("unix:{}", g.paths.incoming.display())})),
-            )
-            .await
-            .map_err(qerr)?;
+        listen_for_guest(&rt.qmp, &g.paths.incoming, postcopy, multifd).await?;
         // From here on the forwarder's first answered request is the
         // guest's first after it resumed here.
         for d in disks {
@@ -389,6 +310,106 @@ async fn prepare(
     }
     tracing::info!(guest = %spec.name, move_id = %id, "waiting for the incoming guest");
     Ok(PeerAnswer::ok())
+}
+
+/// Attach an arriving guest's disks to the forwarder: a teleport's pending
+/// ones (they connect where their migration switches them), the others
+/// where this host reaches them, checked to be the same volume by size.
+async fn attach_incoming_disks(
+    host: &VmHost,
+    spec: &VmSpec,
+    disks: &[IncomingDisk],
+) -> Result<(), VmError> {
+    for d in disks {
+        if host.agent.get(&d.volume).is_some() {
+            continue;
+        }
+        if d.pending {
+            let details = ExportDetails {
+                size: d.size,
+                flags: d.flags,
+                min_block: 0,
+                preferred_block: 0,
+                max_block: 0,
+                contexts: Vec::new(),
+                structured_replies: true,
+            };
+            host.agent
+                .attach_pending(&d.server, &d.volume, details)
+                .map_err(|e| VmError::Disk {
+                    volume: d.volume.clone(),
+                    detail: e.to_string(),
+                })?;
+        } else {
+            host.attach_disks(&VmSpec {
+                disks: spec
+                    .disks
+                    .iter()
+                    .filter(|x| x.volume == d.volume)
+                    .cloned()
+                    .collect(),
+                ..spec.clone()
+            })
+            .await?;
+            // The same disk, wherever this host reaches it.
+            let here = host.agent.get(&d.volume).map(|u| u.details().size);
+            if here != Some(d.size) {
+                return Err(VmError::Disk {
+                    volume: d.volume.clone(),
+                    detail: format!(
+                        "the disk reached at {} is {} bytes, the guest's is {}: not the same volume",
+                        d.server,
+                        here.map_or("no".into(), |s| s.to_string()),
+                        d.size
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Set the arriving QEMU's capabilities as the source's (post-copy,
+/// multifd channels: the destination must expect them before it listens)
+/// and have it listen for the stream on `socket`.
+async fn listen_for_guest(
+    qmp: &ferry_qmp::QmpClient,
+    socket: &std::path::Path,
+    postcopy: bool,
+    multifd: u8,
+) -> Result<(), VmError> {
+    let qerr = |e: ferry_qmp::QmpError| VmError::Qemu(e.to_string());
+    if postcopy {
+        qmp.execute_value(
+            "migrate-set-capabilities",
+            Some(json!({"capabilities": [{"capability": "postcopy-ram", "state": true}]})),
+        )
+        .await
+        .map_err(qerr)?;
+    }
+    if multifd > 0 {
+        // The destination must expect the channels before it listens.
+        qmp.execute_value(
+            "migrate-set-capabilities",
+            Some(json!({"capabilities": [{"capability": "multifd", "state": true}]})),
+        )
+        .await
+        .map_err(qerr)?;
+        qmp.execute_value(
+            "migrate-set-parameters",
+            Some(json!({"multifd-channels": multifd})),
+        )
+        .await
+        .map_err(qerr)?;
+    }
+    let _ = std::fs::remove_file(socket);
+    qmp.execute_value(
+        "migrate-incoming",
+        Some(json!({"uri": format!("unix:{}", socket.display())})),
+    )
+    .await
+    .map_err(qerr)?;
+    Ok(())
 }
 
 async fn stream(
