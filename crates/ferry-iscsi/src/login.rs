@@ -41,6 +41,10 @@ pub struct TargetPolicy {
     /// May an initiator with no CHAP and no ACL entry log in? (True only on
     /// loopback listeners when nothing is configured.)
     pub open: bool,
+    /// The target lives elsewhere now: once the initiator has passed this
+    /// policy, its login is answered "target moved temporarily" (status
+    /// 01/01) with this `TargetAddress` (`HOST:PORT,TPGT`).
+    pub moved_to: Option<String>,
 }
 
 /// The target names this portal serves, and their policies.
@@ -136,6 +140,9 @@ pub enum LoginStep {
     Done(Pdu, Box<SessionParams>),
     /// Send this response and close the connection.
     Fail(Pdu, LoginFailure),
+    /// Send this response (a redirect to the address) and close the
+    /// connection: the initiator logs in there.
+    Redirect(Pdu, String),
 }
 
 /// Why a login failed (status class 2 or 3 detail).
@@ -269,6 +276,16 @@ impl Login {
         LoginStep::Fail(p, why)
     }
 
+    /// "Target moved temporarily" (status 01/01) naming where it went
+    /// (RFC 7143 11.13.5): the initiator logs in there instead.
+    fn redirect(&self, to: &str) -> LoginStep {
+        let keys = [("TargetAddress".to_string(), to.to_string())];
+        let mut p = self.response(false, 0, &keys);
+        p.bhs[36] = 1;
+        p.bhs[37] = 1;
+        LoginStep::Redirect(p, to.to_string())
+    }
+
     /// Answer the first login request with "out of resources" (status
     /// 03/02): the portal is at its connection limit. The initiator may try
     /// again later.
@@ -278,7 +295,10 @@ impl Login {
         self.params.exp_cmdsn = req.u32_at(24);
         self.params.stat_sn = req.u32_at(28);
         match self.fail(LoginFailure::OutOfResources) {
-            LoginStep::Fail(p, _) | LoginStep::Continue(p) | LoginStep::Done(p, _) => p,
+            LoginStep::Fail(p, _)
+            | LoginStep::Continue(p)
+            | LoginStep::Done(p, _)
+            | LoginStep::Redirect(p, _) => p,
         }
     }
 
@@ -357,6 +377,9 @@ impl Login {
                 return self.fail(LoginFailure::Authentication);
             }
             self.auth = Auth::Done;
+        }
+        if let (Auth::Done, Some(to)) = (&self.auth, &policy.moved_to) {
+            return self.redirect(to);
         }
         if let Err(why) = self.operational(&keys, &mut answer) {
             return self.fail(why);
@@ -717,6 +740,34 @@ mod tests {
         let k = keys(&p);
         assert!(k.contains(&("X-foo".into(), "NotUnderstood".into())));
         assert!(k.contains(&("TargetPortalGroupTag".into(), "1".into())));
+    }
+
+    #[test]
+    fn a_moved_target_redirects_only_initiators_its_policy_admits() {
+        let moved = |acl: Vec<String>| {
+            One(TargetPolicy {
+                open: acl.is_empty(),
+                acl,
+                moved_to: Some("10.0.0.9:3260,1".into()),
+                ..Default::default()
+            })
+        };
+        let login = "InitiatorName=iqn.i\nTargetName=iqn.t:vol\nAuthMethod=None\n";
+        let mut l = Login::new([0; 16], 1);
+        let LoginStep::Redirect(p, to) = l.feed(&req(0, 1, true, login), &moved(vec![])) else {
+            panic!("no redirect")
+        };
+        assert_eq!(to, "10.0.0.9:3260,1");
+        assert_eq!((p.bhs[36], p.bhs[37]), (1, 1), "target moved temporarily");
+        assert_eq!(p.bhs[1] & 0x80, 0, "no transit");
+        assert!(keys(&p).contains(&("TargetAddress".into(), "10.0.0.9:3260,1".into())));
+        // Not on the ACL: refused, and not told where the target went.
+        let mut l = Login::new([0; 16], 1);
+        let step = l.feed(&req(0, 1, true, login), &moved(vec!["iqn.other".into()]));
+        let LoginStep::Fail(p, LoginFailure::Authorization) = step else {
+            panic!("{step:?}")
+        };
+        assert!(keys(&p).is_empty());
     }
 
     #[test]

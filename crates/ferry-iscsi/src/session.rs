@@ -556,6 +556,14 @@ impl Session {
         }
     }
 
+    /// Forget task `itt` without answering it: the connection is about to
+    /// close because its unit moved to another site, and the initiator
+    /// issues the command again in the session it logs in to next (session
+    /// recovery, RFC 7143 section 7.1.4.2), where it runs for the first time.
+    pub fn withhold(&mut self, itt: u32) {
+        self.tasks.remove(&itt);
+    }
+
     /// The SCSI layer finished task `itt`: build its Data-In and response.
     pub fn complete(&mut self, itt: u32, r: &CommandResult, out: &mut Vec<Pdu>) {
         let Some(t) = self.tasks.remove(&itt) else {

@@ -316,6 +316,8 @@ struct Receiver {
     stream: parking_lot::Mutex<Option<super::stream::StreamDecoder>>,
     /// Bytes written since the last [`Volume::write_behind`].
     unsynced: std::sync::atomic::AtomicU64,
+    /// The source's iSCSI port, kept with the volume once it arrives.
+    source_port: Option<ferry_storage::PeerPort>,
 }
 
 /// How much a destination writes between two write-behind steps: its
@@ -674,15 +676,14 @@ where
                     return Err(MigrationError::Refused(reason));
                 }
                 let v = vol.clone();
+                let source = rx.source_port.clone();
                 blocking(move || {
                     v.flush()?;
-                    v.complete_incoming()?;
+                    v.complete_incoming(source)?;
                     Ok(())
                 })
                 .await?;
-                let location = state.advertised_nbd(local);
-                let admin = state.advertised_admin(local);
-                send(wr, &Message::Done { location, admin }).await?;
+                send(wr, &done(state, local)).await?;
                 // Index the new volume so it can be a base for later migrations.
                 state.volume_arrived(vol);
                 return Ok(desc.name.clone());
@@ -690,6 +691,15 @@ where
             Message::Abort { reason } => return Err(MigrationError::PeerAborted(reason)),
             m => return Err(unexpected(&m, "receiving a migration")),
         }
+    }
+}
+
+/// The destination's last word: where the volume's clients go now.
+fn done(state: &Arc<dyn MigrationHost>, local: Option<SocketAddr>) -> Message {
+    Message::Done {
+        location: state.advertised_nbd(local),
+        admin: state.advertised_admin(local),
+        iscsi: state.iscsi_port(local),
     }
 }
 
@@ -707,12 +717,13 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
     let mut order = DestinationOrder::new();
     let first = reader.expect(Duration::from_secs(30)).await?;
     order.receive(&first)?;
-    let (id, desc) = match first {
+    let (id, desc, source_port) = match first {
         Message::Hello {
             min_version,
             max_version,
             migration_id,
             volume,
+            iscsi,
         } => {
             if !(min_version..=max_version).contains(&VERSION) {
                 let reason = format!(
@@ -720,7 +731,11 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
                 );
                 return refuse(&mut wr, reason).await;
             }
-            (MigrationId::from_bytes(migration_id).to_string(), volume)
+            (
+                MigrationId::from_bytes(migration_id).to_string(),
+                volume,
+                iscsi,
+            )
         }
         m @ Message::Lookup { .. } => {
             let n = super::buddy::serve(state, &mut reader, &mut wr, Some(m)).await?;
@@ -746,9 +761,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
         Ok(Prepared::Copy(v, b)) => (v, b),
         Ok(Prepared::AlreadySwitched) => {
             tracing::info!(%peer, volume = %desc.name, migration = %id, "source asks again after the switch: it is done");
-            let location = state.advertised_nbd(local);
-            let admin = state.advertised_admin(local);
-            send(&mut wr, &Message::Done { location, admin }).await?;
+            send(&mut wr, &done(state, local)).await?;
             return Ok(desc.name);
         }
         Err(reason) => {
@@ -762,6 +775,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
         &Message::Welcome {
             version: VERSION,
             basis,
+            iscsi: state.iscsi_port(local),
         },
     )
     .await?;
@@ -774,6 +788,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
         use_index: chunk == state.index().block_size(),
         stream: parking_lot::Mutex::new(None),
         unsynced: std::sync::atomic::AtomicU64::new(0),
+        source_port: super::peer_port(&source_port),
     });
     let outcome = transfer(
         state,

@@ -35,6 +35,15 @@ pub trait MigrationHost: Send + Sync + 'static {
     fn advertised_admin(&self, _local: Option<SocketAddr>) -> String {
         String::new()
     }
+    /// How this daemon exports a volume to SCSI initiators: the portal it
+    /// advertises and its target port group (nothing if it has no iSCSI).
+    /// `local` is the address of the migration connection on this side.
+    fn iscsi_port(&self, _local: Option<SocketAddr>) -> ferry_migration::IscsiPort {
+        ferry_migration::IscsiPort::default()
+    }
+    /// A volume this daemon sent away has switched: it is marked moved, and
+    /// its clients here should be told to go (iSCSI sessions).
+    fn volume_moved(&self, _vol: &Arc<Volume>) {}
     /// A migration this daemon started has ended (metrics, logs).
     fn migration_finished(&self, _report: &Report) {}
     /// A volume arrived here complete (index it so it can be a base).

@@ -198,6 +198,14 @@ fn background_priority() {
     }
 }
 
+/// What a volume's meta keeps of the other site's iSCSI port.
+fn peer_port(p: &ferry_migration::IscsiPort) -> Option<ferry_storage::PeerPort> {
+    p.is_some().then(|| ferry_storage::PeerPort {
+        portal: p.portal.clone(),
+        port_group: p.port_group,
+    })
+}
+
 fn unexpected(m: &ferry_migration::Message, during: &'static str) -> MigrationError {
     if let ferry_migration::Message::Abort { reason } = m {
         return MigrationError::PeerAborted(reason.clone());

@@ -310,6 +310,9 @@ async fn migrate(
             }
             vol.gate().set_throttle(Duration::ZERO);
             vol.gate().resume();
+            if last.is_ok() {
+                state.volume_moved(&vol);
+            }
             if let Err(e) = vol.delete_bitmap(&bm_name) {
                 tracing::warn!(error = %e, "could not remove the migration bitmap");
             }
@@ -777,6 +780,7 @@ async fn attempt(
             allocated: vol.allocated_bytes(),
             physical_block_size: meta.physical_block_size.unwrap_or(meta.block_size),
         },
+        iscsi: state.iscsi_port(None),
     };
     let n = super::transport::send(&mut wr, &hello).await?;
     run.counters
@@ -785,7 +789,9 @@ async fn attempt(
     let answer = reader.expect(ANSWER_TIMEOUT).await?;
     order.lock().receive(&answer)?;
     match answer {
-        Message::Welcome { basis, .. } => {
+        Message::Welcome { basis, iscsi, .. } => {
+            let v = vol.clone();
+            blocking(move || Ok(v.set_peer_port(super::peer_port(&iscsi))?)).await?;
             run.counters
                 .destination_copy
                 .store(basis as u8, Ordering::Relaxed);
@@ -803,16 +809,25 @@ async fn attempt(
             }
         }
         // The destination committed before the link failed: finish here.
-        Message::Done { location, admin } => {
+        Message::Done {
+            location,
+            admin,
+            iscsi,
+        } => {
             let Some(p) = pending.take() else {
                 return Err(unexpected(
-                    &Message::Done { location, admin },
+                    &Message::Done {
+                        location,
+                        admin,
+                        iscsi,
+                    },
                     "waiting for Welcome",
                 ));
             };
             let v = vol.clone();
             let (loc, adm) = (location.clone(), admin.clone());
-            let moved = blocking(move || v.set_moved(&loc, &adm).map_err(Into::into)).await;
+            let peer = super::peer_port(&iscsi);
+            let moved = blocking(move || v.set_moved(&loc, &adm, peer).map_err(Into::into)).await;
             if moved.is_ok() {
                 vol.set_in_doubt(false);
             }
@@ -1284,11 +1299,15 @@ async fn pause_and_switch(
         };
         tracing::debug!(elapsed = ?pause_start.elapsed(), "pause: digest answered");
         match next_msg(in_rx, wait, None).await? {
-            Message::Done { location, admin } => Ok((dest_digest, location, admin)),
+            Message::Done {
+                location,
+                admin,
+                iscsi,
+            } => Ok((dest_digest, location, admin, iscsi)),
             m => Err(unexpected(&m, "waiting for Done")),
         }
     };
-    let (dest_digest, location, admin) = match answers.await {
+    let (dest_digest, location, admin, iscsi) = match answers.await {
         Ok(x) => x,
         Err(e) if e.transient() => {
             guard.armed = false;
@@ -1306,7 +1325,8 @@ async fn pause_and_switch(
     };
     let v = vol.clone();
     let (loc, adm) = (location.clone(), admin.clone());
-    blocking(move || v.set_moved(&loc, &adm).map_err(Into::into)).await?;
+    let peer = super::peer_port(&iscsi);
+    blocking(move || v.set_moved(&loc, &adm, peer).map_err(Into::into)).await?;
     // Writers held by the pause now fail with "moved" and follow the volume.
     drop(guard);
     let pause = pause_start.elapsed();

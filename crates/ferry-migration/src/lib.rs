@@ -3,8 +3,8 @@
 //!
 //! ```text
 //!  source                                   destination
-//!    | Hello{versions, id, volume} ------------>|
-//!    |<---------- Welcome{version, basis} / Refuse
+//!    | Hello{versions, id, volume, iscsi} ----->|
+//!    |<---- Welcome{version, basis, iscsi} / Refuse
 //!    | Prints{first, [zero run | key]} ...     ->|  phase 1: 8-byte keys, zero runs as intervals
 //!    | PrintsDone ------------------------------>|
 //!    |<------------------------- Want{ranges} ...|  phase 2: one per Prints, what it cannot rebuild,
@@ -16,7 +16,7 @@
 //!    | Data ... , Digest{blake3} --------------->|
 //!    |<-------------------- DigestResult{matches}|
 //!    | Switch ---------------------------------->|  destination owns the volume
-//!    |<---------------- Done{nbd, admin location}|  source marks it moved there
+//!    |<----------- Done{nbd, admin, iscsi ports} |  source marks it moved there
 //!  either side: Abort{reason} ends the migration; the source volume is untouched.
 //!
 //!  destination                              buddy server (same LAN)
@@ -35,7 +35,11 @@
 //!
 //! Versions: `Hello` carries the range the source speaks; `Welcome` names
 //! the one chosen, and a destination refuses a source whose range does not
-//! include its own. Version 5 is this document: `Welcome`'s last byte
+//! include its own. Version 7 is this document: `Hello`, `Welcome` and
+//! `Done` end with the sender's iSCSI port for the volume (portal and
+//! target port group, [`IscsiPort`]), so both sites report both groups'
+//! ALUA states and the source redirects logins after the switch; version 6
+//! added `Done`'s admin address. Version 5: `Welcome`'s last byte
 //! says what the destination fills ([`CopyBasis`]: a new copy, its own
 //! earlier attempt, or the incomplete copy another migration of the same
 //! volume left, resumed or replaced), where version 4 had a resumed flag.
@@ -71,13 +75,13 @@ mod message;
 pub mod order;
 
 pub use message::{
-    CopyBasis, Encoding, FrameDecoder, Message, MessageType, PrintEntry, VolumeDescriptor,
-    WireError,
+    CopyBasis, Encoding, FrameDecoder, IscsiPort, Message, MessageType, PrintEntry,
+    VolumeDescriptor, WireError,
 };
 pub use order::{DestinationOrder, ProtocolViolation, SourceOrder};
 
 /// Protocol version spoken by this build.
-pub const VERSION: u16 = 6;
+pub const VERSION: u16 = 7;
 /// Largest payload of one frame.
 pub const MAX_PAYLOAD: u32 = 64 << 20;
 /// Frame header length.

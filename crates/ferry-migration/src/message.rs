@@ -50,6 +50,30 @@ pub struct VolumeDescriptor {
     pub physical_block_size: u32,
 }
 
+/// A daemon's iSCSI side of a volume that migrates: the portal initiators
+/// log in at (`HOST:PORT`, "" when the daemon exports no iSCSI or
+/// advertises no portal) and the target port group its portals form, so
+/// each site can report the other's group in REPORT TARGET PORT GROUPS
+/// and the source can redirect logins to the destination after the switch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IscsiPort {
+    pub portal: String,
+    /// 0 when there is none.
+    pub port_group: u16,
+}
+
+impl IscsiPort {
+    /// Whether the daemon exports the volume over iSCSI at all.
+    pub fn is_some(&self) -> bool {
+        self.port_group != 0
+    }
+
+    fn put(&self, out: &mut BytesMut) {
+        put_str(out, &self.portal);
+        out.put_u16(self.port_group);
+    }
+}
+
 /// One fingerprint-stream entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrintEntry {
@@ -191,12 +215,16 @@ pub enum Message {
         max_version: u16,
         migration_id: [u8; 16],
         volume: VolumeDescriptor,
+        /// The source's iSCSI port for the volume.
+        iscsi: IscsiPort,
     },
     Welcome {
         version: u16,
         /// What the destination fills: a new copy, or an incomplete one it
         /// holds (whose chunks that already match are kept).
         basis: CopyBasis,
+        /// The destination's iSCSI port for the volume.
+        iscsi: IscsiPort,
     },
     Refuse {
         reason: String,
@@ -238,10 +266,12 @@ pub enum Message {
     /// The destination owns the volume now; `location` is its NBD
     /// `HOST:PORT`, where clients go next, and `admin` its admin API's
     /// `HOST:PORT` where the volume's next migration starts ("" when the
-    /// destination advertises none).
+    /// destination advertises none); `iscsi` its iSCSI port, where the
+    /// source redirects initiators.
     Done {
         location: String,
         admin: String,
+        iscsi: IscsiPort,
     },
     Abort {
         reason: String,
@@ -312,6 +342,7 @@ impl Message {
                 max_version,
                 migration_id,
                 volume,
+                iscsi,
             } => {
                 out.put_u16(*min_version);
                 out.put_u16(*max_version);
@@ -324,15 +355,26 @@ impl Message {
                 put_str(out, &volume.wwn);
                 out.put_u64(volume.allocated);
                 out.put_u32(volume.physical_block_size);
+                iscsi.put(out);
             }
-            Message::Welcome { version, basis } => {
+            Message::Welcome {
+                version,
+                basis,
+                iscsi,
+            } => {
                 out.put_u16(*version);
                 out.put_u8(*basis as u8);
+                iscsi.put(out);
             }
             Message::Refuse { reason } | Message::Abort { reason } => put_str(out, reason),
-            Message::Done { location, admin } => {
+            Message::Done {
+                location,
+                admin,
+                iscsi,
+            } => {
                 put_str(out, location);
                 put_str(out, admin);
+                iscsi.put(out);
             }
             Message::Prints {
                 first_chunk,
@@ -479,6 +521,14 @@ impl Payload {
         let s = self.b.split_to(n);
         String::from_utf8(s.to_vec()).map_err(|_| malformed(self.what, "string is not UTF-8"))
     }
+    fn iscsi_port(&mut self) -> Result<IscsiPort, WireError> {
+        let portal = self.string()?;
+        let port_group = self.u16()?;
+        if port_group == 0 && !portal.is_empty() {
+            return Err(malformed(self.what, "an iSCSI portal without a port group"));
+        }
+        Ok(IscsiPort { portal, port_group })
+    }
     fn items(&mut self) -> Result<u32, WireError> {
         let n = self.u32()?;
         if n > MAX_ITEMS {
@@ -522,6 +572,7 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
                 allocated: p.u64()?,
                 physical_block_size: p.u32()?,
             },
+            iscsi: p.iscsi_port()?,
         },
         T::Welcome => {
             let version = p.u16()?;
@@ -533,7 +584,11 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
                 4 => CopyBasis::Returned,
                 t => return Err(malformed(what, format!("copy basis {t}"))),
             };
-            Message::Welcome { version, basis }
+            Message::Welcome {
+                version,
+                basis,
+                iscsi: p.iscsi_port()?,
+            }
         }
         T::Refuse => Message::Refuse {
             reason: p.string()?,
@@ -609,6 +664,7 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
         T::Done => Message::Done {
             location: p.string()?,
             admin: p.string()?,
+            iscsi: p.iscsi_port()?,
         },
         T::Abort => Message::Abort {
             reason: p.string()?,
@@ -713,26 +769,32 @@ mod tests {
                 max_version: 3,
                 migration_id: [9; 16],
                 volume: vol,
+                iscsi: IscsiPort::default(),
             },
             Message::Welcome {
                 version: 2,
                 basis: CopyBasis::New,
+                iscsi: IscsiPort::default(),
             },
             Message::Welcome {
                 version: 2,
                 basis: CopyBasis::Resumed,
+                iscsi: IscsiPort::default(),
             },
             Message::Welcome {
                 version: 5,
                 basis: CopyBasis::LeftoverResumed,
+                iscsi: IscsiPort::default(),
             },
             Message::Welcome {
                 version: 5,
                 basis: CopyBasis::LeftoverReplaced,
+                iscsi: IscsiPort::default(),
             },
             Message::Welcome {
                 version: 6,
                 basis: CopyBasis::Returned,
+                iscsi: IscsiPort::default(),
             },
             Message::Refuse {
                 reason: "volume exists".into(),
@@ -776,6 +838,10 @@ mod tests {
             Message::Done {
                 location: "10.0.0.3:10809".into(),
                 admin: "10.0.0.3:10880".into(),
+                iscsi: IscsiPort {
+                    portal: "10.0.0.3:3260".into(),
+                    port_group: 0x2b,
+                },
             },
             Message::Abort {
                 reason: "link lost".into(),

@@ -252,6 +252,7 @@ mod tests {
                 allocated: 0,
                 physical_block_size: 512,
             },
+            iscsi: crate::IscsiPort::default(),
         }
     }
 
@@ -335,6 +336,7 @@ mod tests {
                 Message::Welcome {
                     version: 2,
                     basis: crate::CopyBasis::New,
+                    iscsi: crate::IscsiPort::default(),
                 },
             ],
             vec![
@@ -373,11 +375,13 @@ mod tests {
             .receive(&Message::Done {
                 location: "x".into(),
                 admin: String::new(),
+                iscsi: crate::IscsiPort::default(),
             })
             .is_err());
         o.receive(&Message::Welcome {
             version: 2,
             basis: crate::CopyBasis::New,
+            iscsi: crate::IscsiPort::default(),
         })
         .unwrap();
         o.receive(&Message::Want {
@@ -414,6 +418,7 @@ mod tests {
             o.receive(&Message::Done {
                 location: "x".into(),
                 admin: String::new(),
+                iscsi: crate::IscsiPort::default(),
             })
             .is_err(),
             "no verdict yet"
@@ -427,6 +432,7 @@ mod tests {
             o.receive(&Message::Done {
                 location: "x".into(),
                 admin: String::new(),
+                iscsi: crate::IscsiPort::default(),
             })
             .is_err(),
             "no Switch sent"
@@ -435,6 +441,7 @@ mod tests {
         o.receive(&Message::Done {
             location: "x".into(),
             admin: String::new(),
+            iscsi: crate::IscsiPort::default(),
         })
         .unwrap();
         assert_eq!(o.state(), SourceState::Ended);
@@ -445,6 +452,7 @@ mod tests {
         let done = Message::Done {
             location: "x".into(),
             admin: String::new(),
+            iscsi: crate::IscsiPort::default(),
         };
         assert!(SourceOrder::new(false).receive(&done).is_err());
         assert!(SourceOrder::new(true).receive(&done).is_ok());

@@ -155,6 +155,41 @@ pub trait BlockDevice: Send + Sync {
     fn exit_sanitize_failure(&self) -> Result<(), DeviceError> {
         Ok(())
     }
+    /// The ALUA states of the unit's target port groups now: this site's,
+    /// and the other site's while or after the device migrates.
+    fn port_groups(&self) -> PortGroups {
+        PortGroups::default()
+    }
+}
+
+/// An asymmetric access state of a target port group (SPC-4 5.15.2.4),
+/// as REPORT TARGET PORT GROUPS encodes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum AccessState {
+    #[default]
+    ActiveOptimized = 0x0,
+    Standby = 0x2,
+    Unavailable = 0x3,
+    Transitioning = 0xf,
+}
+
+/// The states of a unit's target port groups: the local one (every portal
+/// of this target) and, while or after the device migrates between sites,
+/// the other site's group (its number and state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PortGroups {
+    pub local: AccessState,
+    pub peer: Option<(u16, AccessState)>,
+}
+
+/// The relative target port identifier of portal `index` (from 0) of
+/// target port group `group`: unique across every site that exports the
+/// same device, as long as their groups differ and each has at most 15
+/// portals (`group` keeps its low 12 bits; the portal the low 4).
+pub fn relative_port(group: u16, index: usize) -> u16 {
+    let portal = u16::try_from(index % 15).unwrap_or(0) + 1;
+    ((group & 0x0fff) << 4) | portal
 }
 
 /// Where a unit keeps its persistent reservations when an initiator asks
@@ -176,11 +211,11 @@ pub struct Identity {
     pub serial: String,
     /// The iSCSI target name this unit is reached through.
     pub target_name: String,
-    /// Target port group and relative port of the portal in use (each
-    /// portal is its own group with one port, both numbered from 1).
+    /// The target port group of this site's portals (ALUA), and the
+    /// relative port of the portal in use (see [`relative_port`]).
     pub port_group: u16,
     pub relative_port: u16,
-    /// How many portals (port groups) lead to this unit.
+    /// How many portals (ports of the group) lead to this unit.
     pub port_count: u16,
 }
 

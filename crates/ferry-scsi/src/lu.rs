@@ -619,23 +619,39 @@ impl LogicalUnit {
         }
     }
 
-    /// REPORT TARGET PORT GROUPS: one group per portal, one port each,
-    /// every group active/optimized (implicit ALUA; any path may be used).
+    /// REPORT TARGET PORT GROUPS: this site's group (every portal one
+    /// port) and, while or after the device migrates, the other site's
+    /// (its first portal), each in the state the device reports (implicit
+    /// ALUA: the target changes them, at the migration's pause and switch).
     fn report_target_port_groups(&self, cdb: &[u8]) -> Vec<u8> {
         let extended = byte(cdb, 1) >> 5 == 1;
+        let groups = self.dev.port_groups();
+        let local = self.id.port_group;
+        let ports: Vec<u16> = (0..usize::from(self.id.port_count.max(1)))
+            .map(|i| crate::relative_port(local, i))
+            .collect();
         let mut body = Vec::new();
-        for g in 1..=self.id.port_count.max(1) {
-            body.push(0x80); // PREF, asymmetric access state 0: active/optimized
-            body.push(0x01); // AO_SUP
-            body.extend_from_slice(&g.to_be_bytes());
-            body.extend_from_slice(&[0, 0, 0, 1]); // status, vendor, port count
-            body.extend_from_slice(&[0, 0]);
-            body.extend_from_slice(&g.to_be_bytes()); // relative target port
+        let mut group = |id: u16, state: crate::AccessState, ports: &[u16]| {
+            body.push(state as u8);
+            // T_SUP, U_SUP, S_SUP, AO_SUP: the states ferry reports.
+            body.push(0x80 | 0x08 | 0x04 | 0x01);
+            body.extend_from_slice(&id.to_be_bytes());
+            body.extend_from_slice(&[0, 0, 0]); // status, vendor specific
+            body.push(u8::try_from(ports.len()).unwrap_or(u8::MAX));
+            for p in ports {
+                body.extend_from_slice(&[0, 0]);
+                body.extend_from_slice(&p.to_be_bytes());
+            }
+        };
+        group(local, groups.local, &ports);
+        if let Some((peer, state)) = groups.peer.filter(|(g, _)| *g != local) {
+            group(peer, state, &[crate::relative_port(peer, 0)]);
         }
         let mut d = (body.len() as u32 + if extended { 4 } else { 0 })
             .to_be_bytes()
             .to_vec();
         if extended {
+            // Implicit transitions take about one migration pause.
             d.extend_from_slice(&[0x10, 0, 0, 0]);
         }
         d.extend_from_slice(&body);
@@ -656,7 +672,6 @@ impl LogicalUnit {
         }
         let mut id = self.id.clone();
         id.relative_port = nexus.relative_port;
-        id.port_group = nexus.relative_port;
         match inquiry::vpd(
             byte(cdb, 2),
             &id,
@@ -1361,7 +1376,7 @@ mod tests {
     }
 
     #[test]
-    fn target_port_groups_one_per_portal() {
+    fn target_port_groups_one_per_site() {
         let lu = unit();
         let r = lu.execute(
             &nexus("a"),
@@ -1370,11 +1385,65 @@ mod tests {
         );
         assert_eq!(r.status, Status::Good);
         assert_eq!(r.data[4], 0x10, "extended header");
-        // Two groups of 12 bytes after the 8-byte header.
-        assert_eq!(r.data.len(), 8 + 2 * 12);
+        // One group of two ports (8 + 2 * 4 bytes) after the 8-byte header.
+        assert_eq!(r.data.len(), 8 + 16);
         assert_eq!(&r.data[8 + 2..8 + 4], &1u16.to_be_bytes());
-        assert_eq!(&r.data[20 + 2..20 + 4], &2u16.to_be_bytes());
+        assert_eq!(r.data[8 + 7], 2, "two ports");
+        assert_eq!(&r.data[18..20], &crate::relative_port(1, 0).to_be_bytes());
+        assert_eq!(&r.data[22..24], &crate::relative_port(1, 1).to_be_bytes());
         assert_eq!(r.data[8] & 0x0f, 0, "active/optimized");
+    }
+
+    #[test]
+    fn target_port_groups_follow_a_migration() {
+        use crate::{AccessState, PortGroups};
+        let dev = Arc::new(MemoryDevice::new(1 << 20, false));
+        let lu = unit_on(dev.clone());
+        let states = |lu: &LogicalUnit| {
+            let r = lu.execute(
+                &nexus("a"),
+                &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0],
+                &[],
+            );
+            assert_eq!(r.status, Status::Good);
+            let mut out = Vec::new();
+            let mut at = 4;
+            while at < r.data.len() {
+                let group = u16::from_be_bytes([r.data[at + 2], r.data[at + 3]]);
+                out.push((group, r.data[at] & 0x0f));
+                at += 8 + 4 * usize::from(r.data[at + 7]);
+            }
+            out
+        };
+        for (local, peer, want) in [
+            (
+                AccessState::ActiveOptimized,
+                AccessState::Standby,
+                [0x0, 0x2],
+            ),
+            (
+                AccessState::Transitioning,
+                AccessState::Transitioning,
+                [0xf, 0xf],
+            ),
+            (
+                AccessState::Unavailable,
+                AccessState::ActiveOptimized,
+                [0x3, 0x0],
+            ),
+        ] {
+            dev.set_port_groups(PortGroups {
+                local,
+                peer: Some((7, peer)),
+            });
+            assert_eq!(states(&lu), vec![(1, want[0]), (7, want[1])]);
+        }
+        // A peer that claims this site's own group is not reported twice.
+        dev.set_port_groups(PortGroups {
+            local: AccessState::ActiveOptimized,
+            peer: Some((1, AccessState::Unavailable)),
+        });
+        assert_eq!(states(&lu), vec![(1, 0)]);
     }
 
     #[test]

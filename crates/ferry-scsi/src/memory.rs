@@ -1,12 +1,13 @@
 //! An in-memory [`BlockDevice`] for tests and fuzzing.
 
-use crate::{BlockDevice, DeviceError};
+use crate::{BlockDevice, DeviceError, PortGroups};
 use parking_lot::RwLock;
 
 /// A RAM disk. Unmapped ranges read as zeroes (thin, LBPRZ).
 pub struct MemoryDevice {
     data: RwLock<Vec<u8>>,
     read_only: bool,
+    groups: RwLock<PortGroups>,
 }
 
 impl MemoryDevice {
@@ -14,7 +15,13 @@ impl MemoryDevice {
         MemoryDevice {
             data: RwLock::new(vec![0; size]),
             read_only,
+            groups: RwLock::new(PortGroups::default()),
         }
+    }
+
+    /// Report these ALUA states from now on (tests of a migrating device).
+    pub fn set_port_groups(&self, groups: PortGroups) {
+        *self.groups.write() = groups;
     }
 
     /// Grow or shrink the disk (tests of capacity-change attention).
@@ -111,5 +118,8 @@ impl BlockDevice for MemoryDevice {
             }
         }
         Ok(out)
+    }
+    fn port_groups(&self) -> PortGroups {
+        *self.groups.read()
     }
 }

@@ -35,12 +35,15 @@
 //! listen = ""                    # e.g. "0.0.0.0:10900" accepts incoming migrations
 //! advertise_nbd = ""             # NBD HOST:PORT clients are sent to; "" = derived
 //! advertise_admin = ""           # admin HOST:PORT the volume's next move starts at; "" = derived
+//! advertise_iscsi = ""           # iSCSI HOST:PORT initiators are redirected to; "" = derived
 //! plaintext = false              # loopback only: no TLS (for tests)
 //! buddies = []                   # ["10.0.0.5:10900"]: same-site daemons to take blocks from
 //!
 //! [iscsi]
 //! listen = []                    # portals, e.g. ["0.0.0.0:3260"]; each is its own portal group
 //! base_iqn = "iqn.2026-11.io.ferry"   # volume v is target "<base_iqn>:v", LUN 0
+//! port_group = 0                 # ALUA target port group of this site's portals, 1..4095;
+//!                                # 0 = derived from the host name and the pool's path
 //! max_connections = 1024         # per portal; then logins get "out of resources"
 //! max_connections_per_peer = 512
 //! max_queued_bytes = 67108864    # Data-In one connection may hold unsent
@@ -111,6 +114,10 @@ pub struct IscsiConfig {
     pub listen: Vec<String>,
     /// Targets are named `<base_iqn>:<volume>`.
     pub base_iqn: String,
+    /// The ALUA target port group every portal of this daemon belongs to
+    /// (1..=4095; at most 15 portals). Two sites a volume moves between
+    /// must differ. 0: derived from the host name and the pool's path.
+    pub port_group: u16,
     /// Open iSCSI connections at most, per portal.
     pub max_connections: usize,
     /// Connections one peer address may hold (0: no cap of its own).
@@ -141,6 +148,7 @@ impl Default for IscsiConfig {
         IscsiConfig {
             listen: Vec::new(),
             base_iqn: DEFAULT_BASE_IQN.into(),
+            port_group: 0,
             max_connections: 1024,
             max_connections_per_peer: 512,
             max_queued_bytes: 64 << 20,
@@ -188,6 +196,11 @@ pub struct MigrationConfig {
     /// replaced by the address the migration arrived on; none when the
     /// admin API listens on loopback and the migration came from beyond.
     pub advertise_admin: String,
+    /// The iSCSI portal (`HOST:PORT`) a migration's source redirects
+    /// initiators to once the volume lives here. Empty: the first iSCSI
+    /// portal, derived as for NBD; none when it is loopback and the
+    /// migration came from beyond.
+    pub advertise_iscsi: String,
     /// Accept migrations without TLS. Refused unless `listen` is loopback.
     pub plaintext: bool,
     /// Migration listeners (`HOST:PORT`) of daemons on this site whose
@@ -215,6 +228,7 @@ impl Default for MigrationConfig {
             listen: String::new(),
             advertise_nbd: String::new(),
             advertise_admin: String::new(),
+            advertise_iscsi: String::new(),
             plaintext: false,
             buddies: Vec::new(),
             reserve_bytes: 64 << 20,

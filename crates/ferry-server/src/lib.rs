@@ -51,6 +51,8 @@ pub enum ServerError {
     NbdTls(#[from] ferry_nbd_server::TlsSetupError),
     #[error("opening the fingerprint index: {0}")]
     Index(#[from] ferry_index::IndexError),
+    #[error("iSCSI: {0}")]
+    IscsiConfig(String),
 }
 
 /// The addresses actually bound.
@@ -139,13 +141,25 @@ impl Daemon {
             None => None,
         };
         let migration = bind("migration", &config.migration.listen).await?;
+        if config.iscsi.port_group > 4095 {
+            return Err(ServerError::IscsiConfig(format!(
+                "port_group {} is out of range (1..4095, or 0 to derive one)",
+                config.iscsi.port_group
+            )));
+        }
+        if config.iscsi.listen.len() > 15 {
+            return Err(ServerError::IscsiConfig(format!(
+                "{} portals: at most 15 (their relative port identifiers are 4 bits)",
+                config.iscsi.listen.len()
+            )));
+        }
         let mut iscsi = Vec::new();
         for addr in &config.iscsi.listen {
             if let Some(l) = bind("iSCSI", addr).await? {
                 iscsi.push(l);
             }
         }
-        let iscsi_state = iscsi::IscsiState::default();
+        let iscsi_state = iscsi::IscsiState::new(iscsi::site_port_group(&config));
         *iscsi_state.portals.lock() = iscsi.iter().filter_map(|l| l.local_addr().ok()).collect();
         if migration.is_some() && !config.migration.plaintext {
             // Make the daemon's certificate now, so it can be shown and
@@ -315,6 +329,23 @@ impl migration::MigrationHost for ServerState {
             local,
             true,
         )
+    }
+
+    /// The first iSCSI portal as advertised (see `migration.advertise_iscsi`)
+    /// and this daemon's target port group; nothing without a portal.
+    fn iscsi_port(&self, local: Option<SocketAddr>) -> ferry_migration::IscsiPort {
+        let first = self.iscsi.portals.lock().first().copied();
+        if first.is_none() {
+            return ferry_migration::IscsiPort::default();
+        }
+        ferry_migration::IscsiPort {
+            portal: advertised(&self.config.migration.advertise_iscsi, first, local, true),
+            port_group: self.iscsi.port_group,
+        }
+    }
+
+    fn volume_moved(&self, vol: &Arc<ferry_storage::Volume>) {
+        self.iscsi.volume_moved(&vol.name());
     }
 
     fn migration_finished(&self, report: &ferry_api::Report) {

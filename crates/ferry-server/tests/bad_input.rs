@@ -544,6 +544,7 @@ mod migration_input {
                 allocated: 0,
                 physical_block_size: 512,
             },
+            iscsi: ferry_migration::IscsiPort::default(),
         }
     }
 
@@ -623,8 +624,8 @@ mod migration_input {
             ..
         } = &mut h
         {
-            *min_version = 7;
-            *max_version = 9;
+            *min_version = ferry_migration::VERSION + 1;
+            *max_version = ferry_migration::VERSION + 3;
         }
         send(&mut c, &h);
         assert!(matches!(recv(&mut c), Some(Message::Refuse { .. })));

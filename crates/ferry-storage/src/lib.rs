@@ -20,7 +20,7 @@ pub use bitmap::{BitmapInfo, DirtyBitmap};
 pub use error::StorageError;
 pub use gate::WriteGate;
 pub use holders::{HeldBy, HoldGuard, Holder};
-pub use meta::{unix_now, Backing, IncomingMigration, OutgoingMigration, VolumeMeta};
+pub use meta::{unix_now, Backing, IncomingMigration, OutgoingMigration, PeerPort, VolumeMeta};
 pub use pool::{CreateOptions, Pool, PoolOptions};
 pub use volume::{SanitizeJob, SanitizeOp, SanitizeStatus, Volume, ZeroMode};
 

@@ -34,6 +34,16 @@ pub struct BitmapSpec {
     pub granularity: u32,
 }
 
+/// The other site of a volume's current or last migration, as its daemon
+/// described the way it exports the volume to SCSI initiators: the portal
+/// they are sent to (`HOST:PORT`, "" if none was advertised) and the
+/// target port group of its portals. The storage layer only keeps it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerPort {
+    pub portal: String,
+    pub port_group: u16,
+}
+
 /// Everything ferry knows about a volume besides its bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeMeta {
@@ -64,6 +74,10 @@ pub struct VolumeMeta {
     /// it advertised one (where the volume's next migration starts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moved_admin: Option<String>,
+    /// The other site of the volume's current or last migration (the
+    /// destination on a source, the source on a copy that arrived).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_port: Option<PeerPort>,
     /// Set on a migration destination until the copy is complete.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incoming: Option<IncomingMigration>,
@@ -162,6 +176,7 @@ impl VolumeMeta {
             bitmaps: Vec::new(),
             moved_to: None,
             moved_admin: None,
+            peer_port: None,
             incoming: None,
             arrived: None,
             importing: false,

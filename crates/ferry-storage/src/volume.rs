@@ -8,7 +8,7 @@
 use crate::alloc::{self, Extent};
 use crate::bitmap::{BitmapInfo, DirtyBitmap};
 use crate::gate::WriteGate;
-use crate::meta::{write_atomic, Backing, BitmapSpec, IncomingMigration, VolumeMeta};
+use crate::meta::{write_atomic, Backing, BitmapSpec, IncomingMigration, PeerPort, VolumeMeta};
 use crate::{Result, StorageError};
 use parking_lot::{Mutex, RwLock};
 use std::fs::{self, File, OpenOptions};
@@ -913,13 +913,16 @@ impl Volume {
     }
 
     /// Record (durably) that the volume now lives at `location` (NBD), its
-    /// daemon's admin API at `admin` ("" if unknown); from here on every
-    /// write fails with [`StorageError::Moved`]. Call with the gate paused
-    /// so no write is half-way through.
-    pub fn set_moved(&self, location: &str, admin: &str) -> Result<()> {
+    /// daemon's admin API at `admin` ("" if unknown) and its SCSI port
+    /// `peer`; from here on every write fails with [`StorageError::Moved`].
+    /// Call with the gate paused so no write is half-way through.
+    pub fn set_moved(&self, location: &str, admin: &str, peer: Option<PeerPort>) -> Result<()> {
         self.update_meta(|m| {
             m.moved_to = Some(location.to_string());
             m.moved_admin = (!admin.is_empty()).then(|| admin.to_string());
+            if peer.is_some() {
+                m.peer_port = peer;
+            }
             // The migration is over: nothing left to resume.
             m.outgoing = None;
             Ok(())
@@ -997,14 +1000,39 @@ impl Volume {
     }
 
     /// Mark (durably) the copy of an incoming migration complete: it is
-    /// exported from now on, and remembers which migration brought it.
-    pub fn complete_incoming(&self) -> Result<()> {
+    /// exported from now on, and remembers which migration brought it and
+    /// the SCSI port of the site it came from (`source`).
+    pub fn complete_incoming(&self, source: Option<PeerPort>) -> Result<()> {
         self.update_meta(|m| {
             if let Some(done) = m.incoming.take() {
                 m.arrived = Some(done);
             }
+            m.peer_port = source;
             Ok(())
         })
+    }
+
+    /// Record (durably) the SCSI port of the site this volume is migrating
+    /// to, once its daemon has described it.
+    pub fn set_peer_port(&self, peer: Option<PeerPort>) -> Result<()> {
+        if self.meta.lock().peer_port == peer {
+            return Ok(());
+        }
+        self.update_meta(|m| {
+            m.peer_port = peer;
+            Ok(())
+        })
+    }
+
+    /// The other site of the volume's current or last migration.
+    pub fn peer_port(&self) -> Option<PeerPort> {
+        self.meta.lock().peer_port.clone()
+    }
+
+    /// Whether a migration of this volume to another daemon is under way
+    /// (journaled and not switched).
+    pub fn migrating_out(&self) -> bool {
+        self.meta.lock().outgoing.is_some()
     }
 
     /// Mark (durably) an image import as begun (`true`) or finished: while

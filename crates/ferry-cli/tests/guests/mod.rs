@@ -85,6 +85,17 @@ impl Storage {
     }
 
     pub fn start_on(pool: &Path, nbd: String, admin: String, mig: String) -> Storage {
+        Self::start_with(pool, nbd, admin, mig, &[])
+    }
+
+    /// A storage daemon with more `ferry serve` arguments (`--iscsi ...`).
+    pub fn start_with(
+        pool: &Path,
+        nbd: String,
+        admin: String,
+        mig: String,
+        extra: &[String],
+    ) -> Storage {
         // Its log beside the pool (appended across restarts), for a test
         // that fails to show.
         let log = std::fs::OpenOptions::new()
@@ -96,6 +107,7 @@ impl Storage {
             .args(["serve", "--pool"])
             .arg(pool)
             .args(["--nbd", &nbd, "--admin", &admin, "--migrate", &mig])
+            .args(extra)
             .env("FERRY_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)

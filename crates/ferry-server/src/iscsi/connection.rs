@@ -30,6 +30,11 @@ use tokio_util::sync::CancellationToken;
 const LOGIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle time before the target pings the initiator with a NOP-In.
 const KEEPALIVE: Duration = Duration::from_secs(30);
+/// Once a session's volume has moved away: the time the initiator is
+/// asked to log out within (async event 1), and how long the connection
+/// waits for that logout before it closes on its own.
+const LOGOUT_WITHIN_S: u16 = 2;
+const LOGOUT_GRACE: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Error)]
 pub enum ConnError {
@@ -121,6 +126,11 @@ pub async fn run(
                 stream.write_all(&p.to_bytes(false, false)).await?;
                 break params;
             }
+            LoginStep::Redirect(p, to) => {
+                stream.write_all(&p.to_bytes(false, false)).await?;
+                tracing::info!(initiator = %login.params().initiator_name, %to, "iSCSI login redirected: the volume moved");
+                return Ok(());
+            }
             LoginStep::Fail(p, why) => {
                 let _ = stream.write_all(&p.to_bytes(false, false)).await;
                 tracing::info!(initiator = %login.params().initiator_name, ?why, "iSCSI login refused");
@@ -142,10 +152,11 @@ pub async fn run(
                             &v,
                             t,
                             &state.pool,
-                            portal_count,
+                            (state.iscsi.port_group, portal_count),
                             state.config.storage.sanitize_bytes_per_sec,
                         ),
                         _hold: v.hold(ferry_storage::Holder::IscsiSession),
+                        volume: v,
                     })
                     .collect(),
             ),
@@ -156,7 +167,7 @@ pub async fn run(
     let luns = Arc::new(luns);
     let nexus = Nexus {
         initiator_port: params.initiator_port(),
-        relative_port: u16::try_from(portal + 1).unwrap_or(u16::MAX),
+        relative_port: ferry_scsi::relative_port(state.iscsi.port_group, portal),
     };
     tracing::debug!(initiator = %params.initiator_name, target = ?params.target_name, "iSCSI session starts");
     let session_key = (
@@ -197,6 +208,7 @@ pub async fn run(
         &targets,
         budget,
         mine,
+        state.iscsi.watch_moves(),
     )
     .await;
     {
@@ -208,6 +220,14 @@ pub async fn run(
     }
     luns.nexus_lost(&nexus);
     result
+}
+
+/// Sleep until `deadline`, or for ever without one.
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Largest READ answered from the page cache on the connection's task.
@@ -291,6 +311,7 @@ struct Lun {
     metrics: CommandMetrics,
     /// Counts this session as a client of the volume.
     _hold: ferry_storage::HoldGuard,
+    volume: Arc<ferry_storage::Volume>,
 }
 
 /// The LUNs of the target a session logged in to (none for discovery).
@@ -299,6 +320,17 @@ struct Luns(Vec<Lun>);
 impl Luns {
     fn get(&self, number: u64) -> Option<&Lun> {
         self.0.iter().find(|l| l.number == number)
+    }
+
+    /// Whether any unit's volume has moved to another site.
+    fn any_moved(&self) -> bool {
+        self.0.iter().any(|l| l.volume.moved_to().is_some())
+    }
+
+    /// Whether `r`, the result of a command to `lun`, failed because the
+    /// volume moved away (the command is then withheld, not answered).
+    fn failed_by_move(&self, lun: u64, r: &CommandResult) -> bool {
+        r.status != 0 && self.get(lun).is_some_and(|l| l.volume.moved_to().is_some())
     }
 
     fn nexus_lost(&self, nexus: &Nexus) {
@@ -413,12 +445,56 @@ fn spawn_execute(
     luns: Arc<Luns>,
     nexus: Nexus,
     task: ScsiTask,
-    done: mpsc::UnboundedSender<(u32, CommandResult)>,
+    done: mpsc::UnboundedSender<Finished>,
 ) {
     tokio::task::spawn_blocking(move || {
         let r = luns.execute(&nexus, &task);
-        let _ = done.send((task.itt, r));
+        let _ = done.send((task.itt, task.lun, r));
     });
+}
+
+/// A command run on a worker thread: its tag, LUN and result.
+type Finished = (u32, u64, CommandResult);
+
+/// A session whose volume moved to another site while it was logged in:
+/// the initiator is asked once to log out (it logs in again at the old
+/// portal, is redirected to the destination and issues its unanswered
+/// commands there), and the connection closes if it has not by `deadline`.
+/// Commands that fail here because of the move are withheld, never
+/// answered with an error a guest would see.
+#[derive(Default)]
+struct Leaving {
+    deadline: Option<tokio::time::Instant>,
+    withheld: u64,
+}
+
+impl Leaving {
+    fn ask(&mut self, session: &mut Session, out: &mut Vec<Pdu>) {
+        if self.deadline.is_none() {
+            tracing::info!(
+                "the session's volume moved to another site: asking the initiator to log out"
+            );
+            out.push(session.request_logout(LOGOUT_WITHIN_S));
+            self.deadline = Some(tokio::time::Instant::now() + LOGOUT_GRACE);
+        }
+    }
+
+    /// Answer a finished command, or withhold it if the move failed it.
+    fn settle(
+        &mut self,
+        session: &mut Session,
+        luns: &Luns,
+        (itt, lun, r): (u32, u64, &CommandResult),
+        out: &mut Vec<Pdu>,
+    ) {
+        if luns.failed_by_move(lun, r) {
+            session.withhold(itt);
+            self.withheld += 1;
+            self.ask(session, out);
+        } else {
+            session.complete(itt, r, out);
+        }
+    }
 }
 
 /// Start an admitted command: on this task after the batch is decoded
@@ -429,7 +505,7 @@ fn admit(
     nexus: &Nexus,
     inline: &mut Vec<ScsiTask>,
     running: &mut usize,
-    done: &mpsc::UnboundedSender<(u32, CommandResult)>,
+    done: &mpsc::UnboundedSender<Finished>,
 ) {
     if luns
         .get(task.lun)
@@ -455,6 +531,7 @@ async fn full_feature(
     targets: &PortalTargets<'_>,
     budget: Budget,
     shutdown: CancellationToken,
+    mut moves: tokio::sync::watch::Receiver<u64>,
 ) -> Result<(), ConnError> {
     let (hd, dd) = (params.header_digest, params.data_digest);
     let mut session = Session::new(params);
@@ -468,8 +545,12 @@ async fn full_feature(
     // more PDUs are decoded or read.
     let mut waiting: VecDeque<ScsiTask> = VecDeque::new();
     let writer = tokio::spawn(crate::net::write_loop(wr, rx));
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u32, CommandResult)>();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Finished>();
+    let mut leaving = Leaving::default();
     let mut out: Vec<Pdu> = Vec::new();
+    if luns.any_moved() {
+        leaving.ask(&mut session, &mut out);
+    }
     let mut events: Vec<Event> = Vec::new();
     let mut inline: Vec<ScsiTask> = Vec::new();
     let mut running = 0usize;
@@ -547,7 +628,7 @@ async fn full_feature(
             } else if matches!(task.cdb.first(), Some(&(op::READ_10 | op::READ_16))) {
                 match luns.try_read_nowait(nexus, &task) {
                     Some(r) => {
-                        session.complete(task.itt, &r, &mut out);
+                        leaving.settle(&mut session, &luns, (task.itt, task.lun, &r), &mut out);
                         answered.extend(held.remove(&task.itt));
                     }
                     None => {
@@ -557,7 +638,7 @@ async fn full_feature(
                 }
             } else {
                 let r = luns.execute(nexus, &task);
-                session.complete(task.itt, &r, &mut out);
+                leaving.settle(&mut session, &luns, (task.itt, task.lun, &r), &mut out);
                 answered.extend(held.remove(&task.itt));
             }
         }
@@ -600,16 +681,25 @@ async fn full_feature(
                     admit(task, &luns, nexus, &mut inline, &mut running, &done_tx);
                 }
             }
-            Some((itt, r)) = done_rx.recv() => {
+            Some((itt, lun, r)) = done_rx.recv() => {
                 running -= 1;
-                session.complete(itt, &r, &mut out);
+                leaving.settle(&mut session, &luns, (itt, lun, &r), &mut out);
                 answered.extend(held.remove(&itt));
                 // Answer every command that has finished in one write.
-                while let Ok((itt, r)) = done_rx.try_recv() {
+                while let Ok((itt, lun, r)) = done_rx.try_recv() {
                     running -= 1;
-                    session.complete(itt, &r, &mut out);
+                    leaving.settle(&mut session, &luns, (itt, lun, &r), &mut out);
                     answered.extend(held.remove(&itt));
                 }
+            }
+            Ok(()) = moves.changed() => {
+                if luns.any_moved() {
+                    leaving.ask(&mut session, &mut out);
+                }
+            }
+            () = sleep_until(leaving.deadline) => {
+                tracing::info!(withheld = leaving.withheld, "the initiator did not log out after its volume moved: closing the connection");
+                closing = true;
             }
             _ = idle.tick() => {
                 if ping_outstanding >= 3 {
@@ -631,9 +721,9 @@ async fn full_feature(
             // Let running commands answer before the connection goes.
             while running > 0 {
                 match done_rx.recv().await {
-                    Some((itt, r)) => {
+                    Some((itt, lun, r)) => {
                         running -= 1;
-                        session.complete(itt, &r, &mut out);
+                        leaving.settle(&mut session, &luns, (itt, lun, &r), &mut out);
                     }
                     None => break,
                 }

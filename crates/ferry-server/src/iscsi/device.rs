@@ -2,8 +2,8 @@
 //! units shared by every session and portal.
 
 use ferry_scsi::{
-    BlockDevice, CopyTargets, DeviceError, Identity, LogicalUnit, LuConfig, ReservationStore,
-    SanitizeAction, SanitizeState, SanitizeSupport,
+    AccessState, BlockDevice, CopyTargets, DeviceError, Identity, LogicalUnit, LuConfig,
+    PortGroups, ReservationStore, SanitizeAction, SanitizeState, SanitizeSupport,
 };
 use ferry_storage::{Pool, SanitizeOp, SanitizeStatus, StorageError, Volume, ZeroMode};
 use parking_lot::Mutex;
@@ -149,6 +149,32 @@ impl BlockDevice for VolumeDevice {
     fn exit_sanitize_failure(&self) -> Result<(), DeviceError> {
         self.volume.exit_sanitize_failure().map_err(dev_err)
     }
+    /// This site's group and the other site's of the volume's current or
+    /// last migration: before the switch this site is active/optimized and
+    /// the destination standby; while writes are paused for the switch (or
+    /// the switch is in doubt) both are transitioning; once the volume has
+    /// moved this site is unavailable and the destination active. A copy
+    /// that arrived reports its source unavailable.
+    fn port_groups(&self) -> PortGroups {
+        use AccessState::{ActiveOptimized, Standby, Transitioning, Unavailable};
+        let v = &self.volume;
+        let (local, peer) = if v.moved_to().is_some() {
+            (Unavailable, ActiveOptimized)
+        } else if v.in_doubt() || (v.migrating_out() && v.gate().is_paused()) {
+            (Transitioning, Transitioning)
+        } else if v.migrating_out() {
+            (ActiveOptimized, Standby)
+        } else {
+            (ActiveOptimized, Unavailable)
+        };
+        PortGroups {
+            local,
+            peer: v
+                .peer_port()
+                .filter(|p| p.port_group != 0)
+                .map(|p| (p.port_group, peer)),
+        }
+    }
     fn mapping(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64, bool)>, DeviceError> {
         let ext = self.volume.extents(offset, len, 1024).map_err(dev_err)?;
         Ok(ext
@@ -238,7 +264,7 @@ impl UnitTable {
         volume: &Arc<Volume>,
         target_name: &str,
         pool: &Arc<Pool>,
-        portals: u16,
+        (port_group, portals): (u16, u16),
         sanitize_rate: u64,
     ) -> Arc<LogicalUnit> {
         let name = volume.name();
@@ -271,8 +297,8 @@ impl UnitTable {
                 naa,
                 serial: m.uuid.simple().to_string(),
                 target_name: target_name.to_string(),
-                port_group: 1,
-                relative_port: 1,
+                port_group,
+                relative_port: ferry_scsi::relative_port(port_group, 0),
                 port_count: portals,
             },
             LuConfig {
@@ -297,5 +323,79 @@ impl UnitTable {
             .values()
             .map(|(_, lu)| lu.clone())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_storage::{CreateOptions, OutgoingMigration, PeerPort, PoolOptions};
+    use std::time::Duration;
+
+    #[test]
+    fn port_groups_follow_the_volumes_migration() {
+        use AccessState::{ActiveOptimized, Standby, Transitioning, Unavailable};
+        let dir = tempfile::tempdir().unwrap();
+        let pool = Pool::open(dir.path(), PoolOptions::default()).unwrap();
+        let volume = pool
+            .create(
+                "v",
+                &CreateOptions {
+                    size: 1 << 20,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        let dev = VolumeDevice {
+            volume: volume.clone(),
+            sanitize_rate: 0,
+        };
+        let groups = |local, peer| PortGroups { local, peer };
+        // Never migrated: this site alone.
+        assert_eq!(dev.port_groups(), groups(ActiveOptimized, None));
+        // Migrating, the destination known: it is standby.
+        volume
+            .set_outgoing(Some(OutgoingMigration {
+                id: "0".repeat(32),
+                to: "b:1".into(),
+                switch_sent: false,
+                plaintext: false,
+            }))
+            .unwrap();
+        let b = PeerPort {
+            portal: "10.0.0.2:3260".into(),
+            port_group: 7,
+        };
+        volume.set_peer_port(Some(b.clone())).unwrap();
+        assert_eq!(
+            dev.port_groups(),
+            groups(ActiveOptimized, Some((7, Standby)))
+        );
+        // The pause before the switch: both transitioning.
+        assert!(volume.gate().pause(Duration::from_secs(1)));
+        assert_eq!(
+            dev.port_groups(),
+            groups(Transitioning, Some((7, Transitioning)))
+        );
+        // Switched: the destination is the active site.
+        volume.set_moved("10.0.0.2:10809", "", Some(b)).unwrap();
+        volume.gate().resume();
+        assert_eq!(
+            dev.port_groups(),
+            groups(Unavailable, Some((7, ActiveOptimized)))
+        );
+        // A switch whose outcome is unknown: transitioning until settled.
+        volume.clear_moved().unwrap();
+        volume.set_in_doubt(true);
+        assert_eq!(
+            dev.port_groups(),
+            groups(Transitioning, Some((7, Transitioning)))
+        );
+        // A copy that arrived: its source is unavailable.
+        volume.set_in_doubt(false);
+        assert_eq!(
+            dev.port_groups(),
+            groups(ActiveOptimized, Some((7, Unavailable)))
+        );
     }
 }

@@ -25,9 +25,13 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// State the iSCSI connections share.
-#[derive(Default)]
 pub struct IscsiState {
     pub units: UnitTable,
+    /// The ALUA target port group of every portal here.
+    pub port_group: u16,
+    /// Bumped each time a volume moves away: sessions of a moved volume
+    /// are then asked to log out (and are redirected when they log in).
+    moves: tokio::sync::watch::Sender<u64>,
     /// Bound portals, in configuration order (portal group = index + 1).
     pub portals: Mutex<Vec<SocketAddr>>,
     next_tsih: AtomicU16,
@@ -41,6 +45,33 @@ pub struct IscsiState {
 }
 
 impl IscsiState {
+    pub fn new(port_group: u16) -> IscsiState {
+        IscsiState {
+            units: UnitTable::default(),
+            port_group,
+            moves: tokio::sync::watch::Sender::new(0),
+            portals: Mutex::default(),
+            next_tsih: AtomicU16::new(1),
+            session_ids: AtomicU64::new(0),
+            sessions: Mutex::default(),
+            budget_total: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// A volume has moved to another site: tell its sessions.
+    pub fn volume_moved(&self, volume: &str) {
+        tracing::debug!(
+            volume,
+            "volume moved: its iSCSI sessions are asked to log out"
+        );
+        self.moves.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Changes when any volume moves away.
+    pub(crate) fn watch_moves(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.moves.subscribe()
+    }
+
     /// The budget shared by every connection, made on first use.
     pub(crate) fn budget_total(
         &self,
@@ -73,6 +104,26 @@ impl IscsiState {
     }
 }
 
+/// This daemon's ALUA target port group: `iscsi.port_group`, or one in
+/// 1..=4095 derived from the host name and the pool's path (stable across
+/// restarts, different between daemons with a high probability; two sites
+/// that a volume moves between with the same group get a warning at the
+/// migration, and should set it).
+pub fn site_port_group(config: &crate::config::Config) -> u16 {
+    if config.iscsi.port_group != 0 {
+        return config.iscsi.port_group;
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let pool = std::fs::canonicalize(&config.pool).unwrap_or_else(|_| config.pool.clone());
+    let mut h = blake3::Hasher::new();
+    h.update(host.trim().as_bytes());
+    h.update(&[0]);
+    h.update(pool.as_os_str().as_encoded_bytes());
+    let b = h.finalize();
+    let n = u16::from_be_bytes([b.as_bytes()[0], b.as_bytes()[1]]);
+    n % 4095 + 1
+}
+
 /// The target name of a volume.
 pub fn target_name(base: &str, volume: &str) -> String {
     format!("{base}:{volume}")
@@ -89,6 +140,7 @@ fn policy_of(a: &IscsiAccess, loopback: bool) -> TargetPolicy {
         open: loopback && chap.is_none() && a.acl.is_empty(),
         chap,
         acl: a.acl.clone(),
+        moved_to: None,
     }
 }
 
@@ -126,6 +178,15 @@ impl PortalTargets<'_> {
         (!luns.is_empty()).then_some(luns)
     }
 
+    /// Where a volume's target went, when the volume moved to a daemon
+    /// that advertised an iSCSI portal: `TargetAddress` for a redirect.
+    fn moved_to(&self, target: &str) -> Option<String> {
+        let v = self.state.pool.get(self.suffix(target)?).ok()?;
+        v.moved_to()?;
+        let peer = v.peer_port()?;
+        (!peer.portal.is_empty()).then(|| format!("{},1", peer.portal))
+    }
+
     fn loopback(&self) -> bool {
         self.local.ip().is_loopback()
     }
@@ -133,9 +194,15 @@ impl PortalTargets<'_> {
 
 impl Targets for PortalTargets<'_> {
     fn policy(&self, target: &str) -> Option<TargetPolicy> {
-        self.luns_of(target)?;
+        let moved_to = match self.luns_of(target) {
+            Some(_) => None,
+            None => Some(self.moved_to(target)?),
+        };
         let access = self.state.config.iscsi.access(self.suffix(target));
-        Some(policy_of(&access, self.loopback()))
+        Some(TargetPolicy {
+            moved_to,
+            ..policy_of(&access, self.loopback())
+        })
     }
 
     fn discovery_policy(&self) -> TargetPolicy {

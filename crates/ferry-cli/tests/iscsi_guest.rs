@@ -1,0 +1,185 @@
+//! A guest whose disk is an iSCSI LUN (QEMU's own libiscsi initiator,
+//! `iscsi://` at the source site) while its volume migrates across an
+//! emulated WAN: the source asks the session to log out after the switch,
+//! redirects the new login to the destination's portal, and withholds the
+//! commands the move failed, which the initiator issues again there. The
+//! guest (busybox, numbered records written with fsync, an "ack" on the
+//! serial console per durable record) must see no I/O error and stall
+//! less than QEMU's reconnect allows, and every acknowledged record must be
+//! on the destination's copy.
+// Test fixtures: sizes the test itself chooses.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
+#[path = "../../ferry-server/tests/common/toxiproxy.rs"]
+#[allow(dead_code)]
+mod toxiproxy;
+
+mod common;
+mod guests;
+
+use common::have;
+use guests::*;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+const IQN: &str = "iqn.2026-11.io.ferry";
+
+/// The largest gap between two consecutive acks, in the guest's clock.
+fn largest_stall(serial: &std::path::Path) -> (f64, u64) {
+    let acks = acks(serial);
+    let mut worst = (0.0, 0);
+    for w in acks.windows(2) {
+        let (a, b) = (&w[0], &w[1]);
+        let gap = b.1.parse::<f64>().unwrap_or(0.0) - a.1.parse::<f64>().unwrap_or(0.0);
+        if gap > worst.0 {
+            worst = (gap, b.0);
+        }
+    }
+    worst
+}
+
+#[test]
+fn an_iscsi_guest_follows_its_volume_to_the_other_site_without_an_io_error() {
+    let Some((kernel, initrd)) = guest_files() else {
+        return;
+    };
+    if !have("iscsi-inq") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let (ia, ib) = (addr(), addr());
+    let sa = Storage::start_with(
+        &p.join("sa"),
+        addr(),
+        addr(),
+        addr(),
+        &["--iscsi".into(), ia.clone()],
+    );
+    let sb = Storage::start_with(
+        &p.join("sb"),
+        addr(),
+        addr(),
+        addr(),
+        &["--iscsi".into(), ib.clone()],
+    );
+    trust(&sa.pool, &sb.pool);
+    let tp = toxiproxy::Toxiproxy::start();
+    let sb_wan = tp.proxy("storage", &sb.mig);
+    // 20 ms round trips, 4 MB/s to the other site.
+    tp.add_latency("storage", 10);
+    tp.add_toxic(
+        "storage",
+        "bw",
+        "bandwidth",
+        "upstream",
+        serde_json::json!({"rate": 4096}),
+    );
+    ext4_volume(&sa, p, "disk");
+
+    let serial = p.join("guest.serial");
+    let qemu_log = p.join("qemu.log");
+    let drive = format!("file=iscsi://{ia}/{IQN}:disk/0,format=raw,if=none,id=d0");
+    let _guest = KillOnDrop(
+        Command::new("qemu-system-x86_64")
+            .args([
+                "-accel",
+                "tcg",
+                "-m",
+                "128M",
+                "-nodefaults",
+                "-display",
+                "none",
+            ])
+            .arg("-serial")
+            .arg(format!("file:{}", serial.display()))
+            .arg("-kernel")
+            .arg(&kernel)
+            .arg("-initrd")
+            .arg(&initrd)
+            .args(["-append", "console=ttyS0 quiet", "-drive", &drive])
+            .args(["-device", "virtio-blk-pci,drive=d0"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&qemu_log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    wait_acks(&serial, 20);
+    let unit_serial = || {
+        ok_cmd(
+            Command::new("iscsi-inq")
+                .args(["-e", "1", "-c", "0x80"])
+                .arg(format!("iscsi://{ia}/{IQN}:disk/0")),
+        )
+    };
+    let before = unit_serial();
+
+    let t = Instant::now();
+    let report = ok(&[
+        "migrate", "disk", "--to", &sb_wan, "--json", "--admin", &sa.admin,
+    ]);
+    let took = t.elapsed();
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(report["result"], "switched", "{report}");
+    // The guest goes on writing, now through the destination.
+    let after = acks(&serial).last().unwrap().0;
+    wait_acks(&serial, 30);
+    let sa_log = std::fs::read_to_string(sa.pool.with_extension("log")).unwrap();
+    assert!(
+        sa_log.contains("asking the initiator to log out"),
+        "the source never asked the session to go:\n{sa_log}"
+    );
+    assert!(
+        sa_log.contains("iSCSI login redirected"),
+        "the initiator did not log in again at the source:\n{sa_log}"
+    );
+    let serial_text = std::fs::read_to_string(&serial).unwrap();
+    for bad in ["I/O error", "EXT4-fs error", "ferry-guest: cannot"] {
+        assert!(
+            !serial_text.contains(bad),
+            "the guest saw {bad:?}:\n{serial_text}"
+        );
+    }
+    let qemu_text = std::fs::read_to_string(&qemu_log).unwrap();
+    assert!(
+        !qemu_text.contains("failed"),
+        "QEMU's iSCSI driver reported a failure:\n{qemu_text}"
+    );
+    for l in sa_log
+        .lines()
+        .filter(|l| l.contains("iscsi") || l.contains("iSCSI"))
+    {
+        eprintln!("source: {l}");
+    }
+    let (stall, at) = largest_stall(&serial);
+    eprintln!(
+        "iSCSI guest across the move: migration {:.1} s, pause {} ms, acks before {after}, largest stall {stall:.2} s (guest clock) before record {at}",
+        took.as_secs_f64(),
+        report["time"]["pause_ms"],
+    );
+
+    // A new initiator at the old portal is redirected, and reads the same
+    // device there (same unit serial, served by the destination).
+    assert_eq!(unit_serial(), before);
+    let sa_log = std::fs::read_to_string(sa.pool.with_extension("log")).unwrap();
+    assert!(
+        sa_log.matches("iSCSI login redirected").count() >= 2,
+        "iscsi-inq was not redirected:\n{sa_log}"
+    );
+
+    drop(_guest);
+    let checked = check_records(&sb, "disk", p, &[serial]);
+    eprintln!("{checked} acknowledged records on the destination's copy");
+}
+
+fn ok_cmd(c: &mut Command) -> String {
+    let o = c.output().unwrap();
+    assert!(
+        o.status.success(),
+        "{c:?}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
