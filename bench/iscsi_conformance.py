@@ -3,11 +3,13 @@
 tgt for reference, written up as docs/conformance.md.
 
 ferry serves a 1 GiB scratch volume on two portals (so the MultipathIO
-tests run over two paths) and a read-only volume for the ReadOnly tests.
-tgt serves a 1 GiB file-backed LUN on one portal, given twice. The
-Sanitize suite runs apart (`--allow-sanitize`) on a 256 MiB volume over
-one path, ferry writing a sanitize at 40 MiB/s so that the Reset test
-finds it still under way after its resets.
+tests run over two paths), the same again as a 512e volume (512-byte
+blocks on 4 KiB physical blocks), and a read-only volume for the ReadOnly
+tests. tgt serves a 1 GiB file-backed LUN on one portal, given twice. The
+Sanitize suite runs apart (`--allow-sanitize`) on 256 MiB volumes (512 and
+512e) over both portals, ferry writing a sanitize at 40 MiB/s so that the
+Reset test finds it still under way after its resets; Reset runs after the
+others, on its own (see KNOWN below).
 
 Usage: python3 bench/iscsi_conformance.py [--no-tgt] [--out docs/conformance.md]
 Needs: libiscsi-bin (iscsi-test-cu), tgt (unless --no-tgt), a release
@@ -19,6 +21,70 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from iscsi_targets import ROOT, Ferry, Tgt  # noqa: E402
 
 FAMILIES = ["SCSI", "iSCSI"]
+SANITIZE_BUT_RESET = ",".join("SCSI.Sanitize." + t for t in (
+    "BlockErase", "BlockEraseReserved", "CryptoErase", "CryptoEraseReserved", "ExitFailureMode",
+    "InvalidServiceAction", "Overwrite", "OverwriteReserved", "Readonly", "Reservations"))
+
+# Tests of libiscsi 1.19 that no conforming target passes as a user runs
+# them, and why; the table of ferry's results links here.
+KNOWN = """## Tests that cannot pass as libiscsi runs them
+
+- **SCSI.GetLBAStatus.UnmapSingle on a 512e volume.** Its second loop asks
+  GET LBA STATUS at LBA `i + 1` and then requires the first descriptor to
+  start at `i + LBPPB` (`test_get_lba_status_unmap_single.c`, line 135).
+  SBC-4 (GET LBA STATUS parameter data, "LBA status descriptor
+  relationships") requires the first descriptor to start at the LBA the
+  command asked for, which ferry does; the two agree only when LBPPB = 1.
+  The first loop of the same test, which asks at `i + LBPPB`, passes.
+- **SCSI.Sanitize.Reset after SCSI.Sanitize.Reservations over two paths.**
+  With two portal URLs, Reservations takes a RESERVE(6) on the second
+  path and leaves it held (`mpath_sd2_put` ends only a session it cloned,
+  not a multipath one), so Reset's SANITIZE from the first path gets
+  RESERVATION CONFLICT, as SPC-2 requires, and its TEST UNIT READY checks
+  print a missing sense ("Sense: (null)"). Run after the suite's cleanup
+  (here: on its own, over the same two paths), Reset passes on both
+  volumes; the daemon's own test (`sanitize_conformance_tests_pass`) runs
+  it so.
+"""
+
+# What an initiator sees when a volume migrates (ALUA and redirects).
+MIGRATION = """## When a volume migrates
+
+Both sites present one logical unit: the same NAA (the volume's WWN) and
+unit serial (its UUID) in VPD 0x83 and 0x80, and the same target name. The
+portals of each daemon form one target port group (`iscsi.port_group`,
+1..4095, derived from the host name and the pool's path when 0; relative
+port `group << 4 | portal`); INQUIRY reports implicit ALUA (TPGS 01).
+REPORT TARGET PORT GROUPS answers, at the source: its group
+active/optimized and the destination's standby while the volume migrates;
+both transitioning while writes are paused for the switch (and while a
+switch is in doubt); its own unavailable and the destination's
+active/optimized once the volume has moved. The destination reports the
+same the other way round once it owns the volume (the source's group
+unavailable). The states change with the migration's own steps: the
+pause, then the switch recorded in the volume's metadata.
+
+At the switch the source sends every session of the volume an
+asynchronous logout request (event 1, "log out within 2 s"). Commands the
+move failed (a write held by the pause, anything that arrives after) are
+not answered: the initiator's session recovery issues them again in the
+session it logs in to next, where they run for the first time; a session
+that has not logged out after 5 s is closed. A new login for the target at
+the source is answered "target moved temporarily" (status 01/01) with the
+destination's portal (`migration.advertise_iscsi`, or its first portal),
+after the initiator passed the target's ACL and CHAP. QEMU's libiscsi
+driver follows all of this: a guest on `iscsi://` at the source goes on at
+the destination without an I/O error (`cargo test -p ferry-cli --test
+iscsi_guest`).
+
+An initiator without redirect support fails its next login at the source
+(and its commands there stay unanswered until the connection closes); it
+must be pointed at the destination's portal by hand. An initiator without
+ALUA sees the same device at the new portal; one with ALUA (Linux
+dm-multipath with both sites' portals) sees the source's path go
+unavailable and the destination's become active/optimized. A target name
+that is a group of volumes (`iscsi.groups`) is not redirected.
+"""
 
 
 def run_suite(test, urls, extra=()):
@@ -83,11 +149,15 @@ def main():
         f = Ferry(os.path.join(work, "ferry"), config="[storage]\nsanitize_bytes_per_sec = 41943040\n")
         try:
             urls = f.add("scratch", size=1 << 30)
+            e512 = f.add("scratch512e", size=1 << 30, physical_block_size=4096)
             ro = f.add("readonly", size=64 << 20, read_only=True)
-            san = f.add("sanitize", size=256 << 20)
-            results["ferry"] = {fam: run_suite(fam, urls) for fam in FAMILIES}
-            results["ferry"]["SCSI"].update(run_suite("SCSI.ReadOnly", ro[:1]))
-            results["ferry"]["SCSI"].update(run_suite("SCSI.Sanitize", san[:1], ["--allow-sanitize"]))
+            for name, vol_urls, pbs in (("ferry", urls, None), ("ferry 512e", e512, 4096)):
+                san = f.add("sanitize" + (pbs and "512e" or ""), size=256 << 20, physical_block_size=pbs)
+                results[name] = {fam: run_suite(fam, vol_urls) for fam in FAMILIES}
+                results[name]["SCSI"].update(run_suite("SCSI.ReadOnly", ro[:1]))
+                results[name]["SCSI"].update(run_suite(SANITIZE_BUT_RESET, san, ["--allow-sanitize"]))
+                reset = run_suite("SCSI.Sanitize.Reset", san, ["--allow-sanitize"])
+                results[name]["SCSI"].setdefault("Sanitize", {}).update(reset.get("Sanitize", {}))
         finally:
             f.stop()
         if with_tgt:
@@ -114,9 +184,11 @@ def main():
     lines = ["# iSCSI conformance", "",
              "Generated by `python3 bench/iscsi_conformance.py` (libiscsi-bin " + (ver or "?") + ", "
              "`iscsi-test-cu --dataloss`; the Sanitize suite also `--allow-sanitize`). Do not edit by hand.", "",
-             "ferry: a 1 GiB sparse volume on two portals (MultipathIO runs over two paths), a read-only volume "
-             "for SCSI.ReadOnly, and a 256 MiB volume on one path for SCSI.Sanitize (sanitize writes capped at "
-             "40 MiB/s, so the Reset test finds one under way)." + (" tgt 1.0.85: a 1 GiB file-backed LUN, its one portal given twice, and a "
+             "ferry: a 1 GiB sparse volume on two portals (MultipathIO runs over two paths), the same as a 512e "
+             "volume (\"ferry 512e\": 512-byte blocks on 4 KiB physical blocks), a read-only volume for "
+             "SCSI.ReadOnly, and 256 MiB volumes (512 and 512e) on both portals for SCSI.Sanitize (sanitize "
+             "writes capped at 40 MiB/s, so the Reset test finds one under way; Reset runs on its own after "
+             "the rest, see below)." + (" tgt 1.0.85: a 1 GiB file-backed LUN, its one portal given twice, and a "
                                      "read-only LUN." if with_tgt else ""), "",
              "A test skipped because the target rejected a command as unsupported counts as *passed* in the suite's "
              "own summary; here it is counted apart (\"unsupported\").", "",
@@ -142,13 +214,16 @@ def main():
                 c = collections.Counter(o for o, _ in results[tg][fam].get(s, {}).values())
                 cells.append(f"{c['passed']} / {c['failed']} / {c['skipped']}")
             lines.append(f"| {fam} | {s} | {n} | " + " | ".join(cells) + " |")
-    lines += ["", "## Every test ferry did not pass outright", "", "| family | test | outcome | reason |",
-              "|---|---|---|---|"]
-    for fam in FAMILIES:
-        for s, tests in results["ferry"][fam].items():
-            for name, (o, r) in tests.items():
-                if o != "passed":
-                    lines.append(f"| {fam} | {s}.{name} | {o} | {r} |")
+    lines += ["", "## Every test ferry did not pass outright", "", "| target | family | test | outcome | reason |",
+              "|---|---|---|---|---|"]
+    ferries = [tg for tg in targets if tg.startswith("ferry")]
+    for tg in ferries:
+        for fam in FAMILIES:
+            for s, tests in results[tg][fam].items():
+                for name, (o, r) in tests.items():
+                    if o != "passed":
+                        lines.append(f"| {tg} | {fam} | {s}.{name} | {o} | {r} |")
+    lines += ["", KNOWN.strip(), "", MIGRATION.strip()]
     if with_tgt:
         lines += ["", "## tgt: failures and unsupported commands", "", "| family | test | outcome | reason |",
                   "|---|---|---|---|"]
@@ -161,7 +236,9 @@ def main():
     with open(a.out, "w") as fh:
         fh.write(text)
     print(text)
-    failed = sum(1 for fam in FAMILIES for s in results["ferry"][fam].values() for o, _ in s.values() if o == "failed")
+    failed = sum(1 for tg in ferries for fam in FAMILIES for s in results[tg][fam].items()
+                 for name, (o, _) in s[1].items()
+                 if o == "failed" and not (tg == "ferry 512e" and f"{s[0]}.{name}" == "GetLBAStatus.UnmapSingle"))
     sys.exit(1 if failed else 0)
 
 

@@ -42,8 +42,10 @@ class Ferry:
             wait_port(p, self.proc)
         self.name = "ferry"
 
-    def add(self, volume, image=None, size=None, read_only=False):
+    def add(self, volume, image=None, size=None, read_only=False, physical_block_size=None):
         cmd = [FERRY, "volume", "create", volume, "--admin", self.admin]
+        if physical_block_size:
+            cmd += ["--physical-block-size", str(physical_block_size)]
         if image:
             cmd += ["--path", image]
         else:

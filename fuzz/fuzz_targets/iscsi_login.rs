@@ -1,5 +1,5 @@
 //! The PDU decoder (with and without digests) and the login state machine
-//! on arbitrary bytes.
+//! on arbitrary bytes, the target served here or moved (a redirect).
 #![no_main]
 
 use bytes::BytesMut;
@@ -7,10 +7,14 @@ use ferry_iscsi::login::{ChapSecret, TargetPolicy};
 use ferry_iscsi::{Login, LoginStep, PduDecoder, Targets};
 use libfuzzer_sys::fuzz_target;
 
-struct Fixed(bool);
+/// CHAP required; the target moved away.
+struct Fixed(bool, bool);
 impl Targets for Fixed {
     fn policy(&self, t: &str) -> Option<TargetPolicy> {
-        (t == "iqn.2026-11.io.ferry:v").then(|| self.discovery_policy())
+        (t == "iqn.2026-11.io.ferry:v").then(|| TargetPolicy {
+            moved_to: self.1.then(|| "10.0.0.2:3260,1".into()),
+            ..self.discovery_policy()
+        })
     }
     fn discovery_policy(&self) -> TargetPolicy {
         TargetPolicy {
@@ -21,6 +25,7 @@ impl Targets for Fixed {
             }),
             acl: Vec::new(),
             open: true,
+            moved_to: None,
         }
     }
     fn send_targets(&self, _: &str, _: Option<&str>) -> Vec<(String, String)> {
@@ -38,7 +43,7 @@ fuzz_target!(|data: &[u8]| {
     let mut dec = PduDecoder::new(8192);
     dec.header_digest = mode & 1 != 0;
     dec.data_digest = mode & 2 != 0;
-    let targets = Fixed(mode & 4 != 0);
+    let targets = Fixed(mode & 4 != 0, mode & 8 != 0);
     let mut login = Login::new([mode; 16], 1);
     let mut buf = BytesMut::new();
     for piece in rest.chunks(61) {
@@ -54,6 +59,11 @@ fuzz_target!(|data: &[u8]| {
                     }
                     LoginStep::Fail(r, _) => {
                         assert_ne!(r.bhs[36], 0);
+                        return;
+                    }
+                    LoginStep::Redirect(r, _) => {
+                        assert!(targets.1, "a redirect for a target that did not move");
+                        assert_eq!((r.bhs[36], r.bhs[37]), (1, 1));
                         return;
                     }
                 },

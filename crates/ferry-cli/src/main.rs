@@ -241,6 +241,15 @@ struct ServeArgs {
     /// Base IQN: volume V is target "<BASE>:V".
     #[arg(long)]
     iscsi_base_iqn: Option<String>,
+    /// iSCSI HOST:PORT the source of a volume that arrives here redirects
+    /// its initiators to (default: derived from the first --iscsi portal).
+    #[arg(long)]
+    advertise_iscsi: Option<String>,
+    /// ALUA target port group of this daemon's portals, 1..4095 (default:
+    /// derived from the host name and the pool's path); the sites a
+    /// volume moves between must differ.
+    #[arg(long, value_name = "N")]
+    iscsi_port_group: Option<u16>,
 }
 
 #[derive(Subcommand)]
@@ -528,6 +537,12 @@ fn serve(a: ServeArgs) -> Result<()> {
     }
     if let Some(b) = a.iscsi_base_iqn {
         config.iscsi.base_iqn = b;
+    }
+    if let Some(n) = a.advertise_iscsi {
+        config.migration.advertise_iscsi = n;
+    }
+    if let Some(g) = a.iscsi_port_group {
+        config.iscsi.port_group = g;
     }
     runtime()?.block_on(async move {
         let daemon = ferry_server::Daemon::bind(config).await?;

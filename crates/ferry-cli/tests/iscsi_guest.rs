@@ -49,33 +49,53 @@ fn an_iscsi_guest_follows_its_volume_to_the_other_site_without_an_io_error() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let d = tempfile::tempdir().unwrap();
     let p = d.path();
+    let rtt_ms: u64 = std::env::var("FERRY_ISCSI_GUEST_RTT_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    // The other site's storage (its migration listener and its iSCSI
+    // portal) is across the WAN: round trips of `rtt_ms`, 4 MB/s.
+    let tp = toxiproxy::Toxiproxy::start();
     let (ia, ib) = (addr(), addr());
+    let ib_wan = tp.proxy("iscsi", &ib);
     let sa = Storage::start_with(
         &p.join("sa"),
         addr(),
         addr(),
         addr(),
-        &["--iscsi".into(), ia.clone()],
+        &[
+            "--iscsi".into(),
+            ia.clone(),
+            "--iscsi-port-group".into(),
+            "1".into(),
+        ],
     );
     let sb = Storage::start_with(
         &p.join("sb"),
         addr(),
         addr(),
         addr(),
-        &["--iscsi".into(), ib.clone()],
+        &[
+            "--iscsi".into(),
+            ib.clone(),
+            "--iscsi-port-group".into(),
+            "2".into(),
+            "--advertise-iscsi".into(),
+            ib_wan.clone(),
+        ],
     );
     trust(&sa.pool, &sb.pool);
-    let tp = toxiproxy::Toxiproxy::start();
     let sb_wan = tp.proxy("storage", &sb.mig);
-    // 20 ms round trips, 4 MB/s to the other site.
-    tp.add_latency("storage", 10);
-    tp.add_toxic(
-        "storage",
-        "bw",
-        "bandwidth",
-        "upstream",
-        serde_json::json!({"rate": 4096}),
-    );
+    for proxy in ["storage", "iscsi"] {
+        tp.add_latency(proxy, rtt_ms / 2);
+        tp.add_toxic(
+            proxy,
+            "bw",
+            "bandwidth",
+            "upstream",
+            serde_json::json!({"rate": 4096}),
+        );
+    }
     ext4_volume(&sa, p, "disk");
 
     let serial = p.join("guest.serial");
@@ -154,7 +174,7 @@ fn an_iscsi_guest_follows_its_volume_to_the_other_site_without_an_io_error() {
     }
     let (stall, at) = largest_stall(&serial);
     eprintln!(
-        "iSCSI guest across the move: migration {:.1} s, pause {} ms, acks before {after}, largest stall {stall:.2} s (guest clock) before record {at}",
+        "iSCSI guest across the move at {rtt_ms} ms RTT: migration {:.1} s, pause {} ms, acks before {after}, largest stall {stall:.3} s (guest clock) before record {at}",
         took.as_secs_f64(),
         report["time"]["pause_ms"],
     );
