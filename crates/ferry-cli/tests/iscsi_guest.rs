@@ -129,11 +129,26 @@ fn an_iscsi_guest_follows_its_volume_to_the_other_site_without_an_io_error() {
     let unit_serial = || {
         ok_cmd(
             Command::new("iscsi-inq")
-                .args(["-e", "1", "-c", "0x80"])
+                .args(["-e", "1", "-c", "128"])
                 .arg(format!("iscsi://{ia}/{IQN}:disk/0")),
         )
     };
     let before = unit_serial();
+    let inq = |args: &[&str]| {
+        ok_cmd(
+            Command::new("iscsi-inq")
+                .args(args)
+                .arg(format!("iscsi://{ia}/{IQN}:disk/0")),
+        )
+    };
+    // Implicit ALUA, and the target port group of the portal's site.
+    assert!(inq(&[]).contains("TPGS:1"), "{}", inq(&[]));
+    // libiscsi 1.19's iscsi-inq prints binary designators as text (the
+    // group's number shows empty); the ALUA states themselves are checked
+    // with raw PDUs in ferry-server's iscsi tests.
+    let has_group =
+        |ids: String| ids.contains("TARGET_PORT_GROUP") && ids.contains("RELATIVE_TARGET_PORT");
+    assert!(has_group(inq(&["-e", "1", "-c", "131"])));
 
     let t = Instant::now();
     let report = ok(&[
@@ -180,8 +195,15 @@ fn an_iscsi_guest_follows_its_volume_to_the_other_site_without_an_io_error() {
     );
 
     // A new initiator at the old portal is redirected, and reads the same
-    // device there (same unit serial, served by the destination).
+    // device there (same unit serial), through the destination.
     assert_eq!(unit_serial(), before);
+    assert!(has_group(inq(&["-e", "1", "-c", "131"])));
+    // Discovery at the old portal lists the target at its new portal.
+    let ls = ok_cmd(Command::new("iscsi-ls").arg(format!("iscsi://{ia}")));
+    assert!(
+        ls.contains(&format!("Target:{IQN}:disk Portal:{ib_wan},1")),
+        "{ls}"
+    );
     let sa_log = std::fs::read_to_string(sa.pool.with_extension("log")).unwrap();
     assert!(
         sa_log.matches("iSCSI login redirected").count() >= 2,

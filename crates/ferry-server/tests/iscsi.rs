@@ -1173,4 +1173,25 @@ fn a_migrated_volumes_sessions_are_sent_to_the_destination() {
     assert_eq!((ev.opcode(), ev.bhs[36]), (op::ASYNC, 1));
     assert!(idle.recv().is_none());
     assert!(t.elapsed() < Duration::from_secs(9), "{:?}", t.elapsed());
+
+    // The source's daemon killed and started again: the redirect is kept
+    // with the volume.
+    drop((sb, v, run));
+    a.stop();
+    let meta = std::fs::read_to_string(dir.path().join("a/volumes/v/meta.json")).unwrap();
+    assert!(meta.contains("peer_port"), "{meta}");
+    let a = site("a", 11);
+    let mut r = Raw::connect(portals(&a)[0]);
+    r.send(&login_pdu(
+        &format!("InitiatorName=iqn.2026-11.test:y\nTargetName={IQN}:v\nAuthMethod=None\n"),
+        0,
+        1,
+    ));
+    let resp = r.recv().unwrap();
+    assert_eq!(
+        (resp.bhs[36], resp.bhs[37]),
+        (1, 1),
+        "not redirected after a restart"
+    );
+    assert!(String::from_utf8_lossy(&resp.data).contains(&format!("TargetAddress={pb},1")));
 }

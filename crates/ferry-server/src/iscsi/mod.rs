@@ -223,14 +223,26 @@ impl Targets for PortalTargets<'_> {
         let mut out = Vec::new();
         for n in names {
             let name = target_name(&cfg.base_iqn, &n);
-            if only.is_some_and(|o| o != name) || self.luns_of(&name).is_none() {
+            if only.is_some_and(|o| o != name) {
                 continue;
             }
+            // A volume that moved away is listed at the portal it went to.
+            let moved = match self.luns_of(&name) {
+                Some(_) => None,
+                None => match self.moved_to(&name) {
+                    Some(to) => Some(to),
+                    None => continue,
+                },
+            };
             let acl = cfg.access(Some(&n)).acl;
             if !acl.is_empty() && !acl.iter().any(|a| a == initiator) {
                 continue;
             }
             out.push(("TargetName".to_string(), name));
+            if let Some(to) = moved {
+                out.push(("TargetAddress".to_string(), to));
+                continue;
+            }
             for (i, p) in portals.iter().enumerate() {
                 let ip = if p.ip().is_unspecified() {
                     self.local.ip()
