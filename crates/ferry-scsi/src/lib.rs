@@ -59,6 +59,10 @@ pub enum DeviceError {
     Sanitizing,
     #[error("the last sanitize failed")]
     SanitizeFailed,
+    /// The device's access state is changing (a migration's switch whose
+    /// outcome is not known yet): try again later, or on another path.
+    #[error("access state in transition: {0}")]
+    Transitioning(String),
 }
 
 /// What SANITIZE does to every block (SBC-4 4.11).

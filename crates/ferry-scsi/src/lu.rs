@@ -67,6 +67,7 @@ fn dev_sense(e: &DeviceError, write: bool) -> Sense {
         DeviceError::OutOfRange => Sense::LBA_OUT_OF_RANGE,
         DeviceError::ReadOnly => Sense::WRITE_PROTECTED,
         DeviceError::Gone(_) => Sense::LU_NOT_ACCESSIBLE,
+        DeviceError::Transitioning(_) => Sense::ALUA_TRANSITION,
         DeviceError::NoSpace => Sense::SPACE_ALLOCATION_FAILED,
         DeviceError::Io(_) if write => Sense::WRITE_ERROR,
         DeviceError::Io(_) => Sense::UNRECOVERED_READ_ERROR,

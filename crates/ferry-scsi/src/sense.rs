@@ -47,6 +47,8 @@ impl Sense {
     pub const WRITE_ERROR: Sense = Sense::new(MEDIUM_ERROR, 0x0c, 0x00);
     /// The volume moved to another site or was deleted.
     pub const LU_NOT_ACCESSIBLE: Sense = Sense::new(NOT_READY, 0x04, 0x0c);
+    /// LOGICAL UNIT NOT ACCESSIBLE, ASYMMETRIC ACCESS STATE TRANSITION.
+    pub const ALUA_TRANSITION: Sense = Sense::new(NOT_READY, 0x04, 0x0a);
     pub const POWER_ON_RESET: Sense = Sense::new(UNIT_ATTENTION, 0x29, 0x00);
     pub const BUS_DEVICE_RESET: Sense = Sense::new(UNIT_ATTENTION, 0x29, 0x03);
     pub const CAPACITY_CHANGED: Sense = Sense::new(UNIT_ATTENTION, 0x2a, 0x09);

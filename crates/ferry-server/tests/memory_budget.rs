@@ -152,3 +152,44 @@ fn an_initiator_that_never_reads_data_in_cannot_grow_the_daemon() {
     let cmd = good.command(&read16(16, 8), 4096);
     assert_eq!(good.run(&cmd), (0, vec![0x5a; 4096]));
 }
+
+/// The budget all iSCSI connections share (`iscsi.max_queued_bytes_total`)
+/// holds when each connection alone is still under its own: five
+/// initiators that never read hold at most the shared 64 MiB, not five
+/// times their 64 MiB each, and a reader is served once they are gone.
+#[test]
+fn initiators_that_never_read_data_in_hold_at_most_the_shared_budget() {
+    let _alone = alone();
+    let dir = tempfile::tempdir().unwrap();
+    let s = TestServer::start_with(dir.path(), |c| {
+        c.iscsi.listen = vec!["127.0.0.1:0".into()];
+        c.iscsi.max_queued_bytes = 64 << 20;
+        c.iscsi.max_queued_bytes_total = 64 << 20;
+    });
+    let v = s.create("big", 64 << 20);
+    v.write_at(0, &vec![0x5a; 8 << 20], false).unwrap();
+    let p = s.state.iscsi.portals.lock()[0];
+    let before = rss();
+    let mut hogs = Vec::new();
+    for _ in 0..5 {
+        let mut r = Raw::login(p, "big", false);
+        r.s.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut wire = Vec::new();
+        for i in 0..500u64 {
+            let cmd = r.command(&read16((i % 8) * 16384, 16384), 8 << 20);
+            wire.extend_from_slice(&cmd.to_bytes(false, false));
+        }
+        let _ = r.s.write_all(&wire);
+        hogs.push(r);
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let grown = rss().saturating_sub(before);
+    // The shared 64 MiB plus buffers and slack; five connection budgets
+    // would be 320 MiB.
+    assert!(grown < 200 << 20, "daemon grew by {} MiB", grown >> 20);
+    drop(hogs);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut good = Raw::login(p, "big", false);
+    let cmd = good.command(&read16(16, 8), 4096);
+    assert_eq!(good.run(&cmd), (0, vec![0x5a; 4096]));
+}

@@ -40,8 +40,9 @@ fn dev_err(e: StorageError) -> DeviceError {
         StorageError::ReadOnly(_) => DeviceError::ReadOnly,
         StorageError::NotFound(n) => DeviceError::Gone(format!("volume {n} was deleted")),
         StorageError::Moved { to, .. } => DeviceError::Gone(format!("moved to {to}")),
+        // Its group reports "transitioning" meanwhile (see port_groups).
         StorageError::InDoubt { to, .. } => {
-            DeviceError::Gone(format!("held until its migration to {to} is resolved"))
+            DeviceError::Transitioning(format!("held until its migration to {to} is resolved"))
         }
         StorageError::Sanitizing(_) => DeviceError::Sanitizing,
         StorageError::SanitizeFailed(_) => DeviceError::SanitizeFailed,
