@@ -45,6 +45,10 @@ KNOWN = """## Tests that cannot pass as libiscsi runs them
   (here: on its own, over the same two paths), Reset passes on both
   volumes; the daemon's own test (`sanitize_conformance_tests_pass`) runs
   it so.
+- **ALUA.** libiscsi 1.19 has no test of REPORT TARGET PORT GROUPS (later
+  versions add `test_rtpg_*`); ferry's own tests check the states at both
+  sites across a migration with raw PDUs (`cargo test -p ferry-server
+  --test iscsi a_migrated_volumes`).
 """
 
 # What an initiator sees when a volume migrates (ALUA and redirects).
