@@ -816,19 +816,8 @@ fn non_loopback_portal_without_acl_or_chap_refuses_logins() {
         c.iscsi.listen = vec![format!("{ip}:0")];
     });
     s.create("v", 1 << 20);
-    let p = portals(&s)[0];
-    let mut r = Raw::connect(p);
-    r.send(&login_pdu(
-        &format!("InitiatorName=iqn.2026-11.test:x\nTargetName={IQN}:v\nAuthMethod=None\n"),
-        1,
-        3,
-    ));
-    let resp = r.recv().unwrap();
-    assert_eq!(
-        (resp.bhs[36], resp.bhs[37]),
-        (2, 2),
-        "authorization failure"
-    );
+    let (status, _) = login_answer(portals(&s)[0], "v", 1, 3);
+    assert_eq!(status, (2, 2), "authorization failure");
 }
 
 /// Run test `name` of this binary again inside a new network namespace
@@ -1030,6 +1019,23 @@ fn logins_over_the_connection_limit_get_out_of_resources() {
     }
 }
 
+/// The answer to one login request for volume `v`'s target at `portal`
+/// with no authentication (stages `csg` to `nsg`): its status class and
+/// detail, and its text keys.
+fn login_answer(portal: SocketAddr, v: &str, csg: u8, nsg: u8) -> ((u8, u8), String) {
+    let mut r = Raw::connect(portal);
+    r.send(&login_pdu(
+        &format!("InitiatorName=iqn.2026-11.test:x\nTargetName={IQN}:{v}\nAuthMethod=None\n"),
+        csg,
+        nsg,
+    ));
+    let resp = r.recv().expect("a login response");
+    (
+        (resp.bhs[36], resp.bhs[37]),
+        String::from_utf8_lossy(&resp.data).into_owned(),
+    )
+}
+
 /// The target port groups (group, ALUA state) REPORT TARGET PORT GROUPS
 /// answers on `r`.
 fn port_group_states(r: &mut Raw) -> Vec<(u16, u8)> {
@@ -1149,19 +1155,9 @@ fn a_migrated_volumes_sessions_are_sent_to_the_destination() {
     );
 
     // A new login at the source is redirected to the destination's portal.
-    let mut r = Raw::connect(pa);
-    r.send(&login_pdu(
-        &format!("InitiatorName=iqn.2026-11.test:x\nTargetName={IQN}:v\nAuthMethod=None\n"),
-        0,
-        1,
-    ));
-    let resp = r.recv().unwrap();
-    assert_eq!(
-        (resp.bhs[36], resp.bhs[37]),
-        (1, 1),
-        "target moved temporarily"
-    );
-    let keys = String::from_utf8_lossy(&resp.data).into_owned();
+    let redirect = (1, 1); // target moved temporarily
+    let (status, keys) = login_answer(pa, "v", 0, 1);
+    assert_eq!(status, redirect);
     assert!(keys.contains(&format!("TargetAddress={pb},1")), "{keys:?}");
     // At the destination, the same groups the other way round.
     let mut sb = Raw::login(pb, "v", false);
@@ -1174,24 +1170,14 @@ fn a_migrated_volumes_sessions_are_sent_to_the_destination() {
     assert!(idle.recv().is_none());
     assert!(t.elapsed() < Duration::from_secs(9), "{:?}", t.elapsed());
 
-    // The source's daemon killed and started again: the redirect is kept
+    // The source's daemon stopped and started again: the redirect is kept
     // with the volume.
     drop((sb, v, run));
     a.stop();
     let meta = std::fs::read_to_string(dir.path().join("a/volumes/v/meta.json")).unwrap();
     assert!(meta.contains("peer_port"), "{meta}");
     let a = site("a", 11);
-    let mut r = Raw::connect(portals(&a)[0]);
-    r.send(&login_pdu(
-        &format!("InitiatorName=iqn.2026-11.test:y\nTargetName={IQN}:v\nAuthMethod=None\n"),
-        0,
-        1,
-    ));
-    let resp = r.recv().unwrap();
-    assert_eq!(
-        (resp.bhs[36], resp.bhs[37]),
-        (1, 1),
-        "not redirected after a restart"
-    );
-    assert!(String::from_utf8_lossy(&resp.data).contains(&format!("TargetAddress={pb},1")));
+    let (status, keys) = login_answer(portals(&a)[0], "v", 0, 1);
+    assert_eq!(status, redirect, "not redirected after a restart");
+    assert!(keys.contains(&format!("TargetAddress={pb},1")), "{keys:?}");
 }

@@ -109,6 +109,25 @@ fn a_client_of_the_host_agent_that_never_reads_cannot_grow_it() {
     shutdown.cancel();
 }
 
+/// `sessions` sessions to volume "big" at `p`, each sent `reads` READs of
+/// 8 MiB in CmdSN order (the target takes what its window allows) and
+/// never reading an answer.
+fn iscsi_hogs(p: SocketAddr, sessions: usize, reads: u64) -> Vec<Raw> {
+    (0..sessions)
+        .map(|_| {
+            let mut r = Raw::login(p, "big", false);
+            r.s.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
+            let mut wire = Vec::new();
+            for i in 0..reads {
+                let cmd = r.command(&read16((i % 8) * 16384, 16384), 8 << 20);
+                wire.extend_from_slice(&cmd.to_bytes(false, false));
+            }
+            let _ = r.s.write_all(&wire);
+            r
+        })
+        .collect()
+}
+
 /// An initiator that fills its command window with large READs and never
 /// reads the Data-In holds at most its connection's budget of the
 /// daemon's memory; other sessions are served meanwhile, and the memory
@@ -124,20 +143,8 @@ fn an_initiator_that_never_reads_data_in_cannot_grow_the_daemon() {
     v.write_at(0, &vec![0x5a; 8 << 20], false).unwrap();
     let p = s.state.iscsi.portals.lock()[0];
     let before = rss();
-    let mut hogs = Vec::new();
-    for _ in 0..3 {
-        let mut r = Raw::login(p, "big", false);
-        r.s.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
-        // 2,000 READs of 8 MiB (16 GiB if all were answered into memory),
-        // sent in CmdSN order; the target takes what its window allows.
-        let mut wire = Vec::new();
-        for i in 0..2000u64 {
-            let cmd = r.command(&read16((i % 8) * 16384, 16384), 8 << 20);
-            wire.extend_from_slice(&cmd.to_bytes(false, false));
-        }
-        let _ = r.s.write_all(&wire);
-        hogs.push(r);
-    }
+    // 2,000 READs of 8 MiB each (16 GiB if all were answered into memory).
+    let hogs = iscsi_hogs(p, 3, 2000);
     std::thread::sleep(Duration::from_secs(3));
     let grown = rss().saturating_sub(before);
     // Three connections at their 64 MiB budget, plus buffers and slack.
@@ -170,18 +177,7 @@ fn initiators_that_never_read_data_in_hold_at_most_the_shared_budget() {
     v.write_at(0, &vec![0x5a; 8 << 20], false).unwrap();
     let p = s.state.iscsi.portals.lock()[0];
     let before = rss();
-    let mut hogs = Vec::new();
-    for _ in 0..5 {
-        let mut r = Raw::login(p, "big", false);
-        r.s.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
-        let mut wire = Vec::new();
-        for i in 0..500u64 {
-            let cmd = r.command(&read16((i % 8) * 16384, 16384), 8 << 20);
-            wire.extend_from_slice(&cmd.to_bytes(false, false));
-        }
-        let _ = r.s.write_all(&wire);
-        hogs.push(r);
-    }
+    let hogs = iscsi_hogs(p, 5, 500);
     std::thread::sleep(Duration::from_secs(3));
     let grown = rss().saturating_sub(before);
     // The shared 64 MiB plus buffers and slack; five connection budgets
