@@ -769,6 +769,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
         }
     };
     let _hold = vol.hold(ferry_storage::Holder::IncomingMigration);
+    super::check_port_groups(state.as_ref(), &source_port, &desc.name);
     tracing::info!(%peer, volume = %desc.name, migration = %id, ?basis, "incoming migration");
     send(
         &mut wr,

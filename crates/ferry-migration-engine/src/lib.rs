@@ -198,6 +198,15 @@ fn background_priority() {
     }
 }
 
+/// Two sites a volume moves between must be distinct target port groups,
+/// or initiators cannot tell their paths apart: say so when they are not.
+fn check_port_groups(state: &dyn MigrationHost, peer: &ferry_migration::IscsiPort, volume: &str) {
+    let mine = state.iscsi_port(None).port_group;
+    if mine != 0 && mine == peer.port_group {
+        tracing::warn!(volume, port_group = mine, "both sites of this migration use the same iSCSI target port group: set iscsi.port_group (--iscsi-port-group) to differ, or ALUA reports one group for both");
+    }
+}
+
 /// What a volume's meta keeps of the other site's iSCSI port.
 fn peer_port(p: &ferry_migration::IscsiPort) -> Option<ferry_storage::PeerPort> {
     p.is_some().then(|| ferry_storage::PeerPort {

@@ -790,6 +790,7 @@ async fn attempt(
     order.lock().receive(&answer)?;
     match answer {
         Message::Welcome { basis, iscsi, .. } => {
+            super::check_port_groups(state.as_ref(), &iscsi, &run.volume);
             let v = vol.clone();
             blocking(move || Ok(v.set_peer_port(super::peer_port(&iscsi))?)).await?;
             run.counters
