@@ -5,7 +5,7 @@ where the seed gives any) and writes docs/evidence.md.
 
   python3 bench/evidence.py                 # every experiment, full size
   python3 bench/evidence.py --only rtt,index
-  python3 bench/evidence.py --quick --out /tmp/ev   # tiny sizes: proves every script runs
+  python3 bench/evidence.py --quick                 # tiny sizes, into a temporary directory (never docs/)
 
 Each experiment keeps its raw results in OUT/NAME.json; the page is
 rebuilt from every NAME.json present, so `--only` redoes one figure and
@@ -1286,7 +1286,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="comma-separated experiment names")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: check that every experiment runs")
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "evidence"), help="directory for PNGs and raw JSON")
+    ap.add_argument("--out", help="directory for PNGs and raw JSON (default: docs/evidence; with --quick a new "
+                                   "temporary directory: quick runs never overwrite the committed evidence)")
     ap.add_argument("--doc", help="page to write (default: docs/evidence.md, or OUT/evidence.md with --quick)")
     ap.add_argument("--keep-going", action="store_true", help="run the other experiments when one fails")
     ap.add_argument("--redraw", action="store_true",
@@ -1296,7 +1297,17 @@ def main():
     for n in names:
         if n not in EXPERIMENTS:
             sys.exit(f"unknown experiment {n!r}; known: {', '.join(EXPERIMENTS)}")
-    doc = a.doc or (os.path.join(a.out, "evidence.md") if a.quick else os.path.join(ROOT, "docs", "evidence.md"))
+    committed_out = os.path.join(ROOT, "docs", "evidence")
+    committed_doc = os.path.join(ROOT, "docs", "evidence.md")
+    if a.out is None:
+        a.out = tempfile.mkdtemp(prefix="ferry-evidence-quick-") if a.quick else committed_out
+    doc = a.doc or (os.path.join(a.out, "evidence.md") if a.quick else committed_doc)
+    if a.quick and any(os.path.realpath(p) == os.path.realpath(c)
+                       for p, c in ((a.out, committed_out), (doc, committed_doc))):
+        sys.exit("--quick results are not evidence: they never go to docs/evidence or docs/evidence.md "
+                 "(give --out another directory)")
+    if a.quick:
+        print(f"quick run: results in {a.out}", flush=True)
     os.makedirs(a.out, exist_ok=True)
     ensure_ferry()
     with open(os.path.join(a.out, "run.json"), "w") as f:
