@@ -520,6 +520,193 @@ fn admit(
     spawn_execute(luns.clone(), nexus.clone(), task, done.clone());
 }
 
+/// The full feature phase between two socket events: the protocol session,
+/// the commands admitted, waiting or running, and what goes out next.
+struct Phase<'a> {
+    session: Session,
+    luns: Arc<Luns>,
+    nexus: &'a Nexus,
+    budget: Budget,
+    /// Charges of admitted READs until their answers go to the writer, and
+    /// of answers ready to go with the next batch.
+    held: HashMap<u32, Held>,
+    answered: Vec<Held>,
+    /// Commands waiting for budget, in arrival order; while any waits, no
+    /// more PDUs are decoded or read.
+    waiting: VecDeque<ScsiTask>,
+    /// Commands to run on the connection task once the batch is decoded.
+    inline: Vec<ScsiTask>,
+    running: usize,
+    done: mpsc::UnboundedSender<Finished>,
+    out: Vec<Pdu>,
+    events: Vec<Event>,
+    ping_outstanding: u32,
+    leaving: Leaving,
+    closing: bool,
+}
+
+impl Phase<'_> {
+    /// Decode and handle every whole PDU buffered, until a command has to
+    /// wait for budget or the connection is to close.
+    fn receive_buffered(
+        &mut self,
+        dec: &PduDecoder,
+        buf: &mut BytesMut,
+        targets: &PortalTargets<'_>,
+    ) -> Result<(), ConnError> {
+        while self.waiting.is_empty() && !self.closing {
+            let Some(pdu) = dec.decode(buf)? else {
+                break;
+            };
+            self.ping_outstanding = 0;
+            self.session
+                .receive(pdu, targets, &mut self.out, &mut self.events)?;
+            let events = std::mem::take(&mut self.events);
+            for ev in events {
+                self.handle(ev);
+            }
+        }
+        Ok(())
+    }
+
+    fn handle(&mut self, ev: Event) {
+        match ev {
+            Event::Execute(task) => {
+                let charge = if self.waiting.is_empty() {
+                    self.budget.try_charge(&task)
+                } else {
+                    None
+                };
+                match charge {
+                    Some(charge) => self.admit(task, charge),
+                    None => self.waiting.push_back(task),
+                }
+            }
+            Event::Reset { function, lun } => {
+                match (function, lun) {
+                    (TmfFunction::LunReset, Some(n)) => {
+                        if let Some(l) = self.luns.get(n) {
+                            l.unit.reset(false, Some(self.nexus));
+                        }
+                    }
+                    _ => {
+                        for l in &self.luns.0 {
+                            l.unit.reset(true, Some(self.nexus));
+                        }
+                    }
+                }
+                if function == TmfFunction::TargetColdReset {
+                    self.closing = true;
+                }
+            }
+            Event::Logout => self.closing = true,
+        }
+    }
+
+    /// Start a command whose budget is charged.
+    fn admit(&mut self, task: ScsiTask, charge: Option<Held>) {
+        if let Some(h) = charge {
+            self.held.insert(task.itt, h);
+        }
+        admit(
+            task,
+            &self.luns,
+            self.nexus,
+            &mut self.inline,
+            &mut self.running,
+            &self.done,
+        );
+    }
+
+    /// Admit the first waiting command (its charge just granted) and every
+    /// one after it that fits now.
+    fn admit_waiting(&mut self, charge: Option<Held>) {
+        if let Some(task) = self.waiting.pop_front() {
+            self.admit(task, charge);
+        }
+        while let Some(charge) = self.waiting.front().and_then(|t| self.budget.try_charge(t)) {
+            let task = self.waiting.pop_front().expect("front exists");
+            self.admit(task, charge);
+        }
+    }
+
+    /// Run the commands kept for the connection task: small reads the page
+    /// cache holds (a miss goes to a worker thread) and quick commands.
+    fn run_inline(&mut self) {
+        for task in std::mem::take(&mut self.inline) {
+            if self.session.is_aborted(task.itt) {
+                self.session.discard(task.itt);
+                self.held.remove(&task.itt);
+                continue;
+            }
+            let r = if matches!(task.cdb.first(), Some(&(op::READ_10 | op::READ_16))) {
+                match self.luns.try_read_nowait(self.nexus, &task) {
+                    Some(r) => r,
+                    None => {
+                        self.running += 1;
+                        spawn_execute(
+                            self.luns.clone(),
+                            self.nexus.clone(),
+                            task,
+                            self.done.clone(),
+                        );
+                        continue;
+                    }
+                }
+            } else {
+                self.luns.execute(self.nexus, &task)
+            };
+            self.answer((task.itt, task.lun, r));
+        }
+    }
+
+    /// Answer (or withhold) a finished command; its charge goes back once
+    /// the answer is written.
+    fn answer(&mut self, (itt, lun, r): Finished) {
+        self.leaving
+            .settle(&mut self.session, &self.luns, (itt, lun, &r), &mut self.out);
+        self.answered.extend(self.held.remove(&itt));
+    }
+
+    /// A command from a worker thread, and every other one already back.
+    fn finished(&mut self, first: Finished, more: &mut mpsc::UnboundedReceiver<Finished>) {
+        self.running -= 1;
+        self.answer(first);
+        while let Ok(f) = more.try_recv() {
+            self.running -= 1;
+            self.answer(f);
+        }
+    }
+
+    /// The PDUs to send and the charges they release, if there are any.
+    fn batch(&mut self, hd: bool, dd: bool) -> Option<HeldFrames> {
+        if self.out.is_empty() && self.answered.is_empty() {
+            return None;
+        }
+        let mut frames = Vec::with_capacity(self.out.len() * 2);
+        for p in self.out.drain(..) {
+            wire(&p, hd, dd, &mut frames);
+        }
+        Some(HeldFrames {
+            frames,
+            held: std::mem::take(&mut self.answered),
+        })
+    }
+
+    /// Keepalive: ping an idle initiator; false once three pings went
+    /// unanswered.
+    fn ping(&mut self) -> bool {
+        if self.ping_outstanding >= 3 {
+            return false;
+        }
+        if self.running == 0 {
+            self.ping_outstanding += 1;
+            self.out.push(self.session.ping(self.ping_outstanding));
+        }
+        true
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn full_feature(
     stream: TcpStream,
@@ -534,210 +721,94 @@ async fn full_feature(
     mut moves: tokio::sync::watch::Receiver<u64>,
 ) -> Result<(), ConnError> {
     let (hd, dd) = (params.header_digest, params.data_digest);
-    let mut session = Session::new(params);
     let (mut rd, wr) = stream.into_split();
     let (tx, rx) = mpsc::channel::<HeldFrames>(256);
-    // Charges of admitted READs until their answers go to the writer, and
-    // of answers ready to go with the next batch.
-    let mut held: HashMap<u32, Held> = HashMap::new();
-    let mut answered: Vec<Held> = Vec::new();
-    // Commands waiting for budget, in arrival order; while any waits, no
-    // more PDUs are decoded or read.
-    let mut waiting: VecDeque<ScsiTask> = VecDeque::new();
     let writer = tokio::spawn(crate::net::write_loop(wr, rx));
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Finished>();
-    let mut leaving = Leaving::default();
-    let mut out: Vec<Pdu> = Vec::new();
-    if luns.any_moved() {
-        leaving.ask(&mut session, &mut out);
+    let mut ph = Phase {
+        session: Session::new(params),
+        luns,
+        nexus,
+        budget,
+        held: HashMap::new(),
+        answered: Vec::new(),
+        waiting: VecDeque::new(),
+        inline: Vec::new(),
+        running: 0,
+        done: done_tx,
+        out: Vec::new(),
+        events: Vec::new(),
+        ping_outstanding: 0,
+        leaving: Leaving::default(),
+        closing: false,
+    };
+    if ph.luns.any_moved() {
+        ph.leaving.ask(&mut ph.session, &mut ph.out);
     }
-    let mut events: Vec<Event> = Vec::new();
-    let mut inline: Vec<ScsiTask> = Vec::new();
-    let mut running = 0usize;
-    let mut ping_outstanding = 0u32;
     let mut idle = tokio::time::interval(KEEPALIVE);
     idle.tick().await;
     let mut result = Ok(());
-    let mut closing = false;
     loop {
-        // Decode and handle every whole PDU buffered.
-        loop {
-            if !waiting.is_empty() {
-                break;
-            }
-            let pdu = match dec.decode(&mut buf) {
-                Ok(Some(p)) => p,
-                Ok(None) => break,
-                Err(e) => {
-                    result = Err(e.into());
-                    closing = true;
-                    break;
-                }
-            };
-            ping_outstanding = 0;
-            if let Err(e) = session.receive(pdu, targets, &mut out, &mut events) {
-                result = Err(e.into());
-                closing = true;
-                break;
-            }
-            for ev in events.drain(..) {
-                match ev {
-                    Event::Execute(task) => {
-                        let charge = if waiting.is_empty() {
-                            budget.try_charge(&task)
-                        } else {
-                            None
-                        };
-                        let Some(charge) = charge else {
-                            waiting.push_back(task);
-                            continue;
-                        };
-                        if let Some(h) = charge {
-                            held.insert(task.itt, h);
-                        }
-                        admit(task, &luns, nexus, &mut inline, &mut running, &done_tx);
-                    }
-                    Event::Reset { function, lun } => {
-                        match (function, lun) {
-                            (TmfFunction::LunReset, Some(n)) => {
-                                if let Some(l) = luns.get(n) {
-                                    l.unit.reset(false, Some(nexus));
-                                }
-                            }
-                            _ => {
-                                for l in &luns.0 {
-                                    l.unit.reset(true, Some(nexus));
-                                }
-                            }
-                        }
-                        if function == TmfFunction::TargetColdReset {
-                            closing = true;
-                        }
-                    }
-                    Event::Logout => closing = true,
-                }
-            }
-            if closing {
-                break;
-            }
+        if let Err(e) = ph.receive_buffered(&dec, &mut buf, targets) {
+            result = Err(e);
+            ph.closing = true;
         }
-        for task in inline.drain(..) {
-            if session.is_aborted(task.itt) {
-                session.discard(task.itt);
-                held.remove(&task.itt);
-            } else if matches!(task.cdb.first(), Some(&(op::READ_10 | op::READ_16))) {
-                match luns.try_read_nowait(nexus, &task) {
-                    Some(r) => {
-                        leaving.settle(&mut session, &luns, (task.itt, task.lun, &r), &mut out);
-                        answered.extend(held.remove(&task.itt));
-                    }
-                    None => {
-                        running += 1;
-                        spawn_execute(luns.clone(), nexus.clone(), task, done_tx.clone());
-                    }
-                }
-            } else {
-                let r = luns.execute(nexus, &task);
-                leaving.settle(&mut session, &luns, (task.itt, task.lun, &r), &mut out);
-                answered.extend(held.remove(&task.itt));
-            }
-        }
-        if !out.is_empty() {
-            let mut frames = Vec::with_capacity(out.len() * 2);
-            for p in out.drain(..) {
-                wire(&p, hd, dd, &mut frames);
-            }
-            let batch = HeldFrames {
-                frames,
-                held: std::mem::take(&mut answered),
-            };
+        ph.run_inline();
+        if let Some(batch) = ph.batch(hd, dd) {
             if tx.send(batch).await.is_err() {
                 break;
             }
         }
-        if closing {
+        if ph.closing {
             break;
         }
         buf.reserve(dec.wanted(&buf).max(64 * 1024));
-        let next_cost = waiting.front().map_or(0, |t| budget.cost(t));
+        let next_cost = ph.waiting.front().map_or(0, |t| ph.budget.cost(t));
         tokio::select! {
-            r = rd.read_buf(&mut buf), if waiting.is_empty() => match r {
+            r = rd.read_buf(&mut buf), if ph.waiting.is_empty() => match r {
                 Ok(0) => break,
                 Ok(_) => {}
                 Err(e) => { result = Err(e.into()); break; }
             },
-            charge = budget.charge(next_cost), if !waiting.is_empty() => {
-                if let Some(task) = waiting.pop_front() {
-                    if let Some(h) = charge {
-                        held.insert(task.itt, h);
-                    }
-                    admit(task, &luns, nexus, &mut inline, &mut running, &done_tx);
-                }
-                while let Some(charge) = waiting.front().and_then(|t| budget.try_charge(t)) {
-                    let task = waiting.pop_front().expect("front exists");
-                    if let Some(h) = charge {
-                        held.insert(task.itt, h);
-                    }
-                    admit(task, &luns, nexus, &mut inline, &mut running, &done_tx);
-                }
+            charge = ph.budget.charge(next_cost), if !ph.waiting.is_empty() => {
+                ph.admit_waiting(charge);
             }
-            Some((itt, lun, r)) = done_rx.recv() => {
-                running -= 1;
-                leaving.settle(&mut session, &luns, (itt, lun, &r), &mut out);
-                answered.extend(held.remove(&itt));
-                // Answer every command that has finished in one write.
-                while let Ok((itt, lun, r)) = done_rx.try_recv() {
-                    running -= 1;
-                    leaving.settle(&mut session, &luns, (itt, lun, &r), &mut out);
-                    answered.extend(held.remove(&itt));
-                }
-            }
-            Ok(()) = moves.changed() => {
-                if luns.any_moved() {
-                    leaving.ask(&mut session, &mut out);
-                }
-            }
-            () = sleep_until(leaving.deadline) => {
-                tracing::info!(withheld = leaving.withheld, "the initiator did not log out after its volume moved: closing the connection");
-                closing = true;
-            }
+            Some(f) = done_rx.recv() => ph.finished(f, &mut done_rx),
             _ = idle.tick() => {
-                if ping_outstanding >= 3 {
+                if !ph.ping() {
                     result = Err(ConnError::Dead);
                     break;
                 }
-                if running == 0 {
-                    ping_outstanding += 1;
-                    out.push(session.ping(ping_outstanding));
+            }
+            Ok(()) = moves.changed() => {
+                if ph.luns.any_moved() {
+                    ph.leaving.ask(&mut ph.session, &mut ph.out);
                 }
+            }
+            () = sleep_until(ph.leaving.deadline) => {
+                tracing::info!(withheld = ph.leaving.withheld, "the initiator did not log out after its volume moved: closing the connection");
+                ph.closing = true;
             }
             () = shutdown.cancelled() => {
                 // Ask the initiator to log out, then close.
-                out.push(session.request_logout(0));
-                closing = true;
+                ph.out.push(ph.session.request_logout(0));
+                ph.closing = true;
             }
         }
-        if closing {
+        if ph.closing {
             // Let running commands answer before the connection goes.
-            while running > 0 {
+            while ph.running > 0 {
                 match done_rx.recv().await {
-                    Some((itt, lun, r)) => {
-                        running -= 1;
-                        leaving.settle(&mut session, &luns, (itt, lun, &r), &mut out);
+                    Some(f) => {
+                        ph.running -= 1;
+                        ph.answer(f);
                     }
                     None => break,
                 }
             }
-            let mut frames = Vec::new();
-            for p in out.drain(..) {
-                wire(&p, hd, dd, &mut frames);
+            if let Some(batch) = ph.batch(hd, dd) {
+                let _ = tx.send(batch).await;
             }
-            let _ = tx
-                .send(HeldFrames {
-                    frames,
-                    held: std::mem::take(&mut answered),
-                })
-                .await;
             break;
         }
     }
