@@ -214,14 +214,3 @@ fn an_iscsi_guest_follows_its_volume_to_the_other_site_without_an_io_error() {
     let checked = check_records(&sb, "disk", p, &[serial]);
     eprintln!("{checked} acknowledged records on the destination's copy");
 }
-
-fn ok_cmd(c: &mut Command) -> String {
-    let o = c.output().unwrap();
-    assert!(
-        o.status.success(),
-        "{c:?}: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}

@@ -45,14 +45,19 @@ pub fn ferry(args: &[&str]) -> std::process::Output {
 }
 
 pub fn ok(args: &[&str]) -> String {
-    let out = ferry(args);
+    ok_cmd(Command::new(FERRY).args(args))
+}
+
+/// Run `c`; its stdout if it succeeded, else fail with both outputs.
+pub fn ok_cmd(c: &mut Command) -> String {
+    let o = c.output().unwrap();
     assert!(
-        out.status.success(),
-        "ferry {args:?}: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        o.status.success(),
+        "{c:?}: {}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 /// Wait for a daemon's API; if it does not come up, say so with its log.
