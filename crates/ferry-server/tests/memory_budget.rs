@@ -109,6 +109,22 @@ fn a_client_of_the_host_agent_that_never_reads_cannot_grow_it() {
     shutdown.cancel();
 }
 
+/// A daemon with one iSCSI portal (configured further by `f`) serving
+/// volume "big", 64 MiB whose first 8 MiB are 0x5a; and that portal.
+fn big_volume_on_iscsi(
+    pool: &std::path::Path,
+    f: impl FnOnce(&mut ferry_server::config::Config),
+) -> (TestServer, SocketAddr) {
+    let s = TestServer::start_with(pool, |c| {
+        c.iscsi.listen = vec!["127.0.0.1:0".into()];
+        f(c);
+    });
+    let v = s.create("big", 64 << 20);
+    v.write_at(0, &vec![0x5a; 8 << 20], false).unwrap();
+    let p = s.state.iscsi.portals.lock()[0];
+    (s, p)
+}
+
 /// `sessions` sessions to volume "big" at `p`, each sent `reads` READs of
 /// 8 MiB in CmdSN order (the target takes what its window allows) and
 /// never reading an answer.
@@ -136,12 +152,7 @@ fn iscsi_hogs(p: SocketAddr, sessions: usize, reads: u64) -> Vec<Raw> {
 fn an_initiator_that_never_reads_data_in_cannot_grow_the_daemon() {
     let _alone = alone();
     let dir = tempfile::tempdir().unwrap();
-    let s = TestServer::start_with(dir.path(), |c| {
-        c.iscsi.listen = vec!["127.0.0.1:0".into()];
-    });
-    let v = s.create("big", 64 << 20);
-    v.write_at(0, &vec![0x5a; 8 << 20], false).unwrap();
-    let p = s.state.iscsi.portals.lock()[0];
+    let (_s, p) = big_volume_on_iscsi(dir.path(), |_| {});
     let before = rss();
     // 2,000 READs of 8 MiB each (16 GiB if all were answered into memory).
     let hogs = iscsi_hogs(p, 3, 2000);
@@ -168,14 +179,10 @@ fn an_initiator_that_never_reads_data_in_cannot_grow_the_daemon() {
 fn initiators_that_never_read_data_in_hold_at_most_the_shared_budget() {
     let _alone = alone();
     let dir = tempfile::tempdir().unwrap();
-    let s = TestServer::start_with(dir.path(), |c| {
-        c.iscsi.listen = vec!["127.0.0.1:0".into()];
+    let (_s, p) = big_volume_on_iscsi(dir.path(), |c| {
         c.iscsi.max_queued_bytes = 64 << 20;
         c.iscsi.max_queued_bytes_total = 64 << 20;
     });
-    let v = s.create("big", 64 << 20);
-    v.write_at(0, &vec![0x5a; 8 << 20], false).unwrap();
-    let p = s.state.iscsi.portals.lock()[0];
     let before = rss();
     let hogs = iscsi_hogs(p, 5, 500);
     std::thread::sleep(Duration::from_secs(3));
