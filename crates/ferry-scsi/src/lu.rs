@@ -422,201 +422,238 @@ impl LogicalUnit {
         let port = &nexus.initiator_port;
         match op {
             op::TEST_UNIT_READY => Ok(ScsiResponse::good(Vec::new())),
-            op::REQUEST_SENSE => {
-                let alloc = usize::from(byte(cdb, 4));
-                let desc = byte(cdb, 1) & 0x01 != 0;
-                let s = {
-                    let mut st = self.state.lock();
-                    match st.ua.get_mut(port) {
-                        Some(q) if !q.is_empty() => q.remove(0),
-                        _ => match self.dev.sanitize_state() {
-                            // The progress of a sanitize under way.
-                            crate::SanitizeState::Running { progress } => {
-                                Sense::SANITIZE_IN_PROGRESS.progress(progress)
-                            }
-                            _ => Sense::new(crate::sense::NO_SENSE, 0, 0),
-                        },
-                    }
-                };
-                Ok(cut(s.encode(desc), alloc))
-            }
+            op::REQUEST_SENSE => self.request_sense(port, cdb),
             op::INQUIRY => self.inquiry(nexus, cdb),
             op::MODE_SENSE_6 | op::MODE_SENSE_10 => self.mode_sense(cdb),
             op::MODE_SELECT_6 | op::MODE_SELECT_10 => self.mode_select(cdb, out),
-            op::RESERVE_6 | op::RESERVE_10 => {
-                if op == 0x16 && byte(cdb, 1) & 0x01 != 0 || op == 0x56 && byte(cdb, 1) & 0x12 != 0
-                {
-                    return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, None));
-                }
-                if self.state.lock().res.spc2_reserve(port) {
-                    Ok(ScsiResponse::good(Vec::new()))
-                } else {
-                    Ok(ScsiResponse::status(Status::ReservationConflict))
-                }
-            }
+            op::RESERVE_6 | op::RESERVE_10 => self.reserve_spc2(op, port, cdb),
             op::RELEASE_6 | op::RELEASE_10 => {
                 self.state.lock().res.spc2_release(port);
                 Ok(ScsiResponse::good(Vec::new()))
             }
-            op::START_STOP_UNIT => {
-                let loej = byte(cdb, 4) & 0x02 != 0;
-                let start = byte(cdb, 4) & 0x01 != 0;
-                let power = byte(cdb, 4) >> 4;
-                if loej && !start && power == 0 && !self.state.lock().prevent.is_empty() {
-                    return Err(Sense::MEDIUM_REMOVAL_PREVENTED);
-                }
-                Ok(ScsiResponse::good(Vec::new()))
-            }
-            op::PREVENT_ALLOW_MEDIUM_REMOVAL => {
-                let mut st = self.state.lock();
-                match byte(cdb, 4) & 0x03 {
-                    0 => {
-                        st.prevent.remove(port);
-                    }
-                    1 => {
-                        st.prevent.insert(port.clone());
-                    }
-                    _ => return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 4, Some(1))),
-                }
-                Ok(ScsiResponse::good(Vec::new()))
-            }
-            op::READ_CAPACITY_10 => {
-                if byte(cdb, 8) & 0x01 == 0 && be32(cdb, 2) != 0 {
-                    return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 2, None));
-                }
-                let last = self.blocks().saturating_sub(1);
-                let mut d = (last.min(u64::from(u32::MAX)) as u32)
-                    .to_be_bytes()
-                    .to_vec();
-                d.extend_from_slice(&self.cfg.block_size.to_be_bytes());
-                Ok(ScsiResponse::good(d))
-            }
-            op::SERVICE_ACTION_IN_16 => match byte(cdb, 1) & 0x1f {
-                0x10 => {
-                    let alloc = be32(cdb, 10) as usize;
-                    let mut d = vec![0u8; 32];
-                    d[0..8].copy_from_slice(&self.blocks().saturating_sub(1).to_be_bytes());
-                    d[8..12].copy_from_slice(&self.cfg.block_size.to_be_bytes());
-                    let exp = (self.cfg.physical_block / self.cfg.block_size.max(1)).max(1);
-                    d[13] = exp.trailing_zeros() as u8 & 0x0f;
-                    if self.cfg.thin {
-                        d[14] = 0x80 | 0x40; // LBPME, LBPRZ
-                    }
-                    Ok(cut(d, alloc))
-                }
-                0x12 => self.get_lba_status(cdb),
-                _ => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4))),
-            },
+            op::START_STOP_UNIT => self.start_stop_unit(cdb),
+            op::PREVENT_ALLOW_MEDIUM_REMOVAL => self.prevent_allow(port, cdb),
+            op::READ_CAPACITY_10 => self.read_capacity_10(cdb),
+            op::SERVICE_ACTION_IN_16 => self.service_action_in(cdb),
             op::REPORT_LUNS => report_luns(cdb, &[0]).map(ScsiResponse::good),
-            op::MAINTENANCE_IN => {
-                let alloc = be32(cdb, 6) as usize;
-                match byte(cdb, 1) & 0x1f {
-                    0x0a => Ok(cut(self.report_target_port_groups(cdb), alloc)),
-                    0x0c => {
-                        let support = self.dev.sanitize_support();
-                        let report = opcodes::report(cdb, |c| {
-                            c.opcode != op::SANITIZE
-                                || match c.service_action {
-                                    Some(0x01) => support.overwrite,
-                                    Some(0x02) => support.block_erase,
-                                    _ => support.overwrite || support.block_erase,
-                                }
-                        })?;
-                        Ok(cut(report, alloc))
-                    }
-                    _ => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4))),
-                }
-            }
+            op::MAINTENANCE_IN => self.maintenance_in(cdb),
             op::PERSISTENT_RESERVE_IN => {
                 let alloc = crate::pr::pr_in_alloc(cdb);
                 let d = self.state.lock().res.pr_in(cdb)?;
                 Ok(cut(d, alloc))
             }
-            op::PERSISTENT_RESERVE_OUT => {
-                let r = {
-                    let mut st = self.state.lock();
-                    let was = st.res.persistent();
-                    match st.res.pr_out(port, cdb, out) {
-                        Ok((_, notices)) => {
-                            for (p, s) in notices {
-                                st.ua.entry(p).or_default().push(s);
-                            }
-                            // Saved under the lock, so saves keep the
-                            // order of the changes.
-                            let now = st.res.persistent();
-                            if was || now {
-                                let text = now.then(|| st.res.save());
-                                if let Some(store) = self.pr_store.read().as_ref() {
-                                    if store.save(text.as_deref()).is_err() {
-                                        return Err(Sense::INTERNAL_TARGET_FAILURE);
-                                    }
-                                }
-                            }
-                            Ok(())
-                        }
-                        Err(e) => Err(e),
-                    }
-                };
-                match r {
-                    Ok(()) => Ok(ScsiResponse::good(Vec::new())),
-                    Err((Status::CheckCondition, Some(s))) => Err(s),
-                    Err((status, _)) => Ok(ScsiResponse::status(status)),
-                }
-            }
-            op::READ_DEFECT_DATA_10 | op::READ_DEFECT_DATA_12 => {
-                let flags = byte(cdb, if op == 0x37 { 2 } else { 1 }) & 0x1f;
-                let (mut d, alloc) = if op == 0x37 {
-                    (vec![0, flags, 0, 0], usize::from(be16(cdb, 7)))
-                } else {
-                    (vec![0, flags, 0, 0, 0, 0, 0, 0], be32(cdb, 6) as usize)
-                };
-                d.truncate(alloc);
-                Ok(ScsiResponse::good(d))
-            }
+            op::PERSISTENT_RESERVE_OUT => self.persistent_reserve_out(port, cdb, out),
+            op::READ_DEFECT_DATA_10 | op::READ_DEFECT_DATA_12 => self.read_defect_data(op, cdb),
             op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => self.read(cdb),
             op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16 => self.write(cdb, out, false),
             op::WRITE_AND_VERIFY_10 | op::WRITE_AND_VERIFY_12 | op::WRITE_AND_VERIFY_16 => {
                 self.write(cdb, out, true)
             }
             op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => self.verify(cdb, out),
-            op::PRE_FETCH_10 | op::PRE_FETCH_16 => {
-                let rw = rw_fields(cdb);
-                let (off, len) = self.range(rw.lba, rw.blocks)?;
-                if len > 0 {
-                    self.dev
-                        .prefetch(off, len)
-                        .map_err(|e| dev_sense(&e, false))?;
-                }
-                Ok(ScsiResponse::good(Vec::new()))
-            }
-            op::SYNCHRONIZE_CACHE_10 | op::SYNCHRONIZE_CACHE_16 => {
-                let rw = rw_fields(cdb);
-                self.range(rw.lba, rw.blocks)?;
-                self.dev.flush().map_err(|e| dev_sense(&e, true))?;
-                Ok(ScsiResponse::good(Vec::new()))
-            }
+            op::PRE_FETCH_10 | op::PRE_FETCH_16 => self.pre_fetch(cdb),
+            op::SYNCHRONIZE_CACHE_10 | op::SYNCHRONIZE_CACHE_16 => self.synchronize_cache(cdb),
             op::WRITE_SAME_10 | op::WRITE_SAME_16 => self.write_same(cdb, out),
             op::UNMAP => self.unmap(cdb, out),
             op::COMPARE_AND_WRITE => self.compare_and_write(cdb, out),
             op::WRITE_ATOMIC_16 => self.write_atomic(cdb, out),
             op::SANITIZE => self.sanitize(cdb, out),
             op::EXTENDED_COPY => self.extended_copy(nexus, cdb, out),
-            op::RECEIVE_COPY_RESULTS => {
-                let alloc = be32(cdb, 10) as usize;
-                match byte(cdb, 1) & 0x1f {
-                    0x00 => {
-                        let key = (port.clone(), byte(cdb, 2));
-                        match self.state.lock().copies.get(&key) {
-                            Some(s) => Ok(cut(xcopy::copy_status(s), alloc)),
-                            None => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 2, None)),
-                        }
-                    }
-                    0x03 => Ok(cut(xcopy::operating_parameters(), alloc)),
-                    _ => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4))),
-                }
-            }
+            op::RECEIVE_COPY_RESULTS => self.receive_copy_results(port, cdb),
             op::ORWRITE_16 => self.orwrite(cdb, out),
             _ => Err(Sense::INVALID_OPCODE),
+        }
+    }
+
+    /// REQUEST SENSE: the nexus's next unit attention, else a sanitize's progress, else no sense.
+    fn request_sense(&self, port: &str, cdb: &[u8]) -> Outcome {
+        let alloc = usize::from(byte(cdb, 4));
+        let desc = byte(cdb, 1) & 0x01 != 0;
+        let s = {
+            let mut st = self.state.lock();
+            match st.ua.get_mut(port) {
+                Some(q) if !q.is_empty() => q.remove(0),
+                _ => match self.dev.sanitize_state() {
+                    // The progress of a sanitize under way.
+                    crate::SanitizeState::Running { progress } => {
+                        Sense::SANITIZE_IN_PROGRESS.progress(progress)
+                    }
+                    _ => Sense::new(crate::sense::NO_SENSE, 0, 0),
+                },
+            }
+        };
+        Ok(cut(s.encode(desc), alloc))
+    }
+
+    /// RESERVE(6)/(10): the SPC-2 reservation of the whole unit.
+    fn reserve_spc2(&self, op: u8, port: &str, cdb: &[u8]) -> Outcome {
+        if op == 0x16 && byte(cdb, 1) & 0x01 != 0 || op == 0x56 && byte(cdb, 1) & 0x12 != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, None));
+        }
+        if self.state.lock().res.spc2_reserve(port) {
+            Ok(ScsiResponse::good(Vec::new()))
+        } else {
+            Ok(ScsiResponse::status(Status::ReservationConflict))
+        }
+    }
+
+    /// START STOP UNIT: an eject is refused while medium removal is prevented.
+    fn start_stop_unit(&self, cdb: &[u8]) -> Outcome {
+        let loej = byte(cdb, 4) & 0x02 != 0;
+        let start = byte(cdb, 4) & 0x01 != 0;
+        let power = byte(cdb, 4) >> 4;
+        if loej && !start && power == 0 && !self.state.lock().prevent.is_empty() {
+            return Err(Sense::MEDIUM_REMOVAL_PREVENTED);
+        }
+        Ok(ScsiResponse::good(Vec::new()))
+    }
+
+    /// PREVENT ALLOW MEDIUM REMOVAL, kept per initiator port.
+    fn prevent_allow(&self, port: &str, cdb: &[u8]) -> Outcome {
+        let mut st = self.state.lock();
+        match byte(cdb, 4) & 0x03 {
+            0 => {
+                st.prevent.remove(port);
+            }
+            1 => {
+                st.prevent.insert(port.to_owned());
+            }
+            _ => return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 4, Some(1))),
+        }
+        Ok(ScsiResponse::good(Vec::new()))
+    }
+
+    /// READ CAPACITY(10).
+    fn read_capacity_10(&self, cdb: &[u8]) -> Outcome {
+        if byte(cdb, 8) & 0x01 == 0 && be32(cdb, 2) != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB.field(true, 2, None));
+        }
+        let last = self.blocks().saturating_sub(1);
+        let mut d = (last.min(u64::from(u32::MAX)) as u32)
+            .to_be_bytes()
+            .to_vec();
+        d.extend_from_slice(&self.cfg.block_size.to_be_bytes());
+        Ok(ScsiResponse::good(d))
+    }
+
+    /// MAINTENANCE IN: REPORT TARGET PORT GROUPS and REPORT SUPPORTED OPERATION CODES (SANITIZE as the device supports it).
+    fn maintenance_in(&self, cdb: &[u8]) -> Outcome {
+        let alloc = be32(cdb, 6) as usize;
+        match byte(cdb, 1) & 0x1f {
+            0x0a => Ok(cut(self.report_target_port_groups(cdb), alloc)),
+            0x0c => {
+                let support = self.dev.sanitize_support();
+                let report = opcodes::report(cdb, |c| {
+                    c.opcode != op::SANITIZE
+                        || match c.service_action {
+                            Some(0x01) => support.overwrite,
+                            Some(0x02) => support.block_erase,
+                            _ => support.overwrite || support.block_erase,
+                        }
+                })?;
+                Ok(cut(report, alloc))
+            }
+            _ => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4))),
+        }
+    }
+
+    /// PERSISTENT RESERVE OUT: the change, the unit attentions it causes, and (APTPL) the saved state, saved under the lock.
+    fn persistent_reserve_out(&self, port: &str, cdb: &[u8], out: &[u8]) -> Outcome {
+        let r = {
+            let mut st = self.state.lock();
+            let was = st.res.persistent();
+            match st.res.pr_out(port, cdb, out) {
+                Ok((_, notices)) => {
+                    for (p, s) in notices {
+                        st.ua.entry(p).or_default().push(s);
+                    }
+                    // Saved under the lock, so saves keep the
+                    // order of the changes.
+                    let now = st.res.persistent();
+                    if was || now {
+                        let text = now.then(|| st.res.save());
+                        if let Some(store) = self.pr_store.read().as_ref() {
+                            if store.save(text.as_deref()).is_err() {
+                                return Err(Sense::INTERNAL_TARGET_FAILURE);
+                            }
+                        }
+                    }
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        };
+        match r {
+            Ok(()) => Ok(ScsiResponse::good(Vec::new())),
+            Err((Status::CheckCondition, Some(s))) => Err(s),
+            Err((status, _)) => Ok(ScsiResponse::status(status)),
+        }
+    }
+
+    /// READ DEFECT DATA(10)/(12): an empty list.
+    fn read_defect_data(&self, op: u8, cdb: &[u8]) -> Outcome {
+        let flags = byte(cdb, if op == 0x37 { 2 } else { 1 }) & 0x1f;
+        let (mut d, alloc) = if op == 0x37 {
+            (vec![0, flags, 0, 0], usize::from(be16(cdb, 7)))
+        } else {
+            (vec![0, flags, 0, 0, 0, 0, 0, 0], be32(cdb, 6) as usize)
+        };
+        d.truncate(alloc);
+        Ok(ScsiResponse::good(d))
+    }
+
+    /// PRE-FETCH(10)/(16).
+    fn pre_fetch(&self, cdb: &[u8]) -> Outcome {
+        let rw = rw_fields(cdb);
+        let (off, len) = self.range(rw.lba, rw.blocks)?;
+        if len > 0 {
+            self.dev
+                .prefetch(off, len)
+                .map_err(|e| dev_sense(&e, false))?;
+        }
+        Ok(ScsiResponse::good(Vec::new()))
+    }
+
+    /// SYNCHRONIZE CACHE(10)/(16): the whole device is flushed.
+    fn synchronize_cache(&self, cdb: &[u8]) -> Outcome {
+        let rw = rw_fields(cdb);
+        self.range(rw.lba, rw.blocks)?;
+        self.dev.flush().map_err(|e| dev_sense(&e, true))?;
+        Ok(ScsiResponse::good(Vec::new()))
+    }
+
+    /// RECEIVE COPY RESULTS: a copy's status, or the operating parameters.
+    fn receive_copy_results(&self, port: &str, cdb: &[u8]) -> Outcome {
+        let alloc = be32(cdb, 10) as usize;
+        match byte(cdb, 1) & 0x1f {
+            0x00 => {
+                let key = (port.to_owned(), byte(cdb, 2));
+                match self.state.lock().copies.get(&key) {
+                    Some(s) => Ok(cut(xcopy::copy_status(s), alloc)),
+                    None => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 2, None)),
+                }
+            }
+            0x03 => Ok(cut(xcopy::operating_parameters(), alloc)),
+            _ => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4))),
+        }
+    }
+
+    /// SERVICE ACTION IN(16): READ CAPACITY(16) and GET LBA STATUS.
+    fn service_action_in(&self, cdb: &[u8]) -> Outcome {
+        match byte(cdb, 1) & 0x1f {
+            0x10 => {
+                let alloc = be32(cdb, 10) as usize;
+                let mut d = vec![0u8; 32];
+                d[0..8].copy_from_slice(&self.blocks().saturating_sub(1).to_be_bytes());
+                d[8..12].copy_from_slice(&self.cfg.block_size.to_be_bytes());
+                let exp = (self.cfg.physical_block / self.cfg.block_size.max(1)).max(1);
+                d[13] = exp.trailing_zeros() as u8 & 0x0f;
+                if self.cfg.thin {
+                    d[14] = 0x80 | 0x40; // LBPME, LBPRZ
+                }
+                Ok(cut(d, alloc))
+            }
+            0x12 => self.get_lba_status(cdb),
+            _ => Err(Sense::INVALID_FIELD_IN_CDB.field(true, 1, Some(4))),
         }
     }
 
