@@ -356,6 +356,91 @@ async fn take_slot(
     }
 }
 
+/// What starts a connection's requests: its in-flight slots, its tasks,
+/// the writer's queue, and the daemon's shutdown.
+struct Runner<'a> {
+    slots: &'a Arc<Semaphore>,
+    tracker: &'a TaskTracker,
+    tx: &'a mpsc::Sender<Out>,
+    shutdown: &'a CancellationToken,
+}
+
+impl Runner<'_> {
+    /// Start one dispatched request, its budget charge `held`: answered
+    /// at once, batched, or run on a worker thread or a task, its reply
+    /// then going to the writer. False: the connection is ending.
+    async fn start(&self, d: Dispatch, held: Held, batch: &mut Batch) -> bool {
+        let (tracker, tx) = (self.tracker, self.tx);
+        match d {
+            Dispatch::Ready(bytes) => tx.send(Out::One(Reply { bytes, held })).await.is_ok(),
+            Dispatch::Batchable { work, bytes } => {
+                let Some(permit) = self.slot(batch).await else {
+                    return false;
+                };
+                batch.push((work, permit, held), bytes, tracker, tx);
+                true
+            }
+            Dispatch::Blocking(f) => {
+                let Some(permit) = self.slot(batch).await else {
+                    return false;
+                };
+                let tx = tx.clone();
+                tracker.spawn_blocking(move || {
+                    let bytes = f();
+                    drop(permit);
+                    // The client may be gone; its replies have nowhere to go.
+                    let _ = tx.blocking_send(Out::One(Reply { bytes, held }));
+                });
+                true
+            }
+            Dispatch::Async(fut) => {
+                let Some(permit) = self.slot(batch).await else {
+                    return false;
+                };
+                let tx = tx.clone();
+                tracker.spawn(async move {
+                    let bytes = fut.await;
+                    drop(permit);
+                    let _ = tx.send(Out::One(Reply { bytes, held })).await;
+                });
+                true
+            }
+        }
+    }
+
+    /// An in-flight slot (see [`take_slot`]); `None`: the connection ends.
+    async fn slot(&self, batch: &mut Batch) -> Option<OwnedSemaphorePermit> {
+        take_slot(self.slots, batch, self.tracker, self.tx, self.shutdown).await
+    }
+}
+
+/// Read a large WRITE payload of `len` bytes into a pooled buffer of its
+/// own, starting with what `buf` holds of it (which it takes).
+/// `Ok(None)`: the client closed mid-request or the daemon is stopping.
+async fn read_payload<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    len: usize,
+    shutdown: &CancellationToken,
+) -> Result<Option<Vec<u8>>, ConnError> {
+    let mut payload = PAYLOADS.take(len);
+    payload.extend_from_slice(buf);
+    buf.clear();
+    while payload.len() < len {
+        let want = (len - payload.len()) as u64;
+        let mut rest = (&mut *rd).take(want);
+        let n = tokio::select! {
+            r = rest.read_buf(&mut payload) => r?,
+            () = shutdown.cancelled() => return Ok(None),
+        };
+        if n == 0 {
+            tracing::info!(bytes = payload.len(), "client closed mid-request");
+            return Ok(None);
+        }
+    }
+    Ok(Some(payload))
+}
+
 /// What the reader hands the writer: one reply or a batch's replies.
 enum Out {
     One(Reply),
@@ -462,6 +547,12 @@ where
     let mut batch = Batch::default();
     // A request whose payload was read outside `buf`.
     let mut ready: Option<Request> = None;
+    let runner = Runner {
+        slots: &slots,
+        tracker: &tracker,
+        tx: &tx,
+        shutdown: &shutdown,
+    };
     'conn: loop {
         loop {
             let req = match ready.take() {
@@ -496,47 +587,8 @@ where
                     }
                 }
             };
-            match handler.dispatch(req) {
-                Dispatch::Ready(bytes) => {
-                    if tx.send(Out::One(Reply { bytes, held })).await.is_err() {
-                        break 'conn;
-                    }
-                }
-                Dispatch::Batchable { work, bytes } => {
-                    let Some(permit) =
-                        take_slot(&slots, &mut batch, &tracker, &tx, &shutdown).await
-                    else {
-                        break 'conn;
-                    };
-                    batch.push((work, permit, held), bytes, &tracker, &tx);
-                }
-                Dispatch::Blocking(f) => {
-                    let Some(permit) =
-                        take_slot(&slots, &mut batch, &tracker, &tx, &shutdown).await
-                    else {
-                        break 'conn;
-                    };
-                    let tx = tx.clone();
-                    tracker.spawn_blocking(move || {
-                        let bytes = f();
-                        drop(permit);
-                        // The client may be gone; its replies have nowhere to go.
-                        let _ = tx.blocking_send(Out::One(Reply { bytes, held }));
-                    });
-                }
-                Dispatch::Async(fut) => {
-                    let Some(permit) =
-                        take_slot(&slots, &mut batch, &tracker, &tx, &shutdown).await
-                    else {
-                        break 'conn;
-                    };
-                    let tx = tx.clone();
-                    tracker.spawn(async move {
-                        let bytes = fut.await;
-                        drop(permit);
-                        let _ = tx.send(Out::One(Reply { bytes, held })).await;
-                    });
-                }
+            if !runner.start(handler.dispatch(req), held, &mut batch).await {
+                break 'conn;
             }
         }
         // Everything decoded from this read is dispatched: run the batch.
@@ -548,24 +600,14 @@ where
         // docs/benchmarks.md).
         if let Some(len) = decoder.pending_payload() {
             if len >= DIRECT_PAYLOAD_MIN && buf.len() < len {
-                let mut payload = PAYLOADS.take(len);
-                payload.extend_from_slice(&buf);
-                buf.clear();
-                while payload.len() < len {
-                    let want = (len - payload.len()) as u64;
-                    let mut rest = (&mut rd).take(want);
-                    let n = tokio::select! {
-                        r = rest.read_buf(&mut payload) => match r {
-                            Ok(n) => n,
-                            Err(e) => { result = Err(e.into()); break 'conn; }
-                        },
-                        () = shutdown.cancelled() => break 'conn,
-                    };
-                    if n == 0 {
-                        tracing::info!(bytes = payload.len(), "client closed mid-request");
+                let payload = match read_payload(&mut rd, &mut buf, len, &shutdown).await {
+                    Ok(Some(p)) => p,
+                    Ok(None) => break 'conn,
+                    Err(e) => {
+                        result = Err(e);
                         break 'conn;
                     }
-                }
+                };
                 match decoder.complete_payload(PAYLOADS.wrap(payload)) {
                     Ok(req) => ready = Some(req),
                     Err(e) => {
