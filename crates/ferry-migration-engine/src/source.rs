@@ -249,70 +249,14 @@ async fn migrate(
     let outcome = match journaled.and_then(|()| Ok(vol.create_bitmap(&bm_name, chunk, false)?)) {
         Err(e) => Err(e),
         Ok(bm) => {
-            let mut last;
-            // Held since a restart: the switch may have happened; the first
-            // Hello asks the destination.
-            let mut pending: Option<PendingSwitch> = vol.in_doubt().then(|| PendingSwitch {
-                pause_start: Instant::now(),
-                source_digest: [0; 32],
-                converged: false,
-                fingerprints_s: 0.0,
-                rounds_s: 0.0,
-                held_s: 0.0,
-            });
-            let mut streak: Option<Instant> = None;
-            loop {
-                run.counters.attempts.fetch_add(1, Ordering::Relaxed);
-                let sent_before = frame_bytes(run);
-                let began = Instant::now();
-                let job = Job {
-                    run,
-                    req,
-                    vol: &vol,
-                    bm: &bm,
-                    chunk,
-                };
-                last = attempt(state, &job, &mut pending).await;
-                // The retry window counts from the first of consecutive
-                // failures; an attempt that ran a while was progress.
-                if began.elapsed() > Duration::from_secs(10) {
-                    streak = None;
-                }
-                let since = *streak.get_or_insert_with(Instant::now);
-                match &last {
-                    Err(e) if e.transient() && since.elapsed() < req.retry_for => {
-                        let lost = frame_bytes(run) - sent_before;
-                        run.counters
-                            .bytes_lost_to_failures
-                            .fetch_add(lost, Ordering::Relaxed);
-                        if pending.is_some() {
-                            tracing::warn!(migration = %run.id, error = %e, "link lost during the switch; guest writes stay held until the destination says whether it committed");
-                        } else {
-                            tracing::warn!(migration = %run.id, error = %e, "migration link failed; resuming");
-                            run.set_phase(Phase::Connecting);
-                        }
-                        tokio::select! {
-                            () = tokio::time::sleep(Duration::from_secs(1)) => {}
-                            () = run.cancel.cancelled() => break,
-                        }
-                    }
-                    _ => break,
-                }
-            }
-            if pending.is_some() {
-                tracing::error!(migration = %run.id, volume = %run.volume, "the link failed during the switch and the destination did not answer again: the volume is held (no I/O) until the same migration is run again and the destination says whether it committed");
-                vol.set_in_doubt(true);
-                last = Err(MigrationError::SwitchUnknown);
-            } else if last.is_err() {
-                // The destination did not commit: nothing is in doubt.
-                let v = vol.clone();
-                let _ = blocking(move || Ok(v.set_switch_sent(false)?)).await;
-            }
-            vol.gate().set_throttle(Duration::ZERO);
-            vol.gate().resume();
-            if last.is_ok() {
-                state.volume_moved(&vol);
-            }
+            let job = Job {
+                run,
+                req,
+                vol: &vol,
+                bm: &bm,
+                chunk,
+            };
+            let last = attempts(state, &job).await;
             if let Err(e) = vol.delete_bitmap(&bm_name) {
                 tracing::warn!(error = %e, "could not remove the migration bitmap");
             }
@@ -455,6 +399,75 @@ fn handshake_error(e: std::io::Error) -> MigrationError {
         Some(t) => MigrationError::Handshake(t.to_string()),
         None => MigrationError::Link(e),
     }
+}
+
+/// Run attempts until the migration switches, fails for good, or the link
+/// stays down past `retry_for` (one second between attempts); then settle
+/// what the outcome leaves: a switch in doubt holds the volume, a failure
+/// clears the journaled switch, and the volume's writes go on.
+async fn attempts(
+    state: &Arc<dyn MigrationHost>,
+    job: &Job<'_>,
+) -> Result<Switched, MigrationError> {
+    let Job { run, req, vol, .. } = *job;
+    let mut last;
+    // Held since a restart: the switch may have happened; the first
+    // Hello asks the destination.
+    let mut pending: Option<PendingSwitch> = vol.in_doubt().then(|| PendingSwitch {
+        pause_start: Instant::now(),
+        source_digest: [0; 32],
+        converged: false,
+        fingerprints_s: 0.0,
+        rounds_s: 0.0,
+        held_s: 0.0,
+    });
+    let mut streak: Option<Instant> = None;
+    loop {
+        run.counters.attempts.fetch_add(1, Ordering::Relaxed);
+        let sent_before = frame_bytes(run);
+        let began = Instant::now();
+        last = attempt(state, job, &mut pending).await;
+        // The retry window counts from the first of consecutive
+        // failures; an attempt that ran a while was progress.
+        if began.elapsed() > Duration::from_secs(10) {
+            streak = None;
+        }
+        let since = *streak.get_or_insert_with(Instant::now);
+        match &last {
+            Err(e) if e.transient() && since.elapsed() < req.retry_for => {
+                let lost = frame_bytes(run) - sent_before;
+                run.counters
+                    .bytes_lost_to_failures
+                    .fetch_add(lost, Ordering::Relaxed);
+                if pending.is_some() {
+                    tracing::warn!(migration = %run.id, error = %e, "link lost during the switch; guest writes stay held until the destination says whether it committed");
+                } else {
+                    tracing::warn!(migration = %run.id, error = %e, "migration link failed; resuming");
+                    run.set_phase(Phase::Connecting);
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    () = run.cancel.cancelled() => break,
+                }
+            }
+            _ => break,
+        }
+    }
+    if pending.is_some() {
+        tracing::error!(migration = %run.id, volume = %run.volume, "the link failed during the switch and the destination did not answer again: the volume is held (no I/O) until the same migration is run again and the destination says whether it committed");
+        vol.set_in_doubt(true);
+        last = Err(MigrationError::SwitchUnknown);
+    } else if last.is_err() {
+        // The destination did not commit: nothing is in doubt.
+        let v = vol.clone();
+        let _ = blocking(move || Ok(v.set_switch_sent(false)?)).await;
+    }
+    vol.gate().set_throttle(Duration::ZERO);
+    vol.gate().resume();
+    if last.is_ok() {
+        state.volume_moved(vol);
+    }
+    last
 }
 
 /// An encoded frame for the writer task, and what it counts as.
@@ -750,110 +763,23 @@ async fn attempt(
     job: &Job<'_>,
     pending: &mut Option<PendingSwitch>,
 ) -> Result<Switched, MigrationError> {
-    let Job {
-        run,
-        req,
-        vol,
-        chunk,
-        ..
-    } = *job;
+    let Job { run, req, .. } = *job;
     if pending.is_none() {
         run.set_phase(Phase::Connecting);
     }
     let stream = connect(state.as_ref(), req, run).await?;
     let (rd, mut wr) = tokio::io::split(stream);
     let mut reader = FrameReader::new(rd);
-    let meta = vol.meta();
-    let id = run.id.bytes();
     let order = Arc::new(Mutex::new(SourceOrder::new(pending.is_some())));
-    let hello = Message::Hello {
-        min_version: VERSION,
-        max_version: VERSION,
-        migration_id: id,
-        volume: VolumeDescriptor {
-            name: meta.name.clone(),
-            size: vol.size(),
-            block_size: meta.block_size,
-            chunk_size: chunk,
-            uuid: *meta.uuid.as_bytes(),
-            wwn: meta.wwn.clone(),
-            allocated: vol.allocated_bytes(),
-            physical_block_size: meta.physical_block_size.unwrap_or(meta.block_size),
-        },
-        iscsi: state.iscsi_port(None),
-    };
+    let hello = hello(state.as_ref(), job);
     let n = super::transport::send(&mut wr, &hello).await?;
     run.counters
         .bytes_protocol
         .fetch_add(n as u64, Ordering::Relaxed);
     let answer = reader.expect(ANSWER_TIMEOUT).await?;
     order.lock().receive(&answer)?;
-    match answer {
-        Message::Welcome { basis, iscsi, .. } => {
-            super::check_port_groups(state.as_ref(), &iscsi, &run.volume);
-            let v = vol.clone();
-            blocking(move || Ok(v.set_peer_port(super::peer_port(&iscsi))?)).await?;
-            run.counters
-                .destination_copy
-                .store(basis as u8, Ordering::Relaxed);
-            if basis != ferry_migration::CopyBasis::New {
-                tracing::info!(migration = %run.id, destination_copy = %copy_basis(basis as u8).describe(), "the destination holds an incomplete copy");
-            }
-            if pending.take().is_some() {
-                tracing::warn!(migration = %run.id, "the destination had not committed; the guest writes again and the migration resumes");
-                let v = vol.clone();
-                blocking(move || Ok(v.set_switch_sent(false)?)).await?;
-                vol.gate().resume();
-                if req.resolve_only {
-                    return Err(MigrationError::NotSwitched);
-                }
-            }
-        }
-        // The destination committed before the link failed: finish here.
-        Message::Done {
-            location,
-            admin,
-            iscsi,
-        } => {
-            let Some(p) = pending.take() else {
-                return Err(unexpected(
-                    &Message::Done {
-                        location,
-                        admin,
-                        iscsi,
-                    },
-                    "waiting for Welcome",
-                ));
-            };
-            let v = vol.clone();
-            let (loc, adm) = (location.clone(), admin.clone());
-            let peer = super::peer_port(&iscsi);
-            let moved = blocking(move || v.set_moved(&loc, &adm, peer).map_err(Into::into)).await;
-            if moved.is_ok() {
-                vol.set_in_doubt(false);
-            }
-            vol.gate().resume();
-            moved?;
-            tracing::info!(migration = %run.id, to = %location, "the destination had committed; switched");
-            return Ok(Switched {
-                location,
-                admin,
-                pause: p.pause_start.elapsed(),
-                converged: p.converged,
-                source_digest: p.source_digest,
-                dest_digest: p.source_digest,
-                fingerprints_s: p.fingerprints_s,
-                rounds_s: p.rounds_s,
-                held_s: p.held_s,
-            });
-        }
-        Message::Refuse { reason } => {
-            if pending.take().is_some() {
-                vol.gate().resume();
-            }
-            return Err(MigrationError::Refused(reason));
-        }
-        m => return Err(unexpected(&m, "waiting for Welcome")),
+    if let Some(done) = greeted(state, job, pending, answer).await? {
+        return Ok(done);
     }
 
     // The writer task owns the socket's write half.
@@ -917,6 +843,113 @@ async fn attempt(
             reader_task.abort();
             Err(e)
         }
+    }
+}
+
+/// What the destination answered `Hello` with: `Welcome` (the migration
+/// goes on: `None`; a switch left pending is known not to have happened),
+/// `Done` (a pending switch did happen: the volume is marked moved and the
+/// migration is over), or `Refuse`.
+async fn greeted(
+    state: &Arc<dyn MigrationHost>,
+    job: &Job<'_>,
+    pending: &mut Option<PendingSwitch>,
+    answer: Message,
+) -> Result<Option<Switched>, MigrationError> {
+    let Job { run, req, vol, .. } = *job;
+    match answer {
+        Message::Welcome { basis, iscsi, .. } => {
+            super::check_port_groups(state.as_ref(), &iscsi, &run.volume);
+            let v = vol.clone();
+            blocking(move || Ok(v.set_peer_port(super::peer_port(&iscsi))?)).await?;
+            run.counters
+                .destination_copy
+                .store(basis as u8, Ordering::Relaxed);
+            if basis != ferry_migration::CopyBasis::New {
+                tracing::info!(migration = %run.id, destination_copy = %copy_basis(basis as u8).describe(), "the destination holds an incomplete copy");
+            }
+            if pending.take().is_some() {
+                tracing::warn!(migration = %run.id, "the destination had not committed; the guest writes again and the migration resumes");
+                let v = vol.clone();
+                blocking(move || Ok(v.set_switch_sent(false)?)).await?;
+                vol.gate().resume();
+                if req.resolve_only {
+                    return Err(MigrationError::NotSwitched);
+                }
+            }
+            Ok(None)
+        }
+        // The destination committed before the link failed: finish here.
+        Message::Done {
+            location,
+            admin,
+            iscsi,
+        } => {
+            let Some(p) = pending.take() else {
+                return Err(unexpected(
+                    &Message::Done {
+                        location,
+                        admin,
+                        iscsi,
+                    },
+                    "waiting for Welcome",
+                ));
+            };
+            let v = vol.clone();
+            let (loc, adm) = (location.clone(), admin.clone());
+            let peer = super::peer_port(&iscsi);
+            let moved = blocking(move || v.set_moved(&loc, &adm, peer).map_err(Into::into)).await;
+            if moved.is_ok() {
+                vol.set_in_doubt(false);
+            }
+            vol.gate().resume();
+            moved?;
+            tracing::info!(migration = %run.id, to = %location, "the destination had committed; switched");
+            Ok(Some(Switched {
+                location,
+                admin,
+                pause: p.pause_start.elapsed(),
+                converged: p.converged,
+                source_digest: p.source_digest,
+                dest_digest: p.source_digest,
+                fingerprints_s: p.fingerprints_s,
+                rounds_s: p.rounds_s,
+                held_s: p.held_s,
+            }))
+        }
+        Message::Refuse { reason } => {
+            if pending.take().is_some() {
+                vol.gate().resume();
+            }
+            Err(MigrationError::Refused(reason))
+        }
+        m => Err(unexpected(&m, "waiting for Welcome")),
+    }
+}
+
+/// The `Hello` that opens every attempt: the volume as this daemon holds it
+/// and its iSCSI port.
+fn hello(state: &dyn MigrationHost, job: &Job<'_>) -> Message {
+    let Job {
+        run, vol, chunk, ..
+    } = *job;
+    let meta = vol.meta();
+    let id = run.id.bytes();
+    Message::Hello {
+        min_version: VERSION,
+        max_version: VERSION,
+        migration_id: id,
+        volume: VolumeDescriptor {
+            name: meta.name.clone(),
+            size: vol.size(),
+            block_size: meta.block_size,
+            chunk_size: chunk,
+            uuid: *meta.uuid.as_bytes(),
+            wwn: meta.wwn.clone(),
+            allocated: vol.allocated_bytes(),
+            physical_block_size: meta.physical_block_size.unwrap_or(meta.block_size),
+        },
+        iscsi: state.iscsi_port(None),
     }
 }
 
