@@ -526,6 +526,95 @@ async fn refuse<W: AsyncWrite + Unpin, T>(wr: &mut W, reason: String) -> Result<
     Err(MigrationError::Refused(reason))
 }
 
+/// Answer one `Prints` frame: rebuild what the volume's index (or a resumed
+/// copy) holds, ask the site's buddies for the rest, and send the `Want`
+/// of what must still cross, empty when nothing does (protocol version 4:
+/// the source judges from them whether its prints pay).
+async fn answer_prints<W: AsyncWrite + Unpin + Send>(
+    state: &Arc<dyn MigrationHost>,
+    rx: &Arc<Receiver>,
+    wr: &mut W,
+    (stats, buddies): (&mut FillStats, &mut Option<super::buddy::Buddies>),
+    (first_chunk, entries, chunk): (u64, Vec<PrintEntry>, u32),
+) -> Result<(), MigrationError> {
+    let r = rx.clone();
+    let mut s = std::mem::take(stats);
+    let (mut missing, s) = bulk("prints", move || {
+        let w = r.prints(first_chunk, &entries, &mut s)?;
+        Ok((w, s))
+    })
+    .await?;
+    *stats = s;
+    if !missing.is_empty() && rx.use_index && !state.buddies().is_empty() {
+        if buddies.is_none() {
+            *buddies = Some(super::buddy::Buddies::connect(state.as_ref()).await);
+        }
+        if let Some(b) = buddies.as_mut().filter(|b| !b.is_empty()) {
+            let keys: Vec<u64> = missing.iter().map(|m| m.1).collect();
+            let found = b.fetch(chunk, &keys).await;
+            let r = rx.clone();
+            let (still, n) = bulk("buddies", move || r.fill_from_buddies(missing, found)).await?;
+            stats.buddy += n;
+            missing = still;
+        }
+    }
+    // Every Prints frame gets its Want, empty when nothing of
+    // it is needed: the source judges from them whether its
+    // prints pay (protocol version 4).
+    let ranges = coalesce(missing.iter().map(|m| m.0));
+    send(wr, &Message::Want { ranges }).await?;
+    Ok(())
+}
+
+/// Compare the source's digest with this copy's (flushed first) and answer
+/// `DigestResult`; whether they match.
+async fn check_digest<W: AsyncWrite + Unpin + Send>(
+    rx: &Arc<Receiver>,
+    wr: &mut W,
+    name: &str,
+    digest: [u8; 32],
+) -> Result<bool, MigrationError> {
+    let r = rx.clone();
+    let mine = blocking(move || {
+        r.vol.flush()?;
+        Ok(r.table.digest())
+    })
+    .await?;
+    let matches = mine == digest;
+    if !matches {
+        tracing::error!(volume = %name, source = %hex(&digest), destination = %hex(&mine), "migration digest mismatch");
+    }
+    send(
+        wr,
+        &Message::DigestResult {
+            matches,
+            digest: mine,
+        },
+    )
+    .await?;
+    Ok(matches)
+}
+
+/// Take the volume: flush it, mark the copy complete (with the source's
+/// iSCSI port) and answer `Done` with where its clients go now.
+async fn commit<W: AsyncWrite + Unpin + Send>(
+    state: &Arc<dyn MigrationHost>,
+    rx: &Arc<Receiver>,
+    wr: &mut W,
+    local: Option<SocketAddr>,
+) -> Result<(), MigrationError> {
+    let v = rx.vol.clone();
+    let source = rx.source_port.clone();
+    blocking(move || {
+        v.flush()?;
+        v.complete_incoming(source)?;
+        Ok(())
+    })
+    .await?;
+    send(wr, &done(state, local)).await?;
+    Ok(())
+}
+
 /// Serve one migration after the greeting: prints, data, rounds, the
 /// digest and the switch, each message checked against the protocol's
 /// order first. Returns the volume's name once it switched here.
@@ -545,7 +634,6 @@ where
     W: AsyncWrite + Unpin + Send,
 {
     let vol = &rx.vol;
-    let chunk = desc.chunk_size;
     let mut stats = FillStats::default();
     let mut paused = false;
     let mut digest_ok: Option<bool> = None;
@@ -566,33 +654,14 @@ where
                 first_chunk,
                 entries,
             } => {
-                let r = rx.clone();
-                let mut s = std::mem::take(&mut stats);
-                let (mut missing, s) = bulk("prints", move || {
-                    let w = r.prints(first_chunk, &entries, &mut s)?;
-                    Ok((w, s))
-                })
-                .await?;
-                stats = s;
-                if !missing.is_empty() && rx.use_index && !state.buddies().is_empty() {
-                    if buddies.is_none() {
-                        buddies = Some(super::buddy::Buddies::connect(state.as_ref()).await);
-                    }
-                    if let Some(b) = buddies.as_mut().filter(|b| !b.is_empty()) {
-                        let keys: Vec<u64> = missing.iter().map(|m| m.1).collect();
-                        let found = b.fetch(chunk, &keys).await;
-                        let r = rx.clone();
-                        let (still, n) =
-                            bulk("buddies", move || r.fill_from_buddies(missing, found)).await?;
-                        stats.buddy += n;
-                        missing = still;
-                    }
-                }
-                // Every Prints frame gets its Want, empty when nothing of
-                // it is needed: the source judges from them whether its
-                // prints pay (protocol version 4).
-                let ranges = coalesce(missing.iter().map(|m| m.0));
-                send(wr, &Message::Want { ranges }).await?;
+                answer_prints(
+                    state,
+                    rx,
+                    wr,
+                    (&mut stats, &mut buddies),
+                    (first_chunk, entries, desc.chunk_size),
+                )
+                .await?
             }
             Message::PrintsDone => {
                 if stats.resumed > 0 {
@@ -643,25 +712,7 @@ where
             }
             Message::Pause => paused = true,
             Message::Digest { digest } => {
-                let r = rx.clone();
-                let mine = blocking(move || {
-                    r.vol.flush()?;
-                    Ok(r.table.digest())
-                })
-                .await?;
-                let matches = mine == digest;
-                digest_ok = Some(matches);
-                if !matches {
-                    tracing::error!(volume = %desc.name, source = %hex(&digest), destination = %hex(&mine), "migration digest mismatch");
-                }
-                send(
-                    wr,
-                    &Message::DigestResult {
-                        matches,
-                        digest: mine,
-                    },
-                )
-                .await?;
+                digest_ok = Some(check_digest(rx, wr, &desc.name, digest).await?);
             }
             Message::Switch => {
                 if digest_ok != Some(true) {
@@ -675,15 +726,7 @@ where
                     .await?;
                     return Err(MigrationError::Refused(reason));
                 }
-                let v = vol.clone();
-                let source = rx.source_port.clone();
-                blocking(move || {
-                    v.flush()?;
-                    v.complete_incoming(source)?;
-                    Ok(())
-                })
-                .await?;
-                send(wr, &done(state, local)).await?;
+                commit(state, rx, wr, local).await?;
                 // Index the new volume so it can be a base for later migrations.
                 state.volume_arrived(vol);
                 return Ok(desc.name.clone());
