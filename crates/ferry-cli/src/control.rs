@@ -7,6 +7,7 @@
 use crate::print_json;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+use ferry_control::cycle::{drive, ControllerCore, NoJournal};
 use ferry_control::estimate::{estimate, Asked, Estimate};
 use ferry_control::inventory::{HostRef, Inventory, SiteInventory, StorageRef};
 use ferry_control::policy::{place_new, plan, Action, NewGuest, Policy, Triggers};
@@ -325,17 +326,18 @@ fn plan_once(
         None => Policy::default(),
     };
     p.validate()?;
-    let pl = plan(&c, &p, &mut Triggers::default(), 0.0)?;
     if apply {
-        let inv = inv.as_ref().context("--apply needs --inventory")?;
-        let results: Vec<String> = pl
-            .decisions
-            .iter()
-            .map(|d| match running_on.get(&d.vm) {
-                Some(control) => ferry_controller::act::carry_out(inv, control, d).line(),
-                None => format!("{}: not moved: not running on any known host", d.vm),
-            })
-            .collect();
+        // Through the controller's own core: the moves start together
+        // (within the policy's limits) and are followed until all ended.
+        let inv = inv.context("--apply needs --inventory")?;
+        let mut core = ControllerCore::default();
+        let mut world = ferry_controller::act::OneShot::new(inv, c, running_on);
+        let pl = drive(&mut core, &mut world, &mut NoJournal, &p, 0.0, true)?;
+        while !core.in_flight().is_empty() {
+            let Some(e) = world.wait() else { break };
+            core.ended(&e);
+        }
+        let results: Vec<String> = world.outcomes.iter().map(|o| o.line()).collect();
         if json {
             return print_json(&serde_json::json!({"plan": pl, "moves": results}));
         }
@@ -344,6 +346,7 @@ fn plan_once(
         }
         return Ok(());
     }
+    let pl = plan(&c, &p, &mut Triggers::default(), 0.0)?;
     if json {
         return print_json(&pl);
     }
@@ -1021,6 +1024,22 @@ fn status(controller: &str, journal: usize, json: bool) -> Result<()> {
             action_words(&d["action"]),
             d["reason"].as_str().unwrap_or_default()
         );
+    }
+    for o in st["in_flight"].as_array().into_iter().flatten() {
+        println!(
+            "in flight: {} {} to VM at {}, disk at {} (predicted {:.0} s)",
+            o["vm"].as_str().unwrap_or_default(),
+            action_words(&o["action"]),
+            o["to_host_site"].as_str().unwrap_or_default(),
+            o["to_disk_site"].as_str().unwrap_or_default(),
+            o["predicted_seconds"].as_f64().unwrap_or(0.0)
+        );
+    }
+    // Every move weighed and refused, with the filter that refused it.
+    for c in st["plan"]["candidates"].as_array().into_iter().flatten() {
+        if !c["refused"].is_null() {
+            println!("weighed: {}", c["line"].as_str().unwrap_or_default());
+        }
     }
     for e in jr.as_array().into_iter().flatten() {
         let what = match e["event"].as_str().unwrap_or_default() {

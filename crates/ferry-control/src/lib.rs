@@ -15,13 +15,16 @@
 //! - [`simulate`]: a simulated cluster with load traces, stepped through the
 //!   policies.
 
+pub mod backoff;
 pub mod cluster;
+pub mod cycle;
 pub mod estimate;
 #[cfg(test)]
 mod fixtures;
 pub mod inventory;
 pub mod model;
 pub mod policy;
+pub mod reason;
 pub mod replay;
 pub mod simulate;
 

@@ -13,8 +13,10 @@
 //!   stay that must pay back the move's own cost, and a switch that
 //!   pauses all automation.
 
+use crate::backoff::HeldMove;
 use crate::cluster::{Cluster, ClusterError, Placement, Site, VmState};
 use crate::model::{access_cost, disk_move_cost, teleport_cost, vm_move_cost, MoveCost};
+use crate::reason::{Candidate, Refusal};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -36,6 +38,10 @@ pub struct Policy {
     /// Released below trigger × hysteresis.
     pub hysteresis: f64,
     pub max_moves_per_link: usize,
+    /// Moves a site may take part in at once (leaving or arriving),
+    /// counting those in flight.
+    #[serde(default = "default_max_moves_per_site")]
+    pub max_moves_per_site: usize,
     pub cooldown_s: f64,
     pub paused: bool,
     /// Sites being drained: every guest running there (or whose disk is
@@ -56,6 +62,10 @@ fn default_burst_above() -> f64 {
     0.9
 }
 
+fn default_max_moves_per_site() -> usize {
+    4
+}
+
 impl Default for Policy {
     fn default() -> Self {
         Policy {
@@ -67,6 +77,7 @@ impl Default for Policy {
             hold_s: 0.0,
             hysteresis: 0.8,
             max_moves_per_link: 2,
+            max_moves_per_site: default_max_moves_per_site(),
             cooldown_s: 300.0,
             paused: false,
             maintenance: Vec::new(),
@@ -99,8 +110,8 @@ impl Policy {
         if !(0.0..1.0).contains(&self.min_gain_share) {
             return bad("min_gain_share must be in [0, 1)");
         }
-        if self.max_moves_per_link == 0 {
-            return bad("max_moves_per_link must be at least 1");
+        if self.max_moves_per_link == 0 || self.max_moves_per_site == 0 {
+            return bad("max_moves_per_link and max_moves_per_site must be at least 1");
         }
         if !(self.burst_above > 0.0 && self.burst_above <= 1.0) {
             return bad("burst_above must be in (0, 1]");
@@ -159,17 +170,43 @@ pub struct Decision {
     pub burst_from: Option<String>,
 }
 
-/// Why a VM was left alone (for the dry run's account).
+/// Why a VM was left alone (for the dry run's account): the refusal of
+/// the move it would have made, or of every move.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Skip {
     pub vm: String,
+    /// The refusal as one line (`refusal` typed).
     pub reason: String,
+    pub refusal: Refusal,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct Plan {
     pub decisions: Vec<Decision>,
     pub skipped: Vec<Skip>,
+    /// Every move weighed, chosen or refused, with its filter's reason.
+    pub candidates: Vec<Candidate>,
+}
+
+/// A move started and not yet ended, as the planner must count it: its
+/// guest is not planned again, and it holds its place against the limits
+/// per link and per site.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InFlightMove {
+    pub vm: String,
+    pub action: Action,
+    pub from: Placement,
+    pub to: Placement,
+    /// When it started (seconds on the planner's clock).
+    pub started_s: f64,
+}
+
+/// What the planner must respect besides the snapshot: moves in flight
+/// and moves held back after failing.
+#[derive(Debug, Clone, Default)]
+pub struct Commitments {
+    pub in_flight: Vec<InFlightMove>,
+    pub held: Vec<HeldMove>,
 }
 
 /// Per-VM memory of the threshold policy across cycles.
@@ -280,128 +317,46 @@ pub(crate) fn cost_of(
     })
 }
 
-/// The locality policy over a snapshot at time `now`.
+/// The policies over a snapshot at time `now`, nothing in flight.
 pub fn plan(
     c: &Cluster,
     p: &Policy,
     triggers: &mut Triggers,
     now: f64,
 ) -> Result<Plan, ClusterError> {
-    let mut plan = Plan::default();
+    plan_around(c, p, triggers, now, &Commitments::default())
+}
+
+/// The policies over a snapshot at time `now`, around the moves in flight
+/// and those held back (`cm`): the forced passes first (maintenance,
+/// bursting, coming home), then locality. Every move weighed is kept in
+/// the plan's `candidates` with the filter that refused it, if one did.
+pub fn plan_around(
+    c: &Cluster,
+    p: &Policy,
+    triggers: &mut Triggers,
+    now: f64,
+    cm: &Commitments,
+) -> Result<Plan, ClusterError> {
+    let mut st = Planning::new(c, p, cm);
     if p.paused {
-        plan.skipped.push(Skip {
-            vm: "*".into(),
-            reason: "automation is paused".into(),
-        });
-        return Ok(plan);
+        st.refuse("*", None, None, Refusal::Paused);
+        return Ok(st.plan);
     }
     for m in &p.maintenance {
         if c.sites.iter().all(|s| &s.name != m) {
-            plan.skipped.push(Skip {
-                vm: "*".into(),
-                reason: format!("maintenance names {m}, which is not a site"),
-            });
+            st.refuse("*", None, None, Refusal::NotASite { site: m.clone() });
         }
     }
-    let mut st = Planning {
-        sites: SiteLoad::new(c, p),
-        per_link: BTreeMap::new(),
-        moved: BTreeSet::new(),
-        plan,
-    };
     drain(c, p, &mut st)?;
     if p.burst {
         burst(c, p, &mut st)?;
     }
     return_home(c, p, &mut st)?;
-    let Planning {
-        mut sites,
-        mut per_link,
-        moved,
-        mut plan,
-    } = st;
-    if !p.locality {
-        return Ok(plan);
+    if p.locality {
+        locality(c, p, &mut st, triggers, now)?;
     }
-    for vm in c.vms.iter().filter(|v| !moved.contains(&v.name)) {
-        let skip = |r: String| Skip {
-            vm: vm.name.clone(),
-            reason: r,
-        };
-        if !triggers.observe(p, vm, now) {
-            continue;
-        }
-        if vm.since_move_s < p.cooldown_s {
-            plan.skipped.push(skip(format!(
-                "moved {:.0} s ago (cooldown {:.0} s)",
-                vm.since_move_s, p.cooldown_s
-            )));
-            continue;
-        }
-        let here = c.link(&vm.placement.host_site, &vm.placement.disk_site)?;
-        let lost_here = access_cost(vm, c, here.rtt_ms, here.bandwidth, p.horizon_s)?.lost_s;
-        let mut best: Option<(f64, Action, Placement, MoveCost, f64)> = None;
-        for (a, to) in options(c, vm) {
-            if to.host_site != vm.placement.host_site && !sites.fits(&to.host_site, vm.load.cpu, p)
-            {
-                continue;
-            }
-            if sites.draining(&to.disk_site) {
-                continue;
-            }
-            let l = c.link(&to.host_site, &to.disk_site)?;
-            let lost_there = access_cost(vm, c, l.rtt_ms, l.bandwidth, p.horizon_s)?.lost_s;
-            let cost = cost_of(c, vm, a, &to)?;
-            if !cost.converges {
-                continue;
-            }
-            let total = lost_there + cost.lost_s;
-            if best.as_ref().is_none_or(|b| total < b.0) {
-                best = Some((total, a, to, cost, lost_there));
-            }
-        }
-        let Some((total, action, to, cost, lost_there)) = best else {
-            continue;
-        };
-        let gain = lost_here - lost_there;
-        if gain <= cost.lost_s * p.margin
-            || gain < p.min_gain_share * p.horizon_s
-            || total >= lost_here
-        {
-            if lost_here > 1.0 {
-                plan.skipped.push(skip(format!(
-                    "best move ({action}) gains {gain:.1} s over {:.0} s for a cost of {:.1} s (margin {:.1}×)",
-                    p.horizon_s, cost.lost_s, p.margin
-                )));
-            }
-            continue;
-        }
-        if let Err(why) = take_link(&mut per_link, p, &vm.placement, &to) {
-            plan.skipped.push(skip(why));
-            continue;
-        }
-        sites.shift(&vm.placement.host_site, &to.host_site, vm.load.cpu);
-        plan.decisions.push(Decision {
-            vm: vm.name.clone(),
-            action,
-            from: vm.placement.clone(),
-            to: to.clone(),
-            lost_here_s: lost_here,
-            lost_there_s: lost_there,
-            cost,
-            reason: format!(
-                "disk {:.1} ms away costs {lost_here:.1} s of {:.0} s; with {to} it would cost {lost_there:.1} s; the {action} costs {:.1} s ({:.0} MB, {:.1} s, pause {:.0} ms)",
-                here.rtt_ms,
-                p.horizon_s,
-                cost.lost_s,
-                cost.bytes / 1e6,
-                cost.seconds,
-                cost.pause_s * 1000.0
-            ),
-            forced: false,
-            burst_from: None,
-        });
-    }
+    let mut plan = st.plan;
     // Forced moves (maintenance, bursting) first, then biggest gains.
     plan.decisions.sort_by(|a, b| {
         b.forced.cmp(&a.forced).then(
@@ -413,14 +368,366 @@ pub fn plan(
     Ok(plan)
 }
 
+/// One move of one guest as the locality pass weighs it.
+#[derive(Debug, Clone)]
+struct Weighed {
+    action: Action,
+    to: Placement,
+    cost: MoveCost,
+    /// Guest-seconds lost over the horizon once there.
+    lost_there: f64,
+}
+
+impl Weighed {
+    /// The locality score: what staying there and getting there lose
+    /// (lower is better).
+    fn score(&self) -> f64 {
+        self.lost_there + self.cost.lost_s
+    }
+}
+
+/// What a filter sees of one candidate move.
+#[derive(Clone, Copy)]
+struct Check<'a> {
+    p: &'a Policy,
+    sites: &'a SiteLoad,
+    held: &'a [HeldMove],
+    vm: &'a VmState,
+    action: Action,
+    to: &'a Placement,
+    cost: &'a MoveCost,
+}
+
+/// A filter: a candidate passes, or is refused with its reason.
+type Filter = fn(&Check) -> Result<(), Refusal>;
+
+/// The filters every locality candidate goes through, in order.
+const FILTERS: [Filter; 4] = [drain_filter, room_filter, converges_filter, backoff_filter];
+
+/// Nothing moves into a site in maintenance.
+fn drain_filter(k: &Check) -> Result<(), Refusal> {
+    for site in [&k.to.host_site, &k.to.disk_site] {
+        if k.sites.draining(site) {
+            return Err(Refusal::Draining { site: site.clone() });
+        }
+    }
+    Ok(())
+}
+
+/// A guest that changes site must fit in what its new site may still run.
+fn room_filter(k: &Check) -> Result<(), Refusal> {
+    let site = &k.to.host_site;
+    if *site == k.vm.placement.host_site || k.sites.fits(site, k.vm.load.cpu, k.p) {
+        return Ok(());
+    }
+    Err(Refusal::NoRoom {
+        site: site.clone(),
+        used_cpu: k.sites.used(site),
+        limit_cpu: k.sites.limit(site, k.p),
+        cpu: k.vm.load.cpu,
+    })
+}
+
+/// A move whose guest dirties faster than the link carries never ends.
+fn converges_filter(k: &Check) -> Result<(), Refusal> {
+    if k.cost.converges {
+        Ok(())
+    } else {
+        Err(Refusal::NotConverging)
+    }
+}
+
+/// A move that failed in a row lately waits out its hold.
+fn backoff_filter(k: &Check) -> Result<(), Refusal> {
+    held_back(k.held, &k.vm.name, k.action, k.to)
+}
+
+fn held_back(held: &[HeldMove], vm: &str, action: Action, to: &Placement) -> Result<(), Refusal> {
+    let to = format!("{}/{}", to.host_site, to.disk_site);
+    match held
+        .iter()
+        .find(|h| h.vm == vm && h.action == action && h.to == to)
+    {
+        Some(h) => Err(Refusal::HeldBack {
+            failures: h.failures,
+            retry_in_s: h.retry_in_s,
+            reason: h.reason.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// A guest moved less than the cooldown ago stays.
+fn cooldown_filter(p: &Policy, vm: &VmState) -> Result<(), Refusal> {
+    if vm.since_move_s < p.cooldown_s {
+        return Err(Refusal::Cooldown {
+            left_s: p.cooldown_s - vm.since_move_s,
+            cooldown_s: p.cooldown_s,
+        });
+    }
+    Ok(())
+}
+
+/// The best move must gain more than its cost by the margin, and a
+/// share of the horizon worth its risk.
+fn margin_filter(p: &Policy, lost_here: f64, best: &Weighed) -> Result<(), Refusal> {
+    let gain = lost_here - best.lost_there;
+    if gain <= best.cost.lost_s * p.margin
+        || gain < p.min_gain_share * p.horizon_s
+        || best.score() >= lost_here
+    {
+        return Err(Refusal::GainTooSmall {
+            gain_s: gain,
+            cost_s: best.cost.lost_s,
+            horizon_s: p.horizon_s,
+            margin: p.margin,
+        });
+    }
+    Ok(())
+}
+
+/// Locality (seeds 000/001): every guest not already moved by a forced
+/// pass, once triggered and out of its cooldown, takes the move (VM to its
+/// disk, disk to the VM, both to a third site) that loses least, when it
+/// pays by the margin and the limits let it.
+fn locality(
+    c: &Cluster,
+    p: &Policy,
+    st: &mut Planning,
+    triggers: &mut Triggers,
+    now: f64,
+) -> Result<(), ClusterError> {
+    for vm in &c.vms {
+        if st.moved.contains(&vm.name) || !triggers.observe(p, vm, now) {
+            continue;
+        }
+        if let Err(r) = cooldown_filter(p, vm) {
+            st.refuse(&vm.name, None, None, r);
+            continue;
+        }
+        let here = c.link(&vm.placement.host_site, &vm.placement.disk_site)?;
+        let lost_here = access_cost(vm, c, here.rtt_ms, here.bandwidth, p.horizon_s)?.lost_s;
+        let mut passed: Vec<Weighed> = Vec::new();
+        for (action, to) in options(c, vm) {
+            let l = c.link(&to.host_site, &to.disk_site)?;
+            let w = Weighed {
+                action,
+                cost: cost_of(c, vm, action, &to)?,
+                lost_there: access_cost(vm, c, l.rtt_ms, l.bandwidth, p.horizon_s)?.lost_s,
+                to,
+            };
+            let k = Check {
+                p,
+                sites: &st.sites,
+                held: st.held,
+                vm,
+                action,
+                to: &w.to,
+                cost: &w.cost,
+            };
+            match FILTERS.iter().try_for_each(|f| f(&k)) {
+                Ok(()) => passed.push(w),
+                Err(r) => st.weighed(&vm.name, action, &w.to, r),
+            }
+        }
+        passed.sort_by(|a, b| a.score().total_cmp(&b.score()));
+        let Some(best) = passed.first().cloned() else {
+            continue;
+        };
+        for w in &passed[1..] {
+            let r = Refusal::Outscored {
+                by: best.action,
+                to: best.to.clone(),
+                lost_s: w.score(),
+                best_lost_s: best.score(),
+            };
+            st.weighed(&vm.name, w.action, &w.to, r);
+        }
+        if let Err(r) = margin_filter(p, lost_here, &best) {
+            if lost_here > 1.0 {
+                st.refuse(&vm.name, Some(best.action), Some(&best.to), r);
+            } else {
+                st.weighed(&vm.name, best.action, &best.to, r);
+            }
+            continue;
+        }
+        if let Err(r) = st.take_slot(p, &vm.placement, &best.to) {
+            st.refuse(&vm.name, Some(best.action), Some(&best.to), r);
+            continue;
+        }
+        let (action, to, cost) = (best.action, best.to, best.cost);
+        let reason = format!(
+            "disk {:.1} ms away costs {lost_here:.1} s of {:.0} s; with {to} it would cost {:.1} s; the {action} costs {:.1} s ({:.0} MB, {:.1} s, pause {:.0} ms)",
+            here.rtt_ms,
+            p.horizon_s,
+            best.lost_there,
+            cost.lost_s,
+            cost.bytes / 1e6,
+            cost.seconds,
+            cost.pause_s * 1000.0
+        );
+        st.choose(
+            Decision {
+                vm: vm.name.clone(),
+                action,
+                from: vm.placement.clone(),
+                to,
+                lost_here_s: lost_here,
+                lost_there_s: best.lost_there,
+                cost,
+                reason,
+                forced: false,
+                burst_from: None,
+            },
+            vm.load.cpu,
+        );
+    }
+    Ok(())
+}
+
+/// The link a move is counted against: between the guest's host sites,
+/// or its disk's when the guest stays (sites in name order).
+fn link_of(from: &Placement, to: &Placement) -> (String, String) {
+    let (a, b) = if from.host_site == to.host_site {
+        (&from.disk_site, &to.disk_site)
+    } else {
+        (&from.host_site, &to.host_site)
+    };
+    if a < b {
+        (a.clone(), b.clone())
+    } else {
+        (b.clone(), a.clone())
+    }
+}
+
+/// The sites a move takes part in: those something leaves or reaches.
+fn sites_of(from: &Placement, to: &Placement) -> BTreeSet<String> {
+    let mut s = BTreeSet::new();
+    if from.host_site != to.host_site {
+        s.insert(from.host_site.clone());
+        s.insert(to.host_site.clone());
+    }
+    if from.disk_site != to.disk_site {
+        s.insert(from.disk_site.clone());
+        s.insert(to.disk_site.clone());
+    }
+    s
+}
+
 /// What the passes of one plan share: the sites' load as moves are
-/// planned, the moves planned per link, the guests a pass already moved
-/// (later passes leave them alone), and the plan so far.
-struct Planning {
+/// planned, the moves counted per link and per site (those in flight
+/// first), the guests a pass already moved or that are moving (later
+/// passes leave them alone), the moves held back, and the plan so far.
+struct Planning<'a> {
     sites: SiteLoad,
     per_link: BTreeMap<(String, String), usize>,
+    per_site: BTreeMap<String, usize>,
     moved: BTreeSet<String>,
+    held: &'a [HeldMove],
     plan: Plan,
+}
+
+impl<'a> Planning<'a> {
+    fn new(c: &Cluster, p: &Policy, cm: &'a Commitments) -> Planning<'a> {
+        let mut st = Planning {
+            sites: SiteLoad::new(c, p),
+            per_link: BTreeMap::new(),
+            per_site: BTreeMap::new(),
+            moved: BTreeSet::new(),
+            held: &cm.held,
+            plan: Plan::default(),
+        };
+        for m in &cm.in_flight {
+            st.count(&m.from, &m.to);
+            if let Some(v) = c.vms.iter().find(|v| v.name == m.vm) {
+                // Counted where it goes while the snapshot still has it
+                // where it was.
+                if v.placement.host_site == m.from.host_site {
+                    st.sites
+                        .shift(&m.from.host_site, &m.to.host_site, v.load.cpu);
+                }
+            }
+            st.moved.insert(m.vm.clone());
+            let r = Refusal::InFlight {
+                action: m.action,
+                to: m.to.clone(),
+            };
+            st.plan
+                .candidates
+                .push(Candidate::new(&m.vm, None, None, Some(r)));
+        }
+        st
+    }
+
+    fn count(&mut self, from: &Placement, to: &Placement) {
+        *self.per_link.entry(link_of(from, to)).or_default() += 1;
+        for s in sites_of(from, to) {
+            *self.per_site.entry(s).or_default() += 1;
+        }
+    }
+
+    /// Count a move against the limits per link and per site, or say
+    /// which one it would break.
+    fn take_slot(&mut self, p: &Policy, from: &Placement, to: &Placement) -> Result<(), Refusal> {
+        let (a, b) = link_of(from, to);
+        let moves = self.per_link.get(&(a.clone(), b.clone())).copied();
+        let moves = moves.unwrap_or(0);
+        if moves >= p.max_moves_per_link {
+            return Err(Refusal::LinkLimit {
+                a,
+                b,
+                moves,
+                limit: p.max_moves_per_link,
+            });
+        }
+        for site in sites_of(from, to) {
+            let moves = self.per_site.get(&site).copied().unwrap_or(0);
+            if moves >= p.max_moves_per_site {
+                return Err(Refusal::SiteLimit {
+                    site,
+                    moves,
+                    limit: p.max_moves_per_site,
+                });
+            }
+        }
+        self.count(from, to);
+        Ok(())
+    }
+
+    /// A guest left where it is: said in the account and kept among the
+    /// candidates.
+    fn refuse(&mut self, vm: &str, action: Option<Action>, to: Option<&Placement>, r: Refusal) {
+        let cand = Candidate::new(vm, action, to, Some(r.clone()));
+        let reason = cand
+            .line
+            .strip_prefix(&format!("{vm}: "))
+            .unwrap_or(&cand.line)
+            .to_string();
+        self.plan.skipped.push(Skip {
+            vm: vm.into(),
+            reason,
+            refusal: r,
+        });
+        self.plan.candidates.push(cand);
+    }
+
+    /// One of a guest's moves refused while another may still be taken.
+    fn weighed(&mut self, vm: &str, action: Action, to: &Placement, r: Refusal) {
+        self.plan
+            .candidates
+            .push(Candidate::new(vm, Some(action), Some(to), Some(r)));
+    }
+
+    /// A move taken: later passes leave its guest alone and see the CPU
+    /// where it goes.
+    fn choose(&mut self, d: Decision, cpu: f64) {
+        self.sites.shift(&d.from.host_site, &d.to.host_site, cpu);
+        self.moved.insert(d.vm.clone());
+        self.plan
+            .candidates
+            .push(Candidate::new(&d.vm, Some(d.action), Some(&d.to), None));
+        self.plan.decisions.push(d);
+    }
 }
 
 /// The CPU the guests use at each site, kept up to date as moves are
@@ -497,33 +804,8 @@ impl SiteLoad {
     }
 }
 
-/// Count a move against the per-link cap (links between the guest's host
-/// site and where it goes).
-fn take_link(
-    per_link: &mut BTreeMap<(String, String), usize>,
-    p: &Policy,
-    from: &Placement,
-    to: &Placement,
-) -> Result<(), String> {
-    let (a, b) = (from.host_site.clone(), to.host_site.clone());
-    let (a, b) = if a == b {
-        (from.disk_site.clone(), to.disk_site.clone())
-    } else {
-        (a, b)
-    };
-    let key = if a < b { (a, b) } else { (b, a) };
-    let n = per_link.entry(key.clone()).or_default();
-    if *n >= p.max_moves_per_link {
-        return Err(format!(
-            "link {}-{} already has {} moves planned",
-            key.0, key.1, n
-        ));
-    }
-    *n += 1;
-    Ok(())
-}
-
-/// A forced move's decision (maintenance, bursting).
+/// A forced move's decision (maintenance, bursting, coming home), unless
+/// it would not converge.
 fn forced(
     c: &Cluster,
     p: &Policy,
@@ -531,12 +813,10 @@ fn forced(
     action: Action,
     to: Placement,
     reason: String,
-) -> Result<Result<Decision, String>, ClusterError> {
+) -> Result<Result<Decision, Refusal>, ClusterError> {
     let cost = cost_of(c, vm, action, &to)?;
     if !cost.converges {
-        return Ok(Err(format!(
-            "a {action} to {to} would not converge (dirty rate above the link's)"
-        )));
+        return Ok(Err(Refusal::NotConverging));
     }
     let here = c.link(&vm.placement.host_site, &vm.placement.disk_site)?;
     let there = c.link(&to.host_site, &to.disk_site)?;
@@ -554,26 +834,44 @@ fn forced(
     }))
 }
 
+/// Take a forced move through the filters a forced move still answers to
+/// (converges, backoff, the limits): the decision, or its refusal.
+fn take_forced(
+    c: &Cluster,
+    p: &Policy,
+    st: &mut Planning,
+    vm: &VmState,
+    (action, to): (Action, Placement),
+    reason: String,
+) -> Result<Option<Decision>, ClusterError> {
+    let refused = |st: &mut Planning, r| {
+        st.refuse(&vm.name, Some(action), Some(&to), r);
+        Ok(None)
+    };
+    if let Err(r) = held_back(st.held, &vm.name, action, &to) {
+        return refused(st, r);
+    }
+    let d = match forced(c, p, vm, action, to.clone(), reason)? {
+        Ok(d) => d,
+        Err(r) => return refused(st, r),
+    };
+    if let Err(r) = st.take_slot(p, &vm.placement, &to) {
+        return refused(st, r);
+    }
+    Ok(Some(d))
+}
+
 /// Sites in maintenance: every guest running there goes to its disk's
 /// site if that can take it, else (and every guest whose disk is there)
 /// to the nearest site with room, disk and all.
 fn drain(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError> {
-    let Planning {
-        sites,
-        per_link,
-        moved,
-        plan,
-    } = st;
     for vm in &c.vms {
         let (h, d) = (&vm.placement.host_site, &vm.placement.disk_site);
-        if !sites.draining(h) && !sites.draining(d) {
+        if (!st.sites.draining(h) && !st.sites.draining(d)) || st.moved.contains(&vm.name) {
             continue;
         }
-        moved.insert(vm.name.clone());
-        let skip = |r: String| Skip {
-            vm: vm.name.clone(),
-            reason: r,
-        };
+        st.moved.insert(vm.name.clone());
+        let sites = &st.sites;
         let nearest = |from: &str| {
             let mut near: Vec<(f64, &str)> = c
                 .sites
@@ -591,60 +889,35 @@ fn drain(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError>
             near.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
             near.first().map(|(_, s)| (*s).to_string())
         };
+        let at = |host: String, disk: String| Placement {
+            host_site: host,
+            disk_site: disk,
+        };
         let choice = if !sites.draining(h) {
             // Only the disk's site drains: the disk comes to the guest.
-            Some((
-                Action::MoveDisk,
-                Placement {
-                    host_site: h.clone(),
-                    disk_site: h.clone(),
-                },
-            ))
+            Some((Action::MoveDisk, at(h.clone(), h.clone())))
         } else if !sites.draining(d) {
             // The guest alone, to the site nearest its disk that has room
             // (the disk's own first).
-            nearest(d).map(|s| {
-                (
-                    Action::MoveVm,
-                    Placement {
-                        host_site: s,
-                        disk_site: d.clone(),
-                    },
-                )
-            })
+            nearest(d).map(|s| (Action::MoveVm, at(s, d.clone())))
         } else {
             // Both drain: guest and disk to the nearest site with room.
-            nearest(h).map(|s| {
-                (
-                    Action::Teleport,
-                    Placement {
-                        host_site: s.clone(),
-                        disk_site: s,
-                    },
-                )
-            })
+            nearest(h).map(|s| (Action::Teleport, at(s.clone(), s)))
         };
-        let Some((action, to)) = choice else {
-            plan.skipped.push(skip(format!(
-                "site {} is in maintenance, but no linked site has room for it",
-                if sites.draining(h) { h } else { d }
-            )));
+        let draining = if sites.draining(h) { h } else { d };
+        let Some(choice) = choice else {
+            let r = Refusal::NowhereToGo {
+                draining: draining.clone(),
+            };
+            st.refuse(&vm.name, None, None, r);
             continue;
         };
-        if let Err(why) = take_link(per_link, p, &vm.placement, &to) {
-            plan.skipped.push(skip(why));
-            continue;
-        }
         let why = format!(
-            "site {} is in maintenance: a {action} to {to}",
-            if sites.draining(h) { h } else { d },
+            "site {draining} is in maintenance: a {} to {}",
+            choice.0, choice.1
         );
-        match forced(c, p, vm, action, to.clone(), why)? {
-            Ok(dec) => {
-                sites.shift(h, &to.host_site, vm.load.cpu);
-                plan.decisions.push(dec);
-            }
-            Err(why) => plan.skipped.push(skip(why)),
+        if let Some(dec) = take_forced(c, p, st, vm, choice, why)? {
+            st.choose(dec, vm.load.cpu);
         }
     }
     Ok(())
@@ -655,26 +928,18 @@ fn drain(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError>
 /// their disk being remote first (per CPU they free), until it is back
 /// under the threshold.
 fn burst(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError> {
-    let Planning {
-        sites,
-        per_link,
-        moved,
-        plan,
-    } = st;
     for site in &c.sites {
         let s = site.name.as_str();
-        if sites.draining(s) || sites.used(s) <= site.cpu_capacity * p.burst_above {
+        if st.sites.draining(s) || st.sites.used(s) <= site.cpu_capacity * p.burst_above {
             continue;
         }
         // Candidates, each with where it would go and what it would lose
         // there per CPU it frees.
         let mut cands: Vec<(f64, &VmState)> = Vec::new();
-        for vm in c
-            .vms
-            .iter()
-            .filter(|v| v.placement.host_site == s && !moved.contains(&v.name) && v.load.cpu > 0.0)
-        {
-            let Some(t) = sites.roomiest(c, s, vm.load.cpu, p) else {
+        for vm in c.vms.iter().filter(|v| {
+            v.placement.host_site == s && !st.moved.contains(&v.name) && v.load.cpu > 0.0
+        }) {
+            let Some(t) = st.sites.roomiest(c, s, vm.load.cpu, p) else {
                 continue;
             };
             let l = c.link(&t.name, &vm.placement.disk_site)?;
@@ -683,27 +948,20 @@ fn burst(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError>
         }
         cands.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
         for (_, vm) in cands {
-            if sites.used(s) <= site.cpu_capacity * p.burst_above {
+            if st.sites.used(s) <= site.cpu_capacity * p.burst_above {
                 break;
             }
             // The room may have changed with the moves planned before.
-            let Some(t) = sites.roomiest(c, s, vm.load.cpu, p) else {
+            let Some(t) = st.sites.roomiest(c, s, vm.load.cpu, p) else {
                 break;
             };
             let to = Placement {
                 host_site: t.name.clone(),
                 disk_site: vm.placement.disk_site.clone(),
             };
-            if let Err(why) = take_link(per_link, p, &vm.placement, &to) {
-                plan.skipped.push(Skip {
-                    vm: vm.name.clone(),
-                    reason: why,
-                });
-                continue;
-            }
             let why = format!(
                 "site {s} uses {:.1} of {:.0} CPUs (above {:.0}%): {} ({:.2} CPU) bursts to {}, its disk stays at {}",
-                sites.used(s),
+                st.sites.used(s),
                 site.cpu_capacity,
                 p.burst_above * 100.0,
                 vm.name,
@@ -711,19 +969,11 @@ fn burst(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError>
                 to.host_site,
                 to.disk_site
             );
-            match forced(c, p, vm, Action::MoveVm, to.clone(), why)? {
-                Ok(mut dec) => {
-                    // Its home is where it burst from, unless it had
-                    // burst before and is only moving on.
-                    dec.burst_from = Some(vm.home_site.clone().unwrap_or_else(|| s.to_string()));
-                    moved.insert(vm.name.clone());
-                    sites.shift(s, &to.host_site, vm.load.cpu);
-                    plan.decisions.push(dec);
-                }
-                Err(why) => plan.skipped.push(Skip {
-                    vm: vm.name.clone(),
-                    reason: why,
-                }),
+            if let Some(mut dec) = take_forced(c, p, st, vm, (Action::MoveVm, to), why)? {
+                // Its home is where it burst from, unless it had burst
+                // before and is only moving on.
+                dec.burst_from = Some(vm.home_site.clone().unwrap_or_else(|| s.to_string()));
+                st.choose(dec, vm.load.cpu);
             }
         }
     }
@@ -851,61 +1101,40 @@ pub fn place_new(c: &Cluster, p: &Policy, g: &NewGuest) -> Result<NewPlacement, 
 /// straight out again), VM only, after their cooldown; whether bursting is
 /// still on or not.
 fn return_home(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError> {
-    let Planning {
-        sites,
-        per_link,
-        moved,
-        plan,
-    } = st;
     for vm in &c.vms {
         let Some(home) = vm.home_site.as_deref() else {
             continue;
         };
-        if moved.contains(&vm.name) {
-            continue;
-        }
-        if home == vm.placement.host_site || c.sites.iter().all(|s| s.name != home) {
-            continue;
-        }
-        let skip = |r: String| Skip {
-            vm: vm.name.clone(),
-            reason: r,
-        };
-        if !sites.fits(home, vm.load.cpu, p) {
-            plan.skipped.push(skip(format!(
-                "burst from {home}, which has no room for it yet ({:.1} of {:.1} CPUs used)",
-                sites.used(home),
-                sites.limit(home, p)
-            )));
-            continue;
-        }
-        if vm.since_move_s < p.cooldown_s {
-            plan.skipped.push(skip(format!(
-                "burst from {home}, moved {:.0} s ago (cooldown {:.0} s)",
-                vm.since_move_s, p.cooldown_s
-            )));
+        if st.moved.contains(&vm.name)
+            || home == vm.placement.host_site
+            || c.sites.iter().all(|s| s.name != home)
+        {
             continue;
         }
         let to = Placement {
             host_site: home.to_string(),
             disk_site: vm.placement.disk_site.clone(),
         };
-        if let Err(why) = take_link(per_link, p, &vm.placement, &to) {
-            plan.skipped.push(skip(why));
+        if !st.sites.fits(home, vm.load.cpu, p) {
+            let r = Refusal::HomeFull {
+                home: home.into(),
+                used_cpu: st.sites.used(home),
+                limit_cpu: st.sites.limit(home, p),
+            };
+            st.refuse(&vm.name, Some(Action::MoveVm), Some(&to), r);
+            continue;
+        }
+        if let Err(r) = cooldown_filter(p, vm) {
+            st.refuse(&vm.name, Some(Action::MoveVm), Some(&to), r);
             continue;
         }
         let why = format!(
             "burst from {home}, which has room again ({:.1} of {:.1} CPUs used): back home",
-            sites.used(home),
-            sites.limit(home, p)
+            st.sites.used(home),
+            st.sites.limit(home, p)
         );
-        match forced(c, p, vm, Action::MoveVm, to.clone(), why)? {
-            Ok(dec) => {
-                moved.insert(vm.name.clone());
-                sites.shift(&vm.placement.host_site, home, vm.load.cpu);
-                plan.decisions.push(dec);
-            }
-            Err(why) => plan.skipped.push(skip(why)),
+        if let Some(dec) = take_forced(c, p, st, vm, (Action::MoveVm, to), why)? {
+            st.choose(dec, vm.load.cpu);
         }
     }
     Ok(())
@@ -922,6 +1151,129 @@ mod tests {
 
     fn vm(name: &str, iops: f64, rtt: f64) -> VmState {
         crate::fixtures::remote_vm(name, iops, 0.3 + rtt)
+    }
+
+    /// Each filter alone, on one guest at `a` (disk at `b`) and a
+    /// teleport of it to `b`.
+    #[test]
+    fn each_filter_refuses_with_its_own_reason() {
+        let v = vm("web", 55.0, 16.0);
+        let c = cluster(16.0, vec![v.clone()]);
+        let to = Placement {
+            host_site: "b".into(),
+            disk_site: "b".into(),
+        };
+        let cost = cost_of(&c, &v, Action::Teleport, &to).unwrap();
+        let p = Policy::default();
+        let sites = SiteLoad::new(&c, &p);
+        let k = Check {
+            p: &p,
+            sites: &sites,
+            held: &[],
+            vm: &v,
+            action: Action::Teleport,
+            to: &to,
+            cost: &cost,
+        };
+        for f in FILTERS {
+            assert_eq!(f(&k), Ok(()), "a plain move passes every filter");
+        }
+        let draining = Policy {
+            maintenance: vec!["b".into()],
+            ..Policy::default()
+        };
+        let d_sites = SiteLoad::new(&c, &draining);
+        let r = drain_filter(&Check {
+            sites: &d_sites,
+            ..k
+        });
+        assert_eq!(r, Err(Refusal::Draining { site: "b".into() }));
+        let mut big = v.clone();
+        big.load.cpu = 9.0;
+        let r = room_filter(&Check { vm: &big, ..k }).unwrap_err();
+        assert!(
+            matches!(r, Refusal::NoRoom { cpu, .. } if cpu == 9.0),
+            "{r:?}"
+        );
+        let stuck = MoveCost {
+            converges: false,
+            ..cost
+        };
+        assert_eq!(
+            converges_filter(&Check { cost: &stuck, ..k }),
+            Err(Refusal::NotConverging)
+        );
+        let held = [HeldMove {
+            vm: "web".into(),
+            action: Action::Teleport,
+            to: "b/b".into(),
+            failures: 2,
+            reason: "refused".into(),
+            retry_in_s: 30.0,
+        }];
+        assert!(matches!(
+            backoff_filter(&Check { held: &held, ..k }),
+            Err(Refusal::HeldBack { failures: 2, .. })
+        ));
+        let mut recent = v.clone();
+        recent.since_move_s = 88.0;
+        assert_eq!(
+            cooldown_filter(&p, &recent),
+            Err(Refusal::Cooldown {
+                left_s: 212.0,
+                cooldown_s: 300.0
+            })
+        );
+        let w = Weighed {
+            action: Action::Teleport,
+            to: to.clone(),
+            cost,
+            lost_there: 0.0,
+        };
+        assert!(margin_filter(&p, 500.0, &w).is_ok());
+        assert!(matches!(
+            margin_filter(&p, w.cost.lost_s * 1.2, &w),
+            Err(Refusal::GainTooSmall { .. })
+        ));
+    }
+
+    #[test]
+    fn moves_in_flight_hold_their_slots_and_their_guests_are_left_alone() {
+        let vms: Vec<VmState> = (0..4).map(|i| vm(&format!("v{i}"), 55.0, 16.0)).collect();
+        let c = cluster(16.0, vms);
+        let to = Placement {
+            host_site: "b".into(),
+            disk_site: "b".into(),
+        };
+        let cm = Commitments {
+            in_flight: vec![InFlightMove {
+                vm: "v0".into(),
+                action: Action::MoveVm,
+                from: c.vms[0].placement.clone(),
+                to,
+                started_s: 0.0,
+            }],
+            held: Vec::new(),
+        };
+        let p = Policy::default();
+        let pl = plan_around(&c, &p, &mut Triggers::default(), 0.0, &cm).unwrap();
+        assert_eq!(pl.decisions.len(), 1, "one slot of two left: {pl:?}");
+        assert!(pl.decisions.iter().all(|d| d.vm != "v0"));
+        let site_limited = Policy {
+            max_moves_per_site: 1,
+            ..Policy::default()
+        };
+        let pl = plan_around(&c, &site_limited, &mut Triggers::default(), 0.0, &cm).unwrap();
+        assert!(pl.decisions.is_empty());
+        assert!(pl
+            .skipped
+            .iter()
+            .all(|s| matches!(s.refusal, Refusal::SiteLimit { limit: 1, .. })));
+        assert!(
+            pl.skipped[0].reason.contains("per-site limit"),
+            "{:?}",
+            pl.skipped
+        );
     }
 
     #[test]

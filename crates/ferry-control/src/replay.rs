@@ -1,7 +1,8 @@
 //! A real cluster replayed in simulation: from a snapshot the controller
 //! measured (`ferry control plan --save-snapshot`), with the links' RTTs
-//! changed at the times a real run changed them, the same
-//! [`policy::plan`](crate::policy::plan) decides at every tick. Each
+//! changed at the times a real run changed them, the controller's own
+//! core ([`cycle::drive`](crate::cycle::drive)) decides at every tick,
+//! moves in flight counted as the service counts them. Each
 //! guest's load follows its placement through the model: its per-request
 //! latency from [`latency_at`], its request rate scaled by the access
 //! rate of [`access_cost`] (both against what the snapshot measured), so
@@ -11,8 +12,9 @@
 //! new placement once it has ended.
 
 use crate::cluster::{Cluster, ClusterError, Placement, VmState};
+use crate::cycle::{drive, ControllerCore, DriveError, Ended, NoJournal, World};
 use crate::model::{access_cost, latency_at};
-use crate::policy::{plan, Action, Policy, Triggers};
+use crate::policy::{Action, Decision, Policy};
 use serde::{Deserialize, Serialize};
 
 /// A link's RTT set to `rtt_ms` at `at_s` seconds into the replay.
@@ -105,75 +107,121 @@ pub fn replay(
     let mut changes = changes.to_vec();
     changes.sort_by(|x, y| x.at_s.total_cmp(&y.at_s));
     let mut due = changes.iter().peekable();
-    let mut c = snapshot.clone();
-    let mut triggers = Triggers::default();
-    let mut out = Replay {
-        ticks: Vec::with_capacity(ticks),
+    let mut core = ControllerCore::default();
+    let mut w = Replayed {
+        c: snapshot.clone(),
         moves: Vec::new(),
+        pending: Vec::new(),
+        done: Vec::new(),
     };
-    // Moves decided and not yet ended: (index into `out.moves`).
-    let mut pending: Vec<usize> = Vec::new();
+    let mut out_ticks = Vec::with_capacity(ticks);
     for tick in 0..ticks {
         #[allow(clippy::cast_precision_loss)]
         let now = tick as f64 * tick_s;
         while let Some(ch) = due.next_if(|ch| ch.at_s <= now) {
-            for l in &mut c.links {
+            for l in &mut w.c.links {
                 if (l.a == ch.a && l.b == ch.b) || (l.a == ch.b && l.b == ch.a) {
                     l.rtt_ms = ch.rtt_ms;
                 }
             }
         }
-        pending.retain(|&i| {
-            let m = &out.moves[i];
+        w.arrive(now);
+        let c = &mut w.c;
+        let guests = snapshot
+            .vms
+            .iter()
+            .zip(&c.vms)
+            .map(|(base, v)| follow(base, snapshot, c, &v.placement))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (v, g) in c.vms.iter_mut().zip(&guests) {
+            v.load.iops = g.iops;
+            v.load.latency_ms = g.latency_ms;
+        }
+        out_ticks.push(ReplayTick { t_s: now, guests });
+        match drive(&mut core, &mut w, &mut NoJournal, policy, now, true) {
+            Ok(_) => {}
+            Err(DriveError::Plan(e)) => return Err(e),
+            Err(DriveError::Measure(e)) => unreachable!("the replay measures itself: {e}"),
+        }
+        for v in &mut w.c.vms {
+            v.since_move_s += tick_s;
+        }
+    }
+    Ok(Replay {
+        ticks: out_ticks,
+        moves: w.moves,
+    })
+}
+
+/// The replayed cluster as the core's world: a move takes its predicted
+/// time, its guest's I/O follows the new placement once it has ended.
+struct Replayed {
+    c: Cluster,
+    moves: Vec<ReplayMove>,
+    /// Moves decided and not yet ended (indices into `moves`).
+    pending: Vec<usize>,
+    done: Vec<Ended>,
+}
+
+impl Replayed {
+    /// The moves due by `now` take effect.
+    fn arrive(&mut self, now: f64) {
+        let (moves, c, done) = (&self.moves, &mut self.c, &mut self.done);
+        self.pending.retain(|&i| {
+            let m = &moves[i];
             if m.ends_s > now {
                 return true;
             }
             if let Some(v) = c.vms.iter_mut().find(|v| v.name == m.vm) {
                 v.placement = m.to.clone();
             }
+            done.push(Ended {
+                vm: m.vm.clone(),
+                completed: true,
+                reason: None,
+                at_s: m.ends_s,
+            });
             false
         });
-        let guests = snapshot
-            .vms
-            .iter()
-            .zip(&c.vms)
-            .map(|(base, v)| follow(base, snapshot, &c, &v.placement))
-            .collect::<Result<Vec<_>, _>>()?;
-        for (v, g) in c.vms.iter_mut().zip(&guests) {
-            v.load.iops = g.iops;
-            v.load.latency_ms = g.latency_ms;
-        }
-        out.ticks.push(ReplayTick { t_s: now, guests });
-        let p = plan(&c, policy, &mut triggers, now)?;
-        for d in p.decisions {
-            let Some(v) = c.vms.iter_mut().find(|v| v.name == d.vm) else {
-                continue;
-            };
-            v.since_move_s = 0.0;
-            v.home_site = crate::cluster::home_after_move(
-                v.home_site.take(),
-                d.burst_from.as_deref(),
-                &d.to.host_site,
-            );
-            pending.push(out.moves.len());
-            out.moves.push(ReplayMove {
-                decided_s: now,
-                ends_s: now + d.cost.seconds,
-                vm: d.vm,
-                action: d.action,
-                from: d.from,
-                to: d.to,
-                bytes: d.cost.bytes,
-                seconds: d.cost.seconds,
-                pause_s: d.cost.pause_s,
-                reason: d.reason,
-            });
-        }
-        for v in &mut c.vms {
-            v.since_move_s += tick_s;
-        }
     }
-    Ok(out)
+}
+
+impl World for Replayed {
+    fn measure(&mut self, _now: f64) -> Result<Cluster, String> {
+        Ok(self.c.clone())
+    }
+
+    fn start(&mut self, d: &Decision, now: f64) -> Result<(), String> {
+        let Some(v) = self.c.vms.iter_mut().find(|v| v.name == d.vm) else {
+            return Err(format!("no guest {}", d.vm));
+        };
+        v.since_move_s = 0.0;
+        v.home_site = crate::cluster::home_after_move(
+            v.home_site.take(),
+            d.burst_from.as_deref(),
+            &d.to.host_site,
+        );
+        self.pending.push(self.moves.len());
+        self.moves.push(ReplayMove {
+            decided_s: now,
+            ends_s: now + d.cost.seconds,
+            vm: d.vm.clone(),
+            action: d.action,
+            from: d.from.clone(),
+            to: d.to.clone(),
+            bytes: d.cost.bytes,
+            seconds: d.cost.seconds,
+            pause_s: d.cost.pause_s,
+            reason: d.reason.clone(),
+        });
+        Ok(())
+    }
+
+    fn cancel(&mut self, _vm: &str, _why: &str) {}
+
+    fn ended(&mut self, _now: f64) -> Vec<Ended> {
+        std::mem::take(&mut self.done)
+    }
 }
 
 /// What guest `base` (as the snapshot measured it) does at `placement`

@@ -1,4 +1,5 @@
-//! A simulated cluster driven through the very same [`policy::plan`]:
+//! A simulated cluster driven through the controller's own core
+//! ([`cycle::drive`](crate::cycle::drive), the service's step):
 //! sites in a ring of distances, VMs that switch between I/O-bound and
 //! CPU-bound phases, disks placed away from their VMs at the start. Each
 //! tick the VMs' load is what their placement lets them do (a closed-loop
@@ -15,8 +16,9 @@
 //! site took to empty.
 
 use crate::cluster::{Cluster, Link, Placement, Site, VmLoad, VmState};
+use crate::cycle::{drive, ControllerCore, Ended, NoJournal, World};
 use crate::model::access_cost;
-use crate::policy::{plan, Action, Policy, Triggers};
+use crate::policy::{Action, Decision, Policy};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::time::Instant;
@@ -219,7 +221,8 @@ pub fn run(cfg: &SimConfig, name: &str, policy: Option<&Policy>) -> SimResult {
     let all_cpus: f64 = c.sites.iter().map(|s| s.cpu_capacity).sum();
     let mut policy = policy.cloned();
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ 0x5eed);
-    let mut triggers = Triggers::default();
+    let mut core = ControllerCore::default();
+    let mut done = Vec::new();
     let mut r = SimResult {
         policy: name.into(),
         lost_s: 0.0,
@@ -271,28 +274,14 @@ pub fn run(cfg: &SimConfig, name: &str, policy: Option<&Policy>) -> SimResult {
         let t = Instant::now();
         #[allow(clippy::cast_precision_loss)]
         let now = tick as f64 * cfg.tick_s;
-        let pl = plan(&c, p, &mut triggers, now).expect("a consistent simulated cluster");
+        let mut world = Simulated {
+            c: &mut c,
+            r: &mut r,
+            done: &mut done,
+        };
+        drive(&mut core, &mut world, &mut NoJournal, p, now, true)
+            .expect("a consistent simulated cluster");
         r.max_cycle_ms = r.max_cycle_ms.max(t.elapsed().as_secs_f64() * 1000.0);
-        for d in pl.decisions {
-            let Some(v) = c.vms.iter_mut().find(|v| v.name == d.vm) else {
-                continue;
-            };
-            v.placement = d.to.clone();
-            v.since_move_s = 0.0;
-            v.home_site = crate::cluster::home_after_move(
-                v.home_site.take(),
-                d.burst_from.as_deref(),
-                &v.placement.host_site,
-            );
-            r.lost_s += d.cost.lost_s;
-            r.bytes_moved += d.cost.bytes;
-            r.moves += 1;
-            match d.action {
-                Action::MoveVm => r.vm_moves += 1,
-                Action::MoveDisk => r.disk_moves += 1,
-                Action::Teleport => r.teleports += 1,
-            }
-        }
         for v in &mut c.vms {
             v.since_move_s += cfg.tick_s;
         }
@@ -308,6 +297,55 @@ pub fn run(cfg: &SimConfig, name: &str, policy: Option<&Policy>) -> SimResult {
         }
     }
     r
+}
+
+/// The simulated cluster as the core's world: a move is carried out at
+/// once (its cost charged) and reported ended at the next step.
+struct Simulated<'a> {
+    c: &'a mut Cluster,
+    r: &'a mut SimResult,
+    done: &'a mut Vec<Ended>,
+}
+
+impl World for Simulated<'_> {
+    fn measure(&mut self, _now: f64) -> Result<Cluster, String> {
+        Ok(self.c.clone())
+    }
+
+    fn start(&mut self, d: &Decision, now: f64) -> Result<(), String> {
+        let Some(v) = self.c.vms.iter_mut().find(|v| v.name == d.vm) else {
+            return Err(format!("no guest {}", d.vm));
+        };
+        v.placement = d.to.clone();
+        v.since_move_s = 0.0;
+        v.home_site = crate::cluster::home_after_move(
+            v.home_site.take(),
+            d.burst_from.as_deref(),
+            &v.placement.host_site,
+        );
+        let r = &mut *self.r;
+        r.lost_s += d.cost.lost_s;
+        r.bytes_moved += d.cost.bytes;
+        r.moves += 1;
+        match d.action {
+            Action::MoveVm => r.vm_moves += 1,
+            Action::MoveDisk => r.disk_moves += 1,
+            Action::Teleport => r.teleports += 1,
+        }
+        self.done.push(Ended {
+            vm: d.vm.clone(),
+            completed: true,
+            reason: None,
+            at_s: now,
+        });
+        Ok(())
+    }
+
+    fn cancel(&mut self, _vm: &str, _why: &str) {}
+
+    fn ended(&mut self, _now: f64) -> Vec<Ended> {
+        std::mem::take(self.done)
+    }
 }
 
 /// Every policy on the same cluster and traces.

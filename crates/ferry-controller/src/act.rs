@@ -1,15 +1,21 @@
-//! Carrying out one decision through the hosts' move API, and what came
-//! of it beside what the model predicted.
+//! Carrying out decisions through the hosts' move API (a move started,
+//! then followed to its end), and what came of each beside what the model
+//! predicted; [`OneShot`] is `ferry control plan --apply`'s world.
 
 use ferry_api::{AdminClient, MigrationId, VmMigrateRequest, VmMovePhase};
+use ferry_control::cycle::{Ended, World};
 use ferry_control::inventory::Inventory;
 use ferry_control::policy::{Action, Decision};
+use ferry_control::Cluster;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// The longest a move may run before the controller stops waiting.
-pub const MOVE_LIMIT: Duration = Duration::from_secs(900);
+/// The longest a move is followed before the controller stops waiting
+/// (the core asks to cancel it at [`ferry_control::cycle::MOVE_LIMIT_S`],
+/// a minute before).
+pub const MOVE_LIMIT: Duration = Duration::from_secs(960);
 
 /// A move's end, measured, beside its prediction.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -125,14 +131,9 @@ fn request(inv: &Inventory, c: &AdminClient, d: &Decision) -> Result<VmMigrateRe
     Ok(req)
 }
 
-/// Ask the host at `control` to carry out `d`. Ok: the move's id there
-/// and the outcome to fill in; Err: the outcome of a move that never started.
-pub fn start(
-    inv: &Inventory,
-    control: &str,
-    d: &Decision,
-) -> Result<(MigrationId, MoveOutcome), Box<MoveOutcome>> {
-    let mut out = MoveOutcome {
+/// The outcome of `d` before it runs (`not started`, with `reason`).
+pub fn not_started(d: &Decision, reason: Option<String>) -> MoveOutcome {
+    MoveOutcome {
         vm: d.vm.clone(),
         action: d.action,
         to_host_site: d.to.host_site.clone(),
@@ -145,9 +146,19 @@ pub fn start(
         bytes: 0.0,
         predicted_bytes: d.cost.bytes,
         guest_pause_ms: None,
-        reason: None,
+        reason,
         burst_from: d.burst_from.clone(),
-    };
+    }
+}
+
+/// Ask the host at `control` to carry out `d`. Ok: the move's id there
+/// and the outcome to fill in; Err: the outcome of a move that never started.
+pub fn start(
+    inv: &Inventory,
+    control: &str,
+    d: &Decision,
+) -> Result<(MigrationId, MoveOutcome), Box<MoveOutcome>> {
+    let mut out = not_started(d, None);
     let c = AdminClient::for_host(control).limited(crate::measure::HOST_CALL_LIMIT);
     let req = match request(inv, &c, d) {
         Ok(r) => r,
@@ -214,10 +225,85 @@ pub fn follow(control: &str, id: &MigrationId, mut out: MoveOutcome) -> MoveOutc
     out
 }
 
-/// Carry out `d` on the host at `control` and wait for its end.
-pub fn carry_out(inv: &Inventory, control: &str, d: &Decision) -> MoveOutcome {
-    match start(inv, control, d) {
-        Ok((id, out)) => follow(control, &id, out),
-        Err(out) => *out,
+/// The sites as `ferry control plan --apply` acts on them through the
+/// core: the snapshot it was given, each move asked of the guest's host
+/// and followed on a thread of its own, every outcome kept.
+pub struct OneShot {
+    inv: Inventory,
+    cluster: Cluster,
+    running_on: BTreeMap<String, String>,
+    tx: mpsc::Sender<MoveOutcome>,
+    rx: mpsc::Receiver<MoveOutcome>,
+    /// Every move's end, in the order they ended.
+    pub outcomes: Vec<MoveOutcome>,
+}
+
+impl OneShot {
+    pub fn new(inv: Inventory, cluster: Cluster, running_on: BTreeMap<String, String>) -> Self {
+        let (tx, rx) = mpsc::channel();
+        OneShot {
+            inv,
+            cluster,
+            running_on,
+            tx,
+            rx,
+            outcomes: Vec::new(),
+        }
+    }
+
+    /// Wait for the next move to end.
+    pub fn wait(&mut self) -> Option<Ended> {
+        let out = self.rx.recv().ok()?;
+        let e = ended(&out);
+        self.outcomes.push(out);
+        Some(e)
+    }
+}
+
+fn ended(out: &MoveOutcome) -> Ended {
+    Ended {
+        vm: out.vm.clone(),
+        completed: out.completed(),
+        reason: out.reason.clone(),
+        at_s: 0.0,
+    }
+}
+
+impl World for OneShot {
+    fn measure(&mut self, _now: f64) -> Result<Cluster, String> {
+        Ok(self.cluster.clone())
+    }
+
+    fn start(&mut self, d: &Decision, _now: f64) -> Result<(), String> {
+        let Some(control) = self.running_on.get(&d.vm).cloned() else {
+            let why = "not running on any known host".to_string();
+            self.outcomes.push(not_started(d, Some(why.clone())));
+            return Err(why);
+        };
+        match start(&self.inv, &control, d) {
+            Ok((id, out)) => {
+                let tx = self.tx.clone();
+                std::thread::spawn(move || {
+                    let _ = tx.send(follow(&control, &id, out));
+                });
+                Ok(())
+            }
+            Err(out) => {
+                let why = out.reason.clone().unwrap_or_default();
+                self.outcomes.push(*out);
+                Err(why)
+            }
+        }
+    }
+
+    fn cancel(&mut self, _vm: &str, _why: &str) {}
+
+    fn ended(&mut self, _now: f64) -> Vec<Ended> {
+        let mut out = Vec::new();
+        while let Ok(o) = self.rx.try_recv() {
+            out.push(ended(&o));
+            self.outcomes.push(o);
+        }
+        out
     }
 }

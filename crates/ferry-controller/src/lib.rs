@@ -21,7 +21,6 @@
 //! with `--etcd`, in etcd, where several controllers elect one leader.
 
 pub mod act;
-pub mod backoff;
 pub mod client;
 pub mod etcd;
 pub mod journal;

@@ -536,7 +536,9 @@ pub fn measure(
         vm: v,
     } in &second
     {
-        if v.state != GuestState::Running {
+        // A guest seen on two hosts is at the end of a move: counted once,
+        // where it was seen first (the core knows its move is in flight).
+        if v.state != GuestState::Running || running_on.contains_key(&v.spec.name) {
             continue;
         }
         let Some(d) = v.disks.first() else { continue };

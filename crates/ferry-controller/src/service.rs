@@ -6,7 +6,7 @@ use crate::act::{follow, start, MoveOutcome};
 use crate::etcd::EtcdClient;
 use crate::journal::{Entry, Event, Journal};
 use crate::leader::Leadership;
-use crate::measure::measure;
+use crate::measure::{measure, Measured};
 use crate::settings::Settings;
 use crate::store::Store;
 use crate::ControllerError;
@@ -15,10 +15,12 @@ use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use ferry_api::MigrationId;
+use ferry_api::{AdminClient, MigrationId};
+use ferry_control::cycle::{drive, ControllerCore, Ended, JournalSink, World};
 use ferry_control::inventory::SiteInventory;
-use ferry_control::policy::{plan, Plan, Policy, Triggers};
-use ferry_control::Cluster;
+use ferry_control::model::MoveCost;
+use ferry_control::policy::{Decision, Plan, Policy};
+use ferry_control::{Cluster, Placement};
 use parking_lot::{Condvar, Mutex};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -26,7 +28,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -103,7 +105,7 @@ pub struct Status {
     pub loads_from: Option<String>,
     /// Moves held back because they failed twice or more in a row
     /// (`backoff`).
-    pub held_back: Vec<crate::backoff::HeldMove>,
+    pub held_back: Vec<ferry_control::backoff::HeldMove>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -179,6 +181,12 @@ struct Shared {
     status: Mutex<Status>,
     metrics: Metrics,
     wake: (Mutex<bool>, Condvar),
+    /// The controller's clock for its core: seconds since it started.
+    born: Instant,
+    /// Moves ended since the cycles last asked.
+    ended: Mutex<Vec<Ended>>,
+    /// Moves being followed: guest -> (move id, its host's control API).
+    running: Mutex<BTreeMap<String, (MigrationId, String)>>,
 }
 
 impl Shared {
@@ -243,6 +251,7 @@ fn now_unix() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// Journal a move's end, count it, and report it to the cycles.
 fn finish(sh: &Shared, id: &str, outcome: MoveOutcome) {
     sh.metrics
         .moves
@@ -252,57 +261,208 @@ fn finish(sh: &Shared, id: &str, outcome: MoveOutcome) {
         })
         .inc();
     tracing::info!("{}", outcome.line());
+    sh.ended.lock().push(Ended {
+        vm: outcome.vm.clone(),
+        completed: outcome.completed(),
+        reason: outcome.reason.clone(),
+        at_s: sh.born.elapsed().as_secs_f64(),
+    });
     sh.record(Event::Finished {
         id: id.into(),
         outcome,
     });
 }
 
-/// Moves a previous run started and never saw end: follow each to its end.
-fn follow_unfinished(sh: &Shared) {
-    for (id, control, expect) in sh.journal.unfinished() {
-        tracing::info!(
-            "following move {id} of {} started before a restart",
-            expect.vm
-        );
-        let out = match id.parse::<MigrationId>() {
-            Ok(mid) => follow(&control, &mid, expect),
-            Err(e) => MoveOutcome {
-                result: "failed".into(),
-                reason: Some(format!("the journal names move {id:?}: {e}")),
-                ..expect
-            },
-        };
-        finish(sh, &id, out);
+/// Follow move `id` of a guest run by the host at `control` on a thread
+/// of its own, shown in flight meanwhile; its end is journaled and
+/// reported to the cycles, which are woken to plan the next moves.
+fn follow_on_its_own(sh: &Arc<Shared>, id: MigrationId, control: String, expect: MoveOutcome) {
+    let vm = expect.vm.clone();
+    sh.status.lock().in_flight.push(expect.clone());
+    sh.running
+        .lock()
+        .insert(vm.clone(), (id.clone(), control.clone()));
+    let worker = sh.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("move-{vm}"))
+        .spawn(move || {
+            let out = follow(&control, &id, expect);
+            worker.running.lock().remove(&vm);
+            worker.status.lock().in_flight.retain(|x| x.vm != vm);
+            finish(&worker, id.as_str(), out);
+            worker.wake();
+        });
+    if let Err(e) = spawned {
+        tracing::error!("cannot follow a move: {e}");
     }
 }
 
-/// What the cycles remember from one to the next.
+/// The decision a journaled move stood for, for a controller that adopts
+/// it after a restart or a change of leader.
+fn decision_of(o: &MoveOutcome) -> Decision {
+    let at = |h: &str, d: &str| Placement {
+        host_site: h.into(),
+        disk_site: d.into(),
+    };
+    Decision {
+        vm: o.vm.clone(),
+        action: o.action,
+        from: at(&o.from_host_site, &o.from_disk_site),
+        to: at(&o.to_host_site, &o.to_disk_site),
+        lost_here_s: 0.0,
+        lost_there_s: 0.0,
+        cost: MoveCost {
+            seconds: o.predicted_seconds,
+            bytes: o.predicted_bytes,
+            pause_s: 0.0,
+            lost_s: 0.0,
+            converges: true,
+        },
+        reason: "started before this controller took over".into(),
+        forced: false,
+        burst_from: o.burst_from.clone(),
+    }
+}
+
+/// Moves a previous run (or leader) started and never saw end: each
+/// followed on its own and counted by the core as in flight.
+fn follow_unfinished(sh: &Arc<Shared>, core: &mut ControllerCore) {
+    for (id, control, expect) in sh.journal.unfinished() {
+        tracing::info!(
+            "following move {id} of {} started before this controller took over",
+            expect.vm
+        );
+        match id.parse::<MigrationId>() {
+            Ok(mid) => {
+                core.adopt(decision_of(&expect), sh.born.elapsed().as_secs_f64());
+                follow_on_its_own(sh, mid, control, expect);
+            }
+            Err(e) => {
+                let out = MoveOutcome {
+                    result: "failed".into(),
+                    reason: Some(format!("the journal names move {id:?}: {e}")),
+                    ..expect
+                };
+                finish(sh, &id, out);
+            }
+        }
+    }
+}
+
+/// What the cycles remember from one to the next besides the core.
 #[derive(Default)]
 struct Memory {
-    triggers: Triggers,
-    /// When the controller last moved each VM.
-    moved_at: BTreeMap<String, Instant>,
-    /// Moves failing in a row, held back.
-    backoff: crate::backoff::Backoff,
-    /// The decisions of the last cycle not acted on (paused): the same
-    /// decision again is not journaled again.
-    unacted: BTreeSet<(String, String, String, String)>,
+    core: ControllerCore,
     /// What each site holds of each disk, sampled every few minutes.
     holdings: crate::measure::HoldingsCache,
     /// Each link's probed bandwidth, probed every few minutes.
     bandwidth: crate::measure::BandwidthCache,
 }
 
-fn cycle(sh: &Shared, cadence: &Cadence, mem: &mut Memory, born: Instant) {
-    let Memory {
-        triggers,
-        moved_at,
-        backoff,
-        unacted,
-        holdings,
-        bandwidth,
-    } = mem;
+/// The real sites as the core's world: guests measured through their
+/// hosts, moves asked of the guest's host and followed each on a thread of
+/// its own.
+struct Hosts<'a> {
+    sh: &'a Arc<Shared>,
+    settings: &'a Settings,
+    cadence: &'a Cadence,
+    holdings: &'a mut crate::measure::HoldingsCache,
+    bandwidth: &'a mut crate::measure::BandwidthCache,
+    /// The last measurement, kept for the status.
+    measured: Option<Measured>,
+}
+
+impl World for Hosts<'_> {
+    fn measure(&mut self, _now: f64) -> Result<Cluster, String> {
+        let mut m = measure(
+            &self.settings.inventory,
+            self.cadence.sample,
+            &self.cadence.loads,
+            &BTreeMap::new(),
+            self.holdings,
+            self.bandwidth,
+        );
+        learn_from_moves(self.sh, &mut m);
+        let c = m.cluster.clone();
+        self.measured = Some(m);
+        Ok(c)
+    }
+
+    fn start(&mut self, d: &Decision, _now: f64) -> Result<(), String> {
+        let m = self.measured.as_ref().ok_or("not measured")?;
+        let Some(control) = m.running_on.get(&d.vm).cloned() else {
+            return Err(format!("{} runs on no host the controller reads", d.vm));
+        };
+        match start(&self.settings.inventory, &control, d) {
+            Ok((id, expect)) => {
+                self.sh.record(Event::Started {
+                    vm: d.vm.clone(),
+                    id: id.to_string(),
+                    control: control.clone(),
+                    expect: expect.clone(),
+                });
+                follow_on_its_own(self.sh, id, control, expect);
+                Ok(())
+            }
+            Err(out) => {
+                let why = out.reason.clone().unwrap_or_default();
+                self.sh.record(Event::Finished {
+                    id: String::new(),
+                    outcome: *out,
+                });
+                Err(why)
+            }
+        }
+    }
+
+    fn cancel(&mut self, vm: &str, why: &str) {
+        let Some((id, control)) = self.sh.running.lock().get(vm).cloned() else {
+            return;
+        };
+        let what = match AdminClient::for_host(&control)
+            .limited(crate::measure::HOST_CALL_LIMIT)
+            .cancel_vm_move(&id)
+        {
+            Ok(_) => format!("cancelled move {id} of {vm}: {why}"),
+            Err(e) => format!("cannot cancel move {id} of {vm} ({why}): {e}"),
+        };
+        tracing::warn!("{what}");
+        self.sh.record(Event::Problem { what });
+    }
+
+    fn ended(&mut self, _now: f64) -> Vec<Ended> {
+        std::mem::take(&mut *self.sh.ended.lock())
+    }
+}
+
+/// The service's journal as the core's: a decision counted and journaled;
+/// one to act on only while this controller may act (its lease holds).
+struct Decisions<'a>(&'a Shared);
+
+impl JournalSink for Decisions<'_> {
+    fn decided(&mut self, d: &Decision, acted: bool) -> bool {
+        let sh = self.0;
+        sh.metrics
+            .decisions
+            .get_or_create(&ActionLabel {
+                action: format!("{:?}", d.action),
+            })
+            .inc();
+        let journaled = sh.record(Event::Decided {
+            vm: d.vm.clone(),
+            action: format!("{:?}", d.action),
+            reason: d.reason.clone(),
+            decision: serde_json::to_value(d).unwrap_or_default(),
+            acted,
+        });
+        journaled && (!acted || sh.store.may_act())
+    }
+}
+
+/// One cycle: the core driven over the real sites (measure, plan around
+/// the moves in flight, journal, start moves without waiting for them),
+/// then the status and metrics of what it saw.
+fn cycle(sh: &Arc<Shared>, cadence: &Cadence, mem: &mut Memory) {
     let t = Instant::now();
     let settings = sh.settings.lock().clone();
     {
@@ -317,42 +477,36 @@ fn cycle(sh: &Shared, cadence: &Cadence, mem: &mut Memory, born: Instant) {
         st.last_cycle_unix = Some(now_unix());
         return;
     }
-    let since: BTreeMap<String, f64> = moved_at
-        .iter()
-        .map(|(k, v)| (k.clone(), v.elapsed().as_secs_f64()))
-        .collect();
-    let mut m = measure(
-        &settings.inventory,
-        cadence.sample,
-        &cadence.loads,
-        &since,
-        holdings,
-        bandwidth,
+    let mut world = Hosts {
+        sh,
+        settings: &settings,
+        cadence,
+        holdings: &mut mem.holdings,
+        bandwidth: &mut mem.bandwidth,
+        measured: None,
+    };
+    let now = sh.born.elapsed().as_secs_f64();
+    let may_act = sh.store.may_act();
+    let planned = drive(
+        &mut mem.core,
+        &mut world,
+        &mut Decisions(sh),
+        &settings.policy,
+        now,
+        may_act,
     );
-    learn_from_moves(sh, &mut m);
+    let Some(m) = world.measured.take() else {
+        return;
+    };
     let previous = sh.status.lock().problems.clone();
     for p in m.problems.iter().filter(|p| !previous.contains(p)) {
         sh.record(Event::Problem { what: p.clone() });
     }
-    // Plan as if automation ran, so a paused controller still shows what
-    // it would do; act only when it runs.
-    let paused = settings.policy.paused;
-    let p = Policy {
-        paused: false,
-        ..settings.policy.clone()
-    };
-    let planned = m
-        .cluster
-        .validate()
-        .map_err(|e| e.to_string())
-        .and_then(|()| {
-            plan(&m.cluster, &p, triggers, born.elapsed().as_secs_f64()).map_err(|e| e.to_string())
-        });
     let mut problems = m.problems.clone();
     let pl = match planned {
         Ok(pl) => Some(pl),
         Err(e) => {
-            let what = format!("cannot plan: {e}");
+            let what = e.to_string();
             if !previous.contains(&what) {
                 sh.record(Event::Problem { what: what.clone() });
             }
@@ -366,53 +520,13 @@ fn cycle(sh: &Shared, cadence: &Cadence, mem: &mut Memory, born: Instant) {
     sh.metrics
         .vms
         .set(i64::try_from(m.cluster.vms.len()).unwrap_or(i64::MAX));
-    {
-        let mut st = sh.status.lock();
-        st.cluster = Some(m.cluster.clone());
-        st.links.clone_from(&m.links);
-        st.loads_from = Some(m.loads_from.clone());
-        st.plan.clone_from(&pl);
-        st.problems = problems;
-    }
-    let mut now_unacted = BTreeSet::new();
-    for d in pl.iter().flat_map(|p| p.decisions.iter()) {
-        let key = (
-            d.vm.clone(),
-            format!("{:?}", d.action),
-            d.to.host_site.clone(),
-            d.to.disk_site.clone(),
-        );
-        let repeated = paused && unacted.contains(&key);
-        if paused {
-            now_unacted.insert(key);
-        }
-        if repeated {
-            continue;
-        }
-        sh.metrics
-            .decisions
-            .get_or_create(&ActionLabel {
-                action: format!("{:?}", d.action),
-            })
-            .inc();
-        let journaled = sh.record(Event::Decided {
-            vm: d.vm.clone(),
-            action: format!("{:?}", d.action),
-            reason: d.reason.clone(),
-            decision: serde_json::to_value(d).unwrap_or_default(),
-            acted: !paused,
-        });
-        // Journaled first, and only while this controller may act.
-        if paused || !journaled || !sh.store.may_act() {
-            continue;
-        }
-        if let Some(control) = m.running_on.get(&d.vm) {
-            carry_out(sh, &settings.inventory, control, d, moved_at, backoff);
-        }
-    }
-    *unacted = now_unacted;
     let mut st = sh.status.lock();
-    st.held_back = backoff.holding(Instant::now());
+    st.cluster = Some(m.cluster);
+    st.links = m.links;
+    st.loads_from = Some(m.loads_from);
+    st.plan = pl;
+    st.problems = problems;
+    st.held_back = mem.core.holding(sh.born.elapsed().as_secs_f64());
     st.last_cycle_unix = Some(now_unix());
     st.last_cycle_s = t.elapsed().as_secs_f64();
     sh.metrics.cycle_seconds.set(st.last_cycle_s);
@@ -452,69 +566,23 @@ fn learn_from_moves(sh: &Shared, m: &mut crate::measure::Measured) {
     }
 }
 
-/// Carry out decision `d` for a guest running at `control`, unless the
-/// same move failed twice in a row lately (`backoff`): start it at the
-/// guest's host, follow it to its end (shown in flight meanwhile), journal
-/// how it ended and remember it for the cooldown and the backoff.
-fn carry_out(
-    sh: &Shared,
-    inventory: &ferry_control::inventory::Inventory,
-    control: &str,
-    d: &ferry_control::policy::Decision,
-    moved_at: &mut BTreeMap<String, Instant>,
-    backoff: &mut crate::backoff::Backoff,
-) {
-    if let Some(h) = backoff.held(d, Instant::now()) {
-        tracing::info!(
-            vm = %d.vm,
-            failures = h.failures,
-            retry_in_s = h.retry_in_s,
-            "move held back: it failed {} times in a row ({})",
-            h.failures,
-            h.reason
-        );
-        return;
-    }
-    let (id, out) = match start(inventory, control, d) {
-        Ok((id, expect)) => {
-            sh.record(Event::Started {
-                vm: d.vm.clone(),
-                id: id.to_string(),
-                control: control.to_string(),
-                expect: expect.clone(),
-            });
-            sh.status.lock().in_flight.push(expect.clone());
-            let out = follow(control, &id, expect);
-            sh.status.lock().in_flight.retain(|x| x.vm != d.vm);
-            moved_at.insert(d.vm.clone(), Instant::now());
-            (id.to_string(), out)
-        }
-        Err(out) => (String::new(), *out),
-    };
-    backoff.ended(
-        d,
-        out.result == "completed",
-        out.reason.as_deref(),
-        Instant::now(),
-    );
-    finish(sh, &id, out);
-}
-
 /// A controller that just became leader: the settings and journal as the
-/// one before it left them, then the moves it left unfinished.
-fn take_over(sh: &Shared) -> Result<(), ControllerError> {
+/// one before it left them, then the moves it left unfinished, adopted.
+fn take_over(sh: &Arc<Shared>, mem: &mut Memory) -> Result<(), ControllerError> {
     if let Some(s) = sh.store.load_settings()? {
         sh.use_settings(s);
     }
     sh.journal.reload()?;
     sh.status.lock().cycle = sh.journal.last_cycle();
-    follow_unfinished(sh);
+    // A former leader's view of the moves is not this one's.
+    mem.core = ControllerCore::default();
+    follow_unfinished(sh, &mut mem.core);
     Ok(())
 }
 
 /// With etcd: stand for leader; a follower refreshes its view of the
 /// shared state. True when this controller leads (always when alone).
-fn lead(sh: &Shared, leading: &mut bool) -> bool {
+fn lead(sh: &Arc<Shared>, leading: &mut bool, mem: &mut Memory) -> bool {
     let Some(l) = sh.store.leadership() else {
         return true;
     };
@@ -527,7 +595,7 @@ fn lead(sh: &Shared, leading: &mut bool) -> bool {
         }
     };
     if now && !*leading {
-        if let Err(e) = take_over(sh) {
+        if let Err(e) = take_over(sh, mem) {
             tracing::error!("cannot take over the shared state: {e}");
             l.resign();
             return false;
@@ -556,17 +624,16 @@ struct Cadence {
     loads: crate::measure::LoadSource,
 }
 
-fn cycles(sh: &Shared, cadence: &Cadence) {
+fn cycles(sh: &Arc<Shared>, cadence: &Cadence) {
     let interval = cadence.interval;
-    let born = Instant::now();
     let mut mem = Memory::default();
     if sh.store.leadership().is_none() {
-        follow_unfinished(sh);
+        follow_unfinished(sh, &mut mem.core);
     }
     let mut leading = false;
     loop {
         let t = Instant::now();
-        if !lead(sh, &mut leading) {
+        if !lead(sh, &mut leading, &mut mem) {
             // A follower looks again soon: it takes over within a lease.
             let wait = sh
                 .store
@@ -575,7 +642,7 @@ fn cycles(sh: &Shared, cadence: &Cadence) {
             std::thread::sleep(wait);
             continue;
         }
-        cycle(sh, cadence, &mut mem, born);
+        cycle(sh, cadence, &mut mem);
         let (m, cv) = &sh.wake;
         let mut woken = m.lock();
         if !*woken {
@@ -852,6 +919,9 @@ pub async fn run(opts: Options) -> Result<(), ControllerError> {
         journal,
         metrics,
         wake: (Mutex::new(false), Condvar::new()),
+        born: Instant::now(),
+        ended: Mutex::new(Vec::new()),
+        running: Mutex::new(BTreeMap::new()),
     });
     let listener = tokio::net::TcpListener::bind(&opts.listen)
         .await

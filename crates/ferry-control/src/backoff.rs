@@ -4,15 +4,14 @@
 //! second failure, doubling with each further one up to an hour; a success
 //! forgets it. Pure: the caller gives the time.
 
-use ferry_control::policy::{Action, Decision};
+use crate::policy::{Action, Decision};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
 
-/// The first hold, after the second failure in a row.
-pub const FIRST_HOLD: Duration = Duration::from_secs(60);
-/// The longest hold.
-pub const MAX_HOLD: Duration = Duration::from_secs(3600);
+/// The first hold (seconds), after the second failure in a row.
+pub const FIRST_HOLD_S: f64 = 60.0;
+/// The longest hold (seconds).
+pub const MAX_HOLD_S: f64 = 3600.0;
 
 #[derive(Debug, Clone)]
 struct Failing {
@@ -21,7 +20,8 @@ struct Failing {
     to: String,
     failures: u32,
     reason: String,
-    until: Instant,
+    /// Seconds on the caller's clock.
+    until: f64,
 }
 
 /// A move held back, as the API, the page and `ferry control status` show
@@ -54,17 +54,17 @@ fn key(d: &Decision) -> String {
 }
 
 /// How long a move that failed `failures` times in a row is held.
-pub fn hold_for(failures: u32) -> Duration {
+pub fn hold_for(failures: u32) -> f64 {
     if failures < 2 {
-        return Duration::ZERO;
+        return 0.0;
     }
     let doublings = (failures - 2).min(16);
-    FIRST_HOLD.saturating_mul(1 << doublings).min(MAX_HOLD)
+    (FIRST_HOLD_S * f64::from(1u32 << doublings)).min(MAX_HOLD_S)
 }
 
 impl Backoff {
     /// Record how `d` ended at `now`.
-    pub fn ended(&mut self, d: &Decision, completed: bool, reason: Option<&str>, now: Instant) {
+    pub fn ended(&mut self, d: &Decision, completed: bool, reason: Option<&str>, now: f64) {
         let k = key(d);
         if completed {
             self.failing.remove(&k);
@@ -84,7 +84,7 @@ impl Backoff {
     }
 
     /// The hold on `d` at `now`, if it is held back.
-    pub fn held(&self, d: &Decision, now: Instant) -> Option<HeldMove> {
+    pub fn held(&self, d: &Decision, now: f64) -> Option<HeldMove> {
         self.failing
             .get(&key(d))
             .filter(|e| e.until > now)
@@ -92,7 +92,7 @@ impl Backoff {
     }
 
     /// Every move held back at `now`.
-    pub fn holding(&self, now: Instant) -> Vec<HeldMove> {
+    pub fn holding(&self, now: f64) -> Vec<HeldMove> {
         self.failing
             .values()
             .filter(|e| e.until > now)
@@ -101,21 +101,21 @@ impl Backoff {
     }
 }
 
-fn view(e: &Failing, now: Instant) -> HeldMove {
+fn view(e: &Failing, now: f64) -> HeldMove {
     HeldMove {
         vm: e.vm.clone(),
         action: e.action,
         to: e.to.clone(),
         failures: e.failures,
         reason: e.reason.clone(),
-        retry_in_s: e.until.saturating_duration_since(now).as_secs_f64(),
+        retry_in_s: (e.until - now).max(0.0),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_control::cluster::Placement;
+    use crate::cluster::Placement;
 
     fn decision(vm: &str, to: &str) -> Decision {
         Decision {
@@ -131,7 +131,7 @@ mod tests {
             },
             lost_here_s: 0.0,
             lost_there_s: 0.0,
-            cost: ferry_control::model::MoveCost {
+            cost: crate::model::MoveCost {
                 seconds: 1.0,
                 bytes: 1.0,
                 pause_s: 0.1,
@@ -146,7 +146,7 @@ mod tests {
 
     #[test]
     fn a_move_failing_twice_is_held_doubling_and_a_success_forgets_it() {
-        let (mut b, t0) = (Backoff::default(), Instant::now());
+        let (mut b, t0) = (Backoff::default(), 1000.0);
         let d = decision("web", "b");
         b.ended(&d, false, Some("refused by the destination"), t0);
         assert!(b.held(&d, t0).is_none(), "one failure is retried");
@@ -155,14 +155,11 @@ mod tests {
         assert_eq!((h.failures, h.retry_in_s), (2, 60.0));
         assert_eq!(h.reason, "refused by the destination");
         assert!(
-            b.held(&d, t0 + Duration::from_secs(61)).is_none(),
+            b.held(&d, t0 + 61.0).is_none(),
             "tried again after the hold"
         );
-        b.ended(&d, false, None, t0 + Duration::from_secs(61));
-        assert_eq!(
-            b.held(&d, t0 + Duration::from_secs(61)).unwrap().retry_in_s,
-            120.0
-        );
+        b.ended(&d, false, None, t0 + 61.0);
+        assert_eq!(b.held(&d, t0 + 61.0).unwrap().retry_in_s, 120.0);
         // Another guest, or the same one elsewhere, is not held.
         assert!(b.held(&decision("db", "b"), t0).is_none());
         assert!(b.held(&decision("web", "c"), t0).is_none());
@@ -173,10 +170,10 @@ mod tests {
 
     #[test]
     fn holds_double_up_to_an_hour() {
-        assert_eq!(hold_for(1), Duration::ZERO);
-        assert_eq!(hold_for(2), Duration::from_secs(60));
-        assert_eq!(hold_for(4), Duration::from_secs(240));
-        assert_eq!(hold_for(9), MAX_HOLD);
-        assert_eq!(hold_for(u32::MAX), MAX_HOLD);
+        assert_eq!(hold_for(1), 0.0);
+        assert_eq!(hold_for(2), 60.0);
+        assert_eq!(hold_for(4), 240.0);
+        assert_eq!(hold_for(9), MAX_HOLD_S);
+        assert_eq!(hold_for(u32::MAX), MAX_HOLD_S);
     }
 }
