@@ -1086,7 +1086,10 @@ pub enum SiteCmd {
         /// CPUs the site's hosts offer guests.
         #[arg(long)]
         cpu_capacity: f64,
-        /// A host: control=HOST:PORT,moves=HOST:PORT (repeatable).
+        /// A host: control=HOST:PORT,moves=HOST:PORT[,cpus=N][,memory_mib=M]
+        /// (repeatable; cpus defaults to the site's CPUs split evenly, memory
+        /// to unlimited). Guests moved to the site go to the host with the
+        /// most room.
         #[arg(long = "host", value_parser = host_ref)]
         hosts: Vec<HostRef>,
         /// A storage daemon: nbd=..,migrate=..,admin=..[,nbd_local=..] (repeatable).
@@ -1150,12 +1153,30 @@ fn take(m: &mut BTreeMap<String, String>, k: &str) -> Result<String, String> {
 
 fn host_ref(s: &str) -> Result<HostRef, String> {
     let mut m = pairs(s)?;
+    let cpus = match m.remove("cpus") {
+        Some(c) => match c.parse::<f64>() {
+            Ok(c) if c.is_finite() && c > 0.0 => Some(c),
+            _ => return Err(format!("cpus={c}: expected a positive number")),
+        },
+        None => None,
+    };
+    let memory_mib = match m.remove("memory_mib") {
+        Some(x) => Some(
+            x.parse::<u64>()
+                .map_err(|_| format!("memory_mib={x}: expected a whole number of MiB"))?,
+        ),
+        None => None,
+    };
     let h = HostRef {
         control: take(&mut m, "control")?,
         moves: take(&mut m, "moves")?,
+        cpus,
+        memory_mib,
     };
     match m.keys().next() {
-        Some(k) => Err(format!("unknown key {k} (control, moves)")),
+        Some(k) => Err(format!(
+            "unknown key {k} (control, moves, cpus, memory_mib)"
+        )),
         None => Ok(h),
     }
 }

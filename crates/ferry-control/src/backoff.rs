@@ -129,6 +129,7 @@ mod tests {
                 host_site: to.into(),
                 disk_site: to.into(),
             },
+            to_host: None,
             lost_here_s: 0.0,
             lost_there_s: 0.0,
             cost: crate::model::MoveCost {

@@ -27,6 +27,20 @@ pub struct Site {
     pub cpu_capacity: f64,
 }
 
+/// One host of a site and what it can run. A site that lists none is
+/// one pool of CPUs (its `cpu_capacity`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Host {
+    /// How the controller names it (its control API address).
+    pub name: String,
+    pub site: String,
+    /// vCPUs it runs guests on.
+    pub cpu_capacity: f64,
+    /// Guest memory it can hold (bytes); absent: not limited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<f64>,
+}
+
 /// A link between two sites, as measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Link {
@@ -100,6 +114,9 @@ pub struct VmState {
     /// controller's journal knows); it goes back when that site has room.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub home_site: Option<String>,
+    /// The host it runs on, when the snapshot names its site's hosts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     /// Seconds since its last move (for cooldown and minimum stay); never
     /// moved is infinite, written `null` (JSON has no infinity).
     #[serde(default = "long_ago", deserialize_with = "null_is_long_ago")]
@@ -134,6 +151,9 @@ pub struct Cluster {
     pub sites: Vec<Site>,
     pub links: Vec<Link>,
     pub vms: Vec<VmState>,
+    /// The sites' hosts (absent: each site is one pool of CPUs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<Host>,
     /// Local access latency added per request on the same site (ms).
     #[serde(default = "local_rtt")]
     pub local_rtt_ms: f64,
@@ -204,6 +224,18 @@ impl Cluster {
             positive(format!("link {}-{} bandwidth", l.a, l.b), l.bandwidth)?;
         }
         let known = |s: &str| self.sites.iter().any(|x| x.name == s);
+        for h in &self.hosts {
+            if !known(&h.site) {
+                return Err(ClusterError::UnknownSite {
+                    vm: format!("host {}", h.name),
+                    site: h.site.clone(),
+                });
+            }
+            non_negative(format!("host {} cpu_capacity", h.name), h.cpu_capacity)?;
+            if let Some(m) = h.memory_bytes {
+                non_negative(format!("host {} memory_bytes", h.name), m)?;
+            }
+        }
         for v in &self.vms {
             for s in [&v.placement.host_site, &v.placement.disk_site] {
                 if !known(s) {
@@ -264,9 +296,11 @@ mod tests {
                     dirty_rate: 0.0,
                     write_rate: 0.0,
                 },
+                host: None,
                 since_move_s: f64::INFINITY,
             }],
             local_rtt_ms: 0.1,
+            hosts: Vec::new(),
             link_index: Default::default(),
         };
         let text = serde_json::to_string(&c).unwrap();

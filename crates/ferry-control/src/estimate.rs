@@ -219,9 +219,11 @@ mod tests {
                     dirty_rate: 0.0,
                     write_rate: 1e5,
                 },
+                host: None,
                 since_move_s: f64::INFINITY,
             }],
             local_rtt_ms: 0.1,
+            hosts: Vec::new(),
             link_index: Default::default(),
         }
     }

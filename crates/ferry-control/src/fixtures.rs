@@ -22,6 +22,7 @@ pub fn two_sites(rtt_ms: f64, bandwidth: f64, vms: Vec<VmState>) -> Cluster {
         }],
         vms,
         local_rtt_ms: 0.1,
+        hosts: Vec::new(),
         link_index: Default::default(),
     }
 }
@@ -51,6 +52,7 @@ pub fn remote_vm(name: &str, iops: f64, latency_ms: f64) -> VmState {
             dirty_rate: 1e6,
             write_rate: 2e5,
         },
+        host: None,
         since_move_s: f64::INFINITY,
     }
 }

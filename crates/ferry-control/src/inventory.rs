@@ -3,7 +3,7 @@
 //! listener, admin API), and the links between sites. With the hosts'
 //! measurements it becomes a [`Cluster`](crate::Cluster) snapshot.
 
-use crate::cluster::{Link, Site};
+use crate::cluster::{Host, Link, Site};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -13,6 +13,13 @@ pub struct HostRef {
     pub control: String,
     /// `ferry host --move-listen`, as other sites reach it.
     pub moves: String,
+    /// vCPUs it runs guests on (absent: the site's share, its CPUs split
+    /// evenly among its hosts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    /// Guest memory it can hold, MiB (absent: not limited).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -69,6 +76,30 @@ impl Inventory {
                 cpu_capacity: s.cpu_capacity,
             })
             .collect()
+    }
+
+    /// Every site's hosts with what each can run.
+    pub fn hosts(&self) -> Vec<Host> {
+        let mut out = Vec::new();
+        for s in &self.sites {
+            #[allow(clippy::cast_precision_loss)]
+            let share = s.cpu_capacity / s.hosts.len().max(1) as f64;
+            for h in &s.hosts {
+                #[allow(clippy::cast_precision_loss)]
+                out.push(Host {
+                    name: h.control.clone(),
+                    site: s.name.clone(),
+                    cpu_capacity: h.cpus.unwrap_or(share),
+                    memory_bytes: h.memory_mib.map(|m| (m << 20) as f64),
+                });
+            }
+        }
+        out
+    }
+
+    /// The host of `site` whose control API is `control`.
+    pub fn host(&self, site: &str, control: &str) -> Option<&HostRef> {
+        self.site(site)?.hosts.iter().find(|h| h.control == control)
     }
 
     /// The site whose storage daemon serves NBD at `addr`.

@@ -157,6 +157,10 @@ pub struct Decision {
     pub action: Action,
     pub from: Placement,
     pub to: Placement,
+    /// The host of the destination site it goes to (the one with most
+    /// room), when the snapshot names the site's hosts and the VM moves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_host: Option<String>,
     /// Guest-seconds lost over the horizon where it is, and where it would be.
     pub lost_here_s: f64,
     pub lost_there_s: f64,
@@ -197,6 +201,9 @@ pub struct InFlightMove {
     pub action: Action,
     pub from: Placement,
     pub to: Placement,
+    /// The host it goes to, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_host: Option<String>,
     /// When it started (seconds on the planner's clock).
     pub started_s: f64,
 }
@@ -417,8 +424,13 @@ fn drain_filter(k: &Check) -> Result<(), Refusal> {
 /// A guest that changes site must fit in what its new site may still run.
 fn room_filter(k: &Check) -> Result<(), Refusal> {
     let site = &k.to.host_site;
-    if *site == k.vm.placement.host_site || k.sites.fits(site, k.vm.load.cpu, k.p) {
+    let (cpu, memory) = (k.vm.load.cpu, k.vm.memory_bytes);
+    if *site == k.vm.placement.host_site || k.sites.fits(site, cpu, memory, k.p) {
         return Ok(());
+    }
+    if !k.sites.draining(site) && k.sites.used(site) + cpu <= k.sites.limit(site, k.p) {
+        // The site has the CPUs, but no one host has the room.
+        k.sites.host_for(site, cpu, memory, k.p)?;
     }
     Err(Refusal::NoRoom {
         site: site.clone(),
@@ -568,6 +580,7 @@ fn locality(
         );
         st.choose(
             Decision {
+                to_host: None,
                 vm: vm.name.clone(),
                 action,
                 from: vm.placement.clone(),
@@ -579,7 +592,7 @@ fn locality(
                 forced: false,
                 burst_from: None,
             },
-            vm.load.cpu,
+            vm,
         );
     }
     Ok(())
@@ -624,17 +637,19 @@ struct Planning<'a> {
     per_site: BTreeMap<String, usize>,
     moved: BTreeSet<String>,
     held: &'a [HeldMove],
+    p: &'a Policy,
     plan: Plan,
 }
 
 impl<'a> Planning<'a> {
-    fn new(c: &Cluster, p: &Policy, cm: &'a Commitments) -> Planning<'a> {
+    fn new(c: &Cluster, p: &'a Policy, cm: &'a Commitments) -> Planning<'a> {
         let mut st = Planning {
             sites: SiteLoad::new(c, p),
             per_link: BTreeMap::new(),
             per_site: BTreeMap::new(),
             moved: BTreeSet::new(),
             held: &cm.held,
+            p,
             plan: Plan::default(),
         };
         for m in &cm.in_flight {
@@ -645,6 +660,9 @@ impl<'a> Planning<'a> {
                 if v.placement.host_site == m.from.host_site {
                     st.sites
                         .shift(&m.from.host_site, &m.to.host_site, v.load.cpu);
+                    let (cpu, memory) = (v.load.cpu, v.memory_bytes);
+                    st.sites
+                        .shift_host(v.host.as_deref(), m.to_host.as_deref(), cpu, memory);
                 }
             }
             st.moved.insert(m.vm.clone());
@@ -719,8 +737,19 @@ impl<'a> Planning<'a> {
     }
 
     /// A move taken: later passes leave its guest alone and see the CPU
-    /// where it goes.
-    fn choose(&mut self, d: Decision, cpu: f64) {
+    /// where it goes; a guest that changes site is given its host there.
+    fn choose(&mut self, mut d: Decision, vm: &VmState) {
+        let (cpu, memory) = (vm.load.cpu, vm.memory_bytes);
+        if d.from.host_site != d.to.host_site {
+            d.to_host = self
+                .sites
+                .host_for(&d.to.host_site, cpu, memory, self.p)
+                .ok()
+                .flatten();
+            let to = d.to_host.clone();
+            self.sites
+                .shift_host(vm.host.as_deref(), to.as_deref(), cpu, memory);
+        }
         self.sites.shift(&d.from.host_site, &d.to.host_site, cpu);
         self.moved.insert(d.vm.clone());
         self.plan
@@ -736,6 +765,18 @@ struct SiteLoad {
     used: BTreeMap<String, f64>,
     capacity: BTreeMap<String, f64>,
     maintenance: BTreeSet<String>,
+    /// The sites' hosts, where the snapshot names them.
+    hosts: BTreeMap<String, HostLoad>,
+}
+
+/// What one host runs, against what it can.
+#[derive(Debug, Clone)]
+struct HostLoad {
+    site: String,
+    cpu_capacity: f64,
+    memory_bytes: Option<f64>,
+    cpu_used: f64,
+    memory_used: f64,
 }
 
 impl SiteLoad {
@@ -743,6 +784,26 @@ impl SiteLoad {
         let mut used: BTreeMap<String, f64> = BTreeMap::new();
         for v in &c.vms {
             *used.entry(v.placement.host_site.clone()).or_default() += v.load.cpu;
+        }
+        let mut hosts: BTreeMap<String, HostLoad> = c
+            .hosts
+            .iter()
+            .map(|h| {
+                let load = HostLoad {
+                    site: h.site.clone(),
+                    cpu_capacity: h.cpu_capacity,
+                    memory_bytes: h.memory_bytes,
+                    cpu_used: 0.0,
+                    memory_used: 0.0,
+                };
+                (h.name.clone(), load)
+            })
+            .collect();
+        for v in &c.vms {
+            if let Some(h) = v.host.as_ref().and_then(|h| hosts.get_mut(h)) {
+                h.cpu_used += v.load.cpu;
+                h.memory_used += v.memory_bytes;
+            }
         }
         SiteLoad {
             used,
@@ -752,6 +813,55 @@ impl SiteLoad {
                 .map(|s| (s.name.clone(), s.cpu_capacity))
                 .collect(),
             maintenance: p.maintenance.iter().cloned().collect(),
+            hosts,
+        }
+    }
+
+    /// The host of `site` a guest needing `cpu` and `memory` goes to:
+    /// among those it fits on (CPU up to the site's fill limit, memory),
+    /// the one with the most CPU left, so guests spread. `Ok(None)`: the
+    /// site names no hosts (one pool); `Err`: it names some and none fits.
+    fn host_for(
+        &self,
+        site: &str,
+        cpu: f64,
+        memory: f64,
+        p: &Policy,
+    ) -> Result<Option<String>, Refusal> {
+        let factor = if p.burst { p.burst_above } else { 1.0 };
+        let mut listed = false;
+        let mut best: Option<(f64, &String)> = None;
+        for (name, h) in self.hosts.iter().filter(|(_, h)| h.site == site) {
+            listed = true;
+            let room = h.cpu_capacity * factor - h.cpu_used;
+            let memory_fits = h.memory_bytes.is_none_or(|m| h.memory_used + memory <= m);
+            if cpu <= room && memory_fits && best.is_none_or(|(r, _)| room > r) {
+                best = Some((room, name));
+            }
+        }
+        match best {
+            Some((_, name)) => Ok(Some(name.clone())),
+            None if !listed => Ok(None),
+            None => Err(Refusal::NoHost {
+                site: site.into(),
+                cpu,
+                memory_bytes: memory,
+            }),
+        }
+    }
+
+    /// A guest's CPU and memory counted on its new host.
+    fn shift_host(&mut self, from: Option<&str>, to: Option<&str>, cpu: f64, memory: f64) {
+        if from == to {
+            return;
+        }
+        if let Some(h) = from.and_then(|h| self.hosts.get_mut(h)) {
+            h.cpu_used -= cpu;
+            h.memory_used -= memory;
+        }
+        if let Some(h) = to.and_then(|h| self.hosts.get_mut(h)) {
+            h.cpu_used += cpu;
+            h.memory_used += memory;
         }
     }
 
@@ -774,8 +884,12 @@ impl SiteLoad {
         self.capacity(site) * if p.burst { p.burst_above } else { 1.0 }
     }
 
-    fn fits(&self, site: &str, cpu: f64, p: &Policy) -> bool {
-        !self.draining(site) && self.used(site) + cpu <= self.limit(site, p)
+    /// Whether a guest needing `cpu` and `memory` fits at `site`: in the
+    /// site's CPUs, and on one of its hosts when it names them.
+    fn fits(&self, site: &str, cpu: f64, memory: f64, p: &Policy) -> bool {
+        !self.draining(site)
+            && self.used(site) + cpu <= self.limit(site, p)
+            && self.host_for(site, cpu, memory, p).is_ok()
     }
 
     fn room(&self, site: &str, p: &Policy) -> f64 {
@@ -784,11 +898,18 @@ impl SiteLoad {
 
     /// The site linked to `from` with the most room left, among those a
     /// guest using `cpu` fits in.
-    fn roomiest<'c>(&self, c: &'c Cluster, from: &str, cpu: f64, p: &Policy) -> Option<&'c Site> {
+    fn roomiest<'c>(
+        &self,
+        c: &'c Cluster,
+        from: &str,
+        cpu: f64,
+        memory: f64,
+        p: &Policy,
+    ) -> Option<&'c Site> {
         c.sites
             .iter()
             .filter(|t| t.name != from && c.link(from, &t.name).is_ok())
-            .filter(|t| self.fits(&t.name, cpu, p))
+            .filter(|t| self.fits(&t.name, cpu, memory, p))
             .max_by(|a, b| {
                 self.room(&a.name, p)
                     .partial_cmp(&self.room(&b.name, p))
@@ -822,6 +943,7 @@ fn forced(
     let there = c.link(&to.host_site, &to.disk_site)?;
     Ok(Ok(Decision {
         vm: vm.name.clone(),
+        to_host: None,
         action,
         from: vm.placement.clone(),
         lost_here_s: access_cost(vm, c, here.rtt_ms, here.bandwidth, p.horizon_s)?.lost_s,
@@ -876,7 +998,7 @@ fn drain(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError>
             let mut near: Vec<(f64, &str)> = c
                 .sites
                 .iter()
-                .filter(|s| sites.fits(&s.name, vm.load.cpu, p))
+                .filter(|s| sites.fits(&s.name, vm.load.cpu, vm.memory_bytes, p))
                 .filter_map(|s| {
                     let rtt = if s.name == from {
                         Some(0.0)
@@ -917,7 +1039,7 @@ fn drain(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError>
             choice.0, choice.1
         );
         if let Some(dec) = take_forced(c, p, st, vm, choice, why)? {
-            st.choose(dec, vm.load.cpu);
+            st.choose(dec, vm);
         }
     }
     Ok(())
@@ -939,7 +1061,7 @@ fn burst(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError>
         for vm in c.vms.iter().filter(|v| {
             v.placement.host_site == s && !st.moved.contains(&v.name) && v.load.cpu > 0.0
         }) {
-            let Some(t) = st.sites.roomiest(c, s, vm.load.cpu, p) else {
+            let Some(t) = st.sites.roomiest(c, s, vm.load.cpu, vm.memory_bytes, p) else {
                 continue;
             };
             let l = c.link(&t.name, &vm.placement.disk_site)?;
@@ -952,7 +1074,7 @@ fn burst(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError>
                 break;
             }
             // The room may have changed with the moves planned before.
-            let Some(t) = st.sites.roomiest(c, s, vm.load.cpu, p) else {
+            let Some(t) = st.sites.roomiest(c, s, vm.load.cpu, vm.memory_bytes, p) else {
                 break;
             };
             let to = Placement {
@@ -973,7 +1095,7 @@ fn burst(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError>
                 // Its home is where it burst from, unless it had burst
                 // before and is only moving on.
                 dec.burst_from = Some(vm.home_site.clone().unwrap_or_else(|| s.to_string()));
-                st.choose(dec, vm.load.cpu);
+                st.choose(dec, vm);
             }
         }
     }
@@ -1048,7 +1170,7 @@ pub fn place_new(c: &Cluster, p: &Policy, g: &NewGuest) -> Result<NewPlacement, 
         })
     };
     let used = sites.used(&home.name);
-    if sites.fits(&home.name, g.cpu, p) {
+    if sites.fits(&home.name, g.cpu, 0.0, p) {
         return at(
             &home.name,
             false,
@@ -1079,7 +1201,7 @@ pub fn place_new(c: &Cluster, p: &Policy, g: &NewGuest) -> Result<NewPlacement, 
             "{why}; cloud bursting is off (`ferry control burst on` lets new guests start at a linked site)"
         )));
     }
-    match sites.roomiest(c, &home.name, g.cpu, p) {
+    match sites.roomiest(c, &home.name, g.cpu, 0.0, p) {
         Some(t) => {
             let room = sites.room(&t.name, p);
             let mut there = at(&t.name, true, String::new())?;
@@ -1115,7 +1237,7 @@ fn return_home(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), Cluster
             host_site: home.to_string(),
             disk_site: vm.placement.disk_site.clone(),
         };
-        if !st.sites.fits(home, vm.load.cpu, p) {
+        if !st.sites.fits(home, vm.load.cpu, vm.memory_bytes, p) {
             let r = Refusal::HomeFull {
                 home: home.into(),
                 used_cpu: st.sites.used(home),
@@ -1134,7 +1256,7 @@ fn return_home(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), Cluster
             st.sites.limit(home, p)
         );
         if let Some(dec) = take_forced(c, p, st, vm, (Action::MoveVm, to), why)? {
-            st.choose(dec, vm.load.cpu);
+            st.choose(dec, vm);
         }
     }
     Ok(())
@@ -1251,6 +1373,7 @@ mod tests {
                 action: Action::MoveVm,
                 from: c.vms[0].placement.clone(),
                 to,
+                to_host: None,
                 started_s: 0.0,
             }],
             held: Vec::new(),
@@ -1274,6 +1397,98 @@ mod tests {
             "{:?}",
             pl.skipped
         );
+    }
+
+    /// Site `b` with two hosts: `b1` (8 CPUs, 4 GiB) already running a
+    /// guest of 3 CPUs, `b2` (4 CPUs, 1 GiB) empty.
+    fn with_hosts(mut c: Cluster) -> Cluster {
+        use crate::cluster::Host;
+        let host = |name: &str, site: &str, cpus: f64, mem: f64| Host {
+            name: name.into(),
+            site: site.into(),
+            cpu_capacity: cpus,
+            memory_bytes: Some(mem),
+        };
+        c.sites[1].cpu_capacity = 12.0;
+        c.hosts = vec![
+            host("a1", "a", 8.0, 64e9),
+            host("b1", "b", 8.0, 4.0 * 1073741824.0),
+            host("b2", "b", 4.0, 1073741824.0),
+        ];
+        for v in &mut c.vms {
+            v.host = Some("a1".into());
+        }
+        let mut busy = vm("busy", 0.0, 0.0);
+        busy.placement = Placement {
+            host_site: "b".into(),
+            disk_site: "b".into(),
+        };
+        busy.load.cpu = 3.0;
+        busy.host = Some("b1".into());
+        c.vms.push(busy);
+        c
+    }
+
+    #[test]
+    fn a_guest_goes_to_the_host_with_most_room_and_one_that_fits_no_host_stays() {
+        // 1 CPU, 256 MB: b1 has 5 CPUs left, b2 4: b1.
+        let c = with_hosts(cluster(16.0, vec![vm("io", 55.0, 16.0)]));
+        c.validate().unwrap();
+        let pl = plan(&c, &Policy::default(), &mut Triggers::default(), 0.0).unwrap();
+        let d = &pl.decisions[0];
+        assert_eq!(
+            (d.action, d.to_host.as_deref()),
+            (Action::MoveVm, Some("b1"))
+        );
+        // Two guests: the second goes where the first left most room.
+        let c = with_hosts(cluster(
+            16.0,
+            vec![vm("io", 55.0, 16.0), vm("io2", 55.0, 16.0)],
+        ));
+        let pl = plan(&c, &Policy::default(), &mut Triggers::default(), 0.0).unwrap();
+        let hosts: Vec<_> = pl.decisions.iter().map(|d| d.to_host.clone()).collect();
+        assert_eq!(hosts.len(), 2);
+        let mut big = vm("big", 55.0, 16.0);
+        big.load.cpu = 5.5;
+        big.memory_bytes = 2e9;
+        let c = with_hosts(cluster(16.0, vec![big.clone()]));
+        let pl = plan(&c, &Policy::default(), &mut Triggers::default(), 0.0).unwrap();
+        // b has 9 CPUs left, but b1 only 5 and b2 4: the VM move is
+        // refused by `fits`, naming the site whose hosts are too full.
+        assert!(
+            pl.decisions.iter().all(|d| d.action != Action::MoveVm),
+            "{pl:?}"
+        );
+        let r = pl
+            .candidates
+            .iter()
+            .find(|c| c.action == Some(Action::MoveVm))
+            .and_then(|c| c.refused.clone())
+            .unwrap();
+        assert!(
+            matches!(r, Refusal::NoHost { ref site, .. } if site == "b"),
+            "{r:?}"
+        );
+        // 4 CPUs fit either host, 2 GB only b1's memory.
+        big.load.cpu = 4.0;
+        let c = with_hosts(cluster(16.0, vec![big]));
+        let pl = plan(&c, &Policy::default(), &mut Triggers::default(), 0.0).unwrap();
+        assert_eq!(pl.decisions[0].to_host.as_deref(), Some("b1"), "{pl:?}");
+    }
+
+    #[test]
+    fn a_host_is_chosen_by_cpu_room_among_those_with_the_memory() {
+        let mut c = with_hosts(cluster(16.0, vec![]));
+        c.vms[0].load.cpu = 5.0; // b1: 3 CPUs left; b2: 4 CPUs, 1 GiB
+        let p = Policy::default();
+        let sites = SiteLoad::new(&c, &p);
+        assert_eq!(sites.host_for("b", 1.0, 5e8, &p), Ok(Some("b2".into())));
+        assert_eq!(sites.host_for("b", 1.0, 2e9, &p), Ok(Some("b1".into())));
+        assert!(matches!(
+            sites.host_for("b", 3.5, 2e9, &p),
+            Err(Refusal::NoHost { .. })
+        ));
+        assert_eq!(sites.host_for("nowhere", 1.0, 1.0, &p), Ok(None));
     }
 
     #[test]
@@ -1365,6 +1580,7 @@ mod tests {
             ],
             vms,
             local_rtt_ms: 0.1,
+            hosts: Vec::new(),
             link_index: Default::default(),
         }
     }

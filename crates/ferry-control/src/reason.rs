@@ -32,6 +32,13 @@ pub enum Refusal {
         limit_cpu: f64,
         cpu: f64,
     },
+    /// The site has the CPUs, but none of its hosts has the room (CPU or
+    /// memory) for the guest.
+    NoHost {
+        site: String,
+        cpu: f64,
+        memory_bytes: f64,
+    },
     /// The site is being drained: nothing moves in.
     Draining { site: String },
     /// A site in maintenance must lose this guest, and no linked site can
@@ -85,7 +92,7 @@ impl Refusal {
             Refusal::InFlight { .. } => "in flight",
             Refusal::Cooldown { .. } => "cooldown",
             Refusal::HeldBack { .. } => "backoff",
-            Refusal::NoRoom { .. } => "fits",
+            Refusal::NoRoom { .. } | Refusal::NoHost { .. } => "fits",
             Refusal::Draining { .. } | Refusal::NowhereToGo { .. } => "drain",
             Refusal::HomeFull { .. } => "coming home",
             Refusal::NotConverging => "converges",
@@ -124,6 +131,15 @@ impl std::fmt::Display for Refusal {
             } => write!(
                 f,
                 "{site} runs {used_cpu:.1} of {limit_cpu:.1} CPUs, no room for {cpu:.2} more"
+            ),
+            Refusal::NoHost {
+                site,
+                cpu,
+                memory_bytes,
+            } => write!(
+                f,
+                "no host of {site} has room for {cpu:.2} CPUs and {:.0} MiB",
+                memory_bytes / 1048576.0
             ),
             Refusal::Draining { site } => write!(f, "{site} is in maintenance"),
             Refusal::NowhereToGo { draining } => write!(

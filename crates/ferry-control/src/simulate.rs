@@ -157,6 +157,7 @@ fn build(cfg: &SimConfig) -> (Cluster, Vec<bool>) {
                     dirty_rate: 2e6,
                     write_rate: 1e6,
                 },
+                host: None,
                 since_move_s: f64::INFINITY,
             }
         })
@@ -167,6 +168,7 @@ fn build(cfg: &SimConfig) -> (Cluster, Vec<bool>) {
             links,
             vms,
             local_rtt_ms: 0.1,
+            hosts: Vec::new(),
             link_index: Default::default(),
         },
         io_bound,

@@ -4,7 +4,7 @@
 
 use ferry_api::{AdminClient, MigrationId, VmMigrateRequest, VmMovePhase};
 use ferry_control::cycle::{Ended, World};
-use ferry_control::inventory::Inventory;
+use ferry_control::inventory::{HostRef, Inventory, StorageRef};
 use ferry_control::policy::{Action, Decision};
 use ferry_control::Cluster;
 use serde::{Deserialize, Serialize};
@@ -24,6 +24,9 @@ pub struct MoveOutcome {
     pub action: Action,
     pub to_host_site: String,
     pub to_disk_site: String,
+    /// The host it was sent to, when the controller chose one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_host: Option<String>,
     /// Where the guest ran and its disk lived before.
     #[serde(default)]
     pub from_host_site: String,
@@ -87,24 +90,61 @@ impl MoveOutcome {
     }
 }
 
-/// Build the move request for `d`, or say why it cannot be made.
-fn request(inv: &Inventory, c: &AdminClient, d: &Decision) -> Result<VmMigrateRequest, String> {
+/// The host of the destination site a move goes to: the one the decision
+/// chose, else the site's first.
+fn target_host<'i>(inv: &'i Inventory, d: &Decision) -> Result<&'i HostRef, String> {
     let to = inv
         .site(&d.to.host_site)
         .ok_or_else(|| format!("unknown site {}", d.to.host_site))?;
-    let to_disk = inv
+    match &d.to_host {
+        Some(h) => inv
+            .host(&to.name, h)
+            .ok_or_else(|| format!("site {} has no host {h}", to.name)),
+        None => to
+            .hosts
+            .first()
+            .ok_or_else(|| format!("site {} has no host", to.name)),
+    }
+}
+
+/// The storage daemon of the disk's new site a move goes to: the one at
+/// `nbd` when given (the one holding most of the disk, or serving fewest
+/// disks), else the site's first.
+fn target_storage<'i>(
+    inv: &'i Inventory,
+    d: &Decision,
+    nbd: Option<&str>,
+) -> Result<&'i StorageRef, String> {
+    let site = inv
         .site(&d.to.disk_site)
         .ok_or_else(|| format!("unknown site {}", d.to.disk_site))?;
+    match nbd {
+        Some(nbd) => site
+            .storage
+            .iter()
+            .find(|s| s.serves(nbd))
+            .ok_or_else(|| format!("site {} has no storage daemon at {nbd}", site.name)),
+        None => site
+            .storage
+            .first()
+            .ok_or_else(|| format!("site {} has no storage", site.name)),
+    }
+}
+
+/// Build the move request for `d` (to the storage daemon at `storage` of
+/// the disk's new site, when given), or say why it cannot be made.
+fn request(
+    inv: &Inventory,
+    c: &AdminClient,
+    d: &Decision,
+    storage: Option<&str>,
+) -> Result<VmMigrateRequest, String> {
     let mut req = VmMigrateRequest {
         id: Some(MigrationId::random()),
         ..Default::default()
     };
     if matches!(d.action, Action::MoveVm | Action::Teleport) {
-        let h = to
-            .hosts
-            .first()
-            .ok_or_else(|| format!("site {} has no host", to.name))?;
-        req.to_host = Some(h.moves.clone());
+        req.to_host = Some(target_host(inv, d)?.moves.clone());
     }
     if d.action == Action::MoveVm {
         // The guest's disks, reached the way the new site reaches them.
@@ -121,10 +161,7 @@ fn request(inv: &Inventory, c: &AdminClient, d: &Decision) -> Result<VmMigrateRe
         req.disk_servers = servers;
     }
     if matches!(d.action, Action::MoveDisk | Action::Teleport) {
-        let st = to_disk
-            .storage
-            .first()
-            .ok_or_else(|| format!("site {} has no storage", to_disk.name))?;
+        let st = target_storage(inv, d, storage)?;
         req.to_storage = Some(st.migrate.clone());
         req.to_storage_admin = Some(st.admin.clone());
     }
@@ -138,6 +175,7 @@ pub fn not_started(d: &Decision, reason: Option<String>) -> MoveOutcome {
         action: d.action,
         to_host_site: d.to.host_site.clone(),
         to_disk_site: d.to.disk_site.clone(),
+        to_host: d.to_host.clone(),
         from_host_site: d.from.host_site.clone(),
         from_disk_site: d.from.disk_site.clone(),
         result: "not started".into(),
@@ -157,10 +195,11 @@ pub fn start(
     inv: &Inventory,
     control: &str,
     d: &Decision,
+    storage: Option<&str>,
 ) -> Result<(MigrationId, MoveOutcome), Box<MoveOutcome>> {
     let mut out = not_started(d, None);
     let c = AdminClient::for_host(control).limited(crate::measure::HOST_CALL_LIMIT);
-    let req = match request(inv, &c, d) {
+    let req = match request(inv, &c, d, storage) {
         Ok(r) => r,
         Err(e) => {
             out.reason = Some(e);
@@ -280,7 +319,7 @@ impl World for OneShot {
             self.outcomes.push(not_started(d, Some(why.clone())));
             return Err(why);
         };
-        match start(&self.inv, &control, d) {
+        match start(&self.inv, &control, d, None) {
             Ok((id, out)) => {
                 let tx = self.tx.clone();
                 std::thread::spawn(move || {
@@ -305,5 +344,83 @@ impl World for OneShot {
             self.outcomes.push(o);
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_control::inventory::SiteInventory;
+    use ferry_control::model::MoveCost;
+    use ferry_control::Placement;
+
+    /// Site `b` with two hosts and two storage daemons.
+    fn inventory() -> Inventory {
+        let host = |n: &str| HostRef {
+            control: format!("{n}:1"),
+            moves: format!("{n}:2"),
+            cpus: None,
+            memory_mib: None,
+        };
+        let storage = |n: &str| StorageRef {
+            nbd: format!("{n}:10809"),
+            nbd_local: None,
+            migrate: format!("{n}:7000"),
+            admin: format!("{n}:8000"),
+        };
+        Inventory {
+            sites: vec![SiteInventory {
+                name: "b".into(),
+                cpu_capacity: 8.0,
+                hosts: vec![host("b1"), host("b2")],
+                storage: vec![storage("s1"), storage("s2")],
+            }],
+            links: vec![],
+        }
+    }
+
+    fn teleport(to_host: Option<&str>) -> Decision {
+        let at = |s: &str| Placement {
+            host_site: s.into(),
+            disk_site: s.into(),
+        };
+        Decision {
+            vm: "web".into(),
+            action: Action::Teleport,
+            from: at("a"),
+            to: at("b"),
+            to_host: to_host.map(Into::into),
+            lost_here_s: 0.0,
+            lost_there_s: 0.0,
+            cost: MoveCost {
+                seconds: 1.0,
+                bytes: 1.0,
+                pause_s: 0.1,
+                lost_s: 0.1,
+                converges: true,
+            },
+            reason: String::new(),
+            forced: false,
+            burst_from: None,
+        }
+    }
+
+    #[test]
+    fn a_move_goes_to_the_host_and_storage_daemon_chosen_for_it() {
+        let inv = inventory();
+        let c = AdminClient::for_host("127.0.0.1:1");
+        let req = request(&inv, &c, &teleport(Some("b2:1")), Some("s2:10809")).unwrap();
+        assert_eq!(req.to_host.as_deref(), Some("b2:2"));
+        assert_eq!(req.to_storage.as_deref(), Some("s2:7000"));
+        assert_eq!(req.to_storage_admin.as_deref(), Some("s2:8000"));
+        // Nothing chosen: the site's first of each.
+        let req = request(&inv, &c, &teleport(None), None).unwrap();
+        assert_eq!(req.to_host.as_deref(), Some("b1:2"));
+        assert_eq!(req.to_storage.as_deref(), Some("s1:7000"));
+        // A host or daemon the site does not list is refused by name.
+        let e = request(&inv, &c, &teleport(Some("elsewhere:1")), None).unwrap_err();
+        assert!(e.contains("no host elsewhere:1"), "{e}");
+        let e = request(&inv, &c, &teleport(None), Some("s9:10809")).unwrap_err();
+        assert!(e.contains("no storage daemon at s9:10809"), "{e}");
     }
 }

@@ -204,6 +204,7 @@ mod tests {
             action: Action::MoveVm,
             to_host_site: "b".into(),
             to_disk_site: "b".into(),
+            to_host: None,
             from_host_site: "a".into(),
             from_disk_site: "b".into(),
             result: "not started".into(),

@@ -16,7 +16,7 @@
 //! reads the hosts twice as without it.
 
 use ferry_api::{AdminClient, DiskIo, VmState as GuestState, VmView};
-use ferry_control::inventory::Inventory;
+use ferry_control::inventory::{Inventory, StorageRef};
 use ferry_control::model::{DISK_MOVE_SETUP_S, VM_MOVE_SETUP_S};
 use ferry_control::policy::Action;
 use ferry_control::{Cluster, Placement, VmLoad, VmState};
@@ -75,6 +75,9 @@ struct Holdings {
     nonzero: Option<f64>,
     link_share: Option<f64>,
     missing: BTreeMap<String, f64>,
+    /// Per site with several storage daemons: the one (NBD address) whose
+    /// index holds most of the sample.
+    best: BTreeMap<String, String>,
 }
 
 impl Holdings {
@@ -162,24 +165,38 @@ fn missing_shares(
         out.link_share = Some(share);
     }
     for s in inv.sites.iter().filter(|s| s.name != home.name) {
-        let Some(there) = s.storage.first() else {
+        // Every daemon of the site is asked; the move goes to the one that
+        // holds most, so the site lacks what that one lacks.
+        let mut best: Option<(f64, &StorageRef)> = None;
+        for there in &s.storage {
+            let held = if sample.fingerprints.is_empty() {
+                0.0
+            } else {
+                match AdminClient::with_timeout(&there.admin, HOST_CALL_LIMIT)
+                    .index_lookup(&sample.fingerprints)
+                {
+                    #[allow(clippy::cast_precision_loss)]
+                    Ok(a) => a.found as f64 / a.asked.max(1) as f64,
+                    Err(e) => {
+                        problems.push(format!(
+                            "asking {} of {} about {volume}: {e}",
+                            there.admin, s.name
+                        ));
+                        continue;
+                    }
+                }
+            };
+            if best.is_none_or(|(h, _)| held > h) {
+                best = Some((held, there));
+            }
+        }
+        let Some((held, there)) = best else {
             continue;
         };
-        let held = if sample.fingerprints.is_empty() {
-            0.0
-        } else {
-            match AdminClient::with_timeout(&there.admin, HOST_CALL_LIMIT)
-                .index_lookup(&sample.fingerprints)
-            {
-                #[allow(clippy::cast_precision_loss)]
-                Ok(a) => a.found as f64 / a.asked.max(1) as f64,
-                Err(e) => {
-                    problems.push(format!("asking {}'s index about {volume}: {e}", s.name));
-                    continue;
-                }
-            }
-        };
         out.missing.insert(s.name.clone(), nonzero * (1.0 - held));
+        if s.storage.len() > 1 && held > 0.0 {
+            out.best.insert(s.name.clone(), there.nbd.clone());
+        }
     }
     out
 }
@@ -390,6 +407,11 @@ pub struct Measured {
     pub cluster: Cluster,
     /// Which host (control address) runs each VM.
     pub running_on: BTreeMap<String, String>,
+    /// (guest, site) -> the NBD address of the site's storage daemon whose
+    /// index holds most of the guest's disk.
+    pub storage_for: BTreeMap<(String, String), String>,
+    /// Each guest's disk server (NBD address).
+    pub disk_server: BTreeMap<String, String>,
     /// What could not be measured, one line each.
     pub problems: Vec<String>,
     /// Each declared link's RTT as probed.
@@ -530,6 +552,8 @@ pub fn measure(
     let dt = t0.elapsed().as_secs_f64().max(1e-3);
     let mut vms = Vec::new();
     let mut running_on = BTreeMap::new();
+    let mut storage_for = BTreeMap::new();
+    let mut disk_server = BTreeMap::new();
     for Sampled {
         site,
         control,
@@ -588,6 +612,10 @@ pub fn measure(
         let disk_bytes = size as f64;
         running_on.insert(v.spec.name.clone(), control.clone());
         let disk = volume_holdings(inv, &d.server, &d.volume, &mut problems, holdings);
+        for (s, nbd) in &disk.best {
+            storage_for.insert((v.spec.name.clone(), s.clone()), nbd.clone());
+        }
+        disk_server.insert(v.spec.name.clone(), d.server.clone());
         vms.push(VmState {
             name: v.spec.name.clone(),
             placement: Placement {
@@ -602,6 +630,7 @@ pub fn measure(
             memory_link_share: v.memory_link_share,
             home_site: None,
             load,
+            host: Some(control.clone()),
             since_move_s: since_move_s
                 .get(&v.spec.name)
                 .copied()
@@ -628,11 +657,31 @@ pub fn measure(
                 .collect(),
             vms,
             local_rtt_ms: 0.1,
+            hosts: inv.hosts(),
             link_index: std::sync::OnceLock::default(),
         },
         running_on,
+        storage_for,
+        disk_server,
         problems,
         links,
+    }
+}
+
+impl Measured {
+    /// The storage daemon (its NBD address) of `site` a disk move of `vm`
+    /// goes to: the one whose index holds most of the disk, as sampled;
+    /// else the one serving the fewest of the measured guests' disks, so
+    /// disks spread over every daemon the site lists.
+    pub fn storage_for(&self, inv: &Inventory, vm: &str, site: &str) -> Option<String> {
+        if let Some(nbd) = self.storage_for.get(&(vm.to_string(), site.to_string())) {
+            return Some(nbd.clone());
+        }
+        let s = inv.site(site)?;
+        s.storage
+            .iter()
+            .min_by_key(|st| self.disk_server.values().filter(|a| st.serves(a)).count())
+            .map(|st| st.nbd.clone())
     }
 }
 
@@ -648,6 +697,7 @@ mod tests {
             action,
             to_host_site: to.into(),
             to_disk_site: to.into(),
+            to_host: None,
             from_host_site: from.into(),
             from_disk_site: from.into(),
             result: "completed".into(),
@@ -679,6 +729,55 @@ mod tests {
             ..Default::default()
         };
         (v, d)
+    }
+
+    #[test]
+    fn a_disk_goes_to_the_daemon_holding_most_of_it_else_to_the_least_used() {
+        use ferry_control::inventory::{SiteInventory, StorageRef};
+        let storage = |n: &str| StorageRef {
+            nbd: format!("{n}:10809"),
+            nbd_local: None,
+            migrate: format!("{n}:7000"),
+            admin: format!("{n}:8000"),
+        };
+        let inv = Inventory {
+            sites: vec![SiteInventory {
+                name: "b".into(),
+                cpu_capacity: 8.0,
+                hosts: vec![],
+                storage: vec![storage("s1"), storage("s2")],
+            }],
+            links: vec![],
+        };
+        let mut m = Measured {
+            loads_from: "hosts".into(),
+            cluster: crate::measure::tests::empty_cluster(),
+            running_on: BTreeMap::new(),
+            storage_for: BTreeMap::new(),
+            disk_server: BTreeMap::new(),
+            problems: vec![],
+            links: vec![],
+        };
+        // s1 serves two disks, s2 none: a new disk goes to s2.
+        m.disk_server.insert("x".into(), "s1:10809".into());
+        m.disk_server.insert("y".into(), "s1:10809".into());
+        assert_eq!(m.storage_for(&inv, "web", "b").as_deref(), Some("s2:10809"));
+        // The daemon whose index holds most of the disk wins.
+        m.storage_for
+            .insert(("web".into(), "b".into()), "s1:10809".into());
+        assert_eq!(m.storage_for(&inv, "web", "b").as_deref(), Some("s1:10809"));
+        assert_eq!(m.storage_for(&inv, "web", "nowhere"), None);
+    }
+
+    pub(super) fn empty_cluster() -> Cluster {
+        Cluster {
+            sites: vec![],
+            links: vec![],
+            vms: vec![],
+            hosts: vec![],
+            local_rtt_ms: 0.1,
+            link_index: Default::default(),
+        }
     }
 
     #[test]

@@ -309,6 +309,7 @@ fn decision_of(o: &MoveOutcome) -> Decision {
         action: o.action,
         from: at(&o.from_host_site, &o.from_disk_site),
         to: at(&o.to_host_site, &o.to_disk_site),
+        to_host: o.to_host.clone(),
         lost_here_s: 0.0,
         lost_there_s: 0.0,
         cost: MoveCost {
@@ -393,7 +394,8 @@ impl World for Hosts<'_> {
         let Some(control) = m.running_on.get(&d.vm).cloned() else {
             return Err(format!("{} runs on no host the controller reads", d.vm));
         };
-        match start(&self.settings.inventory, &control, d) {
+        let storage = m.storage_for(&self.settings.inventory, &d.vm, &d.to.disk_site);
+        match start(&self.settings.inventory, &control, d, storage.as_deref()) {
             Ok((id, expect)) => {
                 self.sh.record(Event::Started {
                     vm: d.vm.clone(),
