@@ -63,7 +63,7 @@ fn default_burst_above() -> f64 {
 }
 
 fn default_max_moves_per_site() -> usize {
-    4
+    8
 }
 
 impl Default for Policy {

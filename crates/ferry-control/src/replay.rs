@@ -16,6 +16,7 @@ use crate::cycle::{drive, ControllerCore, DriveError, Ended, NoJournal, World};
 use crate::model::{access_cost, latency_at};
 use crate::policy::{Action, Decision, Policy};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// A link's RTT set to `rtt_ms` at `at_s` seconds into the replay.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,7 +71,9 @@ pub struct ReplayTick {
 /// A move the policy decided during the replay.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ReplayMove {
-    /// When it was decided, and when it ends (decided + predicted time).
+    /// When it was decided, and when it ended (decided + predicted time,
+    /// longer when moves in flight shared its link; one still running at
+    /// the end of the replay: decided + predicted time).
     pub decided_s: f64,
     pub ends_s: f64,
     pub vm: String,
@@ -113,6 +116,7 @@ pub fn replay(
         moves: Vec::new(),
         pending: Vec::new(),
         done: Vec::new(),
+        clock: 0.0,
     };
     let mut out_ticks = Vec::with_capacity(ticks);
     for tick in 0..ticks {
@@ -154,35 +158,95 @@ pub fn replay(
 }
 
 /// The replayed cluster as the core's world: a move takes its predicted
-/// time, its guest's I/O follows the new placement once it has ended.
+/// time, except that moves in flight on one link share its bandwidth; its
+/// guest's I/O follows the new placement once it has ended.
 struct Replayed {
     c: Cluster,
     moves: Vec<ReplayMove>,
-    /// Moves decided and not yet ended (indices into `moves`).
-    pending: Vec<usize>,
+    /// Moves decided and not yet ended.
+    pending: Vec<Flight>,
     done: Vec<Ended>,
+    /// How far the moves in flight have been stepped (seconds).
+    clock: f64,
 }
 
+/// A move in flight in the replay: its fixed part (set-up, the switch)
+/// still to run, then the bytes it still has to send over its link, which
+/// it shares equally with the other moves sending on that link.
+struct Flight {
+    /// Index into `moves`.
+    idx: usize,
+    link: (String, String),
+    fixed_left: f64,
+    bytes_left: f64,
+}
+
+/// Bytes left below this count as sent (rounding).
+const SENT: f64 = 1.0;
+
 impl Replayed {
-    /// The moves due by `now` take effect.
+    /// Each link's bandwidth share per move sending on it now.
+    fn shares(&self) -> BTreeMap<(String, String), f64> {
+        let mut n: BTreeMap<(String, String), usize> = BTreeMap::new();
+        for f in self.pending.iter().filter(|f| f.fixed_left <= 0.0) {
+            *n.entry(f.link.clone()).or_default() += 1;
+        }
+        n.into_iter()
+            .map(|(l, k)| {
+                let bw = self
+                    .c
+                    .link(&l.0, &l.1)
+                    .map_or(f64::INFINITY, |x| x.bandwidth);
+                #[allow(clippy::cast_precision_loss)]
+                let share = bw / k as f64;
+                (l, share)
+            })
+            .collect()
+    }
+
+    /// Step the moves in flight to `now`, event by event (a fixed part
+    /// ending, a move's last byte sent); the moves that end take effect.
     fn arrive(&mut self, now: f64) {
-        let (moves, c, done) = (&self.moves, &mut self.c, &mut self.done);
-        self.pending.retain(|&i| {
-            let m = &moves[i];
-            if m.ends_s > now {
-                return true;
+        while !self.pending.is_empty() && self.clock < now {
+            let shares = self.shares();
+            let until = |f: &Flight| {
+                if f.fixed_left > 0.0 {
+                    f.fixed_left
+                } else {
+                    f.bytes_left.max(0.0) / shares[&f.link]
+                }
+            };
+            let next = self.pending.iter().map(until).fold(f64::INFINITY, f64::min);
+            let dt = next.min(now - self.clock);
+            for f in &mut self.pending {
+                if f.fixed_left > 0.0 {
+                    f.fixed_left -= dt;
+                } else {
+                    f.bytes_left -= shares[&f.link] * dt;
+                }
             }
-            if let Some(v) = c.vms.iter_mut().find(|v| v.name == m.vm) {
-                v.placement = m.to.clone();
-            }
-            done.push(Ended {
-                vm: m.vm.clone(),
-                completed: true,
-                reason: None,
-                at_s: m.ends_s,
+            self.clock += dt;
+            let (moves, c, done, clock) =
+                (&mut self.moves, &mut self.c, &mut self.done, self.clock);
+            self.pending.retain(|f| {
+                if f.fixed_left > 1e-9 || f.bytes_left > SENT {
+                    return true;
+                }
+                let m = &mut moves[f.idx];
+                m.ends_s = clock;
+                if let Some(v) = c.vms.iter_mut().find(|v| v.name == m.vm) {
+                    v.placement = m.to.clone();
+                }
+                done.push(Ended {
+                    vm: m.vm.clone(),
+                    completed: true,
+                    reason: None,
+                    at_s: clock,
+                });
+                false
             });
-            false
-        });
+        }
+        self.clock = now;
     }
 }
 
@@ -201,7 +265,30 @@ impl World for Replayed {
             d.burst_from.as_deref(),
             &d.to.host_site,
         );
-        self.pending.push(self.moves.len());
+        // The link its bytes cross (the hosts', or the disks' when the
+        // guest stays), and its fixed part: what its predicted time holds
+        // beyond sending its bytes at that link's bandwidth.
+        let link = if d.from.host_site == d.to.host_site {
+            (d.from.disk_site.clone(), d.to.disk_site.clone())
+        } else {
+            (d.from.host_site.clone(), d.to.host_site.clone())
+        };
+        let link = if link.0 <= link.1 {
+            link
+        } else {
+            (link.1, link.0)
+        };
+        let bw = self
+            .c
+            .link(&link.0, &link.1)
+            .map_or(f64::INFINITY, |l| l.bandwidth);
+        self.clock = self.clock.max(now);
+        self.pending.push(Flight {
+            idx: self.moves.len(),
+            link,
+            fixed_left: (d.cost.seconds - d.cost.bytes / bw).max(0.0),
+            bytes_left: d.cost.bytes,
+        });
         self.moves.push(ReplayMove {
             decided_s: now,
             ends_s: now + d.cost.seconds,
@@ -283,6 +370,40 @@ mod tests {
             .find(|g| g.vm == vm)
             .unwrap()
             .clone()
+    }
+
+    #[test]
+    fn moves_in_flight_on_one_link_share_its_bandwidth() {
+        // Two I/O-bound guests, 16 ms from their disks: both move at once.
+        let vms = vec![
+            crate::fixtures::remote_vm("v0", 55.0, 16.3),
+            crate::fixtures::remote_vm("v1", 55.0, 16.3),
+        ];
+        let c = crate::fixtures::two_sites(16.0, 12.5e6, vms);
+        let alone = replay(
+            &Cluster {
+                vms: c.vms[..1].to_vec(),
+                ..c.clone()
+            },
+            &Policy::default(),
+            200,
+            0.5,
+            &[],
+        )
+        .unwrap();
+        let both = replay(&c, &Policy::default(), 200, 0.5, &[]).unwrap();
+        let m = &alone.moves[0];
+        assert!(
+            (m.ends_s - m.decided_s - m.seconds).abs() < 1e-6,
+            "alone: {m:?}"
+        );
+        assert_eq!(both.moves.len(), 2);
+        let fixed = m.seconds - m.bytes / 12.5e6;
+        for m2 in &both.moves {
+            // Each sends its bytes at half the link: fixed + 2 × bytes / bw.
+            let expect = m2.decided_s + fixed + 2.0 * m2.bytes / 12.5e6;
+            assert!((m2.ends_s - expect).abs() < 1e-6, "{m2:?} vs {expect}");
+        }
     }
 
     #[test]
