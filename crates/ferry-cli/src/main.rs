@@ -698,34 +698,7 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
                     ferry_api::Backing::Preallocated => "preallocated",
                     ferry_api::Backing::External { .. } => "external",
                 };
-                let state = match (&vol.sanitize, &vol.moved_to, &vol.incoming) {
-                    (
-                        Some(ferry_api::SanitizeView::Running {
-                            op,
-                            done_bytes,
-                            total_bytes,
-                        }),
-                        ..,
-                    ) => format!(
-                        "sanitizing ({op}, {}%)",
-                        done_bytes * 100 / (*total_bytes).max(1)
-                    ),
-                    (Some(ferry_api::SanitizeView::Failed { op, error }), ..) => {
-                        format!("sanitize ({op}) failed: {error}")
-                    }
-                    (None, Some(to), _) => format!("moved to {to}"),
-                    (None, None, Some(m)) => incomplete_copy(m),
-                    (None, None, None) if vol.importing => {
-                        "incomplete (import did not finish)".into()
-                    }
-                    (None, None, None) if vol.outgoing.is_some() => {
-                        format!(
-                            "migration to {} not finished",
-                            vol.outgoing.as_ref().map_or("", |o| &o.to)
-                        )
-                    }
-                    (None, None, None) => "ready".into(),
-                };
+                let state = volume_state(vol);
                 println!(
                     "{:<24} {:>12} {:>12} {:>6} {:<13} {:<20} {state}",
                     vol.name,
@@ -786,6 +759,36 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
             eprintln!("exported {} from {name} to {}", human(n), file.display());
             Ok(())
         }
+    }
+}
+
+/// What `ferry volume list` says of a volume's state.
+fn volume_state(vol: &ferry_api::VolumeView) -> String {
+    match (&vol.sanitize, &vol.moved_to, &vol.incoming) {
+        (
+            Some(ferry_api::SanitizeView::Running {
+                op,
+                done_bytes,
+                total_bytes,
+            }),
+            ..,
+        ) => format!(
+            "sanitizing ({op}, {}%)",
+            done_bytes * 100 / (*total_bytes).max(1)
+        ),
+        (Some(ferry_api::SanitizeView::Failed { op, error }), ..) => {
+            format!("sanitize ({op}) failed: {error}")
+        }
+        (None, Some(to), _) => format!("moved to {to}"),
+        (None, None, Some(m)) => incomplete_copy(m),
+        (None, None, None) if vol.importing => "incomplete (import did not finish)".into(),
+        (None, None, None) if vol.outgoing.is_some() => {
+            format!(
+                "migration to {} not finished",
+                vol.outgoing.as_ref().map_or("", |o| &o.to)
+            )
+        }
+        (None, None, None) => "ready".into(),
     }
 }
 

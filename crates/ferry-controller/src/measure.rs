@@ -503,6 +503,27 @@ fn load_from_rates(g: &crate::prometheus::GuestRates) -> VmLoad {
     }
 }
 
+/// What a memory move of `v` sends in full: the RAM the guest touched
+/// (resident in QEMU), else all of it.
+#[allow(clippy::cast_precision_loss)]
+fn memory_to_send(v: &VmView) -> f64 {
+    v.memory_resident_bytes
+        .filter(|b| *b > 0)
+        .unwrap_or(v.spec.memory_mib << 20) as f64
+}
+
+/// The size of `volume` as the host at `control` reaches it (1 GiB when
+/// it does not say).
+#[allow(clippy::cast_precision_loss)]
+fn volume_size(control: &str, volume: &str) -> f64 {
+    AdminClient::for_host(control)
+        .limited(HOST_CALL_LIMIT)
+        .host_volumes()
+        .ok()
+        .and_then(|vs| vs.into_iter().find(|x| x.volume == volume).map(|x| x.size))
+        .unwrap_or(1 << 30) as f64
+}
+
 /// Measure every running guest: its load from Prometheus (`source`), or
 /// from its host read twice, `interval` apart. `since_move_s` gives, per
 /// VM, the seconds since the controller last moved it.
@@ -592,24 +613,7 @@ pub fn measure(
                 load_between(earlier, v, d, dt)
             }
         };
-        let size = AdminClient::for_host(control)
-            .limited(HOST_CALL_LIMIT)
-            .host_volumes()
-            .ok()
-            .and_then(|vs| {
-                vs.into_iter()
-                    .find(|x| x.volume == d.volume)
-                    .map(|x| x.size)
-            })
-            .unwrap_or(1 << 30);
-        #[allow(clippy::cast_precision_loss)]
-        // What a memory move sends in full: the RAM the guest touched
-        // (resident in QEMU), else all of it.
-        let memory_bytes = v
-            .memory_resident_bytes
-            .filter(|b| *b > 0)
-            .unwrap_or(v.spec.memory_mib << 20) as f64;
-        let disk_bytes = size as f64;
+        let (memory_bytes, disk_bytes) = (memory_to_send(v), volume_size(control, &d.volume));
         running_on.insert(v.spec.name.clone(), control.clone());
         let disk = volume_holdings(inv, &d.server, &d.volume, &mut problems, holdings);
         for (s, nbd) in &disk.best {

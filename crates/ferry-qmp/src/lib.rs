@@ -9,6 +9,9 @@
 //!   negotiation, commands with ids whose replies are matched whatever the
 //!   order, and events as a stream one waits on with a timeout (never a
 //!   sleep).
+//! - [`commands`]: typed commands and answers for everything ferry sends
+//!   (`query-migrate` as a [`MigrationInfo`], `migrate-set-parameters`
+//!   from a [`MigrateParameters`], ...).
 //!
 //! ```text
 //!  ferry                                  QEMU
@@ -21,7 +24,12 @@
 //! ```
 
 pub mod client;
+pub mod commands;
 pub mod wire;
 
 pub use client::{QmpClient, QmpError};
+pub use commands::{
+    Capability, DirtyRateInfo, MigrateParameters, MigrationInfo, MigrationStatus, RamStats,
+    StatusInfo,
+};
 pub use wire::{Event, Greeting, ServerMessage, WireError};

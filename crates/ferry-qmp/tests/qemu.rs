@@ -4,7 +4,7 @@
 //! switchover (`pause-before-switchover`) until it is told to go on, the
 //! hook a VM move uses to switch its disk at the same moment.
 
-use ferry_qmp::{QmpClient, QmpError};
+use ferry_qmp::{Capability, MigrateParameters, MigrationStatus, QmpClient, QmpError};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -150,26 +150,30 @@ fn a_live_migration_holds_before_the_switchover_until_told_to_continue() {
     rt().block_on(async {
         let s = QmpClient::connect(&src.qmp).await.unwrap();
         let d = QmpClient::connect(&dst.qmp).await.unwrap();
-        let caps = json!({"capabilities": [
-            {"capability": "events", "state": true},
-            {"capability": "pause-before-switchover", "state": true},
-        ]});
-        s.execute_value("migrate-set-capabilities", Some(caps.clone()))
-            .await
-            .unwrap();
-        d.execute_value("migrate-set-capabilities", Some(caps))
-            .await
-            .unwrap();
+        // The typed commands, against a real QEMU.
+        let caps = [
+            (Capability::Events, true),
+            (Capability::PauseBeforeSwitchover, true),
+        ];
+        s.migrate_set_capabilities(&caps).await.unwrap();
+        d.migrate_set_capabilities(&caps).await.unwrap();
+        s.migrate_set_parameters(&MigrateParameters {
+            downtime_limit: Some(300),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            s.query_migrate().await.unwrap().status,
+            MigrationStatus::None
+        );
         let dm = d.mark();
-        d.execute_value("migrate-incoming", Some(json!({"uri": uri})))
-            .await
-            .unwrap();
-        s.execute_value("cont", None).await.unwrap();
+        d.migrate_incoming(&uri).await.unwrap();
+        s.cont().await.unwrap();
+        assert!(s.query_status().await.unwrap().running);
         assert_eq!(status(&s).await, "running");
         let sm = s.mark();
-        s.execute_value("migrate", Some(json!({"uri": uri})))
-            .await
-            .unwrap();
+        s.migrate(&uri).await.unwrap();
         // Memory is copied, then the source stops before the switchover
         // and waits: the guest is paused, nothing is running anywhere new.
         s.wait_event(sm, Duration::from_secs(60), |e| {
@@ -177,15 +181,14 @@ fn a_live_migration_holds_before_the_switchover_until_told_to_continue() {
         })
         .await
         .unwrap();
-        let q: Value = s.execute("query-migrate", None).await.unwrap();
-        assert_eq!(q["status"], "pre-switchover");
+        let q = s.query_migrate().await.unwrap();
+        assert_eq!(q.status, MigrationStatus::PreSwitchover);
+        assert!(q.ram().dirty_sync_count >= 1, "{q:?}");
         assert_eq!(status(&s).await, "finish-migrate");
         assert_eq!(status(&d).await, "inmigrate");
         // Told to go on: it completes, and the guest runs at the destination.
         let sm = s.mark();
-        s.execute_value("migrate-continue", Some(json!({"state": "pre-switchover"})))
-            .await
-            .unwrap();
+        s.migrate_continue().await.unwrap();
         s.wait_event(sm, Duration::from_secs(60), |e| {
             e.name == "MIGRATION" && e.data["status"] == "completed"
         })
@@ -196,7 +199,8 @@ fn a_live_migration_holds_before_the_switchover_until_told_to_continue() {
             .unwrap();
         assert_eq!(status(&d).await, "running");
         assert_eq!(status(&s).await, "postmigrate");
-        let q: Value = s.execute("query-migrate", None).await.unwrap();
-        assert!(q["ram"]["transferred"].as_u64().unwrap() > 0, "{q}");
+        let q = s.query_migrate().await.unwrap();
+        assert_eq!(q.status, MigrationStatus::Completed);
+        assert!(q.ram().transferred > 0 && q.downtime.is_some(), "{q:?}");
     });
 }

@@ -13,8 +13,8 @@
 use crate::guest::Guest;
 use crate::VmError;
 use ferry_api::{DirtyRateView, VmState};
+use ferry_qmp::DirtyRateInfo;
 use ferry_qmp::QmpClient;
-use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -46,43 +46,38 @@ enum Answer {
     Measuring,
 }
 
-fn parse_answer(v: &Value) -> Result<Answer, VmError> {
-    match v["status"].as_str() {
-        Some("measured") => {
-            let mib = v["dirty-rate"]
-                .as_u64()
-                .ok_or_else(|| VmError::Qemu(format!("query-dirty-rate: no dirty-rate in {v}")))?;
+fn parse_answer(v: &DirtyRateInfo) -> Result<Answer, VmError> {
+    match v.status.as_str() {
+        "measured" => {
+            let mib = v
+                .dirty_rate
+                .and_then(|r| u64::try_from(r).ok())
+                .ok_or_else(|| {
+                    VmError::Qemu(format!("query-dirty-rate: no dirty-rate in {v:?}"))
+                })?;
             Ok(Answer::Measured(mib.saturating_mul(1 << 20)))
         }
-        Some("measuring") => Ok(Answer::Measuring),
-        other => Err(VmError::Qemu(format!(
-            "query-dirty-rate: status {}",
-            other.unwrap_or("missing")
-        ))),
+        "measuring" => Ok(Answer::Measuring),
+        "" => Err(VmError::Qemu("query-dirty-rate: status missing".into())),
+        other => Err(VmError::Qemu(format!("query-dirty-rate: status {other}"))),
     }
 }
 
 /// Ask QEMU for one measurement and wait for it: about `CALC_TIME_S`.
 pub async fn measure(qmp: &QmpClient) -> Result<u64, VmError> {
     let qemu = |e: ferry_qmp::QmpError| VmError::Qemu(format!("calc-dirty-rate: {e}"));
-    let args = json!({"calc-time": CALC_TIME_S, "sample-pages": SAMPLE_PAGES_PER_GIB});
     if qmp
-        .execute_value("calc-dirty-rate", Some(args))
+        .calc_dirty_rate(CALC_TIME_S, Some(SAMPLE_PAGES_PER_GIB))
         .await
         .is_err()
     {
         // QEMU before 6.1 takes no sample-pages.
-        qmp.execute_value("calc-dirty-rate", Some(json!({"calc-time": CALC_TIME_S})))
-            .await
-            .map_err(qemu)?;
+        qmp.calc_dirty_rate(CALC_TIME_S, None).await.map_err(qemu)?;
     }
     tokio::time::sleep(Duration::from_secs(CALC_TIME_S)).await;
     let deadline = tokio::time::Instant::now() + ANSWER_LIMIT;
     loop {
-        let v = qmp
-            .execute_value("query-dirty-rate", None)
-            .await
-            .map_err(qemu)?;
+        let v = qmp.query_dirty_rate().await.map_err(qemu)?;
         match parse_answer(&v)? {
             Answer::Measured(b) => return Ok(b),
             Answer::Measuring if tokio::time::Instant::now() < deadline => {
@@ -159,17 +154,20 @@ fn unix_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn answers_are_read_in_bytes_and_odd_ones_are_errors() {
+        let read = |v: serde_json::Value| parse_answer(&serde_json::from_value(v).unwrap());
         let measured = json!({"status": "measured", "sample-pages": 4096,
             "dirty-rate": 3, "mode": "page-sampling", "start-time": 1, "calc-time": 1});
-        assert_eq!(parse_answer(&measured).unwrap(), Answer::Measured(3 << 20));
+        assert_eq!(read(measured).unwrap(), Answer::Measured(3 << 20));
         let busy = json!({"status": "measuring", "calc-time": 1});
-        assert_eq!(parse_answer(&busy).unwrap(), Answer::Measuring);
+        assert_eq!(read(busy).unwrap(), Answer::Measuring);
         // Never asked, or an answer without its figure.
-        assert!(parse_answer(&json!({"status": "unstarted"})).is_err());
-        assert!(parse_answer(&json!({"status": "measured"})).is_err());
-        assert!(parse_answer(&json!({})).is_err());
+        assert!(read(json!({"status": "unstarted"})).is_err());
+        assert!(read(json!({"status": "measured"})).is_err());
+        assert!(read(json!({})).is_err());
+        assert!(read(json!({"status": "measured", "dirty-rate": -1})).is_err());
     }
 }

@@ -303,8 +303,7 @@ impl Guest {
         if !pid_alive(rt.pid) {
             return None;
         }
-        let v: serde_json::Value = rt.qmp.execute("query-status", None).await.ok()?;
-        v["status"].as_str().map(str::to_string)
+        rt.qmp.query_status().await.ok().map(|s| s.status)
     }
 
     /// The state the API shows.
@@ -337,11 +336,7 @@ impl Guest {
         let Some((pid, qmp)) = pid else {
             return "not running";
         };
-        let _ = tokio::time::timeout(
-            Duration::from_secs(5),
-            qmp.execute_value("system_powerdown", None),
-        )
-        .await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), qmp.system_powerdown()).await;
         let t = Instant::now();
         while pid_alive(pid) && t.elapsed() < timeout {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -360,8 +355,7 @@ impl Guest {
         let Some(rt) = self.runtime.lock().take() else {
             return;
         };
-        let _ =
-            tokio::time::timeout(Duration::from_secs(5), rt.qmp.execute_value("quit", None)).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), rt.qmp.quit()).await;
         let t = Instant::now();
         while pid_alive(rt.pid) && t.elapsed() < Duration::from_secs(10) {
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -12,7 +12,6 @@ use crate::tunnel::{pipe, read_message, PipeCounters, ServerLink, EXCHANGE_TIMEO
 use crate::{VmError, VmHost};
 use ferry_api::{MigrationId, VmSpec};
 use ferry_client::ExportDetails;
-use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -378,37 +377,29 @@ async fn listen_for_guest(
     postcopy: bool,
     multifd: u8,
 ) -> Result<(), VmError> {
+    use ferry_qmp::{Capability, MigrateParameters};
     let qerr = |e: ferry_qmp::QmpError| VmError::Qemu(e.to_string());
     if postcopy {
-        qmp.execute_value(
-            "migrate-set-capabilities",
-            Some(json!({"capabilities": [{"capability": "postcopy-ram", "state": true}]})),
-        )
-        .await
-        .map_err(qerr)?;
+        qmp.migrate_set_capabilities(&[(Capability::PostcopyRam, true)])
+            .await
+            .map_err(qerr)?;
     }
     if multifd > 0 {
         // The destination must expect the channels before it listens.
-        qmp.execute_value(
-            "migrate-set-capabilities",
-            Some(json!({"capabilities": [{"capability": "multifd", "state": true}]})),
-        )
-        .await
-        .map_err(qerr)?;
-        qmp.execute_value(
-            "migrate-set-parameters",
-            Some(json!({"multifd-channels": multifd})),
-        )
+        qmp.migrate_set_capabilities(&[(Capability::Multifd, true)])
+            .await
+            .map_err(qerr)?;
+        qmp.migrate_set_parameters(&MigrateParameters {
+            multifd_channels: Some(multifd),
+            ..Default::default()
+        })
         .await
         .map_err(qerr)?;
     }
     let _ = std::fs::remove_file(socket);
-    qmp.execute_value(
-        "migrate-incoming",
-        Some(json!({"uri": format!("unix:{}", socket.display())})),
-    )
-    .await
-    .map_err(qerr)?;
+    qmp.migrate_incoming(&format!("unix:{}", socket.display()))
+        .await
+        .map_err(qerr)?;
     Ok(())
 }
 
@@ -532,7 +523,7 @@ async fn finish(host: &Arc<VmHost>, id: &MigrationId) -> Result<PeerAnswer, VmEr
                 if st.as_deref() == Some("paused") {
                     if let Some(rt) = g.runtime() {
                         rt.qmp
-                            .execute_value("cont", None)
+                            .cont()
                             .await
                             .map_err(|e| VmError::Qemu(e.to_string()))?;
                     }

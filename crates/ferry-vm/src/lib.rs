@@ -7,7 +7,8 @@
 //! It moves guests to another host ([`moves`]): memory by QEMU's live
 //! migration tunnelled through ferry's mutually authenticated TLS
 //! ([`tunnel`], [`peer`]), disks by ferry's own migration, the two ordered
-//! so that the guest pauses once (the teleport). [`converge`] decides what
+//! so that the guest pauses once (the teleport); [`move_order`] is the
+//! memory copy's order, pure, which `moves` carries out. [`converge`] decides what
 //! to do when a move does not converge; [`dirty_rate`] measures how fast
 //! each guest dirties its memory and [`memory_sample`] how much of it a
 //! move would send, for the controller.
@@ -22,6 +23,7 @@ pub mod guest;
 pub mod host;
 pub mod incoming;
 pub mod memory_sample;
+pub mod move_order;
 pub mod moves;
 pub mod peer;
 pub mod qemu;

@@ -19,8 +19,9 @@
 //! VM-only is steps 2, 3 and 5 with the disks attached at the destination
 //! to where they are; disk-only is step 1 without the hold.
 
-use crate::converge::{Action, Ladder, Sample};
+use crate::converge::Ladder;
 use crate::guest::Guest;
+use crate::move_order::{Input, MemoryOrder, Step};
 use crate::peer::{IncomingDisk, PeerRequest};
 use crate::tunnel::{call, exchange, pipe, PipeCounters};
 use crate::{VmError, VmHost};
@@ -29,7 +30,6 @@ use ferry_api::{
     MoveBytes, MoveKind, PhaseTime, VmDisk, VmMigrateRequest, VmMovePhase, VmMoveReport,
     VmMoveStatus, VmState,
 };
-use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,9 +47,6 @@ const SWITCH_POLL: Duration = Duration::from_millis(5);
 /// (after a link hiccup), and then to switch.
 const SWITCH_READY_WAIT: Duration = Duration::from_secs(5);
 const SWITCH_WAIT: Duration = Duration::from_secs(20);
-/// A disk migration that stops holding (its link broke and it is
-/// reconnecting) for this long during the memory copy ends the move.
-const DISK_LOST_LIMIT: Duration = Duration::from_secs(3);
 /// A link opened ahead is renewed before the destination's request
 /// timeout closes it.
 const SPARE_LINK_AGE: Duration = Duration::from_secs(40);
@@ -662,16 +659,6 @@ async fn disk_only(
     })
 }
 
-async fn qmp_status(q: &ferry_qmp::QmpClient) -> Result<Value, VmError> {
-    q.execute::<Value>("query-migrate", None)
-        .await
-        .map_err(|e| VmError::Qemu(e.to_string()))
-}
-
-fn u(v: &Value) -> u64 {
-    v.as_u64().unwrap_or(0)
-}
-
 async fn memory_move(
     host: &Arc<VmHost>,
     g: &Arc<Guest>,
@@ -836,38 +823,35 @@ async fn configure_qemu(
     max_downtime: u64,
 ) -> Result<(), VmError> {
     let teleport = run.kind == MoveKind::Teleport;
+    use ferry_qmp::{Capability, MigrateParameters};
     let qerr = |e: ferry_qmp::QmpError| VmError::Qemu(e.to_string());
     let mut caps = vec![
-        json!({"capability": "auto-converge", "state": true}),
-        json!({"capability": "pause-before-switchover", "state": teleport}),
-        json!({"capability": "events", "state": true}),
+        (Capability::AutoConverge, true),
+        (Capability::PauseBeforeSwitchover, teleport),
+        (Capability::Events, true),
     ];
     if run.req.postcopy {
-        caps.push(json!({"capability": "postcopy-ram", "state": true}));
+        caps.push((Capability::PostcopyRam, true));
     }
     if run.req.multifd > 0 {
-        caps.push(json!({"capability": "multifd", "state": true}));
+        caps.push((Capability::Multifd, true));
     }
     if run.req.xbzrle_cache_mib > 0 {
-        caps.push(json!({"capability": "xbzrle", "state": true}));
+        caps.push((Capability::Xbzrle, true));
     }
-    q.execute_value(
-        "migrate-set-capabilities",
-        Some(json!({"capabilities": caps})),
-    )
-    .await
-    .map_err(qerr)?;
-    q.execute_value(
-        "migrate-set-parameters",
-        Some(json!({"downtime-limit": ladder.downtime_ms, "max-bandwidth": 1u64 << 40})),
-    )
+    q.migrate_set_capabilities(&caps).await.map_err(qerr)?;
+    q.migrate_set_parameters(&MigrateParameters {
+        downtime_limit: Some(ladder.downtime_ms),
+        max_bandwidth: Some(1 << 40),
+        ..Default::default()
+    })
     .await
     .map_err(qerr)?;
     if run.req.xbzrle_cache_mib > 0 {
-        q.execute_value(
-            "migrate-set-parameters",
-            Some(json!({"xbzrle-cache-size": u64::from(run.req.xbzrle_cache_mib) << 20})),
-        )
+        q.migrate_set_parameters(&MigrateParameters {
+            xbzrle_cache_size: Some(u64::from(run.req.xbzrle_cache_mib) << 20),
+            ..Default::default()
+        })
         .await
         .map_err(qerr)?;
         run.note(format!(
@@ -876,10 +860,10 @@ async fn configure_qemu(
         ));
     }
     if run.req.multifd > 0 {
-        q.execute_value(
-            "migrate-set-parameters",
-            Some(json!({"multifd-channels": run.req.multifd})),
-        )
+        q.migrate_set_parameters(&MigrateParameters {
+            multifd_channels: Some(run.req.multifd),
+            ..Default::default()
+        })
         .await
         .map_err(qerr)?;
         run.note(format!(
@@ -1004,13 +988,11 @@ async fn memory_phase(
     deadline: Instant,
     compress: bool,
 ) -> Result<Outcome, VmError> {
-    let teleport = run.kind == MoveKind::Teleport;
     let rt = g
         .runtime()
         .ok_or_else(|| VmError::Qemu("the guest has no QEMU process".into()))?;
     let q = rt.qmp.clone();
-    let qerr = |e: ferry_qmp::QmpError| VmError::Qemu(e.to_string());
-    let mut ladder = Ladder::new(
+    let ladder = Ladder::new(
         max_downtime,
         run.req.postcopy,
         deadline.saturating_duration_since(run.started),
@@ -1025,26 +1007,42 @@ async fn memory_phase(
         outgoing_socket(g)?,
         compress,
     ));
+    let order = MemoryOrder::new(run.kind == MoveKind::Teleport, ladder);
+    let copied = copy_memory(host, g, run, &q, to_host, disks, order).await?;
+    conclude(host, g, run, &q, to_host, disks, copied).await
+}
 
+/// What the memory copy leaves for the Finish step.
+struct Copied {
+    /// Taken before `migrate`: the guest's STOP event is after it.
+    migrate_mark: ferry_qmp::client::EventMark,
+    rounds: u64,
+    /// Links to the destination opened ahead, for the messages sent while
+    /// the guest is stopped.
+    spare: Option<(crate::tunnel::ClientLink, Instant)>,
+    next_link: Option<tokio::task::JoinHandle<Result<crate::tunnel::ClientLink, VmError>>>,
+}
+
+/// Run QEMU's migration to completion as `order` says: feed it QEMU's
+/// status at each `MIGRATION` event (or poll), a teleport's disk phases
+/// and the caller's cancel, and carry out each step it answers. An error
+/// means the guest runs here (QEMU's migration cancelled or failed).
+async fn copy_memory(
+    host: &Arc<VmHost>,
+    g: &Arc<Guest>,
+    run: &Arc<MoveRun>,
+    q: &ferry_qmp::QmpClient,
+    to_host: &str,
+    disks: &[(VmDisk, MigrationId)],
+    mut order: MemoryOrder,
+) -> Result<Copied, VmError> {
+    let qerr = |e: ferry_qmp::QmpError| VmError::Qemu(e.to_string());
     run.set_phase(VmMovePhase::MemoryPrecopy);
     let migrate_mark = q.mark();
-    q.execute_value(
-        "migrate",
-        Some(json!({"uri": format!("unix:{}", g.paths.outgoing.display())})),
-    )
-    .await
-    .map_err(qerr)?;
-
-    // Cancel QEMU's migration (the guest resumes here) and say why.
-    let cancel_qemu = |why: String| async move {
-        crate::recover::cancel_migration(g).await;
-        VmError::Peer(why)
-    };
-
-    let mut switched = false;
-    let mut rounds = 0;
+    q.migrate(&format!("unix:{}", g.paths.outgoing.display()))
+        .await
+        .map_err(qerr)?;
     let mut polls = 0u64;
-    let mut disks_lost_since: Option<Instant> = None;
     // A link to the destination opened ahead, for the messages sent while
     // the guest is stopped (a teleport's `DiskSwitched`, then `Finish`;
     // a VM-only move's `Finish`).
@@ -1053,8 +1051,7 @@ async fn memory_phase(
         .ok()
         .map(|l| (l, Instant::now()));
     // A teleport's second one, opened while QEMU sends the device state.
-    let mut next_link: Option<tokio::task::JoinHandle<Result<crate::tunnel::ClientLink, VmError>>> =
-        None;
+    let mut next_link = None;
     loop {
         if spare
             .as_ref()
@@ -1066,137 +1063,138 @@ async fn memory_phase(
                 .map(|l| (l, Instant::now()));
         }
         polls += 1;
-        if teleport && !switched && polls.is_multiple_of(10) {
-            // A disk migration that failed ends the move now, not at the switch.
+        let mut step = Step::Wait;
+        if order.watching_disks() && polls.is_multiple_of(10) {
             if let Ok(st) = disk_statuses(disks).await {
-                if st.iter().all(|s| s.phase == MigrationPhase::ReadyToSwitch) {
-                    disks_lost_since = None;
-                } else if disks_lost_since.get_or_insert_with(Instant::now).elapsed()
-                    > DISK_LOST_LIMIT
-                {
-                    let why = format!(
-                        "the disk migration stopped holding during the memory copy ({})",
-                        st.iter()
-                            .map(|s| format!("{} {}", s.volume, s.phase.as_str()))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    );
-                    return Err(cancel_qemu(why).await);
-                }
-                if let Some(f) = st.iter().find(|s| s.phase == MigrationPhase::Failed) {
-                    let why = format!(
-                        "disk {} failed during the memory copy: {}",
-                        f.volume,
-                        f.error.clone().unwrap_or_default()
-                    );
-                    return Err(cancel_qemu(why).await);
-                }
+                let phases = st
+                    .into_iter()
+                    .map(|s| (s.volume, s.phase, s.error))
+                    .collect();
+                let elapsed = run.started.elapsed();
+                step = order.feed(Input::Disks { phases, elapsed });
             }
         }
-        if run.cancel.is_cancelled() && run.phase() != VmMovePhase::Postcopy {
-            return Err(cancel_qemu("cancelled by the caller".into()).await);
+        if step == Step::Wait && run.cancel.is_cancelled() {
+            step = order.feed(Input::CancelAsked);
         }
         // Taken before the query, so a status change after it wakes the
         // wait below at once (QEMU's MIGRATION events).
         let mark = q.mark();
-        let v = qmp_status(&q).await?;
-        let status = v["status"].as_str().unwrap_or("").to_string();
-        let ram = &v["ram"];
-        rounds = rounds.max(u(&ram["dirty-sync-count"]));
-        run.memory_rounds.store(rounds, Ordering::Relaxed);
-        run.memory_remaining
-            .store(u(&ram["remaining"]), Ordering::Relaxed);
-        match status.as_str() {
-            "setup" | "active" | "device" | "wait-unplug" => {
-                let s = Sample {
-                    remaining: u(&ram["remaining"]),
-                    rounds,
-                    elapsed: run.started.elapsed(),
-                    throttle_pct: u(&v["cpu-throttle-percentage"]),
-                };
-                match ladder.observe(&s) {
-                    None => {}
-                    Some(Action::RaiseDowntime(ms)) => {
-                        q.execute_value(
-                            "migrate-set-parameters",
-                            Some(json!({"downtime-limit": ms})),
-                        )
-                        .await
-                        .map_err(qerr)?;
-                        run.note(format!(
-                            "memory not converging ({} bytes left, round {rounds}, CPU throttle {}%): pause allowed raised to {ms} ms",
-                            s.remaining, s.throttle_pct
-                        ));
-                    }
-                    Some(Action::Postcopy(why)) => {
-                        run.note(format!("switching to post-copy: {why}"));
-                        q.execute_value("migrate-start-postcopy", None)
-                            .await
-                            .map_err(qerr)?;
-                        run.set_phase(VmMovePhase::Postcopy);
-                    }
-                    Some(Action::Abort(why)) => {
-                        run.note(format!("giving up: {why}"));
-                        return Err(cancel_qemu(format!("did not converge: {why}")).await);
-                    }
+        if step == Step::Wait {
+            let info = q.query_migrate().await.map_err(qerr)?;
+            step = order.feed(Input::Status {
+                info,
+                elapsed: run.started.elapsed(),
+            });
+            run.memory_rounds.store(order.rounds(), Ordering::Relaxed);
+            run.memory_remaining
+                .store(order.remaining(), Ordering::Relaxed);
+        }
+        loop {
+            match step {
+                Step::Wait => break,
+                Step::SetDowntime { ms, note } => {
+                    let p = ferry_qmp::MigrateParameters {
+                        downtime_limit: Some(ms),
+                        ..Default::default()
+                    };
+                    q.migrate_set_parameters(&p).await.map_err(qerr)?;
+                    run.note(note);
+                    break;
                 }
-            }
-            "postcopy-active" | "postcopy-paused" | "postcopy-recover" => {
-                run.set_phase(VmMovePhase::Postcopy);
-            }
-            "pre-switchover" if !switched => {
-                run.set_phase(VmMovePhase::Switchover);
-                if teleport {
+                Step::StartPostcopy { note } => {
+                    run.note(note);
+                    q.migrate_start_postcopy().await.map_err(qerr)?;
+                    run.set_phase(VmMovePhase::Postcopy);
+                    break;
+                }
+                Step::InPostcopy => {
+                    run.set_phase(VmMovePhase::Postcopy);
+                    break;
+                }
+                Step::SwitchDisks => {
+                    run.set_phase(VmMovePhase::Switchover);
                     let early = spare.take().filter(|(_, t)| t.elapsed() < SPARE_LINK_AGE);
-                    if let Err(e) =
-                        switch_disks(host, run, to_host, disks, early.map(|x| x.0)).await
-                    {
-                        return Err(cancel_qemu(format!("disk switch failed: {e}")).await);
+                    let r = switch_disks(host, run, to_host, disks, early.map(|x| x.0)).await;
+                    if r.is_ok() {
+                        crate::fault::hold(crate::fault::SWITCHOVER).await;
+                        let (certs, to) = (host.certs.clone(), to_host.to_string());
+                        next_link = Some(tokio::spawn(async move {
+                            crate::tunnel::connect(&certs, &to).await
+                        }));
                     }
-                    crate::fault::hold(crate::fault::SWITCHOVER).await;
-                    let (certs, to) = (host.certs.clone(), to_host.to_string());
-                    next_link = Some(tokio::spawn(async move {
-                        crate::tunnel::connect(&certs, &to).await
-                    }));
+                    step = order.feed(Input::DisksSwitched(r.map_err(|e| e.to_string())));
                 }
-                switched = true;
-                q.execute_value("migrate-continue", Some(json!({"state": "pre-switchover"})))
-                    .await
-                    .map_err(qerr)?;
-            }
-            "pre-switchover" => {}
-            "completed" => break,
-            "failed" | "cancelled" | "cancelling" => {
-                let why = v["error-desc"].as_str().unwrap_or(&status).to_string();
-                // QEMU resumes the guest itself when a migration fails.
-                for _ in 0..100 {
-                    let st = qmp_status(&q).await.ok();
-                    if st.as_ref().and_then(|s| s["status"].as_str()) != Some("cancelling") {
-                        break;
+                Step::Continue => {
+                    run.set_phase(VmMovePhase::Switchover);
+                    q.migrate_continue().await.map_err(qerr)?;
+                    break;
+                }
+                Step::Cancel { why } => {
+                    if why.starts_with("did not converge") {
+                        run.note(format!("giving up: {why}"));
                     }
-                    tokio::time::sleep(POLL).await;
+                    // QEMU's migration cancelled: the guest resumes here.
+                    crate::recover::cancel_migration(g).await;
+                    return Err(VmError::Peer(why));
                 }
-                return Err(VmError::Peer(format!("QEMU's migration {status}: {why}")));
+                Step::Failed { why } => {
+                    // QEMU resumes the guest itself when a migration
+                    // fails; wait (bounded) until it is done cancelling.
+                    let end = Instant::now() + Duration::from_secs(5);
+                    while Instant::now() < end {
+                        let m = q.mark();
+                        let st = q.query_migrate().await.map(|i| i.status).ok();
+                        if st != Some(ferry_qmp::MigrationStatus::Cancelling) {
+                            break;
+                        }
+                        let _ = q.wait_named(m, "MIGRATION", POLL).await;
+                    }
+                    return Err(VmError::Peer(why));
+                }
+                Step::Completed => {
+                    return Ok(Copied {
+                        migrate_mark,
+                        rounds: order.rounds(),
+                        spare,
+                        next_link,
+                    })
+                }
             }
-            other => tracing::debug!(status = other, "migration status"),
         }
         let _ = q.wait_named(mark, "MIGRATION", POLL).await;
     }
+}
 
-    // 5. Completed at the source: the guest is paused here. Confirm it runs
-    // there before this copy ends.
-    let done = qmp_status(&q).await.unwrap_or(Value::Null);
-    let downtime = done["downtime"].as_u64();
-    rounds = rounds.max(u(&done["ram"]["dirty-sync-count"]));
+/// Step 5. Completed at the source: the guest is paused here. Confirm it
+/// runs there before this copy ends, and say how the move ended.
+async fn conclude(
+    host: &Arc<VmHost>,
+    g: &Arc<Guest>,
+    run: &Arc<MoveRun>,
+    q: &ferry_qmp::QmpClient,
+    to_host: &str,
+    disks: &[(VmDisk, MigrationId)],
+    copied: Copied,
+) -> Result<Outcome, VmError> {
+    let Copied {
+        migrate_mark,
+        mut rounds,
+        spare,
+        next_link,
+    } = copied;
+    let done = q.query_migrate().await.unwrap_or_default();
+    let downtime = done.downtime;
+    rounds = rounds.max(done.ram().dirty_sync_count);
     run.set_phase(VmMovePhase::Switchover);
     let last_here = disk_upstreams(host, g)
         .iter()
         .map(|u| u.io.snapshot("", "", 0).last_io_unix_ms)
         .max();
     crate::fault::hold(crate::fault::FINISH).await;
-    let fin = send_finish(host, run, to_host, spare.take(), next_link.take()).await;
+    let fin = send_finish(host, run, to_host, spare, next_link).await;
     let disk_states = disk_statuses(disks).await.unwrap_or_default();
-    match fin {
+    let mut o = match fin {
         Ok(a) if a.ok => {
             crate::fault::hold(crate::fault::SWITCHED).await;
             hand_over(host, g, &run.id).await;
@@ -1214,7 +1212,7 @@ async fn memory_phase(
                 (Some(s), Some(r)) if r >= s => Some((r - s) * 1000.0),
                 _ => None,
             };
-            Ok(Outcome {
+            Outcome {
                 guest_pause_ms,
                 result: VmMovePhase::Completed,
                 reason: None,
@@ -1222,14 +1220,14 @@ async fn memory_phase(
                 memory_rounds: rounds,
                 downtime_ms: downtime,
                 disk_gap_ms: gap,
-                disks: disk_states,
-            })
+                disks: Vec::new(),
+            }
         }
         Ok(a) if a.arrived => {
             // It ran there and is gone (its QEMU died with its host):
             // resuming the copy here would rewind the guest under the
             // writes it made there. It stays paused here for a person.
-            Ok(Outcome {
+            Outcome {
                 guest_pause_ms: None,
                 result: VmMovePhase::Failed,
                 reason: Some(crate::recover::lost_there(a.error.as_deref())),
@@ -1237,75 +1235,89 @@ async fn memory_phase(
                 memory_rounds: rounds,
                 downtime_ms: downtime,
                 disk_gap_ms: None,
-                disks: disk_states,
-            })
-        }
-        Ok(a) => {
-            // The destination says the guest never ran there: run it here.
-            let why = a.error.unwrap_or_default();
-            let _ = call(
-                &host.certs,
-                to_host,
-                &PeerRequest::Abort { id: run.id.clone() },
-                Duration::from_secs(30),
-            )
-            .await;
-            q.execute_value("cont", None).await.map_err(qerr)?;
-            let refs = run.disk_migrations.lock().clone();
-            for n in crate::recover::settle_disks(g, &refs).await {
-                run.note(n);
+                disks: Vec::new(),
             }
-            let mut o = Outcome::aborted(
-                format!("the destination could not run the guest ({why}); resumed here"),
-                &host.reached_at(),
-            );
-            o.memory_rounds = rounds;
-            o.disks = disk_states;
-            Ok(o)
         }
-        Err(e) => {
-            // In doubt: the guest may run there. Never run it twice: it
-            // stays paused here, and the destination is asked again until
-            // it answers (a restarted daemon goes on asking).
-            run.set_phase(VmMovePhase::Resolving);
-            run.note(format!(
-                "memory sent, but the destination did not confirm ({e}); the guest stays paused here until it answers"
-            ));
-            let refs = run.disk_migrations.lock().clone();
-            let mut wait = Duration::from_secs(1);
-            let resolution = loop {
-                match crate::recover::resolve(host, g, &run.id, Some(to_host), &refs).await {
-                    crate::recover::Resolution::Unknown(why) => {
-                        tracing::info!(move_id = %run.id, "{why}");
-                        tokio::time::sleep(wait).await;
-                        wait = (wait * 2).min(Duration::from_secs(30));
-                    }
-                    known => break known,
-                }
-            };
-            let mut o = match resolution {
-                crate::recover::Resolution::There => Outcome {
-                    guest_pause_ms: None,
-                    result: VmMovePhase::Completed,
-                    reason: None,
-                    running_at: to_host.into(),
-                    memory_rounds: rounds,
-                    downtime_ms: downtime,
-                    disk_gap_ms: None,
-                    disks: Vec::new(),
-                },
-                other => Outcome::aborted(
-                    match other {
-                        crate::recover::Resolution::Here(why) => why,
-                        _ => String::new(),
-                    },
-                    &host.reached_at(),
-                ),
-            };
-            o.memory_rounds = rounds;
-            o.disks = disk_states;
-            Ok(o)
+        Ok(a) => not_run_there(host, g, run, q, to_host, a.error.unwrap_or_default()).await?,
+        Err(e) => in_doubt(host, g, run, to_host, &e, downtime).await,
+    };
+    o.memory_rounds = rounds;
+    o.disks = disk_states;
+    Ok(o)
+}
+
+/// The destination says the guest never ran there: run it here.
+async fn not_run_there(
+    host: &Arc<VmHost>,
+    g: &Arc<Guest>,
+    run: &Arc<MoveRun>,
+    q: &ferry_qmp::QmpClient,
+    to_host: &str,
+    why: String,
+) -> Result<Outcome, VmError> {
+    let _ = call(
+        &host.certs,
+        to_host,
+        &PeerRequest::Abort { id: run.id.clone() },
+        Duration::from_secs(30),
+    )
+    .await;
+    q.cont().await.map_err(|e| VmError::Qemu(e.to_string()))?;
+    let refs = run.disk_migrations.lock().clone();
+    for n in crate::recover::settle_disks(g, &refs).await {
+        run.note(n);
+    }
+    Ok(Outcome::aborted(
+        format!("the destination could not run the guest ({why}); resumed here"),
+        &host.reached_at(),
+    ))
+}
+
+/// In doubt: the guest may run there. Never run it twice: it stays paused
+/// here, and the destination is asked again until it answers (a restarted
+/// daemon goes on asking).
+async fn in_doubt(
+    host: &Arc<VmHost>,
+    g: &Arc<Guest>,
+    run: &Arc<MoveRun>,
+    to_host: &str,
+    e: &VmError,
+    downtime: Option<u64>,
+) -> Outcome {
+    run.set_phase(VmMovePhase::Resolving);
+    run.note(format!(
+        "memory sent, but the destination did not confirm ({e}); the guest stays paused here until it answers"
+    ));
+    let refs = run.disk_migrations.lock().clone();
+    let mut wait = Duration::from_secs(1);
+    let resolution = loop {
+        match crate::recover::resolve(host, g, &run.id, Some(to_host), &refs).await {
+            crate::recover::Resolution::Unknown(why) => {
+                tracing::info!(move_id = %run.id, "{why}");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(30));
+            }
+            known => break known,
         }
+    };
+    match resolution {
+        crate::recover::Resolution::There => Outcome {
+            guest_pause_ms: None,
+            result: VmMovePhase::Completed,
+            reason: None,
+            running_at: to_host.into(),
+            memory_rounds: 0,
+            downtime_ms: downtime,
+            disk_gap_ms: None,
+            disks: Vec::new(),
+        },
+        other => Outcome::aborted(
+            match other {
+                crate::recover::Resolution::Here(why) => why,
+                _ => String::new(),
+            },
+            &host.reached_at(),
+        ),
     }
 }
 
@@ -1408,6 +1420,7 @@ pub fn cancel(host: &VmHost, id: &MigrationId) -> Result<VmMoveStatus, VmError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn status(id: &MigrationId, phase: &str) -> serde_json::Value {
         json!({

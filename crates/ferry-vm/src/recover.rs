@@ -16,7 +16,6 @@ use crate::guest::Guest;
 use crate::peer::PeerRequest;
 use crate::{VmError, VmHost};
 use ferry_api::{AdminClient, DiskMigrationRef, MigrationId, MigrationPhase, VmMovePhase};
-use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -86,25 +85,28 @@ async fn abort_there(host: &VmHost, to_host: &str, id: &MigrationId) {
 
 async fn migrate_status(g: &Guest) -> Option<String> {
     let rt = g.runtime()?;
-    let v: Value = rt.qmp.execute("query-migrate", None).await.ok()?;
-    Some(v["status"].as_str().unwrap_or("none").to_string())
+    let info = rt.qmp.query_migrate().await.ok()?;
+    Some(info.status.as_str().to_string())
 }
 
 /// Cancel QEMU's outgoing migration and wait (bounded, 10 s) until QEMU
 /// has really stopped it (it then resumes the guest).
 pub(crate) async fn cancel_migration(g: &Guest) {
     let Some(rt) = g.runtime() else { return };
-    let _ = rt.qmp.execute_value("migrate_cancel", None).await;
-    for _ in 0..200 {
-        if let Ok(v) = rt.qmp.execute::<Value>("query-migrate", None).await {
-            if matches!(
-                v["status"].as_str(),
-                Some("cancelled" | "failed" | "completed") | None
-            ) {
+    let _ = rt.qmp.migrate_cancel().await;
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::time::Instant::now() < end {
+        // Taken before the query: a MIGRATION event after it wakes the wait.
+        let mark = rt.qmp.mark();
+        if let Ok(info) = rt.qmp.query_migrate().await {
+            if info.status.ended() || info.status == ferry_qmp::MigrationStatus::None {
                 return;
             }
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = rt
+            .qmp
+            .wait_named(mark, "MIGRATION", Duration::from_millis(50))
+            .await;
     }
 }
 
@@ -115,7 +117,7 @@ async fn run_here(g: &Guest) -> Result<(), VmError> {
     };
     if g.qemu_status().await.as_deref() != Some("running") {
         rt.qmp
-            .execute_value("cont", None)
+            .cont()
             .await
             .map_err(|e| VmError::Qemu(e.to_string()))?;
     }
