@@ -2,21 +2,45 @@
 //! frames of a tunnelled migration stream, on arbitrary bytes fed in
 //! arbitrary pieces. Never panics; never holds more than a line's or a
 //! frame's bound of unparsed bytes; a frame decodes to at most its bound.
+//! Every request decoded is also fed to one arriving move's order, which
+//! never lets a `Finish` through while a pending disk has not switched.
 #![no_main]
 
-use ferry_vm::peer::{decode_frame, decode_line, PeerAnswer, PeerRequest, FRAME_HEADER, MAX_FRAME, MAX_LINE};
+use ferry_vm::peer::{
+    decode_frame, decode_line, Arrival, ArrivalOrder, IncomingDisk, PeerAnswer, PeerRequest,
+    FRAME_HEADER, MAX_FRAME, MAX_LINE,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let step = usize::from(data.first().copied().unwrap_or(1)).max(1);
     let (mut lines, mut answers, mut frames) = (Vec::new(), Vec::new(), Vec::new());
     let (mut lines_ok, mut answers_ok, mut frames_ok) = (true, true, true);
+    let root = IncomingDisk {
+        volume: "root".into(),
+        server: "127.0.0.1:1".into(),
+        pending: true,
+        size: 1 << 20,
+        flags: 0,
+    };
+    let mut order = ArrivalOrder::new(&[root]);
+    let mut root_switched = false;
     for piece in data.chunks(step) {
         if lines_ok {
             lines.extend_from_slice(piece);
             loop {
                 match decode_line::<PeerRequest>(&mut lines) {
-                    Ok(Some(_)) => continue,
+                    Ok(Some(req)) => {
+                        let before = order.state();
+                        let ok = order.accept(&req).is_ok();
+                        if let PeerRequest::DiskSwitched { servers, .. } = &req {
+                            root_switched |= ok && servers.iter().any(|(v, _)| v == "root");
+                        }
+                        if before == Arrival::Waiting && order.state() == Arrival::Finished {
+                            assert!(root_switched, "finished before the pending disk switched");
+                        }
+                        continue;
+                    }
                     Ok(None) => break,
                     Err(_) => {
                         lines_ok = false;

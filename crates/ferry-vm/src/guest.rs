@@ -32,6 +32,9 @@ pub struct Guest {
     pub runtime: parking_lot::Mutex<Option<Arc<Runtime>>>,
     /// Set while QEMU waits for an incoming move.
     pub incoming: parking_lot::Mutex<Option<MigrationId>>,
+    /// The order that move's requests must keep (set when it is prepared
+    /// here; absent for one found again after a restart).
+    pub arrival: parking_lot::Mutex<Option<crate::peer::ArrivalOrder>>,
     /// A move out of here that has not ended.
     pub moving: parking_lot::Mutex<Option<MigrationId>>,
     /// Moved away: the local QEMU is finished.
@@ -149,6 +152,7 @@ impl Guest {
             paths: GuestPaths::new(dir, confined),
             runtime: parking_lot::Mutex::new(None),
             incoming: parking_lot::Mutex::new(None),
+            arrival: parking_lot::Mutex::new(None),
             moving: parking_lot::Mutex::new(None),
             moved: std::sync::atomic::AtomicBool::new(false),
             op: tokio::sync::Mutex::new(()),

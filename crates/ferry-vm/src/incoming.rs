@@ -6,7 +6,9 @@
 //! on `Abort` or when the source disappears.
 
 use crate::guest::Guest;
-use crate::peer::{encode_line, IncomingDisk, PeerAnswer, PeerRequest};
+use crate::peer::{
+    check_version, encode_line, ArrivalOrder, IncomingDisk, PeerAnswer, PeerRequest,
+};
 use crate::qemu::{host_memory_mib, qemu_available, resolve_accel, validate};
 use crate::tunnel::{pipe, read_message, PipeCounters, ServerLink, EXCHANGE_TIMEOUT};
 use crate::{VmError, VmHost};
@@ -90,19 +92,34 @@ async fn handle(host: Arc<VmHost>, mut link: ServerLink) -> Result<(), VmError> 
         tokio::time::timeout(EXCHANGE_TIMEOUT, read_message::<PeerRequest, _>(&mut link))
             .await
             .map_err(|_| VmError::Peer("no request in time".into()))??;
+    if let Err(e) = in_order(&host, &req) {
+        tracing::warn!(error = %e, "refused a request out of its move's order");
+        return answer(&mut link, &PeerAnswer::err(e)).await;
+    }
     match req {
         PeerRequest::Prepare {
+            version,
             id,
             spec,
             disks,
             postcopy,
             multifd,
         } => {
-            let a = reply(prepare(&host, &id, spec, &disks, postcopy, multifd).await);
+            let a = match check_version(version) {
+                Ok(()) => reply(prepare(&host, &id, spec, &disks, postcopy, multifd).await),
+                Err(e) => PeerAnswer::err(e),
+            };
             answer(&mut link, &a).await
         }
-        PeerRequest::Check { mut spec, disks } => {
-            let a = reply(admissible(&host, &mut spec, &disks).map(|()| PeerAnswer::ok()));
+        PeerRequest::Check {
+            version,
+            mut spec,
+            disks,
+        } => {
+            let a = match check_version(version) {
+                Ok(()) => reply(admissible(&host, &mut spec, &disks).map(|()| PeerAnswer::ok())),
+                Err(e) => PeerAnswer::err(e),
+            };
             answer(&mut link, &a).await
         }
         PeerRequest::Stream { id, compress } => stream(&host, &id, compress, link, rest).await,
@@ -135,6 +152,28 @@ async fn handle(host: Arc<VmHost>, mut link: ServerLink) -> Result<(), VmError> 
             };
             answer(&mut link, &a).await
         }
+    }
+}
+
+/// Hold `req` to the order of the move it names, if that move is arriving
+/// here (a move this daemon does not know, after a restart for instance,
+/// is answered by the handlers as before).
+fn in_order(host: &VmHost, req: &PeerRequest) -> Result<(), String> {
+    let id = match req {
+        PeerRequest::Stream { id, .. }
+        | PeerRequest::DiskSwitched { id, .. }
+        | PeerRequest::Finish { id }
+        | PeerRequest::Abort { id }
+        | PeerRequest::Prepare { id, .. } => id,
+        PeerRequest::Check { .. } | PeerRequest::Ping | PeerRequest::Sink => return Ok(()),
+    };
+    let Ok(g) = receiving(host, id) else {
+        return Ok(());
+    };
+    let mut order = g.arrival.lock();
+    match order.as_mut() {
+        Some(o) => o.accept(req).map_err(|e| e.to_string()),
+        None => Ok(()),
     }
 }
 
@@ -266,6 +305,7 @@ async fn prepare(
         }
         let g = Arc::new(Guest::new(spec.clone(), &dir, confined));
         *g.incoming.lock() = Some(id.clone());
+        *g.arrival.lock() = Some(ArrivalOrder::new(disks));
         guests.insert(spec.name.clone(), g.clone());
         g
     };

@@ -712,6 +712,7 @@ async fn memory_move(
     // name and memory)? A teleport that cannot finish leaves no copy.
     if teleport {
         let check = PeerRequest::Check {
+            version: crate::peer::PEER_VERSION,
             spec: there.clone(),
             disks: incoming.clone(),
         };
@@ -753,6 +754,7 @@ async fn memory_move(
 
     // 2. The destination waits for the guest.
     let prepare = PeerRequest::Prepare {
+        version: crate::peer::PEER_VERSION,
         id: run.id.clone(),
         spec: there,
         disks: incoming,

@@ -5,10 +5,40 @@
 //! in [`Frame`]s, compressed or not, and acknowledgements the other way
 //! (the sender keeps at most a window of unacknowledged bytes on the
 //! link, so QEMU measures the link's real rate, not a buffer's).
+//!
+//! Protocol version [`PEER_VERSION`], carried by `Check` and `Prepare`
+//! (the first requests of a move); a host answers a request of another
+//! version with an error naming both, before anything is copied. One move,
+//! each arrow a connection (request line, answer line):
+//!
+//! ```text
+//!  source host                                      destination host
+//!    | Check {version, spec, disks} ------------------>|  admissible? no side effect
+//!    |   (teleport: the disks' pre-copy runs meanwhile) |
+//!    | Prepare {version, id, spec, disks, ...} ------->|  disks attached (pending ones
+//!    |                                                  |  offered, not connected), QEMU
+//!    |                                                  |  waiting (-incoming), marked
+//!    | Stream {id} + frames (one per QEMU channel) ---->|  QEMU's migration stream
+//!    |   ... QEMU pauses before the switchover (teleport)
+//!    | DiskSwitched {id, servers, admins} ------------->|  pending disks connected
+//!    |   ... QEMU sends the device state, completes
+//!    | Finish {id} ------------------------------------>|  marked arrived, `cont`;
+//!    |<------------------ {ok, control, resumed, ...}   |  answered once it runs
+//!    | Abort {id} (any time before Finish's answer) --->|  QEMU stopped, forgotten
+//! ```
+//!
+//! The destination keeps each arriving move's [`ArrivalOrder`] and refuses
+//! a request out of it: a `Stream` or `DiskSwitched` after `Finish`, a
+//! `Finish` while a pending disk has not switched (the guest would run
+//! without its disk), a switch of a disk the move did not bring. `Finish`
+//! asked again (the source lost the answer) is answered again.
 
 use ferry_api::{MigrationId, VmSpec};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+/// The version of this protocol; a host refuses a move in another.
+pub const PEER_VERSION: u32 = 2;
 
 /// The longest request or answer line.
 pub const MAX_LINE: usize = 1 << 20;
@@ -50,6 +80,9 @@ pub struct IncomingDisk {
 pub enum PeerRequest {
     /// Get ready to receive a guest: attach its disks, start QEMU waiting.
     Prepare {
+        /// [`PEER_VERSION`] of the source (absent: before versions, 1).
+        #[serde(default = "version_one")]
+        version: u32,
         id: MigrationId,
         spec: VmSpec,
         disks: Vec<IncomingDisk>,
@@ -61,6 +94,8 @@ pub enum PeerRequest {
     /// Could this host take the guest? The checks of `Prepare`, with no
     /// side effect: asked before a teleport copies any disk byte.
     Check {
+        #[serde(default = "version_one")]
+        version: u32,
         spec: VmSpec,
         disks: Vec<IncomingDisk>,
     },
@@ -86,6 +121,128 @@ pub enum PeerRequest {
     /// that many bytes; at most [`SINK_FRAME_MAX`] each), up to an empty
     /// one; answer with how many bytes came. At most [`SINK_MAX`] in all.
     Sink,
+}
+
+fn version_one() -> u32 {
+    1
+}
+
+/// A request of another protocol version, refused with both named.
+pub fn check_version(theirs: u32) -> Result<(), String> {
+    if theirs == PEER_VERSION {
+        Ok(())
+    } else {
+        Err(format!(
+            "the source host speaks VM move protocol version {theirs}, this host {PEER_VERSION}: run the same ferry on both"
+        ))
+    }
+}
+
+/// Where one arriving move stands at the destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// Prepared; QEMU waits for the stream.
+    Waiting,
+    /// `Finish` came: the guest runs here (or was tried).
+    Finished,
+    Aborted,
+}
+
+/// A request out of a move's order, refused by the destination.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum OrderError {
+    #[error("{request} for a move that is {state}")]
+    OutOfOrder {
+        request: &'static str,
+        state: &'static str,
+    },
+    #[error("Finish while disk(s) {0} have not switched: the guest would run without them")]
+    DisksPending(String),
+    #[error("DiskSwitched names {0}, which this move did not bring")]
+    UnknownDisk(String),
+}
+
+/// The order the destination holds one move to (see the module's
+/// diagram); no I/O. `Check` and `Ping` are outside any move.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArrivalOrder {
+    state: Arrival,
+    /// Pending disks (a teleport's) not switched yet.
+    pending: std::collections::BTreeSet<String>,
+    /// Every disk the move brings.
+    disks: std::collections::BTreeSet<String>,
+}
+
+impl ArrivalOrder {
+    /// A move prepared with `disks`, the pending ones to be switched
+    /// before `Finish`.
+    pub fn new(disks: &[IncomingDisk]) -> ArrivalOrder {
+        ArrivalOrder {
+            state: Arrival::Waiting,
+            pending: disks
+                .iter()
+                .filter(|d| d.pending)
+                .map(|d| d.volume.clone())
+                .collect(),
+            disks: disks.iter().map(|d| d.volume.clone()).collect(),
+        }
+    }
+
+    pub fn state(&self) -> Arrival {
+        self.state
+    }
+
+    fn state_name(&self) -> &'static str {
+        match self.state {
+            Arrival::Waiting => "waiting for its guest",
+            Arrival::Finished => "finished",
+            Arrival::Aborted => "aborted",
+        }
+    }
+
+    /// Take `req` in this move's order, or say why not.
+    pub fn accept(&mut self, req: &PeerRequest) -> Result<(), OrderError> {
+        let out = |request, me: &Self| OrderError::OutOfOrder {
+            request,
+            state: me.state_name(),
+        };
+        match req {
+            PeerRequest::Prepare { .. } if self.state == Arrival::Waiting => Ok(()),
+            PeerRequest::Prepare { .. } => Err(out("Prepare", self)),
+            PeerRequest::Stream { .. } if self.state == Arrival::Waiting => Ok(()),
+            PeerRequest::Stream { .. } => Err(out("Stream", self)),
+            PeerRequest::DiskSwitched { servers, .. } => {
+                if self.state != Arrival::Waiting {
+                    return Err(out("DiskSwitched", self));
+                }
+                if let Some((v, _)) = servers.iter().find(|(v, _)| !self.disks.contains(v)) {
+                    return Err(OrderError::UnknownDisk(v.clone()));
+                }
+                for (v, _) in servers {
+                    self.pending.remove(v);
+                }
+                Ok(())
+            }
+            PeerRequest::Finish { .. } => match self.state {
+                Arrival::Aborted => Err(out("Finish", self)),
+                Arrival::Finished => Ok(()),
+                Arrival::Waiting if !self.pending.is_empty() => Err(OrderError::DisksPending(
+                    self.pending.iter().cloned().collect::<Vec<_>>().join(", "),
+                )),
+                Arrival::Waiting => {
+                    self.state = Arrival::Finished;
+                    Ok(())
+                }
+            },
+            PeerRequest::Abort { .. } => {
+                if self.state == Arrival::Waiting {
+                    self.state = Arrival::Aborted;
+                }
+                Ok(())
+            }
+            PeerRequest::Check { .. } | PeerRequest::Ping | PeerRequest::Sink => Ok(()),
+        }
+    }
 }
 
 /// The largest frame of a bandwidth probe.
@@ -272,6 +429,93 @@ pub fn decode_frame(buf: &mut Vec<u8>) -> Result<Option<(Frame, usize)>, PeerErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn disk(volume: &str, pending: bool) -> IncomingDisk {
+        IncomingDisk {
+            volume: volume.into(),
+            server: "127.0.0.1:1".into(),
+            pending,
+            size: 1 << 20,
+            flags: 0,
+        }
+    }
+
+    #[test]
+    fn the_destination_refuses_requests_out_of_a_moves_order() {
+        let id = MigrationId::random();
+        let switched = |vols: &[&str]| PeerRequest::DiskSwitched {
+            id: id.clone(),
+            servers: vols.iter().map(|v| ((*v).into(), "h:1".into())).collect(),
+            admins: vec![],
+        };
+        let finish = PeerRequest::Finish { id: id.clone() };
+        let stream = PeerRequest::Stream {
+            id: id.clone(),
+            compress: true,
+        };
+        let mut o = ArrivalOrder::new(&[disk("root", true), disk("data", false)]);
+        o.accept(&stream).unwrap();
+        assert_eq!(
+            o.accept(&finish),
+            Err(OrderError::DisksPending("root".into())),
+            "a teleport's guest never runs before its disk switched"
+        );
+        assert_eq!(
+            o.accept(&switched(&["swap"])),
+            Err(OrderError::UnknownDisk("swap".into()))
+        );
+        o.accept(&switched(&["root"])).unwrap();
+        o.accept(&switched(&["root"])).unwrap();
+        o.accept(&finish).unwrap();
+        assert_eq!(o.state(), Arrival::Finished);
+        o.accept(&finish).unwrap();
+        for late in [&stream, &switched(&["root"])] {
+            assert!(
+                matches!(o.accept(late), Err(OrderError::OutOfOrder { .. })),
+                "{late:?}"
+            );
+        }
+        // A VM-only move has no pending disk; an aborted move is over.
+        let mut vm = ArrivalOrder::new(&[disk("root", false)]);
+        vm.accept(&PeerRequest::Abort { id: id.clone() }).unwrap();
+        let e = vm.accept(&finish).unwrap_err();
+        assert_eq!(e.to_string(), "Finish for a move that is aborted");
+    }
+
+    #[test]
+    fn a_request_of_another_version_is_refused_naming_both() {
+        let spec = VmSpec {
+            name: "g".into(),
+            memory_mib: 64,
+            vcpus: 1,
+            disks: vec![],
+            boot: ferry_api::Boot::Disk,
+            accel: ferry_api::Accel::Auto,
+        };
+        let check = PeerRequest::Check {
+            version: PEER_VERSION,
+            spec,
+            disks: vec![],
+        };
+        // The same request as a host from before versions writes it.
+        let mut old: serde_json::Value = serde_json::to_value(&check).unwrap();
+        old.as_object_mut().unwrap().remove("version");
+        let mut buf = encode_line(&old);
+        let Some(PeerRequest::Check { version, .. }) =
+            decode_line::<PeerRequest>(&mut buf).unwrap()
+        else {
+            panic!("not a check");
+        };
+        assert_eq!(version, 1, "a request from before versions reads as 1");
+        let e = check_version(version).unwrap_err();
+        assert!(
+            e.contains("version 1,") && e.contains(&format!("this host {PEER_VERSION}")),
+            "{e}"
+        );
+        let mut buf = encode_line(&check);
+        assert_eq!(decode_line::<PeerRequest>(&mut buf).unwrap(), Some(check));
+        assert!(check_version(PEER_VERSION).is_ok());
+    }
 
     #[test]
     fn frames_round_trip_compressed_or_not() {
