@@ -67,7 +67,7 @@ def finished(api, since):
 
 def drain(api, policy, site, limit, n, timeout):
     """Put `site` in maintenance with both limits at `limit`; wait for `n`
-    completed moves. (wall seconds, [move seconds], failures)."""
+    completed moves. (wall seconds, [outcomes], failures)."""
     pol = dict(policy, maintenance=[site], max_moves_per_link=limit, max_moves_per_site=limit,
                paused=False)
     t0 = time.time()
@@ -85,7 +85,8 @@ def drain(api, policy, site, limit, n, timeout):
     if len(ok) < n:
         raise RuntimeError(f"only {len(ok)} of {n} guests left {site} in {timeout} s: {done}")
     wall = max(t for t, _ in ok) - t0
-    return wall, [o["seconds"] for _, o in ok], len(done) - len(ok)
+    outs = [o for _, o in ok]
+    return wall, outs, len(done) - len(ok)
 
 
 def main():
@@ -151,9 +152,13 @@ def main():
         at = "a"
         for r in range(a.repeats):
             for mode, limit in (("serial", 1), ("side by side", n)):
-                wall, secs, failed = drain(api, policy, at, limit, n, timeout=60 * n)
+                wall, outs, failed = drain(api, policy, at, limit, n, timeout=60 * n)
+                secs = [o["seconds"] for o in outs]
                 runs.append({"mode": mode, "from": at, "wall_s": wall, "sum_of_moves_s": sum(secs),
-                             "longest_move_s": max(secs), "failed_moves": failed})
+                             "longest_move_s": max(secs), "failed_moves": failed,
+                             "link_mb": sum(o["bytes"] for o in outs) / 1e6,
+                             "predicted_link_mb": sum(o["predicted_bytes"] for o in outs) / 1e6,
+                             "predicted_sum_of_moves_s": sum(o["predicted_seconds"] for o in outs)})
                 print(json.dumps(runs[-1]), flush=True)
                 at = "b" if at == "a" else "a"
         # The simulator's prediction of the same drain from the snapshot.
@@ -182,7 +187,9 @@ def main():
     summary = {"guests": n, "rtt_ms": a.rtt, "mbit": a.mbit, "runs": runs,
                "serial_wall_s": med("serial", "wall_s"), "side_by_side_wall_s": med("side by side", "wall_s"),
                "sum_of_single_moves_s": med("serial", "sum_of_moves_s"),
-               "replay_predicted_s": predicted, "replay_moves": len(moves)}
+               "replay_predicted_s": predicted, "replay_moves": len(moves),
+               "link_mb_per_drain": med("side by side", "link_mb"),
+               "predicted_link_mb_per_drain": med("side by side", "predicted_link_mb")}
     summary["speedup_vs_serial"] = summary["serial_wall_s"] / summary["side_by_side_wall_s"]
     summary["speedup_vs_sum"] = summary["sum_of_single_moves_s"] / summary["side_by_side_wall_s"]
     print(json.dumps(summary, indent=1))

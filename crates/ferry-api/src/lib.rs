@@ -13,6 +13,7 @@
 pub mod client;
 pub mod host;
 pub mod index;
+pub mod metrics;
 pub mod migration;
 pub mod server;
 pub mod vm;

@@ -136,7 +136,7 @@ fn guests_start_show_metrics_and_survive_a_restart_of_their_host() {
         metrics.contains("ferry_vm_disk_requests_total{vm=\"g1\",volume=\"root\",op=\"write\"}")
     );
     assert!(metrics
-        .contains("ferry_vm_disk_latency_seconds_bucket{vm=\"g1\",volume=\"root\",le=\"+Inf\"}"));
+        .contains("ferry_vm_disk_latency_seconds_bucket{le=\"+Inf\",vm=\"g1\",volume=\"root\"}"));
     // QEMU's estimate of the memory dirty rate, measured every 2 s.
     let t = Instant::now();
     let (dirty, share) = loop {

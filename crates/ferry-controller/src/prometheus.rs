@@ -49,23 +49,21 @@ impl PrometheusSource {
     /// reading the hosts.
     pub fn guest_rates(&self) -> Result<BTreeMap<String, GuestRates>, String> {
         let w = self.range();
-        let iops = self.by_vm(&format!(
-            "sum by (vm) (rate(ferry_vm_disk_requests_total[{w}]))"
-        ))?;
-        let bytes = self.by_vm(&format!(
-            "sum by (vm) (rate(ferry_vm_disk_bytes_total[{w}]))"
-        ))?;
+        use ferry_api::metrics::{
+            VM_CPU_SECONDS_TOTAL as CPU, VM_DISK_BYTES_TOTAL as BYTES,
+            VM_DISK_LATENCY_SECONDS as LATENCY, VM_DISK_REQUESTS_TOTAL as REQUESTS,
+            VM_MEMORY_DIRTY_BYTES_PER_SECOND as DIRTY,
+        };
+        let iops = self.by_vm(&format!("sum by (vm) (rate({REQUESTS}[{w}]))"))?;
+        let bytes = self.by_vm(&format!("sum by (vm) (rate({BYTES}[{w}]))"))?;
         let writes = self.by_vm(&format!(
-            "sum by (vm) (rate(ferry_vm_disk_bytes_total{{dir=\"write\"}}[{w}]))"
+            "sum by (vm) (rate({BYTES}{{dir=\"write\"}}[{w}]))"
         ))?;
         let latency = self.by_vm(&format!(
-            "sum by (vm) (rate(ferry_vm_disk_latency_seconds_sum[{w}])) \
-             / sum by (vm) (rate(ferry_vm_disk_latency_seconds_count[{w}]))"
+            "sum by (vm) (rate({LATENCY}_sum[{w}])) / sum by (vm) (rate({LATENCY}_count[{w}]))"
         ))?;
-        let cpu = self.by_vm(&format!(
-            "sum by (vm) (rate(ferry_vm_cpu_seconds_total[{w}]))"
-        ))?;
-        let dirty = self.by_vm("max by (vm) (ferry_vm_memory_dirty_bytes_per_second)")?;
+        let cpu = self.by_vm(&format!("sum by (vm) (rate({CPU}[{w}]))"))?;
+        let dirty = self.by_vm(&format!("max by (vm) ({DIRTY})"))?;
         let mut out: BTreeMap<String, GuestRates> = BTreeMap::new();
         for (vm, v) in iops {
             out.entry(vm).or_default().iops = v;

@@ -12,7 +12,13 @@ use ferry_api::{
     CreateVm, DiskIo, ErrorBody, LinkProbe, MigrationId, ProbeRequest, VmMigrateRequest,
     VmMoveStatus, VmView,
 };
-use std::fmt::Write;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 pub struct ApiError(StatusCode, String);
@@ -308,128 +314,217 @@ async fn move_cancel(State(h): St, Path(id): Path<String>) -> Result<Json<VmMove
     Ok(Json(moves::cancel(&h, &id)?))
 }
 
-/// Prometheus text exposition of every guest.
-pub fn render_metrics(views: &[VmView]) -> String {
-    let mut o = String::new();
-    let _ = writeln!(
-        o,
-        "# HELP ferry_vm_state Guest state (1 for the current state).\n# TYPE ferry_vm_state gauge"
-    );
-    for v in views {
-        let _ = writeln!(
-            o,
-            "ferry_vm_state{{vm=\"{}\",state=\"{}\",accel=\"{}\"}} 1",
-            v.spec.name,
-            v.state.as_str(),
-            v.accel.as_deref().unwrap_or("")
-        );
+/// Labels of a guest's series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GuestLabels {
+    vm: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    vm: String,
+    state: String,
+    accel: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DiskLabels {
+    vm: String,
+    volume: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DiskOpLabels {
+    vm: String,
+    volume: String,
+    op: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DiskDirLabels {
+    vm: String,
+    volume: String,
+    dir: String,
+}
+
+/// A histogram read off the forwarder's counters at scrape time.
+#[derive(Clone, Debug, Default)]
+struct ReadHistogram(Arc<parking_lot::Mutex<HistogramFigures>>);
+
+#[derive(Clone, Debug, Default)]
+struct HistogramFigures {
+    sum: f64,
+    count: u64,
+    /// `(upper bound, requests in this bucket alone)`; `f64::MAX` is +Inf.
+    buckets: Vec<(f64, u64)>,
+}
+
+impl ReadHistogram {
+    fn set(&self, f: HistogramFigures) {
+        *self.0.lock() = f;
     }
-    type PerGuest = fn(&VmView) -> Option<String>;
-    let per_guest: [(&str, &str, &str, PerGuest); 4] = [
-        (
-            "ferry_vm_cpu_seconds_total",
-            "counter",
-            "CPU time of the guest's QEMU process.",
-            |v| Some(v.cpu_time_s.to_string()),
-        ),
-        (
-            "ferry_vm_memory_resident_bytes",
-            "gauge",
-            "Guest RAM resident in its QEMU process (pages the guest touched).",
-            |v| v.memory_resident_bytes.map(|b| b.to_string()),
-        ),
-        (
-            "ferry_vm_memory_dirty_bytes_per_second",
-            "gauge",
-            "Guest RAM dirtied per second, QEMU's latest estimate (calc-dirty-rate).",
-            |v| v.memory_dirty.map(|d| d.bytes_per_s.to_string()),
-        ),
-        (
-            "ferry_vm_memory_link_share",
-            "gauge",
-            "Link bytes a memory move would send per resident byte, from a sample of the guest's pages.",
-            |v| v.memory_link_share.map(|s| s.to_string()),
-        ),
-    ];
-    for (name, kind, help, value) in per_guest {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for v in views {
-            if let Some(x) = value(v) {
-                let _ = writeln!(o, "{name}{{vm=\"{}\"}} {x}", v.spec.name);
-            }
-        }
-    }
-    type Series = fn(&DiskIo) -> Vec<(&'static str, u64)>;
-    let families: [(&str, &str, &str, Series); 3] = [
-        (
-            "ferry_vm_disk_requests_total",
-            "Disk requests of the guest, as the forwarder answered them.",
-            "op",
-            |d| {
-                vec![
-                    ("read", d.reads),
-                    ("write", d.writes),
-                    ("flush", d.flushes),
-                    ("other", d.other),
-                ]
-            },
-        ),
-        (
-            "ferry_vm_disk_bytes_total",
-            "Disk bytes of the guest.",
-            "dir",
-            |d| vec![("read", d.read_bytes), ("write", d.write_bytes)],
-        ),
-        (
-            "ferry_vm_disk_errors_total",
-            "Disk requests answered with an error.",
-            "",
-            |d| vec![("", d.errors)],
-        ),
-    ];
-    for (name, help, label, series) in families {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
-        for v in views {
-            for d in &v.disks {
-                for (value, n) in series(d) {
-                    let extra = if label.is_empty() {
-                        String::new()
-                    } else {
-                        format!(",{label}=\"{value}\"")
-                    };
-                    let _ = writeln!(
-                        o,
-                        "{name}{{vm=\"{}\",volume=\"{}\"{extra}}} {n}",
-                        v.spec.name, d.volume
-                    );
-                }
-            }
-        }
-    }
-    let _ = writeln!(o, "# HELP ferry_vm_disk_latency_seconds Time from a request's arrival at the forwarder to its answer.\n# TYPE ferry_vm_disk_latency_seconds histogram");
-    for v in views {
-        for d in &v.disks {
-            let l = format!("vm=\"{}\",volume=\"{}\"", v.spec.name, d.volume);
-            let mut count = 0;
-            for (le, n) in &d.latency_us {
-                let le = if *le == u64::MAX {
-                    "+Inf".to_string()
+}
+
+impl HistogramFigures {
+    /// From the API's cumulative `(µs bound, requests at or below)`.
+    #[allow(clippy::cast_precision_loss)]
+    fn of(d: &DiskIo) -> HistogramFigures {
+        let mut before = 0;
+        let buckets = d
+            .latency_us
+            .iter()
+            .map(|(le, n)| {
+                let bound = if *le == u64::MAX {
+                    f64::MAX
                 } else {
-                    #[allow(clippy::cast_precision_loss)]
-                    let s = *le as f64 / 1e6;
-                    format!("{s}")
+                    *le as f64 / 1e6
                 };
-                let _ = writeln!(
-                    o,
-                    "ferry_vm_disk_latency_seconds_bucket{{{l},le=\"{le}\"}} {n}"
-                );
-                count = *n;
-            }
-            #[allow(clippy::cast_precision_loss)]
-            let sum = d.latency_sum_us as f64 / 1e6;
-            let _ = writeln!(o, "ferry_vm_disk_latency_seconds_sum{{{l}}} {sum}");
-            let _ = writeln!(o, "ferry_vm_disk_latency_seconds_count{{{l}}} {count}");
+                let here = n.saturating_sub(before);
+                before = *n;
+                (bound, here)
+            })
+            .collect();
+        HistogramFigures {
+            sum: d.latency_sum_us as f64 / 1e6,
+            count: before,
+            buckets,
         }
+    }
+}
+
+impl TypedMetric for ReadHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for ReadHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let f = self.0.lock();
+        encoder.encode_histogram::<()>(f.sum, f.count, &f.buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+/// A counter's name as registered: its series name without `_total`.
+fn counter_name(series: &str) -> &str {
+    series.strip_suffix("_total").unwrap_or(series)
+}
+
+/// Every guest's figures as Prometheus metrics (OpenMetrics text), read
+/// at scrape time into a registry of their own (names from
+/// [`ferry_api::metrics`]).
+pub fn render_metrics(views: &[VmView]) -> String {
+    use ferry_api::metrics as names;
+    let state: Family<StateLabels, Gauge> = Family::default();
+    let cpu: Family<GuestLabels, Counter<f64, AtomicU64>> = Family::default();
+    let resident: Family<GuestLabels, Gauge> = Family::default();
+    let dirty: Family<GuestLabels, Gauge> = Family::default();
+    let link_share: Family<GuestLabels, Gauge<f64, AtomicU64>> = Family::default();
+    let requests: Family<DiskOpLabels, Counter> = Family::default();
+    let bytes: Family<DiskDirLabels, Counter> = Family::default();
+    let errors: Family<DiskLabels, Counter> = Family::default();
+    let latency: Family<DiskLabels, ReadHistogram> = Family::default();
+    let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    for v in views {
+        let vm = GuestLabels {
+            vm: v.spec.name.clone(),
+        };
+        state
+            .get_or_create(&StateLabels {
+                vm: v.spec.name.clone(),
+                state: v.state.as_str().into(),
+                accel: v.accel.clone().unwrap_or_default(),
+            })
+            .set(1);
+        cpu.get_or_create(&vm).inc_by(v.cpu_time_s);
+        if let Some(b) = v.memory_resident_bytes {
+            resident.get_or_create(&vm).set(gauge(b));
+        }
+        if let Some(d) = v.memory_dirty {
+            dirty.get_or_create(&vm).set(gauge(d.bytes_per_s));
+        }
+        if let Some(s) = v.memory_link_share {
+            link_share.get_or_create(&vm).set(s);
+        }
+        for d in &v.disks {
+            let (vmn, volume) = (v.spec.name.clone(), d.volume.clone());
+            for (op, n) in [
+                ("read", d.reads),
+                ("write", d.writes),
+                ("flush", d.flushes),
+                ("other", d.other),
+            ] {
+                let l = DiskOpLabels {
+                    vm: vmn.clone(),
+                    volume: volume.clone(),
+                    op: op.into(),
+                };
+                requests.get_or_create(&l).inc_by(n);
+            }
+            for (dir, n) in [("read", d.read_bytes), ("write", d.write_bytes)] {
+                let l = DiskDirLabels {
+                    vm: vmn.clone(),
+                    volume: volume.clone(),
+                    dir: dir.into(),
+                };
+                bytes.get_or_create(&l).inc_by(n);
+            }
+            let l = DiskLabels { vm: vmn, volume };
+            errors.get_or_create(&l).inc_by(d.errors);
+            latency.get_or_create(&l).set(HistogramFigures::of(d));
+        }
+    }
+    let mut r = Registry::default();
+    r.register(
+        names::VM_STATE,
+        "Guest state (1 for the current state)",
+        state,
+    );
+    r.register(
+        counter_name(names::VM_CPU_SECONDS_TOTAL),
+        "CPU time of the guest's QEMU process",
+        cpu,
+    );
+    r.register(
+        names::VM_MEMORY_RESIDENT_BYTES,
+        "Guest RAM resident in its QEMU process (pages the guest touched)",
+        resident,
+    );
+    r.register(
+        names::VM_MEMORY_DIRTY_BYTES_PER_SECOND,
+        "Guest RAM dirtied per second, QEMU's latest estimate (calc-dirty-rate)",
+        dirty,
+    );
+    r.register(
+        names::VM_MEMORY_LINK_SHARE,
+        "Link bytes a memory move would send per resident byte, from a sample of the guest's pages",
+        link_share,
+    );
+    r.register(
+        counter_name(names::VM_DISK_REQUESTS_TOTAL),
+        "Disk requests of the guest, as the forwarder answered them",
+        requests,
+    );
+    r.register(
+        counter_name(names::VM_DISK_BYTES_TOTAL),
+        "Disk bytes of the guest",
+        bytes,
+    );
+    r.register(
+        counter_name(names::VM_DISK_ERRORS_TOTAL),
+        "Disk requests answered with an error",
+        errors,
+    );
+    r.register(
+        names::VM_DISK_LATENCY_SECONDS,
+        "Time from a request's arrival at the forwarder to its answer",
+        latency,
+    );
+    let mut o = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut o, &r) {
+        tracing::warn!("cannot encode the metrics: {e}");
     }
     o
 }
@@ -437,7 +532,10 @@ pub fn render_metrics(views: &[VmView]) -> String {
 async fn metrics(State(h): St) -> impl IntoResponse {
     let views = h.list().await;
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         render_metrics(&views),
     )
 }
@@ -492,14 +590,16 @@ mod tests {
             "ferry_vm_memory_resident_bytes{vm=\"g\"} 41943040",
             "ferry_vm_memory_dirty_bytes_per_second{vm=\"g\"} 2097152",
             "ferry_vm_memory_link_share{vm=\"g\"} 0.25",
-            "# TYPE ferry_vm_disk_requests_total counter",
+            "# TYPE ferry_vm_disk_requests counter",
             "ferry_vm_disk_requests_total{vm=\"g\",volume=\"v\",op=\"read\"} 3",
             "ferry_vm_disk_requests_total{vm=\"g\",volume=\"v\",op=\"other\"} 0",
             "ferry_vm_disk_bytes_total{vm=\"g\",volume=\"v\",dir=\"write\"} 4096",
             "ferry_vm_disk_errors_total{vm=\"g\",volume=\"v\"} 2",
-            "ferry_vm_disk_latency_seconds_bucket{vm=\"g\",volume=\"v\",le=\"0.00005\"} 1",
-            "ferry_vm_disk_latency_seconds_bucket{vm=\"g\",volume=\"v\",le=\"+Inf\"} 3",
+            "ferry_vm_disk_latency_seconds_bucket{le=\"0.00005\",vm=\"g\",volume=\"v\"} 1",
+            "ferry_vm_disk_latency_seconds_bucket{le=\"+Inf\",vm=\"g\",volume=\"v\"} 3",
             "ferry_vm_disk_latency_seconds_count{vm=\"g\",volume=\"v\"} 3",
+            "ferry_vm_disk_latency_seconds_sum{vm=\"g\",volume=\"v\"} 0.0009",
+            "# EOF",
         ] {
             assert!(m.lines().any(|l| l == line), "{line} missing from\n{m}");
         }

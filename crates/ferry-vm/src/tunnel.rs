@@ -9,7 +9,7 @@ use crate::peer::{
     PeerRequest,
 };
 use crate::VmError;
-use ferry_migration_engine::tls::{server_name, CertStore};
+use ferry_trust::store::{server_name, CertStore};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
