@@ -124,21 +124,7 @@ impl ControllerCore {
             });
             if act {
                 effects.push(Effect::Start(d.clone()));
-                self.running.insert(
-                    d.vm.clone(),
-                    Running {
-                        flight: InFlightMove {
-                            vm: d.vm.clone(),
-                            action: d.action,
-                            from: d.from.clone(),
-                            to: d.to.clone(),
-                            to_host: d.to_host.clone(),
-                            started_s: now,
-                        },
-                        decision: d.clone(),
-                        cancelling: false,
-                    },
-                );
+                self.adopt(d.clone(), now);
             }
         }
         self.unacted = unacted;
@@ -191,8 +177,9 @@ impl ControllerCore {
         self.running.remove(vm);
     }
 
-    /// A move started before this controller took over (a restart, a new
-    /// leader), found in the journal: followed and counted like its own.
+    /// A move in flight from `started_s`: one this core starts, or one
+    /// started before this controller took over (a restart, a new leader)
+    /// found in the journal, followed and counted like its own.
     pub fn adopt(&mut self, d: Decision, started_s: f64) {
         self.running.insert(
             d.vm.clone(),
