@@ -251,8 +251,19 @@ fn now_unix() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// Journal a move's end, count it, and report it to the cycles.
+/// A move ended: report it to the cycles, count it and journal it.
 fn finish(sh: &Shared, id: &str, outcome: MoveOutcome) {
+    sh.ended.lock().push(Ended {
+        vm: outcome.vm.clone(),
+        completed: outcome.completed(),
+        reason: outcome.reason.clone(),
+        at_s: sh.born.elapsed().as_secs_f64(),
+    });
+    journal_end(sh, id, outcome);
+}
+
+/// Count a move's end (or its failure to start), log it and journal it.
+fn journal_end(sh: &Shared, id: &str, outcome: MoveOutcome) {
     sh.metrics
         .moves
         .get_or_create(&MoveLabel {
@@ -261,12 +272,6 @@ fn finish(sh: &Shared, id: &str, outcome: MoveOutcome) {
         })
         .inc();
     tracing::info!("{}", outcome.line());
-    sh.ended.lock().push(Ended {
-        vm: outcome.vm.clone(),
-        completed: outcome.completed(),
-        reason: outcome.reason.clone(),
-        at_s: sh.born.elapsed().as_secs_f64(),
-    });
     sh.record(Event::Finished {
         id: id.into(),
         outcome,
@@ -407,11 +412,10 @@ impl World for Hosts<'_> {
                 Ok(())
             }
             Err(out) => {
+                // The core learns of it from this answer, not from the
+                // cycles' list of ended moves.
                 let why = out.reason.clone().unwrap_or_default();
-                self.sh.record(Event::Finished {
-                    id: String::new(),
-                    outcome: *out,
-                });
+                journal_end(self.sh, "", *out);
                 Err(why)
             }
         }
