@@ -4,6 +4,7 @@
 //! second failure, doubling with each further one up to an hour; a success
 //! forgets it. Pure: the caller gives the time.
 
+use crate::cluster::Placement;
 use crate::policy::{Action, Decision};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -40,17 +41,27 @@ pub struct HeldMove {
     pub retry_in_s: f64,
 }
 
+impl HeldMove {
+    /// Whether this is the hold on `vm`'s `action` to `to`.
+    pub fn is_for(&self, vm: &str, action: Action, to: &Placement) -> bool {
+        self.vm == vm && self.action == action && self.to == destination(to)
+    }
+}
+
 /// The moves failing now.
 #[derive(Debug, Default)]
 pub struct Backoff {
     failing: BTreeMap<String, Failing>,
 }
 
-fn key(d: &Decision) -> String {
-    format!(
-        "{}\u{0}{:?}\u{0}{}/{}",
-        d.vm, d.action, d.to.host_site, d.to.disk_site
-    )
+/// Where a move goes, as a held move names it: `host site/disk site`.
+pub fn destination(to: &Placement) -> String {
+    format!("{}/{}", to.host_site, to.disk_site)
+}
+
+/// A move's identity: the guest, the action and where to.
+pub(crate) fn key(d: &Decision) -> String {
+    format!("{}\u{0}{:?}\u{0}{}", d.vm, d.action, destination(&d.to))
 }
 
 /// How long a move that failed `failures` times in a row is held.
@@ -73,7 +84,7 @@ impl Backoff {
         let e = self.failing.entry(k).or_insert_with(|| Failing {
             vm: d.vm.clone(),
             action: d.action,
-            to: format!("{}/{}", d.to.host_site, d.to.disk_site),
+            to: destination(&d.to),
             failures: 0,
             reason: String::new(),
             until: now,
@@ -81,14 +92,6 @@ impl Backoff {
         e.failures += 1;
         e.reason = reason.unwrap_or("no reason given").to_string();
         e.until = now + hold_for(e.failures);
-    }
-
-    /// The hold on `d` at `now`, if it is held back.
-    pub fn held(&self, d: &Decision, now: f64) -> Option<HeldMove> {
-        self.failing
-            .get(&key(d))
-            .filter(|e| e.until > now)
-            .map(|e| view(e, now))
     }
 
     /// Every move held back at `now`.
@@ -115,7 +118,13 @@ fn view(e: &Failing, now: f64) -> HeldMove {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::Placement;
+
+    /// The hold on `d` at `now`, found as the planner finds it.
+    fn held(b: &Backoff, d: &Decision, now: f64) -> Option<HeldMove> {
+        b.holding(now)
+            .into_iter()
+            .find(|h| h.is_for(&d.vm, d.action, &d.to))
+    }
 
     fn decision(vm: &str, to: &str) -> Decision {
         Decision {
@@ -150,23 +159,23 @@ mod tests {
         let (mut b, t0) = (Backoff::default(), 1000.0);
         let d = decision("web", "b");
         b.ended(&d, false, Some("refused by the destination"), t0);
-        assert!(b.held(&d, t0).is_none(), "one failure is retried");
+        assert!(held(&b, &d, t0).is_none(), "one failure is retried");
         b.ended(&d, false, Some("refused by the destination"), t0);
-        let h = b.held(&d, t0).expect("held after two");
+        let h = held(&b, &d, t0).expect("held after two");
         assert_eq!((h.failures, h.retry_in_s), (2, 60.0));
         assert_eq!(h.reason, "refused by the destination");
         assert!(
-            b.held(&d, t0 + 61.0).is_none(),
+            held(&b, &d, t0 + 61.0).is_none(),
             "tried again after the hold"
         );
         b.ended(&d, false, None, t0 + 61.0);
-        assert_eq!(b.held(&d, t0 + 61.0).unwrap().retry_in_s, 120.0);
+        assert_eq!(held(&b, &d, t0 + 61.0).unwrap().retry_in_s, 120.0);
         // Another guest, or the same one elsewhere, is not held.
-        assert!(b.held(&decision("db", "b"), t0).is_none());
-        assert!(b.held(&decision("web", "c"), t0).is_none());
+        assert!(held(&b, &decision("db", "b"), t0).is_none());
+        assert!(held(&b, &decision("web", "c"), t0).is_none());
         assert_eq!(b.holding(t0).len(), 1);
         b.ended(&d, true, None, t0);
-        assert!(b.held(&d, t0).is_none() && b.holding(t0).is_empty());
+        assert!(held(&b, &d, t0).is_none() && b.holding(t0).is_empty());
     }
 
     #[test]

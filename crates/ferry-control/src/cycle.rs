@@ -51,9 +51,24 @@ pub struct Ended {
 
 #[derive(Debug, Clone)]
 struct Running {
-    flight: InFlightMove,
     decision: Decision,
+    started_s: f64,
     cancelling: bool,
+}
+
+impl Running {
+    /// The move as the planner counts it.
+    fn flight(&self) -> InFlightMove {
+        let d = &self.decision;
+        InFlightMove {
+            vm: d.vm.clone(),
+            action: d.action,
+            from: d.from.clone(),
+            to: d.to.clone(),
+            to_host: d.to_host.clone(),
+            started_s: self.started_s,
+        }
+    }
 }
 
 /// What the controller remembers from one step to the next.
@@ -66,17 +81,8 @@ pub struct ControllerCore {
     backoff: Backoff,
     /// The decisions of the last step not acted on: the same one again is
     /// not journaled again.
-    unacted: BTreeSet<(String, String, String, String)>,
+    unacted: BTreeSet<String>,
     running: BTreeMap<String, Running>,
-}
-
-fn key(d: &Decision) -> (String, String, String, String) {
-    (
-        d.vm.clone(),
-        format!("{:?}", d.action),
-        d.to.host_site.clone(),
-        d.to.disk_site.clone(),
-    )
 }
 
 impl ControllerCore {
@@ -110,7 +116,7 @@ impl ControllerCore {
         let act = !p.paused && may_act;
         let mut unacted = BTreeSet::new();
         for d in &plan.decisions {
-            let k = key(d);
+            let k = crate::backoff::key(d);
             let repeated = !act && self.unacted.contains(&k);
             if !act {
                 unacted.insert(k);
@@ -137,10 +143,10 @@ impl ControllerCore {
     fn cancels(&mut self, p: &Policy, now: f64) -> Vec<Effect> {
         let mut out = Vec::new();
         for r in self.running.values_mut().filter(|r| !r.cancelling) {
-            let f = &r.flight;
-            let why = if now - f.started_s > MOVE_LIMIT_S {
+            let d = &r.decision;
+            let why = if now - r.started_s > MOVE_LIMIT_S {
                 format!("still running after {MOVE_LIMIT_S:.0} s")
-            } else if let Some(s) = [&f.to.host_site, &f.to.disk_site]
+            } else if let Some(s) = [&d.to.host_site, &d.to.disk_site]
                 .into_iter()
                 .find(|s| p.maintenance.contains(s))
             {
@@ -148,11 +154,9 @@ impl ControllerCore {
             } else {
                 continue;
             };
+            let vm = d.vm.clone();
             r.cancelling = true;
-            out.push(Effect::Cancel {
-                vm: f.vm.clone(),
-                why,
-            });
+            out.push(Effect::Cancel { vm, why });
         }
         out
     }
@@ -184,15 +188,8 @@ impl ControllerCore {
         self.running.insert(
             d.vm.clone(),
             Running {
-                flight: InFlightMove {
-                    vm: d.vm.clone(),
-                    action: d.action,
-                    from: d.from.clone(),
-                    to: d.to.clone(),
-                    to_host: d.to_host.clone(),
-                    started_s,
-                },
                 decision: d,
+                started_s,
                 cancelling: false,
             },
         );
@@ -200,7 +197,7 @@ impl ControllerCore {
 
     /// The moves running now.
     pub fn in_flight(&self) -> Vec<InFlightMove> {
-        self.running.values().map(|r| r.flight.clone()).collect()
+        self.running.values().map(Running::flight).collect()
     }
 
     /// The moves held back at `now` after failing in a row.

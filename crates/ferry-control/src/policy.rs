@@ -455,11 +455,7 @@ fn backoff_filter(k: &Check) -> Result<(), Refusal> {
 }
 
 fn held_back(held: &[HeldMove], vm: &str, action: Action, to: &Placement) -> Result<(), Refusal> {
-    let to = format!("{}/{}", to.host_site, to.disk_site);
-    match held
-        .iter()
-        .find(|h| h.vm == vm && h.action == action && h.to == to)
-    {
+    match held.iter().find(|h| h.is_for(vm, action, to)) {
         Some(h) => Err(Refusal::HeldBack {
             failures: h.failures,
             retry_in_s: h.retry_in_s,
@@ -563,7 +559,7 @@ fn locality(
             }
             continue;
         }
-        if let Err(r) = st.take_slot(p, &vm.placement, &best.to) {
+        if let Err(r) = st.take_slot(&vm.placement, &best.to) {
             st.refuse(&vm.name, Some(best.action), Some(&best.to), r);
             continue;
         }
@@ -686,10 +682,14 @@ impl<'a> Planning<'a> {
 
     /// Count a move against the limits per link and per site, or say
     /// which one it would break.
-    fn take_slot(&mut self, p: &Policy, from: &Placement, to: &Placement) -> Result<(), Refusal> {
+    fn take_slot(&mut self, from: &Placement, to: &Placement) -> Result<(), Refusal> {
+        let p = self.p;
         let (a, b) = link_of(from, to);
-        let moves = self.per_link.get(&(a.clone(), b.clone())).copied();
-        let moves = moves.unwrap_or(0);
+        let moves = self
+            .per_link
+            .get(&(a.clone(), b.clone()))
+            .copied()
+            .unwrap_or(0);
         if moves >= p.max_moves_per_link {
             return Err(Refusal::LinkLimit {
                 a,
@@ -756,6 +756,17 @@ impl<'a> Planning<'a> {
             .candidates
             .push(Candidate::new(&d.vm, Some(d.action), Some(&d.to), None));
         self.plan.decisions.push(d);
+    }
+}
+
+/// The share of its CPUs a site (or host) may be filled to by moves: below
+/// the burst threshold when bursting, so a guest sent away is not brought
+/// back to a site that would burst again.
+fn fill_share(p: &Policy) -> f64 {
+    if p.burst {
+        p.burst_above
+    } else {
+        1.0
     }
 }
 
@@ -828,12 +839,11 @@ impl SiteLoad {
         memory: f64,
         p: &Policy,
     ) -> Result<Option<String>, Refusal> {
-        let factor = if p.burst { p.burst_above } else { 1.0 };
         let mut listed = false;
         let mut best: Option<(f64, &String)> = None;
         for (name, h) in self.hosts.iter().filter(|(_, h)| h.site == site) {
             listed = true;
-            let room = h.cpu_capacity * factor - h.cpu_used;
+            let room = h.cpu_capacity * fill_share(p) - h.cpu_used;
             let memory_fits = h.memory_bytes.is_none_or(|m| h.memory_used + memory <= m);
             if cpu <= room && memory_fits && best.is_none_or(|(r, _)| room > r) {
                 best = Some((room, name));
@@ -877,11 +887,10 @@ impl SiteLoad {
         self.capacity.get(site).copied().unwrap_or(0.0)
     }
 
-    /// The share of its capacity a site may be filled to by moves: below
-    /// the burst threshold when bursting (so a guest sent away is not
-    /// brought back to a site that would burst again).
+    /// The CPUs a site may be filled to by moves ([`fill_share`] of its
+    /// capacity).
     fn limit(&self, site: &str, p: &Policy) -> f64 {
-        self.capacity(site) * if p.burst { p.burst_above } else { 1.0 }
+        self.capacity(site) * fill_share(p)
     }
 
     /// Whether a guest needing `cpu` and `memory` fits at `site`: in the
@@ -977,7 +986,7 @@ fn take_forced(
         Ok(d) => d,
         Err(r) => return refused(st, r),
     };
-    if let Err(r) = st.take_slot(p, &vm.placement, &to) {
+    if let Err(r) = st.take_slot(&vm.placement, &to) {
         return refused(st, r);
     }
     Ok(Some(d))
