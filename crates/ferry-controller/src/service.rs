@@ -341,7 +341,16 @@ fn follow_unfinished(sh: &Arc<Shared>, core: &mut ControllerCore) {
         match id.parse::<MigrationId>() {
             Ok(mid) => {
                 core.adopt(decision_of(&expect), sh.born.elapsed().as_secs_f64());
-                follow_on_its_own(sh, mid, control, expect);
+                // A controller that leads again while its own thread still
+                // follows the move does not follow it twice.
+                let followed = sh
+                    .running
+                    .lock()
+                    .get(&expect.vm)
+                    .is_some_and(|(i, _)| *i == mid);
+                if !followed {
+                    follow_on_its_own(sh, mid, control, expect);
+                }
             }
             Err(e) => {
                 let out = MoveOutcome {
