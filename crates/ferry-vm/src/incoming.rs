@@ -93,33 +93,25 @@ async fn handle(host: Arc<VmHost>, mut link: ServerLink) -> Result<(), VmError> 
             .await
             .map_err(|_| VmError::Peer("no request in time".into()))??;
     if let Err(e) = in_order(&host, &req) {
-        tracing::warn!(error = %e, "refused a request out of its move's order");
+        tracing::warn!(error = %e, "refused a request out of its version or its move's order");
         return answer(&mut link, &PeerAnswer::err(e)).await;
     }
     match req {
         PeerRequest::Prepare {
-            version,
             id,
             spec,
             disks,
             postcopy,
             multifd,
+            ..
         } => {
-            let a = match check_version(version) {
-                Ok(()) => reply(prepare(&host, &id, spec, &disks, postcopy, multifd).await),
-                Err(e) => PeerAnswer::err(e),
-            };
+            let a = reply(prepare(&host, &id, spec, &disks, postcopy, multifd).await);
             answer(&mut link, &a).await
         }
         PeerRequest::Check {
-            version,
-            mut spec,
-            disks,
+            mut spec, disks, ..
         } => {
-            let a = match check_version(version) {
-                Ok(()) => reply(admissible(&host, &mut spec, &disks).map(|()| PeerAnswer::ok())),
-                Err(e) => PeerAnswer::err(e),
-            };
+            let a = reply(admissible(&host, &mut spec, &disks).map(|()| PeerAnswer::ok()));
             answer(&mut link, &a).await
         }
         PeerRequest::Stream { id, compress } => stream(&host, &id, compress, link, rest).await,
@@ -155,10 +147,14 @@ async fn handle(host: Arc<VmHost>, mut link: ServerLink) -> Result<(), VmError> 
     }
 }
 
-/// Hold `req` to the order of the move it names, if that move is arriving
-/// here (a move this daemon does not know, after a restart for instance,
-/// is answered by the handlers as before).
+/// Refuse a move's first requests (`Check`, `Prepare`) of another protocol
+/// version, and hold every request to the order of the move it names, if
+/// that move is arriving here (a move this daemon does not know, after a
+/// restart for instance, is answered by the handlers as before).
 fn in_order(host: &VmHost, req: &PeerRequest) -> Result<(), String> {
+    if let PeerRequest::Check { version, .. } | PeerRequest::Prepare { version, .. } = req {
+        check_version(*version)?;
+    }
     let id = match req {
         PeerRequest::Stream { id, .. }
         | PeerRequest::DiskSwitched { id, .. }

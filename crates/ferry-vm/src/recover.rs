@@ -16,6 +16,7 @@ use crate::guest::Guest;
 use crate::peer::PeerRequest;
 use crate::{VmError, VmHost};
 use ferry_api::{AdminClient, DiskMigrationRef, MigrationId, MigrationPhase, VmMovePhase};
+use ferry_qmp::MigrationStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,10 +84,9 @@ async fn abort_there(host: &VmHost, to_host: &str, id: &MigrationId) {
     }
 }
 
-async fn migrate_status(g: &Guest) -> Option<String> {
+async fn migrate_status(g: &Guest) -> Option<MigrationStatus> {
     let rt = g.runtime()?;
-    let info = rt.qmp.query_migrate().await.ok()?;
-    Some(info.status.as_str().to_string())
+    Some(rt.qmp.query_migrate().await.ok()?.status)
 }
 
 /// Cancel QEMU's outgoing migration and wait (bounded, 10 s) until QEMU
@@ -99,7 +99,7 @@ pub(crate) async fn cancel_migration(g: &Guest) {
         // Taken before the query: a MIGRATION event after it wakes the wait.
         let mark = rt.qmp.mark();
         if let Ok(info) = rt.qmp.query_migrate().await {
-            if info.status.ended() || info.status == ferry_qmp::MigrationStatus::None {
+            if info.status.ended() || info.status == MigrationStatus::None {
                 return;
             }
         }
@@ -207,10 +207,10 @@ pub async fn resolve(
     let status = if alive { migrate_status(g).await } else { None };
     // "completed" may be the migration that brought the guest here; one
     // that sent it away leaves the guest stopped (`postmigrate`).
-    let sent_away = status.as_deref() == Some("completed")
+    let sent_away = status == Some(MigrationStatus::Completed)
         && g.qemu_status().await.as_deref() != Some("running");
     let needs_answer = !alive || sent_away;
-    if status.as_deref().is_some_and(|s| s.starts_with("postcopy")) {
+    if status.is_some_and(MigrationStatus::postcopy) {
         return Resolution::Unknown(
             "post-copy was under way: the guest's memory is split between the sites until QEMU recovers the stream".into(),
         );
