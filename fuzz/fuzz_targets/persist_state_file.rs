@@ -5,7 +5,7 @@
 #![no_main]
 
 use ferry_state_file::{load, save, Kind};
-use ferry_vm::guest::files;
+use ferry_vm_host::guest::files;
 use libfuzzer_sys::fuzz_target;
 
 const ANY: Kind = Kind {

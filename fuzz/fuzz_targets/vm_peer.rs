@@ -6,7 +6,7 @@
 //! never lets a `Finish` through while a pending disk has not switched.
 #![no_main]
 
-use ferry_vm::peer::{
+use ferry_vm_host::peer::{
     decode_frame, decode_line, Arrival, ArrivalOrder, IncomingDisk, PeerAnswer, PeerRequest,
     FRAME_HEADER, MAX_FRAME, MAX_LINE,
 };
@@ -59,8 +59,8 @@ fuzz_target!(|data: &[u8]| {
             frames.extend_from_slice(piece);
             loop {
                 match decode_frame(&mut frames) {
-                    Ok(Some((ferry_vm::peer::Frame::Data(raw), _))) => assert!(raw.len() <= MAX_FRAME),
-                    Ok(Some((ferry_vm::peer::Frame::Ack(n), _))) => assert!(n <= u64::from(u32::MAX)),
+                    Ok(Some((ferry_vm_host::peer::Frame::Data(raw), _))) => assert!(raw.len() <= MAX_FRAME),
+                    Ok(Some((ferry_vm_host::peer::Frame::Ack(n), _))) => assert!(n <= u64::from(u32::MAX)),
                     Ok(None) => break,
                     Err(_) => {
                         frames_ok = false;

@@ -7,13 +7,13 @@
 use crate::print_json;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use ferry_control::cycle::{drive, ControllerCore, NoJournal};
-use ferry_control::estimate::{estimate, Asked, Estimate};
-use ferry_control::inventory::{HostRef, Inventory, SiteInventory, StorageRef};
-use ferry_control::policy::{place_new, plan, Action, NewGuest, Policy, Triggers};
-use ferry_control::simulate::{compare, SimConfig};
-use ferry_control::{Cluster, Link};
 use ferry_controller::client::ControllerClient;
+use ferry_placement::cycle::{drive, ControllerCore, NoJournal};
+use ferry_placement::estimate::{estimate, Asked, Estimate};
+use ferry_placement::inventory::{HostRef, Inventory, SiteInventory, StorageRef};
+use ferry_placement::policy::{place_new, plan, Action, NewGuest, Policy, Triggers};
+use ferry_placement::simulate::{compare, SimConfig};
+use ferry_placement::{Cluster, Link};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -222,7 +222,7 @@ pub enum ControlCmd {
         /// A link's RTT changes during the replay: SECONDS:SITE-SITE=MS
         /// (repeatable).
         #[arg(long, value_name = "T:A-B=MS", requires = "replay")]
-        rtt_at: Vec<ferry_control::replay::RttChange>,
+        rtt_at: Vec<ferry_placement::replay::RttChange>,
         #[arg(long)]
         json: bool,
     },
@@ -611,7 +611,7 @@ fn simulate_generated(cfg: &SimConfig, json: bool) -> Result<()> {
     println!(
         "{} sites of {:.0} CPUs, {} VMs (1 CPU each; {:.0} on the spiking sites s0, s10, ... in ticks {} to {}), {} ticks of {} s",
         cfg.sites,
-        ferry_control::simulate::site_capacity(cfg),
+        ferry_placement::simulate::site_capacity(cfg),
         cfg.vms,
         cfg.spike_cpu,
         cfg.ticks / 3,
@@ -656,7 +656,7 @@ fn replay_snapshot(
     policy: Option<&PathBuf>,
     ticks: usize,
     tick_s: f64,
-    changes: &[ferry_control::replay::RttChange],
+    changes: &[ferry_placement::replay::RttChange],
     json: bool,
 ) -> Result<()> {
     if !(tick_s.is_finite() && tick_s > 0.0) {
@@ -668,7 +668,7 @@ fn replay_snapshot(
         None => Policy::default(),
     };
     p.validate().map_err(anyhow::Error::msg)?;
-    let r = ferry_control::replay::replay(&c, &p, ticks, tick_s, changes)?;
+    let r = ferry_placement::replay::replay(&c, &p, ticks, tick_s, changes)?;
     if json {
         return print_json(&r);
     }

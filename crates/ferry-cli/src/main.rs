@@ -118,7 +118,7 @@ enum Cmd {
         peer: Vec<String>,
         /// The unprivileged user guests' QEMU runs as (`-runas`) when this
         /// daemon runs as root; "" runs them as root (logged).
-        #[arg(long, default_value = ferry_vm::confine::DEFAULT_QEMU_USER)]
+        #[arg(long, default_value = ferry_vm_host::confine::DEFAULT_QEMU_USER)]
         qemu_user: String,
         /// Reach storage daemons' NBD over TLS with the credentials in DIR
         /// (QEMU's client layout: ca-cert.pem, client-cert.pem,
@@ -137,8 +137,8 @@ enum Cmd {
         /// for the next daemon on this state directory, then fail) or
         /// stop (each is shut down, power button first, while its disk is
         /// still served; it stays stopped). SIGKILL always keeps them.
-        #[arg(long, default_value = "keep", value_parser = str::parse::<ferry_vm::daemon::OnStop>)]
-        on_stop: ferry_vm::daemon::OnStop,
+        #[arg(long, default_value = "keep", value_parser = str::parse::<ferry_vm_host::daemon::OnStop>)]
+        on_stop: ferry_vm_host::daemon::OnStop,
         /// With --on-stop stop: how long a guest may take to power off
         /// before QEMU is ended.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
@@ -428,7 +428,7 @@ fn main() -> Result<()> {
             memory_sample_every,
             on_stop,
             stop_timeout,
-        } => host(ferry_vm::daemon::HostOptions {
+        } => host(ferry_vm_host::daemon::HostOptions {
             on_stop,
             stop_timeout,
             insecure_plaintext_api,
@@ -569,7 +569,7 @@ fn cancel_on_signal() -> Result<CancellationToken> {
     Ok(shutdown)
 }
 
-fn host(opts: ferry_vm::daemon::HostOptions) -> Result<()> {
+fn host(opts: ferry_vm_host::daemon::HostOptions) -> Result<()> {
     if opts.volumes.is_empty() && opts.control.is_none() {
         bail!("give --server and --volume, or --control to attach volumes later");
     }
@@ -579,7 +579,7 @@ fn host(opts: ferry_vm::daemon::HostOptions) -> Result<()> {
     init_logging();
     runtime()?.block_on(async move {
         let shutdown = cancel_on_signal()?;
-        ferry_vm::daemon::run(opts, shutdown).await?;
+        ferry_vm_host::daemon::run(opts, shutdown).await?;
         Ok(())
     })
 }

@@ -760,7 +760,7 @@ fn controllers_started_with_the_same_defaults_never_both_lead() {
     let policy = d.path().join("policy.json");
     let other = d.path().join("other.json");
     for (f, horizon) in [(&policy, 120.0), (&other, 240.0)] {
-        let p = ferry_control::policy::Policy {
+        let p = ferry_placement::policy::Policy {
             horizon_s: horizon,
             ..Default::default()
         };

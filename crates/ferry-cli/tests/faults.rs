@@ -4,7 +4,7 @@
 //!
 //! Each case starts a move of the test guest from the site it runs at to
 //! the other, holds the move at the phase (a slow link for the memory
-//! copy, a fail point of the source host for the others: `ferry_vm::fault`),
+//! copy, a fail point of the source host for the others: `ferry_vm_host::fault`),
 //! kills one participant, starts it again on the same state, and then
 //! checks what an operator would: the guest runs at exactly one site (the
 //! other host does not list it), it goes on acknowledging records with no

@@ -946,7 +946,7 @@ fn a_new_guest_starts_in_the_cloud_when_its_home_site_is_full() {
 
     // Bursting on: the dry run says where and why, then it starts there.
     let pol = s.dir.join("burst.json");
-    let mut p = serde_json::to_value(ferry_control::policy::Policy::default()).unwrap();
+    let mut p = serde_json::to_value(ferry_placement::policy::Policy::default()).unwrap();
     p["burst"] = true.into();
     std::fs::write(&pol, p.to_string()).unwrap();
     let pf = pol.to_str().unwrap();

@@ -3,17 +3,17 @@
 //! predicted; [`OneShot`] is `ferry control plan --apply`'s world.
 
 use ferry_api::{AdminClient, MigrationId, VmMigrateRequest, VmMovePhase};
-use ferry_control::cycle::{Ended, World};
-use ferry_control::inventory::{HostRef, Inventory, StorageRef};
-use ferry_control::policy::{Action, Decision};
-use ferry_control::Cluster;
+use ferry_placement::cycle::{Ended, World};
+use ferry_placement::inventory::{HostRef, Inventory, StorageRef};
+use ferry_placement::policy::{Action, Decision};
+use ferry_placement::Cluster;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// The longest a move is followed before the controller stops waiting
-/// (the core asks to cancel it at [`ferry_control::cycle::MOVE_LIMIT_S`],
+/// (the core asks to cancel it at [`ferry_placement::cycle::MOVE_LIMIT_S`],
 /// a minute before).
 pub const MOVE_LIMIT: Duration = Duration::from_secs(960);
 
@@ -350,9 +350,9 @@ impl World for OneShot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_control::inventory::SiteInventory;
-    use ferry_control::model::MoveCost;
-    use ferry_control::Placement;
+    use ferry_placement::inventory::SiteInventory;
+    use ferry_placement::model::MoveCost;
+    use ferry_placement::Placement;
 
     /// Site `b` with two hosts and two storage daemons.
     fn inventory() -> Inventory {

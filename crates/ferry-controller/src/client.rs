@@ -4,9 +4,9 @@
 
 use crate::journal::Entry;
 use crate::settings::Settings;
-use ferry_control::inventory::SiteInventory;
-use ferry_control::policy::Policy;
-use ferry_control::Link;
+use ferry_placement::inventory::SiteInventory;
+use ferry_placement::policy::Policy;
+use ferry_placement::Link;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::time::Duration;

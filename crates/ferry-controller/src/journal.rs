@@ -196,7 +196,7 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_control::policy::Action;
+    use ferry_placement::policy::Action;
 
     fn outcome(vm: &str) -> MoveOutcome {
         MoveOutcome {

@@ -1,6 +1,6 @@
 //! The placement controller as a service (`ferry control run`): every
 //! cycle it measures the sites' guests through their hosts, plans with
-//! `ferry-control`'s policies (the same code `ferry control plan` and the
+//! `ferry-placement`'s policies (the same code `ferry control plan` and the
 //! simulator run), journals each decision, and, unless automation is
 //! paused, carries the moves out through the hosts' move API and journals
 //! how each ended beside its prediction.

@@ -16,10 +16,10 @@
 //! reads the hosts twice as without it.
 
 use ferry_api::{AdminClient, DiskIo, VmState as GuestState, VmView};
-use ferry_control::inventory::{Inventory, StorageRef};
-use ferry_control::model::{DISK_MOVE_SETUP_S, VM_MOVE_SETUP_S};
-use ferry_control::policy::Action;
-use ferry_control::{Cluster, Placement, VmLoad, VmState};
+use ferry_placement::inventory::{Inventory, StorageRef};
+use ferry_placement::model::{DISK_MOVE_SETUP_S, VM_MOVE_SETUP_S};
+use ferry_placement::policy::Action;
+use ferry_placement::{Cluster, Placement, VmLoad, VmState};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -376,7 +376,7 @@ pub fn burst_homes<'a>(
 ) -> BTreeMap<String, String> {
     let mut homes = BTreeMap::new();
     for o in outcomes.filter(|o| o.completed()) {
-        let home = ferry_control::cluster::home_after_move(
+        let home = ferry_placement::cluster::home_after_move(
             homes.remove(&o.vm),
             o.burst_from.as_deref(),
             &o.to_host_site,
@@ -650,7 +650,7 @@ pub fn measure(
                 .iter()
                 .map(|l| {
                     let probe = links.iter().find(|m| m.a == l.a && m.b == l.b);
-                    ferry_control::Link {
+                    ferry_placement::Link {
                         rtt_ms: probe.and_then(|m| m.measured_rtt_ms).unwrap_or(l.rtt_ms),
                         bandwidth: probe
                             .and_then(|m| m.probed_bandwidth)
@@ -693,7 +693,7 @@ impl Measured {
 mod tests {
     use super::*;
     use crate::act::MoveOutcome;
-    use ferry_control::policy::Action;
+    use ferry_placement::policy::Action;
 
     fn outcome(action: Action, from: &str, to: &str, bytes: f64, seconds: f64) -> MoveOutcome {
         MoveOutcome {
@@ -737,7 +737,7 @@ mod tests {
 
     #[test]
     fn a_disk_goes_to_the_daemon_holding_most_of_it_else_to_the_least_used() {
-        use ferry_control::inventory::{SiteInventory, StorageRef};
+        use ferry_placement::inventory::{SiteInventory, StorageRef};
         let storage = |n: &str| StorageRef {
             nbd: format!("{n}:10809"),
             nbd_local: None,

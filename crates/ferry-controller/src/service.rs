@@ -16,11 +16,11 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use ferry_api::{AdminClient, MigrationId};
-use ferry_control::cycle::{drive, ControllerCore, Ended, JournalSink, World};
-use ferry_control::inventory::SiteInventory;
-use ferry_control::model::MoveCost;
-use ferry_control::policy::{Decision, Plan, Policy};
-use ferry_control::{Cluster, Placement};
+use ferry_placement::cycle::{drive, ControllerCore, Ended, JournalSink, World};
+use ferry_placement::inventory::SiteInventory;
+use ferry_placement::model::MoveCost;
+use ferry_placement::policy::{Decision, Plan, Policy};
+use ferry_placement::{Cluster, Placement};
 use parking_lot::{Condvar, Mutex};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -105,7 +105,7 @@ pub struct Status {
     pub loads_from: Option<String>,
     /// Moves held back because they failed twice or more in a row
     /// (`backoff`).
-    pub held_back: Vec<ferry_control::backoff::HeldMove>,
+    pub held_back: Vec<ferry_placement::backoff::HeldMove>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -785,7 +785,7 @@ async fn put_links(
     State(sh): State<Arc<Shared>>,
     b: axum::body::Bytes,
 ) -> ApiResult<Json<Settings>> {
-    let links: Vec<ferry_control::Link> = body(&b)?;
+    let links: Vec<ferry_placement::Link> = body(&b)?;
     let s = tokio::task::block_in_place(|| {
         sh.change("links replaced".into(), |s| {
             s.inventory.links = links;

@@ -4,8 +4,8 @@
 //! crash leaves the old settings or the new, never half of each).
 
 use crate::ControllerError;
-use ferry_control::inventory::{Inventory, SiteInventory};
-use ferry_control::policy::Policy;
+use ferry_placement::inventory::{Inventory, SiteInventory};
+use ferry_placement::policy::Policy;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 

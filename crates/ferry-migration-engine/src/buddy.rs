@@ -8,7 +8,7 @@
 //! with `Lookup` instead of `Hello`), with the same TLS and trust.
 
 use super::transport::{send, FrameReader};
-use super::{MigrationError, MigrationHost};
+use super::{MigrationError, StorageDaemon};
 use bytes::Bytes;
 use ferry_index::Fingerprint;
 use ferry_migration::Message;
@@ -21,7 +21,7 @@ pub const LOOKUP_BATCH: usize = 1024;
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A block of this daemon's volumes whose fingerprint has this key.
-fn find_block(state: &dyn MigrationHost, block_size: u32, key: u64) -> Option<Vec<u8>> {
+fn find_block(state: &dyn StorageDaemon, block_size: u32, key: u64) -> Option<Vec<u8>> {
     if block_size != state.index().block_size() {
         return None;
     }
@@ -43,7 +43,7 @@ fn find_block(state: &dyn MigrationHost, block_size: u32, key: u64) -> Option<Ve
 
 /// Answer lookups on one connection until it closes (buddy side).
 pub async fn serve<R, W>(
-    state: &Arc<dyn MigrationHost>,
+    state: &Arc<dyn StorageDaemon>,
     reader: &mut FrameReader<R>,
     wr: &mut W,
     mut first: Option<Message>,
@@ -102,7 +102,7 @@ pub struct Buddies {
 
 impl Buddies {
     /// Connect to every configured buddy that answers.
-    pub async fn connect(state: &dyn MigrationHost) -> Buddies {
+    pub async fn connect(state: &dyn StorageDaemon) -> Buddies {
         let mut buddies = Vec::new();
         for addr in state.buddies() {
             let plaintext = state.plaintext();

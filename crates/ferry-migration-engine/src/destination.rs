@@ -8,7 +8,7 @@
 
 use super::tls::CertStore;
 use super::transport::{send, Counted, FrameReader, WireCounters};
-use super::{blocking, bulk, coalesce, hex, unexpected, ChunkTable, MigrationError, MigrationHost};
+use super::{blocking, bulk, coalesce, hex, unexpected, ChunkTable, MigrationError, StorageDaemon};
 use ferry_api::MigrationId;
 use ferry_index::Fingerprint;
 use ferry_migration::{
@@ -31,7 +31,7 @@ const MAX_CANDIDATES: usize = 4;
 /// Accept migrations until `shutdown`.
 pub async fn serve(
     listener: TcpListener,
-    state: Arc<dyn MigrationHost>,
+    state: Arc<dyn StorageDaemon>,
     shutdown: CancellationToken,
 ) {
     let local = listener.local_addr().ok();
@@ -178,7 +178,7 @@ enum Refusal {
 }
 
 /// Refuse a copy that would not fit in the pool's file system.
-fn check_space(state: &dyn MigrationHost, need: u64) -> Result<(), Refusal> {
+fn check_space(state: &dyn StorageDaemon, need: u64) -> Result<(), Refusal> {
     let free = state.pool().free_bytes().map_err(Refusal::Storage)?;
     if need.saturating_add(state.reserve_bytes()) > free {
         return Err(Refusal::NoSpace { need, free });
@@ -192,7 +192,7 @@ fn check_space(state: &dyn MigrationHost, need: u64) -> Result<(), Refusal> {
 /// checked against the source's prints before it is kept), or replaced if
 /// the volume's geometry changed since; one of another volume is refused.
 fn prepare(
-    state: &dyn MigrationHost,
+    state: &dyn StorageDaemon,
     id: &str,
     d: &VolumeDescriptor,
     peer: SocketAddr,
@@ -264,7 +264,7 @@ fn prepare(
 /// Create the incomplete copy migration `id` fills, with the source
 /// volume's identity.
 fn create_copy(
-    state: &dyn MigrationHost,
+    state: &dyn StorageDaemon,
     id: &str,
     d: &VolumeDescriptor,
     source: &str,
@@ -306,7 +306,7 @@ struct FillStats {
 
 /// Per-connection state.
 struct Receiver {
-    state: Arc<dyn MigrationHost>,
+    state: Arc<dyn StorageDaemon>,
     vol: Arc<Volume>,
     table: Arc<ChunkTable>,
     chunk: u64,
@@ -531,7 +531,7 @@ async fn refuse<W: AsyncWrite + Unpin, T>(wr: &mut W, reason: String) -> Result<
 /// of what must still cross, empty when nothing does (protocol version 4:
 /// the source judges from them whether its prints pay).
 async fn answer_prints<W: AsyncWrite + Unpin + Send>(
-    state: &Arc<dyn MigrationHost>,
+    state: &Arc<dyn StorageDaemon>,
     rx: &Arc<Receiver>,
     wr: &mut W,
     (stats, buddies): (&mut FillStats, &mut Option<super::buddy::Buddies>),
@@ -598,7 +598,7 @@ async fn check_digest<W: AsyncWrite + Unpin + Send>(
 /// Take the volume: flush it, mark the copy complete (with the source's
 /// iSCSI port) and answer `Done` with where its clients go now.
 async fn commit<W: AsyncWrite + Unpin + Send>(
-    state: &Arc<dyn MigrationHost>,
+    state: &Arc<dyn StorageDaemon>,
     rx: &Arc<Receiver>,
     wr: &mut W,
     local: Option<SocketAddr>,
@@ -620,7 +620,7 @@ async fn commit<W: AsyncWrite + Unpin + Send>(
 /// order first. Returns the volume's name once it switched here.
 #[allow(clippy::too_many_arguments)]
 async fn transfer<R, W>(
-    state: &Arc<dyn MigrationHost>,
+    state: &Arc<dyn StorageDaemon>,
     rx: &Arc<Receiver>,
     reader: &mut FrameReader<R>,
     wr: &mut W,
@@ -738,7 +738,7 @@ where
 }
 
 /// The destination's last word: where the volume's clients go now.
-fn done(state: &Arc<dyn MigrationHost>, local: Option<SocketAddr>) -> Message {
+fn done(state: &Arc<dyn StorageDaemon>, local: Option<SocketAddr>) -> Message {
     Message::Done {
         location: state.advertised_nbd(local),
         admin: state.advertised_admin(local),
@@ -749,7 +749,7 @@ fn done(state: &Arc<dyn MigrationHost>, local: Option<SocketAddr>) -> Message {
 /// Serve one incoming migration connection; returns the volume name once
 /// it has switched.
 async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
-    state: &Arc<dyn MigrationHost>,
+    state: &Arc<dyn StorageDaemon>,
     stream: S,
     peer: SocketAddr,
     local: Option<SocketAddr>,

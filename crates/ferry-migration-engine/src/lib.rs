@@ -6,7 +6,7 @@
 //!
 //! The engine knows nothing of the daemon around it: what it needs (the
 //! pool, the fingerprint index, settings, notifications) comes through
-//! [`MigrationHost`]. The wire format and the order of messages are
+//! [`StorageDaemon`]. The wire format and the order of messages are
 //! `ferry-migration`'s; this crate does the I/O.
 //!
 //! Invariants:
@@ -24,18 +24,18 @@
 
 pub mod buddy;
 pub mod converge;
+mod daemon;
 pub mod destination;
-mod host;
 pub mod source;
 mod stream;
 pub mod tls;
 mod transport;
 
+pub use daemon::StorageDaemon;
 pub use ferry_api::{
     MigrationId, MigrationPhase as Phase, MigrationResult, MigrationStatus, Report, ReportBytes,
     ReportChunks, ReportDigest, ReportThrottle, ReportTime,
 };
-pub use host::MigrationHost;
 pub use transport::WireCounters;
 
 use ferry_migration::{ProtocolViolation, WireError};
@@ -200,7 +200,7 @@ fn background_priority() {
 
 /// Two sites a volume moves between must be distinct target port groups,
 /// or initiators cannot tell their paths apart: say so when they are not.
-fn check_port_groups(state: &dyn MigrationHost, peer: &ferry_migration::IscsiPort, volume: &str) {
+fn check_port_groups(state: &dyn StorageDaemon, peer: &ferry_migration::IscsiPort, volume: &str) {
     let mine = state.iscsi_port(None).port_group;
     if mine != 0 && mine == peer.port_group {
         tracing::warn!(volume, port_group = mine, "both sites of this migration use the same iSCSI target port group: set iscsi.port_group (--iscsi-port-group) to differ, or ALUA reports one group for both");

@@ -9,9 +9,9 @@ use super::converge::{self, ConvergePolicy, RoundStats, Step};
 use super::tls::{server_name, CertStore};
 use super::transport::{BoxStream, Counted, FrameReader, RateLimit};
 use super::{
-    blocking, bulk, coalesce, hex, unexpected, ChunkTable, MigrationError, MigrationHost,
-    MigrationId, MigrationResult, MigrationRun, Phase, Report, ReportBytes, ReportChunks,
-    ReportDigest, ReportThrottle, ReportTime,
+    blocking, bulk, coalesce, hex, unexpected, ChunkTable, MigrationError, MigrationId,
+    MigrationResult, MigrationRun, Phase, Report, ReportBytes, ReportChunks, ReportDigest,
+    ReportThrottle, ReportTime, StorageDaemon,
 };
 use bytes::{Bytes, BytesMut};
 use ferry_migration::{Encoding, Message, PrintEntry, SourceOrder, VolumeDescriptor, VERSION};
@@ -119,7 +119,7 @@ impl Started {
 /// Validate and start a migration in the background. A request naming the
 /// id of a migration already started for the same volume and destination
 /// answers that migration (idempotent retry).
-pub fn start(host: Arc<dyn MigrationHost>, req: MigrateRequest) -> Result<Started, MigrationError> {
+pub fn start(host: Arc<dyn StorageDaemon>, req: MigrateRequest) -> Result<Started, MigrationError> {
     if let Some(id) = &req.id {
         if let Some(r) = host.registry().get(id) {
             if r.volume == req.volume && r.to == req.to {
@@ -227,7 +227,7 @@ struct Switched {
 }
 
 async fn migrate(
-    state: &Arc<dyn MigrationHost>,
+    state: &Arc<dyn StorageDaemon>,
     run: &Arc<MigrationRun>,
     req: &MigrateRequest,
     vol: Arc<Volume>,
@@ -344,7 +344,7 @@ fn frame_bytes(run: &MigrationRun) -> u64 {
 }
 
 async fn connect(
-    state: &dyn MigrationHost,
+    state: &dyn StorageDaemon,
     req: &MigrateRequest,
     run: &MigrationRun,
 ) -> Result<BoxStream, MigrationError> {
@@ -354,7 +354,7 @@ async fn connect(
 /// Connect to another daemon's migration listener: TLS with pinned
 /// certificates, or plaintext when asked and both ends are loopback.
 pub(crate) async fn dial(
-    state: &dyn MigrationHost,
+    state: &dyn StorageDaemon,
     to: &str,
     plaintext: bool,
     wire: Arc<super::WireCounters>,
@@ -406,7 +406,7 @@ fn handshake_error(e: std::io::Error) -> MigrationError {
 /// what the outcome leaves: a switch in doubt holds the volume, a failure
 /// clears the journaled switch, and the volume's writes go on.
 async fn attempts(
-    state: &Arc<dyn MigrationHost>,
+    state: &Arc<dyn StorageDaemon>,
     job: &Job<'_>,
 ) -> Result<Switched, MigrationError> {
     let Job { run, req, vol, .. } = *job;
@@ -759,7 +759,7 @@ struct Job<'a> {
 }
 
 async fn attempt(
-    state: &Arc<dyn MigrationHost>,
+    state: &Arc<dyn StorageDaemon>,
     job: &Job<'_>,
     pending: &mut Option<PendingSwitch>,
 ) -> Result<Switched, MigrationError> {
@@ -851,7 +851,7 @@ async fn attempt(
 /// `Done` (a pending switch did happen: the volume is marked moved and the
 /// migration is over), or `Refuse`.
 async fn greeted(
-    state: &Arc<dyn MigrationHost>,
+    state: &Arc<dyn StorageDaemon>,
     job: &Job<'_>,
     pending: &mut Option<PendingSwitch>,
     answer: Message,
@@ -929,7 +929,7 @@ async fn greeted(
 
 /// The `Hello` that opens every attempt: the volume as this daemon holds it
 /// and its iSCSI port.
-fn hello(state: &dyn MigrationHost, job: &Job<'_>) -> Message {
+fn hello(state: &dyn StorageDaemon, job: &Job<'_>) -> Message {
     let Job {
         run, vol, chunk, ..
     } = *job;

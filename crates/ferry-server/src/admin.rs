@@ -19,7 +19,7 @@ use ferry_api::{
     MigrateRequest, MigrationId, MigrationStatus, RebuildReport, RebuildRequest, ResizeVolume,
     ServerView, Size, VolumeView,
 };
-use ferry_migration_engine::{self as migration, MigrationError, MigrationHost};
+use ferry_migration_engine::{self as migration, MigrationError, StorageDaemon};
 use ferry_storage::{BitmapInfo, CreateOptions, StorageError, Volume, ZeroMode};
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
@@ -792,7 +792,7 @@ async fn migrate(
         hold_switch: b.hold_switch,
         resolve_only: false,
     };
-    let host: Arc<dyn MigrationHost> = s.clone();
+    let host: Arc<dyn StorageDaemon> = s.clone();
     match start(host, req)? {
         Started::New(run) => Ok((StatusCode::ACCEPTED, Json(run.status()))),
         Started::Existing(run) => Ok((StatusCode::OK, Json(run.status()))),

@@ -9,7 +9,7 @@
 
 use crate::ServerState;
 use ferry_migration_engine::source::{start, MigrateRequest};
-use ferry_migration_engine::MigrationHost;
+use ferry_migration_engine::StorageDaemon;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -34,7 +34,7 @@ pub async fn run(state: Arc<ServerState>, shutdown: CancellationToken) {
                 retry_for: every,
                 ..MigrateRequest::default()
             };
-            let host = state.clone() as Arc<dyn MigrationHost>;
+            let host = state.clone() as Arc<dyn StorageDaemon>;
             match start(host, req) {
                 Ok(_) => {
                     tracing::info!(volume = %v.name(), migration = %o.id, to = %o.to, "held in doubt: asking the destination how the switch ended")

@@ -251,7 +251,7 @@ impl Daemon {
             tracing::info!(addr = %shown(self.state.addrs.migration), mode, "accepting migrations");
             tasks.spawn(migration::destination::serve(
                 l,
-                self.state.clone() as Arc<dyn migration::MigrationHost>,
+                self.state.clone() as Arc<dyn migration::StorageDaemon>,
                 shutdown.clone(),
             ));
         }
@@ -279,7 +279,7 @@ impl Daemon {
 }
 
 /// The migration engine runs on the daemon's pool, index and settings.
-impl migration::MigrationHost for ServerState {
+impl migration::StorageDaemon for ServerState {
     fn pool(&self) -> &Arc<Pool> {
         &self.pool
     }

@@ -24,20 +24,22 @@ fn one_agent_serves_several_volumes_attached_over_its_control_api() {
     b.write_at(MIB, &vec![0xBB; MIB as usize], false).unwrap();
 
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let agent = ferry_host::Agent::new(ferry_host::DEFAULT_HOLD);
+    let agent = ferry_forwarder::Agent::new(ferry_forwarder::DEFAULT_HOLD);
     let shutdown = CancellationToken::new();
     let sock = dir.path().join("agent.sock");
     let (nbd, ctl) = rt.block_on(async {
-        let l = ferry_host::Listener::bind("127.0.0.1:0").await.unwrap();
-        let u = ferry_host::Listener::bind(&format!("unix:{}", sock.display()))
+        let l = ferry_forwarder::Listener::bind("127.0.0.1:0")
+            .await
+            .unwrap();
+        let u = ferry_forwarder::Listener::bind(&format!("unix:{}", sock.display()))
             .await
             .unwrap();
         let nbd = l.local_addr().unwrap();
-        tokio::spawn(ferry_host::serve(l, agent.clone(), shutdown.clone()));
-        tokio::spawn(ferry_host::serve(u, agent.clone(), shutdown.clone()));
+        tokio::spawn(ferry_forwarder::serve(l, agent.clone(), shutdown.clone()));
+        tokio::spawn(ferry_forwarder::serve(u, agent.clone(), shutdown.clone()));
         let c = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let ctl = c.local_addr().unwrap();
-        tokio::spawn(ferry_host::control::serve(
+        tokio::spawn(ferry_forwarder::control::serve(
             c,
             Arc::clone(&agent),
             shutdown.clone(),

@@ -85,13 +85,15 @@ fn a_client_of_the_host_agent_that_never_reads_cannot_grow_it() {
     let v = s.create("big", 64 << 20);
     v.write_at(0, &vec![0x5a; 8 << 20], false).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let agent = ferry_host::Agent::new(ferry_host::DEFAULT_HOLD);
+    let agent = ferry_forwarder::Agent::new(ferry_forwarder::DEFAULT_HOLD);
     let shutdown = tokio_util::sync::CancellationToken::new();
     let addr = rt.block_on(async {
         agent.attach(&s.nbd.to_string(), "big").await.unwrap();
-        let l = ferry_host::Listener::bind("127.0.0.1:0").await.unwrap();
+        let l = ferry_forwarder::Listener::bind("127.0.0.1:0")
+            .await
+            .unwrap();
         let a = l.local_addr().unwrap();
-        tokio::spawn(ferry_host::serve(l, agent.clone(), shutdown.clone()));
+        tokio::spawn(ferry_forwarder::serve(l, agent.clone(), shutdown.clone()));
         a
     });
     let addr: SocketAddr = addr.to_string().parse().unwrap();

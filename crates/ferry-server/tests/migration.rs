@@ -285,20 +285,20 @@ fn fio_writes_through_ferry_host_see_no_error_across_the_switch() {
     let shutdown = tokio_util::sync::CancellationToken::new();
     let up = Arc::new(
         agent_rt
-            .block_on(ferry_host::Upstream::connect(
+            .block_on(ferry_forwarder::Upstream::connect(
                 &src.nbd.to_string(),
                 "vm",
-                ferry_host::DEFAULT_HOLD,
+                ferry_forwarder::DEFAULT_HOLD,
             ))
             .unwrap(),
     );
     let listener = agent_rt
-        .block_on(ferry_host::Listener::bind("127.0.0.1:0"))
+        .block_on(ferry_forwarder::Listener::bind("127.0.0.1:0"))
         .unwrap();
     let agent_addr = listener.local_addr().unwrap();
-    agent_rt.spawn(ferry_host::serve(
+    agent_rt.spawn(ferry_forwarder::serve(
         listener,
-        ferry_host::Agent::single(up.clone()),
+        ferry_forwarder::Agent::single(up.clone()),
         shutdown.clone(),
     ));
 

@@ -193,7 +193,7 @@ impl Host {
             // Often, so that every test's moves run beside a measurement.
             .args(["--memory-sample-every", "2"])
             .args(extra)
-            .env("FERRY_LOG", "info,ferry_host=debug")
+            .env("FERRY_LOG", "info,ferry_forwarder=debug")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

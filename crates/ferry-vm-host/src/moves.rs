@@ -337,7 +337,7 @@ pub async fn start(
 }
 
 /// The forwarders of the guest's disks at this host.
-fn disk_upstreams(host: &VmHost, g: &Guest) -> Vec<Arc<ferry_host::Upstream>> {
+fn disk_upstreams(host: &VmHost, g: &Guest) -> Vec<Arc<ferry_forwarder::Upstream>> {
     g.spec
         .lock()
         .disks

@@ -7,7 +7,7 @@ use crate::moves::MoveRun;
 use crate::qemu::{host_memory_mib, qemu_available, resolve_accel, validate};
 use crate::VmError;
 use ferry_api::{MigrationId, VmSpec, VmState, VmView};
-use ferry_host::{Agent, HostError};
+use ferry_forwarder::{Agent, HostError};
 use ferry_trust::store::CertStore;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -75,7 +75,7 @@ fn qemu(
     let serial = dir.join(format!("{name}.serial"));
     let mut c = Command::new("qemu-system-x86_64");
     c.args(["-M", "q35", "-accel", "tcg", "-cpu", "max", "-smp", "1"])
-        .args(["-m", &ferry_vm::qemu::memory_arg(MEMORY_MIB, "tcg")])
+        .args(["-m", &ferry_vm_host::qemu::memory_arg(MEMORY_MIB, "tcg")])
         .args(["-nodefaults", "-display", "none"])
         .arg("-qmp")
         .arg(format!("unix:{},server=on,wait=off", qmp.display()))

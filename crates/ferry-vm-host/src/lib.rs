@@ -1,7 +1,7 @@
 //! Guests on a VM host and their moves between hosts.
 //!
 //! A [`VmHost`] runs QEMU guests whose disks it reaches through the host's
-//! forwarder (`ferry_host::Agent`: one stable NBD export per volume that
+//! forwarder (`ferry_forwarder::Agent`: one stable NBD export per volume that
 //! follows the volume when it migrates). It keeps each guest's spec under
 //! its state directory and finds its QEMU processes again after a restart.
 //! It moves guests to another host ([`moves`]): memory by QEMU's live

@@ -10,7 +10,7 @@ use ferry_storage::{Pool, Volume};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-pub trait MigrationHost: Send + Sync + 'static {
+pub trait StorageDaemon: Send + Sync + 'static {
     /// The volumes: sources are read from it, copies created in it.
     fn pool(&self) -> &Arc<Pool>;
     /// Where the destination looks for blocks it already holds.

@@ -3,7 +3,7 @@
 //! and the TLS move listener peers send guests to.
 
 use crate::{api, incoming, VmError, VmHost};
-use ferry_host::{Agent, Listener, DEFAULT_HOLD};
+use ferry_forwarder::{Agent, Listener, DEFAULT_HOLD};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -132,7 +132,7 @@ async fn control_api(
     let l = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| listen_err(addr, e))?;
-    let mut router = ferry_host::control::router(agent.clone());
+    let mut router = ferry_forwarder::control::router(agent.clone());
     if let Some(h) = host {
         router = router.merge(api::router(h.clone()));
     }
@@ -193,7 +193,11 @@ pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmE
             "no TLS, no authentication: this machine's hypervisors, or a network you trust"
         };
         tracing::info!(listen = %l, mode, "serving NBD (the guests' disks)");
-        tasks.spawn(ferry_host::serve(listener, agent.clone(), shutdown.clone()));
+        tasks.spawn(ferry_forwarder::serve(
+            listener,
+            agent.clone(),
+            shutdown.clone(),
+        ));
     }
     if let (Some((_, user)), Some(s)) = (&confinement, &nbd_socket) {
         crate::confine::give_socket(s, user)
