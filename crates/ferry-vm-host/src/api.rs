@@ -35,8 +35,20 @@ impl From<VmError> for ApiError {
             VmError::BadSpec(_) => StatusCode::BAD_REQUEST,
             VmError::Exists(_) | VmError::Busy { .. } => StatusCode::CONFLICT,
             VmError::NotFound(_) | VmError::NoMove(_) => StatusCode::NOT_FOUND,
-            VmError::Disk { .. } | VmError::Peer(_) => StatusCode::BAD_GATEWAY,
-            VmError::Qemu(_) | VmError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            VmError::Disk { .. }
+            | VmError::Peer { .. }
+            | VmError::Storage(_)
+            | VmError::Stream(_)
+            | VmError::MemoryCopy(_) => StatusCode::BAD_GATEWAY,
+            VmError::Deadline(_) => StatusCode::GATEWAY_TIMEOUT,
+            VmError::Cancelled => StatusCode::CONFLICT,
+            VmError::Qemu(_)
+            | VmError::Qmp(_)
+            | VmError::File { .. }
+            | VmError::StateFile(_)
+            | VmError::Listen { .. }
+            | VmError::Config(_)
+            | VmError::Task(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(code, e.to_string())
     }
@@ -227,7 +239,8 @@ async fn bandwidth_probe(
     use crate::peer::{encode_line, PeerAnswer, PeerRequest, SINK_FRAME_MAX};
     use tokio::io::AsyncWriteExt;
     let mut link = crate::tunnel::connect(&h.certs, to).await?;
-    let err = |e: std::io::Error| crate::VmError::Peer(format!("{to}: {e}"));
+    use crate::{PeerFault, VmError};
+    let err = |e| VmError::peer(to, PeerFault::link("bandwidth probe")(e));
     link.write_all(&encode_line(&PeerRequest::Sink))
         .await
         .map_err(err)?;
@@ -252,19 +265,21 @@ async fn bandwidth_probe(
         crate::tunnel::read_message::<PeerAnswer, _>(&mut link),
     )
     .await
-    .map_err(|_| crate::VmError::Peer(format!("{to}: no answer to the bandwidth probe")))??;
+    .map_err(|_| VmError::peer(to, PeerFault::Timeout("the bandwidth probe")))?
+    .map_err(|f| VmError::peer(to, f))?;
     let seconds = t.elapsed().as_secs_f64().max(1e-6);
     if !a.ok {
-        return Err(crate::VmError::Peer(format!(
-            "{to}: {}",
-            a.error.unwrap_or_else(|| "refused".into())
-        )));
+        return Err(VmError::peer(
+            to,
+            PeerFault::Refused(a.error.unwrap_or_else(|| "refused".into())),
+        ));
     }
     let bytes = a.received.unwrap_or(0);
     if bytes != sent {
-        return Err(crate::VmError::Peer(format!(
-            "{to}: sent {sent} bytes, the other host read {bytes}"
-        )));
+        return Err(VmError::peer(
+            to,
+            PeerFault::Protocol(format!("sent {sent} bytes, it read {bytes}")),
+        ));
     }
     Ok(ferry_api::BandwidthProbe {
         bytes,
@@ -544,6 +559,27 @@ async fn metrics(State(h): St) -> impl IntoResponse {
 mod tests {
     use super::*;
     use ferry_api::{Accel, Boot, VmDisk, VmSpec, VmState};
+
+    #[test]
+    fn errors_answer_with_the_status_of_where_they_went_wrong() {
+        use crate::{PeerFault, QemuFault};
+        let code = |e: VmError| ApiError::from(e).0;
+        assert_eq!(code(VmError::BadSpec("x".into())), StatusCode::BAD_REQUEST);
+        assert_eq!(code(VmError::NotFound("g".into())), StatusCode::NOT_FOUND);
+        assert_eq!(
+            code(VmError::peer("b:1", PeerFault::Refused("full".into()))),
+            StatusCode::BAD_GATEWAY
+        );
+        assert_eq!(
+            code(VmError::Deadline("x".into())),
+            StatusCode::GATEWAY_TIMEOUT
+        );
+        assert_eq!(code(VmError::Cancelled), StatusCode::CONFLICT);
+        assert_eq!(
+            code(QemuFault::NotRunning.into()),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+    }
 
     #[test]
     fn metrics_name_every_guest_disk_and_series() {

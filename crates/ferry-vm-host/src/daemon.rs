@@ -91,7 +91,10 @@ pub fn access(m: &axum::http::Method, path: &str) -> &'static [ferry_trust::Role
 }
 
 fn listen_err(addr: &str, e: impl std::fmt::Display) -> VmError {
-    VmError::Io(format!("listening on {addr}: {e}"))
+    VmError::Listen {
+        addr: addr.to_string(),
+        detail: e.to_string(),
+    }
 }
 
 /// Whether guests' QEMU runs as an unprivileged user (this daemon is root
@@ -114,8 +117,7 @@ fn confinement(opts: &HostOptions) -> Result<Option<(PathBuf, crate::confine::Qe
         return Ok(None);
     };
     let sockets = crate::confine::socket_dir(dir);
-    crate::confine::make_socket_dir(&sockets)
-        .map_err(|e| VmError::Io(format!("{}: {e}", sockets.display())))?;
+    crate::confine::make_socket_dir(&sockets).map_err(|e| VmError::file(&sockets, e))?;
     tracing::info!(user = %user.name, sockets = %sockets.display(), "guests' QEMU runs as an unprivileged user");
     Ok(Some((sockets, user)))
 }
@@ -154,13 +156,12 @@ pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmE
     // guests were dealt with as `opts.on_stop` says (the forwarder serves
     // their disks until then).
     let shutdown = CancellationToken::new();
-    let tls =
-        match &opts.nbd_tls_dir {
-            Some(dir) => Some(ferry_client::ClientTls::from_dir(dir).map_err(|e| {
-                VmError::Io(format!("NBD TLS credentials in {}: {e}", dir.display()))
-            })?),
-            None => None,
-        };
+    let tls = match &opts.nbd_tls_dir {
+        Some(dir) => Some(ferry_client::ClientTls::from_dir(dir).map_err(|e| {
+            VmError::Config(format!("NBD TLS credentials in {}: {e}", dir.display()))
+        })?),
+        None => None,
+    };
     let agent = Agent::with_tls(DEFAULT_HOLD, tls);
     for (server, volume) in &opts.volumes {
         agent
@@ -174,8 +175,7 @@ pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmE
     let mut listen = opts.listen.clone();
     let mut nbd_socket = opts.state_dir.as_ref().map(|d| d.join("nbd.sock"));
     if let Some(s) = &nbd_socket {
-        std::fs::create_dir_all(s.parent().unwrap_or(s))
-            .map_err(|e| VmError::Io(format!("{}: {e}", s.display())))?;
+        std::fs::create_dir_all(s.parent().unwrap_or(s)).map_err(|e| VmError::file(s, e))?;
         listen.push(format!("unix:{}", s.display()));
     }
     let confinement = confinement(&opts)?;
@@ -200,8 +200,7 @@ pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmE
         ));
     }
     if let (Some((_, user)), Some(s)) = (&confinement, &nbd_socket) {
-        crate::confine::give_socket(s, user)
-            .map_err(|e| VmError::Io(format!("{}: {e}", s.display())))?;
+        crate::confine::give_socket(s, user).map_err(|e| VmError::file(s, e))?;
     }
     let host = match (&opts.state_dir, &nbd_socket) {
         (Some(dir), Some(sock)) => {

@@ -46,48 +46,49 @@ enum Answer {
     Measuring,
 }
 
+fn answer(detail: String) -> VmError {
+    crate::QemuFault::Answer {
+        command: "query-dirty-rate",
+        detail,
+    }
+    .into()
+}
+
 fn parse_answer(v: &DirtyRateInfo) -> Result<Answer, VmError> {
     match v.status.as_str() {
         "measured" => {
             let mib = v
                 .dirty_rate
                 .and_then(|r| u64::try_from(r).ok())
-                .ok_or_else(|| {
-                    VmError::Qemu(format!("query-dirty-rate: no dirty-rate in {v:?}"))
-                })?;
+                .ok_or_else(|| answer(format!("no dirty-rate in {v:?}")))?;
             Ok(Answer::Measured(mib.saturating_mul(1 << 20)))
         }
         "measuring" => Ok(Answer::Measuring),
-        "" => Err(VmError::Qemu("query-dirty-rate: status missing".into())),
-        other => Err(VmError::Qemu(format!("query-dirty-rate: status {other}"))),
+        "" => Err(answer("no status".into())),
+        other => Err(answer(format!("status {other}"))),
     }
 }
 
 /// Ask QEMU for one measurement and wait for it: about `CALC_TIME_S`.
 pub async fn measure(qmp: &QmpClient) -> Result<u64, VmError> {
-    let qemu = |e: ferry_qmp::QmpError| VmError::Qemu(format!("calc-dirty-rate: {e}"));
     if qmp
         .calc_dirty_rate(CALC_TIME_S, Some(SAMPLE_PAGES_PER_GIB))
         .await
         .is_err()
     {
         // QEMU before 6.1 takes no sample-pages.
-        qmp.calc_dirty_rate(CALC_TIME_S, None).await.map_err(qemu)?;
+        qmp.calc_dirty_rate(CALC_TIME_S, None).await?;
     }
     tokio::time::sleep(Duration::from_secs(CALC_TIME_S)).await;
     let deadline = tokio::time::Instant::now() + ANSWER_LIMIT;
     loop {
-        let v = qmp.query_dirty_rate().await.map_err(qemu)?;
+        let v = qmp.query_dirty_rate().await?;
         match parse_answer(&v)? {
             Answer::Measured(b) => return Ok(b),
             Answer::Measuring if tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            Answer::Measuring => {
-                return Err(VmError::Qemu(
-                    "calc-dirty-rate: still measuring after its time".into(),
-                ))
-            }
+            Answer::Measuring => return Err(answer("still measuring after its time".into())),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! again through its pid file and QMP socket when the daemon restarts).
 
 use crate::qemu::{command_line, qemu_binary, GuestPaths};
-use crate::VmError;
+use crate::{QemuFault, VmError};
 use ferry_api::{MigrationId, VmSpec, VmState};
 use ferry_qmp::QmpClient;
 use serde::{Deserialize, Serialize};
@@ -188,7 +188,7 @@ impl Guest {
         if let Some(u) = &self.paths.qemu_user {
             // The confined QEMU creates its incoming socket here.
             crate::confine::give_dir(&self.paths.sockets, u)
-                .map_err(|e| VmError::Io(format!("{}: {e}", self.paths.sockets.display())))?;
+                .map_err(|e| VmError::file(&self.paths.sockets, e))?;
         }
         let args = command_line(&spec, accel, &self.paths, nbd, start);
         tracing::info!(guest = %spec.name, accel, incoming, "starting QEMU");
@@ -218,11 +218,8 @@ impl Guest {
     /// answers; an exit before that is an error with QEMU's own words.
     async fn spawn_detached(&self, args: &[String]) -> Result<(u32, QmpClient), VmError> {
         let log_path = self.paths.dir.join("qemu.log");
-        let log = std::fs::File::create(&log_path)
-            .map_err(|e| VmError::Io(format!("{}: {e}", log_path.display())))?;
-        let err_log = log
-            .try_clone()
-            .map_err(|e| VmError::Io(format!("{}: {e}", log_path.display())))?;
+        let log = std::fs::File::create(&log_path).map_err(|e| VmError::file(&log_path, e))?;
+        let err_log = log.try_clone().map_err(|e| VmError::file(&log_path, e))?;
         let mut cmd = tokio::process::Command::new(qemu_binary());
         cmd.args(args)
             .stdin(std::process::Stdio::null())
@@ -238,12 +235,13 @@ impl Guest {
                 Ok(())
             });
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| VmError::Qemu(format!("cannot run {}: {e}", qemu_binary())))?;
+        let mut child = cmd.spawn().map_err(|source| QemuFault::Spawn {
+            binary: qemu_binary(),
+            source,
+        })?;
         let pid = child
             .id()
-            .ok_or_else(|| VmError::Qemu("QEMU exited at once".into()))?;
+            .ok_or_else(|| QemuFault::Start("it exited at once".into()))?;
         let said = |log: &Path| {
             std::fs::read_to_string(log)
                 .unwrap_or_default()
@@ -253,20 +251,18 @@ impl Guest {
         let t = Instant::now();
         loop {
             if let Ok(Some(status)) = child.try_wait() {
-                return Err(VmError::Qemu(format!(
-                    "QEMU did not start ({status}): {}",
-                    said(&log_path)
-                )));
+                return Err(QemuFault::Start(format!("{status}: {}", said(&log_path))).into());
             }
             if let Ok(c) = QmpClient::connect(&self.paths.qmp).await {
                 return Ok((pid, c));
             }
             if t.elapsed() > Duration::from_secs(30) {
                 let _ = child.start_kill();
-                return Err(VmError::Qemu(format!(
-                    "QEMU's monitor did not answer within 30 s: {}",
+                return Err(QemuFault::Start(format!(
+                    "its monitor did not answer within 30 s: {}",
                     said(&log_path)
-                )));
+                ))
+                .into());
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -379,9 +375,7 @@ async fn connect_qmp(path: &Path) -> Result<QmpClient, VmError> {
     loop {
         match QmpClient::connect(path).await {
             Ok(c) => return Ok(c),
-            Err(e) if t.elapsed() > Duration::from_secs(10) => {
-                return Err(VmError::Qemu(format!("QMP at {}: {e}", path.display())))
-            }
+            Err(e) if t.elapsed() > Duration::from_secs(10) => return Err(e.into()),
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     }
@@ -434,7 +428,7 @@ pub fn write_json<T: Serialize>(
     kind: ferry_state_file::Kind,
     v: &T,
 ) -> Result<(), VmError> {
-    ferry_state_file::save(path, kind, v).map_err(|e| VmError::Io(e.to_string()))
+    Ok(ferry_state_file::save(path, kind, v)?)
 }
 
 /// Read a file of `kind`; `None` when there is none.
@@ -442,7 +436,7 @@ pub fn read_json<T: serde::de::DeserializeOwned>(
     path: &Path,
     kind: ferry_state_file::Kind,
 ) -> Result<Option<T>, VmError> {
-    ferry_state_file::load(path, kind).map_err(|e| VmError::Io(e.to_string()))
+    Ok(ferry_state_file::load(path, kind)?)
 }
 
 #[cfg(test)]

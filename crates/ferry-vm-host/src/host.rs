@@ -97,12 +97,11 @@ impl VmHost {
             confinement,
         } = bounds;
         let vms = root.join("vms");
-        std::fs::create_dir_all(&vms)
-            .map_err(|e| VmError::Io(format!("{}: {e}", vms.display())))?;
+        std::fs::create_dir_all(&vms).map_err(|e| VmError::file(&vms, e))?;
         let certs = CertStore::at(&root.join("tls"), ferry_trust::Role::Host);
         certs
             .ensure_identity()
-            .map_err(|e| VmError::Io(e.to_string()))?;
+            .map_err(|e| VmError::Config(format!("this host's TLS identity: {e}")))?;
         // Calls to storage daemons' admin APIs beyond loopback go with
         // this host's certificate.
         ferry_api::client::set_process_identity(certs.clone());
@@ -126,7 +125,7 @@ impl VmHost {
             control: parking_lot::Mutex::new(None),
         });
         let mut entries: Vec<PathBuf> = std::fs::read_dir(&vms)
-            .map_err(|e| VmError::Io(e.to_string()))?
+            .map_err(|e| VmError::file(&vms, e))?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .collect();
         entries.sort();
@@ -369,7 +368,7 @@ impl VmHost {
             }
             undo(e)
         };
-        std::fs::create_dir_all(&dir).map_err(|e| undo_all(VmError::Io(e.to_string())))?;
+        std::fs::create_dir_all(&dir).map_err(|e| undo_all(VmError::file(&dir, e)))?;
         g.save_spec().map_err(undo_all)?;
         if start {
             let _op = g.op.lock().await;
@@ -570,9 +569,7 @@ fn known_address(addr: &str, declared: &[String]) -> bool {
 /// here (not moved away): the check before a guest's spec names it.
 async fn holds_volume(admin: &str, volume: &str) -> Result<(), VmError> {
     let (c, v) = (ferry_api::AdminClient::new(admin), volume.to_string());
-    let view = tokio::task::spawn_blocking(move || c.volume(&v))
-        .await
-        .map_err(|e| VmError::Io(e.to_string()))?;
+    let view = tokio::task::spawn_blocking(move || c.volume(&v)).await?;
     let bad = |detail: String| VmError::Disk {
         volume: volume.into(),
         detail,

@@ -11,7 +11,7 @@ use crate::peer::{
 };
 use crate::qemu::{host_memory_mib, qemu_available, resolve_accel, validate};
 use crate::tunnel::{pipe, read_message, PipeCounters, ServerLink, EXCHANGE_TIMEOUT};
-use crate::{VmError, VmHost};
+use crate::{PeerFault, QemuFault, VmError, VmHost};
 use ferry_api::{MigrationId, VmSpec};
 use ferry_client::ExportDetails;
 use std::sync::Arc;
@@ -77,10 +77,32 @@ pub const MOVE_LIMITS: ferry_trust::listen::ConnLimits = ferry_trust::listen::Co
 };
 
 async fn answer(link: &mut ServerLink, a: &PeerAnswer) -> Result<(), VmError> {
-    link.write_all(&encode_line(a))
-        .await
-        .map_err(|e| VmError::Peer(e.to_string()))?;
-    link.flush().await.map_err(|e| VmError::Peer(e.to_string()))
+    link.write_all(&encode_line(a)).await.map_err(|e| {
+        VmError::peer(
+            source_of(link),
+            PeerFault::Link {
+                what: "write",
+                source: e,
+            },
+        )
+    })?;
+    link.flush().await.map_err(|e| {
+        VmError::peer(
+            source_of(link),
+            PeerFault::Link {
+                what: "write",
+                source: e,
+            },
+        )
+    })
+}
+
+/// The source host's address, as the link's socket sees it.
+fn source_of(link: &ServerLink) -> String {
+    link.get_ref()
+        .0
+        .peer_addr()
+        .map_or_else(|_| "(source)".into(), |a| a.to_string())
 }
 
 fn reply(r: Result<PeerAnswer, VmError>) -> PeerAnswer {
@@ -91,7 +113,8 @@ async fn handle(host: Arc<VmHost>, mut link: ServerLink) -> Result<(), VmError> 
     let (req, rest) =
         tokio::time::timeout(EXCHANGE_TIMEOUT, read_message::<PeerRequest, _>(&mut link))
             .await
-            .map_err(|_| VmError::Peer("no request in time".into()))??;
+            .map_err(|_| VmError::peer(source_of(&link), PeerFault::Timeout("a request")))?
+            .map_err(|f| VmError::peer(source_of(&link), f))?;
     if let Err(e) = in_order(&host, &req) {
         tracing::warn!(error = %e, "refused a request out of its version or its move's order");
         return answer(&mut link, &PeerAnswer::err(e)).await;
@@ -179,10 +202,11 @@ const SINK_TIMEOUT: Duration = Duration::from_secs(60);
 /// Read a bandwidth probe's frames up to the empty one; the bytes in them.
 async fn sink(link: &mut ServerLink, rest: Vec<u8>) -> Result<u64, VmError> {
     use crate::peer::{SINK_FRAME_MAX, SINK_MAX};
+    let who = source_of(link);
     let mut input = std::io::Cursor::new(rest).chain(link);
     let mut total = 0u64;
     let mut buf = vec![0u8; SINK_FRAME_MAX as usize];
-    let bad = |e: std::io::Error| VmError::Peer(format!("bandwidth probe: {e}"));
+    let bad = |e| VmError::peer(who.clone(), PeerFault::link("bandwidth probe")(e));
     loop {
         let mut len = [0u8; 4];
         input.read_exact(&mut len).await.map_err(bad)?;
@@ -191,9 +215,12 @@ async fn sink(link: &mut ServerLink, rest: Vec<u8>) -> Result<u64, VmError> {
             return Ok(total);
         }
         if n > SINK_FRAME_MAX || total + u64::from(n) > SINK_MAX {
-            return Err(VmError::Peer(format!(
-                "bandwidth probe frame of {n} bytes after {total}: over the limit"
-            )));
+            return Err(VmError::peer(
+                who,
+                PeerFault::Protocol(format!(
+                    "bandwidth probe frame of {n} bytes after {total}: over the limit"
+                )),
+            ));
         }
         input
             .read_exact(&mut buf[..n as usize])
@@ -307,7 +334,7 @@ async fn prepare(
     };
     let op = g.op.lock().await;
     let r = async {
-        std::fs::create_dir_all(&dir).map_err(|e| VmError::Io(e.to_string()))?;
+        std::fs::create_dir_all(&dir).map_err(|e| VmError::file(&dir, e))?;
         attach_incoming_disks(host, &spec, disks).await?;
         g.save_spec()?;
         // Marks the guest as not ours yet: a restarted daemon that finds
@@ -323,9 +350,7 @@ async fn prepare(
             crate::qemu::Start::Incoming
         };
         g.start_qemu(accel, &host.nbd_socket, start).await?;
-        let rt = g
-            .runtime()
-            .ok_or_else(|| VmError::Qemu("QEMU is gone".into()))?;
+        let rt = g.runtime().ok_or(QemuFault::NotRunning)?;
         listen_for_guest(&rt.qmp, &g.paths.incoming, postcopy, multifd).await?;
         // From here on the forwarder's first answered request is the
         // guest's first after it resumed here.
@@ -414,28 +439,23 @@ async fn listen_for_guest(
     multifd: u8,
 ) -> Result<(), VmError> {
     use ferry_qmp::{Capability, MigrateParameters};
-    let qerr = |e: ferry_qmp::QmpError| VmError::Qemu(e.to_string());
     if postcopy {
         qmp.migrate_set_capabilities(&[(Capability::PostcopyRam, true)])
-            .await
-            .map_err(qerr)?;
+            .await?;
     }
     if multifd > 0 {
         // The destination must expect the channels before it listens.
         qmp.migrate_set_capabilities(&[(Capability::Multifd, true)])
-            .await
-            .map_err(qerr)?;
+            .await?;
         qmp.migrate_set_parameters(&MigrateParameters {
             multifd_channels: Some(multifd),
             ..Default::default()
         })
-        .await
-        .map_err(qerr)?;
+        .await?;
     }
     let _ = std::fs::remove_file(socket);
     qmp.migrate_incoming(&format!("unix:{}", socket.display()))
-        .await
-        .map_err(qerr)?;
+        .await?;
     Ok(())
 }
 
@@ -457,7 +477,7 @@ async fn stream(
             Err(e) if t.elapsed() > Duration::from_secs(10) => {
                 let msg = format!("QEMU does not listen for the stream: {e}");
                 answer(&mut link, &PeerAnswer::err(msg.clone())).await?;
-                return Err(VmError::Qemu(msg));
+                return Err(QemuFault::Start(msg).into());
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }
@@ -466,7 +486,7 @@ async fn stream(
     let counters = PipeCounters::default();
     let r = pipe(unix, link, compress, rest, &counters).await;
     tracing::info!(move_id = %id, bytes = counters.raw.load(std::sync::atomic::Ordering::Relaxed), "incoming stream ended");
-    r
+    Ok(r?)
 }
 
 async fn disk_switched(
@@ -558,10 +578,7 @@ async fn finish(host: &Arc<VmHost>, id: &MigrationId) -> Result<PeerAnswer, VmEr
                 marked = true;
                 if st.as_deref() == Some("paused") {
                     if let Some(rt) = g.runtime() {
-                        rt.qmp
-                            .cont()
-                            .await
-                            .map_err(|e| VmError::Qemu(e.to_string()))?;
+                        rt.qmp.cont().await?;
                     }
                 }
             }

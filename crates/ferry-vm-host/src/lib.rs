@@ -32,30 +32,5 @@ pub mod tunnel;
 
 pub use host::VmHost;
 
-use thiserror::Error;
-
-#[derive(Debug, Error)]
-pub enum VmError {
-    #[error("{0}")]
-    BadSpec(String),
-    #[error("guest {0} exists already")]
-    Exists(String),
-    #[error("no guest named {0}")]
-    NotFound(String),
-    #[error("guest {name} is {state}: {what}")]
-    Busy {
-        name: String,
-        state: String,
-        what: String,
-    },
-    #[error("disk {volume}: {detail}")]
-    Disk { volume: String, detail: String },
-    #[error("{0}")]
-    Qemu(String),
-    #[error("{0}")]
-    Io(String),
-    #[error("no move {0}")]
-    NoMove(String),
-    #[error("{0}")]
-    Peer(String),
-}
+mod error;
+pub use error::{PeerFault, QemuFault, VmError};

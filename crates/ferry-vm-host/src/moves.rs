@@ -210,9 +210,8 @@ async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ferry_api::ClientError> + Send + 'static,
 ) -> Result<T, VmError> {
     tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| VmError::Io(e.to_string()))?
-        .map_err(|e| VmError::Peer(format!("storage daemon: {e}")))
+        .await?
+        .map_err(VmError::Storage)
 }
 
 /// Start moving guest `name` (answers at once; the move runs on).
@@ -517,18 +516,17 @@ async fn wait_disks(
         run.disk_dirty
             .store(st.iter().map(|s| s.dirty_bytes).sum(), Ordering::Relaxed);
         if let Some(f) = st.iter().find(|s| s.phase == MigrationPhase::Failed) {
-            return Err(VmError::Peer(format!(
-                "disk {} failed to migrate: {}",
-                f.volume,
-                f.error.clone().unwrap_or_default()
-            )));
+            return Err(VmError::Disk {
+                volume: f.volume.clone(),
+                detail: format!("failed to migrate: {}", f.error.clone().unwrap_or_default()),
+            });
         }
         if st.iter().all(|s| want(s.phase)) {
             return Ok(st);
         }
         if Instant::now() > deadline {
-            return Err(VmError::Peer(format!(
-                "the deadline passed while the disks were at {}",
+            return Err(VmError::Deadline(format!(
+                "the disks were at {}",
                 st.iter()
                     .map(|s| format!(
                         "{} {} ({} dirty bytes)",
@@ -541,7 +539,7 @@ async fn wait_disks(
             )));
         }
         tokio::select! {
-            () = run.cancel.cancelled() => return Err(VmError::Peer("cancelled by the caller".into())),
+            () = run.cancel.cancelled() => return Err(VmError::Cancelled),
             () = tokio::time::sleep(poll) => {}
         }
     }
@@ -578,11 +576,9 @@ async fn new_places(
             None => {
                 let (c, v) = (admin_of(d), d.volume.clone());
                 let view = blocking(move || c.get_volume(&v)).await?;
-                let to = view.moved_to.ok_or_else(|| {
-                    VmError::Peer(format!(
-                        "disk {} switched but its daemon names no new place",
-                        d.volume
-                    ))
+                let to = view.moved_to.ok_or_else(|| VmError::Disk {
+                    volume: d.volume.clone(),
+                    detail: "switched, but its daemon names no new place".into(),
                 })?;
                 (to, view.moved_admin)
             }
@@ -807,7 +803,7 @@ async fn memory_move(
 /// confined QEMU's own to connect to).
 fn outgoing_socket(g: &Guest) -> Result<tokio::net::UnixListener, VmError> {
     let path = &g.paths.outgoing;
-    let io = |e: std::io::Error| VmError::Io(format!("{}: {e}", path.display()));
+    let io = |e| VmError::file(path, e);
     let _ = std::fs::remove_file(path);
     let listener = tokio::net::UnixListener::bind(path).map_err(io)?;
     if let Some(u) = &g.paths.qemu_user {
@@ -826,7 +822,6 @@ async fn configure_qemu(
 ) -> Result<(), VmError> {
     let teleport = run.kind == MoveKind::Teleport;
     use ferry_qmp::{Capability, MigrateParameters};
-    let qerr = |e: ferry_qmp::QmpError| VmError::Qemu(e.to_string());
     let mut caps = vec![
         (Capability::AutoConverge, true),
         (Capability::PauseBeforeSwitchover, teleport),
@@ -841,21 +836,19 @@ async fn configure_qemu(
     if run.req.xbzrle_cache_mib > 0 {
         caps.push((Capability::Xbzrle, true));
     }
-    q.migrate_set_capabilities(&caps).await.map_err(qerr)?;
+    q.migrate_set_capabilities(&caps).await?;
     q.migrate_set_parameters(&MigrateParameters {
         downtime_limit: Some(ladder.downtime_ms),
         max_bandwidth: Some(1 << 40),
         ..Default::default()
     })
-    .await
-    .map_err(qerr)?;
+    .await?;
     if run.req.xbzrle_cache_mib > 0 {
         q.migrate_set_parameters(&MigrateParameters {
             xbzrle_cache_size: Some(u64::from(run.req.xbzrle_cache_mib) << 20),
             ..Default::default()
         })
-        .await
-        .map_err(qerr)?;
+        .await?;
         run.note(format!(
             "pages dirtied again go as XOR deltas (xbzrle, {} MiB cache)",
             run.req.xbzrle_cache_mib
@@ -866,8 +859,7 @@ async fn configure_qemu(
             multifd_channels: Some(run.req.multifd),
             ..Default::default()
         })
-        .await
-        .map_err(qerr)?;
+        .await?;
         run.note(format!(
             "memory over {} parallel channels (multifd)",
             run.req.multifd
@@ -990,9 +982,7 @@ async fn memory_phase(
     deadline: Instant,
     compress: bool,
 ) -> Result<Outcome, VmError> {
-    let rt = g
-        .runtime()
-        .ok_or_else(|| VmError::Qemu("the guest has no QEMU process".into()))?;
+    let rt = g.runtime().ok_or(crate::QemuFault::NotRunning)?;
     let q = rt.qmp.clone();
     let ladder = Ladder::new(
         max_downtime,
@@ -1038,12 +1028,10 @@ async fn copy_memory(
     disks: &[(VmDisk, MigrationId)],
     mut order: MemoryOrder,
 ) -> Result<Copied, VmError> {
-    let qerr = |e: ferry_qmp::QmpError| VmError::Qemu(e.to_string());
     run.set_phase(VmMovePhase::MemoryPrecopy);
     let migrate_mark = q.mark();
     q.migrate(&format!("unix:{}", g.paths.outgoing.display()))
-        .await
-        .map_err(qerr)?;
+        .await?;
     let mut polls = 0u64;
     // A link to the destination opened ahead, for the messages sent while
     // the guest is stopped (a teleport's `DiskSwitched`, then `Finish`;
@@ -1083,7 +1071,7 @@ async fn copy_memory(
         // wait below at once (QEMU's MIGRATION events).
         let mark = q.mark();
         if step == Step::Wait {
-            let info = q.query_migrate().await.map_err(qerr)?;
+            let info = q.query_migrate().await?;
             step = order.feed(Input::Status {
                 info,
                 elapsed: run.started.elapsed(),
@@ -1100,13 +1088,13 @@ async fn copy_memory(
                         downtime_limit: Some(ms),
                         ..Default::default()
                     };
-                    q.migrate_set_parameters(&p).await.map_err(qerr)?;
+                    q.migrate_set_parameters(&p).await?;
                     run.note(note);
                     break;
                 }
                 Step::StartPostcopy { note } => {
                     run.note(note);
-                    q.migrate_start_postcopy().await.map_err(qerr)?;
+                    q.migrate_start_postcopy().await?;
                     run.set_phase(VmMovePhase::Postcopy);
                     break;
                 }
@@ -1129,7 +1117,7 @@ async fn copy_memory(
                 }
                 Step::Continue => {
                     run.set_phase(VmMovePhase::Switchover);
-                    q.migrate_continue().await.map_err(qerr)?;
+                    q.migrate_continue().await?;
                     break;
                 }
                 Step::Cancel { why } => {
@@ -1138,7 +1126,7 @@ async fn copy_memory(
                     }
                     // QEMU's migration cancelled: the guest resumes here.
                     crate::recover::cancel_migration(g).await;
-                    return Err(VmError::Peer(why));
+                    return Err(VmError::MemoryCopy(why));
                 }
                 Step::Failed { why } => {
                     // QEMU resumes the guest itself when a migration
@@ -1152,7 +1140,7 @@ async fn copy_memory(
                         }
                         let _ = q.wait_named(m, "MIGRATION", POLL).await;
                     }
-                    return Err(VmError::Peer(why));
+                    return Err(VmError::MemoryCopy(why));
                 }
                 Step::Completed => {
                     return Ok(Copied {
@@ -1264,7 +1252,7 @@ async fn not_run_there(
         Duration::from_secs(30),
     )
     .await;
-    q.cont().await.map_err(|e| VmError::Qemu(e.to_string()))?;
+    q.cont().await?;
     let refs = run.disk_migrations.lock().clone();
     for n in crate::recover::settle_disks(g, &refs).await {
         run.note(n);
@@ -1398,7 +1386,10 @@ async fn switch_disks(
         Some(link) => crate::tunnel::call_on(link, to_host, &req, limit)
             .await
             .map(|_| ()),
-        None => Err(VmError::Peer("no link opened ahead".into())),
+        None => Err(VmError::peer(
+            to_host,
+            crate::PeerFault::Protocol("no link opened ahead".into()),
+        )),
     };
     if let Err(e) = early {
         tracing::debug!(error = %e, "the link opened ahead failed; a new one");

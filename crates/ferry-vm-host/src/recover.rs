@@ -113,13 +113,10 @@ pub(crate) async fn cancel_migration(g: &Guest) {
 /// Run the guest here: `cont` unless QEMU already runs it.
 async fn run_here(g: &Guest) -> Result<(), VmError> {
     let Some(rt) = g.runtime() else {
-        return Err(VmError::Qemu("QEMU is not running here".into()));
+        return Err(crate::QemuFault::NotRunning.into());
     };
     if g.qemu_status().await.as_deref() != Some("running") {
-        rt.qmp
-            .cont()
-            .await
-            .map_err(|e| VmError::Qemu(e.to_string()))?;
+        rt.qmp.cont().await?;
     }
     Ok(())
 }

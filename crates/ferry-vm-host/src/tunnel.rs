@@ -8,7 +8,7 @@ use crate::peer::{
     decode_frame, decode_line, encode_ack, encode_frame, encode_line, Frame, PeerAnswer,
     PeerRequest,
 };
-use crate::VmError;
+use crate::{PeerFault, VmError};
 use ferry_trust::store::{server_name, CertStore};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -21,40 +21,45 @@ pub type ServerLink = tokio_rustls::server::TlsStream<TcpStream>;
 /// How long connecting and the request/answer exchange may take.
 pub const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(60);
 
-fn peer_err(addr: &str, what: impl std::fmt::Display) -> VmError {
-    VmError::Peer(format!("host {addr}: {what}"))
+fn at(addr: &str) -> impl Fn(PeerFault) -> VmError + '_ {
+    move |f| VmError::peer(addr, f)
+}
+
+fn link_err<'a>(addr: &'a str, what: &'static str) -> impl Fn(std::io::Error) -> VmError + 'a {
+    move |source| VmError::peer(addr, PeerFault::Link { what, source })
 }
 
 /// Open a TLS connection to a peer host's move listener.
 pub async fn connect(certs: &CertStore, addr: &str) -> Result<ClientLink, VmError> {
-    let cfg = certs.client_config().map_err(|e| peer_err(addr, e))?;
+    let cfg = certs
+        .client_config()
+        .map_err(|e| VmError::peer(addr, PeerFault::Tls(e.to_string())))?;
     let tcp = tokio::time::timeout(EXCHANGE_TIMEOUT, TcpStream::connect(addr))
         .await
-        .map_err(|_| peer_err(addr, "connect timed out"))?
-        .map_err(|e| peer_err(addr, e))?;
+        .map_err(|_| VmError::peer(addr, PeerFault::Timeout("connect")))?
+        .map_err(link_err(addr, "connect"))?;
     tcp.set_nodelay(true).ok();
     tokio_rustls::TlsConnector::from(cfg)
         .connect(server_name(), tcp)
         .await
-        .map_err(|e| peer_err(addr, format!("TLS: {e}")))
+        .map_err(|e| VmError::peer(addr, PeerFault::Tls(e.to_string())))
 }
 
 /// Read one line-delimited message; bytes after it are returned too.
 pub async fn read_message<T: for<'de> serde::Deserialize<'de>, R: AsyncRead + Unpin>(
     r: &mut R,
-) -> Result<(T, Vec<u8>), VmError> {
+) -> Result<(T, Vec<u8>), PeerFault> {
     let mut buf = Vec::new();
     let mut chunk = vec![0u8; 16 << 10];
     loop {
-        if let Some(m) = decode_line::<T>(&mut buf).map_err(|e| VmError::Peer(e.to_string()))? {
+        if let Some(m) =
+            decode_line::<T>(&mut buf).map_err(|e| PeerFault::Protocol(e.to_string()))?
+        {
             return Ok((m, buf));
         }
-        let n = r
-            .read(&mut chunk)
-            .await
-            .map_err(|e| VmError::Peer(format!("reading from peer: {e}")))?;
+        let n = r.read(&mut chunk).await.map_err(PeerFault::link("read"))?;
         if n == 0 {
-            return Err(VmError::Peer("peer closed the connection".into()));
+            return Err(PeerFault::Protocol("closed the connection".into()));
         }
         buf.extend_from_slice(&chunk[..n]);
     }
@@ -72,14 +77,16 @@ pub async fn exchange(
         let mut link = connect(certs, addr).await?;
         link.write_all(&encode_line(req))
             .await
-            .map_err(|e| peer_err(addr, e))?;
-        link.flush().await.map_err(|e| peer_err(addr, e))?;
-        let (a, rest) = read_message::<PeerAnswer, _>(&mut link).await?;
+            .map_err(link_err(addr, "write"))?;
+        link.flush().await.map_err(link_err(addr, "write"))?;
+        let (a, rest) = read_message::<PeerAnswer, _>(&mut link)
+            .await
+            .map_err(at(addr))?;
         Ok((a, link, rest))
     };
     tokio::time::timeout(limit, fut)
         .await
-        .map_err(|_| peer_err(addr, "no answer in time"))?
+        .map_err(|_| VmError::peer(addr, PeerFault::Timeout("the request")))?
 }
 
 /// Send a request and insist on `ok`.
@@ -93,7 +100,10 @@ pub async fn call(
     if a.ok {
         Ok(a)
     } else {
-        Err(peer_err(addr, a.error.unwrap_or_else(|| "refused".into())))
+        Err(VmError::peer(
+            addr,
+            PeerFault::Refused(a.error.unwrap_or_else(|| "refused".into())),
+        ))
     }
 }
 
@@ -109,14 +119,16 @@ pub async fn ask_on(
     let fut = async {
         link.write_all(&encode_line(req))
             .await
-            .map_err(|e| peer_err(addr, e))?;
-        link.flush().await.map_err(|e| peer_err(addr, e))?;
-        let (a, _) = read_message::<PeerAnswer, _>(&mut link).await?;
+            .map_err(link_err(addr, "write"))?;
+        link.flush().await.map_err(link_err(addr, "write"))?;
+        let (a, _) = read_message::<PeerAnswer, _>(&mut link)
+            .await
+            .map_err(at(addr))?;
         Ok::<_, VmError>(a)
     };
     tokio::time::timeout(limit, fut)
         .await
-        .map_err(|_| peer_err(addr, "no answer in time"))?
+        .map_err(|_| VmError::peer(addr, PeerFault::Timeout("the request")))?
 }
 
 /// [`ask_on`], insisting on `ok`.
@@ -130,7 +142,10 @@ pub async fn call_on(
     if a.ok {
         Ok(a)
     } else {
-        Err(peer_err(addr, a.error.unwrap_or_else(|| "refused".into())))
+        Err(VmError::peer(
+            addr,
+            PeerFault::Refused(a.error.unwrap_or_else(|| "refused".into())),
+        ))
     }
 }
 
@@ -252,6 +267,17 @@ impl Window {
     }
 }
 
+/// Why a memory stream's pipe ended early.
+#[derive(Debug, thiserror::Error)]
+pub enum PipeError {
+    /// The link to the other host.
+    #[error("the link: {0}")]
+    Link(PeerFault),
+    /// The local socket of QEMU's migration stream.
+    #[error("QEMU's stream: {0}")]
+    Qemu(#[source] std::io::Error),
+}
+
 /// Carry QEMU's stream (`qemu`, a unix socket) over `link` in frames, both
 /// ways, until both directions end. `pending` holds link bytes already
 /// read. Data sent waits for room in the [`Window`]; data received is
@@ -264,7 +290,7 @@ pub async fn pipe<Q, L>(
     compress: bool,
     pending: Vec<u8>,
     counters: &PipeCounters,
-) -> Result<(), VmError>
+) -> Result<(), PipeError>
 where
     Q: AsyncRead + AsyncWrite + Unpin,
     L: AsyncRead + AsyncWrite + Unpin,
@@ -274,7 +300,7 @@ where
     let lw = tokio::sync::Mutex::new(lw);
     let window = parking_lot::Mutex::new(Window::new());
     let opened = tokio::sync::Notify::new();
-    let link_err = |e: std::io::Error| VmError::Peer(format!("link: {e}"));
+    let link_err = |what| move |e| PipeError::Link(PeerFault::Link { what, source: e });
     let out = async {
         let r = async {
             let mut buf = vec![0u8; CHUNK];
@@ -286,10 +312,7 @@ where
                 // window of one or two whole frames would stop and wait
                 // once per frame and never grow past that.
                 let most = window.lock().frame_room();
-                let n = qr
-                    .read(&mut buf[..most])
-                    .await
-                    .map_err(|e| VmError::Peer(format!("reading QEMU's stream: {e}")))?;
+                let n = qr.read(&mut buf[..most]).await.map_err(PipeError::Qemu)?;
                 if n == 0 {
                     break;
                 }
@@ -309,9 +332,13 @@ where
                 window.lock().on_send(len);
                 counters.raw.fetch_add(n as u64, Ordering::Relaxed);
                 counters.link.fetch_add(len, Ordering::Relaxed);
-                lw.lock().await.write_all(&frame).await.map_err(link_err)?;
+                lw.lock()
+                    .await
+                    .write_all(&frame)
+                    .await
+                    .map_err(link_err("write"))?;
             }
-            Ok::<(), VmError>(())
+            Ok::<(), PipeError>(())
         }
         .await;
         lw.lock().await.shutdown().await.ok();
@@ -323,14 +350,12 @@ where
             let mut chunk = vec![0u8; CHUNK];
             let mut ack = Vec::with_capacity(16);
             loop {
-                while let Some((f, size)) =
-                    decode_frame(&mut buf).map_err(|e| VmError::Peer(e.to_string()))?
+                while let Some((f, size)) = decode_frame(&mut buf)
+                    .map_err(|e| PipeError::Link(PeerFault::Protocol(e.to_string())))?
                 {
                     match f {
                         Frame::Data(raw) => {
-                            qw.write_all(&raw).await.map_err(|e| {
-                                VmError::Peer(format!("writing QEMU's stream: {e}"))
-                            })?;
+                            qw.write_all(&raw).await.map_err(PipeError::Qemu)?;
                             ack.clear();
                             encode_ack(u32::try_from(size).unwrap_or(u32::MAX), &mut ack);
                             // The other side may have finished sending; an
@@ -343,16 +368,18 @@ where
                         }
                     }
                 }
-                let n = lr.read(&mut chunk).await.map_err(link_err)?;
+                let n = lr.read(&mut chunk).await.map_err(link_err("read"))?;
                 if n == 0 {
                     break;
                 }
                 buf.extend_from_slice(&chunk[..n]);
             }
             if !buf.is_empty() {
-                return Err(VmError::Peer("link ended inside a frame".into()));
+                return Err(PipeError::Link(PeerFault::Protocol(
+                    "the link ended inside a frame".into(),
+                )));
             }
-            Ok::<(), VmError>(())
+            Ok::<(), PipeError>(())
         }
         .await;
         qw.shutdown().await.ok();
