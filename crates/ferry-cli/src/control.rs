@@ -8,7 +8,7 @@ use crate::print_json;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use ferry_controller::client::ControllerClient;
-use ferry_placement::cycle::{drive, ControllerCore, NoJournal};
+use ferry_placement::cycle::{drive, ControllerCore};
 use ferry_placement::estimate::{estimate, Asked, Estimate};
 use ferry_placement::inventory::{HostRef, Inventory, SiteInventory, StorageRef};
 use ferry_placement::policy::{place_new, plan, Action, NewGuest, Policy, Triggers};
@@ -125,9 +125,18 @@ pub enum ControlCmd {
     Plan {
         #[command(flatten)]
         from: SnapshotArgs,
-        /// Act on the decisions (through the hosts' move API) and report.
-        #[arg(long, requires = "inventory")]
+        /// Act on the decisions and report each move's end. By default
+        /// the controller runs one cycle that acts (even while paused),
+        /// journaled and fenced as its own; with --inventory, this
+        /// command acts itself, journaling in --state-dir (which it holds
+        /// while it runs, so a controller of that directory cannot act at
+        /// the same time).
+        #[arg(long, conflicts_with = "cluster")]
         apply: bool,
+        /// The state directory whose journal a standalone --apply writes
+        /// (a controller's, or one of its own).
+        #[arg(long, requires_all = ["apply", "inventory"])]
+        state_dir: Option<PathBuf>,
         /// Write the measured snapshot here (for plan --cluster later).
         #[arg(long, requires = "inventory")]
         save_snapshot: Option<PathBuf>,
@@ -306,7 +315,7 @@ fn default_name(listen: &str) -> String {
 /// a snapshot, or (`--apply`) one round of its moves carried out.
 fn plan_once(
     from: SnapshotArgs,
-    apply: bool,
+    apply: Option<PathBuf>,
     save_snapshot: Option<PathBuf>,
     policy: Option<PathBuf>,
     json: bool,
@@ -326,13 +335,39 @@ fn plan_once(
         None => Policy::default(),
     };
     p.validate()?;
-    if apply {
+    if let Some(dir) = apply {
         // Through the controller's own core: the moves start together
-        // (within the policy's limits) and are followed until all ended.
+        // (within the policy's limits) and are followed until all ended,
+        // each decision, start and end journaled before it is acted on.
         let inv = inv.context("--apply needs --inventory")?;
+        let store = std::sync::Arc::new(ferry_controller::store::Store::dir(&dir)?);
+        let journal = std::sync::Arc::new(ferry_controller::journal::Journal::open(store)?);
+        let open = journal.unfinished();
+        if let Some((id, _, o)) = open.first() {
+            anyhow::bail!(
+                "{}'s journal has {} move(s) started and not seen to end (move {id} of {}); \
+                 run `ferry control run --state-dir {}` to follow them first",
+                dir.display(),
+                open.len(),
+                o.vm,
+                dir.display()
+            );
+        }
+        let cycle = journal.last_cycle() + 1;
+        journal.record(
+            cycle,
+            ferry_controller::journal::Event::Settings {
+                what: "ferry control plan --apply: one cycle, standalone".into(),
+            },
+        )?;
         let mut core = ControllerCore::default();
-        let mut world = ferry_controller::act::OneShot::new(inv, c, running_on);
-        let pl = drive(&mut core, &mut world, &mut NoJournal, &p, 0.0, true)?;
+        let mut world = ferry_controller::act::OneShot::new(inv, c, running_on)
+            .journaled(journal.clone(), cycle);
+        let mut sink = ferry_controller::journal::JournalDecisions {
+            journal: &journal,
+            cycle,
+        };
+        let pl = drive(&mut core, &mut world, &mut sink, &p, 0.0, true)?;
         while !core.in_flight().is_empty() {
             let Some(e) = world.wait() else { break };
             core.ended(&e);
@@ -361,6 +396,98 @@ fn plan_once(
     }
     for s in &pl.skipped {
         println!("{} left alone: {}", s.vm, s.reason);
+    }
+    Ok(())
+}
+
+/// `ferry control plan --apply` on a controller's sites: the controller
+/// runs one cycle that acts (journaled and fenced as its own); its moves
+/// are then followed in its journal until each ended.
+fn apply_through_controller(
+    from: &SnapshotArgs,
+    policy: Option<&PathBuf>,
+    json: bool,
+) -> Result<()> {
+    use ferry_controller::journal::Event;
+    if policy.is_some() {
+        anyhow::bail!(
+            "the controller acts with its own policy; change it with `ferry control policy`, or give --inventory to act here"
+        );
+    }
+    let addr = from.controller.as_deref().unwrap_or("127.0.0.1:10870");
+    let c = ControllerClient::new(addr);
+    let applied = c
+        .apply()
+        .with_context(|| format!("asking the controller at {addr} to act once"))?;
+    let cycle = applied["cycle"].as_u64().unwrap_or(0);
+    for p in applied["problems"].as_array().into_iter().flatten() {
+        eprintln!("{}", p.as_str().unwrap_or_default());
+    }
+    let decisions = applied["plan"]["decisions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if !json {
+        if decisions.is_empty() {
+            println!("nothing to do (cycle {cycle})");
+        }
+        for d in &decisions {
+            println!(
+                "{} {}: {}",
+                d["vm"].as_str().unwrap_or_default(),
+                d["action"].as_str().unwrap_or_default(),
+                d["reason"].as_str().unwrap_or_default()
+            );
+        }
+    }
+    // The cycle's moves: started (an id) or refused at once (an end with
+    // no id); followed until each has its end in the journal.
+    let until = std::time::Instant::now()
+        + ferry_controller::act::MOVE_LIMIT
+        + std::time::Duration::from_secs(60);
+    let ends = loop {
+        let entries = c.journal(2000)?;
+        let mine: Vec<_> = entries.iter().filter(|e| e.cycle == cycle).collect();
+        let started: Vec<&str> = mine
+            .iter()
+            .filter_map(|e| match &e.event {
+                Event::Started { id, .. } => Some(id.as_str()),
+                _ => None,
+            })
+            .collect();
+        let mut ended = 0;
+        let ends: Vec<ferry_controller::act::MoveOutcome> = entries
+            .iter()
+            .filter_map(|e| match &e.event {
+                Event::Finished { id, outcome } if id.is_empty() && e.cycle == cycle => {
+                    Some(outcome.clone())
+                }
+                Event::Finished { id, outcome } if started.contains(&id.as_str()) => {
+                    ended += 1;
+                    Some(outcome.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        if ended >= started.len() {
+            break ends;
+        }
+        if std::time::Instant::now() > until {
+            anyhow::bail!(
+                "{} of the {} moves of cycle {cycle} have not ended after {} s; see `ferry control status`",
+                started.len() - ended,
+                started.len(),
+                (ferry_controller::act::MOVE_LIMIT.as_secs() + 60)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    let lines: Vec<String> = ends.iter().map(|o| o.line()).collect();
+    if json {
+        return print_json(&serde_json::json!({"applied": applied, "moves": lines}));
+    }
+    for l in &lines {
+        println!("{l}");
     }
     Ok(())
 }
@@ -491,10 +618,20 @@ pub fn run(cmd: ControlCmd, tls_dir: Option<PathBuf>) -> Result<()> {
         ControlCmd::Plan {
             from,
             apply,
+            state_dir,
             save_snapshot,
             policy,
             json,
-        } => plan_once(from, apply, save_snapshot, policy, json)?,
+        } => match (apply, &from.inventory) {
+            (true, None) => apply_through_controller(&from, policy.as_ref(), json)?,
+            (true, Some(_)) => {
+                let dir = state_dir.context(
+                    "--apply --inventory needs --state-dir DIR: its journal keeps what was done",
+                )?;
+                plan_once(from, Some(dir), save_snapshot, policy, json)?
+            }
+            (false, _) => plan_once(from, None, save_snapshot, policy, json)?,
+        },
         ControlCmd::Place {
             guest,
             cpu,

@@ -745,6 +745,63 @@ fn control_plan_and_simulate() {
             "{args:?}: {err}"
         );
     }
+    // Acting once alone: on live sites only, journaled in a state
+    // directory it holds while it runs. Sites whose host does not answer
+    // leave nothing to do; the journal says a standalone cycle ran.
+    let inv = d.path().join("inventory.json");
+    std::fs::write(
+        &inv,
+        serde_json::json!({"sites": [{"name": "home", "cpu_capacity": 8,
+            "hosts": [{"control": "127.0.0.1:9", "moves": "127.0.0.1:9"}],
+            "storage": [{"nbd": "127.0.0.1:9", "migrate": "127.0.0.1:9", "admin": "127.0.0.1:9"}]}],
+            "links": []})
+        .to_string(),
+    )
+    .unwrap();
+    let state = d.path().join("ctl");
+    let apply = |extra: &[&str]| {
+        let mut args = vec![
+            "control",
+            "plan",
+            "--apply",
+            "--interval",
+            "100ms",
+            "--inventory",
+            inv.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(&args)
+            .output()
+            .unwrap()
+    };
+    let out = apply(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--state-dir"),
+        "{err}"
+    );
+    let out = apply(&["--state-dir", state.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let journal = std::fs::read_to_string(state.join("journal.jsonl")).unwrap();
+    assert!(
+        journal.contains("plan --apply: one cycle, standalone"),
+        "{journal}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["control", "plan", "--apply", "--cluster"])
+        .arg(&snap)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("cannot be used with"),
+        "{err}"
+    );
 }
 
 /// `ferry certs nbd` makes the credentials, `ferry serve --nbd-tls-dir`

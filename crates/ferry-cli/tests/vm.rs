@@ -749,11 +749,12 @@ fn the_controller_moves_an_io_bound_guest_next_to_its_disk() {
     let d = &plan["decisions"][0];
     assert_eq!(d["vm"], "g1", "{plan}");
 
-    // The controller service, left to itself, makes the same decision and
-    // carries it out.
+    // The controller service, paused, makes the same decision and starts
+    // nothing; `plan --apply` has it act once, journaled as its own.
     let ctl_addr = format!("127.0.0.1:{}", free_port());
+    let ctl_dir = s.dir.join("controller");
     let ctl = start_controller(
-        &s.dir.join("controller"),
+        &ctl_dir,
         &ctl_addr,
         &[
             "--interval".as_ref(),
@@ -762,8 +763,55 @@ fn the_controller_moves_an_io_bound_guest_next_to_its_disk() {
             "2s".as_ref(),
             "--inventory".as_ref(),
             inv_file.as_os_str(),
+            "--paused".as_ref(),
         ],
     );
+    let t = Instant::now();
+    loop {
+        let j: Value = ureq::get(&format!("http://{ctl_addr}/v1/journal?limit=100"))
+            .call()
+            .ok()
+            .and_then(|r| r.into_json().ok())
+            .unwrap_or_default();
+        let entries = j.as_array().cloned().unwrap_or_default();
+        if entries
+            .iter()
+            .any(|e| e["event"] == "decided" && e["vm"] == "g1")
+        {
+            assert!(
+                entries
+                    .iter()
+                    .all(|e| e["event"] != "started" && e["acted"] != true),
+                "a paused controller acted: {j}"
+            );
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "the paused controller decided nothing: {j}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // Acting alone on the controller's state directory is refused while
+    // the controller holds it.
+    let alone = ferry(&[
+        "control",
+        "plan",
+        "--apply",
+        "--inventory",
+        inv_file.to_str().unwrap(),
+        "--state-dir",
+        ctl_dir.to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&alone.stderr);
+    assert!(
+        !alone.status.success() && said.contains("in use by another process"),
+        "{said}"
+    );
+    let applied = ok(&["control", "plan", "--apply", "--controller", &ctl_addr]);
+    eprintln!("plan --apply: {applied}");
+    assert!(applied.contains("g1"), "{applied}");
+    assert!(applied.contains("completed"), "{applied}");
     let t = Instant::now();
     let finished = loop {
         let j: Option<Value> = ureq::get(&format!("http://{ctl_addr}/v1/journal?limit=100"))

@@ -266,11 +266,16 @@ pub fn follow(control: &str, id: &MigrationId, mut out: MoveOutcome) -> MoveOutc
 
 /// The sites as `ferry control plan --apply` acts on them through the
 /// core: the snapshot it was given, each move asked of the guest's host
-/// and followed on a thread of its own, every outcome kept.
+/// and followed on a thread of its own, every outcome kept and, given a
+/// journal (the controller's state directory, held while it runs), each
+/// start and end journaled as the controller journals its own.
 pub struct OneShot {
     inv: Inventory,
     cluster: Cluster,
     running_on: BTreeMap<String, String>,
+    journal: Option<(std::sync::Arc<crate::journal::Journal>, u64)>,
+    /// The id of each move started, by guest.
+    ids: BTreeMap<String, String>,
     tx: mpsc::Sender<MoveOutcome>,
     rx: mpsc::Receiver<MoveOutcome>,
     /// Every move's end, in the order they ended.
@@ -284,18 +289,48 @@ impl OneShot {
             inv,
             cluster,
             running_on,
+            journal: None,
+            ids: BTreeMap::new(),
             tx,
             rx,
             outcomes: Vec::new(),
         }
     }
 
+    /// Journal every move's start and end in `journal`, as cycle `cycle`.
+    pub fn journaled(
+        mut self,
+        journal: std::sync::Arc<crate::journal::Journal>,
+        cycle: u64,
+    ) -> Self {
+        self.journal = Some((journal, cycle));
+        self
+    }
+
+    fn record(&self, event: crate::journal::Event) {
+        if let Some((j, cycle)) = &self.journal {
+            if let Err(e) = j.record(*cycle, event) {
+                tracing::error!("cannot journal: {e}");
+            }
+        }
+    }
+
+    /// A move's end: kept, and journaled.
+    fn end(&mut self, out: MoveOutcome) -> Ended {
+        let e = ended(&out);
+        let id = self.ids.remove(&out.vm).unwrap_or_default();
+        self.record(crate::journal::Event::Finished {
+            id,
+            outcome: out.clone(),
+        });
+        self.outcomes.push(out);
+        e
+    }
+
     /// Wait for the next move to end.
     pub fn wait(&mut self) -> Option<Ended> {
         let out = self.rx.recv().ok()?;
-        let e = ended(&out);
-        self.outcomes.push(out);
-        Some(e)
+        Some(self.end(out))
     }
 }
 
@@ -316,11 +351,18 @@ impl World for OneShot {
     fn start(&mut self, d: &Decision, _now: f64) -> Result<(), String> {
         let Some(control) = self.running_on.get(&d.vm).cloned() else {
             let why = "not running on any known host".to_string();
-            self.outcomes.push(not_started(d, Some(why.clone())));
+            self.end(not_started(d, Some(why.clone())));
             return Err(why);
         };
         match start(&self.inv, &control, d, None) {
             Ok((id, out)) => {
+                self.record(crate::journal::Event::Started {
+                    vm: d.vm.clone(),
+                    id: id.to_string(),
+                    control: control.clone(),
+                    expect: out.clone(),
+                });
+                self.ids.insert(d.vm.clone(), id.to_string());
                 let tx = self.tx.clone();
                 std::thread::spawn(move || {
                     let _ = tx.send(follow(&control, &id, out));
@@ -329,7 +371,7 @@ impl World for OneShot {
             }
             Err(out) => {
                 let why = out.reason.clone().unwrap_or_default();
-                self.outcomes.push(*out);
+                self.end(*out);
                 Err(why)
             }
         }
@@ -340,8 +382,8 @@ impl World for OneShot {
     fn ended(&mut self, _now: f64) -> Vec<Ended> {
         let mut out = Vec::new();
         while let Ok(o) = self.rx.try_recv() {
-            out.push(ended(&o));
-            self.outcomes.push(o);
+            let e = self.end(o);
+            out.push(e);
         }
         out
     }

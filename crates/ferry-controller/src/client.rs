@@ -75,7 +75,21 @@ impl ControllerClient {
         path: &str,
         body: Option<serde_json::Value>,
     ) -> Result<T> {
+        self.call_within(method, path, body, None)
+    }
+
+    /// A call whose answer may take longer than the agent's 30 s.
+    fn call_within<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+        limit: Option<Duration>,
+    ) -> Result<T> {
         let mut req = self.agent.request(method, &format!("{}{path}", self.base));
+        if let Some(l) = limit {
+            req = req.timeout(l);
+        }
         if method != "GET" {
             // The API refuses state changes a browser page could forge.
             req = req.set("Content-Type", "application/json");
@@ -155,6 +169,12 @@ impl ControllerClient {
 
     pub fn put_links(&self, links: &[Link]) -> Result<Settings> {
         self.send("PUT", "/v1/links", &links)
+    }
+
+    /// Run one cycle now that acts even while paused (`plan --apply`);
+    /// answers once it ran: `{cycle, plan, problems}` (`service::Applied`).
+    pub fn apply(&self) -> Result<serde_json::Value> {
+        self.call_within("POST", "/v1/apply", None, Some(Duration::from_secs(330)))
     }
 
     pub fn pause(&self) -> Result<Settings> {

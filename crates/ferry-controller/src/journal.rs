@@ -193,6 +193,38 @@ impl Journal {
     }
 }
 
+/// The journal entry of a decision: what was decided, why, with the
+/// whole decision and whether it was acted on.
+pub fn decided(d: &ferry_placement::policy::Decision, acted: bool) -> Event {
+    Event::Decided {
+        vm: d.vm.clone(),
+        action: format!("{:?}", d.action),
+        reason: d.reason.clone(),
+        decision: serde_json::to_value(d).unwrap_or_default(),
+        acted,
+    }
+}
+
+/// A journal as the core's sink, for a one-shot apply: the entries a
+/// controller writes, in the cycle after the last one journaled. A
+/// decision is acted on only once it is durable.
+pub struct JournalDecisions<'a> {
+    pub journal: &'a Journal,
+    pub cycle: u64,
+}
+
+impl ferry_placement::cycle::JournalSink for JournalDecisions<'_> {
+    fn decided(&mut self, d: &ferry_placement::policy::Decision, acted: bool) -> bool {
+        match self.journal.record(self.cycle, decided(d, acted)) {
+            Ok(_) => !acted || self.journal.store.may_act(),
+            Err(e) => {
+                tracing::error!("cannot journal the decision about {}: {e}", d.vm);
+                false
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -187,7 +187,29 @@ struct Shared {
     ended: Mutex<Vec<Ended>>,
     /// Moves being followed: guest -> (move id, its host's control API).
     running: Mutex<BTreeMap<String, (MigrationId, String)>>,
+    /// Cycles asked to act once (`plan --apply`) and those run since.
+    applies: (Mutex<Applies>, Condvar),
 }
+
+#[derive(Default)]
+struct Applies {
+    asked: u64,
+    done: u64,
+    last: Option<Applied>,
+}
+
+/// What a cycle run at the operator's request (`POST /v1/apply`) did:
+/// its number (its decisions and moves are journaled under it), its plan
+/// and what it could not measure.
+#[derive(Debug, Clone, Serialize)]
+pub struct Applied {
+    pub cycle: u64,
+    pub plan: Option<Plan>,
+    pub problems: Vec<String>,
+}
+
+/// How long `POST /v1/apply` waits for the cycle it asked for.
+const APPLY_WAIT: Duration = Duration::from_secs(300);
 
 impl Shared {
     /// Journal `event`; false when it could not be made durable (then
@@ -463,13 +485,7 @@ impl JournalSink for Decisions<'_> {
                 action: format!("{:?}", d.action),
             })
             .inc();
-        let journaled = sh.record(Event::Decided {
-            vm: d.vm.clone(),
-            action: format!("{:?}", d.action),
-            reason: d.reason.clone(),
-            decision: serde_json::to_value(d).unwrap_or_default(),
-            acted,
-        });
+        let journaled = sh.record(crate::journal::decided(d, acted));
         journaled && (!acted || sh.store.may_act())
     }
 }
@@ -477,9 +493,9 @@ impl JournalSink for Decisions<'_> {
 /// One cycle: the core driven over the real sites (measure, plan around
 /// the moves in flight, journal, start moves without waiting for them),
 /// then the status and metrics of what it saw.
-fn cycle(sh: &Arc<Shared>, cadence: &Cadence, mem: &mut Memory) {
+fn cycle(sh: &Arc<Shared>, cadence: &Cadence, mem: &mut Memory, once: bool) {
     let t = Instant::now();
-    let settings = sh.settings.lock().clone();
+    let mut settings = sh.settings.lock().clone();
     {
         let mut st = sh.status.lock();
         st.cycle += 1;
@@ -492,6 +508,15 @@ fn cycle(sh: &Arc<Shared>, cadence: &Cadence, mem: &mut Memory) {
         st.last_cycle_unix = Some(now_unix());
         return;
     }
+    let now = sh.born.elapsed().as_secs_f64();
+    let may_act = sh.store.may_act();
+    if once && settings.policy.paused {
+        // Asked to act once: this cycle acts; automation stays paused.
+        settings.policy.paused = false;
+        sh.record(Event::Settings {
+            what: "this cycle acts once at the operator's request (plan --apply); automation stays paused".into(),
+        });
+    }
     let mut world = Hosts {
         sh,
         settings: &settings,
@@ -500,8 +525,6 @@ fn cycle(sh: &Arc<Shared>, cadence: &Cadence, mem: &mut Memory) {
         bandwidth: &mut mem.bandwidth,
         measured: None,
     };
-    let now = sh.born.elapsed().as_secs_f64();
-    let may_act = sh.store.may_act();
     let planned = drive(
         &mut mem.core,
         &mut world,
@@ -657,7 +680,20 @@ fn cycles(sh: &Arc<Shared>, cadence: &Cadence) {
             std::thread::sleep(wait);
             continue;
         }
-        cycle(sh, cadence, &mut mem);
+        let asked = sh.applies.0.lock().asked;
+        let once = asked > sh.applies.0.lock().done;
+        cycle(sh, cadence, &mut mem, once);
+        if once {
+            let st = sh.status.lock();
+            let mut a = sh.applies.0.lock();
+            a.done = asked;
+            a.last = Some(Applied {
+                cycle: st.cycle,
+                plan: st.plan.clone(),
+                problems: st.problems.clone(),
+            });
+            sh.applies.1.notify_all();
+        }
         let (m, cv) = &sh.wake;
         let mut woken = m.lock();
         if !*woken {
@@ -818,6 +854,45 @@ async fn resume(State(sh): State<Arc<Shared>>) -> ApiResult<Json<Settings>> {
     set_paused(sh, false).await
 }
 
+/// Run one cycle now that acts even while automation is paused
+/// (`ferry control plan --apply`): journaled and fenced like every cycle,
+/// so only the leader answers. The answer comes once the cycle has run;
+/// the moves it started are followed in the journal.
+async fn apply_once(State(sh): State<Arc<Shared>>) -> ApiResult<Json<Applied>> {
+    if !sh.store.may_act() {
+        let who = sh.status.lock().leader.clone().unwrap_or_default();
+        return Err(ApiError(ControllerError::Conflict(format!(
+            "this controller does not lead; ask the leader ({who})"
+        ))));
+    }
+    let want = {
+        let mut a = sh.applies.0.lock();
+        a.asked += 1;
+        a.asked
+    };
+    sh.wake();
+    let waiter = sh.clone();
+    let got = tokio::task::spawn_blocking(move || {
+        let (m, cv) = &waiter.applies;
+        let until = Instant::now() + APPLY_WAIT;
+        let mut a = m.lock();
+        while a.done < want {
+            if cv.wait_until(&mut a, until).timed_out() {
+                return None;
+            }
+        }
+        a.last.clone()
+    })
+    .await
+    .map_err(|e| ApiError(ControllerError::State(e.to_string())))?;
+    got.map(Json).ok_or_else(|| {
+        ApiError(ControllerError::State(format!(
+            "no cycle ran within {} s (did this controller lose its lease?)",
+            APPLY_WAIT.as_secs()
+        )))
+    })
+}
+
 async fn cycle_now(State(sh): State<Arc<Shared>>) -> StatusCode {
     sh.wake();
     StatusCode::ACCEPTED
@@ -855,6 +930,7 @@ fn router(sh: Arc<Shared>) -> Router {
         .route("/v1/pause", post(pause))
         .route("/v1/resume", post(resume))
         .route("/v1/cycle", post(cycle_now))
+        .route("/v1/apply", post(apply_once))
         .route("/metrics", get(metrics))
         .with_state(sh)
 }
@@ -937,6 +1013,7 @@ pub async fn run(opts: Options) -> Result<(), ControllerError> {
         born: Instant::now(),
         ended: Mutex::new(Vec::new()),
         running: Mutex::new(BTreeMap::new()),
+        applies: (Mutex::new(Applies::default()), Condvar::new()),
     });
     let listener = tokio::net::TcpListener::bind(&opts.listen)
         .await

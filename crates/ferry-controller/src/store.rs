@@ -18,6 +18,9 @@ use std::sync::Arc;
 
 pub enum Store {
     Dir {
+        /// Held while the store is open: one controller (or one
+        /// `plan --apply`) per state directory.
+        _lock: ferry_state_file::DirLock,
         settings: SettingsFile,
         journal_path: PathBuf,
         journal: Mutex<File>,
@@ -83,6 +86,12 @@ impl Store {
     /// line of its own.
     pub fn dir(dir: &Path) -> Result<Store, ControllerError> {
         std::fs::create_dir_all(dir).map_err(|e| state_err(format!("{}: {e}", dir.display())))?;
+        let lock = ferry_state_file::lock_dir(dir).map_err(|e| match e {
+            ferry_state_file::StateFileError::Locked { .. } => ControllerError::Conflict(format!(
+                "{e}: a controller (ferry control run, or plan --apply) acts on this state already"
+            )),
+            e => state_err(e),
+        })?;
         let path = dir.join("journal.jsonl");
         let io = |e: std::io::Error| state_err(format!("{}: {e}", path.display()));
         let bytes = match std::fs::read(&path) {
@@ -109,6 +118,7 @@ impl Store {
             file.write_all(b"\n").map_err(io)?;
         }
         Ok(Store::Dir {
+            _lock: lock,
             settings: SettingsFile::new(dir),
             journal_path: path,
             journal: Mutex::new(file),

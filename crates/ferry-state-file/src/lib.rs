@@ -60,6 +60,54 @@ pub enum StateFileError {
         format: &'static str,
         detail: String,
     },
+    /// Another process holds the state directory's lock.
+    #[error("{path} is in use by another process{}", holder.map(|p| format!(" (pid {p})")).unwrap_or_default())]
+    Locked { path: PathBuf, holder: Option<u32> },
+}
+
+/// An exclusive hold on a state directory, kept while this value lives
+/// (an advisory `flock` on `<dir>/lock`, released by the kernel when the
+/// process dies, however it dies). Two daemons, or a daemon and a one-shot
+/// command, that would write the same state cannot both hold it.
+#[derive(Debug)]
+pub struct DirLock {
+    _file: std::fs::File,
+}
+
+/// Take `dir`'s lock without waiting; the lock file names the holder's pid.
+pub fn lock_dir(dir: &Path) -> Result<DirLock, StateFileError> {
+    use std::io::Seek;
+    use std::os::unix::io::AsRawFd;
+    let path = dir.join("lock");
+    let io = |op: &'static str| {
+        let path = path.clone();
+        move |source| StateFileError::Io { op, path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io("creating"))?;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io("opening"))?;
+    // SAFETY: flock on a descriptor `file` owns; no memory is involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(io("locking")(err));
+        }
+        let mut text = String::new();
+        let _ = file.read_to_string(&mut text);
+        return Err(StateFileError::Locked {
+            path: dir.to_path_buf(),
+            holder: text.trim().parse().ok(),
+        });
+    }
+    file.set_len(0).map_err(io("writing"))?;
+    file.rewind().map_err(io("writing"))?;
+    writeln!(file, "{}", std::process::id()).map_err(io("writing"))?;
+    Ok(DirLock { _file: file })
 }
 
 #[derive(Serialize)]
@@ -198,6 +246,19 @@ pub fn prune(dir: &Path, keep: usize, max_age: Duration) -> usize {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_state_directory_is_held_by_one_holder_at_a_time() {
+        let d = tempfile::tempdir().unwrap();
+        let first = super::lock_dir(d.path()).unwrap();
+        let again = super::lock_dir(d.path()).unwrap_err();
+        assert!(
+            matches!(again, super::StateFileError::Locked { holder: Some(p), .. } if p == std::process::id()),
+            "{again}"
+        );
+        drop(first);
+        super::lock_dir(d.path()).unwrap();
+    }
+
     use super::*;
 
     const K: Kind = Kind {
