@@ -42,6 +42,10 @@ pub struct Policy {
     /// counting those in flight.
     #[serde(default = "default_max_moves_per_site")]
     pub max_moves_per_site: usize,
+    /// Moves a host may take part in at once (a guest leaving it or
+    /// arriving), counting those in flight: vMotion's per-host limit.
+    #[serde(default = "default_max_moves_per_host")]
+    pub max_moves_per_host: usize,
     pub cooldown_s: f64,
     pub paused: bool,
     /// Sites being drained: every guest running there (or whose disk is
@@ -66,6 +70,10 @@ fn default_max_moves_per_site() -> usize {
     8
 }
 
+fn default_max_moves_per_host() -> usize {
+    4
+}
+
 impl Default for Policy {
     fn default() -> Self {
         Policy {
@@ -78,6 +86,7 @@ impl Default for Policy {
             hysteresis: 0.8,
             max_moves_per_link: 2,
             max_moves_per_site: default_max_moves_per_site(),
+            max_moves_per_host: default_max_moves_per_host(),
             cooldown_s: 300.0,
             paused: false,
             maintenance: Vec::new(),
@@ -110,8 +119,13 @@ impl Policy {
         if !(0.0..1.0).contains(&self.min_gain_share) {
             return bad("min_gain_share must be in [0, 1)");
         }
-        if self.max_moves_per_link == 0 || self.max_moves_per_site == 0 {
-            return bad("max_moves_per_link and max_moves_per_site must be at least 1");
+        if self.max_moves_per_link == 0
+            || self.max_moves_per_site == 0
+            || self.max_moves_per_host == 0
+        {
+            return bad(
+                "max_moves_per_link, max_moves_per_site and max_moves_per_host must be at least 1",
+            );
         }
         if !(self.burst_above > 0.0 && self.burst_above <= 1.0) {
             return bad("burst_above must be in (0, 1]");
@@ -559,7 +573,7 @@ fn locality(
             }
             continue;
         }
-        if let Err(r) = st.take_slot(&vm.placement, &best.to) {
+        if let Err(r) = st.take_slot(vm, &best.to) {
             st.refuse(&vm.name, Some(best.action), Some(&best.to), r);
             continue;
         }
@@ -631,6 +645,7 @@ struct Planning<'a> {
     sites: SiteLoad,
     per_link: BTreeMap<(String, String), usize>,
     per_site: BTreeMap<String, usize>,
+    per_host: BTreeMap<String, usize>,
     moved: BTreeSet<String>,
     held: &'a [HeldMove],
     p: &'a Policy,
@@ -643,13 +658,24 @@ impl<'a> Planning<'a> {
             sites: SiteLoad::new(c, p),
             per_link: BTreeMap::new(),
             per_site: BTreeMap::new(),
+            per_host: BTreeMap::new(),
             moved: BTreeSet::new(),
             held: &cm.held,
             p,
             plan: Plan::default(),
         };
         for m in &cm.in_flight {
-            st.count(&m.from, &m.to);
+            let source = c
+                .vms
+                .iter()
+                .find(|v| v.name == m.vm)
+                .and_then(|v| v.host.clone());
+            let hosts = if m.from.host_site == m.to.host_site {
+                vec![]
+            } else {
+                source.into_iter().chain(m.to_host.clone()).collect()
+            };
+            st.count(&m.from, &m.to, &hosts);
             if let Some(v) = c.vms.iter().find(|v| v.name == m.vm) {
                 // Counted where it goes while the snapshot still has it
                 // where it was.
@@ -673,17 +699,37 @@ impl<'a> Planning<'a> {
         st
     }
 
-    fn count(&mut self, from: &Placement, to: &Placement) {
+    fn count(&mut self, from: &Placement, to: &Placement, hosts: &[String]) {
         *self.per_link.entry(link_of(from, to)).or_default() += 1;
         for s in sites_of(from, to) {
             *self.per_site.entry(s).or_default() += 1;
         }
+        for h in hosts {
+            *self.per_host.entry(h.clone()).or_default() += 1;
+        }
     }
 
-    /// Count a move against the limits per link and per site, or say
-    /// which one it would break.
-    fn take_slot(&mut self, from: &Placement, to: &Placement) -> Result<(), Refusal> {
+    /// The hosts moving `vm` to `to` takes part in: the one it leaves and
+    /// the one it would be given, when it changes site (a disk move
+    /// involves storage daemons, not hosts).
+    fn hosts_of(&self, vm: &VmState, to: &Placement) -> Vec<String> {
+        if vm.placement.host_site == to.host_site {
+            return Vec::new();
+        }
+        let there = self
+            .sites
+            .host_for(&to.host_site, vm.load.cpu, vm.memory_bytes, self.p)
+            .ok()
+            .flatten();
+        vm.host.clone().into_iter().chain(there).collect()
+    }
+
+    /// Count a move against the limits per link, per site and per host,
+    /// or say which one it would break.
+    fn take_slot(&mut self, vm: &VmState, to: &Placement) -> Result<(), Refusal> {
         let p = self.p;
+        let from = &vm.placement;
+        let hosts = self.hosts_of(vm, to);
         let (a, b) = link_of(from, to);
         let moves = self
             .per_link
@@ -708,7 +754,17 @@ impl<'a> Planning<'a> {
                 });
             }
         }
-        self.count(from, to);
+        for host in &hosts {
+            let moves = self.per_host.get(host).copied().unwrap_or(0);
+            if moves >= p.max_moves_per_host {
+                return Err(Refusal::HostLimit {
+                    host: host.clone(),
+                    moves,
+                    limit: p.max_moves_per_host,
+                });
+            }
+        }
+        self.count(from, to, &hosts);
         Ok(())
     }
 
@@ -986,7 +1042,7 @@ fn take_forced(
         Ok(d) => d,
         Err(r) => return refused(st, r),
     };
-    if let Err(r) = st.take_slot(&vm.placement, &to) {
+    if let Err(r) = st.take_slot(vm, &to) {
         return refused(st, r);
     }
     Ok(Some(d))
@@ -1119,6 +1175,8 @@ pub struct NewGuest {
     pub cpu: f64,
     /// The site whose storage holds its disk.
     pub disk_site: String,
+    /// Its memory (bytes; 0 when not counted against the hosts' memory).
+    pub memory_bytes: f64,
 }
 
 /// Where a new guest starts, and why.
@@ -1126,6 +1184,10 @@ pub struct NewGuest {
 pub struct NewPlacement {
     pub vm: String,
     pub site: String,
+    /// The host of that site it starts on: the one with the most CPU left
+    /// among those with room for its CPU and memory (`None`: the site
+    /// lists no hosts in the snapshot; its first host is used).
+    pub host: Option<String>,
     pub disk_site: String,
     /// Started away from its disk's site (bursting, or a drained site).
     pub away: bool,
@@ -1172,6 +1234,10 @@ pub fn place_new(c: &Cluster, p: &Policy, g: &NewGuest) -> Result<NewPlacement, 
         Ok(NewPlacement {
             vm: g.name.clone(),
             site: site.into(),
+            host: sites
+                .host_for(site, g.cpu, g.memory_bytes, p)
+                .ok()
+                .flatten(),
             disk_site: home.name.clone(),
             away,
             disk_rtt_ms: l.rtt_ms,
@@ -1179,7 +1245,7 @@ pub fn place_new(c: &Cluster, p: &Policy, g: &NewGuest) -> Result<NewPlacement, 
         })
     };
     let used = sites.used(&home.name);
-    if sites.fits(&home.name, g.cpu, 0.0, p) {
+    if sites.fits(&home.name, g.cpu, g.memory_bytes, p) {
         return at(
             &home.name,
             false,
@@ -1210,7 +1276,7 @@ pub fn place_new(c: &Cluster, p: &Policy, g: &NewGuest) -> Result<NewPlacement, 
             "{why}; cloud bursting is off (`ferry control burst on` lets new guests start at a linked site)"
         )));
     }
-    match sites.roomiest(c, &home.name, g.cpu, 0.0, p) {
+    match sites.roomiest(c, &home.name, g.cpu, g.memory_bytes, p) {
         Some(t) => {
             let room = sites.room(&t.name, p);
             let mut there = at(&t.name, true, String::new())?;
@@ -1486,6 +1552,61 @@ mod tests {
     }
 
     #[test]
+    fn a_host_takes_part_in_no_more_moves_than_its_limit() {
+        // Two guests on host a1 both want to go to b: with one move per
+        // host, the second is refused naming a1, and a move in flight
+        // from a1 counts too.
+        let c = with_hosts(cluster(
+            16.0,
+            vec![vm("io", 55.0, 16.0), vm("io2", 55.0, 16.0)],
+        ));
+        let one = Policy {
+            max_moves_per_host: 1,
+            ..Policy::default()
+        };
+        let pl = plan(&c, &one, &mut Triggers::default(), 0.0).unwrap();
+        assert_eq!(pl.decisions.len(), 1, "{pl:?}");
+        let refused: Vec<_> = pl
+            .skipped
+            .iter()
+            .filter(
+                |s| matches!(&s.refusal, Refusal::HostLimit { host, limit: 1, .. } if host == "a1"),
+            )
+            .collect();
+        assert_eq!(refused.len(), 1, "{:?}", pl.skipped);
+        assert!(
+            refused[0].reason.contains("per-host limit"),
+            "{}",
+            refused[0].reason
+        );
+        let cm = Commitments {
+            in_flight: vec![InFlightMove {
+                vm: "io".into(),
+                action: Action::MoveVm,
+                from: c.vms[0].placement.clone(),
+                to: Placement {
+                    host_site: "b".into(),
+                    disk_site: "b".into(),
+                },
+                to_host: Some("b2".into()),
+                started_s: 0.0,
+            }],
+            held: Vec::new(),
+        };
+        let pl = plan_around(&c, &one, &mut Triggers::default(), 0.0, &cm).unwrap();
+        assert!(pl.decisions.is_empty(), "{pl:?}");
+        // The default (4) takes both.
+        let pl = plan(&c, &Policy::default(), &mut Triggers::default(), 0.0).unwrap();
+        assert_eq!(pl.decisions.len(), 2, "{pl:?}");
+        assert!(Policy {
+            max_moves_per_host: 0,
+            ..Policy::default()
+        }
+        .validate()
+        .is_err());
+    }
+
+    #[test]
     fn a_host_is_chosen_by_cpu_room_among_those_with_the_memory() {
         let mut c = with_hosts(cluster(16.0, vec![]));
         c.vms[0].load.cpu = 5.0; // b1: 3 CPUs left; b2: 4 CPUs, 1 GiB
@@ -1749,6 +1870,34 @@ mod tests {
     }
 
     #[test]
+    fn a_new_guest_starts_on_the_host_with_room_for_it() {
+        // Site b: b1 (8 CPUs, 4 GiB, 3 used), b2 (4 CPUs, 1 GiB, empty).
+        let c = with_hosts(cluster(16.0, vec![vm("x", 0.0, 0.0)]));
+        let g = |cpu: f64, mem: f64| NewGuest {
+            name: "new".into(),
+            cpu,
+            disk_site: "b".into(),
+            memory_bytes: mem,
+        };
+        let p = Policy::default();
+        // 1 CPU: b1 has 5 left, b2 4: the roomier.
+        let at = place_new(&c, &p, &g(1.0, 0.0)).unwrap();
+        assert_eq!((at.site.as_str(), at.host.as_deref()), ("b", Some("b1")));
+        // 2 GiB fits b1's memory only.
+        let at = place_new(&c, &p, &g(0.5, 2.0 * 1073741824.0)).unwrap();
+        assert_eq!(at.host.as_deref(), Some("b1"));
+        // 5.5 CPUs fit the site (12 - 3 = 9) but no host of it: refused
+        // with bursting off.
+        let e = place_new(&c, &p, &g(5.5, 0.0)).unwrap_err();
+        assert!(matches!(e, PlaceError::NoRoom(_)), "{e}");
+        // A site with no hosts in the snapshot: no host named.
+        let plain = cluster(16.0, vec![vm("x", 0.0, 0.0)]);
+        let mut g1 = g(1.0, 0.0);
+        g1.disk_site = "a".into();
+        assert_eq!(place_new(&plain, &p, &g1).unwrap().host, None);
+    }
+
+    #[test]
     fn a_new_guest_starts_by_its_disk_or_bursts_when_that_site_is_full() {
         let mut c = cluster(16.0, vec![at("busy", "a", "a", 10.0, 7.5)]);
         c.sites[0].cpu_capacity = 8.0;
@@ -1756,6 +1905,7 @@ mod tests {
             name: "new".into(),
             cpu,
             disk_site: "a".into(),
+            memory_bytes: 0.0,
         };
         let p = Policy::default();
         let here = place_new(&c, &p, &g(0.5)).unwrap();

@@ -66,6 +66,13 @@ pub enum Refusal {
         moves: usize,
         limit: usize,
     },
+    /// The guest's host, or the host it would go to, already takes part in
+    /// as many moves as the policy allows.
+    HostLimit {
+        host: String,
+        moves: usize,
+        limit: usize,
+    },
     /// The best move's gain does not beat its cost by the margin (or is too
     /// small a share of the horizon to be worth the risk).
     GainTooSmall {
@@ -98,6 +105,7 @@ impl Refusal {
             Refusal::NotConverging => "converges",
             Refusal::LinkLimit { .. } => "per-link limit",
             Refusal::SiteLimit { .. } => "per-site limit",
+            Refusal::HostLimit { .. } => "per-host limit",
             Refusal::GainTooSmall { .. } => "margin",
             Refusal::Outscored { .. } => "locality score",
         }
@@ -162,6 +170,9 @@ impl std::fmt::Display for Refusal {
             }
             Refusal::SiteLimit { site, moves, limit } => {
                 write!(f, "site {site} already takes part in {moves} of {limit} moves")
+            }
+            Refusal::HostLimit { host, moves, limit } => {
+                write!(f, "host {host} already takes part in {moves} of {limit} moves")
             }
             Refusal::GainTooSmall {
                 gain_s,
