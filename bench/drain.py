@@ -10,12 +10,13 @@ then go back the other way for the next run. The hosts' move listeners are
 reached through toxiproxy (one proxy per host: one link, its bandwidth
 shared by the moves on it, `--rtt` ms of round trip).
 
-Runs alternate between `serial` (max_moves_per_link = max_moves_per_site =
-1: how the controller moved guests before it ran moves side by side) and
-`side by side` (both limits = N). For each run: the wall time from the
+Runs alternate between `serial` (max_moves_per_link, max_moves_per_site and
+max_moves_per_host = 1: how the controller moved guests before it ran moves
+side by side) and `side by side` (all three limits = N). For each run: the wall time from the
 maintenance switch to the last guest's arrival, and the sum of the single
-moves' own times. After the runs, `ferry control simulate --replay` of a
-snapshot of the same cluster predicts the side-by-side drain.
+moves' own times. After the runs, `ferry control simulate --replay` of the
+controller's own measurement taken just before the first side-by-side drain
+predicts that drain.
 
     python3 bench/drain.py [--guests 8] [--repeats 2] [--rtt 20] [--mbit 200]
 
@@ -69,7 +70,7 @@ def drain(api, policy, site, limit, n, timeout):
     """Put `site` in maintenance with both limits at `limit`; wait for `n`
     completed moves. (wall seconds, [outcomes], failures)."""
     pol = dict(policy, maintenance=[site], max_moves_per_link=limit, max_moves_per_site=limit,
-               paused=False)
+               max_moves_per_host=limit, paused=False)
     t0 = time.time()
     http("PUT", api + "/v1/policy", pol)
     while time.time() - t0 < timeout:
@@ -134,9 +135,7 @@ def main():
         inv_file = os.path.join(work, "inventory.json")
         with open(inv_file, "w") as f:
             json.dump(inv, f)
-        snap = os.path.join(work, "snapshot.json")
-        subprocess.run([FERRY, "control", "plan", "--inventory", inv_file, "--interval", "2s",
-                        "--save-snapshot", snap], check=True, capture_output=True)
+        snap, snap_site = os.path.join(work, "snapshot.json"), None
         port = free_port()
         ctl = subprocess.Popen([FERRY, "control", "run", "--state-dir", os.path.join(work, "controller"),
                                 "--listen", f"127.0.0.1:{port}", "--interval", "2s", "--sample", "1s",
@@ -152,6 +151,22 @@ def main():
         at = "a"
         for r in range(a.repeats):
             for mode, limit in (("serial", 1), ("side by side", n)):
+                if mode == "side by side" and snap_site is None:
+                    # The controller's own last measurement, taken just
+                    # before it drains side by side: what the replay starts
+                    # from (a snapshot right after boot priced the guests'
+                    # memory as it was while they booted).
+                    t0 = time.time()
+                    while True:
+                        cluster = json.loads(http("GET", api + "/v1/status"))["cluster"] or {}
+                        here = [v for v in cluster.get("vms", [])
+                                if v["placement"]["host_site"] == at]
+                        if len(here) == n or time.time() - t0 > 60:
+                            break
+                        time.sleep(1)
+                    with open(snap, "w") as f:
+                        json.dump(cluster, f)
+                    snap_site = at
                 wall, outs, failed = drain(api, policy, at, limit, n, timeout=60 * n)
                 secs = [o["seconds"] for o in outs]
                 runs.append({"mode": mode, "from": at, "wall_s": wall, "sum_of_moves_s": sum(secs),
@@ -164,8 +179,8 @@ def main():
         # The simulator's prediction of the same drain from the snapshot.
         pol_file = os.path.join(work, "policy.json")
         with open(pol_file, "w") as f:
-            json.dump(dict(policy, maintenance=["a"], max_moves_per_link=n, max_moves_per_site=n,
-                           paused=False), f)
+            json.dump(dict(policy, maintenance=[snap_site], max_moves_per_link=n, max_moves_per_site=n,
+                           max_moves_per_host=n, paused=False), f)
         rep = subprocess.run([FERRY, "control", "simulate", "--replay", snap, "--policy", pol_file,
                               "--tick-s", "1", "--ticks", "600", "--json"],
                              capture_output=True, text=True, check=True)
