@@ -13,9 +13,16 @@
 # ferry.load=heavy on the kernel command line it also rewrites 256 KiB of
 # random data per record (a write-heavy guest). Tests read the acks from
 # the serial logs and the records from the disk, and compare.
+#
+# With ferry.ip=ADDR/PREFIX on the command line the guest also brings up
+# its first network card (virtio-net) with that address and serves TCP
+# echo on port 7 (busybox nc, one `cat` per connection): a client whose
+# connection survives a move sees every line it sent come back.
 set -euo pipefail
 out="${1:-/var/cache/ferry-guest}"
-if [ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ]; then
+# Bumped whenever the image changes, so a cached older one is rebuilt.
+version=2
+if [ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ] && [ "$(cat "$out/version" 2>/dev/null)" = "$version" ]; then
   exit 0
 fi
 mkdir -p "$out"
@@ -36,7 +43,7 @@ mods="k/lib/modules/$kver"
 root="$work/root"
 mkdir -p "$root"/{bin,dev,proc,sys,mnt,modules}
 cp bb/bin/busybox "$root/bin/busybox"
-for a in sh mount insmod sleep echo cat md5sum sync dd mkdir ls poweroff reboot; do
+for a in sh mount insmod sleep echo cat md5sum sync dd mkdir ls poweroff reboot ip nc; do
   ln -s busybox "$root/bin/$a"
 done
 
@@ -52,7 +59,7 @@ add() {
   cp "$f" "$root/modules/"
   order+=("$m")
 }
-for m in virtio_pci virtio_blk; do add "$m"; done
+for m in virtio_pci virtio_blk virtio_net; do add "$m"; done
 printf '%s\n' "${order[@]}" > "$root/modules/order"
 
 cat > "$root/init" <<'EOF'
@@ -68,6 +75,17 @@ if ! mount -t ext4 /dev/vda /mnt; then
 fi
 heavy=0
 case " $(cat /proc/cmdline) " in *" ferry.load=heavy "*) heavy=1 ;; esac
+for w in $(cat /proc/cmdline); do
+  case "$w" in ferry.ip=*)
+    ip link set lo up
+    i=0
+    while [ ! -e /sys/class/net/eth0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+    ip link set eth0 up && ip addr add "${w#ferry.ip=}" dev eth0
+    nc -ll -p 7 -e /bin/cat &
+    echo "ferry-guest: eth0 ${w#ferry.ip=}, echo on 7"
+    ;;
+  esac
+done
 echo "ferry-guest: boot"
 n=0
 while true; do
@@ -88,4 +106,5 @@ chmod +x "$root/init"
 cp "k/boot/vmlinuz-$kver" "$out/vmlinuz.tmp"
 mv "$out/initrd.img.tmp" "$out/initrd.img"
 mv "$out/vmlinuz.tmp" "$out/vmlinuz"
+echo "$version" > "$out/version"
 echo "guest kernel $kver and initramfs in $out"

@@ -20,7 +20,8 @@ if [ "$want_test" = 1 ]; then
   # etcd-server: controllers sharing their state and electing a leader;
   # prometheus: scrapes every daemon, and runs the Grafana dashboard's queries;
   # syslinux, mtools, dosfstools: a disk a guest boots from (--boot-disk).
-  pkgs+=(qemu-block-extra libnbd-bin python3-libnbd nbdkit fio python3 python3-matplotlib chromium rsync libiscsi-bin tgt etcd-server prometheus syslinux syslinux-common mtools dosfstools)
+  # iproute2: guest networks (bridges, VXLAN, taps; the sites' namespaces).
+  pkgs+=(qemu-block-extra libnbd-bin python3-libnbd nbdkit fio python3 python3-matplotlib chromium rsync libiscsi-bin tgt etcd-server prometheus syslinux syslinux-common mtools dosfstools iproute2)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -32,8 +32,8 @@ pub use migration::{
 pub use server::ServerView;
 pub use vm::{
     Accel, BandwidthProbe, Boot, CreateVm, DirtyRateView, DiskIo, DiskMigrationRef, LinkProbe,
-    MoveBytes, MoveKind, PhaseTime, ProbeRequest, UpdateVm, VmDisk, VmMigrateRequest, VmMovePhase,
-    VmMoveReport, VmMoveStatus, VmSpec, VmState, VmView,
+    MoveBytes, MoveKind, NicView, PhaseTime, ProbeRequest, UpdateVm, VmDisk, VmMigrateRequest,
+    VmMovePhase, VmMoveReport, VmMoveStatus, VmNic, VmSpec, VmState, VmView,
 };
 pub use volume::{
     Backing, BitmapRequest, BitmapView, CreateVolume, ImportReport, IncomingMigration,

@@ -87,6 +87,17 @@ pub struct VmDisk {
     pub admin: Option<String>,
 }
 
+/// One network card of a guest: the network (as its host names it,
+/// `ferry host --network`) and the card's MAC, which it keeps wherever it
+/// runs (assigned at create when not given).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmNic {
+    pub network: String,
+    #[serde(default)]
+    pub mac: String,
+}
+
 /// How the guest boots.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
@@ -135,6 +146,9 @@ pub struct VmSpec {
     pub boot: Boot,
     #[serde(default)]
     pub accel: Accel,
+    /// Network cards, in the order the guest sees them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nics: Vec<VmNic>,
 }
 
 /// `POST /v1/vms`.
@@ -250,10 +264,34 @@ pub struct VmView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_link_share: Option<f64>,
     pub disks: Vec<DiskIo>,
+    /// Its network cards on this host: where each is plugged, and what
+    /// it carried while QEMU runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nics: Vec<NicView>,
     /// The guest's serial console, as a file on the host.
     pub serial_log: PathBuf,
     /// A move of this guest that has not ended.
     pub moving: Option<MigrationId>,
+}
+
+/// One network card of a guest on its host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NicView {
+    pub network: String,
+    pub mac: String,
+    /// The host's tap device for it.
+    pub tap: String,
+    /// The bridge the tap is plugged into ("" if this host lacks the network).
+    pub bridge: String,
+    /// The overlay link joining that bridge to other sites, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlay: Option<String>,
+    /// Bytes sent to the guest and received from it through the tap, while
+    /// QEMU runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_guest_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_guest_bytes: Option<u64>,
 }
 
 /// A guest's memory dirty rate as its host last measured it.
@@ -512,6 +550,10 @@ mod tests {
                 cmdline: "console=ttyS0".into(),
             },
             accel: Accel::Auto,
+            nics: vec![VmNic {
+                network: "web".into(),
+                mac: "52:54:00:12:34:56".into(),
+            }],
         };
         let j = serde_json::to_string(&s).unwrap();
         assert!(j.contains(r#""kind":"kernel""#), "{j}");

@@ -143,6 +143,13 @@ enum Cmd {
         /// before QEMU is ended.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         stop_timeout: Duration,
+        /// A network guests' NICs may plug into (repeatable):
+        /// NAME,bridge=BR[,vxlan=VNI,local=IP,peer=IP[,peer=IP..][,dev=IF][,port=N]].
+        /// The bridge (and the VXLAN link joining it to the same network
+        /// at the peers) is made at start if missing; every site's hosts
+        /// give a network the same name and VNI.
+        #[arg(long = "network", value_name = "NETWORK", requires = "state_dir")]
+        networks: Vec<ferry_vm_host::network::Network>,
     },
     /// Placement: the controller (run, status, pause, resume), one-off
     /// plans and a simulator.
@@ -428,7 +435,9 @@ fn main() -> Result<()> {
             memory_sample_every,
             on_stop,
             stop_timeout,
+            networks,
         } => host(ferry_vm_host::daemon::HostOptions {
+            networks,
             on_stop,
             stop_timeout,
             insecure_plaintext_api,

@@ -84,6 +84,11 @@ pub struct CreateArgs {
     /// auto (KVM where /dev/kvm works, TCG otherwise), kvm or tcg.
     #[arg(long, default_value = "auto")]
     pub accel: String,
+    /// A network card on NETWORK (one of the host's --network), with
+    /// this MAC or a new one (repeatable; the guest sees them in order).
+    /// It keeps its MAC wherever the guest moves.
+    #[arg(long = "nic", value_name = "NETWORK[,mac=MAC]", value_parser = parse_nic)]
+    pub nics: Vec<ferry_api::VmNic>,
     /// Define only; do not start.
     #[arg(long)]
     pub no_start: bool,
@@ -163,6 +168,22 @@ fn parse_memory(s: &str) -> Result<u64> {
     Ok(bytes >> 20)
 }
 
+fn parse_nic(s: &str) -> std::result::Result<ferry_api::VmNic, String> {
+    let mut parts = s.split(',');
+    let network = parts.next().unwrap_or_default().to_string();
+    if network.is_empty() || network.contains('=') {
+        return Err("NETWORK[,mac=MAC]: the network's name first".into());
+    }
+    let mut mac = String::new();
+    for kv in parts {
+        match kv.split_once('=') {
+            Some(("mac", m)) => mac = m.to_string(),
+            _ => return Err(format!("{kv:?}: only mac=MAC may follow the network")),
+        }
+    }
+    Ok(ferry_api::VmNic { network, mac })
+}
+
 fn parse_disk(s: &str) -> Result<VmDisk> {
     let mut it = s.splitn(3, '@');
     let (Some(volume), Some(server)) = (it.next(), it.next()) else {
@@ -238,6 +259,7 @@ pub fn spec_from(a: &CreateArgs) -> Result<VmSpec> {
             .collect::<Result<_>>()?,
         boot,
         accel: accel(&a.accel)?,
+        nics: a.nics.clone(),
     };
     Ok(spec)
 }
@@ -330,6 +352,27 @@ pub fn run(cmd: VmCmd, c: &AdminClient) -> Result<()> {
                     "  disk {} at {} ({admin}): {} reads ({}), {} writes ({}), {} flushes, {} errors, mean latency {:.0} µs, {} switches",
                     d.volume, d.server, d.reads, human(d.read_bytes), d.writes, human(d.write_bytes),
                     d.flushes, d.errors, mean, d.switches
+                );
+            }
+            for n in &v.nics {
+                let bridge = if n.bridge.is_empty() {
+                    "no such network on this host".to_string()
+                } else {
+                    format!("bridge {}", n.bridge)
+                };
+                let traffic = match (n.to_guest_bytes, n.from_guest_bytes) {
+                    (Some(i), Some(o)) => format!(", {} in, {} out", human(i), human(o)),
+                    _ => String::new(),
+                };
+                println!(
+                    "  nic {} on {} (tap {}, {bridge}{}){traffic}",
+                    n.mac,
+                    n.network,
+                    n.tap,
+                    n.overlay
+                        .as_ref()
+                        .map(|o| format!(", {o}"))
+                        .unwrap_or_default()
                 );
             }
         }

@@ -595,6 +595,7 @@ mod tests {
                 }],
                 boot: Boot::Disk,
                 accel: Accel::Tcg,
+                nics: Vec::new(),
             },
             state: VmState::Running,
             accel: Some("tcg".into()),
@@ -616,6 +617,7 @@ mod tests {
                 latency_sum_us: 900,
                 ..Default::default()
             }],
+            nics: Vec::new(),
             serial_log: "/s".into(),
             moving: None,
         };

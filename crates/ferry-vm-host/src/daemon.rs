@@ -72,6 +72,9 @@ pub struct HostOptions {
     /// The user guests' QEMU runs as (when this daemon is root and the
     /// user exists; "" for none).
     pub qemu_user: String,
+    /// The networks guests' NICs plug into; their bridges and overlays
+    /// are made at start where missing.
+    pub networks: Vec<crate::network::Network>,
 }
 
 /// Who besides an operator may call each route of the host's API: anyone
@@ -202,6 +205,17 @@ pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmE
     if let (Some((_, user)), Some(s)) = (&confinement, &nbd_socket) {
         crate::confine::give_socket(s, user).map_err(|e| VmError::file(s, e))?;
     }
+    let networks = crate::network::Networks::new(opts.networks.clone())
+        .map_err(|e| VmError::Config(e.to_string()))?;
+    if !networks.all().is_empty() {
+        let nets = networks.clone();
+        tokio::task::spawn_blocking(move || nets.ensure())
+            .await?
+            .map_err(|e| VmError::Config(format!("setting up the guests' networks: {e}")))?;
+        for n in networks.all() {
+            tracing::info!(network = %n.name, bridge = %n.bridge, overlay = ?n.overlay, "guest network ready");
+        }
+    }
     let host = match (&opts.state_dir, &nbd_socket) {
         (Some(dir), Some(sock)) => {
             // The KVM probe runs a QEMU for up to 1.5 s: once, here, off
@@ -222,6 +236,7 @@ pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmE
                         known_storage: opts.storage.clone(),
                         known_peers: opts.peers.clone(),
                         confinement: confinement.clone(),
+                        networks: networks.clone(),
                     },
                 )
                 .await?,

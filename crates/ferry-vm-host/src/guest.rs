@@ -180,6 +180,7 @@ impl Guest {
         accel: &str,
         nbd: &Path,
         start: crate::qemu::Start,
+        nets: &crate::network::Networks,
     ) -> Result<(), VmError> {
         let incoming = start != crate::qemu::Start::Boot;
         let spec = self.spec.lock().clone();
@@ -190,9 +191,16 @@ impl Guest {
             crate::confine::give_dir(&self.paths.sockets, u)
                 .map_err(|e| VmError::file(&self.paths.sockets, e))?;
         }
+        self.plug_nics(&spec, nets).await?;
         let args = command_line(&spec, accel, &self.paths, nbd, start);
         tracing::info!(guest = %spec.name, accel, incoming, "starting QEMU");
-        let (pid, qmp) = self.spawn_detached(&args).await?;
+        let (pid, qmp) = match self.spawn_detached(&args).await {
+            Ok(x) => x,
+            Err(e) => {
+                unplug_nics(&spec).await;
+                return Err(e);
+            }
+        };
         write_json(
             &self.paths.dir.join("runtime.json"),
             files::RUNTIME,
@@ -208,6 +216,42 @@ impl Guest {
             qmp: Arc::new(qmp),
         }));
         Ok(())
+    }
+
+    /// A tap per card, plugged into its network's bridge (owned by the
+    /// user a confined QEMU runs as, who opens it).
+    async fn plug_nics(
+        &self,
+        spec: &VmSpec,
+        nets: &crate::network::Networks,
+    ) -> Result<(), VmError> {
+        let mut plan = Vec::new();
+        for (i, n) in spec.nics.iter().enumerate() {
+            let net = nets
+                .get(&n.network)
+                .map_err(|e| VmError::BadSpec(e.to_string()))?;
+            plan.push((crate::network::tap_name(&spec.name, i), net.bridge.clone()));
+        }
+        if plan.is_empty() {
+            return Ok(());
+        }
+        let user = self.paths.qemu_user.as_ref().map(|u| u.name.clone());
+        let s = spec.clone();
+        tokio::task::spawn_blocking(move || {
+            for (k, (tap, bridge)) in plan.iter().enumerate() {
+                if let Err(e) = crate::network::plug(tap, bridge, user.as_deref()) {
+                    for (t, _) in &plan[..k] {
+                        crate::network::unplug(t);
+                    }
+                    return Err(VmError::Config(format!(
+                        "network card {k} of {}: {e}",
+                        s.name
+                    )));
+                }
+            }
+            Ok(())
+        })
+        .await?
     }
 
     /// Run QEMU detached from this daemon (its own session, its output to
@@ -367,7 +411,25 @@ impl Guest {
             }
         }
         let _ = std::fs::remove_file(self.paths.dir.join("runtime.json"));
+        let spec = self.spec.lock().clone();
+        unplug_nics(&spec).await;
     }
+}
+
+/// Remove the taps of `spec`'s cards (QEMU is gone).
+pub async fn unplug_nics(spec: &VmSpec) {
+    let taps: Vec<String> = (0..spec.nics.len())
+        .map(|i| crate::network::tap_name(&spec.name, i))
+        .collect();
+    if taps.is_empty() {
+        return;
+    }
+    let _ = tokio::task::spawn_blocking(move || {
+        for t in &taps {
+            crate::network::unplug(t);
+        }
+    })
+    .await;
 }
 
 async fn connect_qmp(path: &Path) -> Result<QmpClient, VmError> {

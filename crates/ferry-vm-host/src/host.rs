@@ -22,6 +22,8 @@ pub struct GuestBounds {
     pub known_storage: Vec<String>,
     pub known_peers: Vec<String>,
     pub confinement: Option<(PathBuf, crate::confine::QemuUser)>,
+    /// The networks guests' NICs may plug into (`--network`).
+    pub networks: crate::network::Networks,
 }
 
 pub struct VmHost {
@@ -52,6 +54,17 @@ pub struct VmHost {
     /// This host's control API (`--control`), told to a source whose guest
     /// arrived here: where `ferry vm` reaches the guest now.
     pub control: parking_lot::Mutex<Option<String>>,
+    /// The networks guests' NICs plug into (`--network`).
+    pub networks: crate::network::Networks,
+}
+
+fn join(ips: &[std::net::IpAddr]) -> String {
+    let v: Vec<String> = ips.iter().map(ToString::to_string).collect();
+    if v.is_empty() {
+        "no peers".into()
+    } else {
+        v.join(", ")
+    }
 }
 
 fn disk_error(volume: &str, e: &HostError) -> VmError {
@@ -95,6 +108,7 @@ impl VmHost {
             known_storage,
             known_peers,
             confinement,
+            networks,
         } = bounds;
         let vms = root.join("vms");
         std::fs::create_dir_all(&vms).map_err(|e| VmError::file(&vms, e))?;
@@ -123,6 +137,7 @@ impl VmHost {
             moves: Default::default(),
             past_moves: parking_lot::Mutex::new(crate::moves::past_moves(root)),
             control: parking_lot::Mutex::new(None),
+            networks,
         });
         let mut entries: Vec<PathBuf> = std::fs::read_dir(&vms)
             .map_err(|e| VmError::file(&vms, e))?
@@ -260,6 +275,38 @@ impl VmHost {
         disk_of_another(&self.guests.read(), spec)
     }
 
+    /// Every card of `spec` on a network this host has, with a MAC no
+    /// other guest here uses (its own MAC when given, lower-cased; a new
+    /// one when not). A guest arriving by a move keeps the MACs it has.
+    pub fn check_nics(&self, spec: &mut VmSpec) -> Result<(), VmError> {
+        use crate::network::{check_mac, new_mac};
+        let bad = |e: crate::network::NetError| VmError::BadSpec(e.to_string());
+        for n in &spec.nics {
+            self.networks.get(&n.network).map_err(bad)?;
+        }
+        let guests = self.guests.read();
+        let taken = |mac: &str| mac_of_another(&guests, &spec.name, mac);
+        for i in 0..spec.nics.len() {
+            let mac = if spec.nics[i].mac.is_empty() {
+                let mut m = new_mac();
+                while taken(&m).is_some() || spec.nics.iter().any(|n| n.mac == m) {
+                    m = new_mac();
+                }
+                m
+            } else {
+                check_mac(&spec.nics[i].mac).map_err(bad)?
+            };
+            if let Some(other) = taken(&mac) {
+                return Err(VmError::BadSpec(format!(
+                    "MAC {mac} is a card of guest {other} here: two cards of one MAC on a network \
+                     lose each other's traffic"
+                )));
+            }
+            spec.nics[i].mac = mac;
+        }
+        Ok(())
+    }
+
     fn accel_for(spec: &VmSpec) -> Result<&'static str, VmError> {
         resolve_accel(spec.accel).map_err(VmError::BadSpec)
     }
@@ -305,7 +352,8 @@ impl VmHost {
     /// Define a guest (and start it). Everything is checked first: a bad
     /// spec, a taken name, an unreachable disk or a missing QEMU leave
     /// nothing behind.
-    pub async fn create(&self, spec: VmSpec, start: bool) -> Result<VmView, VmError> {
+    pub async fn create(&self, mut spec: VmSpec, start: bool) -> Result<VmView, VmError> {
+        self.check_nics(&mut spec)?;
         validate(&spec, host_memory_mib()).map_err(VmError::BadSpec)?;
         crate::qemu::boot_files_allowed(&spec, &self.image_dirs).map_err(VmError::BadSpec)?;
         self.check_disk_servers(&spec)?;
@@ -325,6 +373,13 @@ impl VmHost {
             if let Some((volume, other)) = disk_of_another(&guests, &spec) {
                 return Err(VmError::BadSpec(format!(
                     "volume {volume} is a disk of guest {other}: a volume serves one guest"
+                )));
+            }
+            if let Some((mac, other)) = spec.nics.iter().find_map(|n| {
+                mac_of_another(&guests, &spec.name, &n.mac).map(|o| (n.mac.clone(), o))
+            }) {
+                return Err(VmError::BadSpec(format!(
+                    "MAC {mac} is a card of guest {other} here"
                 )));
             }
             let g = Arc::new(Guest::new(spec.clone(), &dir, self.confined(&spec.name)));
@@ -373,7 +428,12 @@ impl VmHost {
         if start {
             let _op = g.op.lock().await;
             if let Err(e) = g
-                .start_qemu(accel, &self.nbd_socket, crate::qemu::Start::Boot)
+                .start_qemu(
+                    accel,
+                    &self.nbd_socket,
+                    crate::qemu::Start::Boot,
+                    &self.networks,
+                )
                 .await
             {
                 return Err(undo_all(e));
@@ -407,8 +467,13 @@ impl VmHost {
         let accel = Self::accel_for(&spec)?;
         self.check_disk_servers(&spec)?;
         self.attach_disks(&spec).await?;
-        g.start_qemu(accel, &self.nbd_socket, crate::qemu::Start::Boot)
-            .await?;
+        g.start_qemu(
+            accel,
+            &self.nbd_socket,
+            crate::qemu::Start::Boot,
+            &self.networks,
+        )
+        .await?;
         Ok(self.view(&g).await)
     }
 
@@ -524,10 +589,36 @@ impl VmHost {
             memory_dirty: rt.as_ref().and(memory.dirty),
             memory_link_share: rt.as_ref().and(memory.link_share),
             disks,
+            nics: self.nic_views(&spec, rt.is_some()),
             serial_log: g.paths.serial.clone(),
             moving: g.moving.lock().clone(),
             spec,
         }
+    }
+
+    /// Each NIC of `spec` as plugged here, with its tap's counters while
+    /// QEMU runs.
+    fn nic_views(&self, spec: &VmSpec, running: bool) -> Vec<ferry_api::NicView> {
+        spec.nics
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let tap = crate::network::tap_name(&spec.name, i);
+                let net = self.networks.get(&n.network).ok();
+                let bytes = running.then(|| crate::network::tap_bytes(&tap)).flatten();
+                ferry_api::NicView {
+                    network: n.network.clone(),
+                    mac: n.mac.clone(),
+                    bridge: net.map(|x| x.bridge.clone()).unwrap_or_default(),
+                    overlay: net
+                        .and_then(|x| x.overlay.as_ref())
+                        .map(|o| format!("vxlan {} ({} to {})", o.vni, o.local, join(&o.peers))),
+                    to_guest_bytes: bytes.map(|b| b.0),
+                    from_guest_bytes: bytes.map(|b| b.1),
+                    tap,
+                }
+            })
+            .collect()
     }
 
     pub async fn list(&self) -> Vec<VmView> {
@@ -554,6 +645,15 @@ fn disk_of_another(
                 .find(|d| theirs.disks.iter().any(|t| t.volume == d.volume))
                 .map(|d| (d.volume.clone(), name.clone()))
         })
+}
+
+/// The guest (other than `name`) one of whose cards has `mac`.
+fn mac_of_another(guests: &BTreeMap<String, Arc<Guest>>, name: &str, mac: &str) -> Option<String> {
+    guests
+        .iter()
+        .filter(|(n, _)| n.as_str() != name)
+        .find(|(_, g)| g.spec.lock().nics.iter().any(|x| x.mac == mac))
+        .map(|(n, _)| n.clone())
 }
 
 /// An address on this machine (a loopback one, a unix socket) or one of

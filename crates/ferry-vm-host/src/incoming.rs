@@ -251,6 +251,14 @@ fn admissible(host: &VmHost, spec: &mut VmSpec, disks: &[IncomingDisk]) -> Resul
             s.server.clone_from(&d.server);
         }
     }
+    // Its cards' networks must be here, their MACs free, before anything
+    // of the move starts.
+    if spec.nics.iter().any(|n| n.mac.is_empty()) {
+        return Err(VmError::BadSpec(
+            "an arriving guest's cards must carry their MACs".into(),
+        ));
+    }
+    host.check_nics(spec)?;
     validate(spec, host_memory_mib()).map_err(VmError::BadSpec)?;
     crate::qemu::boot_files_allowed(spec, &host.image_dirs).map_err(VmError::BadSpec)?;
     // Disks this host connects to now (a VM-only move's disk_servers) must
@@ -349,7 +357,8 @@ async fn prepare(
         } else {
             crate::qemu::Start::Incoming
         };
-        g.start_qemu(accel, &host.nbd_socket, start).await?;
+        g.start_qemu(accel, &host.nbd_socket, start, &host.networks)
+            .await?;
         let rt = g.runtime().ok_or(QemuFault::NotRunning)?;
         listen_for_guest(&rt.qmp, &g.paths.incoming, postcopy, multifd).await?;
         // From here on the forwarder's first answered request is the

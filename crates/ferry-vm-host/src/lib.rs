@@ -25,6 +25,7 @@ pub mod incoming;
 pub mod memory_sample;
 pub mod move_order;
 pub mod moves;
+pub mod network;
 pub mod peer;
 pub mod qemu;
 pub mod recover;

@@ -491,6 +491,7 @@ mod tests {
             disks: vec![],
             boot: ferry_api::Boot::Disk,
             accel: ferry_api::Accel::Auto,
+            nics: Vec::new(),
         };
         let check = PeerRequest::Check {
             version: PEER_VERSION,

@@ -207,6 +207,23 @@ pub fn validate(spec: &VmSpec, host_mib: u64) -> Result<(), String> {
             return Err(format!("volume {} is attached twice", d.volume));
         }
     }
+    if spec.nics.len() > crate::network::MAX_NICS {
+        return Err(format!(
+            "{} network cards: at most {}",
+            spec.nics.len(),
+            crate::network::MAX_NICS
+        ));
+    }
+    let mut macs = std::collections::BTreeSet::new();
+    for n in &spec.nics {
+        if n.network.is_empty() {
+            return Err("every network card needs a network".into());
+        }
+        let mac = crate::network::check_mac(&n.mac).map_err(|e| e.to_string())?;
+        if !macs.insert(mac) {
+            return Err(format!("MAC {} is given to two cards", n.mac));
+        }
+    }
     if let Boot::Kernel { kernel, initrd, .. } = &spec.boot {
         for f in std::iter::once(kernel).chain(initrd.iter()) {
             if !f.is_file() {
@@ -350,6 +367,21 @@ pub fn command_line(
         };
         a.push(format!("virtio-blk-pci,drive=disk{i},id=vd{i}{boot}"));
     }
+    for (i, n) in spec.nics.iter().enumerate() {
+        // The tap the host plugged into the network's bridge before QEMU
+        // started (`network::plug`); QEMU announces the guest's MAC on it
+        // after an incoming move (virtio-net's guest announce).
+        a.push("-netdev".into());
+        a.push(format!(
+            "tap,id=net{i},ifname={},script=no,downscript=no",
+            crate::network::tap_name(&spec.name, i)
+        ));
+        a.push("-device".into());
+        a.push(format!(
+            "virtio-net-pci,netdev=net{i},mac={},id=nic{i}",
+            n.mac
+        ));
+    }
     if let Boot::Kernel {
         kernel,
         initrd,
@@ -392,6 +424,7 @@ mod tests {
             }],
             boot: Boot::Disk,
             accel: Accel::Auto,
+            nics: Vec::new(),
         }
     }
 
@@ -424,6 +457,19 @@ mod tests {
         let a = command_line(&spec(), "kvm", &p, Path::new("/s/nbd.sock"), Start::Boot);
         assert!(!a.contains(&"-incoming".to_string()));
         assert!(a.join(" ").contains("-cpu host -m 256M"));
+        let mut s = spec();
+        s.nics = vec![ferry_api::VmNic {
+            network: "lan".into(),
+            mac: "52:54:00:ab:cd:ef".into(),
+        }];
+        let j = command_line(&s, "tcg", &p, Path::new("/s/nbd.sock"), Start::Boot).join(" ");
+        let tap = crate::network::tap_name("web-1", 0);
+        assert!(
+            j.contains(&format!(
+                "-netdev tap,id=net0,ifname={tap},script=no,downscript=no"
+            )) && j.contains("-device virtio-net-pci,netdev=net0,mac=52:54:00:ab:cd:ef,id=nic0"),
+            "{j}"
+        );
     }
 
     #[test]
@@ -445,6 +491,19 @@ mod tests {
         let mut s = spec();
         s.disks.push(s.disks[0].clone());
         assert!(validate(&s, 4096).unwrap_err().contains("twice"));
+        let nic = |mac: &str| ferry_api::VmNic {
+            network: "lan".into(),
+            mac: mac.into(),
+        };
+        let mut s = spec();
+        s.nics = vec![nic("52:54:00:00:00:01"), nic("52:54:00:00:00:02")];
+        assert!(validate(&s, 4096).is_ok());
+        s.nics[1].mac = "52:54:00:00:00:01".into();
+        assert!(validate(&s, 4096).unwrap_err().contains("two cards"));
+        s.nics[1].mac = "ff:ff:ff:ff:ff:ff".into();
+        assert!(validate(&s, 4096).unwrap_err().contains("multicast"));
+        s.nics = vec![nic("52:54:00:00:00:01"); 9];
+        assert!(validate(&s, 4096).unwrap_err().contains("at most"));
         let mut s = spec();
         s.boot = Boot::Kernel {
             kernel: "/no/such/kernel".into(),

@@ -1,0 +1,600 @@
+//! Guests with networks across sites. Each site is a network namespace
+//! with its own storage daemon and host daemon (their APIs on the site's
+//! loopback, reached with `ip netns exec`), the two joined by a veth
+//! pair: the underlay that carries moves, migrations and the guests'
+//! VXLAN overlay. A client in a third namespace, plugged into site A's
+//! bridge, holds one TCP connection to the guest's echo service while the
+//! guest teleports to site B: every line it sent comes back, in order, on
+//! the same connection. Needs root (namespaces, bridges, taps).
+
+mod common;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+const STORAGE_NBD: &str = "127.0.0.1:10809";
+const STORAGE_ADMIN: &str = "127.0.0.1:10880";
+const HOST_CONTROL: &str = "127.0.0.1:10890";
+
+/// A network namespace, deleted (with what runs in it) when dropped.
+struct Ns(String);
+
+impl Ns {
+    fn new(name: String) -> Ns {
+        // One a killed run left behind.
+        let _ = Command::new("ip")
+            .args(["netns", "del", &name])
+            .stderr(Stdio::null())
+            .status();
+        sh(Command::new("ip").args(["netns", "add", &name]));
+        let ns = Ns(name);
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    fn exec(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.0, program]);
+        c
+    }
+
+    fn ip(&self, args: &[&str]) {
+        sh(self.exec("ip").args(args));
+    }
+
+    fn ferry(&self, args: &[&str]) -> Output {
+        self.exec(FERRY).args(args).output().unwrap()
+    }
+
+    fn ferry_ok(&self, args: &[&str]) -> String {
+        let o = self.ferry(args);
+        assert!(
+            o.status.success(),
+            "ferry {args:?} in {}: {}\n{}",
+            self.0,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    fn vm(&self, args: &[&str]) -> Output {
+        let mut a = vec!["vm", "--host", HOST_CONTROL];
+        a.extend_from_slice(args);
+        self.ferry(&a)
+    }
+
+    fn vm_ok(&self, args: &[&str]) -> String {
+        let mut a = vec!["vm", "--host", HOST_CONTROL];
+        a.extend_from_slice(args);
+        self.ferry_ok(&a)
+    }
+
+    fn vm_refused(&self, args: &[&str], says: &str) {
+        let o = self.vm(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains(says),
+            "ferry vm {args:?} should fail saying {says:?}: {err}"
+        );
+    }
+
+    fn has_link(&self, name: &str) -> bool {
+        self.exec("ip")
+            .args(["link", "show", name])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    }
+
+    /// Run `args` here until it succeeds (a daemon coming up).
+    fn wait_ok(&self, args: &[&str], what: &str, log: &Path) {
+        let t = Instant::now();
+        while !self.ferry(args).status.success() {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "{what} did not start; its log:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn sh(c: &mut Command) -> String {
+    let o = c.output().unwrap();
+    assert!(
+        o.status.success(),
+        "{c:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A daemon, killed when dropped; a host's guests (daemonized QEMUs)
+/// with it.
+struct Daemon {
+    child: Child,
+    state: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = Command::new("pkill")
+            .arg("-9")
+            .arg("-f")
+            .arg(format!("qemu-system.*{}/", self.state.display()))
+            .status();
+    }
+}
+
+fn spawn(ns: &Ns, args: &[&str], log: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    ns.exec(FERRY)
+        .args(args)
+        .env(
+            "FERRY_LOG",
+            "info,ferry_forwarder=debug,ferry_nbd_server=debug",
+        )
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+/// One site: its namespace, underlay address, storage and host daemons.
+struct Site {
+    ns: Ns,
+    ip: String,
+    storage: Option<Daemon>,
+    host: Option<Daemon>,
+    dir: PathBuf,
+}
+
+impl Site {
+    fn pool(&self) -> PathBuf {
+        self.dir.join("storage")
+    }
+
+    fn state(&self) -> PathBuf {
+        self.dir.join("host")
+    }
+
+    fn start_storage(&mut self) {
+        let cfg = self.dir.join("storage.toml");
+        // Clients of a volume that arrives here reach it on this site's
+        // loopback (the host daemon lives beside it).
+        std::fs::write(
+            &cfg,
+            format!(
+                "[migration]\nadvertise_nbd = \"{STORAGE_NBD}\"\nadvertise_admin = \"{STORAGE_ADMIN}\"\n"
+            ),
+        )
+        .unwrap();
+        let (pool, log) = (self.pool(), self.dir.join("storage.log"));
+        let mig = format!("{}:10900", self.ip);
+        let child = spawn(
+            &self.ns,
+            &[
+                "serve",
+                "--pool",
+                pool.to_str().unwrap(),
+                "--config",
+                cfg.to_str().unwrap(),
+                // Loopback for this site's host, the underlay for the other
+                // site's (a teleport's destination reads the disk where it
+                // is until the switch).
+                "--nbd",
+                "0.0.0.0:10809",
+                "--admin",
+                STORAGE_ADMIN,
+                "--migrate",
+                &mig,
+            ],
+            &log,
+        );
+        self.storage = Some(Daemon { child, state: pool });
+        self.ns.wait_ok(
+            &["volume", "list", "--admin", STORAGE_ADMIN],
+            "ferry serve",
+            &log,
+        );
+    }
+
+    fn start_host(&mut self, networks: &[String]) {
+        self.host = None;
+        let (state, log) = (self.state(), self.dir.join("host.log"));
+        let moves = format!("{}:10891", self.ip);
+        let guest = guest_dir();
+        let mut args = vec![
+            "host",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--control",
+            HOST_CONTROL,
+            "--move-listen",
+            &moves,
+            "--image-dir",
+            guest.to_str().unwrap(),
+            "--storage",
+            "10.99.0.1:10809",
+        ];
+        for n in networks {
+            args.extend(["--network", n.as_str()]);
+        }
+        let child = spawn(&self.ns, &args, &log);
+        self.host = Some(Daemon { child, state });
+        self.ns
+            .wait_ok(&["vm", "--host", HOST_CONTROL, "list"], "ferry host", &log);
+    }
+
+    fn show(&self, name: &str) -> Option<Value> {
+        let o = self.ns.vm(&["show", name, "--json"]);
+        o.status
+            .success()
+            .then(|| serde_json::from_slice(&o.stdout).unwrap())
+    }
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn guest_dir() -> PathBuf {
+    std::env::var_os("FERRY_GUEST_DIR")
+        .map_or_else(|| PathBuf::from("/var/cache/ferry-guest"), PathBuf::from)
+}
+
+fn trust(a: &Path, b: &Path) {
+    let run = |args: &[&str]| sh(Command::new(FERRY).args(args));
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    run(&["certs", "show", "--pool", a]);
+    run(&["certs", "show", "--pool", b]);
+    run(&["certs", "trust", &format!("{b}/tls/cert.pem"), "--pool", a]);
+    run(&["certs", "trust", &format!("{a}/tls/cert.pem"), "--pool", b]);
+}
+
+fn wait_serial(serial: &Path, says: &str) {
+    let t = Instant::now();
+    while !std::fs::read_to_string(serial)
+        .unwrap_or_default()
+        .contains(says)
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(90),
+            "the guest never said {says:?}: {}",
+            std::fs::read_to_string(serial).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The client: one TCP connection to the guest's echo service, a numbered
+/// line every 20 ms until `stop` exists, each echo checked in order.
+/// Prints {sent, echoed, error, longest_wait_ms} as JSON.
+const CLIENT: &str = r#"
+import json, os, socket, sys, time
+host, stop = sys.argv[1], sys.argv[2]
+out = {"sent": 0, "echoed": 0, "error": None, "longest_wait_ms": 0.0}
+try:
+    s = socket.create_connection((host, 7), timeout=30)
+    s.settimeout(30)
+    buf = b""
+    while not os.path.exists(stop):
+        n = out["sent"] + 1
+        line = b"line %d\n" % n
+        t = time.time()
+        s.sendall(line)
+        out["sent"] = n
+        while b"\n" not in buf:
+            chunk = s.recv(4096)
+            if not chunk:
+                raise RuntimeError("the connection closed")
+            buf += chunk
+        got, buf = buf.split(b"\n", 1)
+        if got + b"\n" != line:
+            raise RuntimeError("sent %r, got back %r" % (line, got))
+        out["echoed"] = n
+        out["longest_wait_ms"] = max(out["longest_wait_ms"], (time.time() - t) * 1000)
+        time.sleep(0.02)
+except Exception as e:
+    out["error"] = repr(e)
+print(json.dumps(out))
+"#;
+
+#[test]
+fn a_guest_keeps_its_network_and_its_clients_connection_across_a_teleport() {
+    if !common::have("qemu-system-x86_64") || !common::have("ip") || !common::have("python3") {
+        assert!(
+            !common::required(),
+            "qemu-system-x86_64, ip and python3 are needed"
+        );
+        return;
+    }
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Uid:")
+                .map(|r| r.split_whitespace().next() == Some("0"))
+        });
+    if uid != Some(true) {
+        assert!(
+            !common::required(),
+            "this test makes namespaces: run as root"
+        );
+        return;
+    }
+    let guest = guest_dir();
+    let (kernel, initrd) = (guest.join("vmlinuz"), guest.join("initrd.img"));
+    assert!(
+        kernel.is_file() && initrd.is_file(),
+        "run scripts/guest-image.sh"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().to_path_buf();
+    if std::env::var_os("FERRY_TEST_KEEP").is_some() {
+        // Kept for a look afterwards.
+        eprintln!("keeping {}", root.display());
+        std::mem::forget(tmp);
+    }
+    let tag = std::process::id() % 100_000;
+    let site = |s: &str, ip: &str| {
+        let dir = root.join(s);
+        std::fs::create_dir_all(&dir).unwrap();
+        Site {
+            ns: Ns::new(format!("ferry-{s}{tag}")),
+            ip: ip.into(),
+            storage: None,
+            host: None,
+            dir,
+        }
+    };
+    let mut a = site("a", "10.99.0.1");
+    let mut b = site("b", "10.99.0.2");
+    let client = Ns::new(format!("ferry-c{tag}"));
+    // The underlay: one veth pair between the sites.
+    let (ua, ub) = (format!("fu{tag}a"), format!("fu{tag}b"));
+    sh(Command::new("ip").args([
+        "link", "add", &ua, "netns", &a.ns.0, "type", "veth", "peer", "name", &ub, "netns", &b.ns.0,
+    ]));
+    a.ns.ip(&["addr", "add", "10.99.0.1/24", "dev", &ua]);
+    a.ns.ip(&["link", "set", &ua, "up"]);
+    b.ns.ip(&["addr", "add", "10.99.0.2/24", "dev", &ub]);
+    b.ns.ip(&["link", "set", &ub, "up"]);
+    std::fs::create_dir_all(a.state()).unwrap();
+    std::fs::create_dir_all(b.state()).unwrap();
+    trust(&a.pool(), &b.pool());
+    trust(&a.state(), &b.state());
+    a.start_storage();
+    b.start_storage();
+    let lan = |me: &str, peer: &str| format!("lan,bridge=flan,vxlan=77,local={me},peer={peer}");
+    a.start_host(&[lan("10.99.0.1", "10.99.0.2"), "alone,bridge=falone".into()]);
+    b.start_host(&[lan("10.99.0.2", "10.99.0.1")]);
+    assert!(a.ns.has_link("flan") && a.ns.has_link("fvx77") && b.ns.has_link("fvx77"));
+
+    // The client at site A, on the guests' network.
+    let (ca, cb) = (format!("fc{tag}a"), format!("fc{tag}b"));
+    sh(Command::new("ip").args([
+        "link", "add", &ca, "netns", &client.0, "type", "veth", "peer", "name", &cb, "netns",
+        &a.ns.0,
+    ]));
+    a.ns.ip(&["link", "set", &cb, "master", "flan"]);
+    a.ns.ip(&["link", "set", &cb, "up"]);
+    client.ip(&["addr", "add", "192.168.99.100/24", "dev", &ca]);
+    client.ip(&["link", "set", &ca, "up"]);
+
+    // The guest at A: its disk on A's storage, a card on each network.
+    let img = root.join("root.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    sh(Command::new("mke2fs")
+        .args(["-q", "-t", "ext4", "-F"])
+        .arg(&img));
+    a.ns.ferry_ok(&[
+        "volume",
+        "create",
+        "root",
+        "--size",
+        "64M",
+        "--admin",
+        STORAGE_ADMIN,
+    ]);
+    a.ns.ferry_ok(&[
+        "volume",
+        "import",
+        "root",
+        img.to_str().unwrap(),
+        "--admin",
+        STORAGE_ADMIN,
+    ]);
+    let disk = format!("root@10.99.0.1:10809@{STORAGE_ADMIN}");
+    let (kernel, initrd) = (
+        kernel.to_str().unwrap().to_string(),
+        initrd.to_str().unwrap().to_string(),
+    );
+    let create = |name: &str, extra: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = [
+            "create",
+            name,
+            "--memory",
+            "128M",
+            "--accel",
+            "tcg",
+            "--kernel",
+            &kernel,
+            "--initrd",
+            &initrd,
+            "--cmdline",
+            "console=ttyS0 quiet ferry.ip=192.168.99.10/24",
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        args.extend(extra.iter().map(ToString::to_string));
+        args
+    };
+    a.ns.vm_ok(&strs(&create(
+        "g",
+        &[
+            "--disk",
+            &disk,
+            "--nic",
+            "lan",
+            "--nic",
+            "alone,mac=52:54:00:99:00:02",
+        ],
+    )));
+    let serial = a.state().join("vms/g/serial.log");
+    wait_serial(&serial, "echo on 7");
+    let v = a.show("g").unwrap();
+    let mac = v["spec"]["nics"][0]["mac"].as_str().unwrap().to_string();
+    assert!(mac.starts_with("52:54:00:"), "{v}");
+    assert_eq!(v["nics"][0]["bridge"], "flan", "{v}");
+    let tap = v["nics"][0]["tap"].as_str().unwrap().to_string();
+    assert!(a.ns.has_link(&tap));
+    let shown = a.ns.vm_ok(&["show", "g"]);
+    assert!(
+        shown.contains(&format!(
+            "nic {mac} on lan (tap {tap}, bridge flan, vxlan 77"
+        )),
+        "{shown}"
+    );
+    // A card with another guest's MAC, a network this host lacks, and a
+    // bad MAC: refused, nothing defined.
+    a.ns.vm_refused(
+        &strs(&create(
+            "g2",
+            &["--nic", &format!("lan,mac={mac}"), "--no-start"],
+        )),
+        "is a card of guest g",
+    );
+    a.ns.vm_refused(
+        &strs(&create("g3", &["--nic", "mars", "--no-start"])),
+        "network mars is not configured on this host",
+    );
+    a.ns.vm_refused(
+        &strs(&create(
+            "g4",
+            &["--nic", "lan,mac=01:00:5e:00:00:01", "--no-start"],
+        )),
+        "multicast",
+    );
+    assert!(a.show("g2").is_none() && a.show("g3").is_none());
+
+    // The client holds a connection from here on.
+    let stop = root.join("stop-client");
+    let client_run = client
+        .exec("python3")
+        .args(["-c", CLIENT, "192.168.99.10", stop.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+
+    let teleport = [
+        "migrate",
+        "g",
+        "--to-host",
+        "10.99.0.2:10891",
+        "--with-disk",
+        "--to-storage",
+        "10.99.0.2:10900",
+        "--json",
+    ];
+    // B lacks the network of the guest's second card: refused before any
+    // disk byte crosses; the guest runs on at A.
+    let o = a.ns.vm(&teleport);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        !o.status.success() && said.contains("network alone is not configured"),
+        "{said}"
+    );
+    assert_eq!(a.show("g").unwrap()["state"], "running");
+    assert!(b.show("g").is_none());
+
+    // With the network at B too, the teleport goes through.
+    b.start_host(&[lan("10.99.0.2", "10.99.0.1"), "alone,bridge=falone".into()]);
+    let report: Value = serde_json::from_str(&a.ns.vm_ok(&teleport)).unwrap();
+    assert_eq!(report["result"], "completed", "{report}");
+    let there = b.show("g").unwrap();
+    assert_eq!(there["state"], "running", "{there}");
+    assert_eq!(there["spec"]["nics"][0]["mac"], mac.as_str());
+    assert_eq!(there["nics"][0]["bridge"], "flan");
+    assert!(b.ns.has_link(&tap), "the card is plugged at B");
+    assert!(!a.ns.has_link(&tap), "A's tap went with its QEMU");
+    let serial_b = b.state().join("vms/g/serial.log");
+    std::thread::sleep(Duration::from_secs(2));
+
+    std::fs::write(&stop, b"").unwrap();
+    let out = client_run.wait_with_output().unwrap();
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!(
+            "client: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    eprintln!(
+        "client across the teleport: {r}; move: {}",
+        report["guest_pause_ms"]
+    );
+    assert!(r["error"].is_null(), "the connection broke: {r}");
+    assert_eq!(r["sent"], r["echoed"], "{r}");
+    assert!(r["sent"].as_u64().unwrap() > 50, "{r}");
+
+    // Stopped and started again at B, the guest keeps its cards.
+    b.ns.vm_ok(&["stop", "g"]);
+    assert!(!b.ns.has_link(&tap), "a stopped guest's tap is removed");
+    b.ns.vm_ok(&["start", "g"]);
+    assert!(b.ns.has_link(&tap));
+    let again = b.show("g").unwrap();
+    assert_eq!(again["spec"]["nics"][0]["mac"], mac.as_str());
+    wait_serial(&serial_b, "echo on 7");
+    let t = Instant::now();
+    loop {
+        let o = client
+            .exec("python3")
+            .args([
+                "-c",
+                "import socket; s=socket.create_connection(('192.168.99.10',7),timeout=5); \
+                 s.sendall(b'again\\n'); print(s.recv(100).decode().strip())",
+            ])
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&o.stdout).trim() == "again" {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no echo after the restart: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    b.ns.vm_ok(&["stop", "g"]);
+    drop(client);
+}

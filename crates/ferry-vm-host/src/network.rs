@@ -1,0 +1,447 @@
+//! Guest networks on a host: the bridge each network's NICs plug into, the
+//! overlay joining that bridge to the same network's bridges at other
+//! sites (kernel VXLAN, one VNI per network, head-end replication to the
+//! listed peers; learning on, so a moved guest's MAC is learned where it
+//! announces itself), and one tap device per NIC of a running guest.
+//!
+//! The host's networks are its configuration (`ferry host --network`);
+//! their bridges and overlay links are made at start if missing and left
+//! in place when the daemon stops (guests that outlive it keep their
+//! network). A guest's taps live as long as its QEMU: plugged into their
+//! bridges before QEMU starts (a move's destination does it before the
+//! memory arrives), removed when QEMU is stopped. Set up with iproute2's
+//! `ip` and `bridge`, the tools an operator uses to look at them.
+
+use std::net::IpAddr;
+use std::process::Command;
+use std::str::FromStr;
+use thiserror::Error;
+
+/// UDP port of the VXLAN overlay (IANA's).
+pub const VXLAN_PORT: u16 = 4789;
+/// The most NICs one guest may have.
+pub const MAX_NICS: usize = 8;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum NetError {
+    #[error("--network {0}: {1}")]
+    BadConfig(String, String),
+    #[error("network {0} is not configured on this host (ferry host --network)")]
+    Unknown(String),
+    #[error("{0}")]
+    BadNic(String),
+    #[error("{command}: {detail}")]
+    Command { command: String, detail: String },
+}
+
+/// A network as this host knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Network {
+    pub name: String,
+    /// The Linux bridge guests' taps plug into.
+    pub bridge: String,
+    /// How the bridge reaches the same network at other sites.
+    pub overlay: Option<Overlay>,
+}
+
+/// A VXLAN overlay: this host's end and the other sites' ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overlay {
+    pub vni: u32,
+    /// This host's underlay address (the VXLAN packets' source).
+    pub local: IpAddr,
+    /// The other sites' hosts on this network (their `local`).
+    pub peers: Vec<IpAddr>,
+    /// The underlay device, when the local address alone does not say.
+    pub dev: Option<String>,
+    pub port: u16,
+}
+
+impl Overlay {
+    /// The VXLAN link's name: one per VNI on a host.
+    pub fn link(&self) -> String {
+        format!("fvx{}", self.vni)
+    }
+}
+
+fn valid_ifname(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 15
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+impl FromStr for Network {
+    type Err = NetError;
+
+    /// `NAME,bridge=BR[,vxlan=VNI,local=IP,peer=IP[,peer=IP...][,dev=IF][,port=N]]`.
+    fn from_str(s: &str) -> Result<Network, NetError> {
+        let bad = |m: String| NetError::BadConfig(s.into(), m);
+        let mut parts = s.split(',');
+        let name = parts.next().unwrap_or_default().trim().to_string();
+        if name.is_empty() || name.contains('=') {
+            return Err(bad("starts with the network's name".into()));
+        }
+        if !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        {
+            return Err(bad(format!("name {name:?}: letters, digits, - _ . only")));
+        }
+        let (mut bridge, mut vni, mut local, mut dev, mut port) = (None, None, None, None, None);
+        let mut peers = Vec::new();
+        for kv in parts {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| bad(format!("{kv:?} is not KEY=VALUE")))?;
+            let ip = |v: &str| {
+                v.parse::<IpAddr>()
+                    .map_err(|_| bad(format!("{k}={v}: not an IP address")))
+            };
+            match k {
+                "bridge" => bridge = Some(v.to_string()),
+                "vxlan" => {
+                    let n: u32 = v
+                        .parse()
+                        .map_err(|_| bad(format!("vxlan={v}: not a number")))?;
+                    if n == 0 || n >= 1 << 24 {
+                        return Err(bad(format!("vxlan={v}: a VNI is 1 to 16777215")));
+                    }
+                    vni = Some(n);
+                }
+                "local" => local = Some(ip(v)?),
+                "peer" => peers.push(ip(v)?),
+                "dev" => dev = Some(v.to_string()),
+                "port" => {
+                    port = Some(
+                        v.parse::<u16>()
+                            .ok()
+                            .filter(|p| *p > 0)
+                            .ok_or_else(|| bad(format!("port={v}: 1 to 65535")))?,
+                    );
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown key {other:?} (bridge, vxlan, local, peer, dev, port)"
+                    )))
+                }
+            }
+        }
+        let bridge = bridge.ok_or_else(|| bad("bridge=NAME is missing".into()))?;
+        if !valid_ifname(&bridge) {
+            return Err(bad(format!(
+                "bridge={bridge}: an interface name (up to 15 letters, digits, - _)"
+            )));
+        }
+        if let Some(d) = &dev {
+            if !valid_ifname(d) {
+                return Err(bad(format!("dev={d}: not an interface name")));
+            }
+        }
+        let overlay = match (vni, local) {
+            (None, None) if peers.is_empty() && dev.is_none() && port.is_none() => None,
+            (Some(vni), Some(local)) => {
+                if peers.contains(&local) {
+                    return Err(bad(format!("peer={local} is this host's own address")));
+                }
+                Some(Overlay {
+                    vni,
+                    local,
+                    peers,
+                    dev,
+                    port: port.unwrap_or(VXLAN_PORT),
+                })
+            }
+            _ => return Err(bad("an overlay needs vxlan=VNI and local=IP".into())),
+        };
+        Ok(Network {
+            name,
+            bridge,
+            overlay,
+        })
+    }
+}
+
+/// Every network of a host.
+#[derive(Debug, Clone, Default)]
+pub struct Networks(Vec<Network>);
+
+impl Networks {
+    /// Refuses two networks of one name, bridge or VNI.
+    pub fn new(nets: Vec<Network>) -> Result<Networks, NetError> {
+        for (i, a) in nets.iter().enumerate() {
+            for b in &nets[..i] {
+                let clash = if a.name == b.name {
+                    Some("name")
+                } else if a.bridge == b.bridge {
+                    Some("bridge")
+                } else if a.overlay.as_ref().map(|o| o.vni) == b.overlay.as_ref().map(|o| o.vni)
+                    && a.overlay.is_some()
+                {
+                    Some("VNI")
+                } else {
+                    None
+                };
+                if let Some(what) = clash {
+                    return Err(NetError::BadConfig(
+                        a.name.clone(),
+                        format!("same {what} as network {}", b.name),
+                    ));
+                }
+            }
+        }
+        Ok(Networks(nets))
+    }
+
+    pub fn get(&self, name: &str) -> Result<&Network, NetError> {
+        self.0
+            .iter()
+            .find(|n| n.name == name)
+            .ok_or_else(|| NetError::Unknown(name.into()))
+    }
+
+    pub fn all(&self) -> &[Network] {
+        &self.0
+    }
+
+    /// Make every network's bridge and overlay, where missing.
+    pub fn ensure(&self) -> Result<(), NetError> {
+        for n in &self.0 {
+            ensure_network(n)?;
+        }
+        Ok(())
+    }
+}
+
+/// A NIC's MAC: six hex octets, unicast, not all zero; lower-cased.
+pub fn check_mac(mac: &str) -> Result<String, NetError> {
+    let bad = || {
+        NetError::BadNic(format!(
+            "MAC {mac:?}: six hex octets like 52:54:00:12:34:56"
+        ))
+    };
+    let octets: Vec<u8> = mac
+        .split(':')
+        .map(|o| {
+            if o.len() == 2 {
+                u8::from_str_radix(o, 16).map_err(|_| bad())
+            } else {
+                Err(bad())
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    if octets.len() != 6 {
+        return Err(bad());
+    }
+    if octets[0] & 1 == 1 {
+        return Err(NetError::BadNic(format!(
+            "MAC {mac}: a multicast address cannot be a NIC's"
+        )));
+    }
+    if octets.iter().all(|o| *o == 0) {
+        return Err(NetError::BadNic(format!("MAC {mac}: all zero")));
+    }
+    Ok(mac.to_ascii_lowercase())
+}
+
+/// A new MAC in QEMU's locally administered range 52:54:00.
+pub fn new_mac() -> String {
+    let b: [u8; 3] = rand::random();
+    format!("52:54:00:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2])
+}
+
+/// The tap device of a guest's NIC `index`: from the guest's name, so
+/// that whoever stops QEMU finds it without being told (15 characters at
+/// most, the kernel's limit).
+pub fn tap_name(guest: &str, index: usize) -> String {
+    // FNV-1a: stable across builds and machines.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in guest.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("ft{:09x}n{index}", h & 0xf_ffff_ffff)
+}
+
+fn run(program: &str, args: &[&str]) -> Result<String, NetError> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| NetError::Command {
+            command: format!("{program} {}", args.join(" ")),
+            detail: e.to_string(),
+        })?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(NetError::Command {
+            command: format!("{program} {}", args.join(" ")),
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
+fn link_exists(name: &str) -> bool {
+    std::path::Path::new("/sys/class/net").join(name).exists()
+}
+
+fn ensure_network(n: &Network) -> Result<(), NetError> {
+    if !link_exists(&n.bridge) {
+        run("ip", &["link", "add", &n.bridge, "type", "bridge"])?;
+    }
+    run("ip", &["link", "set", &n.bridge, "up"])?;
+    let Some(o) = &n.overlay else {
+        return Ok(());
+    };
+    let link = o.link();
+    if !link_exists(&link) {
+        let (vni, local, port) = (o.vni.to_string(), o.local.to_string(), o.port.to_string());
+        let mut args = vec![
+            "link", "add", &link, "type", "vxlan", "id", &vni, "local", &local, "dstport", &port,
+        ];
+        if let Some(d) = &o.dev {
+            args.extend(["dev", d.as_str()]);
+        }
+        run("ip", &args)?;
+    }
+    run("ip", &["link", "set", &link, "master", &n.bridge])?;
+    run("ip", &["link", "set", &link, "up"])?;
+    // Broadcasts and unknown MACs go to every peer (head-end replication);
+    // `append` adds one flood entry per peer, again harmlessly.
+    let known = run("bridge", &["fdb", "show", "dev", &link]).unwrap_or_default();
+    for p in &o.peers {
+        let p = p.to_string();
+        if !known
+            .lines()
+            .any(|l| l.starts_with("00:00:00:00:00:00") && l.contains(&format!("dst {p} ")))
+        {
+            run(
+                "bridge",
+                &[
+                    "fdb",
+                    "append",
+                    "00:00:00:00:00:00",
+                    "dev",
+                    &link,
+                    "dst",
+                    &p,
+                ],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Make `tap` (owned by `user`, so a QEMU running as that user opens it)
+/// and plug it into `bridge`. A tap of that name left by a QEMU that
+/// ended without its daemon is replaced.
+pub fn plug(tap: &str, bridge: &str, user: Option<&str>) -> Result<(), NetError> {
+    if link_exists(tap) {
+        run("ip", &["link", "del", tap])?;
+    }
+    let mut args = vec!["tuntap", "add", "dev", tap, "mode", "tap"];
+    if let Some(u) = user {
+        args.extend(["user", u]);
+    }
+    run("ip", &args)?;
+    let r = run("ip", &["link", "set", tap, "master", bridge])
+        .and_then(|_| run("ip", &["link", "set", tap, "up"]));
+    if r.is_err() {
+        let _ = run("ip", &["link", "del", tap]);
+    }
+    r.map(|_| ())
+}
+
+/// Remove `tap` if it is there.
+pub fn unplug(tap: &str) {
+    if link_exists(tap) {
+        if let Err(e) = run("ip", &["link", "del", tap]) {
+            tracing::warn!(%tap, error = %e, "cannot remove a guest's tap");
+        }
+    }
+}
+
+/// Bytes a tap carried: (to the guest, from the guest).
+pub fn tap_bytes(tap: &str) -> Option<(u64, u64)> {
+    let read = |f: &str| -> Option<u64> {
+        std::fs::read_to_string(format!("/sys/class/net/{tap}/statistics/{f}"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    // The host's tx is what reaches the guest.
+    Some((read("tx_bytes")?, read("rx_bytes")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_network_is_read_from_its_flag_and_bad_ones_are_refused_with_the_rule() {
+        let n: Network = "web,bridge=br-web".parse().unwrap();
+        assert_eq!((n.name.as_str(), n.bridge.as_str()), ("web", "br-web"));
+        assert!(n.overlay.is_none());
+        let n: Network = "web,bridge=br-web,vxlan=42,local=10.0.0.1,peer=10.0.0.2,peer=10.0.0.3"
+            .parse()
+            .unwrap();
+        let o = n.overlay.unwrap();
+        assert_eq!((o.vni, o.port, o.peers.len()), (42, VXLAN_PORT, 2));
+        assert_eq!(o.link(), "fvx42");
+        for (flag, says) in [
+            ("", "name"),
+            ("web", "bridge=NAME is missing"),
+            ("web,bridge=a-bridge-name-too-long", "interface name"),
+            ("web,bridge=br,vxlan=0,local=10.0.0.1", "VNI is 1 to"),
+            ("web,bridge=br,vxlan=7", "vxlan=VNI and local=IP"),
+            ("web,bridge=br,peer=10.0.0.2", "vxlan=VNI and local=IP"),
+            (
+                "web,bridge=br,vxlan=7,local=10.0.0.1,peer=10.0.0.1",
+                "own address",
+            ),
+            ("web,bridge=br,vxlan=7,local=nowhere", "not an IP"),
+            ("web,bridge=br,color=red", "unknown key"),
+            ("web,bridge=br,vxlan", "KEY=VALUE"),
+        ] {
+            let e = flag.parse::<Network>().unwrap_err().to_string();
+            assert!(e.contains(says), "{flag}: {e}");
+        }
+        let two = |a: &str, b: &str| Networks::new(vec![a.parse().unwrap(), b.parse().unwrap()]);
+        assert!(two("a,bridge=b1", "a,bridge=b2").is_err());
+        assert!(two("a,bridge=b1", "b,bridge=b1").is_err());
+        assert!(two(
+            "a,bridge=b1,vxlan=5,local=10.0.0.1",
+            "b,bridge=b2,vxlan=5,local=10.0.0.1"
+        )
+        .is_err());
+        let nets = two("a,bridge=b1", "b,bridge=b2").unwrap();
+        assert_eq!(nets.get("b").unwrap().bridge, "b2");
+        assert_eq!(nets.get("c"), Err(NetError::Unknown("c".into())));
+    }
+
+    #[test]
+    fn macs_are_checked_and_made_and_taps_named_within_the_kernels_limit() {
+        assert_eq!(check_mac("52:54:00:AB:cd:01").unwrap(), "52:54:00:ab:cd:01");
+        for bad in [
+            "",
+            "52:54:00:ab:cd",
+            "52:54:00:ab:cd:0g",
+            "01:00:5e:00:00:01",
+            "00:00:00:00:00:00",
+            "5254.00ab.cd01",
+        ] {
+            assert!(check_mac(bad).is_err(), "{bad}");
+        }
+        for _ in 0..100 {
+            let m = new_mac();
+            assert_eq!(check_mac(&m).unwrap(), m);
+            assert!(m.starts_with("52:54:00:"));
+        }
+        let t = tap_name("a-guest-with-a-long-name", 7);
+        assert!(t.len() <= 15 && valid_ifname(&t), "{t}");
+        assert_eq!(t, tap_name("a-guest-with-a-long-name", 7), "stable");
+        assert_ne!(tap_name("web", 0), tap_name("web2", 0));
+        assert_ne!(tap_name("web", 0), tap_name("web", 1));
+    }
+}
