@@ -7,8 +7,9 @@ disks (a `ferry serve`, no CPUs). Every guest (busybox under TCG, 128 MiB)
 starts at `a`. Putting a site in maintenance makes the controller move each
 guest off it, VM only, to the other site (disks stay at `c`); the guests
 then go back the other way for the next run. The hosts' move listeners are
-reached through toxiproxy (one proxy per host: one link, its bandwidth
-shared by the moves on it, `--rtt` ms of round trip).
+reached through toxiproxy (one proxy per host, `--rtt` ms of round trip;
+toxiproxy caps each connection at `--mbit`, so the moves do not share
+one bottleneck: the machine's cores are what they share).
 
 Runs alternate between `serial` (max_moves_per_link, max_moves_per_site and
 max_moves_per_host = 1: how the controller moved guests before it ran moves

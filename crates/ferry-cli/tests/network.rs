@@ -565,6 +565,13 @@ fn a_guest_keeps_its_network_and_its_clients_connection_across_a_teleport() {
     assert!(r["error"].is_null(), "the connection broke: {r}");
     assert_eq!(r["sent"], r["echoed"], "{r}");
     assert!(r["sent"].as_u64().unwrap() > 50, "{r}");
+    // The card's traffic at B, counted on its tap.
+    let nic = &b.show("g").unwrap()["nics"][0];
+    assert!(
+        nic["to_guest_bytes"].as_u64().unwrap_or(0) > 0
+            && nic["from_guest_bytes"].as_u64().unwrap_or(0) > 0,
+        "{nic}"
+    );
 
     // Stopped and started again at B, the guest keeps its cards.
     b.ns.vm_ok(&["stop", "g"]);

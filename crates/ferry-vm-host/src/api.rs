@@ -362,6 +362,14 @@ struct DiskDirLabels {
     dir: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NicLabels {
+    vm: String,
+    network: String,
+    mac: String,
+    dir: String,
+}
+
 /// A histogram read off the forwarder's counters at scrape time.
 #[derive(Clone, Debug, Default)]
 struct ReadHistogram(Arc<parking_lot::Mutex<HistogramFigures>>);
@@ -441,6 +449,7 @@ pub fn render_metrics(views: &[VmView]) -> String {
     let bytes: Family<DiskDirLabels, Counter> = Family::default();
     let errors: Family<DiskLabels, Counter> = Family::default();
     let latency: Family<DiskLabels, ReadHistogram> = Family::default();
+    let network: Family<NicLabels, Counter> = Family::default();
     let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     for v in views {
         let vm = GuestLabels {
@@ -490,6 +499,22 @@ pub fn render_metrics(views: &[VmView]) -> String {
             errors.get_or_create(&l).inc_by(d.errors);
             latency.get_or_create(&l).set(HistogramFigures::of(d));
         }
+        for n in &v.nics {
+            for (dir, b) in [
+                ("to_guest", n.to_guest_bytes),
+                ("from_guest", n.from_guest_bytes),
+            ] {
+                if let Some(b) = b {
+                    let l = NicLabels {
+                        vm: v.spec.name.clone(),
+                        network: n.network.clone(),
+                        mac: n.mac.clone(),
+                        dir: dir.into(),
+                    };
+                    network.get_or_create(&l).inc_by(b);
+                }
+            }
+        }
     }
     let mut r = Registry::default();
     r.register(
@@ -531,6 +556,11 @@ pub fn render_metrics(views: &[VmView]) -> String {
         counter_name(names::VM_DISK_ERRORS_TOTAL),
         "Disk requests answered with an error",
         errors,
+    );
+    r.register(
+        counter_name(names::VM_NETWORK_BYTES_TOTAL),
+        "Bytes through the guest's network card (its tap on the host)",
+        network,
     );
     r.register(
         names::VM_DISK_LATENCY_SECONDS,
@@ -617,7 +647,15 @@ mod tests {
                 latency_sum_us: 900,
                 ..Default::default()
             }],
-            nics: Vec::new(),
+            nics: vec![ferry_api::NicView {
+                network: "lan".into(),
+                mac: "52:54:00:00:00:01".into(),
+                tap: "ft0".into(),
+                bridge: "br".into(),
+                overlay: None,
+                to_guest_bytes: Some(7),
+                from_guest_bytes: Some(9),
+            }],
             serial_log: "/s".into(),
             moving: None,
         };
@@ -632,6 +670,7 @@ mod tests {
             "ferry_vm_disk_requests_total{vm=\"g\",volume=\"v\",op=\"read\"} 3",
             "ferry_vm_disk_requests_total{vm=\"g\",volume=\"v\",op=\"other\"} 0",
             "ferry_vm_disk_bytes_total{vm=\"g\",volume=\"v\",dir=\"write\"} 4096",
+            "ferry_vm_network_bytes_total{vm=\"g\",network=\"lan\",mac=\"52:54:00:00:00:01\",dir=\"from_guest\"} 9",
             "ferry_vm_disk_errors_total{vm=\"g\",volume=\"v\"} 2",
             "ferry_vm_disk_latency_seconds_bucket{le=\"0.00005\",vm=\"g\",volume=\"v\"} 1",
             "ferry_vm_disk_latency_seconds_bucket{le=\"+Inf\",vm=\"g\",volume=\"v\"} 3",
