@@ -397,6 +397,10 @@ impl Guest {
     pub async fn stop_qemu(&self) {
         *self.memory.lock() = Default::default();
         let Some(rt) = self.runtime.lock().take() else {
+            // No QEMU of ours; taps a QEMU that died while no daemon
+            // watched it may still be there.
+            let spec = self.spec.lock().clone();
+            unplug_nics(&spec).await;
             return;
         };
         let _ = tokio::time::timeout(Duration::from_secs(5), rt.qmp.quit()).await;
