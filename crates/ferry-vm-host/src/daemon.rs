@@ -154,6 +154,22 @@ async fn control_api(
 
 /// Run until `shutdown`. Guests keep running when the daemon stops; the
 /// next daemon on the same state directory finds them.
+/// The host's guest networks, checked, their bridges and overlays made.
+async fn ready_networks(opts: &HostOptions) -> Result<crate::network::Networks, VmError> {
+    let networks = crate::network::Networks::new(opts.networks.clone())
+        .map_err(|e| VmError::Config(e.to_string()))?;
+    if !networks.all().is_empty() {
+        let nets = networks.clone();
+        tokio::task::spawn_blocking(move || nets.ensure())
+            .await?
+            .map_err(|e| VmError::Config(format!("setting up the guests' networks: {e}")))?;
+        for n in networks.all() {
+            tracing::info!(network = %n.name, bridge = %n.bridge, overlay = ?n.overlay, "guest network ready");
+        }
+    }
+    Ok(networks)
+}
+
 pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmError> {
     // Everything below ends on `shutdown`, which follows `signal` once the
     // guests were dealt with as `opts.on_stop` says (the forwarder serves
@@ -205,17 +221,7 @@ pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmE
     if let (Some((_, user)), Some(s)) = (&confinement, &nbd_socket) {
         crate::confine::give_socket(s, user).map_err(|e| VmError::file(s, e))?;
     }
-    let networks = crate::network::Networks::new(opts.networks.clone())
-        .map_err(|e| VmError::Config(e.to_string()))?;
-    if !networks.all().is_empty() {
-        let nets = networks.clone();
-        tokio::task::spawn_blocking(move || nets.ensure())
-            .await?
-            .map_err(|e| VmError::Config(format!("setting up the guests' networks: {e}")))?;
-        for n in networks.all() {
-            tracing::info!(network = %n.name, bridge = %n.bridge, overlay = ?n.overlay, "guest network ready");
-        }
-    }
+    let networks = ready_networks(&opts).await?;
     let host = match (&opts.state_dir, &nbd_socket) {
         (Some(dir), Some(sock)) => {
             // The KVM probe runs a QEMU for up to 1.5 s: once, here, off
