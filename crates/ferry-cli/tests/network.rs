@@ -197,11 +197,10 @@ impl Site {
                 pool.to_str().unwrap(),
                 "--config",
                 cfg.to_str().unwrap(),
-                // Loopback for this site's host, the underlay for the other
-                // site's (a teleport's destination reads the disk where it
-                // is until the switch).
+                // Loopback only: a teleport's destination never reaches the
+                // source's storage; it connects to its own after the switch.
                 "--nbd",
-                "0.0.0.0:10809",
+                STORAGE_NBD,
                 "--admin",
                 STORAGE_ADMIN,
                 "--migrate",
@@ -232,8 +231,6 @@ impl Site {
             &moves,
             "--image-dir",
             guest.to_str().unwrap(),
-            "--storage",
-            "10.99.0.1:10809",
         ];
         for n in networks {
             args.extend(["--network", n.as_str()]);
@@ -426,7 +423,7 @@ fn a_guest_keeps_its_network_and_its_clients_connection_across_a_teleport() {
         "--admin",
         STORAGE_ADMIN,
     ]);
-    let disk = format!("root@10.99.0.1:10809@{STORAGE_ADMIN}");
+    let disk = format!("root@{STORAGE_NBD}@{STORAGE_ADMIN}");
     let (kernel, initrd) = (
         kernel.to_str().unwrap().to_string(),
         initrd.to_str().unwrap().to_string(),

@@ -299,6 +299,12 @@ pub enum Start {
 /// unix socket `nbd`, reconnected for 30 s if the forwarder restarts. See
 /// [`Start`] for an incoming guest. The host starts it detached
 /// (`Guest::spawn_detached`), so it outlives the host daemon.
+/// The disks' CHS geometry (the largest CHS disk's, what QEMU guesses
+/// for any disk past 8 GB): given, so that QEMU does not read the disk to
+/// guess it. Guests address their disks by LBA; the geometry only
+/// answers an old BIOS call.
+const GEOMETRY: &str = "cyls=16383,heads=16,secs=63";
+
 pub fn command_line(
     spec: &VmSpec,
     accel: &str,
@@ -365,7 +371,13 @@ pub fn command_line(
         } else {
             ""
         };
-        a.push(format!("virtio-blk-pci,drive=disk{i},id=vd{i}{boot}"));
+        // A fixed geometry: without one QEMU reads the disk's first
+        // sector at start to guess it from a partition table, and a move's
+        // destination would then read the disk before the switch, from
+        // where it was (or hang there, if it cannot reach that storage).
+        a.push(format!(
+            "virtio-blk-pci,drive=disk{i},id=vd{i},{GEOMETRY}{boot}"
+        ));
     }
     for (i, n) in spec.nics.iter().enumerate() {
         // The tap the host plugged into the network's bridge before QEMU
@@ -443,7 +455,9 @@ mod tests {
         assert!(j.contains("-accel tcg -cpu max -m 262152K -smp 2"), "{j}");
         assert!(j.contains("unix:/s/vms/web-1/qmp.sock,server=on,wait=off"));
         assert!(j.contains(r#""export":"root""#) && j.contains(r#""reconnect-delay":30"#));
-        assert!(j.contains("virtio-blk-pci,drive=disk0,id=vd0,bootindex=1"));
+        assert!(
+            j.contains("virtio-blk-pci,drive=disk0,id=vd0,cyls=16383,heads=16,secs=63,bootindex=1")
+        );
         // Arrived, it waits for the source's word before it runs.
         assert!(j.ends_with("-incoming defer -S"));
         let a = command_line(
