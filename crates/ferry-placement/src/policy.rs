@@ -573,10 +573,13 @@ fn locality(
             }
             continue;
         }
-        if let Err(r) = st.take_slot(vm, &best.to) {
-            st.refuse(&vm.name, Some(best.action), Some(&best.to), r);
-            continue;
-        }
+        let to_host = match st.take_slot(vm, &best.to) {
+            Ok(h) => h,
+            Err(r) => {
+                st.refuse(&vm.name, Some(best.action), Some(&best.to), r);
+                continue;
+            }
+        };
         let (action, to, cost) = (best.action, best.to, best.cost);
         let reason = format!(
             "disk {:.1} ms away costs {lost_here:.1} s of {:.0} s; with {to} it would cost {:.1} s; the {action} costs {:.1} s ({:.0} MB, {:.1} s, pause {:.0} ms)",
@@ -590,7 +593,7 @@ fn locality(
         );
         st.choose(
             Decision {
-                to_host: None,
+                to_host,
                 vm: vm.name.clone(),
                 action,
                 from: vm.placement.clone(),
@@ -709,27 +712,30 @@ impl<'a> Planning<'a> {
         }
     }
 
-    /// The hosts moving `vm` to `to` takes part in: the one it leaves and
-    /// the one it would be given, when it changes site (a disk move
+    /// The host `vm` is given at `to`, when it changes site (a disk move
     /// involves storage daemons, not hosts).
-    fn hosts_of(&self, vm: &VmState, to: &Placement) -> Vec<String> {
+    fn host_there(&self, vm: &VmState, to: &Placement) -> Option<String> {
         if vm.placement.host_site == to.host_site {
-            return Vec::new();
+            return None;
         }
-        let there = self
-            .sites
+        self.sites
             .host_for(&to.host_site, vm.load.cpu, vm.memory_bytes, self.p)
             .ok()
-            .flatten();
-        vm.host.clone().into_iter().chain(there).collect()
+            .flatten()
     }
 
-    /// Count a move against the limits per link, per site and per host,
-    /// or say which one it would break.
-    fn take_slot(&mut self, vm: &VmState, to: &Placement) -> Result<(), Refusal> {
+    /// Count a move against the limits per link, per site and per host
+    /// (the host it leaves and the one it is given), or say which one it
+    /// would break. The host it is given, for its decision.
+    fn take_slot(&mut self, vm: &VmState, to: &Placement) -> Result<Option<String>, Refusal> {
         let p = self.p;
         let from = &vm.placement;
-        let hosts = self.hosts_of(vm, to);
+        let there = self.host_there(vm, to);
+        let hosts: Vec<String> = if from.host_site == to.host_site {
+            Vec::new()
+        } else {
+            vm.host.iter().chain(&there).cloned().collect()
+        };
         let (a, b) = link_of(from, to);
         let moves = self
             .per_link
@@ -765,7 +771,7 @@ impl<'a> Planning<'a> {
             }
         }
         self.count(from, to, &hosts);
-        Ok(())
+        Ok(there)
     }
 
     /// A guest left where it is: said in the account and kept among the
@@ -792,19 +798,14 @@ impl<'a> Planning<'a> {
             .push(Candidate::new(vm, Some(action), Some(to), Some(r)));
     }
 
-    /// A move taken: later passes leave its guest alone and see the CPU
-    /// where it goes; a guest that changes site is given its host there.
-    fn choose(&mut self, mut d: Decision, vm: &VmState) {
+    /// A move taken (its slot taken, its host there chosen by
+    /// [`Self::take_slot`]): later passes leave its guest alone and see the
+    /// CPU and memory where it goes.
+    fn choose(&mut self, d: Decision, vm: &VmState) {
         let (cpu, memory) = (vm.load.cpu, vm.memory_bytes);
         if d.from.host_site != d.to.host_site {
-            d.to_host = self
-                .sites
-                .host_for(&d.to.host_site, cpu, memory, self.p)
-                .ok()
-                .flatten();
-            let to = d.to_host.clone();
             self.sites
-                .shift_host(vm.host.as_deref(), to.as_deref(), cpu, memory);
+                .shift_host(vm.host.as_deref(), d.to_host.as_deref(), cpu, memory);
         }
         self.sites.shift(&d.from.host_site, &d.to.host_site, cpu);
         self.moved.insert(d.vm.clone());
@@ -1038,12 +1039,13 @@ fn take_forced(
     if let Err(r) = held_back(st.held, &vm.name, action, &to) {
         return refused(st, r);
     }
-    let d = match forced(c, p, vm, action, to.clone(), reason)? {
+    let mut d = match forced(c, p, vm, action, to.clone(), reason)? {
         Ok(d) => d,
         Err(r) => return refused(st, r),
     };
-    if let Err(r) = st.take_slot(vm, &to) {
-        return refused(st, r);
+    match st.take_slot(vm, &to) {
+        Ok(h) => d.to_host = h,
+        Err(r) => return refused(st, r),
     }
     Ok(Some(d))
 }
