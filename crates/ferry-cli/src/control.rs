@@ -972,20 +972,11 @@ fn place(
             memory_bytes: (spec.memory_mib as f64) * 1048576.0,
         },
     )?;
-    let site = inv
-        .site(&at.site)
-        .with_context(|| format!("no site {}", at.site))?;
     // The host the placement chose by its room; else (a site whose hosts
     // the snapshot does not list) the site's first.
-    let host = match &at.host {
-        Some(h) => inv
-            .host(&site.name, h)
-            .with_context(|| format!("site {} has no host {h}", site.name))?,
-        None => site
-            .hosts
-            .first()
-            .with_context(|| format!("site {} has no host to start it on", site.name))?,
-    };
+    let host = inv
+        .chosen_host(&at.site, at.host.as_deref())
+        .map_err(anyhow::Error::msg)?;
     for d in &mut spec.disks {
         if let Some((s, st)) = inv.storage_at(&d.server) {
             d.server = st.nbd_from(&s.name, &at.site).to_string();

@@ -4,7 +4,7 @@
 
 use ferry_api::{AdminClient, MigrationId, VmMigrateRequest, VmMovePhase};
 use ferry_placement::cycle::{Ended, World};
-use ferry_placement::inventory::{HostRef, Inventory, StorageRef};
+use ferry_placement::inventory::{Inventory, StorageRef};
 use ferry_placement::policy::{Action, Decision};
 use ferry_placement::Cluster;
 use serde::{Deserialize, Serialize};
@@ -90,23 +90,6 @@ impl MoveOutcome {
     }
 }
 
-/// The host of the destination site a move goes to: the one the decision
-/// chose, else the site's first.
-fn target_host<'i>(inv: &'i Inventory, d: &Decision) -> Result<&'i HostRef, String> {
-    let to = inv
-        .site(&d.to.host_site)
-        .ok_or_else(|| format!("unknown site {}", d.to.host_site))?;
-    match &d.to_host {
-        Some(h) => inv
-            .host(&to.name, h)
-            .ok_or_else(|| format!("site {} has no host {h}", to.name)),
-        None => to
-            .hosts
-            .first()
-            .ok_or_else(|| format!("site {} has no host", to.name)),
-    }
-}
-
 /// The storage daemon of the disk's new site a move goes to: the one at
 /// `nbd` when given (the one holding most of the disk, or serving fewest
 /// disks), else the site's first.
@@ -144,7 +127,11 @@ fn request(
         ..Default::default()
     };
     if matches!(d.action, Action::MoveVm | Action::Teleport) {
-        req.to_host = Some(target_host(inv, d)?.moves.clone());
+        req.to_host = Some(
+            inv.chosen_host(&d.to.host_site, d.to_host.as_deref())?
+                .moves
+                .clone(),
+        );
     }
     if d.action == Action::MoveVm {
         // The guest's disks, reached the way the new site reaches them.
@@ -274,10 +261,9 @@ pub struct OneShot {
     cluster: Cluster,
     running_on: BTreeMap<String, String>,
     journal: Option<(std::sync::Arc<crate::journal::Journal>, u64)>,
-    /// The id of each move started, by guest.
-    ids: BTreeMap<String, String>,
-    tx: mpsc::Sender<MoveOutcome>,
-    rx: mpsc::Receiver<MoveOutcome>,
+    /// Each followed move's end, with its id.
+    tx: mpsc::Sender<(String, MoveOutcome)>,
+    rx: mpsc::Receiver<(String, MoveOutcome)>,
     /// Every move's end, in the order they ended.
     pub outcomes: Vec<MoveOutcome>,
 }
@@ -290,7 +276,6 @@ impl OneShot {
             cluster,
             running_on,
             journal: None,
-            ids: BTreeMap::new(),
             tx,
             rx,
             outcomes: Vec::new(),
@@ -315,10 +300,10 @@ impl OneShot {
         }
     }
 
-    /// A move's end: kept, and journaled.
-    fn end(&mut self, out: MoveOutcome) -> Ended {
+    /// A move's end (`id` "" for one that never started): kept, and
+    /// journaled.
+    fn end(&mut self, id: String, out: MoveOutcome) -> Ended {
         let e = ended(&out);
-        let id = self.ids.remove(&out.vm).unwrap_or_default();
         self.record(crate::journal::Event::Finished {
             id,
             outcome: out.clone(),
@@ -329,8 +314,8 @@ impl OneShot {
 
     /// Wait for the next move to end.
     pub fn wait(&mut self) -> Option<Ended> {
-        let out = self.rx.recv().ok()?;
-        Some(self.end(out))
+        let (id, out) = self.rx.recv().ok()?;
+        Some(self.end(id, out))
     }
 }
 
@@ -351,7 +336,7 @@ impl World for OneShot {
     fn start(&mut self, d: &Decision, _now: f64) -> Result<(), String> {
         let Some(control) = self.running_on.get(&d.vm).cloned() else {
             let why = "not running on any known host".to_string();
-            self.end(not_started(d, Some(why.clone())));
+            self.end(String::new(), not_started(d, Some(why.clone())));
             return Err(why);
         };
         match start(&self.inv, &control, d, None) {
@@ -362,16 +347,16 @@ impl World for OneShot {
                     control: control.clone(),
                     expect: out.clone(),
                 });
-                self.ids.insert(d.vm.clone(), id.to_string());
                 let tx = self.tx.clone();
                 std::thread::spawn(move || {
-                    let _ = tx.send(follow(&control, &id, out));
+                    let end = follow(&control, &id, out);
+                    let _ = tx.send((id.to_string(), end));
                 });
                 Ok(())
             }
             Err(out) => {
                 let why = out.reason.clone().unwrap_or_default();
-                self.end(*out);
+                self.end(String::new(), *out);
                 Err(why)
             }
         }
@@ -381,8 +366,8 @@ impl World for OneShot {
 
     fn ended(&mut self, _now: f64) -> Vec<Ended> {
         let mut out = Vec::new();
-        while let Ok(o) = self.rx.try_recv() {
-            let e = self.end(o);
+        while let Ok((id, o)) = self.rx.try_recv() {
+            let e = self.end(id, o);
             out.push(e);
         }
         out
@@ -398,7 +383,7 @@ mod tests {
 
     /// Site `b` with two hosts and two storage daemons.
     fn inventory() -> Inventory {
-        let host = |n: &str| HostRef {
+        let host = |n: &str| ferry_placement::inventory::HostRef {
             control: format!("{n}:1"),
             moves: format!("{n}:2"),
             cpus: None,

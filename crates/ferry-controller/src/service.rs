@@ -680,8 +680,10 @@ fn cycles(sh: &Arc<Shared>, cadence: &Cadence) {
             std::thread::sleep(wait);
             continue;
         }
-        let asked = sh.applies.0.lock().asked;
-        let once = asked > sh.applies.0.lock().done;
+        let (asked, once) = {
+            let a = sh.applies.0.lock();
+            (a.asked, a.asked > a.done)
+        };
         cycle(sh, cadence, &mut mem, once);
         if once {
             let st = sh.status.lock();
@@ -859,12 +861,7 @@ async fn resume(State(sh): State<Arc<Shared>>) -> ApiResult<Json<Settings>> {
 /// so only the leader answers. The answer comes once the cycle has run;
 /// the moves it started are followed in the journal.
 async fn apply_once(State(sh): State<Arc<Shared>>) -> ApiResult<Json<Applied>> {
-    if !sh.store.may_act() {
-        let who = sh.status.lock().leader.clone().unwrap_or_default();
-        return Err(ApiError(ControllerError::Conflict(format!(
-            "this controller does not lead; ask the leader ({who})"
-        ))));
-    }
+    tokio::task::block_in_place(|| sh.store.must_lead())?;
     let want = {
         let mut a = sh.applies.0.lock();
         a.asked += 1;

@@ -150,6 +150,15 @@ impl Store {
         self.leadership().is_none_or(|l| l.is_leader())
     }
 
+    /// Ok when this controller may act; otherwise the refusal naming the
+    /// controller that leads.
+    pub fn must_lead(&self) -> Result<(), ControllerError> {
+        match self.leadership() {
+            Some(l) if !l.is_leader() => Err(Self::not_leader(l)),
+            _ => Ok(()),
+        }
+    }
+
     fn not_leader(leader: &Leadership) -> ControllerError {
         let who = leader.leader().ok().flatten();
         ControllerError::Conflict(match who {

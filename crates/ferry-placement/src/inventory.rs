@@ -102,6 +102,26 @@ impl Inventory {
         self.site(site)?.hosts.iter().find(|h| h.control == control)
     }
 
+    /// The host of `site` a placement chose (by its control API), else,
+    /// when it chose none (the snapshot lists no hosts of the site), the
+    /// site's first; or why there is none.
+    pub fn chosen_host(&self, site: &str, chosen: Option<&str>) -> Result<&HostRef, String> {
+        let s = self
+            .site(site)
+            .ok_or_else(|| format!("unknown site {site}"))?;
+        match chosen {
+            Some(h) => s
+                .hosts
+                .iter()
+                .find(|x| x.control == h)
+                .ok_or_else(|| format!("site {site} has no host {h}")),
+            None => s
+                .hosts
+                .first()
+                .ok_or_else(|| format!("site {site} has no host")),
+        }
+    }
+
     /// The site whose storage daemon serves NBD at `addr`.
     pub fn site_of_storage(&self, addr: &str) -> Option<&SiteInventory> {
         self.sites
