@@ -396,25 +396,23 @@ impl Guest {
 
     pub async fn stop_qemu(&self) {
         *self.memory.lock() = Default::default();
-        let Some(rt) = self.runtime.lock().take() else {
-            // No QEMU of ours; taps a QEMU that died while no daemon
-            // watched it may still be there.
-            let spec = self.spec.lock().clone();
-            unplug_nics(&spec).await;
-            return;
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(5), rt.qmp.quit()).await;
-        let t = Instant::now();
-        while pid_alive(rt.pid) && t.elapsed() < Duration::from_secs(10) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        if pid_alive(rt.pid) {
-            if let Ok(p) = libc::pid_t::try_from(rt.pid) {
-                // SAFETY: sending a signal to a process we started.
-                unsafe { libc::kill(p, libc::SIGKILL) };
+        let rt = self.runtime.lock().take();
+        if let Some(rt) = rt {
+            let _ = tokio::time::timeout(Duration::from_secs(5), rt.qmp.quit()).await;
+            let t = Instant::now();
+            while pid_alive(rt.pid) && t.elapsed() < Duration::from_secs(10) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
+            if pid_alive(rt.pid) {
+                if let Ok(p) = libc::pid_t::try_from(rt.pid) {
+                    // SAFETY: sending a signal to a process we started.
+                    unsafe { libc::kill(p, libc::SIGKILL) };
+                }
+            }
+            let _ = std::fs::remove_file(self.paths.dir.join("runtime.json"));
         }
-        let _ = std::fs::remove_file(self.paths.dir.join("runtime.json"));
+        // Its taps go with it (so do those of a QEMU that died while no
+        // daemon watched it).
         let spec = self.spec.lock().clone();
         unplug_nics(&spec).await;
     }

@@ -58,15 +58,6 @@ pub struct VmHost {
     pub networks: crate::network::Networks,
 }
 
-fn join(ips: &[std::net::IpAddr]) -> String {
-    let v: Vec<String> = ips.iter().map(ToString::to_string).collect();
-    if v.is_empty() {
-        "no peers".into()
-    } else {
-        v.join(", ")
-    }
-}
-
 fn disk_error(volume: &str, e: &HostError) -> VmError {
     // The server answers, but has no such export: say what to do.
     if let HostError::Connect {
@@ -296,15 +287,9 @@ impl VmHost {
             } else {
                 check_mac(&spec.nics[i].mac).map_err(bad)?
             };
-            if let Some(other) = taken(&mac) {
-                return Err(VmError::BadSpec(format!(
-                    "MAC {mac} is a card of guest {other} here: two cards of one MAC on a network \
-                     lose each other's traffic"
-                )));
-            }
             spec.nics[i].mac = mac;
         }
-        Ok(())
+        mac_clash(&guests, spec)
     }
 
     fn accel_for(spec: &VmSpec) -> Result<&'static str, VmError> {
@@ -375,13 +360,9 @@ impl VmHost {
                     "volume {volume} is a disk of guest {other}: a volume serves one guest"
                 )));
             }
-            if let Some((mac, other)) = spec.nics.iter().find_map(|n| {
-                mac_of_another(&guests, &spec.name, &n.mac).map(|o| (n.mac.clone(), o))
-            }) {
-                return Err(VmError::BadSpec(format!(
-                    "MAC {mac} is a card of guest {other} here"
-                )));
-            }
+            // Checked again where the guest is added: another create
+            // may have taken the MAC meanwhile.
+            mac_clash(&guests, &spec)?;
             let g = Arc::new(Guest::new(spec.clone(), &dir, self.confined(&spec.name)));
             guests.insert(spec.name.clone(), g.clone());
             g
@@ -612,7 +593,7 @@ impl VmHost {
                     bridge: net.map(|x| x.bridge.clone()).unwrap_or_default(),
                     overlay: net
                         .and_then(|x| x.overlay.as_ref())
-                        .map(|o| format!("vxlan {} ({} to {})", o.vni, o.local, join(&o.peers))),
+                        .map(ToString::to_string),
                     to_guest_bytes: bytes.map(|b| b.0),
                     from_guest_bytes: bytes.map(|b| b.1),
                     tap,
@@ -645,6 +626,21 @@ fn disk_of_another(
                 .find(|d| theirs.disks.iter().any(|t| t.volume == d.volume))
                 .map(|d| (d.volume.clone(), name.clone()))
         })
+}
+
+/// Refuse `spec` when one of its cards has the MAC of another guest here.
+fn mac_clash(guests: &BTreeMap<String, Arc<Guest>>, spec: &VmSpec) -> Result<(), VmError> {
+    match spec
+        .nics
+        .iter()
+        .find_map(|n| mac_of_another(guests, &spec.name, &n.mac).map(|o| (&n.mac, o)))
+    {
+        Some((mac, other)) => Err(VmError::BadSpec(format!(
+            "MAC {mac} is a card of guest {other} here: two cards of one MAC on a network \
+             lose each other's traffic"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The guest (other than `name`) one of whose cards has `mac`.

@@ -77,24 +77,12 @@ pub const MOVE_LIMITS: ferry_trust::listen::ConnLimits = ferry_trust::listen::Co
 };
 
 async fn answer(link: &mut ServerLink, a: &PeerAnswer) -> Result<(), VmError> {
-    link.write_all(&encode_line(a)).await.map_err(|e| {
-        VmError::peer(
-            source_of(link),
-            PeerFault::Link {
-                what: "write",
-                source: e,
-            },
-        )
-    })?;
-    link.flush().await.map_err(|e| {
-        VmError::peer(
-            source_of(link),
-            PeerFault::Link {
-                what: "write",
-                source: e,
-            },
-        )
-    })
+    let sent = async {
+        link.write_all(&encode_line(a)).await?;
+        link.flush().await
+    }
+    .await;
+    sent.map_err(|e| VmError::peer(source_of(link), PeerFault::link("write")(e)))
 }
 
 /// The source host's address, as the link's socket sees it.

@@ -64,6 +64,18 @@ impl Overlay {
     }
 }
 
+impl std::fmt::Display for Overlay {
+    /// "vxlan 77 (10.0.0.1 to 10.0.0.2, 10.0.0.3)".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "vxlan {} ({} to ", self.vni, self.local)?;
+        if self.peers.is_empty() {
+            return f.write_str("no peers)");
+        }
+        let peers: Vec<String> = self.peers.iter().map(ToString::to_string).collect();
+        write!(f, "{})", peers.join(", "))
+    }
+}
+
 fn valid_ifname(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 15
@@ -264,20 +276,20 @@ pub fn tap_name(guest: &str, index: usize) -> String {
 }
 
 fn run(program: &str, args: &[&str]) -> Result<String, NetError> {
+    let failed = |detail: String| NetError::Command {
+        command: format!("{program} {}", args.join(" ")),
+        detail,
+    };
     let out = Command::new(program)
         .args(args)
         .output()
-        .map_err(|e| NetError::Command {
-            command: format!("{program} {}", args.join(" ")),
-            detail: e.to_string(),
-        })?;
+        .map_err(|e| failed(e.to_string()))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(NetError::Command {
-            command: format!("{program} {}", args.join(" ")),
-            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        })
+        Err(failed(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ))
     }
 }
 
@@ -306,8 +318,8 @@ fn ensure_network(n: &Network) -> Result<(), NetError> {
     }
     run("ip", &["link", "set", &link, "master", &n.bridge])?;
     run("ip", &["link", "set", &link, "up"])?;
-    // Broadcasts and unknown MACs go to every peer (head-end replication);
-    // `append` adds one flood entry per peer, again harmlessly.
+    // Broadcasts and unknown MACs go to every peer (head-end replication):
+    // one all-zero flood entry per peer, added where missing.
     let known = run("bridge", &["fdb", "show", "dev", &link]).unwrap_or_default();
     for p in &o.peers {
         let p = p.to_string();
@@ -389,6 +401,7 @@ mod tests {
         let o = n.overlay.unwrap();
         assert_eq!((o.vni, o.port, o.peers.len()), (42, VXLAN_PORT, 2));
         assert_eq!(o.link(), "fvx42");
+        assert_eq!(o.to_string(), "vxlan 42 (10.0.0.1 to 10.0.0.2, 10.0.0.3)");
         for (flag, says) in [
             ("", "name"),
             ("web", "bridge=NAME is missing"),

@@ -26,7 +26,7 @@ fn at(addr: &str) -> impl Fn(PeerFault) -> VmError + '_ {
 }
 
 fn link_err<'a>(addr: &'a str, what: &'static str) -> impl Fn(std::io::Error) -> VmError + 'a {
-    move |source| VmError::peer(addr, PeerFault::Link { what, source })
+    move |e| VmError::peer(addr, PeerFault::link(what)(e))
 }
 
 /// Open a TLS connection to a peer host's move listener.
@@ -65,6 +65,44 @@ pub async fn read_message<T: for<'de> serde::Deserialize<'de>, R: AsyncRead + Un
     }
 }
 
+/// Write `req` on `link` and read the answer, with any bytes read past it.
+async fn request<L: AsyncRead + AsyncWrite + Unpin>(
+    link: &mut L,
+    addr: &str,
+    req: &PeerRequest,
+) -> Result<(PeerAnswer, Vec<u8>), VmError> {
+    let sent = async {
+        link.write_all(&encode_line(req)).await?;
+        link.flush().await
+    }
+    .await;
+    sent.map_err(link_err(addr, "write"))?;
+    read_message::<PeerAnswer, _>(link).await.map_err(at(addr))
+}
+
+/// `fut` (one exchange with the host at `addr`), within `limit`.
+async fn within<T>(
+    limit: Duration,
+    addr: &str,
+    fut: impl std::future::Future<Output = Result<T, VmError>>,
+) -> Result<T, VmError> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .map_err(|_| VmError::peer(addr, PeerFault::Timeout("the request")))?
+}
+
+/// The answer if it says `ok`; its refusal otherwise.
+fn insist_ok(addr: &str, a: PeerAnswer) -> Result<PeerAnswer, VmError> {
+    if a.ok {
+        Ok(a)
+    } else {
+        Err(VmError::peer(
+            addr,
+            PeerFault::Refused(a.error.unwrap_or_else(|| "refused".into())),
+        ))
+    }
+}
+
 /// Send a request and read the answer; the connection is returned for
 /// what follows (a stream), with any bytes read past the answer.
 pub async fn exchange(
@@ -73,20 +111,12 @@ pub async fn exchange(
     req: &PeerRequest,
     limit: Duration,
 ) -> Result<(PeerAnswer, ClientLink, Vec<u8>), VmError> {
-    let fut = async {
+    within(limit, addr, async {
         let mut link = connect(certs, addr).await?;
-        link.write_all(&encode_line(req))
-            .await
-            .map_err(link_err(addr, "write"))?;
-        link.flush().await.map_err(link_err(addr, "write"))?;
-        let (a, rest) = read_message::<PeerAnswer, _>(&mut link)
-            .await
-            .map_err(at(addr))?;
+        let (a, rest) = request(&mut link, addr, req).await?;
         Ok((a, link, rest))
-    };
-    tokio::time::timeout(limit, fut)
-        .await
-        .map_err(|_| VmError::peer(addr, PeerFault::Timeout("the request")))?
+    })
+    .await
 }
 
 /// Send a request and insist on `ok`.
@@ -97,14 +127,7 @@ pub async fn call(
     limit: Duration,
 ) -> Result<PeerAnswer, VmError> {
     let (a, _, _) = exchange(certs, addr, req, limit).await?;
-    if a.ok {
-        Ok(a)
-    } else {
-        Err(VmError::peer(
-            addr,
-            PeerFault::Refused(a.error.unwrap_or_else(|| "refused".into())),
-        ))
-    }
+    insist_ok(addr, a)
 }
 
 /// Send a request on a link opened earlier ([`connect`]) and read the
@@ -116,19 +139,10 @@ pub async fn ask_on(
     req: &PeerRequest,
     limit: Duration,
 ) -> Result<PeerAnswer, VmError> {
-    let fut = async {
-        link.write_all(&encode_line(req))
-            .await
-            .map_err(link_err(addr, "write"))?;
-        link.flush().await.map_err(link_err(addr, "write"))?;
-        let (a, _) = read_message::<PeerAnswer, _>(&mut link)
-            .await
-            .map_err(at(addr))?;
-        Ok::<_, VmError>(a)
-    };
-    tokio::time::timeout(limit, fut)
-        .await
-        .map_err(|_| VmError::peer(addr, PeerFault::Timeout("the request")))?
+    within(limit, addr, async {
+        Ok(request(&mut link, addr, req).await?.0)
+    })
+    .await
 }
 
 /// [`ask_on`], insisting on `ok`.
@@ -138,15 +152,7 @@ pub async fn call_on(
     req: &PeerRequest,
     limit: Duration,
 ) -> Result<PeerAnswer, VmError> {
-    let a = ask_on(link, addr, req, limit).await?;
-    if a.ok {
-        Ok(a)
-    } else {
-        Err(VmError::peer(
-            addr,
-            PeerFault::Refused(a.error.unwrap_or_else(|| "refused".into())),
-        ))
-    }
+    insist_ok(addr, ask_on(link, addr, req, limit).await?)
 }
 
 /// Bytes through a pipe: as QEMU wrote them, and as they went on the link.
@@ -300,7 +306,7 @@ where
     let lw = tokio::sync::Mutex::new(lw);
     let window = parking_lot::Mutex::new(Window::new());
     let opened = tokio::sync::Notify::new();
-    let link_err = |what| move |e| PipeError::Link(PeerFault::Link { what, source: e });
+    let link_err = |what| move |e| PipeError::Link(PeerFault::link(what)(e));
     let out = async {
         let r = async {
             let mut buf = vec![0u8; CHUNK];
