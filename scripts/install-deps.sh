@@ -21,7 +21,9 @@ if [ "$want_test" = 1 ]; then
   # prometheus: scrapes every daemon, and runs the Grafana dashboard's queries;
   # syslinux, mtools, dosfstools: a disk a guest boots from (--boot-disk).
   # iproute2: guest networks (bridges, VXLAN, taps; the sites' namespaces).
-  pkgs+=(qemu-block-extra libnbd-bin python3-libnbd nbdkit fio python3 python3-matplotlib chromium rsync libiscsi-bin tgt etcd-server prometheus syslinux syslinux-common mtools dosfstools iproute2)
+  # debootstrap, fdisk: the Debian guest image (scripts/debian-guest.sh);
+  # sysbench, mariadb-client: its database's clients.
+  pkgs+=(debootstrap fdisk sysbench mariadb-client qemu-block-extra libnbd-bin python3-libnbd nbdkit fio python3 python3-matplotlib chromium rsync libiscsi-bin tgt etcd-server prometheus syslinux syslinux-common mtools dosfstools iproute2)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
@@ -84,6 +86,10 @@ if [ "$want_test" = 1 ]; then
   if ! command -v cargo-fuzz >/dev/null 2>&1; then
     cargo install cargo-fuzz --version 0.13.2 --locked || echo "WARN: cargo-fuzz not installed; fuzz smoke runs will be skipped"
   fi
+  # A real OS guest (Debian, systemd, cloud-init, MariaDB, Apache+PHP)
+  # booting from its disk: the networked database test and the benches.
+  bash "$(dirname "$0")/debian-guest.sh" "${FERRY_GUEST_DIR:-/var/cache/ferry-guest}/debian-bookworm.img" \
+    || echo "WARN: no Debian guest image; the Debian guest test will fail under FERRY_REQUIRE_TOOLS"
   # QEMU tools that negotiate NBD extended headers (QEMU >= 9), beside the
   # system QEMU.
   bash "$(dirname "$0")/qemu-ext.sh" "${FERRY_QEMU_EXT_DIR:-/opt/ferry/qemu-ext}" \

@@ -31,9 +31,9 @@ pub use migration::{
 };
 pub use server::ServerView;
 pub use vm::{
-    Accel, BandwidthProbe, Boot, CreateVm, DirtyRateView, DiskIo, DiskMigrationRef, LinkProbe,
-    MoveBytes, MoveKind, NicView, PhaseTime, ProbeRequest, UpdateVm, VmDisk, VmMigrateRequest,
-    VmMovePhase, VmMoveReport, VmMoveStatus, VmNic, VmSpec, VmState, VmView,
+    Accel, BandwidthProbe, Boot, CloudInit, CreateVm, DirtyRateView, DiskIo, DiskMigrationRef,
+    LinkProbe, MoveBytes, MoveKind, NicAddress, NicView, PhaseTime, ProbeRequest, UpdateVm, VmDisk,
+    VmMigrateRequest, VmMovePhase, VmMoveReport, VmMoveStatus, VmNic, VmSpec, VmState, VmView,
 };
 pub use volume::{
     Backing, BitmapRequest, BitmapView, CreateVolume, ImportReport, IncomingMigration,

@@ -149,6 +149,46 @@ pub struct VmSpec {
     /// Network cards, in the order the guest sees them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nics: Vec<VmNic>,
+    /// What the guest configures itself from at first boot (cloud-init).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_init: Option<CloudInit>,
+}
+
+/// A guest's cloud-init configuration, served to it the way clouds serve
+/// it without a metadata server: a small read-only disk labelled `CIDATA`
+/// holding `meta-data`, `user-data` and `network-config` (cloud-init's
+/// NoCloud data source). The host writes that disk from this whenever it
+/// starts the guest's QEMU, byte for byte the same on every host, so it
+/// needs no copying when the guest moves. The instance id is the guest's
+/// name: cloud-init runs its first-boot steps once per guest, not once
+/// per host it lands on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloudInit {
+    /// The guest's host name (`local-hostname`); its name when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// `user-data`: a `#cloud-config` document or a script (`#!`).
+    pub user_data: String,
+    /// `network-config` (version 1 or 2), verbatim. With neither this nor
+    /// `addresses`: cloud-init's default (DHCP on the first card).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_config: Option<String>,
+    /// Static addresses of the guest's cards, the first for its first
+    /// card and so on: the host writes the `network-config` from them and
+    /// the cards' MACs (known only once the host has assigned them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<NicAddress>,
+}
+
+/// One card's static address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NicAddress {
+    /// `ADDR/PREFIX`, IPv4 or IPv6.
+    pub address: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
 }
 
 /// `POST /v1/vms`.
@@ -550,6 +590,15 @@ mod tests {
                 cmdline: "console=ttyS0".into(),
             },
             accel: Accel::Auto,
+            cloud_init: Some(CloudInit {
+                hostname: Some("web".into()),
+                user_data: "#cloud-config\n{}\n".into(),
+                network_config: None,
+                addresses: vec![NicAddress {
+                    address: "10.0.0.5/24".into(),
+                    gateway: Some("10.0.0.1".into()),
+                }],
+            }),
             nics: vec![VmNic {
                 network: "web".into(),
                 mac: "52:54:00:12:34:56".into(),

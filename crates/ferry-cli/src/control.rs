@@ -151,7 +151,7 @@ pub enum ControlCmd {
     /// linked site with the most room, its disk staying home.
     Place {
         #[command(flatten)]
-        guest: crate::vm::CreateArgs,
+        guest: Box<crate::vm::CreateArgs>,
         /// CPUs the guest is expected to keep busy (default: its vCPUs).
         #[arg(long)]
         cpu: Option<f64>,

@@ -89,11 +89,130 @@ pub struct CreateArgs {
     /// It keeps its MAC wherever the guest moves.
     #[arg(long = "nic", value_name = "NETWORK[,mac=MAC]", value_parser = parse_nic)]
     pub nics: Vec<ferry_api::VmNic>,
+    #[command(flatten)]
+    pub cloud_init: CloudInitArgs,
     /// Define only; do not start.
     #[arg(long)]
     pub no_start: bool,
     #[arg(long)]
     pub json: bool,
+}
+
+/// What the guest configures itself from at first boot, through
+/// cloud-init's NoCloud seed disk (which any of these flags attaches).
+#[derive(Args, Default)]
+pub struct CloudInitArgs {
+    /// cloud-init user-data: a `#cloud-config` file or a script (`#!`).
+    #[arg(long = "cloud-init", value_name = "FILE", conflicts_with_all = ["ssh_keys", "first_boot"])]
+    pub user_data: Option<PathBuf>,
+    /// cloud-init network-config (version 1 or 2), as it is.
+    #[arg(
+        long = "cloud-init-network",
+        value_name = "FILE",
+        conflicts_with = "addresses"
+    )]
+    pub network_config: Option<PathBuf>,
+    /// The guest's host name (default: its name).
+    #[arg(long)]
+    pub hostname: Option<String>,
+    /// A public key allowed to log in over SSH, as root and as the
+    /// image's default user (repeatable).
+    #[arg(long = "ssh-key", value_name = "FILE")]
+    pub ssh_keys: Vec<PathBuf>,
+    /// A shell command the guest runs once, at its first boot, after its
+    /// services are up (repeatable; in order).
+    #[arg(long = "first-boot", value_name = "COMMAND")]
+    pub first_boot: Vec<String>,
+    /// A static address for the next --nic, in order (repeatable).
+    #[arg(long = "address", value_name = "ADDR/PREFIX[,gateway=IP]", value_parser = parse_address)]
+    pub addresses: Vec<ferry_api::NicAddress>,
+}
+
+impl CloudInitArgs {
+    /// The spec's cloud-init part: none unless a flag asks for it.
+    pub fn to_spec(&self) -> Result<Option<ferry_api::CloudInit>> {
+        let read = |p: &PathBuf, what: &str| {
+            std::fs::read_to_string(p).with_context(|| format!("{what} {}", p.display()))
+        };
+        let user_data = match &self.user_data {
+            Some(p) => read(p, "cloud-init user-data")?,
+            None => {
+                if self.hostname.is_none()
+                    && self.ssh_keys.is_empty()
+                    && self.first_boot.is_empty()
+                    && self.addresses.is_empty()
+                    && self.network_config.is_none()
+                {
+                    return Ok(None);
+                }
+                let keys = self
+                    .ssh_keys
+                    .iter()
+                    .map(|p| read(p, "SSH key").map(|k| k.trim().to_string()))
+                    .collect::<Result<Vec<_>>>()?;
+                let mut doc = serde_json::Map::new();
+                if !keys.is_empty() {
+                    doc.insert("ssh_authorized_keys".into(), keys.into());
+                    doc.insert("disable_root".into(), false.into());
+                }
+                if !self.first_boot.is_empty() {
+                    doc.insert("runcmd".into(), self.first_boot.clone().into());
+                }
+                // JSON is YAML: cloud-init reads it under its header.
+                format!("#cloud-config\n{}\n", serde_json::Value::Object(doc))
+            }
+        };
+        Ok(Some(ferry_api::CloudInit {
+            hostname: self.hostname.clone(),
+            user_data,
+            network_config: self
+                .network_config
+                .as_ref()
+                .map(|p| read(p, "cloud-init network-config"))
+                .transpose()?,
+            addresses: self.addresses.clone(),
+        }))
+    }
+}
+
+/// `ferry vm show`'s line for the guest's cloud-init seed.
+fn cloud_init_line(name: &str, ci: &ferry_api::CloudInit) -> String {
+    let kind = if ci.user_data.starts_with("#!") {
+        "script"
+    } else {
+        "cloud-config"
+    };
+    let mut line = format!(
+        "cloud-init: host name {}, user-data {kind} of {} bytes",
+        ci.hostname.as_deref().unwrap_or(name),
+        ci.user_data.len()
+    );
+    if ci.network_config.is_some() {
+        line.push_str(", network-config given");
+    }
+    for (i, a) in ci.addresses.iter().enumerate() {
+        line.push_str(&format!(", nic {i} {}", a.address));
+        if let Some(g) = &a.gateway {
+            line.push_str(&format!(" via {g}"));
+        }
+    }
+    line
+}
+
+fn parse_address(s: &str) -> std::result::Result<ferry_api::NicAddress, String> {
+    let (address, rest) = s.split_once(',').unwrap_or((s, ""));
+    let gateway = match rest.split_once('=') {
+        None if rest.is_empty() => None,
+        Some(("gateway", g)) if !g.is_empty() => Some(g.to_string()),
+        _ => return Err(format!("{rest:?}: only gateway=IP may follow the address")),
+    };
+    if !address.contains('/') {
+        return Err(format!("{address:?}: expected ADDR/PREFIX"));
+    }
+    Ok(ferry_api::NicAddress {
+        address: address.into(),
+        gateway,
+    })
 }
 
 #[derive(Args)]
@@ -260,6 +379,7 @@ pub fn spec_from(a: &CreateArgs) -> Result<VmSpec> {
         boot,
         accel: accel(&a.accel)?,
         nics: a.nics.clone(),
+        cloud_init: a.cloud_init.to_spec()?,
     };
     Ok(spec)
 }
@@ -374,6 +494,9 @@ pub fn run(cmd: VmCmd, c: &AdminClient) -> Result<()> {
                         .map(|o| format!(", {o}"))
                         .unwrap_or_default()
                 );
+            }
+            if let Some(ci) = &v.spec.cloud_init {
+                println!("  {}", cloud_init_line(&v.spec.name, ci));
             }
         }
         VmCmd::Migrate(a) => return migrate(a, c),
@@ -580,5 +703,69 @@ fn print_report(r: &VmMoveReport) {
     );
     for c in &r.convergence {
         println!("  - {c}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cloud_init_flags_make_a_cloud_config() {
+        assert_eq!(CloudInitArgs::default().to_spec().unwrap(), None);
+        let d = tempfile::tempdir().unwrap();
+        let key = d.path().join("id.pub");
+        std::fs::write(&key, "ssh-ed25519 AAAA test@ferry\n").unwrap();
+        let a = CloudInitArgs {
+            hostname: Some("db".into()),
+            ssh_keys: vec![key],
+            first_boot: vec!["systemctl restart mariadb".into()],
+            addresses: vec![parse_address("10.9.0.5/24,gateway=10.9.0.1").unwrap()],
+            ..Default::default()
+        };
+        let ci = a.to_spec().unwrap().unwrap();
+        let (head, body) = ci.user_data.split_once('\n').unwrap();
+        assert_eq!(head, "#cloud-config");
+        let doc: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(doc["ssh_authorized_keys"][0], "ssh-ed25519 AAAA test@ferry");
+        assert_eq!(doc["disable_root"], false);
+        assert_eq!(doc["runcmd"][0], "systemctl restart mariadb");
+        assert_eq!(ci.addresses[0].gateway.as_deref(), Some("10.9.0.1"));
+        assert_eq!(
+            cloud_init_line("g", &ci),
+            format!(
+                "cloud-init: host name db, user-data cloud-config of {} bytes, nic 0 10.9.0.5/24 via 10.9.0.1",
+                ci.user_data.len()
+            )
+        );
+        // A user-data file is taken as it is.
+        let ud = d.path().join("user-data");
+        std::fs::write(&ud, "#!/bin/sh\necho hi\n").unwrap();
+        let a = CloudInitArgs {
+            user_data: Some(ud),
+            ..Default::default()
+        };
+        assert_eq!(
+            a.to_spec().unwrap().unwrap().user_data,
+            "#!/bin/sh\necho hi\n"
+        );
+        let a = CloudInitArgs {
+            user_data: Some(d.path().join("missing")),
+            ..Default::default()
+        };
+        assert!(format!("{:#}", a.to_spec().unwrap_err()).contains("cloud-init user-data"));
+    }
+
+    #[test]
+    fn addresses_are_parsed_with_their_gateway() {
+        let a = parse_address("fd00::5/64").unwrap();
+        assert_eq!((a.address.as_str(), a.gateway), ("fd00::5/64", None));
+        assert!(parse_address("10.0.0.5")
+            .unwrap_err()
+            .contains("ADDR/PREFIX"));
+        assert!(parse_address("10.0.0.5/24,gw=1.2.3.4")
+            .unwrap_err()
+            .contains("only gateway=IP"));
+        assert!(parse_address("10.0.0.5/24,gateway=").is_err());
     }
 }

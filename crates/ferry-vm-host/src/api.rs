@@ -626,6 +626,7 @@ mod tests {
                 boot: Boot::Disk,
                 accel: Accel::Tcg,
                 nics: Vec::new(),
+                cloud_init: None,
             },
             state: VmState::Running,
             accel: Some("tcg".into()),

@@ -191,6 +191,7 @@ impl Guest {
             crate::confine::give_dir(&self.paths.sockets, u)
                 .map_err(|e| VmError::file(&self.paths.sockets, e))?;
         }
+        self.write_seed(&spec)?;
         self.plug_nics(&spec, nets).await?;
         let args = command_line(&spec, accel, &self.paths, nbd, start);
         tracing::info!(guest = %spec.name, accel, incoming, "starting QEMU");
@@ -216,6 +217,22 @@ impl Guest {
             qmp: Arc::new(qmp),
         }));
         Ok(())
+    }
+
+    /// The cloud-init seed disk QEMU is about to open, written afresh
+    /// from the spec (the same bytes on every host, so an incoming guest's
+    /// disk is the one it left).
+    fn write_seed(&self, spec: &VmSpec) -> Result<(), VmError> {
+        let Some(ci) = &spec.cloud_init else {
+            return Ok(());
+        };
+        let macs: Vec<String> = spec.nics.iter().map(|n| n.mac.clone()).collect();
+        let bytes = crate::seed::image(&spec.name, ci, &macs)
+            .map_err(|e| VmError::BadSpec(e.to_string()))?;
+        let tmp = self.paths.seed.with_extension("img.tmp");
+        std::fs::write(&tmp, bytes)
+            .and_then(|()| std::fs::rename(&tmp, &self.paths.seed))
+            .map_err(|e| VmError::file(&self.paths.seed, e))
     }
 
     /// A tap per card, plugged into its network's bridge (owned by the

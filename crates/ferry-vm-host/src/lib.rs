@@ -29,6 +29,7 @@ pub mod network;
 pub mod peer;
 pub mod qemu;
 pub mod recover;
+pub mod seed;
 pub mod tunnel;
 
 pub use host::VmHost;

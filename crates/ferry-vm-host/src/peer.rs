@@ -492,6 +492,7 @@ mod tests {
             boot: ferry_api::Boot::Disk,
             accel: ferry_api::Accel::Auto,
             nics: Vec::new(),
+            cloud_init: None,
         };
         let check = PeerRequest::Check {
             version: PEER_VERSION,

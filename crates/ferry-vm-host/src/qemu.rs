@@ -90,6 +90,8 @@ pub struct GuestPaths {
     pub qmp: PathBuf,
     pub serial: PathBuf,
     pub pidfile: PathBuf,
+    /// The cloud-init seed disk (`crate::seed`), when the spec has one.
+    pub seed: PathBuf,
     /// QEMU's end of an incoming move (`migrate-incoming unix:...`).
     pub incoming: PathBuf,
     /// The source's end of an outgoing move.
@@ -114,6 +116,7 @@ impl GuestPaths {
             qmp: dir.join("qmp.sock"),
             serial: dir.join("serial.log"),
             pidfile: dir.join("qemu.pid"),
+            seed: dir.join("cloud-init.img"),
             incoming: sockets.join("in.sock"),
             outgoing: sockets.join("out.sock"),
             sockets,
@@ -223,6 +226,9 @@ pub fn validate(spec: &VmSpec, host_mib: u64) -> Result<(), String> {
         if !macs.insert(mac) {
             return Err(format!("MAC {} is given to two cards", n.mac));
         }
+    }
+    if let Some(ci) = &spec.cloud_init {
+        crate::seed::check(&spec.name, ci, spec.nics.len()).map_err(|e| e.to_string())?;
     }
     if let Boot::Kernel { kernel, initrd, .. } = &spec.boot {
         for f in std::iter::once(kernel).chain(initrd.iter()) {
@@ -394,6 +400,23 @@ pub fn command_line(
             n.mac
         ));
     }
+    if spec.cloud_init.is_some() {
+        // Written by the host just before (`seed::image`); read-only.
+        let node = serde_json::json!({
+            "driver": "raw",
+            "node-name": "seed",
+            "read-only": true,
+            "file": {
+                "driver": "file",
+                "filename": paths.seed.display().to_string(),
+                "read-only": true,
+            },
+        });
+        a.push("-blockdev".into());
+        a.push(node.to_string());
+        a.push("-device".into());
+        a.push(format!("virtio-blk-pci,drive=seed,id=seed,{GEOMETRY}"));
+    }
     if let Boot::Kernel {
         kernel,
         initrd,
@@ -437,6 +460,7 @@ mod tests {
             boot: Boot::Disk,
             accel: Accel::Auto,
             nics: Vec::new(),
+            cloud_init: None,
         }
     }
 
