@@ -57,6 +57,24 @@ pub enum VmCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Write the cloud-init seed disk `create` would attach (NoCloud,
+    /// label CIDATA) to a file, for a guest QEMU or libvirt runs without a
+    /// host daemon; no host is asked.
+    Seed(SeedArgs),
+}
+
+#[derive(Args)]
+pub struct SeedArgs {
+    /// The guest's name (its cloud-init instance id).
+    pub name: String,
+    /// The disk image to write (raw).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The MAC of the guest's next card, in order (for --address).
+    #[arg(long = "mac")]
+    pub macs: Vec<String>,
+    #[command(flatten)]
+    pub cloud_init: CloudInitArgs,
 }
 
 #[derive(Args)]
@@ -500,6 +518,22 @@ pub fn run(cmd: VmCmd, c: &AdminClient) -> Result<()> {
             }
         }
         VmCmd::Migrate(a) => return migrate(a, c),
+        VmCmd::Seed(a) => {
+            let Some(ci) = a.cloud_init.to_spec()? else {
+                bail!("nothing to seed: give --cloud-init, --ssh-key, --first-boot, --address or --hostname");
+            };
+            for m in &a.macs {
+                ferry_vm_host::network::check_mac(m)?;
+            }
+            let bytes = ferry_vm_host::seed::image(&a.name, &ci, &a.macs)?;
+            std::fs::write(&a.out, &bytes).with_context(|| format!("{}", a.out.display()))?;
+            println!(
+                "cloud-init seed for {} in {} ({})",
+                a.name,
+                a.out.display(),
+                human(bytes.len() as u64)
+            );
+        }
         VmCmd::Moves { json } => {
             let ms = c.vm_moves()?;
             if json {

@@ -1021,3 +1021,53 @@ fn nbd_over_tls_with_client_certificates() {
     );
     s.terminate();
 }
+
+/// `ferry vm seed`: the cloud-init seed `vm create` would attach, written
+/// to a file without any daemon, for a guest run by QEMU or libvirt; bad
+/// input refused with the reason.
+#[test]
+fn vm_seed_writes_a_nocloud_disk() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("seed.img");
+    let run = |args: &[&str]| Command::new(FERRY).args(args).output().unwrap();
+    let o = run(&[
+        "vm",
+        "seed",
+        "db",
+        "--out",
+        out.to_str().unwrap(),
+        "--mac",
+        "52:54:00:00:00:07",
+        "--address",
+        "10.7.0.2/24,gateway=10.7.0.1",
+        "--first-boot",
+        "echo hi",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let img = std::fs::read(&out).unwrap();
+    assert_eq!(img.len(), 1 << 20);
+    // The FAT boot sector's volume label (FAT12/16 layout).
+    assert_eq!(&img[43..54], b"CIDATA     ");
+    let text = String::from_utf8_lossy(&img);
+    assert!(text.contains("instance-id: \"db\""), "meta-data");
+    assert!(
+        text.contains(r#""macaddress":"52:54:00:00:00:07""#),
+        "network-config"
+    );
+    assert!(text.contains(r#""runcmd":["echo hi"]"#), "user-data");
+    for (args, says) in [
+        (
+            vec!["--address", "10.7.0.2/24"],
+            "1 addresses for 0 network card(s)",
+        ),
+        (vec!["--mac", "zz", "--hostname", "x"], "six hex octets"),
+        (vec![], "nothing to seed"),
+        (vec!["--hostname", "a_b"], "host name \"a_b\""),
+    ] {
+        let mut a = vec!["vm", "seed", "db", "--out", out.to_str().unwrap()];
+        a.extend(args);
+        let o = run(&a);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(says), "{a:?}: {err}");
+    }
+}

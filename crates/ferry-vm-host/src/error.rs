@@ -118,6 +118,10 @@ pub enum PeerFault {
     /// It did not answer in time.
     #[error("no answer to {0} in time")]
     Timeout(&'static str),
+    /// It closed the connection before sending anything: a link opened
+    /// ahead and not needed (a move's spare link), not a failure.
+    #[error("closed the connection before any message")]
+    ClosedIdle,
 }
 
 impl VmError {

@@ -198,7 +198,7 @@ impl Guest {
         let (pid, qmp) = match self.spawn_detached(&args).await {
             Ok(x) => x,
             Err(e) => {
-                unplug_nics(&spec).await;
+                unplug_nics(&self.paths.dir, spec.nics.len()).await;
                 return Err(e);
             }
         };
@@ -247,7 +247,10 @@ impl Guest {
             let net = nets
                 .get(&n.network)
                 .map_err(|e| VmError::BadSpec(e.to_string()))?;
-            plan.push((crate::network::tap_name(&spec.name, i), net.bridge.clone()));
+            plan.push((
+                crate::network::tap_name(&self.paths.dir, i),
+                net.bridge.clone(),
+            ));
         }
         if plan.is_empty() {
             return Ok(());
@@ -430,15 +433,16 @@ impl Guest {
         }
         // Its taps go with it (so do those of a QEMU that died while no
         // daemon watched it).
-        let spec = self.spec.lock().clone();
-        unplug_nics(&spec).await;
+        let cards = self.spec.lock().nics.len();
+        unplug_nics(&self.paths.dir, cards).await;
     }
 }
 
-/// Remove the taps of `spec`'s cards (QEMU is gone).
-pub async fn unplug_nics(spec: &VmSpec) {
-    let taps: Vec<String> = (0..spec.nics.len())
-        .map(|i| crate::network::tap_name(&spec.name, i))
+/// Remove the taps of the `cards` cards of the guest in `dir` (QEMU is
+/// gone).
+pub async fn unplug_nics(dir: &Path, cards: usize) {
+    let taps: Vec<String> = (0..cards)
+        .map(|i| crate::network::tap_name(dir, i))
         .collect();
     if taps.is_empty() {
         return;

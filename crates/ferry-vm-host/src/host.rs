@@ -570,21 +570,26 @@ impl VmHost {
             memory_dirty: rt.as_ref().and(memory.dirty),
             memory_link_share: rt.as_ref().and(memory.link_share),
             disks,
-            nics: self.nic_views(&spec, rt.is_some()),
+            nics: self.nic_views(&g.paths.dir, &spec, rt.is_some()),
             serial_log: g.paths.serial.clone(),
             moving: g.moving.lock().clone(),
             spec,
         }
     }
 
-    /// Each NIC of `spec` as plugged here, with its tap's counters while
-    /// QEMU runs.
-    fn nic_views(&self, spec: &VmSpec, running: bool) -> Vec<ferry_api::NicView> {
+    /// Each NIC of `spec` (the guest in `dir`) as plugged here, with its
+    /// tap's counters while QEMU runs.
+    fn nic_views(
+        &self,
+        dir: &std::path::Path,
+        spec: &VmSpec,
+        running: bool,
+    ) -> Vec<ferry_api::NicView> {
         spec.nics
             .iter()
             .enumerate()
             .map(|(i, n)| {
-                let tap = crate::network::tap_name(&spec.name, i);
+                let tap = crate::network::tap_name(dir, i);
                 let net = self.networks.get(&n.network).ok();
                 let bytes = running.then(|| crate::network::tap_bytes(&tap)).flatten();
                 ferry_api::NicView {

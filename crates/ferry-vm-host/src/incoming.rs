@@ -60,6 +60,17 @@ pub async fn serve(
                     Err(_) => return,
                 };
                 if let Err(e) = handle(h, link).await {
+                    if matches!(
+                        e,
+                        VmError::Peer {
+                            fault: PeerFault::ClosedIdle,
+                            ..
+                        }
+                    ) {
+                        // A spare link the source opened ahead and let go.
+                        tracing::debug!(%peer, "move link closed unused");
+                        return;
+                    }
                     tracing::warn!(%peer, error = %e, "move request failed");
                 }
             }

@@ -262,13 +262,16 @@ pub fn new_mac() -> String {
     format!("52:54:00:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2])
 }
 
-/// The tap device of a guest's NIC `index`: from the guest's name, so
-/// that whoever stops QEMU finds it without being told (15 characters at
-/// most, the kernel's limit).
-pub fn tap_name(guest: &str, index: usize) -> String {
+/// The tap device of a guest's NIC `index`: from the guest's directory
+/// (its host's state directory and its name, links resolved), so that
+/// whoever stops QEMU finds it without being told, and two hosts of one
+/// machine (one network namespace) never name a tap alike when a guest
+/// moves between them (15 characters at most, the kernel's limit).
+pub fn tap_name(guest_dir: &std::path::Path, index: usize) -> String {
+    let dir = std::fs::canonicalize(guest_dir).unwrap_or_else(|_| guest_dir.to_path_buf());
     // FNV-1a: stable across builds and machines.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in guest.bytes() {
+    for &b in dir.as_os_str().as_encoded_bytes() {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
@@ -451,10 +454,20 @@ mod tests {
             assert_eq!(check_mac(&m).unwrap(), m);
             assert!(m.starts_with("52:54:00:"));
         }
-        let t = tap_name("a-guest-with-a-long-name", 7);
+        let p = |s: &str| std::path::PathBuf::from(s);
+        let t = tap_name(&p("/var/lib/ferry-host/vms/a-guest-with-a-long-name"), 7);
         assert!(t.len() <= 15 && valid_ifname(&t), "{t}");
-        assert_eq!(t, tap_name("a-guest-with-a-long-name", 7), "stable");
-        assert_ne!(tap_name("web", 0), tap_name("web2", 0));
-        assert_ne!(tap_name("web", 0), tap_name("web", 1));
+        assert_eq!(
+            t,
+            tap_name(&p("/var/lib/ferry-host/vms/a-guest-with-a-long-name"), 7),
+            "stable"
+        );
+        assert_ne!(
+            tap_name(&p("/h/vms/web"), 0),
+            tap_name(&p("/h/vms/web2"), 0)
+        );
+        assert_ne!(tap_name(&p("/h/vms/web"), 0), tap_name(&p("/h/vms/web"), 1));
+        // The same guest on two hosts of one machine.
+        assert_ne!(tap_name(&p("/a/vms/web"), 0), tap_name(&p("/b/vms/web"), 0));
     }
 }

@@ -392,7 +392,7 @@ pub fn command_line(
         a.push("-netdev".into());
         a.push(format!(
             "tap,id=net{i},ifname={},script=no,downscript=no",
-            crate::network::tap_name(&spec.name, i)
+            crate::network::tap_name(&paths.dir, i)
         ));
         a.push("-device".into());
         a.push(format!(
@@ -501,7 +501,7 @@ mod tests {
             mac: "52:54:00:ab:cd:ef".into(),
         }];
         let j = command_line(&s, "tcg", &p, Path::new("/s/nbd.sock"), Start::Boot).join(" ");
-        let tap = crate::network::tap_name("web-1", 0);
+        let tap = crate::network::tap_name(&p.dir, 0);
         assert!(
             j.contains(&format!(
                 "-netdev tap,id=net0,ifname={tap},script=no,downscript=no"

@@ -57,9 +57,19 @@ pub async fn read_message<T: for<'de> serde::Deserialize<'de>, R: AsyncRead + Un
         {
             return Ok((m, buf));
         }
-        let n = r.read(&mut chunk).await.map_err(PeerFault::link("read"))?;
+        let n = match r.read(&mut chunk).await {
+            Ok(n) => n,
+            Err(e) if buf.is_empty() && e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(PeerFault::ClosedIdle)
+            }
+            Err(e) => return Err(PeerFault::link("read")(e)),
+        };
         if n == 0 {
-            return Err(PeerFault::Protocol("closed the connection".into()));
+            return Err(if buf.is_empty() {
+                PeerFault::ClosedIdle
+            } else {
+                PeerFault::Protocol("closed the connection".into())
+            });
         }
         buf.extend_from_slice(&chunk[..n]);
     }
@@ -401,6 +411,43 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A link closed before any byte is an unused spare, not a failure; one
+    /// closed mid-message is.
+    #[tokio::test]
+    async fn a_link_closed_before_any_message_is_told_apart() {
+        let mut empty: &[u8] = b"";
+        let e = read_message::<serde_json::Value, _>(&mut empty)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, PeerFault::ClosedIdle), "{e}");
+        let mut eof = eof_reader();
+        let e = read_message::<serde_json::Value, _>(&mut eof)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, PeerFault::ClosedIdle), "{e}");
+        let mut half: &[u8] = b"{\"a\":";
+        let e = read_message::<serde_json::Value, _>(&mut half)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, PeerFault::Protocol(_)), "{e}");
+    }
+
+    /// A reader that fails at once as a TLS stream does when its peer
+    /// drops the connection without a close_notify.
+    fn eof_reader() -> impl AsyncRead + Unpin {
+        struct Eof;
+        impl AsyncRead for Eof {
+            fn poll_read(
+                self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+                _: &mut tokio::io::ReadBuf<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::task::Poll::Ready(Err(std::io::ErrorKind::UnexpectedEof.into()))
+            }
+        }
+        Eof
+    }
 
     #[test]
     fn frames_are_a_quarter_of_the_window_within_bounds() {
