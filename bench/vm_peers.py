@@ -183,13 +183,13 @@ def trust(a, b):
 
 
 class Host:
-    def __init__(self, state):
+    def __init__(self, state, extra=()):
         os.makedirs(state, exist_ok=True)
         self.state = state
         self.control, self.moves = free_port(), free_port()
         self.proc = subprocess.Popen(
             [FERRY, "host", "--state-dir", state, "--control", f"127.0.0.1:{self.control}",
-             "--move-listen", f"127.0.0.1:{self.moves}", "--image-dir", GUEST],
+             "--move-listen", f"127.0.0.1:{self.moves}", "--image-dir", GUEST, *extra],
             env=dict(os.environ, FERRY_LOG=os.environ.get("FERRY_BENCH_LOG", "warn")),
             stdout=subprocess.DEVNULL, stderr=open(state + ".log", "w"))
         wait_http(f"http://127.0.0.1:{self.control}/v1/vms")
@@ -338,6 +338,61 @@ def stamp(events, name):
     return ts[-1] if ts else None
 
 
+def copy_storage_setup(src, dst, link):
+    """libvirt's set-up of `virsh migrate --live --copy-storage-all` between
+    QEMU monitors `src` and `dst` (the destination started `-incoming
+    defer -S` with an empty disk `disk0`): multifd (4 channels, zstd) and
+    auto-converge on both, the downtime limit, the destination's disk
+    exported over NBD and its migration listening; each reached through a
+    new proxy of `link`. Returns ((name, port) of the disk's proxy, (name,
+    port) of the memory's)."""
+    nbd_port, mig_port = free_port(), free_port()
+    caps = [{"capability": "auto-converge", "state": True},
+            {"capability": "multifd", "state": True}]
+    params = {"multifd-channels": 4, "multifd-compression": "zstd"}
+    for c in (src, dst):
+        c("migrate-set-capabilities", capabilities=caps)
+        c("migrate-set-parameters", **params)
+    src("migrate-set-parameters", **{"downtime-limit": MAX_DOWNTIME_MS, "max-bandwidth": 1 << 40})
+    dst("nbd-server-start", addr={"type": "inet", "data": {"host": "127.0.0.1", "port": str(nbd_port)}})
+    dst("block-export-add", type="nbd", id="e0", **{"node-name": "disk0"}, writable=True, name="disk0")
+    dst("migrate-incoming", uri=f"tcp:127.0.0.1:{mig_port}")
+    return link.proxy(f"127.0.0.1:{nbd_port}"), link.proxy(f"127.0.0.1:{mig_port}")
+
+
+def copy_storage_move(src, dst, disk_port, mem_port):
+    """libvirt's copy-storage move: mirror the disk into the destination's
+    export until ready, migrate memory, then cancel the ready mirror (a
+    consistent copy), remove the export and resume the destination.
+    Returns QEMU's last `query-migrate`."""
+    src("blockdev-add", driver="nbd", **{"node-name": "tgt"},
+        server={"type": "inet", "host": "127.0.0.1", "port": str(disk_port)}, export="disk0")
+    src("blockdev-mirror", **{"job-id": "m0"}, device="disk0", target="tgt", sync="full")
+    while True:
+        jobs = [j for j in src("query-jobs") if j["id"] == "m0"]
+        if jobs and jobs[0]["status"] == "ready":
+            break
+        if not jobs:
+            raise RuntimeError("mirror job vanished")
+        time.sleep(0.1)
+    src("migrate", uri=f"tcp:127.0.0.1:{mem_port}")
+    while True:
+        st = src("query-migrate")
+        if st.get("status") == "completed":
+            break
+        if st.get("status") in ("failed", "cancelled"):
+            raise RuntimeError(f"QEMU migration {st}")
+        time.sleep(0.05)
+    src("block-job-cancel", device="m0")
+    while [j for j in src("query-jobs") if j["id"] == "m0"]:
+        time.sleep(0.02)
+    src("blockdev-del", **{"node-name": "tgt"})
+    dst("block-export-del", id="e0", mode="hard")
+    dst("nbd-server-stop")
+    dst("cont")
+    return st
+
+
 def run_qemu_native(work, link, image, load):
     src_disk, dst_disk = os.path.join(work, "qa.raw"), os.path.join(work, "qb.raw")
     subprocess.run(["cp", "--sparse=always", image, src_disk], check=True)
@@ -357,47 +412,9 @@ def run_qemu_native(work, link, image, load):
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         src_ev, dst_ev = [], []
         src, dst = connect_qmp(qa, src_ev), connect_qmp(qb, dst_ev)
-        nbd_port, mig_port = free_port(), free_port()
-        caps = [{"capability": "auto-converge", "state": True},
-                {"capability": "multifd", "state": True}]
-        params = {"multifd-channels": 4, "multifd-compression": "zstd"}
-        for c in (src, dst):
-            c("migrate-set-capabilities", capabilities=caps)
-            c("migrate-set-parameters", **params)
-        src("migrate-set-parameters", **{"downtime-limit": MAX_DOWNTIME_MS, "max-bandwidth": 1 << 40})
-        dst("nbd-server-start", addr={"type": "inet", "data": {"host": "127.0.0.1", "port": str(nbd_port)}})
-        dst("block-export-add", type="nbd", id="e0", **{"node-name": "disk0"}, writable=True, name="disk0")
-        dst("migrate-incoming", uri=f"tcp:127.0.0.1:{mig_port}")
-        disk_name, disk_port = link.proxy(f"127.0.0.1:{nbd_port}")
-        mem_name, mem_port = link.proxy(f"127.0.0.1:{mig_port}")
+        (disk_name, disk_port), (mem_name, mem_port) = copy_storage_setup(src, dst, link)
         t = time.time()
-        src("blockdev-add", driver="nbd", **{"node-name": "tgt"},
-            server={"type": "inet", "host": "127.0.0.1", "port": str(disk_port)}, export="disk0")
-        src("blockdev-mirror", **{"job-id": "m0"}, device="disk0", target="tgt", sync="full")
-        while True:
-            jobs = [j for j in src("query-jobs") if j["id"] == "m0"]
-            if jobs and jobs[0]["status"] == "ready":
-                break
-            if not jobs:
-                raise RuntimeError("mirror job vanished")
-            time.sleep(0.1)
-        src("migrate", uri=f"tcp:127.0.0.1:{mem_port}")
-        while True:
-            st = src("query-migrate")
-            if st.get("status") == "completed":
-                break
-            if st.get("status") in ("failed", "cancelled"):
-                raise RuntimeError(f"QEMU migration {st}")
-            time.sleep(0.05)
-        # libvirt's order: cancel the ready mirror (a consistent copy), stop
-        # the export, resume the destination.
-        src("block-job-cancel", device="m0")
-        while [j for j in src("query-jobs") if j["id"] == "m0"]:
-            time.sleep(0.02)
-        src("blockdev-del", **{"node-name": "tgt"})
-        dst("block-export-del", id="e0", mode="hard")
-        dst("nbd-server-stop")
-        dst("cont")
+        st = copy_storage_move(src, dst, disk_port, mem_port)
         secs = time.time() - t
         downtime = st.get("downtime")
         time.sleep(0.5)

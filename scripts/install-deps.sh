@@ -22,8 +22,8 @@ if [ "$want_test" = 1 ]; then
   # syslinux, mtools, dosfstools: a disk a guest boots from (--boot-disk).
   # iproute2: guest networks (bridges, VXLAN, taps; the sites' namespaces).
   # debootstrap, fdisk: the Debian guest image (scripts/debian-guest.sh);
-  # sysbench, mariadb-client: its database's clients.
-  pkgs+=(debootstrap fdisk sysbench mariadb-client qemu-block-extra libnbd-bin python3-libnbd nbdkit fio python3 python3-matplotlib chromium rsync libiscsi-bin tgt etcd-server prometheus syslinux syslinux-common mtools dosfstools iproute2)
+  # sysbench, mariadb-client, wrk, openssh-client: its clients.
+  pkgs+=(debootstrap fdisk sysbench mariadb-client openssh-client wrk qemu-block-extra libnbd-bin python3-libnbd nbdkit fio python3 python3-matplotlib chromium rsync libiscsi-bin tgt etcd-server prometheus syslinux syslinux-common mtools dosfstools iproute2)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -193,6 +193,27 @@ impl CloudInitArgs {
     }
 }
 
+/// `ferry vm seed`: the seed disk `create` would attach, to a file.
+fn write_seed(a: &SeedArgs) -> Result<()> {
+    let Some(ci) = a.cloud_init.to_spec()? else {
+        bail!(
+            "nothing to seed: give --cloud-init, --ssh-key, --first-boot, --address or --hostname"
+        );
+    };
+    for m in &a.macs {
+        ferry_vm_host::network::check_mac(m)?;
+    }
+    let bytes = ferry_vm_host::seed::image(&a.name, &ci, &a.macs)?;
+    std::fs::write(&a.out, &bytes).with_context(|| format!("{}", a.out.display()))?;
+    println!(
+        "cloud-init seed for {} in {} ({})",
+        a.name,
+        a.out.display(),
+        human(bytes.len() as u64)
+    );
+    Ok(())
+}
+
 /// `ferry vm show`'s line for the guest's cloud-init seed.
 fn cloud_init_line(name: &str, ci: &ferry_api::CloudInit) -> String {
     let kind = if ci.user_data.starts_with("#!") {
@@ -518,22 +539,7 @@ pub fn run(cmd: VmCmd, c: &AdminClient) -> Result<()> {
             }
         }
         VmCmd::Migrate(a) => return migrate(a, c),
-        VmCmd::Seed(a) => {
-            let Some(ci) = a.cloud_init.to_spec()? else {
-                bail!("nothing to seed: give --cloud-init, --ssh-key, --first-boot, --address or --hostname");
-            };
-            for m in &a.macs {
-                ferry_vm_host::network::check_mac(m)?;
-            }
-            let bytes = ferry_vm_host::seed::image(&a.name, &ci, &a.macs)?;
-            std::fs::write(&a.out, &bytes).with_context(|| format!("{}", a.out.display()))?;
-            println!(
-                "cloud-init seed for {} in {} ({})",
-                a.name,
-                a.out.display(),
-                human(bytes.len() as u64)
-            );
-        }
+        VmCmd::Seed(a) => write_seed(&a)?,
         VmCmd::Moves { json } => {
             let ms = c.vm_moves()?;
             if json {

@@ -9,8 +9,9 @@ use common::on_path;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const EXPERIMENTS: [&str; 10] = [
+const EXPERIMENTS: [&str; 11] = [
     "rtt",
+    "db_rtt",
     "move_then_run",
     "threshold",
     "model",
@@ -45,6 +46,11 @@ fn every_evidence_experiment_runs_and_draws_its_figure() {
         "qemu-storage-daemon",
         "rsync",
         "mke2fs",
+        // db_rtt: the Debian guest's database and its clients.
+        "qemu-system-x86_64",
+        "sysbench",
+        "mariadb",
+        "ssh",
     ]
     .into_iter()
     .filter(|t| !on_path(t))

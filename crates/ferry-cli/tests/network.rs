@@ -246,6 +246,28 @@ impl Site {
             .wait_ok(&["vm", "--host", HOST_CONTROL, "list"], "ferry host", &log);
     }
 
+    /// A new volume `name` of `size` on this site's storage, filled from
+    /// the image file.
+    fn import_volume(&self, name: &str, size: &str, image: &Path) {
+        self.ns.ferry_ok(&[
+            "volume",
+            "create",
+            name,
+            "--size",
+            size,
+            "--admin",
+            STORAGE_ADMIN,
+        ]);
+        self.ns.ferry_ok(&[
+            "volume",
+            "import",
+            name,
+            image.to_str().unwrap(),
+            "--admin",
+            STORAGE_ADMIN,
+        ]);
+    }
+
     fn show(&self, name: &str) -> Option<Value> {
         let o = self.ns.vm(&["show", name, "--json"]);
         o.status
@@ -463,23 +485,7 @@ fn a_guest_keeps_its_network_and_its_clients_connection_across_a_teleport() {
     sh(Command::new("mke2fs")
         .args(["-q", "-t", "ext4", "-F"])
         .arg(&img));
-    a.ns.ferry_ok(&[
-        "volume",
-        "create",
-        "root",
-        "--size",
-        "64M",
-        "--admin",
-        STORAGE_ADMIN,
-    ]);
-    a.ns.ferry_ok(&[
-        "volume",
-        "import",
-        "root",
-        img.to_str().unwrap(),
-        "--admin",
-        STORAGE_ADMIN,
-    ]);
+    a.import_volume("root", "64M", &img);
     let disk = format!("root@{STORAGE_NBD}@{STORAGE_ADMIN}");
     let (kernel, initrd) = (
         kernel.to_str().unwrap().to_string(),
@@ -598,7 +604,11 @@ fn a_guest_keeps_its_network_and_its_clients_connection_across_a_teleport() {
     assert_eq!(there["state"], "running", "{there}");
     assert_eq!(there["spec"]["nics"][0]["mac"], mac.as_str());
     assert_eq!(there["nics"][0]["bridge"], "flan");
-    assert!(b.ns.has_link(&tap), "the card is plugged at B");
+    // B's tap is B's own (taps are named per host, so two hosts in one
+    // namespace could not clash either).
+    let tap_b = there["nics"][0]["tap"].as_str().unwrap().to_string();
+    assert_ne!(tap_b, tap);
+    assert!(b.ns.has_link(&tap_b), "the card is plugged at B");
     assert!(!a.ns.has_link(&tap), "A's tap went with its QEMU");
     let serial_b = b.state().join("vms/g/serial.log");
     std::thread::sleep(Duration::from_secs(2));
@@ -629,9 +639,9 @@ fn a_guest_keeps_its_network_and_its_clients_connection_across_a_teleport() {
 
     // Stopped and started again at B, the guest keeps its cards.
     b.ns.vm_ok(&["stop", "g"]);
-    assert!(!b.ns.has_link(&tap), "a stopped guest's tap is removed");
+    assert!(!b.ns.has_link(&tap_b), "a stopped guest's tap is removed");
     b.ns.vm_ok(&["start", "g"]);
-    assert!(b.ns.has_link(&tap));
+    assert!(b.ns.has_link(&tap_b));
     let again = b.show("g").unwrap();
     assert_eq!(again["spec"]["nics"][0]["mac"], mac.as_str());
     wait_serial(&serial_b, "echo on 7");
@@ -702,23 +712,7 @@ fn a_debian_guest_keeps_its_database_clients_across_a_teleport() {
     let mut w = world("d", &[], "192.168.98.100/24");
     let (a, client) = (&w.a, w.client.0.clone());
     let client = client.as_str();
-    a.ns.ferry_ok(&[
-        "volume",
-        "create",
-        "db",
-        "--size",
-        "4G",
-        "--admin",
-        STORAGE_ADMIN,
-    ]);
-    a.ns.ferry_ok(&[
-        "volume",
-        "import",
-        "db",
-        image.to_str().unwrap(),
-        "--admin",
-        STORAGE_ADMIN,
-    ]);
+    a.import_volume("db", "4G", &image);
     let guest_ip = "192.168.98.20";
     let first_boot = "until mariadb -e 'SELECT 1'; do sleep 1; done; \
         mariadb -e \"CREATE DATABASE sbtest; CREATE USER 'sbtest'@'%' IDENTIFIED BY 'sbtest'; \
