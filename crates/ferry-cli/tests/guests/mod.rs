@@ -60,6 +60,53 @@ pub fn ok_cmd(c: &mut Command) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// Spawn a daemon (its stderr appended to `log`) and wait for its API at
+/// `url`. If it exits first, `Err` with what it logged this time (a port
+/// taken between choosing it and binding it is retried by the callers
+/// that chose their ports).
+fn spawn_and_wait(cmd: &mut Command, url: &str, what: &str, log: &Path) -> Result<Child, String> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    let from = file.metadata().map_or(0, |m| m.len());
+    let mut child = cmd.stdout(Stdio::null()).stderr(file).spawn().unwrap();
+    let t = Instant::now();
+    let said = || {
+        let all = std::fs::read(log).unwrap_or_default();
+        String::from_utf8_lossy(all.get(usize::try_from(from).unwrap_or(0)..).unwrap_or(&[]))
+            .into_owned()
+    };
+    while ureq::get(url).call().is_err() {
+        if child.try_wait().ok().flatten().is_some() {
+            return Err(said());
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{what} did not start; its log:\n{}",
+            said()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(child)
+}
+
+/// Start a daemon on the ports `start` chooses, again on new ones when one
+/// was taken meanwhile (`free_port` only knows a port was free when it
+/// asked).
+fn start_on_free_ports<T>(what: &str, mut start: impl FnMut() -> Result<T, String>) -> T {
+    let mut last = String::new();
+    for _ in 0..4 {
+        match start() {
+            Ok(t) => return t,
+            Err(log) if log.contains("Address already in use") => last = log,
+            Err(log) => panic!("{what} did not start; its log:\n{log}"),
+        }
+    }
+    panic!("{what} did not start on four sets of free ports; its log:\n{last}")
+}
+
 /// Wait for a daemon's API; if it does not come up, say so with its log.
 pub fn wait_http(url: &str, what: &str, log: Option<&Path>) {
     let t = Instant::now();
@@ -85,8 +132,9 @@ pub struct Storage {
 
 impl Storage {
     pub fn start(pool: &Path) -> Storage {
-        let (nbd, admin, mig) = (addr(), addr(), addr());
-        Self::start_on(pool, nbd, admin, mig)
+        start_on_free_ports("ferry serve", || {
+            Self::try_start(pool, addr(), addr(), addr(), &[])
+        })
     }
 
     pub fn start_on(pool: &Path, nbd: String, admin: String, mig: String) -> Storage {
@@ -101,35 +149,37 @@ impl Storage {
         mig: String,
         extra: &[String],
     ) -> Storage {
-        // Its log beside the pool (appended across restarts), for a test
-        // that fails to show.
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(pool.with_extension("log"))
-            .unwrap();
-        let child = Command::new(FERRY)
-            .args(["serve", "--pool"])
-            .arg(pool)
-            .args(["--nbd", &nbd, "--admin", &admin, "--migrate", &mig])
-            .args(extra)
-            .env("FERRY_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        wait_http(
+        Self::try_start(pool, nbd, admin, mig, extra)
+            .unwrap_or_else(|log| panic!("ferry serve did not start; its log:\n{log}"))
+    }
+
+    /// Its log beside the pool (appended across restarts), for a test
+    /// that fails to show.
+    fn try_start(
+        pool: &Path,
+        nbd: String,
+        admin: String,
+        mig: String,
+        extra: &[String],
+    ) -> Result<Storage, String> {
+        let child = spawn_and_wait(
+            Command::new(FERRY)
+                .args(["serve", "--pool"])
+                .arg(pool)
+                .args(["--nbd", &nbd, "--admin", &admin, "--migrate", &mig])
+                .args(extra)
+                .env("FERRY_LOG", "info"),
             &format!("http://{admin}/v1/server"),
             "ferry serve",
-            Some(&pool.with_extension("log")),
-        );
-        Storage {
+            &pool.with_extension("log"),
+        )?;
+        Ok(Storage {
             child,
             pool: pool.into(),
             nbd,
             admin,
             mig,
-        }
+        })
     }
 
     pub fn kill9(&mut self) {
@@ -169,7 +219,7 @@ pub struct Host {
 
 impl Host {
     pub fn start(state: &Path) -> Host {
-        Self::start_on(state, addr(), addr())
+        start_on_free_ports("ferry host", || Self::try_start(state, addr(), addr(), &[]))
     }
 
     pub fn start_on(state: &Path, control: String, moves: String) -> Host {
@@ -178,37 +228,38 @@ impl Host {
 
     /// With more `ferry host` arguments.
     pub fn start_with(state: &Path, control: String, moves: String, extra: &[&str]) -> Host {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(state.with_extension("log"))
-            .unwrap();
-        let child = Command::new(FERRY)
-            .args(["host", "--state-dir"])
-            .arg(state)
-            .args(["--control", &control, "--move-listen", &moves])
-            // Where the test guest's kernel and initramfs are.
-            .arg("--image-dir")
-            .arg(guest_dir())
-            // Often, so that every test's moves run beside a measurement.
-            .args(["--memory-sample-every", "2"])
-            .args(extra)
-            .env("FERRY_LOG", "info,ferry_forwarder=debug")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        wait_http(
+        Self::try_start(state, control, moves, extra)
+            .unwrap_or_else(|log| panic!("ferry host did not start; its log:\n{log}"))
+    }
+
+    fn try_start(
+        state: &Path,
+        control: String,
+        moves: String,
+        extra: &[&str],
+    ) -> Result<Host, String> {
+        let child = spawn_and_wait(
+            Command::new(FERRY)
+                .args(["host", "--state-dir"])
+                .arg(state)
+                .args(["--control", &control, "--move-listen", &moves])
+                // Where the test guest's kernel and initramfs are.
+                .arg("--image-dir")
+                .arg(guest_dir())
+                // Often, so that every test's moves run beside a measurement.
+                .args(["--memory-sample-every", "2"])
+                .args(extra)
+                .env("FERRY_LOG", "info,ferry_forwarder=debug"),
             &format!("http://{control}/v1/vms"),
             "ferry host",
-            Some(&state.with_extension("log")),
-        );
-        Host {
+            &state.with_extension("log"),
+        )?;
+        Ok(Host {
             child,
             state: state.into(),
             control,
             moves,
-        }
+        })
     }
 
     pub fn vm(&self, args: &[&str]) -> std::process::Output {
