@@ -57,9 +57,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import FERRY, ensure_ferry, version  # noqa: E402
-from migration_peers import Daemon, Link  # noqa: E402
+from migration_peers import Link  # noqa: E402
 from vm_peers import (GUEST, Host, connect_qmp, copy_storage_move, copy_storage_setup,  # noqa: E402
-                      stamp, trust)
+                      stamp, two_sites)
 
 IMAGE = os.path.join(GUEST, "debian-bookworm.img")
 BRIDGE = "fbench0"
@@ -265,12 +265,7 @@ def moved_under_load(clients, move, warm=10):
 
 
 def run_ferry(work, link):
-    pa, pb, ha, hb = (os.path.join(work, d) for d in ("sa", "sb", "ha", "hb"))
-    trust(pa, pb)
-    os.makedirs(ha)
-    os.makedirs(hb)
-    trust(ha, hb)
-    sa, sb = Daemon(pa, migrate=True), Daemon(pb, migrate=True)
+    sa, sb, ha, hb = two_sites(work)
     hosts, clients, rows = [], None, []
     net = f"lan,bridge={BRIDGE}"
     try:

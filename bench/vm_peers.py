@@ -212,15 +212,22 @@ class Host:
                 pass
 
 
-def run_ferry(work, link, base, image, load, teleport):
-    for d in ("sa", "sb", "ha", "hb"):
-        shutil.rmtree(os.path.join(work, d), ignore_errors=True)
+def two_sites(work):
+    """Sites A and B in `work`: a storage daemon each (migrations on) and
+    the state directories of their host daemons (`ha`, `hb`), each pair
+    trusting the other. Returns (sa, sb, ha, hb)."""
     pa, pb, ha, hb = (os.path.join(work, d) for d in ("sa", "sb", "ha", "hb"))
     trust(pa, pb)
     os.makedirs(ha)
     os.makedirs(hb)
     trust(ha, hb)
-    sa, sb = Daemon(pa, migrate=True), Daemon(pb, migrate=True)
+    return Daemon(pa, migrate=True), Daemon(pb, migrate=True), ha, hb
+
+
+def run_ferry(work, link, base, image, load, teleport):
+    for d in ("sa", "sb", "ha", "hb"):
+        shutil.rmtree(os.path.join(work, d), ignore_errors=True)
+    sa, sb, ha, hb = two_sites(work)
     hosts = []
     try:
         sb.ferry("volume", "create", "sibling", "--size", str(os.path.getsize(base)))

@@ -385,6 +385,20 @@ struct World {
     _one: std::sync::MutexGuard<'static, ()>,
 }
 
+/// `ferry vm` arguments that teleport `vm` (memory and disks) to site B.
+fn teleport_to_b(vm: &str) -> [&str; 8] {
+    [
+        "migrate",
+        vm,
+        "--to-host",
+        "10.99.0.2:10891",
+        "--with-disk",
+        "--to-storage",
+        "10.99.0.2:10900",
+        "--json",
+    ]
+}
+
 fn lan(me: &str, peer: &str) -> String {
     format!("lan,bridge=flan,vxlan=77,local={me},peer={peer}")
 }
@@ -571,16 +585,7 @@ fn a_guest_keeps_its_network_and_its_clients_connection_across_a_teleport() {
         .unwrap();
     std::thread::sleep(Duration::from_secs(2));
 
-    let teleport = [
-        "migrate",
-        "g",
-        "--to-host",
-        "10.99.0.2:10891",
-        "--with-disk",
-        "--to-storage",
-        "10.99.0.2:10900",
-        "--json",
-    ];
+    let teleport = teleport_to_b("g");
     // B lacks the network of the guest's second card: refused before any
     // disk byte crosses; the guest runs on at A.
     let o = a.ns.vm(&teleport);
@@ -802,17 +807,7 @@ fn a_debian_guest_keeps_its_database_clients_across_a_teleport() {
         })
     };
     std::thread::sleep(Duration::from_secs(5));
-    let report: Value = serde_json::from_str(&a.ns.vm_ok(&[
-        "migrate",
-        "db",
-        "--to-host",
-        "10.99.0.2:10891",
-        "--with-disk",
-        "--to-storage",
-        "10.99.0.2:10900",
-        "--json",
-    ]))
-    .unwrap();
+    let report: Value = serde_json::from_str(&a.ns.vm_ok(&teleport_to_b("db"))).unwrap();
     moved.store(true, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(report["result"], "completed", "{report}");
     let b = &mut w.b;
