@@ -35,6 +35,17 @@ else
   echo "SKIP: fuzz smoke runs (cargo-fuzz or nightly missing; CI fails here)"
 fi
 
+# Two Ceph clusters (sites A and B) for the RBD tests, shared by every test
+# binary, stopped however this script ends.
+ceph_dir=$(mktemp -d /tmp/ferry-test-ceph.XXXXXX)
+trap 'bash scripts/ceph-cluster.sh stop "$ceph_dir/a"; bash scripts/ceph-cluster.sh stop "$ceph_dir/b"; rm -rf "$ceph_dir"' EXIT
+echo "== Ceph clusters in $ceph_dir"
+if bash scripts/ceph-cluster.sh start "$ceph_dir/a" && bash scripts/ceph-cluster.sh start "$ceph_dir/b"; then
+  export FERRY_TEST_CEPH_CONF="$ceph_dir/a/ceph.conf" FERRY_TEST_CEPH_B_CONF="$ceph_dir/b/ceph.conf"
+else
+  echo "FAIL: the Ceph clusters did not start"; fail=1
+fi
+
 echo "== cargo test"
 log=$(mktemp)
 cargo test --workspace --no-fail-fast 2>&1 | tee "$log"

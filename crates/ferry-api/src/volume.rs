@@ -46,6 +46,10 @@ pub struct CreateVolume {
     pub path: Option<PathBuf>,
     #[serde(default)]
     pub read_only: bool,
+    /// Data in an RBD image of the daemon's Ceph pool (true) or in a file
+    /// (false); absent: the daemon's default (`storage.ceph.default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceph: Option<bool>,
 }
 
 /// `POST /v1/volumes/{name}/resize`.
@@ -80,6 +84,8 @@ pub enum Backing {
     Preallocated,
     /// A file or device outside the pool.
     External { path: PathBuf },
+    /// An RBD image in a Ceph pool.
+    Rbd { pool: String, image: String },
 }
 
 /// An unfinished (`incoming`) or finished (`arrived`) incoming migration.

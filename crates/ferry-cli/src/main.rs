@@ -223,6 +223,20 @@ struct ServeArgs {
     /// Open backing files with O_DIRECT.
     #[arg(long)]
     direct_io: bool,
+    /// Keep volumes' data in RBD images of a Ceph cluster: its
+    /// configuration file (sets `[storage.ceph] conf`; new volumes go to
+    /// Ceph unless created with `--backing file`).
+    #[arg(long, value_name = "FILE")]
+    ceph_conf: Option<PathBuf>,
+    /// The Ceph pool for volumes (default rbd).
+    #[arg(long, value_name = "POOL")]
+    ceph_pool: Option<String>,
+    /// The keyring with the cephx key (default: as the configuration says).
+    #[arg(long, value_name = "FILE")]
+    ceph_keyring: Option<PathBuf>,
+    /// The cephx client name, without `client.` (default admin).
+    #[arg(long, value_name = "NAME")]
+    ceph_client: Option<String>,
     /// Accept incoming migrations on this address (HOST:PORT).
     #[arg(long)]
     migrate: Option<String>,
@@ -278,6 +292,11 @@ enum VolumeCmd {
         /// Use an existing file or block device as the backing store.
         #[arg(long)]
         path: Option<PathBuf>,
+        /// Where the data lives: `ceph` (an RBD image of the daemon's
+        /// `[storage.ceph]` pool) or `file` (the pool directory). Default:
+        /// as the daemon's `storage.ceph.default` says.
+        #[arg(long, value_parser = ["ceph", "file"])]
+        backing: Option<String>,
         #[arg(long)]
         read_only: bool,
         /// Print the new volume as JSON.
@@ -526,6 +545,25 @@ fn serve(a: ServeArgs) -> Result<()> {
         config.storage.direct_io = true;
     }
     config.storage.allowed_paths.extend(a.allow_path);
+    if a.ceph_conf.is_some()
+        || a.ceph_pool.is_some()
+        || a.ceph_keyring.is_some()
+        || a.ceph_client.is_some()
+    {
+        let c = config.storage.ceph.get_or_insert_with(Default::default);
+        if let Some(v) = a.ceph_conf {
+            c.conf = v;
+        }
+        if let Some(v) = a.ceph_pool {
+            c.pool = v;
+        }
+        if let Some(v) = a.ceph_keyring {
+            c.keyring = v;
+        }
+        if let Some(v) = a.ceph_client {
+            c.client = v;
+        }
+    }
     if let Some(m) = a.migrate {
         config.migration.listen = m;
     }
@@ -655,6 +693,7 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
             physical_block_size,
             preallocate,
             path,
+            backing,
             read_only,
             json,
         } => {
@@ -673,6 +712,7 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
                 preallocate,
                 path,
                 read_only,
+                ceph: backing.map(|b| b == "ceph"),
             })?;
             if json {
                 return print_json(&v);
@@ -685,6 +725,7 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
                     ferry_api::Backing::Sparse => "sparse".to_string(),
                     ferry_api::Backing::Preallocated => "preallocated".to_string(),
                     ferry_api::Backing::External { path } => format!("on {}", path.display()),
+                    ferry_api::Backing::Rbd { pool, image } => format!("RBD image {pool}/{image}"),
                 },
                 v.block_size,
                 v.wwn,
@@ -706,6 +747,7 @@ fn volume(cmd: VolumeCmd, c: &AdminClient) -> Result<()> {
                     ferry_api::Backing::Sparse => "sparse",
                     ferry_api::Backing::Preallocated => "preallocated",
                     ferry_api::Backing::External { .. } => "external",
+                    ferry_api::Backing::Rbd { .. } => "rbd",
                 };
                 let state = volume_state(vol);
                 println!(

@@ -23,7 +23,7 @@ use thiserror::Error;
 
 pub use pool::{IndexStatus, PoolIndex};
 pub use run::{RunLookup, VolumeRun};
-pub use scan::{scan_file, ScanPace, ScanStats};
+pub use scan::{scan_file, scan_source, BlockSource, ScanPace, ScanStats};
 pub use similarity::{similarity, SimilarityPoint};
 
 /// Smallest and largest supported block sizes.

@@ -2,13 +2,12 @@
 //! `<pool>/index/<volume>.fidx`, looked up together.
 
 use crate::run::VolumeRun;
-use crate::scan::{scan_file, ScanPace};
+use crate::scan::{scan_source, BlockSource, ScanPace};
 use crate::{check_block_size, Fingerprint, IndexError, ScanStats};
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -150,7 +149,20 @@ impl PoolIndex {
         data: &Path,
         pace: ScanPace,
     ) -> Result<ScanStats, IndexError> {
-        let (mut entries, stats) = scan_file(data, self.block_size, pace)?;
+        let f = File::open(data).map_err(|e| IndexError::io("open", data, e))?;
+        self.rebuild_from(volume, &f, data, pace)
+    }
+
+    /// (Re)build the run of one volume from `source` (`what` names it in
+    /// errors).
+    pub fn rebuild_from(
+        &self,
+        volume: &str,
+        source: &dyn BlockSource,
+        what: &Path,
+        pace: ScanPace,
+    ) -> Result<ScanStats, IndexError> {
+        let (mut entries, stats) = scan_source(source, what, self.block_size, pace)?;
         let run = VolumeRun::write(
             &self.dir.join(format!("{volume}.fidx")),
             self.block_size,
@@ -167,14 +179,26 @@ impl PoolIndex {
     /// they were written) and record them in the volume's delta. Returns how
     /// many blocks were refreshed; 0 if the volume is not indexed.
     pub fn refresh(&self, volume: &str, data: &Path, blocks: &[u64]) -> Result<usize, IndexError> {
+        if !self.contains(volume) {
+            return Ok(0);
+        }
+        let f = File::open(data).map_err(|e| IndexError::io("open", data, e))?;
+        self.refresh_from(volume, &f, data, blocks)
+    }
+
+    /// [`PoolIndex::refresh`] reading from `source` (`what` names it in errors).
+    pub fn refresh_from(
+        &self,
+        volume: &str,
+        source: &dyn BlockSource,
+        what: &Path,
+        blocks: &[u64],
+    ) -> Result<usize, IndexError> {
+        let (f, data) = (source, what);
         let Some(vi) = self.runs.read().get(volume).cloned() else {
             return Ok(0);
         };
-        let f = File::open(data).map_err(|e| IndexError::io("open", data, e))?;
-        let size = f
-            .metadata()
-            .map_err(|e| IndexError::io("stat", data, e))?
-            .len();
+        let size = f.byte_len().map_err(|e| IndexError::io("stat", data, e))?;
         let bs = u64::from(self.block_size);
         let mut buf = vec![0u8; self.block_size as usize];
         let mut keys = Vec::with_capacity(blocks.len());
@@ -185,7 +209,7 @@ impl PoolIndex {
                 continue;
             }
             let n = usize::try_from(bs.min(size - off)).unwrap_or(usize::MAX);
-            f.read_exact_at(&mut buf[..n], off)
+            f.read_at(&mut buf[..n], off)
                 .map_err(|e| IndexError::io("read", data, e))?;
             let blk = &buf[..n];
             keys.push((

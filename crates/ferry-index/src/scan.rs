@@ -50,6 +50,30 @@ impl ScanStats {
     }
 }
 
+/// What a scan reads blocks from: a backing file, or a store that says
+/// where its data is some other way (an RBD image).
+pub trait BlockSource: Sync {
+    /// Bytes in the source.
+    fn byte_len(&self) -> std::io::Result<u64>;
+    /// The first offset at or after `offset` that may hold data; `None`
+    /// if only holes follow.
+    fn next_data(&self, offset: u64) -> Option<u64>;
+    /// Fill `buf` from `offset`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
+}
+
+impl BlockSource for File {
+    fn byte_len(&self) -> std::io::Result<u64> {
+        Ok(self.metadata()?.len())
+    }
+    fn next_data(&self, offset: u64) -> Option<u64> {
+        next_data(self, offset)
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.read_exact_at(buf, offset)
+    }
+}
+
 /// Offset of the next data at or after `off`, or `None` if only holes follow.
 fn next_data(file: &File, off: u64) -> Option<u64> {
     let o = libc::off_t::try_from(off).ok()?;
@@ -67,7 +91,7 @@ fn next_data(file: &File, off: u64) -> Option<u64> {
 /// number of the first block of each chunk and one entry per block: `None`
 /// for an all-zero block, else its fingerprint.
 pub fn scan_blocks(
-    file: &File,
+    file: &dyn BlockSource,
     path: &Path,
     size: u64,
     block_size: u32,
@@ -87,10 +111,10 @@ pub fn scan_blocks(
             let mut off = 0u64;
             while off < size {
                 let len = CHUNK.min(size - off);
-                let has_data = next_data(file, off).is_some_and(|d| d < off + len);
+                let has_data = file.next_data(off).is_some_and(|d| d < off + len);
                 let item = if has_data {
                     let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
-                    file.read_exact_at(&mut buf, off)
+                    file.read_at(&mut buf, off)
                         .map(|()| (off, Some(buf)))
                         .map_err(|e| IndexError::io("read", path, e))
                 } else {
@@ -135,12 +159,22 @@ pub fn scan_file(
     pace: ScanPace,
 ) -> Result<(Vec<(u64, u64)>, ScanStats), IndexError> {
     let file = File::open(path).map_err(|e| IndexError::io("open", path, e))?;
-    let size = file
-        .metadata()
-        .map_err(|e| IndexError::io("stat", path, e))?
-        .len();
+    scan_source(&file, path, block_size, pace)
+}
+
+/// Index entries `(key, block)` for every non-zero block of `source`
+/// (`path` names it in errors).
+pub fn scan_source(
+    source: &dyn BlockSource,
+    path: &Path,
+    block_size: u32,
+    pace: ScanPace,
+) -> Result<(Vec<(u64, u64)>, ScanStats), IndexError> {
+    let size = source
+        .byte_len()
+        .map_err(|e| IndexError::io("stat", path, e))?;
     let mut entries = Vec::new();
-    let stats = scan_blocks(&file, path, size, block_size, pace, |first, prints| {
+    let stats = scan_blocks(source, path, size, block_size, pace, |first, prints| {
         for (i, p) in prints.iter().enumerate() {
             if let Some(p) = p {
                 entries.push((p.key(), first + i as u64));

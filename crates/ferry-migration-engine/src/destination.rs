@@ -179,7 +179,10 @@ enum Refusal {
 
 /// Refuse a copy that would not fit in the pool's file system.
 fn check_space(state: &dyn StorageDaemon, need: u64) -> Result<(), Refusal> {
-    let free = state.pool().free_bytes().map_err(Refusal::Storage)?;
+    let free = state
+        .pool()
+        .free_bytes_for_new()
+        .map_err(Refusal::Storage)?;
     if need.saturating_add(state.reserve_bytes()) > free {
         return Err(Refusal::NoSpace { need, free });
     }

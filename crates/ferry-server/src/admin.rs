@@ -40,6 +40,12 @@ fn storage_status(e: &StorageError) -> StatusCode {
         | StorageError::Sanitizing(_)
         | StorageError::SanitizeFailed(_)
         | StorageError::Moved { .. } => StatusCode::CONFLICT,
+        StorageError::Ceph(
+            ferry_rbd::RbdError::Exists { .. } | ferry_rbd::RbdError::Locked { .. },
+        ) => StatusCode::CONFLICT,
+        StorageError::Ceph(ferry_rbd::RbdError::NoImage { .. }) => StatusCode::NOT_FOUND,
+        StorageError::Ceph(ferry_rbd::RbdError::BadName(_)) => StatusCode::BAD_REQUEST,
+        StorageError::Ceph(_) => StatusCode::BAD_GATEWAY,
         StorageError::InvalidName(_)
         | StorageError::Invalid(_)
         | StorageError::OutOfRange { .. }
@@ -182,6 +188,7 @@ fn view(v: &Volume) -> VolumeView {
             ferry_storage::Backing::Sparse => ferry_api::Backing::Sparse,
             ferry_storage::Backing::Preallocated => ferry_api::Backing::Preallocated,
             ferry_storage::Backing::External { path } => ferry_api::Backing::External { path },
+            ferry_storage::Backing::Rbd { pool, image } => ferry_api::Backing::Rbd { pool, image },
         },
         read_only: m.read_only,
         allocated_bytes: v.allocated_bytes(),
@@ -343,6 +350,7 @@ async fn create(
         preallocate: r.preallocate,
         external: r.path.clone(),
         read_only: r.read_only,
+        on_ceph: r.ceph,
         ..CreateOptions::default()
     };
     let pool = s.pool.clone();

@@ -304,6 +304,39 @@ pub struct StorageConfig {
     /// The largest size a create or a resize (admin API, NBD RESIZE) may
     /// ask for.
     pub max_volume_size: u64,
+    /// A Ceph pool whose RBD images hold volumes' data (`[storage.ceph]`).
+    pub ceph: Option<CephConfig>,
+}
+
+/// How to reach the Ceph pool volumes may live in.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CephConfig {
+    /// The cluster's configuration file (its monitors).
+    pub conf: PathBuf,
+    /// The keyring holding the client's cephx key; empty: where `conf` says.
+    pub keyring: PathBuf,
+    /// The cephx client, without `client.`.
+    pub client: String,
+    /// The RBD pool.
+    pub pool: String,
+    /// New volumes go to Ceph unless created on a file (`--backing file`).
+    pub default: bool,
+    /// Seconds to wait for the monitors when the daemon starts.
+    pub connect_timeout_secs: u32,
+}
+
+impl Default for CephConfig {
+    fn default() -> Self {
+        CephConfig {
+            conf: PathBuf::from("/etc/ceph/ceph.conf"),
+            keyring: PathBuf::new(),
+            client: "admin".into(),
+            pool: "rbd".into(),
+            default: true,
+            connect_timeout_secs: 30,
+        }
+    }
 }
 
 /// 16 TiB.
@@ -316,6 +349,7 @@ impl Default for StorageConfig {
             sanitize_bytes_per_sec: 256 << 20,
             allowed_paths: Vec::new(),
             max_volume_size: DEFAULT_MAX_VOLUME_SIZE,
+            ceph: None,
         }
     }
 }

@@ -42,10 +42,46 @@ fn reset_bitmap(index: &PoolIndex, v: &Volume) -> Result<(), StorageError> {
     }
 }
 
+/// A volume whose data is not a file the index can open (an RBD image),
+/// read through the volume.
+struct VolumeBlocks<'a>(&'a Volume);
+
+impl ferry_index::BlockSource for VolumeBlocks<'_> {
+    fn byte_len(&self) -> std::io::Result<u64> {
+        Ok(self.0.size())
+    }
+    fn next_data(&self, offset: u64) -> Option<u64> {
+        let size = self.0.size();
+        match self.0.extents(offset, size.saturating_sub(offset), 64) {
+            Ok(ext) => {
+                let covered = ext.last().map_or(offset, |e| e.offset + e.length);
+                ext.iter()
+                    .find(|e| !e.hole)
+                    .map(|e| e.offset)
+                    // Past the extents listed: maybe data.
+                    .or((covered < size).then_some(covered))
+            }
+            // Unknown: read it.
+            Err(_) => Some(offset),
+        }
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.0.read_at(offset, buf).map_err(std::io::Error::other)
+    }
+}
+
 /// Scan a whole volume into the index (blocking).
 pub fn rebuild_volume(index: &PoolIndex, v: &Volume) -> Result<ScanStats, IndexerError> {
     reset_bitmap(index, v)?;
-    Ok(index.rebuild(&v.name(), v.data_path())?)
+    rebuild_at(index, v, ScanPace::Full)
+}
+
+/// Scan a volume's data, from its file or through the volume.
+fn rebuild_at(index: &PoolIndex, v: &Volume, pace: ScanPace) -> Result<ScanStats, IndexerError> {
+    if v.on_ceph() {
+        return Ok(index.rebuild_from(&v.name(), &VolumeBlocks(v), v.data_path(), pace)?);
+    }
+    Ok(index.rebuild_at(&v.name(), v.data_path(), pace)?)
 }
 
 /// Index a volume that just arrived by migration, on a thread of its own
@@ -68,6 +104,10 @@ pub fn index_arrived(index: Arc<PoolIndex>, v: &Arc<Volume>) {
             let r = reset_bitmap(&index, &v)
                 .map_err(IndexerError::from)
                 .and_then(|()| {
+                    if v.on_ceph() {
+                        // Read through the volume (its image stays open anyway).
+                        return rebuild_at(&index, &v, ScanPace::Background);
+                    }
                     drop(v);
                     Ok(index.rebuild_at(&name, &path, ScanPace::Background)?)
                 });
@@ -131,7 +171,14 @@ fn refresh_volume(state: &ServerState, v: &Volume) -> Result<usize, IndexerError
     if blocks.is_empty() {
         return Ok(0);
     }
-    match state.index.refresh(&name, v.data_path(), &blocks) {
+    let refreshed = if v.on_ceph() {
+        state
+            .index
+            .refresh_from(&name, &VolumeBlocks(v), v.data_path(), &blocks)
+    } else {
+        state.index.refresh(&name, v.data_path(), &blocks)
+    };
+    match refreshed {
         Ok(n) => Ok(n),
         Err(e) => {
             // Try again next time rather than lose the marks.

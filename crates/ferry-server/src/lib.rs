@@ -21,6 +21,7 @@ use ferry_migration_engine as migration;
 use ferry_storage::{Pool, PoolOptions, StorageError};
 use metrics::Metrics;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use thiserror::Error;
 use tokio::net::TcpListener;
@@ -53,6 +54,8 @@ pub enum ServerError {
     Index(#[from] ferry_index::IndexError),
     #[error("iSCSI: {0}")]
     IscsiConfig(String),
+    #[error("storage.ceph: {0}")]
+    Ceph(#[from] ferry_rbd::RbdError),
 }
 
 /// The addresses actually bound.
@@ -100,10 +103,80 @@ async fn bind(what: &'static str, addr: &str) -> Result<Option<TcpListener>, Ser
         })
 }
 
+/// Connect to the configured Ceph cluster and open its pool. The client
+/// address of this run is kept in `<pool>/ceph-client`: the next run of
+/// the daemon on this pool knows the locks it finds held by that address
+/// are its dead predecessor's.
+fn connect_ceph(
+    c: &config::CephConfig,
+    pool_dir: &std::path::Path,
+) -> Result<ferry_storage::CephStore, ServerError> {
+    let cluster = ferry_rbd::Cluster::connect(
+        &ferry_rbd::ClusterConfig {
+            conf: c.conf.clone(),
+            keyring: (!c.keyring.as_os_str().is_empty()).then(|| c.keyring.clone()),
+            client: c.client.clone(),
+        },
+        c.connect_timeout_secs,
+    )?;
+    // Only one daemon on a pool directory: the one that breaks the locks
+    // of the address recorded below must be sure its owner is dead.
+    std::fs::create_dir_all(pool_dir).map_err(ServerError::Admin)?;
+    let lock_path = pool_dir.join("ceph-client.lock");
+    let dir_lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(ServerError::Admin)?;
+    // SAFETY: flock on a descriptor the File owns; no memory is passed.
+    if unsafe { libc::flock(dir_lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(ServerError::Admin(std::io::Error::other(format!(
+            "another ferry daemon serves the pool directory {} (lock {})",
+            pool_dir.display(),
+            lock_path.display()
+        ))));
+    }
+    let pool = cluster.pool(&c.pool)?;
+    let address = cluster.address();
+    tracing::info!(conf = %c.conf.display(), pool = %c.pool, client = %c.client, %address, "connected to Ceph");
+    let record = pool_dir.join("ceph-client");
+    let dead_owners: Vec<String> = std::fs::read_to_string(&record)
+        .map(|s| {
+            s.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default();
+    std::fs::write(&record, format!("{address}\n"))
+        .and_then(|()| std::fs::File::open(&record)?.sync_all())
+        .map_err(ServerError::Admin)?;
+    Ok(ferry_storage::CephStore {
+        pool,
+        default: c.default,
+        dead_owners,
+        dir_lock: Some(std::sync::Arc::new(dir_lock)),
+    })
+}
+
 impl Daemon {
     pub async fn bind(config: Config) -> Result<Daemon, ServerError> {
+        let ceph = match config.storage.ceph.clone() {
+            Some(c) => Some(
+                tokio::task::spawn_blocking({
+                    let pool = config.pool.clone();
+                    move || connect_ceph(&c, &pool)
+                })
+                .await
+                .map_err(|e| ServerError::Admin(std::io::Error::other(e)))??,
+            ),
+            None => None,
+        };
         let pool_opts = PoolOptions {
             direct_io: config.storage.direct_io,
+            ceph,
         };
         let path = config.pool.clone();
         let pool = tokio::task::spawn_blocking(move || Pool::open(&path, pool_opts))

@@ -48,6 +48,10 @@ pub enum StorageError {
         #[source]
         source: std::io::Error,
     },
+    /// The Ceph cluster refused (a missing pool or image, another writer
+    /// holding the image's lock, no connection).
+    #[error(transparent)]
+    Ceph(ferry_rbd::RbdError),
     #[error("corrupt {what} in {path}: {detail}")]
     Corrupt {
         what: &'static str,
@@ -62,6 +66,19 @@ impl StorageError {
             op,
             path: path.into(),
             source,
+        }
+    }
+
+    /// An RBD call's failure: its I/O errors as [`StorageError::Io`] (so
+    /// clients get the errno), the rest as they are.
+    pub(crate) fn rbd(op: &'static str, e: ferry_rbd::RbdError) -> Self {
+        match e {
+            ferry_rbd::RbdError::Io { target, source, .. } => StorageError::Io {
+                op,
+                path: PathBuf::from(format!("rbd:{target}")),
+                source,
+            },
+            e => StorageError::Ceph(e),
         }
     }
 

@@ -1,4 +1,5 @@
-//! ferry's storage engine: a pool directory of volumes backed by raw files,
+//! ferry's storage engine: a pool directory of volumes backed by raw files
+//! or RBD images,
 //! positional I/O without a pool-wide lock, and dirty bitmaps that every write,
 //! zero and trim marks before it returns.
 //!
@@ -21,7 +22,7 @@ pub use error::StorageError;
 pub use gate::WriteGate;
 pub use holders::{HeldBy, HoldGuard, Holder};
 pub use meta::{unix_now, Backing, IncomingMigration, OutgoingMigration, PeerPort, VolumeMeta};
-pub use pool::{CreateOptions, Pool, PoolOptions};
+pub use pool::{CephStore, CreateOptions, Pool, PoolOptions};
 pub use volume::{SanitizeJob, SanitizeOp, SanitizeStatus, Volume, ZeroMode};
 
 /// Result alias for engine calls.

@@ -25,6 +25,9 @@ pub enum Backing {
     Preallocated,
     /// An existing file or block device outside the pool (never deleted by ferry).
     External { path: PathBuf },
+    /// An RBD image in the Ceph pool the daemon is configured with
+    /// (`[storage.ceph]`), thin, deleted with the volume.
+    Rbd { pool: String, image: String },
 }
 
 /// A persistent dirty bitmap recorded in the metadata.

@@ -1,4 +1,5 @@
-//! The pool: a directory of volumes, `volumes/<name>/{meta.json,data.raw,bitmaps/}`.
+//! The pool: a directory of volumes, `volumes/<name>/{meta.json,data.raw,bitmaps/}`,
+//! the data of some of them in RBD images of one Ceph pool instead of `data.raw`.
 //!
 //! A volume is created in a hidden temporary directory and renamed into place,
 //! so a crash never leaves a half-made volume under its name. The pool lock
@@ -18,6 +19,23 @@ use std::sync::Arc;
 pub struct PoolOptions {
     /// Open backing files with O_DIRECT (bypass the page cache).
     pub direct_io: bool,
+    /// The Ceph pool whose RBD images may hold volumes' data.
+    pub ceph: Option<CephStore>,
+}
+
+/// A Ceph pool volumes' data can live in.
+#[derive(Debug, Clone)]
+pub struct CephStore {
+    pub pool: Arc<ferry_rbd::Pool>,
+    /// New volumes go to Ceph unless created with `on_ceph: Some(false)`.
+    pub default: bool,
+    /// Cluster addresses of this gateway's earlier runs, dead now: locks
+    /// they left on images are broken (and they fenced) at open.
+    pub dead_owners: Vec<String>,
+    /// Held for the pool's life: the lock that makes this the only daemon
+    /// on the pool directory (so the predecessor whose locks it breaks is
+    /// surely dead).
+    pub dir_lock: Option<Arc<fs::File>>,
 }
 
 /// How to create a volume.
@@ -36,6 +54,9 @@ pub struct CreateOptions {
     pub identity: Option<(uuid::Uuid, String)>,
     /// Create the volume as the incomplete copy of an incoming migration.
     pub incoming: Option<crate::meta::IncomingMigration>,
+    /// Put the data in an RBD image of the pool's Ceph pool (true) or in a
+    /// file (false); None: as the pool's settings say.
+    pub on_ceph: Option<bool>,
 }
 
 impl Default for CreateOptions {
@@ -49,6 +70,7 @@ impl Default for CreateOptions {
             read_only: false,
             identity: None,
             incoming: None,
+            on_ceph: None,
         }
     }
 }
@@ -87,11 +109,12 @@ impl Pool {
             let entry = entry.map_err(|e| StorageError::io("readdir", &vdir, e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with('.') {
-                // A creation that did not finish; it never became visible.
-                let _ = fs::remove_dir_all(entry.path());
+                // A creation or deletion that did not finish; it never
+                // became visible, or is gone already.
+                remove_leftover(&entry.path(), opts.ceph.as_ref());
                 continue;
             }
-            match Volume::open(&entry.path(), opts.direct_io) {
+            match Volume::open(&entry.path(), opts.direct_io, opts.ceph.as_ref()) {
                 Ok(v) => {
                     volumes.insert(name, Arc::new(v));
                 }
@@ -131,6 +154,29 @@ impl Pool {
         // SAFETY: statvfs returned 0, so it initialised `st`.
         let st = unsafe { st.assume_init() };
         Ok(st.f_bavail.saturating_mul(st.f_frsize))
+    }
+
+    /// Bytes a new volume's data may still take: the Ceph cluster's free
+    /// space when new volumes go to Ceph, else the pool file system's.
+    pub fn free_bytes_for_new(&self) -> Result<u64> {
+        match &self.opts.ceph {
+            Some(c) if c.default => c
+                .pool
+                .free_bytes()
+                .map_err(|e| StorageError::rbd("cluster stat", e)),
+            _ => self.free_bytes(),
+        }
+    }
+
+    /// Bytes volume `v` may still grow by, where its data lives.
+    pub fn free_bytes_for(&self, v: &Volume) -> Result<u64> {
+        match (&self.opts.ceph, v.on_ceph()) {
+            (Some(c), true) => c
+                .pool
+                .free_bytes()
+                .map_err(|e| StorageError::rbd("cluster stat", e)),
+            _ => self.free_bytes(),
+        }
     }
 
     /// An external backing file must be a regular file or a block device,
@@ -186,10 +232,34 @@ impl Pool {
         if self.volumes.read().contains_key(name) {
             return Err(StorageError::Exists(name.into()));
         }
-        let backing = match (&o.external, o.preallocate) {
-            (Some(p), _) => Backing::External { path: p.clone() },
-            (None, true) => Backing::Preallocated,
-            (None, false) => Backing::Sparse,
+        let ceph = match (o.on_ceph, &self.opts.ceph) {
+            (Some(true), None) => {
+                return Err(StorageError::Invalid(
+                    "no Ceph pool is configured for this daemon ([storage.ceph])".into(),
+                ))
+            }
+            (Some(true), Some(c)) => Some(c),
+            (None, Some(c)) if c.default && o.external.is_none() => Some(c),
+            _ => None,
+        };
+        let backing = match (&o.external, o.preallocate, ceph) {
+            (Some(_), _, Some(_)) => {
+                return Err(StorageError::Invalid(
+                    "a volume is either on an external file or on Ceph, not both".into(),
+                ))
+            }
+            (None, true, Some(_)) => {
+                return Err(StorageError::Invalid(
+                    "RBD images are thin: preallocation does not apply to a volume on Ceph".into(),
+                ))
+            }
+            (None, false, Some(c)) => Backing::Rbd {
+                pool: c.pool.name().to_string(),
+                image: name.to_string(),
+            },
+            (Some(p), _, None) => Backing::External { path: p.clone() },
+            (None, true, None) => Backing::Preallocated,
+            (None, false, None) => Backing::Sparse,
         };
         let mut size = o.size;
         if let Backing::External { path } = &backing {
@@ -219,7 +289,21 @@ impl Pool {
         let tmp = vdir.join(format!(".new-{name}-{}", uuid::Uuid::new_v4()));
         fs::create_dir(&tmp).map_err(|e| StorageError::io("mkdir", &tmp, e))?;
         let made = (|| {
-            if !matches!(backing, Backing::External { .. }) {
+            let mut meta = VolumeMeta::new(name, size, o.block_size, backing.clone(), o.read_only);
+            if let Some((uuid, wwn)) = &o.identity {
+                meta.uuid = *uuid;
+                meta.wwn = wwn.clone();
+            }
+            meta.incoming = o.incoming.clone();
+            meta.physical_block_size = o.physical_block_size.filter(|p| *p > o.block_size);
+            // Written before an RBD image is made: a crash from here on
+            // leaves a hidden directory that names the image to remove.
+            meta.store(&tmp.join("meta.json"))?;
+            if let (Backing::Rbd { image, .. }, Some(c)) = (&backing, ceph) {
+                c.pool
+                    .create(image, size)
+                    .map_err(|e| StorageError::rbd("create", e))?;
+            } else if !matches!(backing, Backing::External { .. }) {
                 let data = tmp.join("data.raw");
                 let f =
                     fs::File::create(&data).map_err(|e| StorageError::io("create", &data, e))?;
@@ -232,28 +316,29 @@ impl Pool {
                 f.sync_all()
                     .map_err(|e| StorageError::io("fsync", &data, e))?;
             }
-            let mut meta = VolumeMeta::new(name, size, o.block_size, backing.clone(), o.read_only);
-            if let Some((uuid, wwn)) = &o.identity {
-                meta.uuid = *uuid;
-                meta.wwn = wwn.clone();
-            }
-            meta.incoming = o.incoming.clone();
-            meta.physical_block_size = o.physical_block_size.filter(|p| *p > o.block_size);
-            meta.store(&tmp.join("meta.json"))
+            Ok(())
         })();
         if let Err(e) = made {
+            // An image that existed before is not ours to remove.
+            if !matches!(e, StorageError::Ceph(ferry_rbd::RbdError::Exists { .. })) {
+                remove_leftover(&tmp, self.opts.ceph.as_ref());
+            }
             let _ = fs::remove_dir_all(&tmp);
             return Err(e);
         }
         let mut map = self.volumes.write();
         if map.contains_key(name) {
-            let _ = fs::remove_dir_all(&tmp);
+            remove_leftover(&tmp, self.opts.ceph.as_ref());
             return Err(StorageError::Exists(name.into()));
         }
         let dest = vdir.join(name);
         fs::rename(&tmp, &dest).map_err(|e| StorageError::io("rename", &dest, e))?;
         crate::meta::sync_dir(&vdir)?;
-        let v = Arc::new(Volume::open(&dest, self.opts.direct_io)?);
+        let v = Arc::new(Volume::open(
+            &dest,
+            self.opts.direct_io,
+            self.opts.ceph.as_ref(),
+        )?);
         map.insert(name.into(), v.clone());
         Ok(v)
     }
@@ -308,6 +393,17 @@ impl Pool {
                 .join("volumes")
                 .join(format!(".del-{}-{}", v.name(), uuid::Uuid::new_v4()));
         fs::rename(&dir, &gone).map_err(|e| StorageError::io("rename", &dir, e))?;
+        // Renamed aside first: a crash before the image is gone leaves a
+        // hidden directory that names it, removed at the next start.
+        v.close_backing();
+        if let Backing::Rbd { image, .. } = &v.meta().backing {
+            if let Some(c) = &self.opts.ceph {
+                match c.pool.remove(image) {
+                    Ok(()) | Err(ferry_rbd::RbdError::NoImage { .. }) => {}
+                    Err(e) => return Err(StorageError::rbd("remove", e)),
+                }
+            }
+        }
         fs::remove_dir_all(&gone).map_err(|e| StorageError::io("remove", &gone, e))
     }
 
@@ -348,7 +444,10 @@ impl Pool {
         stale
     }
 
-    /// Close every volume cleanly (flush, save bitmaps).
+    /// Close every volume cleanly (flush, save bitmaps), and close RBD
+    /// images (releasing their locks) at once, not whenever the last
+    /// handle of a volume goes: a thread still holding one (a background
+    /// scan) must not keep the cluster connection past the daemon's end.
     pub fn close(&self) -> Result<()> {
         let mut first = Ok(());
         for v in self.list() {
@@ -358,9 +457,30 @@ impl Pool {
                     first = Err(e);
                 }
             }
+            v.close_backing();
         }
         first
     }
+}
+
+/// Remove a hidden volume directory (a creation or deletion cut short) and
+/// the RBD image it names, if any.
+fn remove_leftover(dir: &Path, ceph: Option<&CephStore>) {
+    if let (Ok(m), Some(c)) = (VolumeMeta::load(&dir.join("meta.json")), ceph) {
+        if let Backing::Rbd { pool, image } = &m.backing {
+            if pool == c.pool.name() {
+                match c.pool.remove(image) {
+                    Ok(()) | Err(ferry_rbd::RbdError::NoImage { .. }) => {}
+                    Err(e) => {
+                        // Kept, so that the next start tries again.
+                        tracing::warn!(image = %image, error = %e, "removing the RBD image of an unfinished volume failed");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+    let _ = fs::remove_dir_all(dir);
 }
 
 fn preallocate(f: &fs::File, size: u64) -> std::io::Result<()> {

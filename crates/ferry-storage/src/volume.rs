@@ -35,13 +35,44 @@ pub struct ZeroMode {
     pub fast_only: bool,
 }
 
+/// Where an open volume's bytes are.
+#[derive(Debug)]
+enum Data {
+    /// A raw file (in the pool, or external): positional I/O, page cache.
+    File(File),
+    /// An RBD image, its exclusive lock held while writable.
+    Rbd(RbdData),
+}
+
+/// An open RBD image, closed (watch and lock released) before the image
+/// is removed: Ceph refuses to remove an image someone still watches.
+#[derive(Debug)]
+struct RbdData {
+    image: RwLock<Option<ferry_rbd::Image>>,
+}
+
+impl RbdData {
+    /// Run `f` on the image, `op` naming it in errors.
+    fn with<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&ferry_rbd::Image) -> ferry_rbd::Result<T>,
+    ) -> Result<T> {
+        let g = self.image.read();
+        let img = g.as_ref().ok_or_else(|| {
+            StorageError::Invalid("the volume's RBD image is closed (volume deleted)".into())
+        })?;
+        f(img).map_err(|e| StorageError::rbd(op, e))
+    }
+}
+
 /// An open volume. Cheap to share (`Arc<Volume>`); the data path takes no
 /// lock other than a read lock on the bitmap list.
 #[derive(Debug)]
 pub struct Volume {
     dir: PathBuf,
     data_path: PathBuf,
-    file: File,
+    data: Data,
     direct: bool,
     meta: Mutex<VolumeMeta>,
     // Immutable after creation; kept outside the mutex for the data path.
@@ -172,8 +203,43 @@ impl Drop for AlignedBuf {
 
 impl Volume {
     /// Open the volume stored in `dir`.
-    pub(crate) fn open(dir: &Path, direct: bool) -> Result<Volume> {
+    pub(crate) fn open(
+        dir: &Path,
+        direct: bool,
+        ceph: Option<&crate::CephStore>,
+    ) -> Result<Volume> {
         let meta = VolumeMeta::load(&dir.join("meta.json"))?;
+        let (data, data_path, direct) = match &meta.backing {
+            Backing::Rbd { pool, image } => {
+                let store = ceph.filter(|c| c.pool.name() == pool).ok_or_else(|| {
+                    StorageError::Invalid(format!(
+                        "volume {} lives in Ceph pool {pool}, which this daemon is not configured with ([storage.ceph] pool = {pool:?})",
+                        meta.name
+                    ))
+                })?;
+                let img = store
+                    .pool
+                    .open_breaking(image, meta.read_only, &store.dead_owners)
+                    .map_err(|e| StorageError::rbd("open", e))?;
+                let path = PathBuf::from(format!("rbd:{pool}/{image}"));
+                (
+                    Data::Rbd(RbdData {
+                        image: RwLock::new(Some(img)),
+                    }),
+                    path,
+                    false,
+                )
+            }
+            _ => {
+                let (file, path) = Self::open_file(&meta, dir, direct)?;
+                (Data::File(file), path, direct)
+            }
+        };
+        Self::open_on(dir, meta, data, data_path, direct)
+    }
+
+    /// Open and lock a volume's backing file.
+    fn open_file(meta: &VolumeMeta, dir: &Path, direct: bool) -> Result<(File, PathBuf)> {
         let data_path = match &meta.backing {
             Backing::External { path } => path.clone(),
             _ => dir.join("data.raw"),
@@ -206,6 +272,16 @@ impl Volume {
                 StorageError::io("lock", &data_path, e)
             });
         }
+        Ok((file, data_path))
+    }
+
+    fn open_on(
+        dir: &Path,
+        meta: VolumeMeta,
+        data: Data,
+        data_path: PathBuf,
+        direct: bool,
+    ) -> Result<Volume> {
         let unclean = dir.join(IN_USE).exists();
         let mut bitmaps = Vec::new();
         for spec in &meta.bitmaps {
@@ -239,13 +315,13 @@ impl Volume {
         Ok(Volume {
             dir: dir.to_path_buf(),
             data_path,
-            file,
+            data,
             direct,
             size: AtomicU64::new(meta.size),
             name: meta.name.clone(),
             block_size: meta.block_size,
             read_only: meta.read_only,
-            sparse: matches!(meta.backing, Backing::Sparse | Backing::External { .. }),
+            sparse: !matches!(meta.backing, Backing::Preallocated),
             moved: AtomicBool::new(meta.moved_to.is_some()),
             in_doubt: AtomicBool::new(meta.outgoing.as_ref().is_some_and(|o| o.switch_sent)),
             sanitize: sanitize::SanitizeCell::from_journal(meta.sanitize.as_ref()),
@@ -296,6 +372,10 @@ impl Volume {
     }
     pub fn data_path(&self) -> &Path {
         &self.data_path
+    }
+    /// Whether the data is an RBD image in Ceph.
+    pub fn on_ceph(&self) -> bool {
+        matches!(self.data, Data::Rbd(_))
     }
     pub fn is_sparse(&self) -> bool {
         self.sparse
@@ -372,17 +452,40 @@ impl Volume {
     /// Read `buf.len()` bytes at `offset`.
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check(offset, buf.len() as u64, false)?;
+        self.read_backing(offset, buf)
+    }
+
+    /// Read from the backing store, no check made.
+    fn read_backing(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let file = match &self.data {
+            Data::Rbd(r) => return r.with("read", |img| img.read_at(buf, offset)),
+            Data::File(f) => f,
+        };
         if self.direct {
             let mut a = AlignedBuf::zeroed(buf.len());
-            self.file
-                .read_exact_at(a.as_mut_slice(buf.len()), offset)
+            file.read_exact_at(a.as_mut_slice(buf.len()), offset)
                 .map_err(|e| self.io_err("read", e))?;
             buf.copy_from_slice(a.as_mut_slice(buf.len()));
             return Ok(());
         }
-        self.file
-            .read_exact_at(buf, offset)
+        file.read_exact_at(buf, offset)
             .map_err(|e| self.io_err("read", e))
+    }
+
+    /// Write to the backing store, no check made, no bitmap marked.
+    fn write_backing(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let file = match &self.data {
+            Data::Rbd(r) => return r.with("write", |img| img.write_at(data, offset)),
+            Data::File(f) => f,
+        };
+        let r = if self.direct {
+            let mut a = AlignedBuf::zeroed(data.len());
+            a.as_mut_slice(data.len()).copy_from_slice(data);
+            file.write_all_at(a.as_mut_slice(data.len()), offset)
+        } else {
+            file.write_all_at(data, offset)
+        };
+        r.map_err(|e| self.io_err("write", e))
     }
 
     /// Read like [`Volume::read_at`], but fill the backing file's holes
@@ -393,13 +496,15 @@ impl Volume {
     /// and a page cache full of zeroes. A write racing with this read is
     /// seen or not, as with `read_at`; callers track writes with a bitmap.
     pub fn read_sparse_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        if self.direct || !self.sparse {
-            return self.read_at(offset, buf);
-        }
+        let file = match &self.data {
+            Data::File(f) if !self.direct && self.sparse => f,
+            // An RBD image's missing objects cost no OSD read (object map).
+            _ => return self.read_at(offset, buf),
+        };
         self.check(offset, buf.len() as u64, false)?;
         let len = buf.len() as u64;
         let mut done = 0u64;
-        for e in alloc::extents(&self.file, offset, len, 256) {
+        for e in alloc::extents(file, offset, len, 256) {
             let (from, to) = (e.offset - offset, e.offset - offset + e.length);
             let (a, b) = (
                 usize::try_from(from).unwrap_or(usize::MAX),
@@ -408,8 +513,7 @@ impl Volume {
             if e.hole {
                 buf[a..b].fill(0);
             } else {
-                self.file
-                    .read_exact_at(&mut buf[a..b], e.offset)
+                file.read_exact_at(&mut buf[a..b], e.offset)
                     .map_err(|e| self.io_err("read", e))?;
             }
             done = to;
@@ -417,8 +521,7 @@ impl Volume {
         if done < len {
             // More extents than asked for: read the rest.
             let a = usize::try_from(done).unwrap_or(usize::MAX);
-            self.file
-                .read_exact_at(&mut buf[a..], offset + done)
+            file.read_exact_at(&mut buf[a..], offset + done)
                 .map_err(|e| self.io_err("read", e))?;
         }
         Ok(())
@@ -436,14 +539,17 @@ impl Volume {
         nowait: bool,
     ) -> Result<bool> {
         self.check(offset, len as u64, false)?;
-        if self.direct {
-            if nowait {
-                return Ok(false);
+        let file = match &self.data {
+            Data::File(f) if !self.direct => f,
+            _ => {
+                if nowait {
+                    return Ok(false);
+                }
+                let start = out.len();
+                out.resize(start + len, 0);
+                return self.read_backing(offset, &mut out[start..]).map(|()| true);
             }
-            let start = out.len();
-            out.resize(start + len, 0);
-            return self.read_at(offset, &mut out[start..]).map(|()| true);
-        }
+        };
         out.reserve(len);
         let start = out.len();
         let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
@@ -454,7 +560,7 @@ impl Volume {
             // `len - done` bytes, borrowed mutably for the call.
             let r = unsafe {
                 rw_raw(
-                    &self.file,
+                    file,
                     false,
                     spare.as_mut_ptr().cast(),
                     len - done,
@@ -485,9 +591,12 @@ impl Volume {
     /// marked whenever any byte may have changed.
     pub fn try_write_nowait(&self, offset: u64, data: &[u8]) -> Result<bool> {
         self.check(offset, data.len() as u64, true)?;
-        if self.direct || !self.nowait_writes.load(Ordering::Relaxed) {
+        if !self.nowait_writes() {
             return Ok(false);
         }
+        let Data::File(file) = &self.data else {
+            return Ok(false);
+        };
         let Some(_ticket) = self.gate.try_enter() else {
             return Ok(false);
         };
@@ -501,7 +610,7 @@ impl Volume {
             // SAFETY: `rest` is a live borrowed slice; a write only reads it.
             let r = unsafe {
                 rw_raw(
-                    &self.file,
+                    file,
                     true,
                     rest.as_ptr().cast_mut(),
                     rest.len(),
@@ -539,14 +648,15 @@ impl Volume {
             return self.try_write_nowait(offset, data);
         }
         self.check(offset, data.len() as u64, true)?;
-        if self.direct {
-            return Ok(false);
-        }
+        let file = match &self.data {
+            Data::File(f) if !self.direct => f,
+            _ => return Ok(false),
+        };
         let Some(_ticket) = self.gate.try_enter() else {
             return Ok(false);
         };
         self.check_not_moved()?;
-        let r = self.file.write_all_at(data, offset);
+        let r = file.write_all_at(data, offset);
         self.mark(offset, data.len() as u64);
         r.map_err(|e| self.io_err("write", e))?;
         Ok(true)
@@ -555,7 +665,9 @@ impl Volume {
     /// False once the file system refused a non-blocking buffered write
     /// (ext4 does): callers should go straight to a worker thread.
     pub fn nowait_writes(&self) -> bool {
-        !self.direct && self.nowait_writes.load(Ordering::Relaxed)
+        !self.direct
+            && matches!(self.data, Data::File(_))
+            && self.nowait_writes.load(Ordering::Relaxed)
     }
 
     /// Write `data` at `offset`; with `fua` it is durable before this returns.
@@ -564,15 +676,9 @@ impl Volume {
         self.check(offset, data.len() as u64, true)?;
         let _ticket = self.gate.enter();
         self.check_not_moved()?;
-        let r = if self.direct {
-            let mut a = AlignedBuf::zeroed(data.len());
-            a.as_mut_slice(data.len()).copy_from_slice(data);
-            self.file.write_all_at(a.as_mut_slice(data.len()), offset)
-        } else {
-            self.file.write_all_at(data, offset)
-        };
+        let r = self.write_backing(offset, data);
         self.mark(offset, data.len() as u64);
-        r.map_err(|e| self.io_err("write", e))?;
+        r?;
         if fua {
             self.flush()?;
         }
@@ -595,14 +701,19 @@ impl Volume {
     }
 
     fn zero_range(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<()> {
+        let file = match &self.data {
+            // Done by the OSDs: whole objects removed, partial ones zeroed.
+            Data::Rbd(r) => return r.with("write zeroes", |img| img.write_zeroes(offset, len)),
+            Data::File(f) => f,
+        };
         if mode.may_punch && self.is_sparse() {
             let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-            if fallocate(&self.file, punch, offset, len).is_ok() {
+            if fallocate(file, punch, offset, len).is_ok() {
                 return Ok(());
             }
         }
         if fallocate(
-            &self.file,
+            file,
             libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
             offset,
             len,
@@ -619,8 +730,7 @@ impl Volume {
         let mut pos = offset;
         while pos < offset + len {
             let n = usize::try_from(CHUNK.min(offset + len - pos)).unwrap_or(usize::MAX);
-            self.file
-                .write_all_at(zeros.as_mut_slice(n), pos)
+            file.write_all_at(zeros.as_mut_slice(n), pos)
                 .map_err(|e| self.io_err("write zeroes", e))?;
             pos += n as u64;
         }
@@ -634,10 +744,19 @@ impl Volume {
         self.check(offset, len, true)?;
         let _ticket = self.gate.enter();
         self.check_not_moved()?;
-        if self.is_sparse() {
-            let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-            // Trim is advisory: a file system that cannot punch keeps the data.
-            let _ = fallocate(&self.file, punch, offset, len);
+        // Trim is advisory: a file system that cannot punch, or a cluster
+        // that fails the discard, keeps the data.
+        match &self.data {
+            Data::Rbd(r) => {
+                if let Err(e) = r.with("discard", |img| img.discard(offset, len)) {
+                    tracing::debug!(volume = %self.name, error = %e, "discard failed");
+                }
+            }
+            Data::File(f) if self.is_sparse() => {
+                let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+                let _ = fallocate(f, punch, offset, len);
+            }
+            Data::File(_) => {}
         }
         self.mark(offset, len);
         if fua {
@@ -649,9 +768,10 @@ impl Volume {
     /// Make every completed write durable (`fdatasync`).
     pub fn flush(&self) -> Result<()> {
         let _timer = self.write_timer();
-        self.file
-            .sync_data()
-            .map_err(|e| self.io_err("fdatasync", e))
+        match &self.data {
+            Data::Rbd(r) => r.with("flush", |img| img.flush()),
+            Data::File(f) => f.sync_data().map_err(|e| self.io_err("fdatasync", e)),
+        }
     }
 
     /// Bounded write-behind for a bulk writer that flushes later (a
@@ -662,16 +782,16 @@ impl Volume {
     /// short and the disk is written at the pace the data arrives instead
     /// of in one burst that delays every other writer on the same disk.
     pub fn write_behind(&self) -> Result<()> {
-        if self.direct {
-            return Ok(());
-        }
-        let fd = self.file.as_raw_fd();
+        let fd = match &self.data {
+            Data::File(f) if !self.direct => f.as_raw_fd(),
+            _ => return Ok(()),
+        };
         for flags in [
             libc::SYNC_FILE_RANGE_WAIT_BEFORE,
             libc::SYNC_FILE_RANGE_WRITE,
         ] {
             // SAFETY: sync_file_range on a valid descriptor owned by
-            // self.file; offset 0, length 0 means the whole file; no memory
+            // self.data; offset 0, length 0 means the whole file; no memory
             // is passed.
             if unsafe { libc::sync_file_range(fd, 0, 0, flags) } != 0 {
                 return Err(self.io_err("sync_file_range", std::io::Error::last_os_error()));
@@ -687,11 +807,14 @@ impl Volume {
             StorageError::Invalid(_) => Ok(()),
             e => Err(e),
         })?;
+        // An RBD image has no page cache here to warm.
+        let Data::File(file) = &self.data else {
+            return Ok(());
+        };
         if let (Ok(o), Ok(l)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) {
-            // SAFETY: posix_fadvise on a valid descriptor owned by self.file; no memory is passed.
-            let _ = unsafe {
-                libc::posix_fadvise(self.file.as_raw_fd(), o, l, libc::POSIX_FADV_WILLNEED)
-            };
+            // SAFETY: posix_fadvise on a valid descriptor owned by self.data; no memory is passed.
+            let _ =
+                unsafe { libc::posix_fadvise(file.as_raw_fd(), o, l, libc::POSIX_FADV_WILLNEED) };
         }
         Ok(())
     }
@@ -702,13 +825,29 @@ impl Volume {
             StorageError::Invalid(_) => Ok(()),
             e => Err(e),
         })?;
-        Ok(alloc::extents(&self.file, offset, len, max))
+        match &self.data {
+            Data::File(f) => Ok(alloc::extents(f, offset, len, max)),
+            Data::Rbd(r) => Ok(r
+                .with("allocation map", |img| img.extents(offset, len, max))?
+                .into_iter()
+                .map(|e| Extent {
+                    offset: e.offset,
+                    length: e.length,
+                    hole: !e.allocated,
+                })
+                .collect()),
+        }
     }
 
     /// Bytes of the backing file actually allocated.
     pub fn allocated_bytes(&self) -> u64 {
         use std::os::unix::fs::MetadataExt;
-        self.file.metadata().map_or(0, |m| m.blocks() * 512)
+        match &self.data {
+            Data::File(f) => f.metadata().map_or(0, |m| m.blocks() * 512),
+            Data::Rbd(r) => r
+                .with("allocation map", |img| img.allocated_bytes())
+                .unwrap_or(0),
+        }
     }
 
     // ---- dirty bitmaps ----
@@ -842,29 +981,18 @@ impl Volume {
         next.size = new_size;
         let meta_path = self.dir.join("meta.json");
         if new_size > old {
-            // Grow the file first; an unchanged meta.json keeps the old size.
-            let grown = match &m.backing {
-                Backing::Preallocated => fallocate(&self.file, 0, old, new_size - old)
-                    .map_err(|e| self.io_err("fallocate", e)),
-                _ => self
-                    .file
-                    .set_len(new_size)
-                    .map_err(|e| self.io_err("truncate", e)),
-            };
-            let done = grown
-                .and_then(|()| self.file.sync_all().map_err(|e| self.io_err("fsync", e)))
+            // Grow the data first; an unchanged meta.json keeps the old size.
+            let done = self
+                .set_backing_len(old, new_size, &m.backing)
                 .and_then(|()| next.store(&meta_path));
             if let Err(e) = done {
-                let _ = self.file.set_len(old);
+                let _ = self.set_backing_len(new_size, old, &m.backing);
                 return Err(e);
             }
         } else {
-            // Shrink the metadata first: a file left longer is harmless.
+            // Shrink the metadata first: data left longer is harmless.
             next.store(&meta_path)?;
-            self.file
-                .set_len(new_size)
-                .and_then(|()| self.file.sync_all())
-                .map_err(|e| self.io_err("truncate", e))?;
+            self.set_backing_len(old, new_size, &m.backing)?;
         }
         *m = next;
         self.size.store(new_size, Ordering::Release);
@@ -872,6 +1000,21 @@ impl Volume {
             b.resize(new_size);
         }
         Ok(())
+    }
+
+    /// Make the backing store `new` bytes long (from `old`), durably.
+    fn set_backing_len(&self, old: u64, new: u64, backing: &Backing) -> Result<()> {
+        let file = match &self.data {
+            Data::Rbd(r) => return r.with("resize", |img| img.resize(new, true)),
+            Data::File(f) => f,
+        };
+        let r = match backing {
+            Backing::Preallocated if new > old => {
+                fallocate(file, 0, old, new - old).map_err(|e| self.io_err("fallocate", e))
+            }
+            _ => file.set_len(new).map_err(|e| self.io_err("truncate", e)),
+        };
+        r.and_then(|()| file.sync_all().map_err(|e| self.io_err("fsync", e)))
     }
 
     /// Flush data, save bitmaps, and record a clean close.
@@ -1132,6 +1275,14 @@ impl Volume {
 
     pub(crate) fn holders(&self) -> &crate::holders::Holders {
         &self.holders
+    }
+
+    /// Close the RBD image (waiting for I/O in flight), so that it can be
+    /// removed; the volume answers no more I/O. Nothing for a file.
+    pub(crate) fn close_backing(&self) {
+        if let Data::Rbd(r) = &self.data {
+            drop(r.image.write().take());
+        }
     }
 
     pub(crate) fn mark_deleted(&self) {

@@ -224,7 +224,13 @@ fn external_backing_file_is_kept_on_delete() {
 #[test]
 fn direct_io_volume_reads_and_writes_aligned() {
     let d = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
-    let p = match Pool::open(d.path(), PoolOptions { direct_io: true }) {
+    let p = match Pool::open(
+        d.path(),
+        PoolOptions {
+            direct_io: true,
+            ..Default::default()
+        },
+    ) {
         Ok(p) => p,
         Err(e) => panic!("{e}"),
     };

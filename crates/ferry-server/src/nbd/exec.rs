@@ -383,7 +383,7 @@ fn resize(ctx: &ConnContext, size: u64) -> Result<(), StorageError> {
     }
     if !shrink {
         let grow = size - ctx.volume.size();
-        if grow > ctx.pool.free_bytes()? {
+        if grow > ctx.pool.free_bytes_for(&ctx.volume)? {
             // The file would be promised more than its file system holds.
             return Err(StorageError::Io {
                 op: "resize",

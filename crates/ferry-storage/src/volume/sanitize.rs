@@ -11,7 +11,6 @@
 use super::{AlignedBuf, Volume};
 use crate::{Result, StorageError};
 use serde::{Deserialize, Serialize};
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
@@ -322,9 +321,7 @@ impl Volume {
                     self.zero_range(pos, n, erase)?;
                 } else {
                     let len = usize::try_from(n).unwrap_or(STEP);
-                    self.file
-                        .write_all_at(buf.as_mut_slice(len), pos)
-                        .map_err(|e| self.io_err("sanitize write", e))?;
+                    self.write_backing(pos, buf.as_mut_slice(len))?;
                 }
                 pos += n;
                 done_total += n;

@@ -1,0 +1,831 @@
+//! ferry-rbd: RBD images in a Ceph cluster, as ferry's storage engine needs
+//! them — connect with cephx, open a pool, create, list, remove and open
+//! images, positional I/O, zeroing, discard, flush, the allocation map
+//! (`rbd_diff_iterate2`), resize, the exclusive lock and image metadata.
+//!
+//! A thin, safe layer over librados and librbd's C API (opened at run time,
+//! see [`ffi`]); every call blocks its thread until the cluster answers, so
+//! async callers run them on worker threads. Handles are shared between
+//! threads: librbd serialises what it must inside one image handle.
+
+mod ffi;
+pub mod testing;
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// What went wrong, with the cluster, pool and image it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum RbdError {
+    #[error("Ceph support needs librados and librbd (apt-get install librbd1): {0}")]
+    Library(String),
+    #[error("cannot connect to the Ceph cluster of {conf} as client.{client}: {source}")]
+    Connect {
+        conf: String,
+        client: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "Ceph pool {0:?} does not exist (create it: ceph osd pool create {0}; rbd pool init {0})"
+    )]
+    NoPool(String),
+    #[error("RBD image {pool}/{image} does not exist")]
+    NoImage { pool: String, image: String },
+    #[error("RBD image {pool}/{image} already exists")]
+    Exists { pool: String, image: String },
+    #[error(
+        "RBD image {pool}/{image} is locked by another client ({owners}); one writer at a time"
+    )]
+    Locked {
+        pool: String,
+        image: String,
+        owners: String,
+    },
+    #[error("invalid name {0:?} for Ceph (empty or holding a NUL byte)")]
+    BadName(String),
+    #[error("{op} of RBD image {target}: {source}")]
+    Io {
+        op: &'static str,
+        target: String,
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, RbdError>;
+
+fn errno(r: impl TryInto<i32>) -> std::io::Error {
+    let r: i32 = r.try_into().unwrap_or(-libc::EIO);
+    std::io::Error::from_raw_os_error(-r)
+}
+
+fn cstr(s: &str) -> Result<CString> {
+    if s.is_empty() {
+        return Err(RbdError::BadName(s.into()));
+    }
+    CString::new(s).map_err(|_| RbdError::BadName(s.into()))
+}
+
+fn api() -> Result<&'static ffi::Api> {
+    ffi::api().map_err(RbdError::Library)
+}
+
+/// How to reach a cluster: its configuration file (monitors), the keyring
+/// holding the client's cephx key, and the client's name without `client.`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    pub conf: PathBuf,
+    pub keyring: Option<PathBuf>,
+    pub client: String,
+}
+
+/// A connection to one Ceph cluster.
+pub struct Cluster {
+    handle: ffi::RadosT,
+    conf: ClusterConfig,
+}
+
+// SAFETY: a rados_t is documented thread-safe once connected (librados
+// serialises its own state); ferry only creates I/O contexts from it.
+unsafe impl Send for Cluster {}
+// SAFETY: as above: every call made through a shared handle is thread-safe.
+unsafe impl Sync for Cluster {}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster").field("conf", &self.conf).finish()
+    }
+}
+
+impl Cluster {
+    /// Connect (cephx), giving up after `timeout_secs` if the monitors do
+    /// not answer.
+    pub fn connect(conf: &ClusterConfig, timeout_secs: u32) -> Result<Arc<Cluster>> {
+        let api = api()?;
+        let connect_err = |source| RbdError::Connect {
+            conf: conf.conf.display().to_string(),
+            client: conf.client.clone(),
+            source,
+        };
+        let name = cstr(&format!("client.{}", conf.client))?;
+        let cluster = cstr("ceph")?;
+        let mut handle: ffi::RadosT = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; the strings live for the call.
+        let r = unsafe { (api.rados_create2)(&mut handle, cluster.as_ptr(), name.as_ptr(), 0) };
+        if r < 0 {
+            return Err(connect_err(errno(r)));
+        }
+        // From here the handle is shut down by Drop whatever happens.
+        let c = Cluster {
+            handle,
+            conf: conf.clone(),
+        };
+        let path = cstr(&conf.conf.display().to_string())?;
+        // SAFETY: a created handle and a NUL-terminated path.
+        let r = unsafe { (api.rados_conf_read_file)(c.handle, path.as_ptr()) };
+        if r < 0 {
+            return Err(connect_err(errno(r)));
+        }
+        let timeout = timeout_secs.max(1).to_string();
+        let mut settings = vec![
+            ("client_mount_timeout", timeout.clone()),
+            ("rados_mon_op_timeout", timeout),
+            // A write is acknowledged once the OSDs have it, not when it is
+            // in this process's memory: a gateway that dies loses nothing
+            // it acknowledged, whatever the guest's cache mode.
+            ("rbd_cache", "false".into()),
+            // Several gateways (and test processes) on one host: no admin
+            // socket of ours to collide on.
+            ("admin_socket", String::new()),
+        ];
+        if let Some(k) = &conf.keyring {
+            settings.push(("keyring", k.display().to_string()));
+        }
+        for (k, v) in settings {
+            let k = cstr(k)?;
+            let v = CString::new(v.as_str()).map_err(|_| RbdError::BadName(v.clone()))?;
+            // SAFETY: a created, not yet connected handle; NUL-terminated strings.
+            let r = unsafe { (api.rados_conf_set)(c.handle, k.as_ptr(), v.as_ptr()) };
+            if r < 0 {
+                return Err(connect_err(errno(r)));
+            }
+        }
+        // SAFETY: a configured handle.
+        let r = unsafe { (api.rados_connect)(c.handle) };
+        if r < 0 {
+            return Err(connect_err(errno(r)));
+        }
+        Ok(Arc::new(c))
+    }
+
+    pub fn config(&self) -> &ClusterConfig {
+        &self.conf
+    }
+
+    /// This client's address as the cluster sees it (what `rbd status`
+    /// and lock owners name).
+    pub fn address(&self) -> String {
+        let Ok(api) = api() else {
+            return String::new();
+        };
+        let mut p: *mut c_char = std::ptr::null_mut();
+        // SAFETY: a connected handle; librados returns a string it owns
+        // until the next call or shutdown, copied out at once.
+        let r = unsafe { (api.rados_getaddrs)(self.handle, &mut p) };
+        if r < 0 || p.is_null() {
+            return String::new();
+        }
+        // SAFETY: non-null, NUL-terminated, owned by librados for now.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+
+    /// Bytes the cluster's OSDs have free (raw: before replication).
+    pub fn free_bytes(&self) -> Result<u64> {
+        let api = api()?;
+        let mut st = ffi::ClusterStat::default();
+        // SAFETY: a connected handle and an out-pointer to a local of the
+        // C struct's layout.
+        let r = unsafe { (api.rados_cluster_stat)(self.handle, &mut st) };
+        if r < 0 {
+            return Err(RbdError::Io {
+                op: "cluster stat",
+                target: self.conf.conf.display().to_string(),
+                source: errno(r),
+            });
+        }
+        Ok(st.kb_avail.saturating_mul(1024))
+    }
+
+    /// Open a pool by name.
+    pub fn pool(self: &Arc<Self>, name: &str) -> Result<Arc<Pool>> {
+        let api = api()?;
+        let n = cstr(name)?;
+        let mut io: ffi::IoctxT = std::ptr::null_mut();
+        // SAFETY: a connected handle, a NUL-terminated name, an out-pointer.
+        let r = unsafe { (api.rados_ioctx_create)(self.handle, n.as_ptr(), &mut io) };
+        if r == -libc::ENOENT {
+            return Err(RbdError::NoPool(name.into()));
+        }
+        if r < 0 {
+            return Err(RbdError::Io {
+                op: "open pool",
+                target: name.into(),
+                source: errno(r),
+            });
+        }
+        Ok(Arc::new(Pool {
+            cluster: self.clone(),
+            ioctx: io,
+            name: name.into(),
+        }))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Ok(api) = api() {
+            // SAFETY: the handle is ours, every pool (holding an Arc of
+            // this cluster) is gone, so nothing uses it any more.
+            unsafe { (api.rados_shutdown)(self.handle) }
+        }
+    }
+}
+
+/// One pool of a cluster, where images live.
+pub struct Pool {
+    cluster: Arc<Cluster>,
+    ioctx: ffi::IoctxT,
+    name: String,
+}
+
+// SAFETY: an I/O context may be used from several threads at once
+// (librados documents it thread-safe); it is destroyed only in Drop.
+unsafe impl Send for Pool {}
+// SAFETY: as above.
+unsafe impl Sync for Pool {}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("name", &self.name).finish()
+    }
+}
+
+impl Pool {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Bytes the cluster has free (see [`Cluster::free_bytes`]).
+    pub fn free_bytes(&self) -> Result<u64> {
+        self.cluster.free_bytes()
+    }
+
+    fn target(&self, image: &str) -> String {
+        format!("{}/{image}", self.name)
+    }
+
+    fn err(&self, op: &'static str, image: &str, r: impl TryInto<i32>) -> RbdError {
+        let e = errno(r);
+        match e.raw_os_error() {
+            Some(libc::ENOENT) => RbdError::NoImage {
+                pool: self.name.clone(),
+                image: image.into(),
+            },
+            Some(libc::EEXIST) => RbdError::Exists {
+                pool: self.name.clone(),
+                image: image.into(),
+            },
+            _ => RbdError::Io {
+                op,
+                target: self.target(image),
+                source: e,
+            },
+        }
+    }
+
+    /// Create an image of `size` bytes (thin: nothing is allocated).
+    pub fn create(&self, image: &str, size: u64) -> Result<()> {
+        let api = api()?;
+        let n = cstr(image)?;
+        // 4 MiB objects, rbd's default.
+        let mut order: c_int = 22;
+        // SAFETY: a live ioctx, NUL-terminated name, out-pointer to a local.
+        let r =
+            unsafe { (api.rbd_create2)(self.ioctx, n.as_ptr(), size, ffi::FEATURES, &mut order) };
+        if r < 0 {
+            return Err(self.err("create", image, r));
+        }
+        Ok(())
+    }
+
+    /// Remove an image and its data.
+    pub fn remove(&self, image: &str) -> Result<()> {
+        let api = api()?;
+        let n = cstr(image)?;
+        // SAFETY: a live ioctx and a NUL-terminated name.
+        let r = unsafe { (api.rbd_remove)(self.ioctx, n.as_ptr()) };
+        if r < 0 {
+            return Err(self.err("remove", image, r));
+        }
+        Ok(())
+    }
+
+    /// Names of the pool's images.
+    pub fn list(&self) -> Result<Vec<String>> {
+        let api = api()?;
+        let mut len: usize = 4096;
+        loop {
+            let mut buf = vec![0u8; len];
+            // SAFETY: `buf` holds `len` writable bytes; librbd writes at
+            // most that many and sets `len` to what it needed.
+            let r = unsafe { (api.rbd_list)(self.ioctx, buf.as_mut_ptr().cast(), &mut len) };
+            if r == -libc::ERANGE && len > buf.len() {
+                continue;
+            }
+            if r < 0 {
+                return Err(RbdError::Io {
+                    op: "list images",
+                    target: self.name.clone(),
+                    source: errno(r),
+                });
+            }
+            let used = usize::try_from(r).unwrap_or(0).min(buf.len());
+            return Ok(buf[..used]
+                .split(|&b| b == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect());
+        }
+    }
+
+    /// Open an image. A writer takes the image's exclusive lock and keeps
+    /// it until closed: another writer (a second gateway, QEMU's own rbd
+    /// driver, `rbd-nbd`) gets [`RbdError::Locked`] instead of writing
+    /// behind this one's dirty bitmaps.
+    pub fn open(self: &Arc<Self>, image: &str, read_only: bool) -> Result<Image> {
+        self.open_breaking(image, read_only, &[])
+    }
+
+    /// [`Pool::open`], but a lock held by a client at one of `dead`
+    /// addresses (an earlier run of this gateway, known to have died) is
+    /// broken first: that client is blocklisted, so that it can never
+    /// write again, and the lock taken. Without this the lock would pass
+    /// only when the cluster times out the dead client's watch (30 s).
+    pub fn open_breaking(
+        self: &Arc<Self>,
+        image: &str,
+        read_only: bool,
+        dead: &[String],
+    ) -> Result<Image> {
+        let api = api()?;
+        let n = cstr(image)?;
+        let mut h: ffi::ImageT = std::ptr::null_mut();
+        // SAFETY: a live ioctx, NUL-terminated name, out-pointer, no snapshot.
+        let r = unsafe {
+            if read_only {
+                (api.rbd_open_read_only)(self.ioctx, n.as_ptr(), &mut h, std::ptr::null())
+            } else {
+                (api.rbd_open)(self.ioctx, n.as_ptr(), &mut h, std::ptr::null())
+            }
+        };
+        if r < 0 {
+            return Err(self.err("open", image, r));
+        }
+        let img = Image {
+            pool: self.clone(),
+            handle: h,
+            name: image.into(),
+            read_only,
+        };
+        if !read_only {
+            // Break a dead predecessor's lock before asking for it: asked
+            // first, librbd would wait on the dead owner until the cluster
+            // times out its watch.
+            if !dead.is_empty() {
+                let owners = img.lock_owners().unwrap_or_default();
+                for o in owners
+                    .iter()
+                    .filter(|o| dead.iter().any(|d| !d.is_empty() && o.contains(d.as_str())))
+                {
+                    let c = cstr(o)?;
+                    // SAFETY: an open handle and a NUL-terminated owner name.
+                    let b = unsafe {
+                        (api.rbd_lock_break)(h, ffi::RBD_LOCK_MODE_EXCLUSIVE, c.as_ptr())
+                    };
+                    if b < 0 && b != -libc::ENOENT {
+                        return Err(self.err("break lock", image, b));
+                    }
+                }
+            }
+            // SAFETY: an open image handle.
+            let r = unsafe { (api.rbd_lock_acquire)(h, ffi::RBD_LOCK_MODE_EXCLUSIVE) };
+            if r < 0 {
+                let owners = img.lock_owners().unwrap_or_default().join(", ");
+                return Err(match -r {
+                    libc::EROFS | libc::EBUSY | libc::EAGAIN => RbdError::Locked {
+                        pool: self.name.clone(),
+                        image: image.into(),
+                        owners: if owners.is_empty() {
+                            "unknown".into()
+                        } else {
+                            owners
+                        },
+                    },
+                    _ => self.err("lock", image, r),
+                });
+            }
+        }
+        Ok(img)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let Ok(api) = api() {
+            // SAFETY: the ioctx is ours; every image (holding an Arc of
+            // this pool) is closed, so nothing uses it any more.
+            unsafe { (api.rados_ioctx_destroy)(self.ioctx) }
+        }
+    }
+}
+
+/// An allocated or unallocated run of an image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageExtent {
+    pub offset: u64,
+    pub length: u64,
+    /// Holds data (else reads as zeroes).
+    pub allocated: bool,
+}
+
+/// An open image.
+pub struct Image {
+    pool: Arc<Pool>,
+    handle: ffi::ImageT,
+    name: String,
+    read_only: bool,
+}
+
+// SAFETY: librbd's image handle is safe to use from several threads at
+// once (QEMU's rbd driver and rbd-nbd issue I/O on one handle from many);
+// it is closed only in Drop, when no reference is left.
+unsafe impl Send for Image {}
+// SAFETY: as above.
+unsafe impl Sync for Image {}
+
+impl std::fmt::Debug for Image {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Image")
+            .field("pool", &self.pool.name)
+            .field("name", &self.name)
+            .field("read_only", &self.read_only)
+            .finish()
+    }
+}
+
+impl Image {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn pool(&self) -> &str {
+        &self.pool.name
+    }
+    /// `pool/image`, as `rbd` spells it.
+    pub fn spec(&self) -> String {
+        self.pool.target(&self.name)
+    }
+
+    fn io(&self, op: &'static str, r: impl TryInto<i32>) -> RbdError {
+        RbdError::Io {
+            op,
+            target: self.spec(),
+            source: errno(r),
+        }
+    }
+
+    pub fn size(&self) -> Result<u64> {
+        let api = api()?;
+        let mut s = 0u64;
+        // SAFETY: an open handle and an out-pointer to a local.
+        let r = unsafe { (api.rbd_get_size)(self.handle, &mut s) };
+        if r < 0 {
+            return Err(self.io("stat", r));
+        }
+        Ok(s)
+    }
+
+    /// Read `buf.len()` bytes at `offset` (unallocated ranges read as zeroes).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let api = api()?;
+        let mut done = 0usize;
+        while done < buf.len() {
+            let rest = &mut buf[done..];
+            // SAFETY: `rest` is writable for its length for the whole call.
+            let r = unsafe {
+                (api.rbd_read2)(
+                    self.handle,
+                    offset + done as u64,
+                    rest.len(),
+                    rest.as_mut_ptr().cast(),
+                    0,
+                )
+            };
+            match usize::try_from(r) {
+                Ok(0) => {
+                    return Err(RbdError::Io {
+                        op: "read",
+                        target: self.spec(),
+                        source: std::io::ErrorKind::UnexpectedEof.into(),
+                    })
+                }
+                Ok(n) => done += n,
+                Err(_) => return Err(self.io("read", r)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Write `data` at `offset` (acknowledged by the OSDs' journals: durable
+    /// once [`Image::flush`] returns, or at once without librbd's cache).
+    pub fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
+        let api = api()?;
+        let mut done = 0usize;
+        while done < data.len() {
+            let rest = &data[done..];
+            // SAFETY: `rest` is readable for its length for the whole call.
+            let r = unsafe {
+                (api.rbd_write2)(
+                    self.handle,
+                    offset + done as u64,
+                    rest.len(),
+                    rest.as_ptr().cast(),
+                    0,
+                )
+            };
+            match usize::try_from(r) {
+                Ok(0) => return Err(self.io("write", -libc::EIO)),
+                Ok(n) => done += n,
+                Err(_) => return Err(self.io("write", r)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Make `[offset, offset+len)` read as zeroes, deallocating whole
+    /// objects where it can.
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        let api = api()?;
+        const STEP: u64 = 1 << 30;
+        let mut pos = offset;
+        while pos < offset + len {
+            let n = STEP.min(offset + len - pos);
+            // SAFETY: an open handle; no memory is passed.
+            let r = unsafe {
+                (api.rbd_write_zeroes)(self.handle, pos, usize::try_from(n).unwrap_or(0), 0, 0)
+            };
+            if r < 0 {
+                return Err(self.io("write zeroes", r));
+            }
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// Discard `[offset, offset+len)`: advisory (librbd may keep partial
+    /// objects' data), as a disk's UNMAP is.
+    pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        let api = api()?;
+        // SAFETY: an open handle; no memory is passed.
+        let r = unsafe { (api.rbd_discard)(self.handle, offset, len) };
+        if r < 0 {
+            return Err(self.io("discard", r));
+        }
+        Ok(())
+    }
+
+    /// Every completed write durable.
+    pub fn flush(&self) -> Result<()> {
+        let api = api()?;
+        // SAFETY: an open handle.
+        let r = unsafe { (api.rbd_flush)(self.handle) };
+        if r < 0 {
+            return Err(self.io("flush", r));
+        }
+        Ok(())
+    }
+
+    /// Change the image's size (shrinking discards its tail and needs
+    /// `allow_shrink`).
+    pub fn resize(&self, size: u64, allow_shrink: bool) -> Result<()> {
+        let api = api()?;
+        // librbd calls the progress callback unconditionally: one that does nothing.
+        unsafe extern "C" fn quiet(_: u64, _: u64, _: *mut c_void) -> c_int {
+            0
+        }
+        // SAFETY: an open handle; the callback ignores its argument.
+        let r = unsafe {
+            (api.rbd_resize2)(
+                self.handle,
+                size,
+                allow_shrink,
+                Some(quiet),
+                std::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            return Err(self.io("resize", r));
+        }
+        Ok(())
+    }
+
+    /// Allocated and unallocated runs covering `[offset, offset+len)`, in
+    /// order, adjacent runs of one kind merged, at most `max` of them (the
+    /// last may end early).
+    pub fn extents(&self, offset: u64, len: u64, max: usize) -> Result<Vec<ImageExtent>> {
+        let api = api()?;
+        let mut data: Vec<(u64, u64)> = Vec::new();
+        unsafe extern "C" fn collect(
+            off: u64,
+            len: usize,
+            exists: c_int,
+            arg: *mut c_void,
+        ) -> c_int {
+            // SAFETY: `arg` is the `&mut Vec` passed below, alive and not
+            // otherwise borrowed for the whole rbd_diff_iterate2 call.
+            let v = unsafe { &mut *arg.cast::<Vec<(u64, u64)>>() };
+            if exists != 0 {
+                v.push((off, len as u64));
+            }
+            0
+        }
+        // SAFETY: an open handle; `collect` only touches `data` through
+        // `arg`, which outlives the synchronous call.
+        let r = unsafe {
+            (api.rbd_diff_iterate2)(
+                self.handle,
+                std::ptr::null(),
+                offset,
+                len,
+                1,
+                0,
+                collect,
+                (&mut data as *mut Vec<(u64, u64)>).cast(),
+            )
+        };
+        if r < 0 {
+            return Err(self.io("allocation map", r));
+        }
+        data.sort_unstable();
+        let mut out: Vec<ImageExtent> = Vec::new();
+        let push = |out: &mut Vec<ImageExtent>, e: ImageExtent| {
+            if e.length == 0 {
+                return;
+            }
+            match out.last_mut() {
+                Some(l) if l.allocated == e.allocated && l.offset + l.length == e.offset => {
+                    l.length += e.length
+                }
+                _ => out.push(e),
+            }
+        };
+        let end = offset + len;
+        let mut pos = offset;
+        for (o, l) in data {
+            let (o, e) = (o.max(pos), (o + l).min(end));
+            if e <= o {
+                continue;
+            }
+            push(
+                &mut out,
+                ImageExtent {
+                    offset: pos,
+                    length: o - pos,
+                    allocated: false,
+                },
+            );
+            push(
+                &mut out,
+                ImageExtent {
+                    offset: o,
+                    length: e - o,
+                    allocated: true,
+                },
+            );
+            pos = e;
+        }
+        push(
+            &mut out,
+            ImageExtent {
+                offset: pos,
+                length: end - pos,
+                allocated: false,
+            },
+        );
+        out.truncate(max.max(1));
+        Ok(out)
+    }
+
+    /// Bytes the image holds (allocated extents, at object-extent precision).
+    pub fn allocated_bytes(&self) -> Result<u64> {
+        let size = self.size()?;
+        Ok(self
+            .extents(0, size, usize::MAX)?
+            .iter()
+            .filter(|e| e.allocated)
+            .map(|e| e.length)
+            .sum())
+    }
+
+    /// Whether this handle holds the image's exclusive lock.
+    pub fn is_lock_owner(&self) -> Result<bool> {
+        let api = api()?;
+        let mut owner: c_int = 0;
+        // SAFETY: an open handle and an out-pointer to a local.
+        let r = unsafe { (api.rbd_is_exclusive_lock_owner)(self.handle, &mut owner) };
+        if r < 0 {
+            return Err(self.io("lock status", r));
+        }
+        Ok(owner != 0)
+    }
+
+    /// The clients holding the image's exclusive lock (`client.N` names
+    /// with their addresses), empty when it is free.
+    pub fn lock_owners(&self) -> Result<Vec<String>> {
+        let api = api()?;
+        let mut mode: c_int = 0;
+        let mut owners: [*mut c_char; 8] = [std::ptr::null_mut(); 8];
+        let mut n: usize = owners.len();
+        // SAFETY: an open handle; `owners` has room for `n` pointers, which
+        // librbd fills and rbd_lock_get_owners_cleanup frees below.
+        let r = unsafe {
+            (api.rbd_lock_get_owners)(self.handle, &mut mode, owners.as_mut_ptr(), &mut n)
+        };
+        if r == -libc::ENOENT {
+            return Ok(Vec::new());
+        }
+        if r < 0 {
+            return Err(self.io("lock owners", r));
+        }
+        let n = n.min(owners.len());
+        let names = owners[..n]
+            .iter()
+            .filter(|p| !p.is_null())
+            // SAFETY: non-null NUL-terminated strings librbd allocated.
+            .map(|&p| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+            .collect();
+        // SAFETY: exactly the `n` strings librbd returned.
+        unsafe { (api.rbd_lock_get_owners_cleanup)(owners.as_mut_ptr(), n) };
+        Ok(names)
+    }
+
+    /// An image metadata value (`rbd image-meta get`), `None` if unset.
+    pub fn metadata_get(&self, key: &str) -> Result<Option<String>> {
+        let api = api()?;
+        let k = cstr(key)?;
+        let mut len: usize = 4096;
+        loop {
+            let mut buf = vec![0u8; len];
+            // SAFETY: `buf` holds `len` writable bytes; librbd sets `len`
+            // to the size needed when it is short.
+            let r = unsafe {
+                (api.rbd_metadata_get)(self.handle, k.as_ptr(), buf.as_mut_ptr().cast(), &mut len)
+            };
+            if r == -libc::ERANGE && len > buf.len() {
+                continue;
+            }
+            if r == -libc::ENOENT {
+                return Ok(None);
+            }
+            if r < 0 {
+                return Err(self.io("read metadata", r));
+            }
+            let end = buf
+                .iter()
+                .position(|&b| b == 0)
+                .unwrap_or(buf.len().min(len));
+            return Ok(Some(String::from_utf8_lossy(&buf[..end]).into_owned()));
+        }
+    }
+
+    /// Set an image metadata value (kept in the cluster with the image).
+    pub fn metadata_set(&self, key: &str, value: &str) -> Result<()> {
+        let api = api()?;
+        let (k, v) = (
+            cstr(key)?,
+            CString::new(value).map_err(|_| RbdError::BadName(value.into()))?,
+        );
+        // SAFETY: an open handle and NUL-terminated strings.
+        let r = unsafe { (api.rbd_metadata_set)(self.handle, k.as_ptr(), v.as_ptr()) };
+        if r < 0 {
+            return Err(self.io("write metadata", r));
+        }
+        Ok(())
+    }
+
+    /// Remove a metadata key (absent keys are fine).
+    pub fn metadata_remove(&self, key: &str) -> Result<()> {
+        let api = api()?;
+        let k = cstr(key)?;
+        // SAFETY: an open handle and a NUL-terminated key.
+        let r = unsafe { (api.rbd_metadata_remove)(self.handle, k.as_ptr()) };
+        if r < 0 && r != -libc::ENOENT {
+            return Err(self.io("remove metadata", r));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        if let Ok(api) = api() {
+            // SAFETY: the handle is ours and no reference to self is left.
+            // Closing flushes and releases the exclusive lock.
+            unsafe {
+                if !self.read_only {
+                    (api.rbd_lock_release)(self.handle);
+                }
+                (api.rbd_close)(self.handle);
+            }
+        }
+    }
+}
