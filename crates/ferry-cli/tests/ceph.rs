@@ -23,8 +23,13 @@ struct Gateway {
 
 /// A Ceph pool of this test's own.
 fn pool(tag: &str) -> (ferry_rbd::ClusterConfig, String) {
-    let c = testing::cluster(0);
     let name = testing::unique(tag).replace('-', "_");
+    (pool_in(0, &name), name)
+}
+
+/// Pool `name` made in test cluster `which`.
+fn pool_in(which: usize, name: &str) -> ferry_rbd::ClusterConfig {
+    let c = testing::cluster(which);
     let conf = c.conf.display().to_string();
     for args in [
         vec![
@@ -39,13 +44,25 @@ fn pool(tag: &str) -> (ferry_rbd::ClusterConfig, String) {
             String::from_utf8_lossy(&o.stderr)
         );
     }
-    (c, name)
+    c
 }
 
 impl Gateway {
     fn start(dir: &Path, ceph: &ferry_rbd::ClusterConfig, pool: &str, extra: &[&str]) -> Gateway {
         let nbd = format!("127.0.0.1:{}", free_port());
         let admin = format!("127.0.0.1:{}", free_port());
+        Self::start_on(dir, ceph, pool, &nbd, &admin, extra)
+    }
+
+    fn start_on(
+        dir: &Path,
+        ceph: &ferry_rbd::ClusterConfig,
+        pool: &str,
+        nbd: &str,
+        admin: &str,
+        extra: &[&str],
+    ) -> Gateway {
+        let (nbd, admin) = (nbd.to_string(), admin.to_string());
         let mut cmd = Command::new(FERRY);
         cmd.args(["serve", "--pool"])
             .arg(dir)
@@ -55,7 +72,11 @@ impl Gateway {
         if let Some(k) = &ceph.keyring {
             cmd.arg("--ceph-keyring").arg(k);
         }
-        let log = std::fs::File::create(dir.with_extension("log")).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.with_extension("log"))
+            .unwrap();
         let child = cmd
             .args(extra)
             .stdout(Stdio::null())
@@ -242,4 +263,129 @@ fn iscsi_initiators_read_and_write_an_rbd_volume() {
         &["read -P 0x71 0 64k"],
     );
     assert!(ok, "{text}");
+}
+
+/// Each gateway's pool directory trusts the other's migration certificate.
+fn trust_each_other(pa: &Path, pb: &Path) {
+    let (pa, pb) = (pa.display().to_string(), pb.display().to_string());
+    let certs = |args: &[&str]| {
+        let out = Command::new(FERRY)
+            .arg("certs")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    certs(&["show", "--pool", &pa]);
+    certs(&["show", "--pool", &pb]);
+    certs(&["trust", &format!("{pb}/tls/cert.pem"), "--pool", &pa]);
+    certs(&["trust", &format!("{pa}/tls/cert.pem"), "--pool", &pb]);
+}
+
+fn allocated(admin: &str, volume: &str) -> u64 {
+    ureq::get(&format!("http://{admin}/v1/volumes/{volume}"))
+        .call()
+        .ok()
+        .and_then(|r| r.into_json::<serde_json::Value>().ok())
+        .and_then(|j| j["allocated_bytes"].as_u64())
+        .unwrap_or(0)
+}
+
+/// A volume moves from cluster A to cluster B through `ferry migrate`; the
+/// destination gateway is killed with -9 in the middle and started again:
+/// it takes its incomplete image back (its dead predecessor's lock broken),
+/// the migration resumes without resending what arrived, and the copy in
+/// cluster B is the source's, byte for byte.
+#[test]
+fn a_migration_between_clusters_resumes_after_the_destination_gateway_is_killed() {
+    assert!(have("qemu-img"));
+    let d = tempfile::tempdir().unwrap();
+    let name = testing::unique("mig").replace('-', "_");
+    let (ca, cb) = (pool_in(0, &name), pool_in(1, &name));
+    let (pa, pb) = (d.path().join("a"), d.path().join("b"));
+    let mig = format!("127.0.0.1:{}", free_port());
+    let (nbd_b, admin_b) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let src = Gateway::start(&pa, &ca, &name, &[]);
+    let dst = Gateway::start_on(&pb, &cb, &name, &nbd_b, &admin_b, &["--migrate", &mig]);
+    trust_each_other(&pa, &pb);
+    let img = d.path().join("img.raw");
+    let mut data = vec![0u8; 24 << 20];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for b in data.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x.to_le_bytes()[3];
+    }
+    std::fs::write(&img, &data).unwrap();
+    src.ferry(&["volume", "create", "vm", "--size", "32M"]);
+    src.ferry(&["volume", "import", "vm", img.to_str().unwrap()]);
+
+    let migrate = Command::new(FERRY)
+        .args([
+            "migrate",
+            "vm",
+            "--to",
+            &mig,
+            "--bwlimit",
+            "6M",
+            "--no-compress",
+            "--json",
+        ])
+        .env("FERRY_ADMIN", &src.admin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while allocated(&admin_b, "vm") < 6 << 20 {
+        assert!(t.elapsed() < Duration::from_secs(90), "no progress");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    dst.kill9();
+    std::thread::sleep(Duration::from_millis(500));
+    let dst = Gateway::start_on(&pb, &cb, &name, &nbd_b, &admin_b, &["--migrate", &mig]);
+    let out = migrate.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(pb.with_extension("log")).unwrap_or_default()
+    );
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(r["result"], "switched");
+    assert!(r["attempts"].as_u64().unwrap() >= 2, "{r}");
+    assert!(r["chunks"]["resumed"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["digest"]["matches"], true);
+    // The copy is an image in cluster B with the source's bytes.
+    let info: serde_json::Value =
+        serde_json::from_str(&dst.ferry(&["volume", "info", "vm"])).unwrap();
+    assert_eq!(info["backing"]["kind"], "rbd", "{info}");
+    assert!(info.get("incoming").is_none());
+    let st = Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&img)
+        .arg(format!("nbd://{nbd_b}/vm"))
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stdout)
+    );
+    let images = ferry_rbd::Cluster::connect(&cb, 30)
+        .unwrap()
+        .pool(&name)
+        .unwrap()
+        .list()
+        .unwrap();
+    assert_eq!(images, vec!["vm".to_string()]);
 }

@@ -100,6 +100,11 @@ impl PoolIndex {
         for entry in std::fs::read_dir(dir).map_err(|e| IndexError::io("readdir", dir, e))? {
             let entry = entry.map_err(|e| IndexError::io("readdir", dir, e))?;
             let path = entry.path();
+            if path.extension().and_then(|e| e.to_str()) == Some("tmp") {
+                // A run whose writing a crash cut short.
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
             if path.extension().and_then(|e| e.to_str()) != Some("fidx") {
                 continue;
             }
@@ -362,6 +367,29 @@ impl PoolIndex {
 mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn rebuilds_of_one_volume_at_once_leave_a_whole_run() {
+        let d = tempfile::tempdir().unwrap();
+        let img = d.path().join("v.raw");
+        let f = std::fs::File::create(&img).unwrap();
+        f.set_len(16 << 20).unwrap();
+        for i in 0..4096u64 {
+            f.write_all_at(&(i + 1).to_le_bytes().repeat(512), i * 4096)
+                .unwrap();
+        }
+        let idx = PoolIndex::open(&d.path().join("index"), 4096).unwrap();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| idx.rebuild("v", &img).unwrap());
+            }
+        });
+        // A leftover of a cut-short write is cleared at the next open.
+        std::fs::write(d.path().join("index/v.1-2.tmp"), b"half").unwrap();
+        let again = PoolIndex::open(&d.path().join("index"), 4096).unwrap();
+        assert_eq!(again.status().entries, 4096);
+        assert!(!d.path().join("index/v.1-2.tmp").exists());
+    }
 
     #[test]
     fn refreshed_blocks_replace_stale_entries_and_merge() {

@@ -53,7 +53,11 @@ impl VolumeRun {
     ) -> Result<VolumeRun, IndexError> {
         check_block_size(block_size)?;
         entries.par_sort_unstable();
-        let tmp = path.with_extension("tmp");
+        // A name of this writer's own: two rebuilds of one volume at once
+        // (an import's and an operator's) must not write one file.
+        static WRITER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = WRITER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = path.with_extension(format!("{}-{n}.tmp", std::process::id()));
         let f = OpenOptions::new()
             .write(true)
             .create(true)

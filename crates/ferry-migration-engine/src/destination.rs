@@ -329,6 +329,14 @@ struct Receiver {
 /// stays small.
 const WRITE_BEHIND_STEP: u64 = 8 << 20;
 
+/// Threads filling chunks from local blocks at once where each read and
+/// write waits for the network (an RBD image: about 1 ms each).
+const FILL_THREADS: usize = 16;
+
+/// Most consecutive chunks read and written together when filling from
+/// local blocks in order.
+const FILL_RUN: usize = 256;
+
 impl Receiver {
     /// Write a block that arrived or was found, and keep the volume's
     /// unwritten data bounded.
@@ -360,6 +368,12 @@ impl Receiver {
     ) -> Result<Missing, MigrationError> {
         let total = self.table.chunks();
         let mut want = Vec::new();
+        // Where each I/O waits for a network round trip (an RBD image),
+        // chunks to be found locally are gathered and filled by several
+        // threads at once after the frame is read; on a page-cached file
+        // they are filled in place, one after another.
+        let parallel = !self.vol.page_cached();
+        let mut deferred: Vec<(u64, u64)> = Vec::new();
         let mut i = first;
         let mut buf = vec![0u8; usize::try_from(self.chunk).unwrap_or(usize::MAX)];
         for e in entries {
@@ -400,6 +414,11 @@ impl Receiver {
                         }
                     }
                     let local = if self.use_index && len as u64 == self.chunk {
+                        if parallel {
+                            deferred.push((i, key));
+                            i += 1;
+                            continue;
+                        }
                         self.fill_local(i, key, b)?
                     } else {
                         None
@@ -415,7 +434,122 @@ impl Receiver {
                 }
             }
         }
+        for (chunk, key, found) in self.fill_local_parallel(deferred)? {
+            match found {
+                Some(fp) => {
+                    self.table.set(chunk, fp.0);
+                    stats.local += 1;
+                }
+                None => want.push((chunk, key)),
+            }
+        }
+        want.sort_unstable();
         Ok(want)
+    }
+
+    /// [`Receiver::fill_local`] for each `(chunk, key)`, on up to
+    /// [`FILL_THREADS`] threads, runs of consecutive chunks read and
+    /// written whole where the blocks lie in the same order here (a disk
+    /// made from a template this site holds); the first error ends it.
+    fn fill_local_parallel(
+        &self,
+        todo: Vec<(u64, u64)>,
+    ) -> Result<Vec<(u64, u64, Option<Fingerprint>)>, MigrationError> {
+        if todo.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut runs: Vec<&[(u64, u64)]> = Vec::new();
+        let mut start = 0;
+        for i in 1..=todo.len() {
+            if i == todo.len() || todo[i].0 != todo[i - 1].0 + 1 || i - start == FILL_RUN {
+                runs.push(&todo[start..i]);
+                start = i;
+            }
+        }
+        let threads = FILL_THREADS.min(runs.len());
+        std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads)
+                .map(|t| {
+                    let mine: Vec<&[(u64, u64)]> =
+                        runs.iter().skip(t).step_by(threads).copied().collect();
+                    s.spawn(move || {
+                        let mut out = Vec::new();
+                        for run in mine {
+                            out.extend(self.fill_run(run)?);
+                        }
+                        Ok::<_, MigrationError>(out)
+                    })
+                })
+                .collect();
+            let mut out = Vec::with_capacity(todo.len());
+            for w in workers {
+                out.extend(w.join().map_err(|_| {
+                    MigrationError::BadData("a local fill thread panicked".into())
+                })??);
+            }
+            Ok(out)
+        })
+    }
+
+    /// Fill a run of consecutive chunks: where the first chunk's block is
+    /// found here, the blocks after it are read with it in one read, and
+    /// every span of them that matches its print is written in one write;
+    /// the others are looked up alone.
+    fn fill_run(
+        &self,
+        run: &[(u64, u64)],
+    ) -> Result<Vec<(u64, u64, Option<Fingerprint>)>, MigrationError> {
+        let chunk = usize::try_from(self.chunk).unwrap_or(usize::MAX);
+        let mut out = Vec::with_capacity(run.len());
+        let mut one = vec![0u8; chunk];
+        let key0 = run[0].1;
+        let cands = self
+            .state
+            .index()
+            .lookup_key(key0, MAX_CANDIDATES)
+            .unwrap_or_default();
+        let mut buf = Vec::new();
+        let placed = cands.into_iter().find_map(|(name, block)| {
+            let v = self.state.pool().get(&name).ok()?;
+            let off = block * self.chunk;
+            let len = run.len() * chunk;
+            if off + len as u64 > v.size() {
+                return None;
+            }
+            buf.resize(len, 0);
+            v.read_at(off, &mut buf).ok()?;
+            keyed(&buf[..chunk], key0).map(|_| ())
+        });
+        if placed.is_none() {
+            for &(c, k) in run {
+                out.push((c, k, self.fill_local(c, k, &mut one)?));
+            }
+            return Ok(out);
+        }
+        let mut i = 0;
+        while i < run.len() {
+            let start = i;
+            let mut prints = Vec::new();
+            while i < run.len() {
+                match keyed(&buf[i * chunk..(i + 1) * chunk], run[i].1) {
+                    Some(fp) => prints.push(fp),
+                    None => break,
+                }
+                i += 1;
+            }
+            if !prints.is_empty() {
+                self.put(run[start].0 * self.chunk, &buf[start * chunk..i * chunk])?;
+                for (j, fp) in prints.into_iter().enumerate() {
+                    out.push((run[start + j].0, run[start + j].1, Some(fp)));
+                }
+            }
+            if i < run.len() {
+                let (c, k) = run[i];
+                out.push((c, k, self.fill_local(c, k, &mut one)?));
+                i += 1;
+            }
+        }
+        Ok(out)
     }
 
     /// Write the blocks buddies sent that match their prints (blocking);

@@ -373,6 +373,14 @@ impl Volume {
     pub fn data_path(&self) -> &Path {
         &self.data_path
     }
+    /// Whether reads and writes go through this host's page cache (a file
+    /// without O_DIRECT): a write is then quick once on a thread, and a
+    /// read may be tried without blocking. An RBD image's I/O always waits
+    /// for the cluster.
+    pub fn page_cached(&self) -> bool {
+        matches!(self.data, Data::File(_)) && !self.direct
+    }
+
     /// Whether the data is an RBD image in Ceph.
     pub fn on_ceph(&self) -> bool {
         matches!(self.data, Data::Rbd(_))

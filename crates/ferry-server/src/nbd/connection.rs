@@ -79,7 +79,7 @@ impl ExportHandler for ConnContext {
         }
         // Buffered writes without FUA are quick once on a thread: batch
         // them with their neighbours (one hand-off for a pipeline of them).
-        if req.command == Command::Write && !req.has_flag(CMD_FLAG_FUA) && !self.direct_io() {
+        if req.command == Command::Write && !req.has_flag(CMD_FLAG_FUA) && !self.writes_wait() {
             let bytes = req.payload.as_ref().map_or(0, |p| p.len());
             return Dispatch::Batchable {
                 work: Box::new(move || exec::execute_blocking(&ctx, &req)),

@@ -58,15 +58,16 @@ impl ConnContext {
         }
     }
 
-    /// The volume bypasses the page cache (writes wait for the disk).
-    pub fn direct_io(&self) -> bool {
-        self.volume.direct_io()
+    /// Writes wait for the device (O_DIRECT, or an RBD image): each is
+    /// worth a worker of its own rather than a place in a batch.
+    pub fn writes_wait(&self) -> bool {
+        !self.volume.page_cached()
     }
 
     /// Worth trying a large READ/WRITE without blocking on an async task?
     pub fn may_try_nowait(&self, req: &Request) -> bool {
         match req.command {
-            Command::Read => !self.volume.direct_io(),
+            Command::Read => self.volume.page_cached(),
             Command::Write => self.volume.nowait_writes() && !req.has_flag(CMD_FLAG_FUA),
             _ => false,
         }
