@@ -7,19 +7,11 @@
 
 mod common;
 
-use common::{free_port, have};
+use common::{free_port, have, trust_each_other, Serve, FERRY};
 use ferry_rbd::testing;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
-
-struct Gateway {
-    child: Child,
-    nbd: String,
-    admin: String,
-}
 
 /// A Ceph pool of this test's own.
 fn pool(tag: &str) -> (ferry_rbd::ClusterConfig, String) {
@@ -47,81 +39,40 @@ fn pool_in(which: usize, name: &str) -> ferry_rbd::ClusterConfig {
     c
 }
 
-impl Gateway {
-    fn start(dir: &Path, ceph: &ferry_rbd::ClusterConfig, pool: &str, extra: &[&str]) -> Gateway {
-        let nbd = format!("127.0.0.1:{}", free_port());
-        let admin = format!("127.0.0.1:{}", free_port());
-        Self::start_on(dir, ceph, pool, &nbd, &admin, extra)
+/// The `ferry serve` arguments that put its volumes in `pool` of `ceph`.
+fn ceph_args(ceph: &ferry_rbd::ClusterConfig, pool: &str) -> Vec<String> {
+    let mut a = vec![
+        "--ceph-conf".to_string(),
+        ceph.conf.display().to_string(),
+        "--ceph-pool".to_string(),
+        pool.to_string(),
+    ];
+    if let Some(k) = &ceph.keyring {
+        a.push("--ceph-keyring".into());
+        a.push(k.display().to_string());
     }
-
-    fn start_on(
-        dir: &Path,
-        ceph: &ferry_rbd::ClusterConfig,
-        pool: &str,
-        nbd: &str,
-        admin: &str,
-        extra: &[&str],
-    ) -> Gateway {
-        let (nbd, admin) = (nbd.to_string(), admin.to_string());
-        let mut cmd = Command::new(FERRY);
-        cmd.args(["serve", "--pool"])
-            .arg(dir)
-            .args(["--nbd", &nbd, "--admin", &admin, "--ceph-conf"])
-            .arg(&ceph.conf)
-            .args(["--ceph-pool", pool]);
-        if let Some(k) = &ceph.keyring {
-            cmd.arg("--ceph-keyring").arg(k);
-        }
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.with_extension("log"))
-            .unwrap();
-        let child = cmd
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let t = Instant::now();
-        while ureq::get(&format!("http://{admin}/v1/server"))
-            .call()
-            .is_err()
-        {
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "ferry serve did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Gateway { child, nbd, admin }
-    }
-
-    fn ferry(&self, args: &[&str]) -> String {
-        let out = Command::new(FERRY)
-            .args(args)
-            .env("FERRY_ADMIN", &self.admin)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ferry {args:?}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn kill9(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
+    a
 }
 
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// A gateway: `ferry serve` on `ceph`'s `pool`, on `addrs` (NBD, admin)
+/// or fresh ports, with `extra` arguments.
+fn gateway(
+    dir: &Path,
+    ceph: &ferry_rbd::ClusterConfig,
+    pool: &str,
+    addrs: Option<(&str, &str)>,
+    extra: &[&str],
+) -> Serve {
+    let mut args = ceph_args(ceph, pool);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    match addrs {
+        Some((nbd, admin)) => Serve::start_on(dir, nbd, admin, &args),
+        None => {
+            let nbd = format!("127.0.0.1:{}", free_port());
+            let admin = format!("127.0.0.1:{}", free_port());
+            Serve::start_on(dir, &nbd, &admin, &args)
+        }
     }
 }
 
@@ -153,7 +104,7 @@ fn a_killed_gateway_restarts_at_once_with_every_acknowledged_write() {
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().join("gw");
     let (ceph, pool) = pool("kill");
-    let g = Gateway::start(&dir, &ceph, &pool, &[]);
+    let g = gateway(&dir, &ceph, &pool, None, &[]);
     let made = g.ferry(&["volume", "create", "k", "--size", "64M"]);
     assert!(made.contains(&format!("RBD image {pool}/k")), "{made}");
     assert!(g.ferry(&["volume", "list"]).contains("rbd"));
@@ -175,7 +126,7 @@ fn a_killed_gateway_restarts_at_once_with_every_acknowledged_write() {
     // Started again on the same pool directory: the lock its predecessor
     // left is broken, the volume is served, the writes are there (also
     // the last one, acknowledged without a flush: no cache in between).
-    let g = Gateway::start(&dir, &ceph, &pool, &[]);
+    let g = gateway(&dir, &ceph, &pool, None, &[]);
     let list = g.ferry(&["volume", "list"]);
     assert!(
         list.contains("k "),
@@ -232,7 +183,13 @@ fn iscsi_initiators_read_and_write_an_rbd_volume() {
     let d = tempfile::tempdir().unwrap();
     let (ceph, pool) = pool("iscsi");
     let portal = format!("127.0.0.1:{}", free_port());
-    let g = Gateway::start(&d.path().join("gw"), &ceph, &pool, &["--iscsi", &portal]);
+    let g = gateway(
+        &d.path().join("gw"),
+        &ceph,
+        &pool,
+        None,
+        &["--iscsi", &portal],
+    );
     g.ferry(&["volume", "create", "lun", "--size", "32M"]);
     let url = format!("iscsi://{portal}/iqn.2026-11.io.ferry:lun/0");
     let (ok, text) = qemu_io(
@@ -265,27 +222,6 @@ fn iscsi_initiators_read_and_write_an_rbd_volume() {
     assert!(ok, "{text}");
 }
 
-/// Each gateway's pool directory trusts the other's migration certificate.
-fn trust_each_other(pa: &Path, pb: &Path) {
-    let (pa, pb) = (pa.display().to_string(), pb.display().to_string());
-    let certs = |args: &[&str]| {
-        let out = Command::new(FERRY)
-            .arg("certs")
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    certs(&["show", "--pool", &pa]);
-    certs(&["show", "--pool", &pb]);
-    certs(&["trust", &format!("{pb}/tls/cert.pem"), "--pool", &pa]);
-    certs(&["trust", &format!("{pa}/tls/cert.pem"), "--pool", &pb]);
-}
-
 fn allocated(admin: &str, volume: &str) -> u64 {
     ureq::get(&format!("http://{admin}/v1/volumes/{volume}"))
         .call()
@@ -312,8 +248,14 @@ fn a_migration_between_clusters_resumes_after_the_destination_gateway_is_killed(
         format!("127.0.0.1:{}", free_port()),
         format!("127.0.0.1:{}", free_port()),
     );
-    let src = Gateway::start(&pa, &ca, &name, &[]);
-    let dst = Gateway::start_on(&pb, &cb, &name, &nbd_b, &admin_b, &["--migrate", &mig]);
+    let src = gateway(&pa, &ca, &name, None, &[]);
+    let dst = gateway(
+        &pb,
+        &cb,
+        &name,
+        Some((&nbd_b, &admin_b)),
+        &["--migrate", &mig],
+    );
     trust_each_other(&pa, &pb);
     let img = d.path().join("img.raw");
     let mut data = vec![0u8; 24 << 20];
@@ -351,7 +293,13 @@ fn a_migration_between_clusters_resumes_after_the_destination_gateway_is_killed(
     }
     dst.kill9();
     std::thread::sleep(Duration::from_millis(500));
-    let dst = Gateway::start_on(&pb, &cb, &name, &nbd_b, &admin_b, &["--migrate", &mig]);
+    let dst = gateway(
+        &pb,
+        &cb,
+        &name,
+        Some((&nbd_b, &admin_b)),
+        &["--migrate", &mig],
+    );
     let out = migrate.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(

@@ -5,86 +5,10 @@
 
 mod common;
 
-use common::{free_port, have, nbd_pki};
+use common::{free_port, have, nbd_pki, trust_each_other, Serve, FERRY};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
-
-struct Serve {
-    child: Child,
-    nbd: String,
-    admin: String,
-}
-
-impl Serve {
-    fn start(pool: &Path) -> Serve {
-        let nbd = format!("127.0.0.1:{}", free_port());
-        let admin = format!("127.0.0.1:{}", free_port());
-        Self::start_on(pool, &nbd, &admin, &[])
-    }
-
-    /// On given addresses, with extra `ferry serve` arguments.
-    fn start_on(pool: &Path, nbd: &str, admin: &str, extra: &[&str]) -> Serve {
-        let (nbd, admin) = (nbd.to_string(), admin.to_string());
-        let child = Command::new(FERRY)
-            .args(["serve", "--pool"])
-            .arg(pool)
-            .args(["--nbd", &nbd, "--admin", &admin])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let t = Instant::now();
-        while ureq::get(&format!("http://{admin}/v1/server"))
-            .call()
-            .is_err()
-        {
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "ferry serve did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Serve { child, nbd, admin }
-    }
-
-    fn ferry(&self, args: &[&str]) -> String {
-        let out = Command::new(FERRY)
-            .args(args)
-            .env("FERRY_ADMIN", &self.admin)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ferry {args:?}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn kill9(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-
-    fn terminate(mut self) {
-        let pid = self.child.id().to_string();
-        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        let st = self.child.wait().unwrap();
-        assert!(st.success(), "ferry serve exited with {st}");
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 #[test]
 fn volume_commands_import_export_and_bench() {
@@ -341,32 +265,6 @@ fn flush_on_one_connection_covers_writes_of_another() {
     });
 }
 
-/// `ferry migrate --json` between two `ferry serve` processes that trust
-/// each other through `ferry certs`; the destination is killed with -9 in
-/// the middle and restarted, and the migration resumes and completes.
-/// Each daemon's pool trusts the other's migration certificate.
-fn trust_each_other(pa: &Path, pb: &Path) {
-    let (pa, pb) = (pa.display().to_string(), pb.display().to_string());
-    let certs = |args: &[&str]| {
-        let out = Command::new(FERRY)
-            .arg("certs")
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    assert!(certs(&["show", "--pool", &pa]).contains("sha256"));
-    certs(&["show", "--pool", &pb]);
-    certs(&["trust", &format!("{pb}/tls/cert.pem"), "--pool", &pa]);
-    certs(&["trust", &format!("{pa}/tls/cert.pem"), "--pool", &pb]);
-    assert_eq!(certs(&["list", "--pool", &pa]).lines().count(), 1);
-}
-
 /// `len` bytes of xorshift noise from `seed`, also written to `path`.
 fn noise_image(path: &Path, len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed;
@@ -399,6 +297,9 @@ fn wait_for_allocated(admin: &str, bytes: u64) {
     }
 }
 
+/// `ferry migrate --json` between two `ferry serve` processes that trust
+/// each other through `ferry certs`; the destination is killed with -9 in
+/// the middle and restarted, and the migration resumes and completes.
 #[test]
 fn migrate_resumes_after_the_destination_is_killed() {
     let d = tempfile::tempdir().unwrap();

@@ -7,32 +7,24 @@
 
 mod common;
 
-use common::{have, run, TestServer};
+use common::{have, run, trust_each_other, wait_report, TestServer};
 use ferry_migration_engine::source::{start, MigrateRequest};
-use ferry_migration_engine::tls::CertStore;
-use ferry_migration_engine::{MigrationResult, MigrationRun, Phase, Report};
+use ferry_migration_engine::{MigrationResult, MigrationRun, Report};
 use ferry_rbd::testing;
 use ferry_server::config::{CephConfig, Config};
 use ferry_storage::{Backing, CreateOptions};
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 
 /// The `[storage.ceph]` section for test cluster `which`, in a pool made
 /// for this test alone (so tests running at once see only their images).
 fn ceph(which: usize, pool: &str) -> CephConfig {
-    let c = testing::cluster(which);
-    make_pool(&c, pool);
-    CephConfig {
-        conf: c.conf,
-        keyring: c.keyring.unwrap_or_default(),
-        client: c.client,
-        pool: pool.into(),
-        ..CephConfig::default()
-    }
+    make_pool(&testing::cluster(which), pool);
+    ceph_existing(which, pool)
 }
 
 fn make_pool(c: &ferry_rbd::ClusterConfig, pool: &str) {
@@ -311,16 +303,6 @@ fn file_and_ceph_volumes_live_side_by_side_and_bad_requests_are_refused() {
     assert!(e.to_string().contains("storage.ceph"), "{e}");
 }
 
-/// Each daemon trusts the other's certificate.
-fn trust_each_other(a: &Path, b: &Path) {
-    let (sa, sb) = (CertStore::new(a), CertStore::new(b));
-    sa.ensure_identity().unwrap();
-    sb.ensure_identity().unwrap();
-    let name = |p: &Path| p.file_name().unwrap().to_string_lossy().into_owned();
-    sa.trust(&sb.cert_path(), Some(&name(b)), None).unwrap();
-    sb.trust(&sa.cert_path(), Some(&name(a)), None).unwrap();
-}
-
 fn migrate(src: &TestServer, volume: &str, to: &TestServer) -> Report {
     let req = MigrateRequest {
         volume: volume.into(),
@@ -331,20 +313,7 @@ fn migrate(src: &TestServer, volume: &str, to: &TestServer) -> Report {
         let _g = src.rt().enter();
         start(src.state.clone(), req).unwrap().run().clone()
     };
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        if matches!(run.phase(), Phase::Switched | Phase::Failed) {
-            if let Some(r) = run.report.lock().clone() {
-                return r;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "migration did not end: {:?}",
-            run.status()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_report(&run, Duration::from_secs(180))
 }
 
 #[test]

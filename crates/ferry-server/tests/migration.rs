@@ -8,10 +8,10 @@ mod common;
 #[path = "common/toxiproxy.rs"]
 mod toxiproxy;
 
-use common::{have, run, sha, TestServer};
+use common::{have, run, sha, trust_each_other, wait_report as wait, TestServer};
 use ferry_migration_engine::source::{start, MigrateRequest};
 use ferry_migration_engine::tls::CertStore;
-use ferry_migration_engine::{MigrationResult, MigrationRun, Phase, Report};
+use ferry_migration_engine::{MigrationResult, MigrationRun, Phase};
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -26,16 +26,6 @@ fn destination(pool: &Path) -> TestServer {
 fn destination_on(pool: &Path, addr: &str) -> TestServer {
     let addr = addr.to_string();
     TestServer::start_with(pool, move |c| c.migration.listen = addr)
-}
-
-/// Each daemon trusts the other's certificate.
-fn trust_each_other(a: &Path, b: &Path) {
-    let (sa, sb) = (CertStore::new(a), CertStore::new(b));
-    sa.ensure_identity().unwrap();
-    sb.ensure_identity().unwrap();
-    let name = |p: &Path| p.file_name().unwrap().to_string_lossy().into_owned();
-    sa.trust(&sb.cert_path(), Some(&name(b)), None).unwrap();
-    sb.trust(&sa.cert_path(), Some(&name(a)), None).unwrap();
 }
 
 /// Deterministic pseudo-random bytes.
@@ -54,23 +44,6 @@ fn noise(len: usize, seed: u64) -> Vec<u8> {
 fn migrate(src: &TestServer, req: MigrateRequest) -> Arc<MigrationRun> {
     let _g = src.rt().enter();
     start(src.state.clone(), req).unwrap().run().clone()
-}
-
-fn wait(run: &MigrationRun, limit: Duration) -> Report {
-    let deadline = Instant::now() + limit;
-    loop {
-        if matches!(run.phase(), Phase::Switched | Phase::Failed) {
-            if let Some(r) = run.report.lock().clone() {
-                return r;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "migration did not end: {:?}",
-            run.status()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn request(volume: &str, to: String) -> MigrateRequest {

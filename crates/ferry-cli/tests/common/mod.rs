@@ -3,7 +3,12 @@
 #![allow(dead_code)]
 
 use std::net::TcpListener;
-use std::process::Command;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `ferry` binary under test.
+pub const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 
 /// A loopback port nothing listens on (at the moment of asking).
 pub fn free_port() -> u16 {
@@ -48,4 +53,110 @@ pub fn nbd_pki(out: &std::path::Path, server_names: &[&str], client: &str) {
         "ferry certs nbd: {}",
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+/// `ferry serve` as a child process; its log goes to `<pool>.log`.
+pub struct Serve {
+    pub child: Child,
+    pub nbd: String,
+    pub admin: String,
+}
+
+impl Serve {
+    pub fn start(pool: &Path) -> Serve {
+        let nbd = format!("127.0.0.1:{}", free_port());
+        let admin = format!("127.0.0.1:{}", free_port());
+        Self::start_on(pool, &nbd, &admin, &[])
+    }
+
+    /// On given addresses, with extra `ferry serve` arguments.
+    pub fn start_on(pool: &Path, nbd: &str, admin: &str, extra: &[&str]) -> Serve {
+        let (nbd, admin) = (nbd.to_string(), admin.to_string());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(pool.with_extension("log"))
+            .unwrap();
+        let child = Command::new(FERRY)
+            .args(["serve", "--pool"])
+            .arg(pool)
+            .args(["--nbd", &nbd, "--admin", &admin])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while ureq::get(&format!("http://{admin}/v1/server"))
+            .call()
+            .is_err()
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "ferry serve did not start: {}",
+                std::fs::read_to_string(pool.with_extension("log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Serve { child, nbd, admin }
+    }
+
+    /// Run `ferry ARGS` against this daemon's admin API; its stdout.
+    pub fn ferry(&self, args: &[&str]) -> String {
+        let out = Command::new(FERRY)
+            .args(args)
+            .env("FERRY_ADMIN", &self.admin)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ferry {args:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    pub fn terminate(mut self) {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "ferry serve exited with {st}");
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Each daemon's pool trusts the other's migration certificate
+/// (`ferry certs show`, `ferry certs trust`).
+pub fn trust_each_other(pa: &Path, pb: &Path) {
+    let (pa, pb) = (pa.display().to_string(), pb.display().to_string());
+    let certs = |args: &[&str]| {
+        let out = Command::new(FERRY)
+            .arg("certs")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(certs(&["show", "--pool", &pa]).contains("sha256"));
+    certs(&["show", "--pool", &pb]);
+    certs(&["trust", &format!("{pb}/tls/cert.pem"), "--pool", &pa]);
+    certs(&["trust", &format!("{pa}/tls/cert.pem"), "--pool", &pb]);
+    assert_eq!(certs(&["list", "--pool", &pa]).lines().count(), 1);
 }

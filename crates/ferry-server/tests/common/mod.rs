@@ -209,3 +209,38 @@ pub fn rss() -> u64 {
         .unwrap();
     kb * 1024
 }
+
+/// Each daemon trusts the other's certificate.
+pub fn trust_each_other(a: &Path, b: &Path) {
+    let (sa, sb) = (
+        ferry_migration_engine::tls::CertStore::new(a),
+        ferry_migration_engine::tls::CertStore::new(b),
+    );
+    sa.ensure_identity().unwrap();
+    sb.ensure_identity().unwrap();
+    let name = |p: &Path| p.file_name().unwrap().to_string_lossy().into_owned();
+    sa.trust(&sb.cert_path(), Some(&name(b)), None).unwrap();
+    sb.trust(&sa.cert_path(), Some(&name(a)), None).unwrap();
+}
+
+/// The report of `run` once it has switched or failed, within `limit`.
+pub fn wait_report(
+    run: &ferry_migration_engine::MigrationRun,
+    limit: std::time::Duration,
+) -> ferry_migration_engine::Report {
+    use ferry_migration_engine::Phase;
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if matches!(run.phase(), Phase::Switched | Phase::Failed) {
+            if let Some(r) = run.report.lock().clone() {
+                return r;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "migration did not end: {:?}",
+            run.status()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
