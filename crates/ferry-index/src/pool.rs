@@ -199,11 +199,12 @@ impl PoolIndex {
         what: &Path,
         blocks: &[u64],
     ) -> Result<usize, IndexError> {
-        let (f, data) = (source, what);
         let Some(vi) = self.runs.read().get(volume).cloned() else {
             return Ok(0);
         };
-        let size = f.byte_len().map_err(|e| IndexError::io("stat", data, e))?;
+        let size = source
+            .byte_len()
+            .map_err(|e| IndexError::io("stat", what, e))?;
         let bs = u64::from(self.block_size);
         let mut buf = vec![0u8; self.block_size as usize];
         let mut keys = Vec::with_capacity(blocks.len());
@@ -214,8 +215,9 @@ impl PoolIndex {
                 continue;
             }
             let n = usize::try_from(bs.min(size - off)).unwrap_or(usize::MAX);
-            f.read_at(&mut buf[..n], off)
-                .map_err(|e| IndexError::io("read", data, e))?;
+            source
+                .read_at(&mut buf[..n], off)
+                .map_err(|e| IndexError::io("read", what, e))?;
             let blk = &buf[..n];
             keys.push((
                 b,

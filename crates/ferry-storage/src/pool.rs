@@ -159,19 +159,19 @@ impl Pool {
     /// Bytes a new volume's data may still take: the Ceph cluster's free
     /// space when new volumes go to Ceph, else the pool file system's.
     pub fn free_bytes_for_new(&self) -> Result<u64> {
-        match &self.opts.ceph {
-            Some(c) if c.default => c
-                .pool
-                .free_bytes()
-                .map_err(|e| StorageError::rbd("cluster stat", e)),
-            _ => self.free_bytes(),
-        }
+        self.free_bytes_where(self.opts.ceph.as_ref().is_some_and(|c| c.default))
     }
 
     /// Bytes volume `v` may still grow by, where its data lives.
     pub fn free_bytes_for(&self, v: &Volume) -> Result<u64> {
-        match (&self.opts.ceph, v.on_ceph()) {
-            (Some(c), true) => c
+        self.free_bytes_where(v.on_ceph())
+    }
+
+    /// The cluster's free bytes (`on_ceph`, if one is configured) or the
+    /// pool file system's.
+    fn free_bytes_where(&self, on_ceph: bool) -> Result<u64> {
+        match &self.opts.ceph {
+            Some(c) if on_ceph => c
                 .pool
                 .free_bytes()
                 .map_err(|e| StorageError::rbd("cluster stat", e)),
@@ -396,13 +396,8 @@ impl Pool {
         // Renamed aside first: a crash before the image is gone leaves a
         // hidden directory that names it, removed at the next start.
         v.close_backing();
-        if let Backing::Rbd { image, .. } = &v.meta().backing {
-            if let Some(c) = &self.opts.ceph {
-                match c.pool.remove(image) {
-                    Ok(()) | Err(ferry_rbd::RbdError::NoImage { .. }) => {}
-                    Err(e) => return Err(StorageError::rbd("remove", e)),
-                }
-            }
+        if let (Backing::Rbd { image, .. }, Some(c)) = (&v.meta().backing, &self.opts.ceph) {
+            remove_image(c, image).map_err(|e| StorageError::rbd("remove", e))?;
         }
         fs::remove_dir_all(&gone).map_err(|e| StorageError::io("remove", &gone, e))
     }
@@ -463,19 +458,24 @@ impl Pool {
     }
 }
 
+/// Remove a volume's RBD image; one already gone is fine.
+fn remove_image(c: &CephStore, image: &str) -> ferry_rbd::Result<()> {
+    match c.pool.remove(image) {
+        Ok(()) | Err(ferry_rbd::RbdError::NoImage { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Remove a hidden volume directory (a creation or deletion cut short) and
 /// the RBD image it names, if any.
 fn remove_leftover(dir: &Path, ceph: Option<&CephStore>) {
     if let (Ok(m), Some(c)) = (VolumeMeta::load(&dir.join("meta.json")), ceph) {
         if let Backing::Rbd { pool, image } = &m.backing {
             if pool == c.pool.name() {
-                match c.pool.remove(image) {
-                    Ok(()) | Err(ferry_rbd::RbdError::NoImage { .. }) => {}
-                    Err(e) => {
-                        // Kept, so that the next start tries again.
-                        tracing::warn!(image = %image, error = %e, "removing the RBD image of an unfinished volume failed");
-                        return;
-                    }
+                if let Err(e) = remove_image(c, image) {
+                    // Kept, so that the next start tries again.
+                    tracing::warn!(image = %image, error = %e, "removing the RBD image of an unfinished volume failed");
+                    return;
                 }
             }
         }

@@ -673,9 +673,7 @@ impl Volume {
     /// False once the file system refused a non-blocking buffered write
     /// (ext4 does): callers should go straight to a worker thread.
     pub fn nowait_writes(&self) -> bool {
-        !self.direct
-            && matches!(self.data, Data::File(_))
-            && self.nowait_writes.load(Ordering::Relaxed)
+        self.page_cached() && self.nowait_writes.load(Ordering::Relaxed)
     }
 
     /// Write `data` at `offset`; with `fua` it is durable before this returns.
