@@ -168,6 +168,18 @@ pub struct VolumeView {
     /// A sanitize running or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sanitize: Option<SanitizeView>,
+    /// A shared volume: its state lives in its Ceph cluster and any of
+    /// the gateways in front of the cluster serves it, one at a time
+    /// (`[storage.ceph] shared`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared: bool,
+    /// A shared volume's gateway now (NBD `HOST:PORT`), this one or
+    /// another; `None` when no gateway holds it (the first asked claims it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+    /// A shared volume held by the daemon that answered.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held_here: bool,
 }
 
 /// A sanitize of a volume, running or failed (the volume refuses reads

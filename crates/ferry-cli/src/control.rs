@@ -1228,7 +1228,10 @@ pub enum SiteCmd {
         /// most room.
         #[arg(long = "host", value_parser = host_ref)]
         hosts: Vec<HostRef>,
-        /// A storage daemon: nbd=..,migrate=..,admin=..[,nbd_local=..] (repeatable).
+        /// A storage daemon: nbd=..,migrate=..,admin=..[,nbd_local=..][,cluster=NAME]
+        /// (repeatable). Daemons naming the same cluster are the shared
+        /// gateways of one Ceph cluster (`ferry serve --ceph-shared`): a
+        /// disk moved to the site goes through whichever of them answers.
         #[arg(long = "storage", value_parser = storage_ref)]
         storage: Vec<StorageRef>,
         /// Change an existing site to this description (its links stay).
@@ -1324,9 +1327,12 @@ fn storage_ref(s: &str) -> Result<StorageRef, String> {
         migrate: take(&mut m, "migrate")?,
         admin: take(&mut m, "admin")?,
         nbd_local: m.remove("nbd_local"),
+        cluster: m.remove("cluster").filter(|c| !c.is_empty()),
     };
     match m.keys().next() {
-        Some(k) => Err(format!("unknown key {k} (nbd, migrate, admin, nbd_local)")),
+        Some(k) => Err(format!(
+            "unknown key {k} (nbd, migrate, admin, nbd_local, cluster)"
+        )),
         None => Ok(st),
     }
 }

@@ -112,6 +112,13 @@ enum Cmd {
         /// refused at create, start and arrival.
         #[arg(long, value_name = "HOST:PORT", requires = "state_dir")]
         storage: Vec<String>,
+        /// The NBD addresses of one site's gateways in front of one Ceph
+        /// cluster (`ferry serve --ceph-shared`), comma-separated
+        /// (repeatable, one per site): a disk whose gateway does not
+        /// answer is looked for at the next one, its requests held and
+        /// sent again there. They count as --storage.
+        #[arg(long, value_name = "HOST:PORT,HOST:PORT...")]
+        gateways: Vec<String>,
         /// Another host's move address (HOST:PORT) beyond this machine
         /// that `/v1/probe` may measure the link to (repeatable).
         #[arg(long, value_name = "HOST:PORT", requires = "state_dir")]
@@ -237,6 +244,11 @@ struct ServeArgs {
     /// The cephx client name, without `client.` (default admin).
     #[arg(long, value_name = "NAME")]
     ceph_client: Option<String>,
+    /// This daemon is one of several gateways in front of the Ceph pool
+    /// (`[storage.ceph] shared`): volumes' state lives in the cluster and
+    /// any gateway serves any volume, one at a time.
+    #[arg(long)]
+    ceph_shared: bool,
     /// Accept incoming migrations on this address (HOST:PORT).
     #[arg(long)]
     migrate: Option<String>,
@@ -448,6 +460,7 @@ fn main() -> Result<()> {
             insecure_plaintext_api,
             image_dir,
             storage,
+            gateways,
             peer,
             qemu_user,
             nbd_tls_dir,
@@ -463,6 +476,16 @@ fn main() -> Result<()> {
             // Absolute: guests' QEMU command lines and files name them.
             image_dirs: image_dir.into_iter().map(absolute).collect(),
             storage,
+            gateways: gateways
+                .iter()
+                .map(|g| {
+                    g.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(String::from)
+                        .collect()
+                })
+                .collect(),
             peers: peer,
             qemu_user,
             volumes: server.zip(volume).into_iter().collect(),
@@ -549,6 +572,7 @@ fn serve(a: ServeArgs) -> Result<()> {
         || a.ceph_pool.is_some()
         || a.ceph_keyring.is_some()
         || a.ceph_client.is_some()
+        || a.ceph_shared
     {
         let c = config.storage.ceph.get_or_insert_with(Default::default);
         if let Some(v) = a.ceph_conf {
@@ -562,6 +586,9 @@ fn serve(a: ServeArgs) -> Result<()> {
         }
         if let Some(v) = a.ceph_client {
             c.client = v;
+        }
+        if a.ceph_shared {
+            c.shared = true;
         }
     }
     if let Some(m) = a.migrate {
@@ -839,6 +866,10 @@ fn volume_state(vol: &ferry_api::VolumeView) -> String {
                 vol.outgoing.as_ref().map_or("", |o| &o.to)
             )
         }
+        (None, None, None) if vol.shared && !vol.held_here => match &vol.gateway {
+            Some(g) => format!("served by the gateway at {g}"),
+            None => "ready (no gateway holds it)".into(),
+        },
         (None, None, None) => "ready".into(),
     }
 }

@@ -5,7 +5,12 @@
 //! the dead process left is broken (and that process fenced) instead of
 //! waited out.
 
+#[path = "../../ferry-server/tests/common/toxiproxy.rs"]
+#[allow(dead_code)]
+mod toxiproxy;
+
 mod common;
+mod guests;
 
 use common::{free_port, have, trust_each_other, Serve, FERRY};
 use ferry_rbd::testing;
@@ -336,4 +341,262 @@ fn a_migration_between_clusters_resumes_after_the_destination_gateway_is_killed(
         .list()
         .unwrap();
     assert_eq!(images, vec!["vm".to_string()]);
+}
+
+/// `ferry ARGS` against the admin API at `admin`: (success, stdout+stderr).
+fn ferry_at(admin: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(FERRY)
+        .args(args)
+        .env("FERRY_ADMIN", admin)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// The image metadata keys of `pool/image`.
+fn image_meta(ceph: &ferry_rbd::ClusterConfig, pool: &str, image: &str) -> String {
+    let o = Command::new("rbd")
+        .arg("-c")
+        .arg(&ceph.conf)
+        .args(["image-meta", "list", &format!("{pool}/{image}")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Whether a TCP listener answers at `addr`.
+fn answers(addr: &str) -> bool {
+    std::net::TcpStream::connect(addr).is_ok()
+}
+
+/// The forwarder of a VM host for one volume, knowing both gateways.
+struct Forwarder {
+    child: std::process::Child,
+    addr: String,
+}
+
+impl Forwarder {
+    fn start(server: &str, volume: &str, gateways: &str) -> Forwarder {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let child = Command::new(FERRY)
+            .args(["host", "--server", server, "--volume", volume])
+            .args(["--listen", &addr, "--gateways", gateways])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while !answers(&addr) {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "ferry host did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Forwarder { child, addr }
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn shared_gateways_serve_a_volume_one_at_a_time_and_stand_in_for_a_dead_one() {
+    assert!(have("qemu-io"));
+    let d = tempfile::tempdir().unwrap();
+    let (ceph, pool) = pool("shared");
+    let (nbd1, adm1) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let (portal1, portal2) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let g1 = gateway(
+        &d.path().join("g1"),
+        &ceph,
+        &pool,
+        Some((&nbd1, &adm1)),
+        &["--ceph-shared", "--iscsi", &portal1],
+    );
+    let g2 = gateway(
+        &d.path().join("g2"),
+        &ceph,
+        &pool,
+        None,
+        &["--ceph-shared", "--iscsi", &portal2],
+    );
+    g1.ferry(&["volume", "create", "s", "--size", "64M"]);
+    g1.ferry(&["bitmap", "add", "s", "b", "--persistent"]);
+    // Nothing of the volume is on the gateway's disk: its state is in the
+    // cluster, with the image.
+    assert!(!d.path().join("g1/volumes/s").exists());
+    let keys = image_meta(&ceph, &pool, "s");
+    assert!(
+        keys.contains("ferry.meta") && keys.contains("ferry.holder"),
+        "{keys}"
+    );
+
+    let gws = format!("{nbd1},{}", g2.nbd);
+    let fwd = Forwarder::start(&nbd1, "s", &gws);
+    let uri = format!("nbd://{}/s", fwd.addr);
+    let (ok, text) = qemu_io(
+        &uri,
+        false,
+        &["write -P 0x61 0 64k", "flush", "write -P 0x62 1M 64k"],
+    );
+    assert!(ok, "{text}");
+    // One writer: while g1 holds it, g2 sends its clients to g1.
+    let (ok, text) = ferry_at(&g2.admin, &["volume", "info", "s"]);
+    assert!(!ok && text.contains(&nbd1), "{text}");
+    let (ok, text) = qemu_io(&format!("nbd://{}/s", g2.nbd), true, &["read 0 4k"]);
+    assert!(!ok && text.contains(&nbd1), "{text}");
+    // An initiator logging in at g2 is redirected to g1's portal.
+    let (ok, text) = qemu_io(
+        &format!("iscsi://{portal2}/iqn.2026-11.io.ferry:s/0"),
+        true,
+        &["read -P 0x61 0 64k"],
+    );
+    assert!(ok, "{text}");
+
+    // g1 dies under its client: the forwarder goes to g2, which breaks the
+    // dead gateway's lock (fencing it) and serves the volume with every
+    // acknowledged write.
+    g1.kill9();
+    let (ok, text) = qemu_io(
+        &uri,
+        false,
+        &[
+            "read -P 0x61 0 64k",
+            "read -P 0x62 1M 64k",
+            "write -P 0x63 2M 4k",
+        ],
+    );
+    assert!(ok, "{text}");
+    let show = g2.ferry(&["volume", "info", "s"]);
+    assert!(show.contains("rbd"), "{show}");
+    // g1 did not release it: g2 cannot know what its last writes were, so
+    // the persistent bitmap reads all dirty.
+    let b: serde_json::Value = serde_json::from_str(&g2.ferry(&["bitmap", "list", "s"])).unwrap();
+    assert_eq!(b[0]["dirty_bytes"], 64 << 20);
+    let bl = Command::new("ceph")
+        .arg("-c")
+        .arg(&ceph.conf)
+        .args(["osd", "blocklist", "ls"])
+        .output()
+        .unwrap();
+    let listed =
+        String::from_utf8_lossy(&bl.stdout).to_string() + &String::from_utf8_lossy(&bl.stderr);
+    assert!(listed.contains("127.0.0.1"), "{listed}");
+
+    // g1 comes back at its address: g2 holds the volume now, so g1 sends
+    // clients there instead of taking it back.
+    let g1 = gateway(
+        &d.path().join("g1"),
+        &ceph,
+        &pool,
+        Some((&nbd1, &adm1)),
+        &["--ceph-shared", "--iscsi", &portal1],
+    );
+    let (ok, text) = ferry_at(&g1.admin, &["volume", "info", "s"]);
+    assert!(!ok && text.contains(&g2.nbd), "{text}");
+    // Every gateway lists every volume of the cluster and who serves it.
+    let list = g1.ferry(&["volume", "list"]);
+    assert!(
+        list.contains(&format!("served by the gateway at {}", g2.nbd)),
+        "{list}"
+    );
+    let l: serde_json::Value =
+        serde_json::from_str(&g2.ferry(&["volume", "list", "--json"])).unwrap();
+    assert_eq!(l[0]["held_here"], true, "{l}");
+    assert_eq!(l[0]["gateway"], g2.nbd.as_str(), "{l}");
+
+    // The client goes: g2 releases the volume (state saved, lock let go)
+    // and g1 takes it without breaking anything.
+    drop(fwd);
+    let t = Instant::now();
+    while image_meta(&ceph, &pool, "s").contains("ferry.holder") {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "g2 never released the volume"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (ok, text) = qemu_io(
+        &format!("nbd://{}/s", g1.nbd),
+        false,
+        &[
+            "read -P 0x61 0 64k",
+            "read -P 0x62 1M 64k",
+            "read -P 0x63 2M 4k",
+        ],
+    );
+    assert!(ok, "{text}");
+    g1.ferry(&["volume", "delete", "s"]);
+    assert!(!image_meta(&ceph, &pool, "s").contains("ferry.meta"));
+    g2.terminate();
+    g1.terminate();
+}
+
+#[test]
+fn a_guest_writes_on_when_its_gateway_is_killed() {
+    if guests::guest_files().is_none() {
+        return;
+    }
+    let _one = guests::ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let d = tempfile::tempdir().unwrap();
+    let (ceph, pool) = pool("guest");
+    let mut extra = ceph_args(&ceph, &pool);
+    extra.push("--ceph-shared".into());
+    let a = guests::addr;
+    let mut g1 = guests::Storage::start_with(&d.path().join("g1"), a(), a(), a(), &extra);
+    let g2 = guests::Storage::start_with(&d.path().join("g2"), a(), a(), a(), &extra);
+    guests::ext4_volume(&g1, d.path(), "root");
+    let gws = format!("{},{}", g1.nbd, g2.nbd);
+    let host = guests::Host::start_with(&d.path().join("h"), a(), a(), &["--gateways", &gws]);
+    guests::create_guest(&host, &g1, "g", "root", false);
+    let serial = host.serial("g");
+    let before = guests::acks(&serial).last().unwrap().0;
+
+    // The gateway under the running guest dies; the host's forwarder
+    // takes the guest's requests to the other gateway, which claims the
+    // volume from the dead one. The guest sees no error and goes on.
+    g1.kill9();
+    let after = guests::wait_acks(&serial, 30);
+    assert!(after > before);
+    let acks = guests::acks(&serial);
+    let uptime = |s: &str| s.parse::<f64>().unwrap_or(0.0);
+    let gap = acks
+        .windows(2)
+        .filter(|w| w[1].0 > before)
+        .map(|w| uptime(&w[1].1) - uptime(&w[0].1))
+        .fold(0.0, f64::max);
+    eprintln!("longest gap between acks after the kill: {gap:.2} s of guest time");
+    let info: serde_json::Value =
+        serde_json::from_str(&host.vm_ok(&["show", "g", "--json"])).unwrap();
+    let text = info.to_string();
+    assert!(
+        text.contains(&g2.nbd),
+        "the disk is served by g2 now: {text}"
+    );
+    assert!(
+        !std::fs::read_to_string(&serial)
+            .unwrap()
+            .contains("I/O error"),
+        "the guest saw an I/O error"
+    );
+
+    host.vm_ok(&["stop", "g"]);
+    let n = guests::check_records(&g2, "root", d.path(), &[serial]);
+    assert!(n as u64 >= after);
 }

@@ -85,6 +85,14 @@ struct Pending {
 
 type PendingMap = Arc<Mutex<HashMap<u64, Pending>>>;
 
+/// How long a connection's whole negotiation (TCP, TLS, options) may take.
+pub const HANDSHAKE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Idle time before a connection's peer is probed (then every half of it,
+/// four times): a vanished server is noticed within three times this.
+pub const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long sent data may stay unacknowledged before the connection fails.
+pub const USER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// One NBD connection.
 pub struct NbdClient {
     tx: mpsc::Sender<(Bytes, Option<Bytes>)>,
@@ -99,13 +107,41 @@ pub struct NbdClient {
 
 impl NbdClient {
     /// Connect and negotiate with `OPT_GO`.
+    ///
+    /// The whole negotiation must end within [`HANDSHAKE_LIMIT`], and the
+    /// connection finds out about a server that vanished without closing
+    /// it (its machine died, a connection the kernel lost) within seconds:
+    /// TCP keepalive probes it when idle ([`KEEPALIVE`]) and unacknowledged
+    /// data gives up after [`USER_TIMEOUT`]. A client that follows a
+    /// volume elsewhere ([`ClientError::Io`] then) needs both.
     pub async fn connect(
+        addr: &str,
+        export: &str,
+        opts: &ConnectOptions,
+    ) -> Result<NbdClient, ClientError> {
+        match tokio::time::timeout(HANDSHAKE_LIMIT, Self::negotiate(addr, export, opts)).await {
+            Ok(r) => r,
+            Err(_) => Err(ClientError::Io(format!(
+                "{addr} did not finish the NBD handshake in {HANDSHAKE_LIMIT:?}"
+            ))),
+        }
+    }
+
+    async fn negotiate(
         addr: &str,
         export: &str,
         opts: &ConnectOptions,
     ) -> Result<NbdClient, ClientError> {
         let mut s = TcpStream::connect(addr).await?;
         s.set_nodelay(true)?;
+        let sock = socket2::SockRef::from(&s);
+        sock.set_tcp_keepalive(
+            &socket2::TcpKeepalive::new()
+                .with_time(KEEPALIVE)
+                .with_interval(KEEPALIVE / 2)
+                .with_retries(4),
+        )?;
+        sock.set_tcp_user_timeout(Some(USER_TIMEOUT))?;
         let mut buf = greet(&mut s).await?;
         let Some(tls) = &opts.tls else {
             let details = handshake(&mut s, &mut buf, export, opts).await?;

@@ -114,6 +114,28 @@ fn target_storage<'i>(
     }
 }
 
+/// `st`, or when it is a shared gateway of a Ceph cluster whose admin API
+/// does not accept a connection, the first of its cluster's other gateways
+/// at the site that does: the disk goes to the cluster, through any of them.
+fn live_gateway<'i>(inv: &'i Inventory, site: &str, st: &'i StorageRef) -> &'i StorageRef {
+    let gws = inv.gateways_of(site, st);
+    if gws.len() < 2 {
+        return st;
+    }
+    let answers = |addr: &str| {
+        use std::net::ToSocketAddrs;
+        addr.to_socket_addrs().is_ok_and(|mut a| {
+            a.any(|sa| {
+                std::net::TcpStream::connect_timeout(&sa, std::time::Duration::from_secs(1)).is_ok()
+            })
+        })
+    };
+    gws.iter()
+        .find(|g| answers(&g.admin))
+        .copied()
+        .unwrap_or(st)
+}
+
 /// Build the move request for `d` (to the storage daemon at `storage` of
 /// the disk's new site, when given), or say why it cannot be made.
 fn request(
@@ -148,7 +170,7 @@ fn request(
         req.disk_servers = servers;
     }
     if matches!(d.action, Action::MoveDisk | Action::Teleport) {
-        let st = target_storage(inv, d, storage)?;
+        let st = live_gateway(inv, &d.to.disk_site, target_storage(inv, d, storage)?);
         req.to_storage = Some(st.migrate.clone());
         req.to_storage_admin = Some(st.admin.clone());
     }
@@ -394,6 +416,7 @@ mod tests {
             nbd_local: None,
             migrate: format!("{n}:7000"),
             admin: format!("{n}:8000"),
+            cluster: None,
         };
         Inventory {
             sites: vec![SiteInventory {
@@ -449,5 +472,29 @@ mod tests {
         assert!(e.contains("no host elsewhere:1"), "{e}");
         let e = request(&inv, &c, &teleport(None), Some("s9:10809")).unwrap_err();
         assert!(e.contains("no storage daemon at s9:10809"), "{e}");
+    }
+
+    #[test]
+    fn a_disk_move_to_a_ceph_cluster_goes_through_a_gateway_that_answers() {
+        let mut inv = inventory();
+        // s1 and s2 are the gateways of one cluster; s1's admin API is a
+        // closed port, s2's accepts connections.
+        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dead_addr = dead.local_addr().unwrap().to_string();
+        drop(dead);
+        let live = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let st = &mut inv.sites[0].storage;
+        st[0].admin = dead_addr;
+        st[1].admin = live.local_addr().unwrap().to_string();
+        for s in st.iter_mut() {
+            s.cluster = Some("ceph-b".into());
+        }
+        let c = AdminClient::for_host("127.0.0.1:1");
+        let req = request(&inv, &c, &teleport(None), Some("s1:10809")).unwrap();
+        assert_eq!(req.to_storage.as_deref(), Some("s2:7000"));
+        // Not one cluster: the chosen daemon, answering or not.
+        inv.sites[0].storage[1].cluster = Some("other".into());
+        let req = request(&inv, &c, &teleport(None), Some("s1:10809")).unwrap();
+        assert_eq!(req.to_storage.as_deref(), Some("s1:7000"));
     }
 }

@@ -743,6 +743,7 @@ mod tests {
             nbd_local: None,
             migrate: format!("{n}:7000"),
             admin: format!("{n}:8000"),
+            cluster: None,
         };
         let inv = Inventory {
             sites: vec![SiteInventory {

@@ -57,6 +57,27 @@ pub enum HostError {
 /// they fail with an I/O error.
 pub const DEFAULT_HOLD: Duration = Duration::from_secs(120);
 
+/// Groups of servers that stand in for each other: the gateways of one
+/// site in front of one Ceph cluster, any of which serves any of its
+/// volumes (`ferry serve --ceph-shared`). A volume whose server cannot be
+/// reached is looked for at the next gateway of its server's group.
+pub type Gateways = Arc<Vec<Vec<String>>>;
+
+/// The gateway after `server` in its group, if it has a group of two or more.
+fn next_gateway(gateways: &[Vec<String>], server: &str) -> Option<String> {
+    let g = gateways.iter().find(|g| g.iter().any(|s| s == server))?;
+    let i = g.iter().position(|s| s == server)?;
+    (g.len() > 1).then(|| g[(i + 1) % g.len()].clone())
+}
+
+/// The size of `server`'s gateway group (1 without one).
+fn group_len(gateways: &[Vec<String>], server: &str) -> usize {
+    gateways
+        .iter()
+        .find(|g| g.iter().any(|s| s == server))
+        .map_or(1, Vec::len)
+}
+
 /// The connection to the server that holds the volume now.
 pub struct Upstream {
     volume: String,
@@ -69,7 +90,11 @@ pub struct Upstream {
     hold: Duration,
     /// TLS for every connection to the servers, if the agent has it.
     tls: Option<ClientTls>,
+    /// Servers that stand in for each other (see [`Gateways`]).
+    gateways: Gateways,
     switches: AtomicU64,
+    /// Times a server did not answer and the next gateway was tried.
+    failovers: AtomicU64,
     reconnects: AtomicU64,
     retried: AtomicU64,
     /// The guest's requests, as answered.
@@ -123,8 +148,21 @@ impl Upstream {
         hold: Duration,
         tls: Option<ClientTls>,
     ) -> Result<Upstream, HostError> {
+        Self::connect_any(server, volume, hold, tls, Gateways::default()).await
+    }
+
+    /// The same, trying the other gateways of `server`'s group (once
+    /// each) when it does not answer.
+    pub async fn connect_any(
+        server: &str,
+        volume: &str,
+        hold: Duration,
+        tls: Option<ClientTls>,
+        gateways: Gateways,
+    ) -> Result<Upstream, HostError> {
         let mut server = server.to_string();
         let mut hops = 0;
+        let mut tried = 1;
         let client = loop {
             match NbdClient::connect(&server, volume, &options(tls.as_ref())).await {
                 Ok(c) => break c,
@@ -133,6 +171,14 @@ impl Upstream {
                         tracing::info!(volume, from = %server, to = %next, "volume has moved; following");
                         server = next;
                         hops += 1;
+                    }
+                    None if tried < group_len(&gateways, &server)
+                        && next_gateway(&gateways, &server).is_some() =>
+                    {
+                        let next = next_gateway(&gateways, &server).unwrap_or_default();
+                        tracing::warn!(volume, from = %server, to = %next, error = %e, "gateway does not answer; trying the next of its site");
+                        server = next;
+                        tried += 1;
                     }
                     _ => {
                         return Err(HostError::Connect {
@@ -152,7 +198,9 @@ impl Upstream {
             reconnecting: tokio::sync::Mutex::new(()),
             hold,
             tls,
+            gateways,
             switches: AtomicU64::new(0),
+            failovers: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             retried: AtomicU64::new(0),
             io: stats::IoStats::default(),
@@ -170,6 +218,7 @@ impl Upstream {
         details: ExportDetails,
         hold: Duration,
         tls: Option<ClientTls>,
+        gateways: Gateways,
     ) -> Upstream {
         Upstream {
             volume: volume.into(),
@@ -179,7 +228,9 @@ impl Upstream {
             reconnecting: tokio::sync::Mutex::new(()),
             hold,
             tls,
+            gateways,
             switches: AtomicU64::new(0),
+            failovers: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             retried: AtomicU64::new(0),
             io: stats::IoStats::default(),
@@ -219,6 +270,12 @@ impl Upstream {
     /// The server that holds the volume now.
     pub fn server(&self) -> String {
         self.server.lock().clone()
+    }
+
+    /// Times a server did not answer and another gateway of its site was
+    /// tried.
+    pub fn failovers(&self) -> u64 {
+        self.failovers.load(Ordering::Relaxed)
     }
 
     /// `(switches to a new server, reconnects, requests re-issued)`.
@@ -275,6 +332,9 @@ impl Upstream {
             return Ok(());
         }
         let mut backoff = Duration::from_millis(20);
+        // Gateways tried since the last pause: a whole group without an
+        // answer waits `backoff` before the next round.
+        let mut round = 0;
         loop {
             let server = self.server();
             match NbdClient::connect(&server, &self.volume, &options(self.tls.as_ref())).await {
@@ -298,6 +358,16 @@ impl Upstream {
                         self.switches.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
+                    if let Some(next) = next_gateway(&self.gateways, &server) {
+                        round += 1;
+                        tracing::warn!(volume = %self.volume, from = %server, to = %next, error = %e, "gateway does not answer; trying the next of its site");
+                        *self.server.lock() = next;
+                        self.failovers.fetch_add(1, Ordering::Relaxed);
+                        if round < group_len(&self.gateways, &server) {
+                            continue;
+                        }
+                        round = 0;
+                    }
                     if since.elapsed() > self.hold {
                         return Err(HostError::Unreachable {
                             volume: self.volume.clone(),
@@ -319,6 +389,7 @@ pub struct Agent {
     volumes: parking_lot::RwLock<std::collections::BTreeMap<String, Arc<Upstream>>>,
     hold: Duration,
     tls: Option<ClientTls>,
+    gateways: Gateways,
     /// Bytes of requests and replies all its clients' connections together
     /// may hold (each connection also has its own budget).
     budget_total: Arc<tokio::sync::Semaphore>,
@@ -336,10 +407,17 @@ impl Agent {
 
     /// The same, connecting to every server over TLS with `tls` if given.
     pub fn with_tls(hold: Duration, tls: Option<ClientTls>) -> Arc<Agent> {
+        Self::with_gateways(hold, tls, Gateways::default())
+    }
+
+    /// The same, volumes on one of `gateways` going to the next of its
+    /// group when their server does not answer (see [`Gateways`]).
+    pub fn with_gateways(hold: Duration, tls: Option<ClientTls>, gateways: Gateways) -> Arc<Agent> {
         Arc::new(Agent {
             volumes: Default::default(),
             hold,
             tls,
+            gateways,
             budget_total: Arc::new(tokio::sync::Semaphore::new(AGENT_BUDGET_TOTAL)),
         })
     }
@@ -351,7 +429,7 @@ impl Agent {
 
     /// An agent forwarding one volume already connected.
     pub fn single(up: Arc<Upstream>) -> Arc<Agent> {
-        let a = Agent::with_tls(up.hold, up.tls.clone());
+        let a = Agent::with_gateways(up.hold, up.tls.clone(), up.gateways.clone());
         a.volumes.write().insert(up.volume().to_string(), up);
         a
     }
@@ -361,8 +439,16 @@ impl Agent {
         if self.get(volume).is_some() {
             return Err(HostError::Attached(volume.into()));
         }
-        let up =
-            Arc::new(Upstream::connect_with(server, volume, self.hold, self.tls.clone()).await?);
+        let up = Arc::new(
+            Upstream::connect_any(
+                server,
+                volume,
+                self.hold,
+                self.tls.clone(),
+                self.gateways.clone(),
+            )
+            .await?,
+        );
         let mut v = self.volumes.write();
         if v.contains_key(volume) {
             return Err(HostError::Attached(volume.into()));
@@ -389,6 +475,7 @@ impl Agent {
             details,
             self.hold,
             self.tls.clone(),
+            self.gateways.clone(),
         ));
         v.insert(volume.to_string(), up.clone());
         tracing::info!(volume, server, "attached, pending");
@@ -406,5 +493,25 @@ impl Agent {
 
     pub fn list(&self) -> Vec<Arc<Upstream>> {
         self.volumes.read().values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{group_len, next_gateway};
+
+    #[test]
+    fn a_gateway_that_does_not_answer_is_followed_by_the_next_of_its_site() {
+        let g = vec![
+            vec!["a:1".to_string(), "b:1".to_string(), "c:1".to_string()],
+            vec!["x:1".to_string()],
+        ];
+        assert_eq!(next_gateway(&g, "a:1").as_deref(), Some("b:1"));
+        assert_eq!(next_gateway(&g, "c:1").as_deref(), Some("a:1"));
+        // Alone in its group, or in none: nowhere else to go.
+        assert_eq!(next_gateway(&g, "x:1"), None);
+        assert_eq!(next_gateway(&g, "elsewhere:1"), None);
+        assert_eq!(group_len(&g, "b:1"), 3);
+        assert_eq!(group_len(&g, "elsewhere:1"), 1);
     }
 }

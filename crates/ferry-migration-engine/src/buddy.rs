@@ -28,7 +28,7 @@ fn find_block(state: &dyn StorageDaemon, block_size: u32, key: u64) -> Option<Ve
     let bs = u64::from(block_size);
     let mut buf = vec![0u8; block_size as usize];
     for (name, block) in state.index().lookup_key(key, 4).ok()? {
-        let Ok(v) = state.pool().get(&name) else {
+        let Ok(v) = state.pool().reader(&name) else {
             continue;
         };
         if v.incoming().is_some() || block * bs + bs > v.size() {

@@ -510,7 +510,7 @@ impl Receiver {
             .unwrap_or_default();
         let mut buf = Vec::new();
         let placed = cands.into_iter().find_map(|(name, block)| {
-            let v = self.state.pool().get(&name).ok()?;
+            let v = self.state.pool().reader(&name).ok()?;
             let off = block * self.chunk;
             let len = run.len() * chunk;
             if off + len as u64 > v.size() {
@@ -593,7 +593,7 @@ impl Receiver {
             }
         };
         for (name, block) in cands {
-            let Ok(v) = self.state.pool().get(&name) else {
+            let Ok(v) = self.state.pool().reader(&name) else {
                 continue;
             };
             let off = block * self.chunk;

@@ -35,6 +35,12 @@ pub struct StorageRef {
     /// Migration listener, as other sites reach it.
     pub migrate: String,
     pub admin: String,
+    /// The Ceph cluster this daemon is a shared gateway of (a name the
+    /// operator chooses): daemons of one site naming the same cluster are
+    /// one storage, any of them serving any of its volumes (`ferry serve
+    /// --ceph-shared`), so a move to it may go through any that answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
 }
 
 impl StorageRef {
@@ -134,6 +140,20 @@ impl Inventory {
         self.sites
             .iter()
             .find_map(|s| s.storage.iter().find(|x| x.serves(addr)).map(|x| (s, x)))
+    }
+
+    /// `st` (a daemon of `site`) and, after it, the other gateways of its
+    /// Ceph cluster at that site: where a move to `st` may go instead.
+    pub fn gateways_of<'a>(&'a self, site: &str, st: &'a StorageRef) -> Vec<&'a StorageRef> {
+        let mut out = vec![st];
+        if let (Some(c), Some(s)) = (&st.cluster, self.site(site)) {
+            out.extend(
+                s.storage
+                    .iter()
+                    .filter(|x| x.cluster.as_ref() == Some(c) && x.nbd != st.nbd),
+            );
+        }
+        out
     }
 
     pub fn site(&self, name: &str) -> Option<&SiteInventory> {

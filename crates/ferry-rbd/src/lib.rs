@@ -357,6 +357,34 @@ impl Pool {
         read_only: bool,
         dead: &[String],
     ) -> Result<Image> {
+        let img = self.open_handle(image, read_only)?;
+        if !read_only {
+            // Break a dead predecessor's lock before asking for it: asked
+            // first, librbd would wait on the dead owner until the cluster
+            // times out its watch.
+            if !dead.is_empty() {
+                let owners = img.lock_owners().unwrap_or_default();
+                for o in owners
+                    .iter()
+                    .filter(|o| dead.iter().any(|d| !d.is_empty() && o.contains(d.as_str())))
+                {
+                    img.break_lock(o)?;
+                }
+            }
+            img.acquire_lock()?;
+        }
+        Ok(img)
+    }
+
+    /// Open an image for writing without taking its lock: to read who
+    /// holds it and its metadata, then [`Image::break_lock`] a dead
+    /// holder's and [`Image::acquire_lock`]. Nothing may be written
+    /// through it before the lock is taken.
+    pub fn open_unlocked(self: &Arc<Self>, image: &str) -> Result<Image> {
+        self.open_handle(image, false)
+    }
+
+    fn open_handle(self: &Arc<Self>, image: &str, read_only: bool) -> Result<Image> {
         let api = api()?;
         let n = cstr(image)?;
         let mut h: ffi::ImageT = std::ptr::null_mut();
@@ -371,51 +399,12 @@ impl Pool {
         if r < 0 {
             return Err(self.err("open", image, r));
         }
-        let img = Image {
+        Ok(Image {
             pool: self.clone(),
             handle: h,
             name: image.into(),
             read_only,
-        };
-        if !read_only {
-            // Break a dead predecessor's lock before asking for it: asked
-            // first, librbd would wait on the dead owner until the cluster
-            // times out its watch.
-            if !dead.is_empty() {
-                let owners = img.lock_owners().unwrap_or_default();
-                for o in owners
-                    .iter()
-                    .filter(|o| dead.iter().any(|d| !d.is_empty() && o.contains(d.as_str())))
-                {
-                    let c = cstr(o)?;
-                    // SAFETY: an open handle and a NUL-terminated owner name.
-                    let b = unsafe {
-                        (api.rbd_lock_break)(h, ffi::RBD_LOCK_MODE_EXCLUSIVE, c.as_ptr())
-                    };
-                    if b < 0 && b != -libc::ENOENT {
-                        return Err(self.err("break lock", image, b));
-                    }
-                }
-            }
-            // SAFETY: an open image handle.
-            let r = unsafe { (api.rbd_lock_acquire)(h, ffi::RBD_LOCK_MODE_EXCLUSIVE) };
-            if r < 0 {
-                let owners = img.lock_owners().unwrap_or_default().join(", ");
-                return Err(match -r {
-                    libc::EROFS | libc::EBUSY | libc::EAGAIN => RbdError::Locked {
-                        pool: self.name.clone(),
-                        image: image.into(),
-                        owners: if owners.is_empty() {
-                            "unknown".into()
-                        } else {
-                            owners
-                        },
-                    },
-                    _ => self.err("lock", image, r),
-                });
-            }
-        }
-        Ok(img)
+        })
     }
 }
 
@@ -756,6 +745,45 @@ impl Image {
         // SAFETY: exactly the `n` strings librbd returned.
         unsafe { (api.rbd_lock_get_owners_cleanup)(owners.as_mut_ptr(), n) };
         Ok(names)
+    }
+
+    /// Break the exclusive lock `owner` (as [`Image::lock_owners`] names
+    /// it) holds: the owner is blocklisted by the cluster, so it can never
+    /// write to the pool again (fenced). For owners known to be dead.
+    pub fn break_lock(&self, owner: &str) -> Result<()> {
+        let api = api()?;
+        let c = cstr(owner)?;
+        // SAFETY: an open handle and a NUL-terminated owner name.
+        let b =
+            unsafe { (api.rbd_lock_break)(self.handle, ffi::RBD_LOCK_MODE_EXCLUSIVE, c.as_ptr()) };
+        if b < 0 && b != -libc::ENOENT {
+            return Err(self.pool.err("break lock", &self.name, b));
+        }
+        Ok(())
+    }
+
+    /// Take the image's exclusive lock, kept until the image is closed;
+    /// [`RbdError::Locked`] naming the owner if another client holds it.
+    pub fn acquire_lock(&self) -> Result<()> {
+        let api = api()?;
+        // SAFETY: an open image handle.
+        let r = unsafe { (api.rbd_lock_acquire)(self.handle, ffi::RBD_LOCK_MODE_EXCLUSIVE) };
+        if r < 0 {
+            let owners = self.lock_owners().unwrap_or_default().join(", ");
+            return Err(match -r {
+                libc::EROFS | libc::EBUSY | libc::EAGAIN => RbdError::Locked {
+                    pool: self.pool.name.clone(),
+                    image: self.name.clone(),
+                    owners: if owners.is_empty() {
+                        "unknown".into()
+                    } else {
+                        owners
+                    },
+                },
+                _ => self.pool.err("lock", &self.name, r),
+            });
+        }
+        Ok(())
     }
 
     /// An image metadata value (`rbd image-meta get`), `None` if unset.

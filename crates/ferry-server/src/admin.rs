@@ -39,7 +39,8 @@ fn storage_status(e: &StorageError) -> StatusCode {
         | StorageError::InDoubt { .. }
         | StorageError::Sanitizing(_)
         | StorageError::SanitizeFailed(_)
-        | StorageError::Moved { .. } => StatusCode::CONFLICT,
+        | StorageError::Moved { .. }
+        | StorageError::HeldElsewhere { .. } => StatusCode::CONFLICT,
         StorageError::Ceph(
             ferry_rbd::RbdError::Exists { .. } | ferry_rbd::RbdError::Locked { .. },
         ) => StatusCode::CONFLICT,
@@ -174,8 +175,37 @@ fn incoming_view(m: ferry_storage::IncomingMigration) -> IncomingMigration {
     }
 }
 
-fn view(v: &Volume) -> VolumeView {
-    let m = v.meta();
+/// A volume as this daemon holds it.
+fn view(s: &ServerState, v: &Volume) -> VolumeView {
+    let mut out = view_meta(v.meta(), v.allocated_bytes(), v.data_path().to_path_buf());
+    out.direct_io = v.direct_io();
+    out.dirty_bitmaps = v.bitmaps().into_iter().map(bitmap_view).collect();
+    out.sanitize = sanitize_view(v, v.meta().sanitize.as_ref());
+    if v.shared() {
+        out.gateway = s.pool.gateway_address().map(String::from);
+        out.shared = true;
+        out.held_here = true;
+    }
+    out
+}
+
+/// A shared volume this gateway does not hold, as the cluster has it.
+fn view_elsewhere(sv: ferry_storage::SharedVolume) -> VolumeView {
+    let path = match &sv.meta.backing {
+        ferry_storage::Backing::Rbd { pool, image } => format!("rbd:{pool}/{image}").into(),
+        _ => std::path::PathBuf::new(),
+    };
+    let mut out = view_meta(sv.meta, sv.allocated_bytes, path);
+    out.gateway = sv.holder;
+    out.shared = true;
+    out
+}
+
+fn view_meta(
+    m: ferry_storage::VolumeMeta,
+    allocated_bytes: u64,
+    data_path: std::path::PathBuf,
+) -> VolumeView {
     VolumeView {
         name: m.name,
         size: m.size,
@@ -191,10 +221,10 @@ fn view(v: &Volume) -> VolumeView {
             ferry_storage::Backing::Rbd { pool, image } => ferry_api::Backing::Rbd { pool, image },
         },
         read_only: m.read_only,
-        allocated_bytes: v.allocated_bytes(),
-        data_path: v.data_path().to_path_buf(),
-        direct_io: v.direct_io(),
-        dirty_bitmaps: v.bitmaps().into_iter().map(bitmap_view).collect(),
+        allocated_bytes,
+        data_path,
+        direct_io: false,
+        dirty_bitmaps: Vec::new(),
         moved_to: m.moved_to,
         moved_admin: m.moved_admin,
         importing: m.importing,
@@ -203,7 +233,10 @@ fn view(v: &Volume) -> VolumeView {
             .map(|o| ferry_api::OutgoingMigration { id: o.id, to: o.to }),
         incoming: m.incoming.map(incoming_view),
         arrived: m.arrived.map(incoming_view),
-        sanitize: sanitize_view(v, m.sanitize.as_ref()),
+        sanitize: None,
+        shared: false,
+        gateway: None,
+        held_here: false,
     }
 }
 
@@ -326,8 +359,17 @@ async fn server_info(State(s): St) -> Json<ServerView> {
     })
 }
 
-async fn list(State(s): St) -> Json<Vec<VolumeView>> {
-    Json(s.pool.list().iter().map(|v| view(v)).collect())
+/// Every volume here and, on a shared gateway, every shared volume of
+/// the cluster, with the gateway that holds it.
+async fn list(State(s): St) -> ApiResult<Json<Vec<VolumeView>>> {
+    let mut out: Vec<VolumeView> = s.pool.list().iter().map(|v| view(&s, v)).collect();
+    let pool = s.pool.clone();
+    let others = tokio::task::spawn_blocking(move || pool.shared_elsewhere())
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    out.extend(others.into_iter().map(view_elsewhere));
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Json(out))
 }
 
 async fn create(
@@ -356,7 +398,7 @@ async fn create(
     let pool = s.pool.clone();
     let v = blocking(move || pool.create(&r.name, &opts)).await?;
     tracing::info!(volume = %v.name(), size = v.size(), "volume created");
-    Ok((StatusCode::CREATED, Json(view(&v))))
+    Ok((StatusCode::CREATED, Json(view(&s, &v))))
 }
 
 /// A size within `storage.max_volume_size`.
@@ -405,7 +447,7 @@ fn check_allowed_path(allowed: &[std::path::PathBuf], p: &std::path::Path) -> Ap
 
 async fn info(State(s): St, Path(name): Path<String>) -> ApiResult<Json<VolumeView>> {
     let v = s.pool.get(&name)?;
-    Ok(Json(view(&v)))
+    Ok(Json(view(&s, &v)))
 }
 
 /// `DELETE /v1/volumes/{name}[?force=true]`.
@@ -438,7 +480,7 @@ async fn resize(
     check_size(&s, size)?;
     let v2 = v.clone();
     blocking(move || v2.resize(size, r.allow_shrink)).await?;
-    Ok(Json(view(&v)))
+    Ok(Json(view(&s, &v)))
 }
 
 const IO_CHUNK: usize = 1 << 20;
@@ -744,12 +786,26 @@ async fn index_rebuild(
     body: Option<ApiJson<RebuildRequest>>,
 ) -> ApiResult<Json<Vec<RebuildReport>>> {
     let req = body.map(|b| b.0).unwrap_or_default();
-    let vols = match &req.volume {
-        Some(n) => vec![s.pool.get(n)?],
-        None => s.pool.list(),
-    };
     let state = s.clone();
+    let volume = req.volume.clone();
     let out = blocking(move || {
+        // A shared gateway's index covers every shared volume of its
+        // cluster (read where it is), not only what it holds.
+        let vols = match &volume {
+            Some(n) => vec![state.pool.get(n)?],
+            None => {
+                let mut v = state.pool.list();
+                let held: std::collections::BTreeSet<String> = v.iter().map(|x| x.name()).collect();
+                v.extend(
+                    state
+                        .pool
+                        .shared_readers()?
+                        .into_iter()
+                        .filter(|r| !held.contains(&r.name())),
+                );
+                v
+            }
+        };
         vols.iter()
             .map(|v| {
                 let name = v.name();

@@ -324,6 +324,12 @@ pub struct CephConfig {
     pub default: bool,
     /// Seconds to wait for the monitors when the daemon starts.
     pub connect_timeout_secs: u32,
+    /// This daemon is one of several gateways in front of the pool: its
+    /// RBD volumes keep their metadata, bitmaps and holder in the cluster
+    /// (image metadata), any gateway serves any of them, one at a time.
+    /// Needs an NBD address other gateways reach (`migration.advertise_nbd`
+    /// or a listener on a specific address).
+    pub shared: bool,
 }
 
 impl Default for CephConfig {
@@ -335,6 +341,7 @@ impl Default for CephConfig {
             pool: "rbd".into(),
             default: true,
             connect_timeout_secs: 30,
+            shared: false,
         }
     }
 }

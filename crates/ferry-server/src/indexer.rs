@@ -71,8 +71,15 @@ impl ferry_index::BlockSource for VolumeBlocks<'_> {
 }
 
 /// Scan a whole volume into the index (blocking).
+///
+/// A shared volume another gateway may hold, read through a read-only
+/// handle, is scanned without a bitmap: what its holder writes later is
+/// not re-hashed here (a stale entry costs a lookup, never data: blocks
+/// are checked before use).
 pub fn rebuild_volume(index: &PoolIndex, v: &Volume) -> Result<ScanStats, IndexerError> {
-    reset_bitmap(index, v)?;
+    if !(v.shared() && v.read_only()) {
+        reset_bitmap(index, v)?;
+    }
     rebuild_at(index, v, ScanPace::Full)
 }
 

@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod idle_release;
 pub mod in_doubt;
 pub mod indexer;
 pub mod iscsi;
@@ -23,6 +24,7 @@ use metrics::Metrics;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
+use std::time::Duration;
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -110,6 +112,7 @@ async fn bind(what: &'static str, addr: &str) -> Result<Option<TcpListener>, Ser
 fn connect_ceph(
     c: &config::CephConfig,
     pool_dir: &std::path::Path,
+    gateway: Option<ferry_storage::SharedGateway>,
 ) -> Result<ferry_storage::CephStore, ServerError> {
     let cluster = ferry_rbd::Cluster::connect(
         &ferry_rbd::ClusterConfig {
@@ -158,16 +161,92 @@ fn connect_ceph(
         default: c.default,
         dead_owners,
         dir_lock: Some(std::sync::Arc::new(dir_lock)),
+        shared: gateway,
+    })
+}
+
+/// This daemon as a shared gateway: the NBD address other gateways and
+/// clients reach it at, and how it tells whether another gateway lives
+/// (its NBD listener accepts a connection within a second).
+fn shared_gateway(
+    config: &Config,
+    nbd: Option<&TcpListener>,
+    iscsi: Option<SocketAddr>,
+) -> Result<ferry_storage::SharedGateway, ServerError> {
+    let bad = |why: String| ServerError::Admin(std::io::Error::other(why));
+    let address = if config.migration.advertise_nbd.is_empty() {
+        let a = nbd.and_then(|l| l.local_addr().ok()).ok_or_else(|| {
+            bad("a shared gateway ([storage.ceph] shared) needs an NBD listener".into())
+        })?;
+        if a.ip().is_unspecified() {
+            return Err(bad(format!(
+                "a shared gateway listening on {a} must say where other gateways reach it: set migration.advertise_nbd (--advertise-nbd)"
+            )));
+        }
+        a.to_string()
+    } else {
+        config.migration.advertise_nbd.clone()
+    };
+    // Initiators sent from another gateway must reach this portal: the
+    // advertised one, else the first listener if it names an address.
+    let iscsi = if config.migration.advertise_iscsi.is_empty() {
+        iscsi
+            .filter(|a| !a.ip().is_unspecified())
+            .map(|a| a.to_string())
+    } else {
+        Some(config.migration.advertise_iscsi.clone())
+    };
+    Ok(ferry_storage::SharedGateway {
+        address,
+        iscsi,
+        alive: std::sync::Arc::new(|addr: &str| {
+            use std::net::ToSocketAddrs;
+            addr.to_socket_addrs()
+                .map(|mut a| {
+                    a.any(|sa| {
+                        std::net::TcpStream::connect_timeout(&sa, Duration::from_secs(1)).is_ok()
+                    })
+                })
+                .unwrap_or(false)
+        }),
     })
 }
 
 impl Daemon {
     pub async fn bind(config: Config) -> Result<Daemon, ServerError> {
+        let nbd = bind("NBD", &config.nbd.listen).await?;
+        if config.iscsi.port_group > 4095 {
+            return Err(ServerError::IscsiConfig(format!(
+                "port_group {} is out of range (1..4095, or 0 to derive one)",
+                config.iscsi.port_group
+            )));
+        }
+        if config.iscsi.listen.len() > 15 {
+            return Err(ServerError::IscsiConfig(format!(
+                "{} portals: at most 15 (their relative port identifiers are 4 bits)",
+                config.iscsi.listen.len()
+            )));
+        }
+        let mut iscsi = Vec::new();
+        for addr in &config.iscsi.listen {
+            if let Some(l) = bind("iSCSI", addr).await? {
+                iscsi.push(l);
+            }
+        }
         let ceph = match config.storage.ceph.clone() {
             Some(c) => Some(
                 tokio::task::spawn_blocking({
                     let pool = config.pool.clone();
-                    move || connect_ceph(&c, &pool)
+                    let gateway = if c.shared {
+                        Some(shared_gateway(
+                            &config,
+                            nbd.as_ref(),
+                            iscsi.first().and_then(|l| l.local_addr().ok()),
+                        )?)
+                    } else {
+                        None
+                    };
+                    move || connect_ceph(&c, &pool, gateway)
                 })
                 .await
                 .map_err(|e| ServerError::Admin(std::io::Error::other(e)))??,
@@ -196,7 +275,6 @@ impl Daemon {
                     .clear_on_loopback(config.nbd.tls_clear_loopback),
             )
         };
-        let nbd = bind("NBD", &config.nbd.listen).await?;
         if let (Some(l), None) = (&nbd, &nbd_tls) {
             if l.local_addr().is_ok_and(|a| !a.ip().is_loopback()) {
                 tracing::warn!(
@@ -214,24 +292,6 @@ impl Daemon {
             None => None,
         };
         let migration = bind("migration", &config.migration.listen).await?;
-        if config.iscsi.port_group > 4095 {
-            return Err(ServerError::IscsiConfig(format!(
-                "port_group {} is out of range (1..4095, or 0 to derive one)",
-                config.iscsi.port_group
-            )));
-        }
-        if config.iscsi.listen.len() > 15 {
-            return Err(ServerError::IscsiConfig(format!(
-                "{} portals: at most 15 (their relative port identifiers are 4 bits)",
-                config.iscsi.listen.len()
-            )));
-        }
-        let mut iscsi = Vec::new();
-        for addr in &config.iscsi.listen {
-            if let Some(l) = bind("iSCSI", addr).await? {
-                iscsi.push(l);
-            }
-        }
         let iscsi_state = iscsi::IscsiState::new(iscsi::site_port_group(&config));
         *iscsi_state.portals.lock() = iscsi.iter().filter_map(|l| l.local_addr().ok()).collect();
         if migration.is_some() && !config.migration.plaintext {
@@ -304,6 +364,7 @@ impl Daemon {
         tasks.spawn(indexer::run(self.state.clone(), shutdown.clone()));
         tasks.spawn(stale_copies::run(self.state.clone(), shutdown.clone()));
         tasks.spawn(in_doubt::run(self.state.clone(), shutdown.clone()));
+        tasks.spawn(idle_release::run(self.state.clone(), shutdown.clone()));
         // Sanitizes a crash interrupted go on (their volumes refuse I/O
         // until they finish).
         for v in self.state.pool.list() {

@@ -405,3 +405,70 @@ fn a_file_volume_moves_onto_ceph() {
         &dst.uri("vm"),
     ]));
 }
+
+fn shared(mut c: CephConfig) -> CephConfig {
+    c.shared = true;
+    c
+}
+
+#[test]
+fn a_move_into_a_cluster_of_shared_gateways_takes_what_any_of_them_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb1, pb2) = (
+        dir.path().join("a"),
+        dir.path().join("b1"),
+        dir.path().join("b2"),
+    );
+    let pool = pool_name("gwmove");
+    let src = on_ceph(&pa, ceph(0, &pool), true);
+    let b1 = on_ceph(&pb1, shared(ceph(1, &pool)), true);
+    let b2 = on_ceph(&pb2, shared(ceph_existing(1, &pool)), false);
+    trust_each_other(&pa, &pb1);
+
+    // The template is written through gateway b2, which keeps holding it.
+    let base = noise(16 * MIB as usize, 7);
+    let t = b2.create("base", 32 * MIB);
+    t.write_at(0, &base, false).unwrap();
+    t.flush().unwrap();
+    // b1 cannot serve it while b2 does, but its index covers it: a
+    // rebuild of everything reads every shared volume where it is.
+    match b1.state.pool.get("base") {
+        Err(ferry_storage::StorageError::HeldElsewhere { holder, .. }) => {
+            assert_eq!(holder, b2.nbd.to_string());
+        }
+        other => panic!("{other:?}"),
+    }
+    let rebuilt: serde_json::Value = ureq::post(&format!("http://{}/v1/index/rebuild", b1.admin))
+        .send_json(serde_json::json!({}))
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert!(rebuilt.to_string().contains("\"base\""), "{rebuilt}");
+
+    let v = src.create("vm", 32 * MIB);
+    v.write_at(0, &base, false).unwrap();
+    let extra = noise(4 * MIB as usize, 99);
+    v.write_at(20 * MIB, &extra, false).unwrap();
+    let r = migrate(&src, "vm", &b1);
+    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
+    assert!(r.digest.matches);
+    assert_eq!(r.chunks.local, 16 * MIB / 4096, "{:?}", r.chunks);
+    assert_eq!(r.chunks.sent, 4 * MIB / 4096, "{:?}", r.chunks);
+
+    // The copy is a shared volume held by b1; b2 sends its clients there.
+    let copy = b1.state.pool.get("vm").unwrap();
+    assert!(copy.shared() && copy.incoming().is_none());
+    let mut got = vec![0u8; 16 * MIB as usize];
+    copy.read_at(0, &mut got).unwrap();
+    assert!(got == base);
+    match b2.state.pool.get("vm") {
+        Err(ferry_storage::StorageError::HeldElsewhere { holder, .. }) => {
+            assert_eq!(holder, b1.nbd.to_string());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!pb1.join("volumes/vm").exists());
+    drop((t, copy));
+    b2.stop();
+    b1.stop();
+}

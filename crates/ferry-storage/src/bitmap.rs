@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 const MAGIC: &[u8; 8] = b"FRYDBMP1";
 const VERSION: u32 = 1;
 /// Bitmap files larger than this are refused rather than read.
-const MAX_FILE: u64 = 1 << 30;
+pub(crate) const MAX_FILE: u64 = 1 << 30;
 
 /// Summary of a bitmap for listings.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]

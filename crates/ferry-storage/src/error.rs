@@ -7,6 +7,14 @@ use thiserror::Error;
 pub enum StorageError {
     #[error("volume {0:?} does not exist")]
     NotFound(String),
+    #[error("volume {name:?} is served by the gateway at {holder} now")]
+    HeldElsewhere {
+        name: String,
+        /// The holder's NBD address.
+        holder: String,
+        /// The holder's iSCSI portal, if it has one.
+        iscsi: Option<String>,
+    },
     #[error("volume {0:?} already exists")]
     Exists(String),
     #[error("invalid name {0:?}: use 1-128 characters of A-Z a-z 0-9 . _ - not starting with '.'")]

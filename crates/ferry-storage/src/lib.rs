@@ -14,6 +14,7 @@ pub mod gate;
 pub mod holders;
 pub mod meta;
 mod pool;
+pub mod shared;
 mod volume;
 
 pub use alloc::Extent;
@@ -23,6 +24,7 @@ pub use gate::WriteGate;
 pub use holders::{HeldBy, HoldGuard, Holder};
 pub use meta::{unix_now, Backing, IncomingMigration, OutgoingMigration, PeerPort, VolumeMeta};
 pub use pool::{CephStore, CreateOptions, Pool, PoolOptions};
+pub use shared::{SharedGateway, SharedVolume};
 pub use volume::{SanitizeJob, SanitizeOp, SanitizeStatus, Volume, ZeroMode};
 
 /// Result alias for engine calls.

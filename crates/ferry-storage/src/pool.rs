@@ -36,6 +36,10 @@ pub struct CephStore {
     /// on the pool directory (so the predecessor whose locks it breaks is
     /// surely dead).
     pub dir_lock: Option<Arc<fs::File>>,
+    /// Set when this daemon is one of several gateways in front of the
+    /// cluster: its RBD volumes keep their state in the cluster and are
+    /// claimed and released ([`crate::shared`]).
+    pub shared: Option<crate::SharedGateway>,
 }
 
 /// How to create a volume.
@@ -81,6 +85,13 @@ pub struct Pool {
     root: PathBuf,
     opts: PoolOptions,
     volumes: RwLock<BTreeMap<String, Arc<Volume>>>,
+    /// One claim of a shared volume at a time.
+    claiming: parking_lot::Mutex<()>,
+    /// Read-only handles on shared volumes this gateway does not hold
+    /// ([`Pool::reader`]), kept open between reads.
+    readers: RwLock<BTreeMap<String, Arc<Volume>>>,
+    /// Shared volumes found idle by the last [`Pool::release_idle`].
+    idle: parking_lot::Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// Volume and bitmap names: what is safe as a file name and an NBD export name.
@@ -127,7 +138,15 @@ impl Pool {
             root: root.to_path_buf(),
             opts,
             volumes: RwLock::new(volumes),
+            claiming: Default::default(),
+            readers: Default::default(),
+            idle: Default::default(),
         })
+    }
+
+    /// This daemon's address as a shared gateway, if it is one.
+    pub fn gateway_address(&self) -> Option<&str> {
+        Some(self.opts.ceph.as_ref()?.shared.as_ref()?.address.as_str())
     }
 
     pub fn root(&self) -> &Path {
@@ -285,10 +304,7 @@ impl Pool {
                 o.block_size
             )));
         }
-        let vdir = self.root.join("volumes");
-        let tmp = vdir.join(format!(".new-{name}-{}", uuid::Uuid::new_v4()));
-        fs::create_dir(&tmp).map_err(|e| StorageError::io("mkdir", &tmp, e))?;
-        let made = (|| {
+        let new_meta = || {
             let mut meta = VolumeMeta::new(name, size, o.block_size, backing.clone(), o.read_only);
             if let Some((uuid, wwn)) = &o.identity {
                 meta.uuid = *uuid;
@@ -296,6 +312,31 @@ impl Pool {
             }
             meta.incoming = o.incoming.clone();
             meta.physical_block_size = o.physical_block_size.filter(|p| *p > o.block_size);
+            meta
+        };
+        if let Some((c, gw)) = ceph.and_then(|c| Some((c, c.shared.as_ref()?))) {
+            let _one = self.claiming.lock();
+            if self.volumes.read().contains_key(name) {
+                return Err(StorageError::Exists(name.into()));
+            }
+            let meta = new_meta();
+            let image = crate::shared::create(c, gw, &meta)?;
+            let v = Arc::new(Volume::open_shared(
+                &self.root.join("volumes").join(name),
+                crate::shared::Claimed {
+                    image,
+                    meta,
+                    unclean: false,
+                },
+            )?);
+            self.volumes.write().insert(name.into(), v.clone());
+            return Ok(v);
+        }
+        let vdir = self.root.join("volumes");
+        let tmp = vdir.join(format!(".new-{name}-{}", uuid::Uuid::new_v4()));
+        fs::create_dir(&tmp).map_err(|e| StorageError::io("mkdir", &tmp, e))?;
+        let made = (|| {
+            let meta = new_meta();
             // Written before an RBD image is made: a crash from here on
             // leaves a hidden directory that names the image to remove.
             meta.store(&tmp.join("meta.json"))?;
@@ -343,12 +384,165 @@ impl Pool {
         Ok(v)
     }
 
+    /// The volume `name`. A shared volume not held here is claimed
+    /// ([`crate::shared`]): [`StorageError::HeldElsewhere`] if a live
+    /// gateway holds it.
     pub fn get(&self, name: &str) -> Result<Arc<Volume>> {
-        self.volumes
-            .read()
-            .get(name)
-            .cloned()
-            .ok_or_else(|| StorageError::NotFound(name.into()))
+        if let Some(v) = self.volumes.read().get(name) {
+            return Ok(v.clone());
+        }
+        match self
+            .opts
+            .ceph
+            .as_ref()
+            .and_then(|c| Some((c, c.shared.as_ref()?)))
+        {
+            Some((c, gw)) => self.claim(name, c, gw),
+            None => Err(StorageError::NotFound(name.into())),
+        }
+    }
+
+    /// Volume `name` to read blocks from (a migration taking blocks the
+    /// site already holds, an index scan): the volume if this daemon
+    /// holds it; else, a shared volume, a read-only handle on its image
+    /// that leaves it where it is (another gateway may be writing it:
+    /// whatever is read must be checked, as fingerprinted blocks are).
+    pub fn reader(&self, name: &str) -> Result<Arc<Volume>> {
+        if let Some(v) = self.volumes.read().get(name) {
+            return Ok(v.clone());
+        }
+        let Some(c) = self.opts.ceph.as_ref().filter(|c| c.shared.is_some()) else {
+            return Err(StorageError::NotFound(name.into()));
+        };
+        if let Some(v) = self.readers.read().get(name) {
+            return Ok(v.clone());
+        }
+        check_name(name)?;
+        let sv = crate::shared::peek(c, name)?;
+        let image = c
+            .pool
+            .open(name, true)
+            .map_err(|e| StorageError::rbd("open", e))?;
+        let mut meta = sv.meta;
+        meta.read_only = true;
+        let v = Arc::new(Volume::open_shared(
+            &self.root.join("volumes").join(name),
+            crate::shared::Claimed {
+                image,
+                meta,
+                unclean: false,
+            },
+        )?);
+        self.readers.write().insert(name.into(), v.clone());
+        Ok(v)
+    }
+
+    /// The shared volumes of the cluster, held here or not, as readers
+    /// (see [`Pool::reader`]); empty unless this is a shared gateway.
+    pub fn shared_readers(&self) -> Result<Vec<Arc<Volume>>> {
+        let Some(c) = self.opts.ceph.as_ref().filter(|c| c.shared.is_some()) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for name in crate::shared::list(c)? {
+            match self.reader(&name) {
+                Ok(v) => out.push(v),
+                Err(e) => tracing::debug!(volume = %name, error = %e, "shared volume unreadable"),
+            }
+        }
+        Ok(out)
+    }
+
+    fn claim(&self, name: &str, c: &CephStore, gw: &crate::SharedGateway) -> Result<Arc<Volume>> {
+        check_name(name)?;
+        let _one = self.claiming.lock();
+        // A read-only handle is not needed once it is held here.
+        if let Some(r) = self.readers.write().remove(name) {
+            r.close_backing();
+        }
+        if let Some(v) = self.volumes.read().get(name) {
+            return Ok(v.clone());
+        }
+        let claimed = crate::shared::claim(c, gw, name)?;
+        if claimed.unclean {
+            tracing::warn!(volume = name, "claimed a volume its last gateway did not release; its persistent bitmaps are all dirty");
+        }
+        let v = Arc::new(Volume::open_shared(
+            &self.root.join("volumes").join(name),
+            claimed,
+        )?);
+        tracing::info!(volume = name, "claimed");
+        self.volumes.write().insert(name.into(), v.clone());
+        Ok(v)
+    }
+
+    /// The shared volumes of the cluster this gateway does not hold, as
+    /// the cluster records them. Empty unless this daemon is a shared
+    /// gateway.
+    pub fn shared_elsewhere(&self) -> Result<Vec<crate::shared::SharedVolume>> {
+        let Some(c) = self.opts.ceph.as_ref().filter(|c| c.shared.is_some()) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for name in crate::shared::list(c)? {
+            if self.volumes.read().contains_key(&name) {
+                continue;
+            }
+            match crate::shared::peek(c, &name) {
+                Ok(m) => out.push(m),
+                Err(e) => tracing::debug!(volume = %name, error = %e, "shared volume unreadable"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Release the shared volumes no client, migration or other handle
+    /// has held since the last call (call it every few seconds): state
+    /// saved to the cluster, lock let go, so another gateway can claim
+    /// them without breaking anything. Returns their names.
+    pub fn release_idle(&self) -> Vec<String> {
+        if self.opts.ceph.as_ref().is_none_or(|c| c.shared.is_none()) {
+            return Vec::new();
+        }
+        let idle_now = |v: &Arc<Volume>| {
+            v.shared()
+                && Arc::strong_count(v) == 1
+                && v.held_by().is_empty()
+                && v.incoming().is_none()
+                && v.outgoing().is_none()
+        };
+        let mut seen = self.idle.lock();
+        let mut next = std::collections::BTreeSet::new();
+        let mut gone = Vec::new();
+        {
+            let mut vols = self.volumes.write();
+            let names: Vec<String> = vols
+                .iter()
+                .filter(|(_, v)| idle_now(v))
+                .map(|(n, _)| n.clone())
+                .collect();
+            for n in names {
+                if seen.contains(&n) {
+                    if let Some(v) = vols.remove(&n) {
+                        gone.push(v);
+                    }
+                } else {
+                    next.insert(n);
+                }
+            }
+        }
+        *seen = next;
+        drop(seen);
+        gone.into_iter()
+            .map(|v| {
+                if let Err(e) = v.close() {
+                    tracing::error!(volume = %v.name(), error = %e, "saving a released volume's state failed; the next claim marks its bitmaps dirty");
+                }
+                v.close_backing();
+                tracing::info!(volume = %v.name(), "released");
+                v.name()
+            })
+            .collect()
     }
 
     pub fn list(&self) -> Vec<Arc<Volume>> {
@@ -387,6 +581,17 @@ impl Pool {
     /// Remove a volume's directory (already out of the map): renamed
     /// aside first, so a crash half-way leaves no half volume to open.
     fn remove_files(&self, v: &Volume) -> Result<()> {
+        if v.shared() {
+            // Nothing of it is in the pool directory.
+            if let Some(r) = self.readers.write().remove(&v.name()) {
+                r.close_backing();
+            }
+            v.close_backing();
+            if let (Backing::Rbd { image, .. }, Some(c)) = (&v.meta().backing, &self.opts.ceph) {
+                remove_image(c, image).map_err(|e| StorageError::rbd("remove", e))?;
+            }
+            return Ok(());
+        }
         let dir = v.dir().to_path_buf();
         let gone =
             self.root
@@ -444,6 +649,9 @@ impl Pool {
     /// handle of a volume goes: a thread still holding one (a background
     /// scan) must not keep the cluster connection past the daemon's end.
     pub fn close(&self) -> Result<()> {
+        for r in std::mem::take(&mut *self.readers.write()).into_values() {
+            r.close_backing();
+        }
         let mut first = Ok(());
         for v in self.list() {
             if let Err(e) = v.close() {

@@ -9,6 +9,7 @@ use crate::alloc::{self, Extent};
 use crate::bitmap::{BitmapInfo, DirtyBitmap};
 use crate::gate::WriteGate;
 use crate::meta::{write_atomic, Backing, BitmapSpec, IncomingMigration, PeerPort, VolumeMeta};
+use crate::shared::Home;
 use crate::{Result, StorageError};
 use parking_lot::{Mutex, RwLock};
 use std::fs::{self, File, OpenOptions};
@@ -73,6 +74,9 @@ pub struct Volume {
     dir: PathBuf,
     data_path: PathBuf,
     data: Data,
+    /// Metadata, bitmaps and the in-use marker in the image's metadata
+    /// (a shared volume, [`crate::shared`]) instead of `dir`.
+    shared: bool,
     direct: bool,
     meta: Mutex<VolumeMeta>,
     // Immutable after creation; kept outside the mutex for the data path.
@@ -235,7 +239,26 @@ impl Volume {
                 (Data::File(file), path, direct)
             }
         };
-        Self::open_on(dir, meta, data, data_path, direct)
+        Self::open_on(dir, meta, data, data_path, direct, Home::Dir)
+    }
+
+    /// A shared volume this gateway has just claimed (see
+    /// [`crate::shared`]); `dir` is only its name's place in the pool.
+    pub(crate) fn open_shared(dir: &Path, claimed: crate::shared::Claimed) -> Result<Volume> {
+        let path = PathBuf::from(format!("rbd:{}", claimed.image.spec()));
+        let data = Data::Rbd(RbdData {
+            image: RwLock::new(Some(claimed.image)),
+        });
+        Self::open_on(
+            dir,
+            claimed.meta,
+            data,
+            path,
+            false,
+            Home::Cluster {
+                unclean: claimed.unclean,
+            },
+        )
     }
 
     /// Open and lock a volume's backing file.
@@ -281,14 +304,44 @@ impl Volume {
         data: Data,
         data_path: PathBuf,
         direct: bool,
+        home: Home,
     ) -> Result<Volume> {
-        let unclean = dir.join(IN_USE).exists();
+        let (unclean, shared) = match home {
+            Home::Dir => (dir.join(IN_USE).exists(), false),
+            Home::Cluster { unclean } => (unclean, true),
+        };
         let mut bitmaps = Vec::new();
         for spec in &meta.bitmaps {
-            let p = dir.join("bitmaps").join(format!("{}.bitmap", spec.name));
-            let loaded = fs::read(&p)
-                .map_err(|e| StorageError::io("read", &p, e))
-                .and_then(|b| DirtyBitmap::decode(&spec.name, &b, &p));
+            let loaded = if shared {
+                let p = data_path.clone();
+                match &data {
+                    Data::Rbd(r) => r
+                        .with("read metadata", |img| {
+                            img.metadata_get(&format!(
+                                "{}{}",
+                                crate::shared::BITMAP_PREFIX,
+                                spec.name
+                            ))
+                        })
+                        .and_then(|v| {
+                            v.ok_or_else(|| StorageError::Corrupt {
+                                what: "dirty bitmap",
+                                path: p.clone(),
+                                detail: "missing".into(),
+                            })
+                        })
+                        .and_then(|v| crate::shared::decode_bitmap(&meta.name, &v))
+                        .and_then(|b| DirtyBitmap::decode(&spec.name, &b, &p)),
+                    Data::File(_) => Err(StorageError::Invalid(
+                        "a shared volume is an RBD image".into(),
+                    )),
+                }
+            } else {
+                let p = dir.join("bitmaps").join(format!("{}.bitmap", spec.name));
+                fs::read(&p)
+                    .map_err(|e| StorageError::io("read", &p, e))
+                    .and_then(|b| DirtyBitmap::decode(&spec.name, &b, &p))
+            };
             let bm = match loaded {
                 Ok(b) if b.granularity() == spec.granularity => b,
                 other => {
@@ -307,7 +360,7 @@ impl Volume {
             }
             bitmaps.push(Arc::new(bm));
         }
-        if !meta.read_only {
+        if !meta.read_only && !shared {
             fs::write(dir.join(IN_USE), b"")
                 .map_err(|e| StorageError::io("create", dir.join(IN_USE), e))?;
             crate::meta::sync_dir(dir)?;
@@ -316,6 +369,7 @@ impl Volume {
             dir: dir.to_path_buf(),
             data_path,
             data,
+            shared,
             direct,
             size: AtomicU64::new(meta.size),
             name: meta.name.clone(),
@@ -884,7 +938,7 @@ impl Volume {
                 name: name.into(),
                 granularity,
             });
-            if let Err(e) = m.store(&self.dir.join("meta.json")) {
+            if let Err(e) = self.store_meta(&m) {
                 m.bitmaps.retain(|b| b.name != name);
                 self.bitmaps.write().retain(|b| b.name() != name);
                 return Err(e);
@@ -920,8 +974,15 @@ impl Volume {
         if bm.persistent() {
             let mut m = self.meta.lock();
             m.bitmaps.retain(|b| b.name != name);
-            m.store(&self.dir.join("meta.json"))?;
-            let _ = fs::remove_file(self.dir.join("bitmaps").join(format!("{name}.bitmap")));
+            self.store_meta(&m)?;
+            if self.shared {
+                let key = format!("{}{name}", crate::shared::BITMAP_PREFIX);
+                if let Data::Rbd(r) = &self.data {
+                    r.with("remove metadata", |img| img.metadata_remove(&key))?;
+                }
+            } else {
+                let _ = fs::remove_file(self.dir.join("bitmaps").join(format!("{name}.bitmap")));
+            }
         }
         Ok(())
     }
@@ -936,6 +997,14 @@ impl Volume {
             .cloned()
             .collect();
         if list.is_empty() {
+            return Ok(());
+        }
+        if let (true, Data::Rbd(r)) = (self.shared, &self.data) {
+            for b in list {
+                let v = crate::shared::encode_bitmap(&b.encode())?;
+                let key = format!("{}{}", crate::shared::BITMAP_PREFIX, b.name());
+                r.with("write metadata", |img| img.metadata_set(&key, &v))?;
+            }
             return Ok(());
         }
         let dir = self.dir.join("bitmaps");
@@ -985,19 +1054,18 @@ impl Volume {
         // file and meta.json both did; a failure puts the file back.
         let mut next = m.clone();
         next.size = new_size;
-        let meta_path = self.dir.join("meta.json");
         if new_size > old {
             // Grow the data first; an unchanged meta.json keeps the old size.
             let done = self
                 .set_backing_len(old, new_size, &m.backing)
-                .and_then(|()| next.store(&meta_path));
+                .and_then(|()| self.store_meta(&next));
             if let Err(e) = done {
                 let _ = self.set_backing_len(new_size, old, &m.backing);
                 return Err(e);
             }
         } else {
             // Shrink the metadata first: data left longer is harmless.
-            next.store(&meta_path)?;
+            self.store_meta(&next)?;
             self.set_backing_len(old, new_size, &m.backing)?;
         }
         *m = next;
@@ -1031,6 +1099,9 @@ impl Volume {
         }
         self.flush()?;
         self.save_bitmaps()?;
+        if let (true, Data::Rbd(r)) = (self.shared, &self.data) {
+            return r.with("remove metadata", crate::shared::clear_holder);
+        }
         let marker = self.dir.join(IN_USE);
         match fs::remove_file(&marker) {
             Ok(()) => crate::meta::sync_dir(&self.dir),
@@ -1215,10 +1286,30 @@ impl Volume {
         let mut next = m.clone();
         edit(&mut next)?;
         if next != *m {
-            next.store(&self.dir.join("meta.json"))?;
+            self.store_meta(&next)?;
             *m = next;
         }
         Ok(())
+    }
+
+    /// Store `m` where the volume's state lives: `meta.json` (atomically)
+    /// or, for a shared volume, the image's metadata.
+    fn store_meta(&self, m: &VolumeMeta) -> Result<()> {
+        match (&self.data, self.shared) {
+            (Data::Rbd(r), true) => {
+                let json = crate::shared::meta_to_json(m)?;
+                r.with("write metadata", |img| {
+                    img.metadata_set(crate::shared::META_KEY, &json)
+                })
+            }
+            _ => m.store(&self.dir.join("meta.json")),
+        }
+    }
+
+    /// Whether the volume is shared: its state in the cluster, served by
+    /// whichever gateway claimed it ([`crate::shared`]).
+    pub fn shared(&self) -> bool {
+        self.shared
     }
 
     /// Journal (durably) whether the outgoing migration's switch may have

@@ -67,6 +67,11 @@ pub struct HostOptions {
     pub image_dirs: Vec<PathBuf>,
     /// Storage daemons beyond this machine guests' disks may use.
     pub storage: Vec<String>,
+    /// Groups of gateways in front of one Ceph cluster (each a site's),
+    /// standing in for each other: a disk whose gateway does not answer
+    /// goes to the next of its group. Their members count as known
+    /// storage daemons.
+    pub gateways: Vec<Vec<String>>,
     /// Other hosts beyond this machine this host may probe.
     pub peers: Vec<String>,
     /// The user guests' QEMU runs as (when this daemon is root and the
@@ -181,7 +186,7 @@ pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmE
         })?),
         None => None,
     };
-    let agent = Agent::with_tls(DEFAULT_HOLD, tls);
+    let agent = Agent::with_gateways(DEFAULT_HOLD, tls, Arc::new(opts.gateways.clone()));
     for (server, volume) in &opts.volumes {
         agent
             .attach(server, volume)
@@ -239,7 +244,12 @@ pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmE
                     &name,
                     crate::host::GuestBounds {
                         image_dirs: opts.image_dirs.clone(),
-                        known_storage: opts.storage.clone(),
+                        known_storage: opts
+                            .storage
+                            .iter()
+                            .chain(opts.gateways.iter().flatten())
+                            .cloned()
+                            .collect(),
                         known_peers: opts.peers.clone(),
                         confinement: confinement.clone(),
                         networks: networks.clone(),

@@ -180,8 +180,15 @@ impl PortalTargets<'_> {
 
     /// Where a volume's target went, when the volume moved to a daemon
     /// that advertised an iSCSI portal: `TargetAddress` for a redirect.
+    /// A shared volume another gateway holds: its portal, if it has one.
     fn moved_to(&self, target: &str) -> Option<String> {
-        let v = self.state.pool.get(self.suffix(target)?).ok()?;
+        let v = match self.state.pool.get(self.suffix(target)?) {
+            Ok(v) => v,
+            Err(ferry_storage::StorageError::HeldElsewhere { iscsi, .. }) => {
+                return iscsi.map(|p| format!("{p},1"))
+            }
+            Err(_) => return None,
+        };
         v.moved_to()?;
         let peer = v.peer_port()?;
         (!peer.portal.is_empty()).then(|| format!("{},1", peer.portal))

@@ -50,7 +50,13 @@ impl ExportCatalog for PoolCatalog<'_> {
             .collect()
     }
 
+    /// Where the volume is served now: the daemon it migrated to, or the
+    /// gateway that holds it (a shared volume, see `ferry_storage::shared`).
     fn moved(&self, name: &str) -> Option<String> {
-        self.0.get(name).ok().and_then(|v| v.moved_to())
+        match self.0.get(name) {
+            Ok(v) => v.moved_to(),
+            Err(ferry_storage::StorageError::HeldElsewhere { holder, .. }) => Some(holder),
+            Err(_) => None,
+        }
     }
 }

@@ -1,0 +1,26 @@
+//! A shared gateway ([storage.ceph] shared) lets go of the volumes no
+//! client or migration uses here any more, so that another gateway can
+//! claim them without breaking a lock (see `ferry_storage::shared`).
+
+use crate::ServerState;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// A shared gateway lets go of the volumes no one uses here (see
+/// [`ferry_storage::Pool::release_idle`]): looked over every two seconds,
+/// a volume idle at two looks in a row is released.
+pub async fn run(state: Arc<ServerState>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        let pool = state.pool.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || pool.release_idle()).await {
+            tracing::warn!(error = %e, "releasing idle shared volumes failed");
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! Shared volumes: RBD images whose whole state lives in the cluster with
+//! them (image metadata), so that any gateway in front of the cluster can
+//! serve any of them, one at a time.
+//!
+//! A gateway *claims* a shared volume when it first needs it (a client
+//! asks for it, a migration arrives): it opens the image, takes its
+//! exclusive lock and records itself as the holder (`ferry.holder`, the
+//! address clients reach it at). It *releases* it when no client or
+//! migration has held it for a while, or when it stops: bitmaps and
+//! metadata saved to the image, holder key removed, lock let go. A
+//! gateway asked for a volume another gateway holds asks the holder's
+//! address: if it answers, the volume is "held elsewhere" (clients are
+//! sent there); if it does not, the holder is dead: its lock is broken,
+//! which blocklists (fences) it in the cluster, and the volume is
+//! claimed with every persistent bitmap marked all dirty (the dead
+//! holder's last writes were not recorded in them).
+
+use crate::meta::{VolumeMeta, META_FORMAT, META_VERSION};
+use crate::{CephStore, Result, StorageError};
+use base64::Engine as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Image metadata key: the volume's [`VolumeMeta`] as JSON.
+pub const META_KEY: &str = "ferry.meta";
+/// Image metadata key: the address of the gateway holding the volume,
+/// present from its claim to its clean release (present at a claim: the
+/// last holder did not release it cleanly).
+pub const HOLDER_KEY: &str = "ferry.holder";
+/// Image metadata key: the holder's iSCSI portal (`HOST:PORT`), when it
+/// has one: initiators that log in elsewhere are redirected there.
+pub const HOLDER_ISCSI_KEY: &str = "ferry.holder.iscsi";
+/// Image metadata key prefix: a persistent dirty bitmap, zstd-compressed
+/// and base64-encoded.
+pub const BITMAP_PREFIX: &str = "ferry.bitmap.";
+
+/// This gateway, as one of several in front of one cluster.
+#[derive(Clone)]
+pub struct SharedGateway {
+    /// Where clients and other gateways reach this one (its NBD
+    /// `HOST:PORT`), recorded as the holder of what it claims.
+    pub address: String,
+    /// Its iSCSI portal as initiators reach it, if it serves iSCSI.
+    pub iscsi: Option<String>,
+    /// Whether a gateway answers at an address: a holder that does not is
+    /// dead, and its lock is broken. Only a gateway's own earlier run and
+    /// dead gateways lose their locks; an image locked by something that
+    /// is not a ferry gateway (QEMU's rbd driver) is never taken.
+    pub alive: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+}
+
+impl std::fmt::Debug for SharedGateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedGateway")
+            .field("address", &self.address)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where the state of a volume lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Home {
+    /// `meta.json`, `bitmaps/` and the in-use marker in the volume's
+    /// directory of the pool.
+    Dir,
+    /// Image metadata of its RBD image; `unclean` when the last holder
+    /// did not release it.
+    Cluster { unclean: bool },
+}
+
+fn what(image: &str) -> PathBuf {
+    PathBuf::from(format!("rbd:{image}"))
+}
+
+pub(crate) fn meta_to_json(m: &VolumeMeta) -> Result<String> {
+    serde_json::to_string(m).map_err(|e| StorageError::Invalid(e.to_string()))
+}
+
+pub(crate) fn meta_from_json(image: &str, json: &str) -> Result<VolumeMeta> {
+    let corrupt = |detail: String| StorageError::Corrupt {
+        what: "volume metadata",
+        path: what(image),
+        detail,
+    };
+    let m: VolumeMeta = serde_json::from_str(json).map_err(|e| corrupt(e.to_string()))?;
+    if m.format != META_FORMAT || m.version != META_VERSION {
+        return Err(corrupt(format!(
+            "unsupported format {} version {}",
+            m.format, m.version
+        )));
+    }
+    Ok(m)
+}
+
+pub(crate) fn encode_bitmap(bytes: &[u8]) -> Result<String> {
+    let z = zstd::bulk::compress(bytes, 3)
+        .map_err(|e| StorageError::Invalid(format!("compressing a bitmap: {e}")))?;
+    Ok(base64::engine::general_purpose::STANDARD.encode(z))
+}
+
+pub(crate) fn decode_bitmap(image: &str, s: &str) -> Result<Vec<u8>> {
+    let corrupt = |detail: String| StorageError::Corrupt {
+        what: "dirty bitmap",
+        path: what(image),
+        detail,
+    };
+    let z = base64::engine::general_purpose::STANDARD
+        .decode(s.trim())
+        .map_err(|e| corrupt(e.to_string()))?;
+    use std::io::Read;
+    let mut out = Vec::new();
+    zstd::stream::read::Decoder::new(&z[..])
+        .and_then(|d| d.take(crate::bitmap::MAX_FILE + 1).read_to_end(&mut out))
+        .map_err(|e| corrupt(e.to_string()))?;
+    Ok(out)
+}
+
+/// A claimed image: locked by this gateway, recorded as its holder.
+pub(crate) struct Claimed {
+    pub image: ferry_rbd::Image,
+    pub meta: VolumeMeta,
+    pub unclean: bool,
+}
+
+/// Claim volume `name` (its image of the same name) for this gateway.
+pub(crate) fn claim(store: &CephStore, gw: &SharedGateway, name: &str) -> Result<Claimed> {
+    let rbd = |op, e| StorageError::rbd(op, e);
+    let img = match store.pool.open_unlocked(name) {
+        Ok(i) => i,
+        Err(ferry_rbd::RbdError::NoImage { .. }) => {
+            return Err(StorageError::NotFound(name.into()))
+        }
+        Err(e) => return Err(rbd("open", e)),
+    };
+    if img
+        .metadata_get(META_KEY)
+        .map_err(|e| rbd("read metadata", e))?
+        .is_none()
+    {
+        // An image of the pool that is not a ferry volume.
+        return Err(StorageError::NotFound(name.into()));
+    }
+    let owners = img.lock_owners().map_err(|e| rbd("lock owners", e))?;
+    if !owners.is_empty() {
+        let holder = img
+            .metadata_get(HOLDER_KEY)
+            .map_err(|e| rbd("read metadata", e))?;
+        let ours = owners.iter().any(|o| {
+            store
+                .dead_owners
+                .iter()
+                .any(|d| !d.is_empty() && o.contains(d.as_str()))
+        }) || holder.as_deref() == Some(gw.address.as_str());
+        match holder {
+            _ if ours => {}
+            Some(h) if !(gw.alive)(&h) => {
+                tracing::warn!(volume = name, holder = %h, ?owners, "the gateway holding the volume does not answer; breaking its lock (it is fenced)");
+            }
+            Some(h) => {
+                return Err(StorageError::HeldElsewhere {
+                    name: name.into(),
+                    holder: h,
+                    iscsi: img
+                        .metadata_get(HOLDER_ISCSI_KEY)
+                        .map_err(|e| rbd("read metadata", e))?,
+                })
+            }
+            // Locked by a client that is not a ferry gateway.
+            None => {
+                return Err(rbd(
+                    "lock",
+                    ferry_rbd::RbdError::Locked {
+                        pool: store.pool.name().into(),
+                        image: name.into(),
+                        owners: owners.join(", "),
+                    },
+                ))
+            }
+        }
+        for o in &owners {
+            img.break_lock(o).map_err(|e| rbd("break lock", e))?;
+        }
+    }
+    img.acquire_lock().map_err(|e| rbd("lock", e))?;
+    // Read again under the lock: the last holder may have changed it
+    // between the first look and its release.
+    let json = img
+        .metadata_get(META_KEY)
+        .map_err(|e| rbd("read metadata", e))?
+        .ok_or_else(|| StorageError::NotFound(name.into()))?;
+    let meta = meta_from_json(name, &json)?;
+    let unclean = img
+        .metadata_get(HOLDER_KEY)
+        .map_err(|e| rbd("read metadata", e))?
+        .is_some();
+    record_holder(&img, gw)?;
+    Ok(Claimed {
+        image: img,
+        meta,
+        unclean,
+    })
+}
+
+/// Record this gateway as the holder of `img` (locked by it).
+fn record_holder(img: &ferry_rbd::Image, gw: &SharedGateway) -> Result<()> {
+    let rbd = |e| StorageError::rbd("write metadata", e);
+    img.metadata_set(HOLDER_KEY, &gw.address).map_err(rbd)?;
+    match &gw.iscsi {
+        Some(p) => img.metadata_set(HOLDER_ISCSI_KEY, p).map_err(rbd),
+        None => img.metadata_remove(HOLDER_ISCSI_KEY).map_err(rbd),
+    }
+}
+
+/// Forget the holder of `img` (a clean release).
+pub(crate) fn clear_holder(img: &ferry_rbd::Image) -> ferry_rbd::Result<()> {
+    img.metadata_remove(HOLDER_ISCSI_KEY)?;
+    img.metadata_remove(HOLDER_KEY)
+}
+
+/// Make a new shared volume's image: created, locked, its metadata and
+/// this gateway as holder recorded. An image that exists is refused.
+pub(crate) fn create(
+    store: &CephStore,
+    gw: &SharedGateway,
+    meta: &VolumeMeta,
+) -> Result<ferry_rbd::Image> {
+    let rbd = |op, e| StorageError::rbd(op, e);
+    let name = &meta.name;
+    store
+        .pool
+        .create(name, meta.size)
+        .map_err(|e| rbd("create", e))?;
+    let made = (|| {
+        let img = store.pool.open_unlocked(name).map_err(|e| rbd("open", e))?;
+        img.acquire_lock().map_err(|e| rbd("lock", e))?;
+        record_holder(&img, gw)?;
+        // Last: an image without it is not a ferry volume yet.
+        img.metadata_set(META_KEY, &meta_to_json(meta)?)
+            .map_err(|e| rbd("write metadata", e))?;
+        Ok(img)
+    })();
+    if made.is_err() {
+        if let Err(e) = store.pool.remove(name) {
+            tracing::warn!(image = %name, error = %e, "removing a half-made image failed");
+        }
+    }
+    made
+}
+
+/// The names of the pool's images that are ferry volumes.
+pub(crate) fn list(store: &CephStore) -> Result<Vec<String>> {
+    let rbd = |op, e| StorageError::rbd(op, e);
+    let mut out = Vec::new();
+    for name in store.pool.list().map_err(|e| rbd("list", e))? {
+        let Ok(img) = store.pool.open(&name, true) else {
+            continue;
+        };
+        if matches!(img.metadata_get(META_KEY), Ok(Some(_))) {
+            out.push(name);
+        }
+    }
+    Ok(out)
+}
+
+/// A shared volume as the cluster has it now, read without claiming it.
+#[derive(Debug, Clone)]
+pub struct SharedVolume {
+    pub meta: VolumeMeta,
+    /// The gateway holding it (`None`: released, any gateway may claim it).
+    pub holder: Option<String>,
+    pub allocated_bytes: u64,
+}
+
+/// Read volume `name` from the cluster without claiming it.
+pub(crate) fn peek(store: &CephStore, name: &str) -> Result<SharedVolume> {
+    let rbd = |op, e| StorageError::rbd(op, e);
+    let img = match store.pool.open(name, true) {
+        Ok(i) => i,
+        Err(ferry_rbd::RbdError::NoImage { .. }) => {
+            return Err(StorageError::NotFound(name.into()))
+        }
+        Err(e) => return Err(rbd("open", e)),
+    };
+    let json = img
+        .metadata_get(META_KEY)
+        .map_err(|e| rbd("read metadata", e))?
+        .ok_or_else(|| StorageError::NotFound(name.into()))?;
+    let holder = img
+        .metadata_get(HOLDER_KEY)
+        .map_err(|e| rbd("read metadata", e))?;
+    Ok(SharedVolume {
+        meta: meta_from_json(name, &json)?,
+        holder,
+        allocated_bytes: img.allocated_bytes().unwrap_or(0),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::Backing;
+
+    #[test]
+    fn a_bitmap_survives_its_trip_through_image_metadata() {
+        let b = crate::DirtyBitmap::new("b", 65536, 1 << 30, true).unwrap();
+        b.mark(3 << 20, 4096);
+        b.mark(900 << 20, 1 << 20);
+        let enc = b.encode();
+        let text = encode_bitmap(&enc).unwrap();
+        // A mostly clean bitmap is small in the cluster.
+        assert!(
+            text.len() < enc.len() / 4,
+            "{} of {}",
+            text.len(),
+            enc.len()
+        );
+        assert_eq!(decode_bitmap("i", &text).unwrap(), enc);
+        assert!(matches!(
+            decode_bitmap("i", "not base64!"),
+            Err(StorageError::Corrupt { .. })
+        ));
+        assert!(matches!(
+            decode_bitmap("i", "aGVsbG8="),
+            Err(StorageError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn metadata_of_another_format_or_version_is_refused() {
+        let m = VolumeMeta::new(
+            "v",
+            1 << 20,
+            512,
+            Backing::Rbd {
+                pool: "p".into(),
+                image: "v".into(),
+            },
+            false,
+        );
+        let json = meta_to_json(&m).unwrap();
+        assert_eq!(meta_from_json("v", &json).unwrap(), m);
+        let other = json.replace("\"version\":1", "\"version\":9");
+        assert!(matches!(
+            meta_from_json("v", &other),
+            Err(StorageError::Corrupt { .. })
+        ));
+        assert!(matches!(
+            meta_from_json("v", "{"),
+            Err(StorageError::Corrupt { .. })
+        ));
+    }
+}
