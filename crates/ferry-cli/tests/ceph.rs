@@ -81,6 +81,17 @@ fn gateway(
     }
 }
 
+/// What `ceph osd blocklist ls` says: the clients the cluster fenced.
+fn blocklist(ceph: &ferry_rbd::ClusterConfig) -> String {
+    let bl = Command::new("ceph")
+        .arg("-c")
+        .arg(&ceph.conf)
+        .args(["osd", "blocklist", "ls"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&bl.stdout).to_string() + &String::from_utf8_lossy(&bl.stderr)
+}
+
 fn qemu_io(target: &str, read_only: bool, ops: &[&str]) -> (bool, String) {
     let mut cmd = Command::new("qemu-io");
     cmd.args(["-f", "raw"]);
@@ -153,14 +164,7 @@ fn a_killed_gateway_restarts_at_once_with_every_acknowledged_write() {
     let b: serde_json::Value = serde_json::from_str(&g.ferry(&["bitmap", "list", "k"])).unwrap();
     assert_eq!(b[0]["dirty_bytes"], 64 << 20);
     // The dead process is fenced: the cluster lists it as blocklisted.
-    let bl = Command::new("ceph")
-        .arg("-c")
-        .arg(&ceph.conf)
-        .args(["osd", "blocklist", "ls"])
-        .output()
-        .unwrap();
-    let listed =
-        String::from_utf8_lossy(&bl.stdout).to_string() + &String::from_utf8_lossy(&bl.stderr);
+    let listed = blocklist(&ceph);
     assert!(listed.contains("127.0.0.1"), "{listed}");
 
     // A second daemon on the same pool directory is refused.
@@ -487,14 +491,7 @@ fn shared_gateways_serve_a_volume_one_at_a_time_and_stand_in_for_a_dead_one() {
     // the persistent bitmap reads all dirty.
     let b: serde_json::Value = serde_json::from_str(&g2.ferry(&["bitmap", "list", "s"])).unwrap();
     assert_eq!(b[0]["dirty_bytes"], 64 << 20);
-    let bl = Command::new("ceph")
-        .arg("-c")
-        .arg(&ceph.conf)
-        .args(["osd", "blocklist", "ls"])
-        .output()
-        .unwrap();
-    let listed =
-        String::from_utf8_lossy(&bl.stdout).to_string() + &String::from_utf8_lossy(&bl.stderr);
+    let listed = blocklist(&ceph);
     assert!(listed.contains("127.0.0.1"), "{listed}");
 
     // g1 comes back at its address: g2 holds the volume now, so g1 sends
@@ -599,4 +596,47 @@ fn a_guest_writes_on_when_its_gateway_is_killed() {
     host.vm_ok(&["stop", "g"]);
     let n = guests::check_records(&g2, "root", d.path(), &[serial]);
     assert!(n as u64 >= after);
+}
+
+#[test]
+fn a_guest_on_ceph_teleports_to_another_cluster_and_keeps_every_record() {
+    if guests::guest_files().is_none() {
+        return;
+    }
+    let _one = guests::ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let name = testing::unique("tele").replace('-', "_");
+    let (ca, cb) = (pool_in(0, &name), pool_in(1, &name));
+    let mut extra_b = ceph_args(&cb, &name);
+    extra_b.push("--ceph-shared".into());
+    // 100 Mbit/s, 20 ms RTT between the sites.
+    let s = guests::two_sites_with(12_500, &ceph_args(&ca, &name), &extra_b);
+    guests::ext4_volume(&s.sa, &s.dir, "root");
+    guests::create_guest(&s.ha, &s.sa, "g1", "root", false);
+    let (done, r) = guests::migrate(
+        &s.ha,
+        &[
+            "g1",
+            "--to-host",
+            &s.hb_wan,
+            "--with-disk",
+            "--to-storage",
+            &s.sb_wan,
+        ],
+    );
+    assert!(done, "{r}");
+    assert_eq!(r["kind"], "teleport");
+    assert_eq!(r["result"], "completed");
+    let first = guests::archived_serial(&s.ha, "g1");
+    let second = s.hb.serial("g1");
+    guests::wait_acks(&second, 20);
+    guests::check_continued(&first, &second);
+    // The disk is an RBD image of cluster B now, held by its gateway.
+    let info: serde_json::Value =
+        serde_json::from_str(&ferry_at(&s.sb.admin, &["volume", "info", "root"]).1).unwrap();
+    assert_eq!(info["backing"]["kind"], "rbd", "{info}");
+    assert_eq!(info["held_here"], true, "{info}");
+    s.hb.vm_ok(&["stop", "g1"]);
+    guests::check_records(&s.sb, "root", &s.dir, &[first, second]);
 }

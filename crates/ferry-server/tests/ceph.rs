@@ -6,6 +6,9 @@
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 mod common;
+#[path = "common/toxiproxy.rs"]
+#[allow(dead_code)]
+mod toxiproxy;
 
 use common::{have, run, trust_each_other, wait_report, TestServer};
 use ferry_migration_engine::source::{start, MigrateRequest};
@@ -471,4 +474,79 @@ fn a_move_into_a_cluster_of_shared_gateways_takes_what_any_of_them_holds() {
     drop((t, copy));
     b2.stop();
     b1.stop();
+}
+
+#[test]
+fn a_move_to_shared_gateways_resumes_after_a_cut_link() {
+    assert!(
+        have("toxiproxy-server"),
+        "the test command installs toxiproxy"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+    let pool = pool_name("cut");
+    let src = on_ceph(&pa, ceph(0, &pool), true);
+    let dst = on_ceph(&pb, shared(ceph(1, &pool)), true);
+    trust_each_other(&pa, &pb);
+    let data = noise(32 * MIB as usize, 21);
+    let v = src.create("vm", 64 * MIB);
+    v.write_at(0, &data, false).unwrap();
+    let tp = toxiproxy::Toxiproxy::start();
+    let to = tp.proxy("mig", &dst.migration.unwrap().to_string());
+    // 16 MB/s, so the cut lands mid-transfer.
+    tp.add_toxic(
+        "mig",
+        "slow",
+        "bandwidth",
+        "upstream",
+        serde_json::json!({"rate": 16_000}),
+    );
+    let req = MigrateRequest {
+        volume: "vm".into(),
+        to,
+        compress: false,
+        ..MigrateRequest::default()
+    };
+    let run: Arc<MigrationRun> = {
+        let _g = src.rt().enter();
+        start(src.state.clone(), req).unwrap().run().clone()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while dst.state.pool.get("vm").map_or(0, |c| c.allocated_bytes()) < 8 * MIB {
+        assert!(std::time::Instant::now() < deadline, "{:?}", run.status());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    tp.add_toxic(
+        "mig",
+        "cut",
+        "reset_peer",
+        "upstream",
+        serde_json::json!({"timeout": 0}),
+    );
+    while run
+        .counters
+        .attempts
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 2
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no retry: {:?}",
+            run.status()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    tp.remove_toxic("mig", "cut");
+    let r = wait_report(&run, Duration::from_secs(180));
+    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
+    assert!(r.attempts >= 2 && r.chunks.resumed > 0, "{r:?}");
+    assert!(r.chunks.sent < 32 * MIB / 4096, "{:?}", r.chunks);
+    let copy = dst.state.pool.get("vm").unwrap();
+    assert!(copy.shared());
+    let mut got = vec![0u8; 32 * MIB as usize];
+    copy.read_at(0, &mut got).unwrap();
+    assert!(got == data);
+    drop(copy);
+    dst.stop();
 }

@@ -321,14 +321,7 @@ impl Pool {
             }
             let meta = new_meta();
             let image = crate::shared::create(c, gw, &meta)?;
-            let v = Arc::new(Volume::open_shared(
-                &self.root.join("volumes").join(name),
-                crate::shared::Claimed {
-                    image,
-                    meta,
-                    unclean: false,
-                },
-            )?);
+            let v = self.open_shared(name, image, meta)?;
             self.volumes.write().insert(name.into(), v.clone());
             return Ok(v);
         }
@@ -425,14 +418,7 @@ impl Pool {
             .map_err(|e| StorageError::rbd("open", e))?;
         let mut meta = sv.meta;
         meta.read_only = true;
-        let v = Arc::new(Volume::open_shared(
-            &self.root.join("volumes").join(name),
-            crate::shared::Claimed {
-                image,
-                meta,
-                unclean: false,
-            },
-        )?);
+        let v = self.open_shared(name, image, meta)?;
         self.readers.write().insert(name.into(), v.clone());
         Ok(v)
     }
@@ -451,6 +437,23 @@ impl Pool {
             }
         }
         Ok(out)
+    }
+
+    /// A shared volume over `image`, its state as the cluster had it clean.
+    fn open_shared(
+        &self,
+        name: &str,
+        image: ferry_rbd::Image,
+        meta: VolumeMeta,
+    ) -> Result<Arc<Volume>> {
+        Ok(Arc::new(Volume::open_shared(
+            &self.root.join("volumes").join(name),
+            crate::shared::Claimed {
+                image,
+                meta,
+                unclean: false,
+            },
+        )?))
     }
 
     fn claim(&self, name: &str, c: &CephStore, gw: &crate::SharedGateway) -> Result<Arc<Volume>> {

@@ -627,10 +627,16 @@ impl Sites {
 }
 
 pub fn two_sites(kbytes_per_s: u64) -> Sites {
+    two_sites_with(kbytes_per_s, &[], &[])
+}
+
+/// The same, each site's storage daemon started with more arguments
+/// (its volumes on a Ceph cluster: `--ceph-conf ...`).
+pub fn two_sites_with(kbytes_per_s: u64, extra_a: &[String], extra_b: &[String]) -> Sites {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().to_path_buf();
-    let sa = Storage::start(&p.join("sa"));
-    let sb = Storage::start(&p.join("sb"));
+    let sa = Storage::start_with(&p.join("sa"), addr(), addr(), addr(), extra_a);
+    let sb = Storage::start_with(&p.join("sb"), addr(), addr(), addr(), extra_b);
     trust(&sa.pool, &sb.pool);
     std::fs::create_dir_all(p.join("ha")).unwrap();
     std::fs::create_dir_all(p.join("hb")).unwrap();
