@@ -786,13 +786,17 @@ async fn index_rebuild(
     body: Option<ApiJson<RebuildRequest>>,
 ) -> ApiResult<Json<Vec<RebuildReport>>> {
     let req = body.map(|b| b.0).unwrap_or_default();
+    // A volume named must exist (404 otherwise) before anything runs.
+    let named = match &req.volume {
+        Some(n) => Some(s.pool.get(n)?),
+        None => None,
+    };
     let state = s.clone();
-    let volume = req.volume.clone();
     let out = blocking(move || {
         // A shared gateway's index covers every shared volume of its
         // cluster (read where it is), not only what it holds.
-        let vols = match &volume {
-            Some(n) => vec![state.pool.get(n)?],
+        let vols = match named {
+            Some(v) => vec![v],
             None => {
                 let mut v = state.pool.list();
                 let held: std::collections::BTreeSet<String> = v.iter().map(|x| x.name()).collect();
