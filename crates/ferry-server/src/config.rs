@@ -30,6 +30,7 @@
 //! [index]
 //! block_size = 4096              # fingerprint granularity, 512 B .. 64 KiB
 //! refresh_interval_ms = 1000     # re-hash written blocks this often; 0 = never
+//! shared_scan_secs = 60          # shared gateway: index the cluster's volumes the index lacks; 0 = never
 //!
 //! [migration]
 //! listen = ""                    # e.g. "0.0.0.0:10900" accepts incoming migrations
@@ -245,6 +246,10 @@ pub struct IndexConfig {
     pub block_size: u32,
     /// How often written blocks are re-hashed into the index (0: never).
     pub refresh_interval_ms: u64,
+    /// A shared gateway looks this often for the cluster's shared volumes
+    /// its index lacks (made or written through other gateways) and scans
+    /// them in the background (0: never; `ferry index rebuild` still does).
+    pub shared_scan_secs: u64,
 }
 
 impl Default for IndexConfig {
@@ -252,6 +257,7 @@ impl Default for IndexConfig {
         IndexConfig {
             block_size: 4096,
             refresh_interval_ms: 1000,
+            shared_scan_secs: 60,
         }
     }
 }

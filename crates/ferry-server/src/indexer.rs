@@ -197,6 +197,61 @@ fn refresh_volume(state: &ServerState, v: &Volume) -> Result<usize, IndexerError
     }
 }
 
+/// On a shared gateway, index the cluster's shared volumes the index
+/// lacks, in the background (blocking; one scan at a time); returns how
+/// many were scanned.
+pub fn scan_shared(state: &ServerState) -> usize {
+    let readers = match state.pool.shared_readers() {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "listing the cluster's shared volumes failed");
+            return 0;
+        }
+    };
+    let mut n = 0;
+    for v in readers {
+        let name = v.name();
+        if state.index.contains(&name) || v.incoming().is_some() || v.importing() {
+            continue;
+        }
+        if !(v.shared() && v.read_only()) {
+            if let Err(e) = reset_bitmap(&state.index, &v) {
+                tracing::warn!(volume = %name, error = %e, "cannot index a shared volume");
+                continue;
+            }
+        }
+        match rebuild_at(&state.index, &v, ScanPace::Background) {
+            Ok(st) => {
+                n += 1;
+                tracing::info!(volume = %name, seconds = st.seconds, "indexed a shared volume of the cluster");
+            }
+            Err(e) => tracing::warn!(volume = %name, error = %e, "indexing a shared volume failed"),
+        }
+    }
+    n
+}
+
+/// A shared gateway's look for the cluster's volumes its index lacks,
+/// every `[index] shared_scan_secs`, until `shutdown`.
+pub async fn run_shared_scan(state: Arc<ServerState>, shutdown: CancellationToken) {
+    let secs = state.config.index.shared_scan_secs;
+    if secs == 0 || state.pool.gateway_address().is_none() {
+        return;
+    }
+    let mut tick = tokio::time::interval(Duration::from_secs(secs));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        let st = state.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || scan_shared(&st)).await {
+            tracing::warn!(error = %e, "scanning the cluster's shared volumes failed");
+        }
+    }
+}
+
 /// The background loop; ends when `shutdown` fires.
 pub async fn run(state: Arc<ServerState>, shutdown: CancellationToken) {
     let ms = state.config.index.refresh_interval_ms;

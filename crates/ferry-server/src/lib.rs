@@ -362,6 +362,10 @@ impl Daemon {
             tasks.spawn(iscsi::serve(l, i, self.state.clone(), shutdown.clone()));
         }
         tasks.spawn(indexer::run(self.state.clone(), shutdown.clone()));
+        tasks.spawn(indexer::run_shared_scan(
+            self.state.clone(),
+            shutdown.clone(),
+        ));
         tasks.spawn(stale_copies::run(self.state.clone(), shutdown.clone()));
         tasks.spawn(in_doubt::run(self.state.clone(), shutdown.clone()));
         tasks.spawn(idle_release::run(self.state.clone(), shutdown.clone()));

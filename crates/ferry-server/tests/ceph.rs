@@ -424,7 +424,12 @@ fn a_move_into_a_cluster_of_shared_gateways_takes_what_any_of_them_holds() {
     );
     let pool = pool_name("gwmove");
     let src = on_ceph(&pa, ceph(0, &pool), true);
-    let b1 = on_ceph(&pb1, shared(ceph(1, &pool)), true);
+    let cb = shared(ceph(1, &pool));
+    let b1 = TestServer::start_with(&pb1, move |c: &mut Config| {
+        c.storage.ceph = Some(cb);
+        c.migration.listen = "127.0.0.1:0".into();
+        c.index.shared_scan_secs = 1;
+    });
     let b2 = on_ceph(&pb2, shared(ceph_existing(1, &pool)), false);
     trust_each_other(&pa, &pb1);
 
@@ -433,13 +438,22 @@ fn a_move_into_a_cluster_of_shared_gateways_takes_what_any_of_them_holds() {
     let t = b2.create("base", 32 * MIB);
     t.write_at(0, &base, false).unwrap();
     t.flush().unwrap();
-    // b1 cannot serve it while b2 does, but its index covers it: a
-    // rebuild of everything reads every shared volume where it is.
+    // b1 cannot serve it while b2 does, but its index covers it: b1 looks
+    // for the cluster's volumes its index lacks and scans them where they
+    // are (and a rebuild of everything reads every one of them).
     match b1.state.pool.get("base") {
         Err(ferry_storage::StorageError::HeldElsewhere { holder, .. }) => {
             assert_eq!(holder, b2.nbd.to_string());
         }
         other => panic!("{other:?}"),
+    }
+    let t0 = std::time::Instant::now();
+    while !b1.state.index.contains("base") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "b1 never indexed base"
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
     let rebuilt: serde_json::Value = ureq::post(&format!("http://{}/v1/index/rebuild", b1.admin))
         .send_json(serde_json::json!({}))
