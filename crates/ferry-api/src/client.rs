@@ -574,3 +574,13 @@ impl AdminClient {
         )
     }
 }
+
+/// Whether a listener at `addr` (`HOST:PORT`, any address it resolves to)
+/// accepts a TCP connection within `within`: the liveness probe for a
+/// daemon that may have died (a gateway holding a volume, a storage
+/// daemon a move could go to).
+pub fn accepts_connections(addr: &str, within: std::time::Duration) -> bool {
+    use std::net::ToSocketAddrs;
+    addr.to_socket_addrs()
+        .is_ok_and(|mut a| a.any(|sa| std::net::TcpStream::connect_timeout(&sa, within).is_ok()))
+}

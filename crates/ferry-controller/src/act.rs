@@ -122,16 +122,10 @@ fn live_gateway<'i>(inv: &'i Inventory, site: &str, st: &'i StorageRef) -> &'i S
     if gws.len() < 2 {
         return st;
     }
-    let answers = |addr: &str| {
-        use std::net::ToSocketAddrs;
-        addr.to_socket_addrs().is_ok_and(|mut a| {
-            a.any(|sa| {
-                std::net::TcpStream::connect_timeout(&sa, std::time::Duration::from_secs(1)).is_ok()
-            })
-        })
-    };
     gws.iter()
-        .find(|g| answers(&g.admin))
+        .find(|g| {
+            ferry_api::client::accepts_connections(&g.admin, std::time::Duration::from_secs(1))
+        })
         .copied()
         .unwrap_or(st)
 }

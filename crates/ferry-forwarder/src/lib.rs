@@ -166,16 +166,17 @@ impl Upstream {
         let client = loop {
             match NbdClient::connect(&server, volume, &options(tls.as_ref())).await {
                 Ok(c) => break c,
-                Err(e) => match moved_to(&e) {
-                    Some(next) if hops < 8 => {
+                Err(e) => match (
+                    moved_to(&e),
+                    next_gateway(&gateways, &server)
+                        .filter(|_| tried < group_len(&gateways, &server)),
+                ) {
+                    (Some(next), _) if hops < 8 => {
                         tracing::info!(volume, from = %server, to = %next, "volume has moved; following");
                         server = next;
                         hops += 1;
                     }
-                    None if tried < group_len(&gateways, &server)
-                        && next_gateway(&gateways, &server).is_some() =>
-                    {
-                        let next = next_gateway(&gateways, &server).unwrap_or_default();
+                    (None, Some(next)) => {
                         tracing::warn!(volume, from = %server, to = %next, error = %e, "gateway does not answer; trying the next of its site");
                         server = next;
                         tried += 1;

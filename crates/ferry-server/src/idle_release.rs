@@ -11,16 +11,13 @@ use tokio_util::sync::CancellationToken;
 /// [`ferry_storage::Pool::release_idle`]): looked over every two seconds,
 /// a volume idle at two looks in a row is released.
 pub async fn run(state: Arc<ServerState>, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(Duration::from_secs(2));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = shutdown.cancelled() => return,
-        }
-        let pool = state.pool.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || pool.release_idle()).await {
-            tracing::warn!(error = %e, "releasing idle shared volumes failed");
-        }
-    }
+    crate::periodic::every(
+        Duration::from_secs(2),
+        shutdown,
+        "releasing idle shared volumes",
+        move || {
+            state.pool.release_idle();
+        },
+    )
+    .await;
 }

@@ -77,10 +77,15 @@ impl ferry_index::BlockSource for VolumeBlocks<'_> {
 /// not re-hashed here (a stale entry costs a lookup, never data: blocks
 /// are checked before use).
 pub fn rebuild_volume(index: &PoolIndex, v: &Volume) -> Result<ScanStats, IndexerError> {
+    rebuild_paced(index, v, ScanPace::Full)
+}
+
+/// [`rebuild_volume`] at `pace`.
+fn rebuild_paced(index: &PoolIndex, v: &Volume, pace: ScanPace) -> Result<ScanStats, IndexerError> {
     if !(v.shared() && v.read_only()) {
         reset_bitmap(index, v)?;
     }
-    rebuild_at(index, v, ScanPace::Full)
+    rebuild_at(index, v, pace)
 }
 
 /// Scan a volume's data, from its file or through the volume.
@@ -214,13 +219,7 @@ pub fn scan_shared(state: &ServerState) -> usize {
         if state.index.contains(&name) || v.incoming().is_some() || v.importing() {
             continue;
         }
-        if !(v.shared() && v.read_only()) {
-            if let Err(e) = reset_bitmap(&state.index, &v) {
-                tracing::warn!(volume = %name, error = %e, "cannot index a shared volume");
-                continue;
-            }
-        }
-        match rebuild_at(&state.index, &v, ScanPace::Background) {
+        match rebuild_paced(&state.index, &v, ScanPace::Background) {
             Ok(st) => {
                 n += 1;
                 tracing::info!(volume = %name, seconds = st.seconds, "indexed a shared volume of the cluster");
@@ -238,18 +237,15 @@ pub async fn run_shared_scan(state: Arc<ServerState>, shutdown: CancellationToke
     if secs == 0 || state.pool.gateway_address().is_none() {
         return;
     }
-    let mut tick = tokio::time::interval(Duration::from_secs(secs));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = shutdown.cancelled() => return,
-        }
-        let st = state.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || scan_shared(&st)).await {
-            tracing::warn!(error = %e, "scanning the cluster's shared volumes failed");
-        }
-    }
+    crate::periodic::every(
+        Duration::from_secs(secs),
+        shutdown,
+        "scanning the cluster's shared volumes",
+        move || {
+            scan_shared(&state);
+        },
+    )
+    .await;
 }
 
 /// The background loop; ends when `shutdown` fires.
@@ -258,31 +254,24 @@ pub async fn run(state: Arc<ServerState>, shutdown: CancellationToken) {
     if ms == 0 {
         return;
     }
-    let mut tick = tokio::time::interval(Duration::from_millis(ms));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = shutdown.cancelled() => return,
-        }
-        let st = state.clone();
-        let r = tokio::task::spawn_blocking(move || {
+    crate::periodic::every(
+        Duration::from_millis(ms),
+        shutdown,
+        "index refresh",
+        move || {
             let mut total = 0;
-            for v in st.pool.list() {
-                match refresh_volume(&st, &v) {
+            for v in state.pool.list() {
+                match refresh_volume(&state, &v) {
                     Ok(n) => total += n,
                     Err(e) => {
                         tracing::warn!(volume = %v.name(), error = %e, "index refresh failed")
                     }
                 }
             }
-            total
-        })
-        .await;
-        if let Ok(n) = r {
-            if n > 0 {
-                tracing::debug!(blocks = n, "index refreshed");
+            if total > 0 {
+                tracing::debug!(blocks = total, "index refreshed");
             }
-        }
-    }
+        },
+    )
+    .await;
 }

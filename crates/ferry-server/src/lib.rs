@@ -15,6 +15,7 @@ pub mod iscsi;
 pub mod metrics;
 pub mod nbd;
 pub mod net;
+pub mod periodic;
 pub mod stale_copies;
 
 use config::Config;
@@ -200,14 +201,7 @@ fn shared_gateway(
         address,
         iscsi,
         alive: std::sync::Arc::new(|addr: &str| {
-            use std::net::ToSocketAddrs;
-            addr.to_socket_addrs()
-                .map(|mut a| {
-                    a.any(|sa| {
-                        std::net::TcpStream::connect_timeout(&sa, Duration::from_secs(1)).is_ok()
-                    })
-                })
-                .unwrap_or(false)
+            ferry_api::client::accepts_connections(addr, Duration::from_secs(1))
         }),
     })
 }

@@ -20,23 +20,12 @@ pub async fn run(state: Arc<ServerState>, shutdown: CancellationToken) {
     if ttl == 0 {
         return;
     }
-    let mut tick = tokio::time::interval(period(ttl));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = shutdown.cancelled() => return,
-        }
-        let pool = state.pool.clone();
-        let gone = match tokio::task::spawn_blocking(move || pool.delete_stale_incoming(ttl)).await
-        {
-            Ok(g) => g,
-            Err(e) => {
-                tracing::warn!(error = %e, "looking for stale incomplete copies failed");
-                continue;
-            }
-        };
-        for (name, inc) in gone {
+    crate::periodic::every(
+        period(ttl),
+        shutdown,
+        "looking for stale incomplete copies",
+        move || {
+            for (name, inc) in state.pool.delete_stale_incoming(ttl) {
             tracing::warn!(
                 volume = %name,
                 migration = %inc.id,
@@ -44,8 +33,10 @@ pub async fn run(state: Arc<ServerState>, shutdown: CancellationToken) {
                 idle_s = ferry_storage::unix_now().saturating_sub(inc.touched_unix),
                 "deleted an incomplete copy no migration had touched for migration.incomplete_ttl_secs"
             );
-        }
-    }
+            }
+        },
+    )
+    .await;
 }
 
 #[cfg(test)]

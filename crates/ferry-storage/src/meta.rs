@@ -210,7 +210,18 @@ impl VolumeMeta {
         if buf.len() as u64 > MAX_META_LEN {
             return Err(corrupt("file larger than 1 MiB".into()));
         }
-        let m: VolumeMeta = serde_json::from_slice(&buf).map_err(|e| corrupt(e.to_string()))?;
+        Self::parse(&buf, path)
+    }
+
+    /// Parse and check metadata read from `path` (a file, or an image's
+    /// metadata: `rbd:POOL/IMAGE`).
+    pub(crate) fn parse(bytes: &[u8], path: &Path) -> Result<Self> {
+        let corrupt = |detail: String| StorageError::Corrupt {
+            what: "volume metadata",
+            path: path.to_path_buf(),
+            detail,
+        };
+        let m: VolumeMeta = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
         if m.format != META_FORMAT || m.version != META_VERSION {
             return Err(corrupt(format!(
                 "unsupported format {} version {}",

@@ -146,7 +146,13 @@ impl Pool {
 
     /// This daemon's address as a shared gateway, if it is one.
     pub fn gateway_address(&self) -> Option<&str> {
-        Some(self.opts.ceph.as_ref()?.shared.as_ref()?.address.as_str())
+        Some(self.shared_store()?.1.address.as_str())
+    }
+
+    /// The Ceph pool and this gateway, when this daemon is a shared gateway.
+    fn shared_store(&self) -> Option<(&CephStore, &crate::SharedGateway)> {
+        let c = self.opts.ceph.as_ref()?;
+        Some((c, c.shared.as_ref()?))
     }
 
     pub fn root(&self) -> &Path {
@@ -321,7 +327,14 @@ impl Pool {
             }
             let meta = new_meta();
             let image = crate::shared::create(c, gw, &meta)?;
-            let v = self.open_shared(name, image, meta)?;
+            let v = self.open_shared(
+                name,
+                crate::shared::Claimed {
+                    image,
+                    meta,
+                    unclean: false,
+                },
+            )?;
             self.volumes.write().insert(name.into(), v.clone());
             return Ok(v);
         }
@@ -384,12 +397,7 @@ impl Pool {
         if let Some(v) = self.volumes.read().get(name) {
             return Ok(v.clone());
         }
-        match self
-            .opts
-            .ceph
-            .as_ref()
-            .and_then(|c| Some((c, c.shared.as_ref()?)))
-        {
+        match self.shared_store() {
             Some((c, gw)) => self.claim(name, c, gw),
             None => Err(StorageError::NotFound(name.into())),
         }
@@ -404,21 +412,24 @@ impl Pool {
         if let Some(v) = self.volumes.read().get(name) {
             return Ok(v.clone());
         }
-        let Some(c) = self.opts.ceph.as_ref().filter(|c| c.shared.is_some()) else {
+        let Some((c, _)) = self.shared_store() else {
             return Err(StorageError::NotFound(name.into()));
         };
         if let Some(v) = self.readers.read().get(name) {
             return Ok(v.clone());
         }
         check_name(name)?;
-        let sv = crate::shared::peek(c, name)?;
-        let image = c
-            .pool
-            .open(name, true)
-            .map_err(|e| StorageError::rbd("open", e))?;
-        let mut meta = sv.meta;
+        let image = crate::shared::open(c, name, true)?;
+        let mut meta = crate::shared::read_meta(&image, name)?;
         meta.read_only = true;
-        let v = self.open_shared(name, image, meta)?;
+        let v = self.open_shared(
+            name,
+            crate::shared::Claimed {
+                image,
+                meta,
+                unclean: false,
+            },
+        )?;
         self.readers.write().insert(name.into(), v.clone());
         Ok(v)
     }
@@ -426,33 +437,35 @@ impl Pool {
     /// The shared volumes of the cluster, held here or not, as readers
     /// (see [`Pool::reader`]); empty unless this is a shared gateway.
     pub fn shared_readers(&self) -> Result<Vec<Arc<Volume>>> {
-        let Some(c) = self.opts.ceph.as_ref().filter(|c| c.shared.is_some()) else {
+        self.each_shared(|_, name| self.reader(name).map(|v| v.shared().then_some(v)))
+    }
+
+    /// `read` applied to every image of the cluster's pool (none unless
+    /// this is a shared gateway): what it gives, its images that are not
+    /// volumes (not found) and those it cannot read (logged) left out.
+    fn each_shared<T>(
+        &self,
+        read: impl Fn(&CephStore, &str) -> Result<Option<T>>,
+    ) -> Result<Vec<T>> {
+        let Some((c, _)) = self.shared_store() else {
             return Ok(Vec::new());
         };
         let mut out = Vec::new();
-        for name in crate::shared::list(c)? {
-            match self.reader(&name) {
-                Ok(v) => out.push(v),
+        for name in crate::shared::image_names(c)? {
+            match read(c, &name) {
+                Ok(v) => out.extend(v),
+                Err(StorageError::NotFound(_)) => {}
                 Err(e) => tracing::debug!(volume = %name, error = %e, "shared volume unreadable"),
             }
         }
         Ok(out)
     }
 
-    /// A shared volume over `image`, its state as the cluster had it clean.
-    fn open_shared(
-        &self,
-        name: &str,
-        image: ferry_rbd::Image,
-        meta: VolumeMeta,
-    ) -> Result<Arc<Volume>> {
+    /// A shared volume over a claimed (or read-only) image.
+    fn open_shared(&self, name: &str, claimed: crate::shared::Claimed) -> Result<Arc<Volume>> {
         Ok(Arc::new(Volume::open_shared(
             &self.root.join("volumes").join(name),
-            crate::shared::Claimed {
-                image,
-                meta,
-                unclean: false,
-            },
+            claimed,
         )?))
     }
 
@@ -470,10 +483,7 @@ impl Pool {
         if claimed.unclean {
             tracing::warn!(volume = name, "claimed a volume its last gateway did not release; its persistent bitmaps are all dirty");
         }
-        let v = Arc::new(Volume::open_shared(
-            &self.root.join("volumes").join(name),
-            claimed,
-        )?);
+        let v = self.open_shared(name, claimed)?;
         tracing::info!(volume = name, "claimed");
         self.volumes.write().insert(name.into(), v.clone());
         Ok(v)
@@ -483,20 +493,12 @@ impl Pool {
     /// the cluster records them. Empty unless this daemon is a shared
     /// gateway.
     pub fn shared_elsewhere(&self) -> Result<Vec<crate::shared::SharedVolume>> {
-        let Some(c) = self.opts.ceph.as_ref().filter(|c| c.shared.is_some()) else {
-            return Ok(Vec::new());
-        };
-        let mut out = Vec::new();
-        for name in crate::shared::list(c)? {
-            if self.volumes.read().contains_key(&name) {
-                continue;
+        self.each_shared(|c, name| {
+            if self.volumes.read().contains_key(name) {
+                return Ok(None);
             }
-            match crate::shared::peek(c, &name) {
-                Ok(m) => out.push(m),
-                Err(e) => tracing::debug!(volume = %name, error = %e, "shared volume unreadable"),
-            }
-        }
-        Ok(out)
+            crate::shared::peek(c, name).map(Some)
+        })
     }
 
     /// Release the shared volumes no client, migration or other handle
@@ -504,7 +506,7 @@ impl Pool {
     /// saved to the cluster, lock let go, so another gateway can claim
     /// them without breaking anything. Returns their names.
     pub fn release_idle(&self) -> Vec<String> {
-        if self.opts.ceph.as_ref().is_none_or(|c| c.shared.is_none()) {
+        if self.shared_store().is_none() {
             return Vec::new();
         }
         let idle_now = |v: &Arc<Volume>| {

@@ -15,10 +15,10 @@
 //! claimed with every persistent bitmap marked all dirty (the dead
 //! holder's last writes were not recorded in them).
 
-use crate::meta::{VolumeMeta, META_FORMAT, META_VERSION};
+use crate::meta::VolumeMeta;
 use crate::{CephStore, Result, StorageError};
 use base64::Engine as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Image metadata key: the volume's [`VolumeMeta`] as JSON.
@@ -68,28 +68,58 @@ pub(crate) enum Home {
     Cluster { unclean: bool },
 }
 
-fn what(image: &str) -> PathBuf {
-    PathBuf::from(format!("rbd:{image}"))
+/// How errors name an image's metadata.
+fn what(img: &ferry_rbd::Image) -> PathBuf {
+    PathBuf::from(format!("rbd:{}", img.spec()))
+}
+
+/// The key of persistent bitmap `name`.
+pub(crate) fn bitmap_key(name: &str) -> String {
+    format!("{BITMAP_PREFIX}{name}")
 }
 
 pub(crate) fn meta_to_json(m: &VolumeMeta) -> Result<String> {
     serde_json::to_string(m).map_err(|e| StorageError::Invalid(e.to_string()))
 }
 
-pub(crate) fn meta_from_json(image: &str, json: &str) -> Result<VolumeMeta> {
-    let corrupt = |detail: String| StorageError::Corrupt {
-        what: "volume metadata",
-        path: what(image),
-        detail,
+/// Open image `name` read-only, or for writing without its lock;
+/// [`StorageError::NotFound`] when there is none.
+pub(crate) fn open(store: &CephStore, name: &str, read_only: bool) -> Result<ferry_rbd::Image> {
+    let opened = if read_only {
+        store.pool.open(name, true)
+    } else {
+        store.pool.open_unlocked(name)
     };
-    let m: VolumeMeta = serde_json::from_str(json).map_err(|e| corrupt(e.to_string()))?;
-    if m.format != META_FORMAT || m.version != META_VERSION {
-        return Err(corrupt(format!(
-            "unsupported format {} version {}",
-            m.format, m.version
-        )));
+    match opened {
+        Ok(i) => Ok(i),
+        Err(ferry_rbd::RbdError::NoImage { .. }) => Err(StorageError::NotFound(name.into())),
+        Err(e) => Err(StorageError::rbd("open", e)),
     }
-    Ok(m)
+}
+
+/// The volume `img` holds (`ferry.meta`), checked as `meta.json` is;
+/// [`StorageError::NotFound`] (named `name`) for an image that is not a
+/// ferry volume.
+pub(crate) fn read_meta(img: &ferry_rbd::Image, name: &str) -> Result<VolumeMeta> {
+    let json = img
+        .metadata_get(META_KEY)
+        .map_err(|e| StorageError::rbd("read metadata", e))?
+        .ok_or_else(|| StorageError::NotFound(name.into()))?;
+    VolumeMeta::parse(json.as_bytes(), &what(img))
+}
+
+/// Persistent bitmap `name` as stored in `img`'s metadata (the bytes
+/// [`crate::DirtyBitmap::encode`] made).
+pub(crate) fn read_bitmap(img: &ferry_rbd::Image, name: &str) -> Result<Vec<u8>> {
+    let text = img
+        .metadata_get(&bitmap_key(name))
+        .map_err(|e| StorageError::rbd("read metadata", e))?
+        .ok_or_else(|| StorageError::Corrupt {
+            what: "dirty bitmap",
+            path: what(img),
+            detail: "missing".into(),
+        })?;
+    decode_bitmap(&text, &what(img))
 }
 
 pub(crate) fn encode_bitmap(bytes: &[u8]) -> Result<String> {
@@ -98,10 +128,10 @@ pub(crate) fn encode_bitmap(bytes: &[u8]) -> Result<String> {
     Ok(base64::engine::general_purpose::STANDARD.encode(z))
 }
 
-pub(crate) fn decode_bitmap(image: &str, s: &str) -> Result<Vec<u8>> {
+pub(crate) fn decode_bitmap(s: &str, path: &Path) -> Result<Vec<u8>> {
     let corrupt = |detail: String| StorageError::Corrupt {
         what: "dirty bitmap",
-        path: what(image),
+        path: path.to_path_buf(),
         detail,
     };
     let z = base64::engine::general_purpose::STANDARD
@@ -125,21 +155,9 @@ pub(crate) struct Claimed {
 /// Claim volume `name` (its image of the same name) for this gateway.
 pub(crate) fn claim(store: &CephStore, gw: &SharedGateway, name: &str) -> Result<Claimed> {
     let rbd = |op, e| StorageError::rbd(op, e);
-    let img = match store.pool.open_unlocked(name) {
-        Ok(i) => i,
-        Err(ferry_rbd::RbdError::NoImage { .. }) => {
-            return Err(StorageError::NotFound(name.into()))
-        }
-        Err(e) => return Err(rbd("open", e)),
-    };
-    if img
-        .metadata_get(META_KEY)
-        .map_err(|e| rbd("read metadata", e))?
-        .is_none()
-    {
-        // An image of the pool that is not a ferry volume.
-        return Err(StorageError::NotFound(name.into()));
-    }
+    let img = open(store, name, false)?;
+    // An image of the pool that is not a ferry volume is not found.
+    read_meta(&img, name)?;
     let owners = img.lock_owners().map_err(|e| rbd("lock owners", e))?;
     if !owners.is_empty() {
         let holder = img
@@ -184,11 +202,7 @@ pub(crate) fn claim(store: &CephStore, gw: &SharedGateway, name: &str) -> Result
     img.acquire_lock().map_err(|e| rbd("lock", e))?;
     // Read again under the lock: the last holder may have changed it
     // between the first look and its release.
-    let json = img
-        .metadata_get(META_KEY)
-        .map_err(|e| rbd("read metadata", e))?
-        .ok_or_else(|| StorageError::NotFound(name.into()))?;
-    let meta = meta_from_json(name, &json)?;
+    let meta = read_meta(&img, name)?;
     let unclean = img
         .metadata_get(HOLDER_KEY)
         .map_err(|e| rbd("read metadata", e))?
@@ -247,19 +261,10 @@ pub(crate) fn create(
     made
 }
 
-/// The names of the pool's images that are ferry volumes.
-pub(crate) fn list(store: &CephStore) -> Result<Vec<String>> {
-    let rbd = |op, e| StorageError::rbd(op, e);
-    let mut out = Vec::new();
-    for name in store.pool.list().map_err(|e| rbd("list", e))? {
-        let Ok(img) = store.pool.open(&name, true) else {
-            continue;
-        };
-        if matches!(img.metadata_get(META_KEY), Ok(Some(_))) {
-            out.push(name);
-        }
-    }
-    Ok(out)
+/// The names of the pool's images (ferry volumes or not: those that are
+/// not are [`StorageError::NotFound`] to [`peek`] and [`read_meta`]).
+pub(crate) fn image_names(store: &CephStore) -> Result<Vec<String>> {
+    store.pool.list().map_err(|e| StorageError::rbd("list", e))
 }
 
 /// A shared volume as the cluster has it now, read without claiming it.
@@ -273,23 +278,13 @@ pub struct SharedVolume {
 
 /// Read volume `name` from the cluster without claiming it.
 pub(crate) fn peek(store: &CephStore, name: &str) -> Result<SharedVolume> {
-    let rbd = |op, e| StorageError::rbd(op, e);
-    let img = match store.pool.open(name, true) {
-        Ok(i) => i,
-        Err(ferry_rbd::RbdError::NoImage { .. }) => {
-            return Err(StorageError::NotFound(name.into()))
-        }
-        Err(e) => return Err(rbd("open", e)),
-    };
-    let json = img
-        .metadata_get(META_KEY)
-        .map_err(|e| rbd("read metadata", e))?
-        .ok_or_else(|| StorageError::NotFound(name.into()))?;
+    let img = open(store, name, true)?;
+    let meta = read_meta(&img, name)?;
     let holder = img
         .metadata_get(HOLDER_KEY)
-        .map_err(|e| rbd("read metadata", e))?;
+        .map_err(|e| StorageError::rbd("read metadata", e))?;
     Ok(SharedVolume {
-        meta: meta_from_json(name, &json)?,
+        meta,
         holder,
         allocated_bytes: img.allocated_bytes().unwrap_or(0),
     })
@@ -314,13 +309,14 @@ mod tests {
             text.len(),
             enc.len()
         );
-        assert_eq!(decode_bitmap("i", &text).unwrap(), enc);
+        let p = Path::new("rbd:p/i");
+        assert_eq!(decode_bitmap(&text, p).unwrap(), enc);
         assert!(matches!(
-            decode_bitmap("i", "not base64!"),
+            decode_bitmap("not base64!", p),
             Err(StorageError::Corrupt { .. })
         ));
         assert!(matches!(
-            decode_bitmap("i", "aGVsbG8="),
+            decode_bitmap("aGVsbG8=", p),
             Err(StorageError::Corrupt { .. })
         ));
     }
@@ -338,14 +334,15 @@ mod tests {
             false,
         );
         let json = meta_to_json(&m).unwrap();
-        assert_eq!(meta_from_json("v", &json).unwrap(), m);
+        let p = Path::new("rbd:p/v");
+        assert_eq!(VolumeMeta::parse(json.as_bytes(), p).unwrap(), m);
         let other = json.replace("\"version\":1", "\"version\":9");
         assert!(matches!(
-            meta_from_json("v", &other),
+            VolumeMeta::parse(other.as_bytes(), p),
             Err(StorageError::Corrupt { .. })
         ));
         assert!(matches!(
-            meta_from_json("v", "{"),
+            VolumeMeta::parse(b"{", p),
             Err(StorageError::Corrupt { .. })
         ));
     }

@@ -59,11 +59,15 @@ impl RbdData {
         op: &'static str,
         f: impl FnOnce(&ferry_rbd::Image) -> ferry_rbd::Result<T>,
     ) -> Result<T> {
-        let g = self.image.read();
-        let img = g.as_ref().ok_or_else(|| {
+        let img = self.image()?;
+        f(&img).map_err(|e| StorageError::rbd(op, e))
+    }
+
+    /// The open image (an error once it is closed).
+    fn image(&self) -> Result<parking_lot::MappedRwLockReadGuard<'_, ferry_rbd::Image>> {
+        parking_lot::RwLockReadGuard::try_map(self.image.read(), Option::as_ref).map_err(|_| {
             StorageError::Invalid("the volume's RBD image is closed (volume deleted)".into())
-        })?;
-        f(img).map_err(|e| StorageError::rbd(op, e))
+        })
     }
 }
 
@@ -312,35 +316,17 @@ impl Volume {
         };
         let mut bitmaps = Vec::new();
         for spec in &meta.bitmaps {
-            let loaded = if shared {
-                let p = data_path.clone();
-                match &data {
-                    Data::Rbd(r) => r
-                        .with("read metadata", |img| {
-                            img.metadata_get(&format!(
-                                "{}{}",
-                                crate::shared::BITMAP_PREFIX,
-                                spec.name
-                            ))
-                        })
-                        .and_then(|v| {
-                            v.ok_or_else(|| StorageError::Corrupt {
-                                what: "dirty bitmap",
-                                path: p.clone(),
-                                detail: "missing".into(),
-                            })
-                        })
-                        .and_then(|v| crate::shared::decode_bitmap(&meta.name, &v))
-                        .and_then(|b| DirtyBitmap::decode(&spec.name, &b, &p)),
-                    Data::File(_) => Err(StorageError::Invalid(
-                        "a shared volume is an RBD image".into(),
-                    )),
+            let loaded = match (&data, shared) {
+                (Data::Rbd(r), true) => r
+                    .image()
+                    .and_then(|img| crate::shared::read_bitmap(&img, &spec.name))
+                    .and_then(|b| DirtyBitmap::decode(&spec.name, &b, &data_path)),
+                _ => {
+                    let p = dir.join("bitmaps").join(format!("{}.bitmap", spec.name));
+                    fs::read(&p)
+                        .map_err(|e| StorageError::io("read", &p, e))
+                        .and_then(|b| DirtyBitmap::decode(&spec.name, &b, &p))
                 }
-            } else {
-                let p = dir.join("bitmaps").join(format!("{}.bitmap", spec.name));
-                fs::read(&p)
-                    .map_err(|e| StorageError::io("read", &p, e))
-                    .and_then(|b| DirtyBitmap::decode(&spec.name, &b, &p))
             };
             let bm = match loaded {
                 Ok(b) if b.granularity() == spec.granularity => b,
@@ -975,11 +961,9 @@ impl Volume {
             let mut m = self.meta.lock();
             m.bitmaps.retain(|b| b.name != name);
             self.store_meta(&m)?;
-            if self.shared {
-                let key = format!("{}{name}", crate::shared::BITMAP_PREFIX);
-                if let Data::Rbd(r) = &self.data {
-                    r.with("remove metadata", |img| img.metadata_remove(&key))?;
-                }
+            if let Some(r) = self.shared_image() {
+                let key = crate::shared::bitmap_key(name);
+                r.with("remove metadata", |img| img.metadata_remove(&key))?;
             } else {
                 let _ = fs::remove_file(self.dir.join("bitmaps").join(format!("{name}.bitmap")));
             }
@@ -999,10 +983,10 @@ impl Volume {
         if list.is_empty() {
             return Ok(());
         }
-        if let (true, Data::Rbd(r)) = (self.shared, &self.data) {
+        if let Some(r) = self.shared_image() {
             for b in list {
                 let v = crate::shared::encode_bitmap(&b.encode())?;
-                let key = format!("{}{}", crate::shared::BITMAP_PREFIX, b.name());
+                let key = crate::shared::bitmap_key(b.name());
                 r.with("write metadata", |img| img.metadata_set(&key, &v))?;
             }
             return Ok(());
@@ -1099,7 +1083,7 @@ impl Volume {
         }
         self.flush()?;
         self.save_bitmaps()?;
-        if let (true, Data::Rbd(r)) = (self.shared, &self.data) {
+        if let Some(r) = self.shared_image() {
             return r.with("remove metadata", crate::shared::clear_holder);
         }
         let marker = self.dir.join(IN_USE);
@@ -1295,14 +1279,22 @@ impl Volume {
     /// Store `m` where the volume's state lives: `meta.json` (atomically)
     /// or, for a shared volume, the image's metadata.
     fn store_meta(&self, m: &VolumeMeta) -> Result<()> {
-        match (&self.data, self.shared) {
-            (Data::Rbd(r), true) => {
+        match self.shared_image() {
+            Some(r) => {
                 let json = crate::shared::meta_to_json(m)?;
                 r.with("write metadata", |img| {
                     img.metadata_set(crate::shared::META_KEY, &json)
                 })
             }
-            _ => m.store(&self.dir.join("meta.json")),
+            None => m.store(&self.dir.join("meta.json")),
+        }
+    }
+
+    /// The image holding a shared volume's data and state.
+    fn shared_image(&self) -> Option<&RbdData> {
+        match &self.data {
+            Data::Rbd(r) if self.shared => Some(r),
+            _ => None,
         }
     }
 
