@@ -21,6 +21,9 @@ pub const VM_DISK_BYTES_TOTAL: &str = "ferry_vm_disk_bytes_total";
 /// Counter: bytes through a guest's network card (its tap); labels `vm`,
 /// `network`, `mac`, `dir` (`to_guest`, `from_guest`).
 pub const VM_NETWORK_BYTES_TOTAL: &str = "ferry_vm_network_bytes_total";
+/// Counter: packets through a guest's network card; labels as
+/// `VM_NETWORK_BYTES_TOTAL`.
+pub const VM_NETWORK_PACKETS_TOTAL: &str = "ferry_vm_network_packets_total";
 /// Counter: disk requests answered with an error; labels `vm`, `volume`.
 pub const VM_DISK_ERRORS_TOTAL: &str = "ferry_vm_disk_errors_total";
 /// Histogram (seconds): a request's arrival at the forwarder to its

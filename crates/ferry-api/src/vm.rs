@@ -332,6 +332,12 @@ pub struct NicView {
     pub to_guest_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_guest_bytes: Option<u64>,
+    /// Packets the same ways (the controller counts a guest's exchanges
+    /// with its clients from them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_guest_packets: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_guest_packets: Option<u64>,
 }
 
 /// A guest's memory dirty rate as its host last measured it.

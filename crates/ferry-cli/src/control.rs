@@ -1054,6 +1054,12 @@ fn print_estimate(e: &Estimate, links: &[ferry_controller::measure::LinkMeasure]
         e.access_then.lost_s,
         e.horizon_s
     );
+    if e.clients_now_s > 0.0 || e.clients_then_s > 0.0 {
+        println!(
+            "  clients: {:.0} client-seconds of {:.0} lost to the guest's distance from them now, {:.0} then",
+            e.clients_now_s, e.horizon_s, e.clients_then_s
+        );
+    }
 }
 
 /// An action as the API or the journal spells it (`move_disk`,
@@ -1234,6 +1240,11 @@ pub enum SiteCmd {
         /// disk moved to the site goes through whichever of them answers.
         #[arg(long = "storage", value_parser = storage_ref)]
         storage: Vec<StorageRef>,
+        /// A guest network whose clients are at this site (repeatable): a
+        /// guest on it running at another site makes them wait across the
+        /// link, which the policies count as a cost of that placement.
+        #[arg(long = "clients", value_name = "NETWORK")]
+        clients: Vec<String>,
         /// Change an existing site to this description (its links stay).
         #[arg(long)]
         replace: bool,
@@ -1344,6 +1355,7 @@ pub fn site(cmd: SiteCmd) -> Result<()> {
             cpu_capacity,
             hosts,
             storage,
+            clients,
             replace,
             to,
         } => {
@@ -1352,6 +1364,7 @@ pub fn site(cmd: SiteCmd) -> Result<()> {
                 cpu_capacity,
                 hosts,
                 storage,
+                clients,
             };
             let c = ControllerClient::new(&to.controller);
             if replace {
@@ -1415,7 +1428,7 @@ pub fn site(cmd: SiteCmd) -> Result<()> {
             }
             for s in &set.inventory.sites {
                 println!(
-                    "{}: {} CPUs, hosts {}, storage {}",
+                    "{}: {} CPUs, hosts {}, storage {}{}",
                     s.name,
                     s.cpu_capacity,
                     s.hosts
@@ -1427,7 +1440,12 @@ pub fn site(cmd: SiteCmd) -> Result<()> {
                         .iter()
                         .map(|x| x.nbd.as_str())
                         .collect::<Vec<_>>()
-                        .join(", ")
+                        .join(", "),
+                    if s.clients.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", clients of {}", s.clients.join(", "))
+                    }
                 );
             }
             for l in &set.inventory.links {

@@ -216,6 +216,29 @@ fn the_controller_keeps_its_sites_refuses_bad_input_and_survives_kill_9() {
     }
     let sites: Value = serde_json::from_str(&c.ok(&["site", "list", "--json"])).unwrap();
     assert_eq!(sites["sites"].as_array().unwrap().len(), 1, "{sites}");
+    // Where a guest network's clients are: at one site only.
+    let with_clients = |name: &'static str| {
+        [
+            "site",
+            "add",
+            name,
+            "--cpu-capacity",
+            "4",
+            "--clients",
+            "lan",
+        ]
+    };
+    c.ok(&with_clients("b"));
+    let listed = c.ok(&["site", "list"]);
+    assert!(
+        listed.contains("b: 4 CPUs, hosts , storage , clients of lan"),
+        "{listed}"
+    );
+    c.refused(
+        &with_clients("c"),
+        "the clients of network lan are placed at two sites",
+    );
+    c.ok(&["site", "remove", "b"]);
 
     // Maintenance and bursting are policy: set, shown, undone; bad values refused.
     c.refused(&["site", "maintenance", "nowhere"], "no site nowhere");

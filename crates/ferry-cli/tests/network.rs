@@ -618,6 +618,20 @@ fn a_guest_keeps_its_network_and_its_clients_connection_across_a_teleport() {
     let serial_b = b.state().join("vms/g/serial.log");
     std::thread::sleep(Duration::from_secs(2));
 
+    // Its clients are at A: the controller's model, measuring the guest's
+    // card at B, prices its distance from them, and a move back to A
+    // would cost them nothing.
+    let clients = client_cost_at_b(b, &root);
+    eprintln!(
+        "clients at A, the guest at B: {} client-s of 600 lost now, {} at A",
+        clients["clients_now_s"], clients["clients_then_s"]
+    );
+    assert!(
+        clients["clients_now_s"].as_f64().unwrap() > 10.0
+            && clients["clients_then_s"].as_f64() == Some(0.0),
+        "{clients}"
+    );
+
     std::fs::write(&stop, b"").unwrap();
     let out = client_run.wait_with_output().unwrap();
     let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
@@ -638,7 +652,9 @@ fn a_guest_keeps_its_network_and_its_clients_connection_across_a_teleport() {
     let nic = &b.show("g").unwrap()["nics"][0];
     assert!(
         nic["to_guest_bytes"].as_u64().unwrap_or(0) > 0
-            && nic["from_guest_bytes"].as_u64().unwrap_or(0) > 0,
+            && nic["from_guest_bytes"].as_u64().unwrap_or(0) > 0
+            && nic["to_guest_packets"].as_u64().unwrap_or(0) > 0
+            && nic["from_guest_packets"].as_u64().unwrap_or(0) > 0,
         "{nic}"
     );
 
@@ -672,6 +688,47 @@ fn a_guest_keeps_its_network_and_its_clients_connection_across_a_teleport() {
         std::thread::sleep(Duration::from_millis(500));
     }
     b.ns.vm_ok(&["stop", "g"]);
+}
+
+/// `ferry control estimate` of a VM move of guest `g` (running at B) to
+/// site A, from B's namespace, with an inventory that places the clients
+/// of network `lan` at A (A's daemons are only named: from B they are
+/// not reachable on its loopback, and the estimate does not need them).
+fn client_cost_at_b(b: &Site, root: &Path) -> Value {
+    let inv = root.join("inventory.json");
+    let site = |name: &str, ip: &str, host: bool, clients: &[&str]| {
+        serde_json::json!({
+            "name": name,
+            "cpu_capacity": 4,
+            "hosts": if host {
+                serde_json::json!([{"control": HOST_CONTROL, "moves": format!("{ip}:10891")}])
+            } else {
+                serde_json::json!([])
+            },
+            "storage": [{
+                "nbd": if host { STORAGE_NBD.to_string() } else { format!("{ip}:10809") },
+                "migrate": format!("{ip}:10900"),
+                "admin": if host { STORAGE_ADMIN.to_string() } else { format!("{ip}:10880") },
+            }],
+            "clients": clients,
+        })
+    };
+    let text = serde_json::json!({
+        "sites": [site("a", "10.99.0.1", false, &["lan"]), site("b", "10.99.0.2", true, &[])],
+        "links": [{"a": "a", "b": "b", "rtt_ms": 20.0, "bandwidth": 12.5e6}],
+    });
+    std::fs::write(&inv, text.to_string()).unwrap();
+    let out = b.ns.ferry_ok(&[
+        "control",
+        "estimate",
+        "g",
+        "--vm-to",
+        "a",
+        "--inventory",
+        inv.to_str().unwrap(),
+        "--json",
+    ]);
+    serde_json::from_str(&out).unwrap()
 }
 
 /// A client's command in namespace `ns`, with its output.

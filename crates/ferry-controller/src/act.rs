@@ -418,6 +418,7 @@ mod tests {
                 cpu_capacity: 8.0,
                 hosts: vec![host("b1"), host("b2")],
                 storage: vec![storage("s1"), storage("s2")],
+                clients: Vec::new(),
             }],
             links: vec![],
         }

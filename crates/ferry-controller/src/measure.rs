@@ -14,12 +14,16 @@
 //! run where) and the guests' loads are Prometheus' rates over its window
 //! (`crate::prometheus`); if it does not answer, the cycle says so and
 //! reads the hosts twice as without it.
+//!
+//! A guest's network cards count its traffic; on a network whose clients
+//! the inventory places at a site (`ferry site add --clients NETWORK`),
+//! that traffic becomes the guest's [`ClientTraffic`] with that site.
 
 use ferry_api::{AdminClient, DiskIo, VmState as GuestState, VmView};
 use ferry_placement::inventory::{Inventory, StorageRef};
 use ferry_placement::model::{DISK_MOVE_SETUP_S, VM_MOVE_SETUP_S};
 use ferry_placement::policy::Action;
-use ferry_placement::{Cluster, Placement, VmLoad, VmState};
+use ferry_placement::{ClientTraffic, Cluster, Placement, VmLoad, VmState};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -475,6 +479,72 @@ fn load_between(earlier: Option<&VmView>, now: &VmView, d: &DiskIo, dt: f64) -> 
     }
 }
 
+/// A guest's traffic on one of its networks, per second.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct NicRates {
+    pub to_guest_packets: f64,
+    pub from_guest_packets: f64,
+    /// Both directions.
+    pub bytes: f64,
+}
+
+/// A guest's traffic per network from two readings of its host `dt`
+/// seconds apart (a card the first reading lacks, or whose counters went
+/// back, as after a restart of its QEMU, counts from zero).
+#[allow(clippy::cast_precision_loss)]
+fn nic_rates_between(
+    earlier: Option<&VmView>,
+    now: &VmView,
+    dt: f64,
+) -> BTreeMap<String, NicRates> {
+    let mut out: BTreeMap<String, NicRates> = BTreeMap::new();
+    for n in &now.nics {
+        let before = earlier.and_then(|e| e.nics.iter().find(|x| x.mac == n.mac));
+        let delta = |now: Option<u64>, then: Option<u64>| -> f64 {
+            let (now, then) = (now.unwrap_or(0), then.unwrap_or(0));
+            (if now >= then { now - then } else { now }) as f64 / dt
+        };
+        let r = out.entry(n.network.clone()).or_default();
+        r.to_guest_packets += delta(n.to_guest_packets, before.and_then(|b| b.to_guest_packets));
+        r.from_guest_packets += delta(
+            n.from_guest_packets,
+            before.and_then(|b| b.from_guest_packets),
+        );
+        r.bytes += delta(n.to_guest_bytes, before.and_then(|b| b.to_guest_bytes))
+            + delta(n.from_guest_bytes, before.and_then(|b| b.from_guest_bytes));
+    }
+    out
+}
+
+/// A guest's traffic with clients per site they are at: its networks'
+/// rates, on the networks whose clients the inventory places somewhere.
+/// An exchange needs a packet each way, so the smaller of the packets in
+/// and out per second counts the exchanges (a bulk transfer, one way in
+/// many packets and acknowledged by fewer, counts its acknowledgements:
+/// more exchanges than the client waits on).
+pub fn client_traffic(
+    inv: &Inventory,
+    networks: &BTreeMap<String, NicRates>,
+) -> Vec<ClientTraffic> {
+    let mut by_site: BTreeMap<&str, ClientTraffic> = BTreeMap::new();
+    for (net, r) in networks {
+        let Some(site) = inv.clients_of(net) else {
+            continue;
+        };
+        let t = by_site.entry(site).or_insert_with(|| ClientTraffic {
+            site: site.to_string(),
+            exchanges_per_s: 0.0,
+            bytes_per_s: 0.0,
+        });
+        t.exchanges_per_s += r.to_guest_packets.min(r.from_guest_packets);
+        t.bytes_per_s += r.bytes;
+    }
+    by_site
+        .into_values()
+        .filter(|t| t.exchanges_per_s > 0.0 || t.bytes_per_s > 0.0)
+        .collect()
+}
+
 /// A guest's memory dirty rate: QEMU's estimate as its host last measured
 /// it; before the first measurement (or with the host's sampling off) the
 /// rate it writes its disk stands in (what it writes passes through its
@@ -594,23 +664,26 @@ pub fn measure(
             ));
             continue;
         };
-        let load = match &rates {
+        let (load, networks) = match &rates {
             Some((r, _)) => r.get(&v.spec.name).map_or_else(
                 || {
                     problems.push(format!(
                         "{}: no rates in prometheus yet; counted as idle",
                         v.spec.name
                     ));
-                    load_from_rates(&Default::default())
+                    (load_from_rates(&Default::default()), BTreeMap::new())
                 },
-                load_from_rates,
+                |g| (load_from_rates(g), g.networks.clone()),
             ),
             None => {
                 let earlier = first
                     .iter()
                     .find(|x| &x.control == control && x.vm.spec.name == v.spec.name)
                     .map(|x| &x.vm);
-                load_between(earlier, v, d, dt)
+                (
+                    load_between(earlier, v, d, dt),
+                    nic_rates_between(earlier, v, dt),
+                )
             }
         };
         let (memory_bytes, disk_bytes) = (memory_to_send(v), volume_size(control, &d.volume));
@@ -634,6 +707,7 @@ pub fn measure(
             memory_link_share: v.memory_link_share,
             home_site: None,
             load,
+            clients: client_traffic(inv, &networks),
             host: Some(control.clone()),
             since_move_s: since_move_s
                 .get(&v.spec.name)
@@ -751,6 +825,7 @@ mod tests {
                 cpu_capacity: 8.0,
                 hosts: vec![],
                 storage: vec![storage("s1"), storage("s2")],
+                clients: Vec::new(),
             }],
             links: vec![],
         };
@@ -772,6 +847,66 @@ mod tests {
             .insert(("web".into(), "b".into()), "s1:10809".into());
         assert_eq!(m.storage_for(&inv, "web", "b").as_deref(), Some("s1:10809"));
         assert_eq!(m.storage_for(&inv, "web", "nowhere"), None);
+    }
+
+    #[test]
+    fn a_guests_traffic_counts_with_the_site_of_its_networks_clients() {
+        use ferry_placement::inventory::SiteInventory;
+        let site = |n: &str, clients: &[&str]| SiteInventory {
+            name: n.into(),
+            cpu_capacity: 8.0,
+            hosts: vec![],
+            storage: vec![],
+            clients: clients.iter().map(ToString::to_string).collect(),
+        };
+        let inv = Inventory {
+            sites: vec![site("home", &["lan"]), site("cloud", &[])],
+            links: vec![],
+        };
+        let nic = |net: &str, mac: &str, to: u64, from: u64, bytes: u64| {
+            serde_json::json!({"network": net, "mac": mac, "tap": "t", "bridge": "br",
+                "to_guest_packets": to, "from_guest_packets": from,
+                "to_guest_bytes": bytes, "from_guest_bytes": bytes})
+        };
+        let reading = |nics: serde_json::Value| -> VmView {
+            let (mut v, _) = view(0, None);
+            v.nics = serde_json::from_value(nics).unwrap();
+            v
+        };
+        let before = reading(serde_json::json!([
+            nic("lan", "52:54:00:00:00:01", 1000, 900, 10_000),
+            nic("backup", "52:54:00:00:00:02", 0, 0, 0),
+        ]));
+        // 2 s later: 400 packets in and 300 out on lan (150 exchanges a
+        // second), and a bulk copy on a network with no clients placed.
+        let after = reading(serde_json::json!([
+            nic("lan", "52:54:00:00:00:01", 1400, 1200, 30_000),
+            nic("backup", "52:54:00:00:00:02", 90_000, 9_000, 100_000_000),
+        ]));
+        let rates = nic_rates_between(Some(&before), &after, 2.0);
+        assert_eq!(rates["lan"].to_guest_packets, 200.0);
+        let t = client_traffic(&inv, &rates);
+        assert_eq!(t.len(), 1, "{t:?}");
+        assert_eq!(t[0].site, "home");
+        assert_eq!(t[0].exchanges_per_s, 150.0);
+        assert_eq!(t[0].bytes_per_s, 20_000.0);
+        // A card whose counters went back (QEMU restarted) counts from 0;
+        // one the first reading lacked likewise.
+        let restarted = reading(serde_json::json!([nic(
+            "lan",
+            "52:54:00:00:00:01",
+            10,
+            8,
+            100
+        )]));
+        let r = nic_rates_between(Some(&before), &restarted, 2.0);
+        assert_eq!(
+            (r["lan"].to_guest_packets, r["lan"].from_guest_packets),
+            (5.0, 4.0)
+        );
+        assert_eq!(nic_rates_between(None, &restarted, 2.0), r);
+        // Quiet cards are no clients.
+        assert!(client_traffic(&inv, &nic_rates_between(Some(&before), &before, 2.0)).is_empty());
     }
 
     pub(super) fn empty_cluster() -> Cluster {

@@ -4,7 +4,8 @@
 //! disk requests, bytes, written bytes, latency and QEMU's CPU time, each
 //! a `rate()` of the counters `ferry host` exports (`ferry_vm_*`), summed
 //! per guest (`vm` label); a sixth reads the guests' memory dirty rate
-//! (a gauge). The placement (which host runs which guest,
+//! (a gauge); two more its network cards' packets and bytes per network.
+//! The placement (which host runs which guest,
 //! where its disk is) still comes from the hosts: Prometheus only says
 //! how busy each guest is.
 
@@ -28,6 +29,8 @@ pub struct GuestRates {
     pub cpu: f64,
     /// Guest RAM dirtied per second, the host's latest measurement.
     pub memory_dirty: Option<f64>,
+    /// Its traffic per network.
+    pub networks: BTreeMap<String, crate::measure::NicRates>,
 }
 
 /// A Prometheus server and the window its rates are taken over.
@@ -52,7 +55,8 @@ impl PrometheusSource {
         use ferry_api::metrics::{
             VM_CPU_SECONDS_TOTAL as CPU, VM_DISK_BYTES_TOTAL as BYTES,
             VM_DISK_LATENCY_SECONDS as LATENCY, VM_DISK_REQUESTS_TOTAL as REQUESTS,
-            VM_MEMORY_DIRTY_BYTES_PER_SECOND as DIRTY,
+            VM_MEMORY_DIRTY_BYTES_PER_SECOND as DIRTY, VM_NETWORK_BYTES_TOTAL as NET_BYTES,
+            VM_NETWORK_PACKETS_TOTAL as NET_PACKETS,
         };
         let iops = self.by_vm(&format!("sum by (vm) (rate({REQUESTS}[{w}]))"))?;
         let bytes = self.by_vm(&format!("sum by (vm) (rate({BYTES}[{w}]))"))?;
@@ -64,6 +68,14 @@ impl PrometheusSource {
         ))?;
         let cpu = self.by_vm(&format!("sum by (vm) (rate({CPU}[{w}]))"))?;
         let dirty = self.by_vm(&format!("max by (vm) ({DIRTY})"))?;
+        let packets = self.by_labels(
+            &format!("sum by (vm, network, dir) (rate({NET_PACKETS}[{w}]))"),
+            &["vm", "network", "dir"],
+        )?;
+        let net_bytes = self.by_labels(
+            &format!("sum by (vm, network) (rate({NET_BYTES}[{w}]))"),
+            &["vm", "network"],
+        )?;
         let mut out: BTreeMap<String, GuestRates> = BTreeMap::new();
         for (vm, v) in iops {
             out.entry(vm).or_default().iops = v;
@@ -86,24 +98,78 @@ impl PrometheusSource {
                 out.entry(vm).or_default().memory_dirty = Some(v);
             }
         }
+        for (k, v) in packets {
+            let [vm, network, dir] = <[String; 3]>::try_from(k).unwrap_or_default();
+            let r = out
+                .entry(vm)
+                .or_default()
+                .networks
+                .entry(network)
+                .or_default();
+            match dir.as_str() {
+                "to_guest" => r.to_guest_packets += v,
+                "from_guest" => r.from_guest_packets += v,
+                _ => {}
+            }
+        }
+        for (k, v) in net_bytes {
+            let [vm, network] = <[String; 2]>::try_from(k).unwrap_or_default();
+            out.entry(vm)
+                .or_default()
+                .networks
+                .entry(network)
+                .or_default()
+                .bytes += v;
+        }
         Ok(out)
     }
 
+    /// An instant query's samples keyed by the values of `labels` (a
+    /// sample lacking one of them is skipped).
+    fn by_labels(
+        &self,
+        query: &str,
+        labels: &[&str],
+    ) -> Result<BTreeMap<Vec<String>, f64>, String> {
+        let body = self.query(query)?;
+        parse_vector_by(&body, labels)
+            .map_err(|e| format!("prometheus at {}: {query}: {e}", self.url))
+    }
+
     fn by_vm(&self, query: &str) -> Result<BTreeMap<String, f64>, String> {
+        Ok(self
+            .by_labels(query, &["vm"])?
+            .into_iter()
+            .filter_map(|(mut k, v)| k.pop().map(|vm| (vm, v)))
+            .collect())
+    }
+
+    fn query(&self, query: &str) -> Result<serde_json::Value, String> {
         let url = format!("{}/api/v1/query", self.url.trim_end_matches('/'));
-        let body: serde_json::Value = ureq::get(&url)
+        ureq::get(&url)
             .timeout(QUERY_LIMIT)
             .query("query", query)
             .call()
             .map_err(|e| format!("prometheus at {}: {e}", self.url))?
             .into_json()
-            .map_err(|e| format!("prometheus at {}: not JSON: {e}", self.url))?;
-        parse_vector(&body).map_err(|e| format!("prometheus at {}: {query}: {e}", self.url))
+            .map_err(|e| format!("prometheus at {}: not JSON: {e}", self.url))
     }
 }
 
 /// The samples of an instant-query answer, by their `vm` label.
+#[cfg(test)]
 fn parse_vector(body: &serde_json::Value) -> Result<BTreeMap<String, f64>, String> {
+    Ok(parse_vector_by(body, &["vm"])?
+        .into_iter()
+        .filter_map(|(mut k, v)| k.pop().map(|vm| (vm, v)))
+        .collect())
+}
+
+/// The samples of an instant-query answer, by the values of `labels`.
+fn parse_vector_by(
+    body: &serde_json::Value,
+    labels: &[&str],
+) -> Result<BTreeMap<Vec<String>, f64>, String> {
     if body["status"] != "success" {
         return Err(format!(
             "{}: {}",
@@ -119,7 +185,11 @@ fn parse_vector(body: &serde_json::Value) -> Result<BTreeMap<String, f64>, Strin
     }
     let mut out = BTreeMap::new();
     for r in body["data"]["result"].as_array().into_iter().flatten() {
-        let Some(vm) = r["metric"]["vm"].as_str() else {
+        let Some(key) = labels
+            .iter()
+            .map(|l| r["metric"][*l].as_str().map(str::to_string))
+            .collect::<Option<Vec<String>>>()
+        else {
             continue;
         };
         // Prometheus writes sample values as strings ("NaN" included).
@@ -127,7 +197,7 @@ fn parse_vector(body: &serde_json::Value) -> Result<BTreeMap<String, f64>, Strin
             .as_str()
             .and_then(|s| s.parse::<f64>().ok())
             .ok_or_else(|| format!("bad sample value {}", r["value"]))?;
-        out.insert(vm.to_string(), v);
+        out.insert(key, v);
     }
     Ok(out)
 }
@@ -158,6 +228,18 @@ mod tests {
             {"metric": {"vm": "x"}, "value": [1.0, 7]}
         ]}});
         assert!(parse_vector(&junk).is_err());
+    }
+
+    #[test]
+    fn network_series_are_read_by_guest_network_and_direction() {
+        let ok = json!({"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {"vm": "web", "network": "lan", "dir": "to_guest"}, "value": [1.7e9, "40"]},
+            {"metric": {"vm": "web", "network": "lan"}, "value": [1.7e9, "3"]}
+        ]}});
+        let m = parse_vector_by(&ok, &["vm", "network", "dir"]).unwrap();
+        assert_eq!(m.len(), 1, "a sample lacking a label is skipped");
+        let key: Vec<String> = ["web", "lan", "to_guest"].map(String::from).into();
+        assert!((m[&key] - 40.0).abs() < 1e-9);
     }
 
     #[test]

@@ -85,6 +85,20 @@ pub struct VmLoad {
     pub write_rate: f64,
 }
 
+/// A guest's exchanges with clients that sit at one site (measured at
+/// its network cards, on the networks whose clients the inventory places
+/// there).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClientTraffic {
+    /// Where those clients are.
+    pub site: String,
+    /// Request/answer exchanges per second: the smaller of the packets in
+    /// and out per second (an exchange needs at least one each way).
+    pub exchanges_per_s: f64,
+    /// Bytes per second, both directions.
+    pub bytes_per_s: f64,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VmState {
     pub name: String,
@@ -110,6 +124,10 @@ pub struct VmState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_link_share: Option<f64>,
     pub load: VmLoad,
+    /// Its traffic with clients, per site where they are (empty: none
+    /// known; the model then prices only its disk).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clients: Vec<ClientTraffic>,
     /// The site it burst from, while it runs away from it (the
     /// controller's journal knows); it goes back when that site has room.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -258,6 +276,16 @@ impl Cluster {
             ] {
                 non_negative(format!("VM {} {what}", v.name), x)?;
             }
+            for t in &v.clients {
+                if !known(&t.site) {
+                    return Err(ClusterError::UnknownSite {
+                        vm: format!("{} (its clients)", v.name),
+                        site: t.site.clone(),
+                    });
+                }
+                non_negative(format!("VM {} exchanges_per_s", v.name), t.exchanges_per_s)?;
+                non_negative(format!("VM {} bytes_per_s", v.name), t.bytes_per_s)?;
+            }
         }
         Ok(())
     }
@@ -296,6 +324,7 @@ mod tests {
                     dirty_rate: 0.0,
                     write_rate: 0.0,
                 },
+                clients: Vec::new(),
                 host: None,
                 since_move_s: f64::INFINITY,
             }],

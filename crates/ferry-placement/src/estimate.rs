@@ -4,7 +4,7 @@
 //! policies decide with.
 
 use crate::cluster::{Cluster, ClusterError, Placement};
-use crate::model::{access_cost, AccessCost, MoveCost};
+use crate::model::{access_cost, client_cost, AccessCost, MoveCost};
 use crate::policy::{cost_of, Action};
 use serde::Serialize;
 use thiserror::Error;
@@ -61,6 +61,11 @@ pub struct Estimate {
     /// the placement asked for, over `horizon_s`.
     pub access_now: AccessCost,
     pub access_then: AccessCost,
+    /// Client-seconds its clients lose over `horizon_s` to its distance
+    /// from them, now and at the placement asked for (0 without client
+    /// traffic measured, or with the guest at its clients' site).
+    pub clients_now_s: f64,
+    pub clients_then_s: f64,
     pub horizon_s: f64,
 }
 
@@ -165,6 +170,8 @@ pub fn estimate(
         then_link.bandwidth,
         horizon_s,
     )?;
+    let clients_now_s = client_cost(v, c, &from.host_site, horizon_s)?;
+    let clients_then_s = client_cost(v, c, &to.host_site, horizon_s)?;
     Ok(Estimate {
         vm: vm.into(),
         asked,
@@ -176,6 +183,8 @@ pub fn estimate(
         cost,
         access_now,
         access_then,
+        clients_now_s,
+        clients_then_s,
         horizon_s,
     })
 }
@@ -219,6 +228,7 @@ mod tests {
                     dirty_rate: 0.0,
                     write_rate: 1e5,
                 },
+                clients: Vec::new(),
                 host: None,
                 since_move_s: f64::INFINITY,
             }],

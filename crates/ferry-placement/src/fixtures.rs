@@ -52,6 +52,7 @@ pub fn remote_vm(name: &str, iops: f64, latency_ms: f64) -> VmState {
             dirty_rate: 1e6,
             write_rate: 2e5,
         },
+        clients: Vec::new(),
         host: None,
         since_move_s: f64::INFINITY,
     }

@@ -64,6 +64,11 @@ pub struct SiteInventory {
     pub cpu_capacity: f64,
     pub hosts: Vec<HostRef>,
     pub storage: Vec<StorageRef>,
+    /// Guest networks (`ferry host --network NAME,...`) whose clients are
+    /// at this site: a guest on one of them that runs elsewhere makes
+    /// those clients wait across the link (a cost the policies weigh).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clients: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -156,6 +161,15 @@ impl Inventory {
         out
     }
 
+    /// The site where the clients of guest network `network` are, when
+    /// the operator said.
+    pub fn clients_of(&self, network: &str) -> Option<&str> {
+        self.sites
+            .iter()
+            .find(|s| s.clients.iter().any(|n| n == network))
+            .map(|s| s.name.as_str())
+    }
+
     pub fn site(&self, name: &str) -> Option<&SiteInventory> {
         self.sites.iter().find(|s| s.name == name)
     }
@@ -165,6 +179,16 @@ impl Inventory {
         if self.sites.is_empty() {
             return Err("the inventory names no site".into());
         }
+        for s in &self.sites {
+            for n in &s.clients {
+                if let Some(other) = self.clients_of(n).filter(|o| *o != s.name) {
+                    return Err(format!(
+                        "the clients of network {n} are placed at two sites, {other} and {}",
+                        s.name
+                    ));
+                }
+            }
+        }
         for l in &self.links {
             for s in [&l.a, &l.b] {
                 if self.site(s).is_none() {
@@ -173,5 +197,37 @@ impl Inventory {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_networks_clients_are_at_one_site_only() {
+        let site = |n: &str, clients: &[&str]| SiteInventory {
+            name: n.into(),
+            cpu_capacity: 4.0,
+            hosts: vec![],
+            storage: vec![],
+            clients: clients.iter().map(ToString::to_string).collect(),
+        };
+        let mut inv = Inventory {
+            sites: vec![site("home", &["lan", "web"]), site("cloud", &["dmz"])],
+            links: vec![],
+        };
+        assert_eq!(inv.validate(), Ok(()));
+        assert_eq!(inv.clients_of("web"), Some("home"));
+        assert_eq!(inv.clients_of("dmz"), Some("cloud"));
+        assert_eq!(inv.clients_of("backup"), None);
+        inv.sites[1].clients.push("lan".into());
+        let e = inv.validate().unwrap_err();
+        assert!(e.contains("network lan") && e.contains("two sites"), "{e}");
+        // An inventory saved before sites named clients reads back.
+        let old: SiteInventory =
+            serde_json::from_str(r#"{"name": "a", "cpu_capacity": 1, "hosts": [], "storage": []}"#)
+                .unwrap();
+        assert!(old.clients.is_empty());
     }
 }

@@ -28,4 +28,4 @@ pub mod reason;
 pub mod replay;
 pub mod simulate;
 
-pub use cluster::{Cluster, Link, Placement, Site, VmLoad, VmState};
+pub use cluster::{ClientTraffic, Cluster, Link, Placement, Site, VmLoad, VmState};

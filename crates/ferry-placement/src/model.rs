@@ -21,8 +21,16 @@
 //! and check"). During a move the guest runs at a fraction `MOVE_SLOWDOWN` of
 //! its speed on memory moves (auto-converge throttling) and on disk moves
 //! (its writes are tracked and may be throttled).
+//!
+//! Clients left behind. A guest serving clients at another site than
+//! its own makes each exchange with them wait one more round trip of the
+//! link between the two, and its bytes cross that link: `E × (RTT − RTT₀)
+//! + R × (1/B − 1/B₀)` client-seconds per second (exchanges `E`/s, bytes
+//! `R`/s, the clients' own site's local link `RTT₀`, `B₀`). Over the
+//! horizon this is added to the guest's disk loss: a placement's loss is
+//! what its guest and what its clients wait ([`placement_loss`]).
 
-use crate::cluster::{Cluster, ClusterError, Link, VmState};
+use crate::cluster::{Cluster, ClusterError, Link, Placement, VmState};
 use serde::Serialize;
 
 /// Share of the guest's speed lost while it is being moved.
@@ -110,6 +118,58 @@ pub fn access_cost(
         latency_s: l_new,
         rate,
         lost_s: horizon_s * (1.0 - rate).max(0.0),
+    })
+}
+
+/// Client-seconds the guest's clients lose over `horizon_s` while it runs
+/// at `host_site`: for each site its clients are at, each exchange waits
+/// the link's extra round trip and each byte its extra transfer time,
+/// against running at the clients' own site (no loss there).
+pub fn client_cost(
+    vm: &VmState,
+    cluster: &Cluster,
+    host_site: &str,
+    horizon_s: f64,
+) -> Result<f64, ClusterError> {
+    let mut per_s = 0.0;
+    for t in &vm.clients {
+        let there = cluster.link(host_site, &t.site)?;
+        let home = cluster.link(&t.site, &t.site)?;
+        let wait = t.exchanges_per_s * (there.rtt_ms - home.rtt_ms).max(0.0) / 1000.0;
+        let transfer = t.bytes_per_s * (1.0 / there.bandwidth - 1.0 / home.bandwidth).max(0.0);
+        per_s += wait + transfer;
+    }
+    Ok(horizon_s * per_s)
+}
+
+/// What a placement costs over a horizon, split by who waits.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PlacementLoss {
+    /// Guest-seconds of work lost to its disk's distance ([`access_cost`]).
+    pub disk_s: f64,
+    /// Client-seconds its clients lose to its distance ([`client_cost`]).
+    pub clients_s: f64,
+}
+
+impl PlacementLoss {
+    pub fn total(&self) -> f64 {
+        self.disk_s + self.clients_s
+    }
+}
+
+/// The loss of running `vm` with placement `at` over `horizon_s`: its
+/// disk across the link between its host's and its disk's sites, and its
+/// clients across the link between its host's and theirs.
+pub fn placement_loss(
+    vm: &VmState,
+    cluster: &Cluster,
+    at: &Placement,
+    horizon_s: f64,
+) -> Result<PlacementLoss, ClusterError> {
+    let l = cluster.link(&at.host_site, &at.disk_site)?;
+    Ok(PlacementLoss {
+        disk_s: access_cost(vm, cluster, l.rtt_ms, l.bandwidth, horizon_s)?.lost_s,
+        clients_s: client_cost(vm, cluster, &at.host_site, horizon_s)?,
     })
 }
 
@@ -230,6 +290,35 @@ mod tests {
         // Losses grow with the RTT.
         let r4 = access_cost(&io, &c, 4.0, 12.5e6, 3600.0).unwrap();
         assert!(r4.lost_s < remote.lost_s);
+    }
+
+    #[test]
+    fn clients_lose_a_round_trip_per_exchange_only_away_from_them() {
+        let c = cluster(20.0);
+        let mut v = vm(0.0, 0.0, false);
+        let at = |h: &str| Placement {
+            host_site: h.into(),
+            disk_site: "a".into(),
+        };
+        assert_eq!(client_cost(&v, &c, "b", 600.0).unwrap(), 0.0);
+        v.clients = vec![crate::cluster::ClientTraffic {
+            site: "a".into(),
+            exchanges_per_s: 50.0,
+            bytes_per_s: 1.25e6,
+        }];
+        // With its clients: nothing lost.
+        let home = placement_loss(&v, &c, &at("a"), 600.0).unwrap();
+        assert_eq!(home.clients_s, 0.0);
+        // Away: 50 × (20 - 0.1) ms + 1.25 MB/s over 12.5 MB/s (less the
+        // local link's share) per second, for 600 s.
+        let away = placement_loss(&v, &c, &at("b"), 600.0).unwrap();
+        let expect = 600.0 * (50.0 * 0.0199 + 1.25e6 * (1.0 / 12.5e6 - 1.0 / 1.25e9));
+        assert!((away.clients_s - expect).abs() < 1e-9, "{away:?}");
+        // The disk is then remote too, and both count.
+        assert!(away.disk_s >= 0.0 && (away.total() - away.disk_s - expect).abs() < 1e-9);
+        // Clients at a site with no link to the host's: an error, not 0.
+        v.clients[0].site = "z".into();
+        assert!(client_cost(&v, &c, "b", 600.0).is_err());
     }
 
     #[test]

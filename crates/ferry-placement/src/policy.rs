@@ -15,7 +15,9 @@
 
 use crate::backoff::HeldMove;
 use crate::cluster::{Cluster, ClusterError, Placement, Site, VmState};
-use crate::model::{access_cost, disk_move_cost, teleport_cost, vm_move_cost, MoveCost};
+use crate::model::{
+    disk_move_cost, placement_loss, teleport_cost, vm_move_cost, MoveCost, PlacementLoss,
+};
 use crate::reason::{Candidate, Refusal};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -528,14 +530,14 @@ fn locality(
             continue;
         }
         let here = c.link(&vm.placement.host_site, &vm.placement.disk_site)?;
-        let lost_here = access_cost(vm, c, here.rtt_ms, here.bandwidth, p.horizon_s)?.lost_s;
+        let loss_here = placement_loss(vm, c, &vm.placement, p.horizon_s)?;
+        let lost_here = loss_here.total();
         let mut passed: Vec<Weighed> = Vec::new();
         for (action, to) in options(c, vm) {
-            let l = c.link(&to.host_site, &to.disk_site)?;
             let w = Weighed {
                 action,
                 cost: cost_of(c, vm, action, &to)?,
-                lost_there: access_cost(vm, c, l.rtt_ms, l.bandwidth, p.horizon_s)?.lost_s,
+                lost_there: placement_loss(vm, c, &to, p.horizon_s)?.total(),
                 to,
             };
             let k = Check {
@@ -582,8 +584,8 @@ fn locality(
         };
         let (action, to, cost) = (best.action, best.to, best.cost);
         let reason = format!(
-            "disk {:.1} ms away costs {lost_here:.1} s of {:.0} s; with {to} it would cost {:.1} s; the {action} costs {:.1} s ({:.0} MB, {:.1} s, pause {:.0} ms)",
-            here.rtt_ms,
+            "{} costs {lost_here:.1} s of {:.0} s; with {to} it would cost {:.1} s; the {action} costs {:.1} s ({:.0} MB, {:.1} s, pause {:.0} ms)",
+            what_it_loses(&loss_here, here.rtt_ms),
             p.horizon_s,
             best.lost_there,
             cost.lost_s,
@@ -609,6 +611,19 @@ fn locality(
         );
     }
     Ok(())
+}
+
+/// What a guest loses where it is, in words: its disk's distance, and
+/// its clients' when they wait on it.
+fn what_it_loses(loss: &PlacementLoss, disk_rtt_ms: f64) -> String {
+    if loss.clients_s > 0.0 {
+        format!(
+            "disk {disk_rtt_ms:.1} ms away ({:.1} s) and clients at another site ({:.1} s)",
+            loss.disk_s, loss.clients_s
+        )
+    } else {
+        format!("disk {disk_rtt_ms:.1} ms away")
+    }
 }
 
 /// The link a move is counted against: between the guest's host sites,
@@ -1005,15 +1020,13 @@ fn forced(
     if !cost.converges {
         return Ok(Err(Refusal::NotConverging));
     }
-    let here = c.link(&vm.placement.host_site, &vm.placement.disk_site)?;
-    let there = c.link(&to.host_site, &to.disk_site)?;
     Ok(Ok(Decision {
         vm: vm.name.clone(),
         to_host: None,
         action,
         from: vm.placement.clone(),
-        lost_here_s: access_cost(vm, c, here.rtt_ms, here.bandwidth, p.horizon_s)?.lost_s,
-        lost_there_s: access_cost(vm, c, there.rtt_ms, there.bandwidth, p.horizon_s)?.lost_s,
+        lost_here_s: placement_loss(vm, c, &vm.placement, p.horizon_s)?.total(),
+        lost_there_s: placement_loss(vm, c, &to, p.horizon_s)?.total(),
         to,
         cost,
         reason,
@@ -1131,8 +1144,11 @@ fn burst(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError>
             let Some(t) = st.sites.roomiest(c, s, vm.load.cpu, vm.memory_bytes, p) else {
                 continue;
             };
-            let l = c.link(&t.name, &vm.placement.disk_site)?;
-            let lost = access_cost(vm, c, l.rtt_ms, l.bandwidth, p.horizon_s)?.lost_s;
+            let there = Placement {
+                host_site: t.name.clone(),
+                disk_site: vm.placement.disk_site.clone(),
+            };
+            let lost = placement_loss(vm, c, &there, p.horizon_s)?.total();
             cands.push((lost / vm.load.cpu, vm));
         }
         cands.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
@@ -1637,6 +1653,84 @@ mod tests {
         assert!(d.reason.contains("16.0 ms away"), "{}", d.reason);
     }
 
+    /// Traffic with clients at `site`: `exchanges` a second, 100 kB/s.
+    fn serving(site: &str, exchanges: f64) -> Vec<crate::cluster::ClientTraffic> {
+        vec![crate::cluster::ClientTraffic {
+            site: site.into(),
+            exchanges_per_s: exchanges,
+            bytes_per_s: 1e5,
+        }]
+    }
+
+    #[test]
+    fn a_guest_serving_clients_stays_with_them_and_a_quiet_one_moves_to_its_disk() {
+        // The same I/O-bound guest at a, its disk at b: quiet, its VM goes
+        // to its disk (as above); serving clients at a, 200 exchanges a
+        // second that would each wait 16 ms more from b, the VM stays at
+        // a (its disk may come to it instead).
+        let quiet = vm("io", 55.0, 16.0);
+        let mut busy = quiet.clone();
+        busy.clients = serving("a", 200.0);
+        let p = Policy::default();
+        let pl = plan(
+            &cluster(16.0, vec![quiet]),
+            &p,
+            &mut Triggers::default(),
+            0.0,
+        )
+        .unwrap();
+        assert_eq!(pl.decisions[0].action, Action::MoveVm, "{pl:?}");
+        let pl = plan(
+            &cluster(16.0, vec![busy.clone()]),
+            &p,
+            &mut Triggers::default(),
+            0.0,
+        )
+        .unwrap();
+        assert!(
+            pl.decisions
+                .iter()
+                .all(|d| d.to.host_site == "a" && d.action == Action::MoveDisk),
+            "{pl:?}"
+        );
+        // The VM move was weighed and lost on its clients' account.
+        let vm_move = pl
+            .candidates
+            .iter()
+            .find(|k| k.vm == "io" && k.action == Some(Action::MoveVm));
+        assert!(vm_move.is_some_and(|k| k.refused.is_some()), "{pl:?}");
+
+        // Away from its clients with nothing to gain for its disk (no
+        // I/O), it goes back to them, and says why.
+        let mut away = busy;
+        away.load.iops = 0.0;
+        away.placement = Placement {
+            host_site: "b".into(),
+            disk_site: "b".into(),
+        };
+        let pl = plan(
+            &cluster(16.0, vec![away.clone()]),
+            &p,
+            &mut Triggers::default(),
+            0.0,
+        )
+        .unwrap();
+        let d = &pl.decisions[0];
+        assert_eq!(d.to.host_site, "a", "{pl:?}");
+        assert!(d.reason.contains("clients at another site"), "{}", d.reason);
+        assert!(d.lost_here_s > 600.0 && d.lost_there_s < 1.0, "{d:?}");
+        // Without clients the same idle guest stays.
+        away.clients.clear();
+        let pl = plan(
+            &cluster(16.0, vec![away]),
+            &p,
+            &mut Triggers::default(),
+            0.0,
+        )
+        .unwrap();
+        assert!(pl.decisions.is_empty(), "{pl:?}");
+    }
+
     #[test]
     fn at_low_rtt_nothing_moves_and_limits_hold() {
         // Storage that takes 5 ms a request, half the time busy: 0.5 ms of
@@ -1869,6 +1963,26 @@ mod tests {
         after.vms[0].since_move_s = 10.0;
         let pl = super::plan(&after, &p, &mut Triggers::default(), 0.0).unwrap();
         assert!(pl.decisions.iter().all(|d| d.vm != "crunch-1"), "{pl:?}");
+    }
+
+    #[test]
+    fn a_burst_sends_the_guest_whose_clients_wait_least() {
+        // Two equal crunchers; one serves clients at home: the other goes.
+        let mut served = at("crunch-1", "home", "home", 2.0, 3.0);
+        served.clients = serving("home", 50.0);
+        let c = three_sites(vec![
+            served,
+            at("crunch-2", "home", "home", 2.0, 3.0),
+            at("db", "home", "home", 3000.0, 3.0),
+        ]);
+        let p = Policy {
+            burst: true,
+            max_moves_per_link: 10,
+            ..Policy::default()
+        };
+        let pl = plan(&c, &p, &mut Triggers::default(), 0.0).unwrap();
+        let moved: Vec<&str> = pl.decisions.iter().map(|d| d.vm.as_str()).collect();
+        assert_eq!(moved, ["crunch-2"], "{pl:?}");
     }
 
     #[test]

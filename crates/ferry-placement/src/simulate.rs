@@ -157,6 +157,7 @@ fn build(cfg: &SimConfig) -> (Cluster, Vec<bool>) {
                     dirty_rate: 2e6,
                     write_rate: 1e6,
                 },
+                clients: Vec::new(),
                 host: None,
                 since_move_s: f64::INFINITY,
             }

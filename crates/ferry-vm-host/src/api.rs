@@ -450,6 +450,7 @@ pub fn render_metrics(views: &[VmView]) -> String {
     let errors: Family<DiskLabels, Counter> = Family::default();
     let latency: Family<DiskLabels, ReadHistogram> = Family::default();
     let network: Family<NicLabels, Counter> = Family::default();
+    let packets: Family<NicLabels, Counter> = Family::default();
     let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     for v in views {
         let vm = GuestLabels {
@@ -500,18 +501,21 @@ pub fn render_metrics(views: &[VmView]) -> String {
             latency.get_or_create(&l).set(HistogramFigures::of(d));
         }
         for n in &v.nics {
-            for (dir, b) in [
-                ("to_guest", n.to_guest_bytes),
-                ("from_guest", n.from_guest_bytes),
+            for (dir, b, p) in [
+                ("to_guest", n.to_guest_bytes, n.to_guest_packets),
+                ("from_guest", n.from_guest_bytes, n.from_guest_packets),
             ] {
+                let l = NicLabels {
+                    vm: v.spec.name.clone(),
+                    network: n.network.clone(),
+                    mac: n.mac.clone(),
+                    dir: dir.into(),
+                };
                 if let Some(b) = b {
-                    let l = NicLabels {
-                        vm: v.spec.name.clone(),
-                        network: n.network.clone(),
-                        mac: n.mac.clone(),
-                        dir: dir.into(),
-                    };
                     network.get_or_create(&l).inc_by(b);
+                }
+                if let Some(p) = p {
+                    packets.get_or_create(&l).inc_by(p);
                 }
             }
         }
@@ -561,6 +565,11 @@ pub fn render_metrics(views: &[VmView]) -> String {
         counter_name(names::VM_NETWORK_BYTES_TOTAL),
         "Bytes through the guest's network card (its tap on the host)",
         network,
+    );
+    r.register(
+        counter_name(names::VM_NETWORK_PACKETS_TOTAL),
+        "Packets through the guest's network card (its tap on the host)",
+        packets,
     );
     r.register(
         names::VM_DISK_LATENCY_SECONDS,
@@ -656,6 +665,8 @@ mod tests {
                 overlay: None,
                 to_guest_bytes: Some(7),
                 from_guest_bytes: Some(9),
+                to_guest_packets: Some(2),
+                from_guest_packets: Some(3),
             }],
             serial_log: "/s".into(),
             moving: None,
@@ -672,6 +683,7 @@ mod tests {
             "ferry_vm_disk_requests_total{vm=\"g\",volume=\"v\",op=\"other\"} 0",
             "ferry_vm_disk_bytes_total{vm=\"g\",volume=\"v\",dir=\"write\"} 4096",
             "ferry_vm_network_bytes_total{vm=\"g\",network=\"lan\",mac=\"52:54:00:00:00:01\",dir=\"from_guest\"} 9",
+            "ferry_vm_network_packets_total{vm=\"g\",network=\"lan\",mac=\"52:54:00:00:00:01\",dir=\"to_guest\"} 2",
             "ferry_vm_disk_errors_total{vm=\"g\",volume=\"v\"} 2",
             "ferry_vm_disk_latency_seconds_bucket{le=\"0.00005\",vm=\"g\",volume=\"v\"} 1",
             "ferry_vm_disk_latency_seconds_bucket{le=\"+Inf\",vm=\"g\",volume=\"v\"} 3",

@@ -591,7 +591,9 @@ impl VmHost {
             .map(|(i, n)| {
                 let tap = crate::network::tap_name(dir, i);
                 let net = self.networks.get(&n.network).ok();
-                let bytes = running.then(|| crate::network::tap_bytes(&tap)).flatten();
+                let count = running
+                    .then(|| crate::network::tap_counters(&tap))
+                    .flatten();
                 ferry_api::NicView {
                     network: n.network.clone(),
                     mac: n.mac.clone(),
@@ -599,8 +601,10 @@ impl VmHost {
                     overlay: net
                         .and_then(|x| x.overlay.as_ref())
                         .map(ToString::to_string),
-                    to_guest_bytes: bytes.map(|b| b.0),
-                    from_guest_bytes: bytes.map(|b| b.1),
+                    to_guest_bytes: count.map(|c| c.to_guest_bytes),
+                    from_guest_bytes: count.map(|c| c.from_guest_bytes),
+                    to_guest_packets: count.map(|c| c.to_guest_packets),
+                    from_guest_packets: count.map(|c| c.from_guest_packets),
                     tap,
                 }
             })

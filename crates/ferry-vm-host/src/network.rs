@@ -376,8 +376,17 @@ pub fn unplug(tap: &str) {
     }
 }
 
-/// Bytes a tap carried: (to the guest, from the guest).
-pub fn tap_bytes(tap: &str) -> Option<(u64, u64)> {
+/// What a tap carried, each way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TapCounters {
+    pub to_guest_bytes: u64,
+    pub from_guest_bytes: u64,
+    pub to_guest_packets: u64,
+    pub from_guest_packets: u64,
+}
+
+/// A tap's counters (`None` when it does not exist).
+pub fn tap_counters(tap: &str) -> Option<TapCounters> {
     let read = |f: &str| -> Option<u64> {
         std::fs::read_to_string(format!("/sys/class/net/{tap}/statistics/{f}"))
             .ok()?
@@ -386,7 +395,12 @@ pub fn tap_bytes(tap: &str) -> Option<(u64, u64)> {
             .ok()
     };
     // The host's tx is what reaches the guest.
-    Some((read("tx_bytes")?, read("rx_bytes")?))
+    Some(TapCounters {
+        to_guest_bytes: read("tx_bytes")?,
+        from_guest_bytes: read("rx_bytes")?,
+        to_guest_packets: read("tx_packets")?,
+        from_guest_packets: read("rx_packets")?,
+    })
 }
 
 #[cfg(test)]
