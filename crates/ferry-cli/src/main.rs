@@ -112,12 +112,14 @@ enum Cmd {
         /// refused at create, start and arrival.
         #[arg(long, value_name = "HOST:PORT", requires = "state_dir")]
         storage: Vec<String>,
-        /// The NBD addresses of one site's gateways in front of one Ceph
-        /// cluster (`ferry serve --ceph-shared`), comma-separated
-        /// (repeatable, one per site): a disk whose gateway does not
-        /// answer is looked for at the next one, its requests held and
-        /// sent again there. They count as --storage.
-        #[arg(long, value_name = "HOST:PORT,HOST:PORT...")]
+        /// One site's gateways in front of one Ceph cluster (`ferry serve
+        /// --ceph-shared`), comma-separated, each its NBD address and,
+        /// after `@`, its admin API (repeatable, one per site): a disk
+        /// whose gateway does not answer is looked for at the next one,
+        /// its requests held and sent again there, and a move of it starts
+        /// at the admin API of a gateway that answers. They count as
+        /// --storage.
+        #[arg(long, value_name = "NBD[@ADMIN],NBD[@ADMIN]...")]
         gateways: Vec<String>,
         /// Another host's move address (HOST:PORT) beyond this machine
         /// that `/v1/probe` may measure the link to (repeatable).
@@ -476,16 +478,14 @@ fn main() -> Result<()> {
             // Absolute: guests' QEMU command lines and files name them.
             image_dirs: image_dir.into_iter().map(absolute).collect(),
             storage,
-            gateways: gateways
-                .iter()
-                .map(|g| {
-                    g.split(',')
-                        .map(str::trim)
-                        .filter(|s| !s.is_empty())
-                        .map(String::from)
-                        .collect()
-                })
-                .collect(),
+            gateways: {
+                let mut gs = ferry_vm_host::gateways::GatewayGroups::default();
+                for g in &gateways {
+                    gs.add_group(g)
+                        .map_err(|e| anyhow::anyhow!("--gateways: {e}"))?;
+                }
+                gs
+            },
             peers: peer,
             qemu_user,
             volumes: server.zip(volume).into_iter().collect(),

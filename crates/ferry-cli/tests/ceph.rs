@@ -556,10 +556,15 @@ fn a_guest_writes_on_when_its_gateway_is_killed() {
     let mut extra = ceph_args(&ceph, &pool);
     extra.push("--ceph-shared".into());
     let a = guests::addr;
-    let mut g1 = guests::Storage::start_with(&d.path().join("g1"), a(), a(), a(), &extra);
-    let g2 = guests::Storage::start_with(&d.path().join("g2"), a(), a(), a(), &extra);
+    // A third daemon, on a file pool, that the disk moves to at the end.
+    let pools = ["g1", "g2", "s3"].map(|n| d.path().join(n));
+    for p in &pools[..2] {
+        guests::trust(p, &pools[2]);
+    }
+    let mut g1 = guests::Storage::start_with(&pools[0], a(), a(), a(), &extra);
+    let g2 = guests::Storage::start_with(&pools[1], a(), a(), a(), &extra);
     guests::ext4_volume(&g1, d.path(), "root");
-    let gws = format!("{},{}", g1.nbd, g2.nbd);
+    let gws = format!("{}@{},{}@{}", g1.nbd, g1.admin, g2.nbd, g2.admin);
     let host = guests::Host::start_with(&d.path().join("h"), a(), a(), &["--gateways", &gws]);
     guests::create_guest(&host, &g1, "g", "root", false);
     let serial = host.serial("g");
@@ -593,9 +598,17 @@ fn a_guest_writes_on_when_its_gateway_is_killed() {
         "the guest saw an I/O error"
     );
 
+    // The guest's spec still names g1 (its forwarder found g2 by itself):
+    // a move of its disk starts at g2's admin API instead, which the
+    // host knows from --gateways, and the guest writes on afterwards.
+    let s3 = guests::Storage::start(&pools[2]);
+    let (done, r) = guests::migrate(&host, &["g", "--to-storage", &s3.mig]);
+    assert!(done && r["result"] == "completed", "{r}");
+    assert!(r.to_string().contains("stands in"), "{r}");
+    let moved = guests::wait_acks(&serial, 10);
     host.vm_ok(&["stop", "g"]);
-    let n = guests::check_records(&g2, "root", d.path(), &[serial]);
-    assert!(n as u64 >= after);
+    let n = guests::check_records(&s3, "root", d.path(), &[serial]);
+    assert!(n as u64 >= moved);
 }
 
 #[test]

@@ -69,9 +69,10 @@ pub struct HostOptions {
     pub storage: Vec<String>,
     /// Groups of gateways in front of one Ceph cluster (each a site's),
     /// standing in for each other: a disk whose gateway does not answer
-    /// goes to the next of its group. Their members count as known
-    /// storage daemons.
-    pub gateways: Vec<Vec<String>>,
+    /// goes to the next of its group, and a move of it starts at the admin
+    /// API of one that answers. Their members count as known storage
+    /// daemons.
+    pub gateways: crate::gateways::GatewayGroups,
     /// Other hosts beyond this machine this host may probe.
     pub peers: Vec<String>,
     /// The user guests' QEMU runs as (when this daemon is root and the
@@ -186,7 +187,7 @@ pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmE
         })?),
         None => None,
     };
-    let agent = Agent::with_gateways(DEFAULT_HOLD, tls, Arc::new(opts.gateways.clone()));
+    let agent = Agent::with_gateways(DEFAULT_HOLD, tls, Arc::new(opts.gateways.nbd_groups()));
     for (server, volume) in &opts.volumes {
         agent
             .attach(server, volume)
@@ -247,9 +248,10 @@ pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmE
                         known_storage: opts
                             .storage
                             .iter()
-                            .chain(opts.gateways.iter().flatten())
                             .cloned()
+                            .chain(opts.gateways.nbd_addresses().map(String::from))
                             .collect(),
+                        gateways: Arc::new(opts.gateways.clone()),
                         known_peers: opts.peers.clone(),
                         confinement: confinement.clone(),
                         networks: networks.clone(),

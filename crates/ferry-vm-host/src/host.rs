@@ -20,6 +20,8 @@ use std::sync::Arc;
 pub struct GuestBounds {
     pub image_dirs: Vec<PathBuf>,
     pub known_storage: Vec<String>,
+    /// Shared gateways standing in for each other (`--gateways`).
+    pub gateways: Arc<crate::gateways::GatewayGroups>,
     pub known_peers: Vec<String>,
     pub confinement: Option<(PathBuf, crate::confine::QemuUser)>,
     /// The networks guests' NICs may plug into (`--network`).
@@ -37,6 +39,9 @@ pub struct VmHost {
     /// Storage daemons (NBD `HOST:PORT`) guests' disks may be served by,
     /// besides those on this machine (`--storage`).
     pub known_storage: Vec<String>,
+    /// Shared gateways standing in for each other (`--gateways`): where a
+    /// move of a disk starts when the gateway its spec names is gone.
+    pub gateways: Arc<crate::gateways::GatewayGroups>,
     /// Other hosts' move addresses this host may probe, besides those on
     /// this machine (`--peer`).
     pub known_peers: Vec<String>,
@@ -97,6 +102,7 @@ impl VmHost {
         let GuestBounds {
             image_dirs,
             known_storage,
+            gateways,
             known_peers,
             confinement,
             networks,
@@ -121,6 +127,7 @@ impl VmHost {
                 image_dirs
             },
             known_storage,
+            gateways,
             known_peers,
             confinement,
             name: name.into(),

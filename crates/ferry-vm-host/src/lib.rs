@@ -19,6 +19,7 @@ pub mod converge;
 pub mod daemon;
 pub mod dirty_rate;
 pub mod fault;
+pub mod gateways;
 pub mod guest;
 pub mod host;
 pub mod incoming;

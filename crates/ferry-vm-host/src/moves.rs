@@ -423,12 +423,23 @@ fn admin_of(d: &VmDisk) -> AdminClient {
 /// `d` as its storage daemons say it is now: a spec whose admin address
 /// names a daemon the volume has left (a move made before hosts learnt
 /// the new address) follows the volume to the admin address that daemon
-/// recorded, a few hops at most.
-async fn follow_moved(run: &MoveRun, d: &VmDisk) -> Result<VmDisk, VmError> {
+/// recorded, a few hops at most; one whose daemon does not answer, a
+/// shared gateway of a group this host knows, goes to another gateway of
+/// the group that does (the forwarder's current one first).
+async fn follow_moved(run: &MoveRun, host: &VmHost, d: &VmDisk) -> Result<VmDisk, VmError> {
     let mut d = d.clone();
     for _ in 0..4 {
         let (c, v) = (admin_of(&d), d.volume.clone());
-        let view = blocking(move || c.get_volume(&v)).await?;
+        let view = match blocking(move || c.get_volume(&v)).await {
+            Ok(view) => view,
+            Err(e) => match stand_in(run, host, &d).await {
+                Some(s) => {
+                    d = s;
+                    continue;
+                }
+                None => return Err(e),
+            },
+        };
         let (Some(to), Some(next)) = (view.moved_to, view.moved_admin) else {
             return Ok(d);
         };
@@ -442,16 +453,49 @@ async fn follow_moved(run: &MoveRun, d: &VmDisk) -> Result<VmDisk, VmError> {
     Ok(d)
 }
 
+/// `d` at another gateway of its group whose admin API has the volume,
+/// when its own does not answer.
+async fn stand_in(run: &MoveRun, host: &VmHost, d: &VmDisk) -> Option<VmDisk> {
+    let current = host.agent.get(&d.volume).map(|u| u.server());
+    let cands: Vec<crate::gateways::GatewayRef> = host
+        .gateways
+        .stand_ins(&d.server, d.admin.as_deref(), current.as_deref())
+        .into_iter()
+        .cloned()
+        .collect();
+    for m in cands {
+        let Some(admin) = m.admin.clone() else {
+            continue;
+        };
+        let (c, v) = (AdminClient::new(&admin), d.volume.clone());
+        if blocking(move || c.get_volume(&v)).await.is_ok() {
+            run.note(format!(
+                "disk {}: the storage daemon at {} does not answer; the gateway at {} (admin {admin}) of its group stands in",
+                d.volume,
+                d.admin.as_deref().unwrap_or("-"),
+                m.nbd
+            ));
+            return Some(VmDisk {
+                volume: d.volume.clone(),
+                server: m.nbd,
+                admin: Some(admin),
+            });
+        }
+    }
+    None
+}
+
 /// Start every disk's migration to `to` (held before the switch or not).
 async fn start_disks(
     run: &MoveRun,
+    host: &VmHost,
     disks: &[VmDisk],
     to: &str,
     hold: bool,
 ) -> Result<Vec<(VmDisk, MigrationId)>, VmError> {
     let mut out = Vec::new();
     for d in disks {
-        let d = &follow_moved(run, d).await?;
+        let d = &follow_moved(run, host, d).await?;
         let c = admin_of(d);
         let req = MigrateRequest {
             to: to.into(),
@@ -612,7 +656,7 @@ async fn disk_only(
     let spec = g.spec.lock().clone();
     let to = run.req.to_storage.clone().unwrap_or_default();
     run.set_phase(VmMovePhase::DiskPrecopy);
-    let disks = start_disks(run, &spec.disks, &to, false).await?;
+    let disks = start_disks(run, host, &spec.disks, &to, false).await?;
     let st = match wait_disks(
         run,
         &disks,
@@ -728,7 +772,7 @@ async fn memory_move(
     if teleport {
         run.set_phase(VmMovePhase::DiskPrecopy);
         let to = run.req.to_storage.clone().unwrap_or_default();
-        disks = start_disks(run, &spec.disks, &to, true).await?;
+        disks = start_disks(run, host, &spec.disks, &to, true).await?;
         crate::fault::hold(crate::fault::DISK_PRECOPY).await;
         if let Err(e) = wait_disks(
             run,
