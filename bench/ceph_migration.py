@@ -10,20 +10,31 @@ side, in two clusters started for the run (scripts/ceph-cluster.sh):
   clone of the same template there) while the guest runs, then the guest
   stopped, a second snapshot and the incremental export-diff --from-snap
   of what changed (its time is the guest's pause).
+- QEMU: its copy-storage path as libvirt runs it, the disk an RBD image
+  on both sides: at B an NBD export of a new image of cluster B
+  (qemu-storage-daemon, its rbd driver), at A qemu-storage-daemon opens
+  the disk's image of cluster A with its rbd driver and mirrors it there
+  (blockdev-mirror sync=full; zero ranges are sent as zero writes, not
+  data), then completes the job (its time is the guest's pause: libvirt
+  stops the guest, then completes the mirror).
 
 Both cross the same toxiproxy link (bandwidth cap and latency each way);
 bytes are the link's counters. The disk: a template (random data in three
 of four MiB, zeroes elsewhere) plus new data scattered over it.
 
+Each move runs `--repeats` times (new clusters each time); the table
+gives the medians and every run.
+
 Usage: python3 bench/ceph_migration.py [--template-mib 512] [--new-mib 32] [--mbit 100] [--rtt 20]
-       [--store bluestore|memstore] [--out FILE]
-Needs: ceph-mon/osd/mgr and rbd, toxiproxy-server, a release build of ferry.
+       [--repeats 3] [--store bluestore|memstore] [--out FILE]
+Needs: ceph-mon/osd/mgr and rbd, toxiproxy-server, qemu-storage-daemon with
+QEMU's rbd driver (qemu-block-extra), a release build of ferry.
 """
 import argparse, json, os, random, shutil, socket, subprocess, sys, tempfile, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import FERRY, ROOT, ensure_ferry, free_port, version  # noqa: E402
-from migration_peers import Link, wait_http  # noqa: E402
+from common import FERRY, ROOT, ensure_ferry, free_port, med, version, wait_port  # noqa: E402
+from migration_peers import Link, qmp, wait_http  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "scripts", "ceph-cluster.sh")
 MIB = 1 << 20
@@ -161,49 +172,120 @@ def run_rbd(work, link, ca, cb, tmpl, image):
     return {"bytes": link.bytes(n1) + link.bytes(n2), "seconds": s1 + pause, "pause_ms": pause * 1000}
 
 
+def run_qemu(work, link, ca, cb, tmpl, image):
+    size = os.path.getsize(image)
+    rbd(ca, "import", "--no-progress", image, "rbd/qvm")
+    rbd(cb, "create", "--size", f"{size // MIB}M", "rbd/qvm")
+    nport = free_port()
+    # QEMU's rbd driver without a cache of QEMU's own, as in the serving bench.
+    dst = subprocess.Popen(
+        ["qemu-storage-daemon", "--blockdev",
+         json.dumps({"driver": "rbd", "node-name": "t", "pool": "rbd", "image": "qvm",
+                     "conf": os.path.join(cb, "ceph.conf"), "cache": {"direct": True}}),
+         "--nbd-server", f"addr.type=inet,addr.host=127.0.0.1,addr.port={nport}",
+         "--export", "type=nbd,id=e,node-name=t,name=t,writable=on"],
+        stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "qsd-dst.log"), "w"))
+    wait_port(nport, dst)
+    name, port = link.proxy(f"127.0.0.1:{nport}")
+    qsock = os.path.join(work, "qmp.sock")
+    if os.path.exists(qsock):
+        os.unlink(qsock)
+    src = subprocess.Popen(
+        ["qemu-storage-daemon", "--blockdev",
+         json.dumps({"driver": "rbd", "node-name": "s", "pool": "rbd", "image": "qvm",
+                     "conf": os.path.join(ca, "ceph.conf"), "cache": {"direct": True}}),
+         "--chardev", f"socket,id=q,path={qsock},server=on,wait=off", "--monitor", "chardev=q"],
+        stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "qsd-src.log"), "w"))
+    try:
+        call = None
+        for _ in range(400):
+            try:
+                call = qmp(qsock)
+                break
+            except OSError:
+                time.sleep(0.05)
+        if call is None:
+            raise RuntimeError("qemu-storage-daemon QMP did not come up")
+        t = time.time()
+        call("blockdev-add", driver="nbd", **{"node-name": "tgt"},
+             server={"type": "inet", "host": "127.0.0.1", "port": str(port)}, export="t")
+        call("blockdev-mirror", **{"job-id": "m"}, device="s", target="tgt", sync="full")
+        stopped = None
+        while True:
+            jobs = [j for j in call("query-jobs") if j["id"] == "m"]
+            st = jobs[0]["status"] if jobs else "gone"
+            if st == "ready" and stopped is None:
+                stopped = time.time()
+                call("job-complete", id="m")
+            if st in ("concluded", "gone", "null"):
+                break
+            time.sleep(0.05)
+        end = time.time()
+    finally:
+        for p in (src, dst):
+            p.kill()
+            p.wait()
+    return {"bytes": link.bytes(name), "seconds": end - t, "pause_ms": (end - (stopped or end)) * 1000}
+
+
+MOVES = {"ferry": run_ferry, "rbd export-diff | import-diff": run_rbd, "QEMU copy-storage (rbd driver, mirror)": run_qemu}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--template-mib", type=int, default=512)
     ap.add_argument("--new-mib", type=int, default=32)
     ap.add_argument("--mbit", type=float, default=100)
     ap.add_argument("--rtt", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--store", choices=["memstore", "bluestore"], default="bluestore")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    for t in ("rbd", "ceph-mon", "ceph-osd", "toxiproxy-server"):
+    for t in ("rbd", "ceph-mon", "ceph-osd", "toxiproxy-server", "qemu-storage-daemon"):
         if not shutil.which(t):
             sys.exit(f"{t} is required")
     ensure_ferry()
-    work = tempfile.mkdtemp(prefix="ferry-ceph-mig-")
-    ca, cb = os.path.join(work, "cluster-a"), os.path.join(work, "cluster-b")
-    link = None
-    try:
-        for c in (ca, cb):
-            subprocess.run(["bash", SCRIPT, "start", c, "--store", a.store], check=True)
-        tmpl, image = make_images(work, a.template_mib, a.new_mib)
-        link = Link(work, a.mbit, a.rtt)
-        res = {"ferry": run_ferry(work, link, ca, cb, tmpl, image),
-               "rbd export-diff | import-diff": run_rbd(work, link, ca, cb, tmpl, image)}
-    finally:
-        if link:
-            link.close()
-        for c in (ca, cb):
-            subprocess.run(["bash", SCRIPT, "stop", c])
+    runs = {k: [] for k in MOVES}
+    for rep in range(a.repeats):
+        work = tempfile.mkdtemp(prefix="ferry-ceph-mig-")
+        ca, cb = os.path.join(work, "cluster-a"), os.path.join(work, "cluster-b")
+        link = None
+        try:
+            for c in (ca, cb):
+                subprocess.run(["bash", SCRIPT, "start", c, "--store", a.store], check=True)
+            tmpl, image = make_images(work, a.template_mib, a.new_mib)
+            link = Link(work, a.mbit, a.rtt)
+            for k, run in MOVES.items():
+                r = run(work, link, ca, cb, tmpl, image)
+                runs[k].append(r)
+                print(f"rep {rep} {k}: {r['bytes'] / 1e6:.1f} MB, {r['seconds']:.1f} s, pause {r['pause_ms']:.0f} ms",
+                      flush=True)
+        finally:
+            if link:
+                link.close()
+            for c in (ca, cb):
+                subprocess.run(["bash", SCRIPT, "stop", c])
+            shutil.rmtree(work, ignore_errors=True)
     lines = [f"{version(['ceph', '--version'])}, two clusters of one OSD ({a.store}); link {a.mbit:g} Mbit/s, "
              f"RTT {a.rtt} ms (toxiproxy); disk: {a.template_mib} MiB template (3/4 data) + {a.new_mib} MiB new, "
-             "the template at B", "", "| move | bytes on the link | time | guest stopped |", "|---|---|---|---|"]
-    for k, r in res.items():
-        lines.append(f"| {k.replace('|', chr(92) + '|')} | {r['bytes'] / 1e6:.1f} MB | {r['seconds']:.1f} s | {r['pause_ms']:.0f} ms |")
-    f, r = res["ferry"], res["rbd export-diff | import-diff"]
+             f"the template at B; {version(['qemu-storage-daemon', '--version'])}; medians of {a.repeats}",
+             "", "| move | bytes on the link | time | guest stopped | runs (MB, s, ms) |", "|---|---|---|---|---|"]
+    for k, rs in runs.items():
+        each = "; ".join(f"{r['bytes'] / 1e6:.1f}, {r['seconds']:.1f}, {r['pause_ms']:.0f}" for r in rs)
+        lines.append(f"| {k.replace('|', chr(92) + '|')} | {med(rs, 'bytes') / 1e6:.1f} MB | "
+                     f"{med(rs, 'seconds'):.1f} s | {med(rs, 'pause_ms'):.0f} ms | {each} |")
+    f = runs["ferry"]
     lines.append("")
-    lines.append(f"ferry / rbd: {f['bytes'] / r['bytes']:.2f}x the bytes, {f['seconds'] / r['seconds']:.2f}x the time, "
-                 f"{f['pause_ms'] / r['pause_ms']:.2f}x the pause")
+    for k in list(MOVES)[1:]:
+        r = runs[k]
+        lines.append(f"ferry / {k.replace('|', chr(92) + '|')}: {med(f, 'bytes') / med(r, 'bytes'):.2f}x the bytes, "
+                     f"{med(f, 'seconds') / med(r, 'seconds'):.2f}x the time, "
+                     f"{med(f, 'pause_ms') / med(r, 'pause_ms'):.2f}x the pause")
     text = "\n".join(lines)
     print(text)
     if a.out:
         with open(a.out, "w") as fh:
             fh.write(text + "\n")
-    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,10 @@ another in every repeat (order rotated), medians over repeats.
 machine does not have (no /dev/nbd*).
 
 Usage: python3 bench/ceph_peers.py [--runtime 5] [--repeats 3] [--store memstore|bluestore]
-       [--rows "4k randread,1M seq write"] [--out FILE]
+       [--rows "4k randread,1M seq write"] [--out FILE] [--compare-with OTHER_FERRY_BINARY]
+
+--compare-with runs another build of ferry as one more server in the same
+rotation (an A/B of a change against the previous main).
 Needs: ceph-mon/osd/mgr, fio (nbd and rbd engines), qemu-nbd with
 qemu-block-extra (rbd driver), a release build of ferry.
 """
@@ -32,10 +35,10 @@ SCRIPT = os.path.join(ROOT, "scripts", "ceph-cluster.sh")
 
 
 class Ferry:
-    def __init__(self, work, conf, keyring, pool):
+    def __init__(self, work, conf, keyring, pool, binary=FERRY):
         self.port, self.admin = free_port(), free_port()
         self.proc = subprocess.Popen(
-            [FERRY, "serve", "--pool", os.path.join(work, "ferry-pool"), "--nbd", f"127.0.0.1:{self.port}",
+            [binary, "serve", "--pool", os.path.join(work, "ferry-pool"), "--nbd", f"127.0.0.1:{self.port}",
              "--admin", f"127.0.0.1:{self.admin}", "--ceph-conf", conf, "--ceph-keyring", keyring,
              "--ceph-pool", pool], stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "ferry.log"), "ab"))
         wait_port(self.admin, self.proc)
@@ -66,6 +69,13 @@ class QemuNbd:
         self.proc.wait(30)
 
 
+def cpu_seconds(pid):
+    """User + system CPU time of a process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def fio(target, rw, bs, iodepth, runtime, conf):
     """One fio job; `runtime` None: once over the image (the fill)."""
     timing = ["--time_based", f"--runtime={runtime}", "--ramp_time=1"] if runtime else []
@@ -87,6 +97,7 @@ def main():
     ap.add_argument("--store", choices=["memstore", "bluestore"], default="bluestore")
     ap.add_argument("--rows", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--compare-with", default=None, help="another ferry binary, run as one more server")
     a = ap.parse_args()
     for t in ("fio", "qemu-nbd", "ceph-mon", "ceph-osd"):
         if not shutil.which(t):
@@ -97,7 +108,7 @@ def main():
     cluster = os.path.join(work, "cluster")
     subprocess.run(["bash", SCRIPT, "start", cluster, "--store", a.store], check=True)
     conf, keyring, pool = os.path.join(cluster, "ceph.conf"), os.path.join(cluster, "keyring"), "rbd"
-    kinds = ["ferry", "qemu-nbd rbd", "fio rbd"]
+    kinds = ["ferry", "qemu-nbd rbd", "fio rbd"] + (["ferry (other build)"] if a.compare_with else [])
     res = {r[0]: {k: [] for k in kinds} for r in rows}
     try:
         # ferry makes the volume (and its image), then lets go of it while
@@ -107,10 +118,10 @@ def main():
         f.stop()
         fio(["--ioengine=rbd", f"--pool={pool}", "--rbdname=bench", "--clientname=admin"], "write", "4M", 4, None, conf)
         for rep in range(a.repeats):
-            order = kinds[rep % 3:] + kinds[:rep % 3]
+            order = kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]
             for kind in order:
-                if kind == "ferry":
-                    s = Ferry(work, conf, keyring, pool)
+                if kind.startswith("ferry"):
+                    s = Ferry(work, conf, keyring, pool, FERRY if kind == "ferry" else a.compare_with)
                     target = ["--ioengine=nbd", f"--uri={s.uri}"]
                 elif kind == "qemu-nbd rbd":
                     s = QemuNbd(conf, pool)
@@ -120,10 +131,16 @@ def main():
                     target = ["--ioengine=rbd", f"--pool={pool}", "--rbdname=bench", "--clientname=admin"]
                 try:
                     for name, rw, bs, qd in rows:
+                        c0 = cpu_seconds(s.proc.pid) if s else 0.0
                         r = fio(target, rw, bs, qd, a.runtime, conf)
+                        # The server's CPU per request (fio's ramp second
+                        # included in both: its requests are not counted).
+                        if s:
+                            r["cpu_us"] = 1e6 * (cpu_seconds(s.proc.pid) - c0) / max(r["iops"] * (a.runtime + 1), 1)
                         res[name][kind].append(r)
                         print(f"rep {rep} {kind:13} {name:14} {r['iops']:9.0f} IOPS {r['mbps']:8.1f} MB/s "
-                              f"p99 {r['p99_us']:8.0f} us", flush=True)
+                              f"p99 {r['p99_us']:8.0f} us" + (f"  server {r['cpu_us']:6.1f} us CPU/req" if s else ""),
+                              flush=True)
                 finally:
                     if s:
                         s.stop()
@@ -132,11 +149,21 @@ def main():
     lines = [f"Ceph {version(['ceph', '--version'])}, one OSD ({a.store}), {a.repeats} repeats x {a.runtime} s, "
              f"{version(['fio', '--version'])}, {version(['qemu-nbd', '--version'])}",
              "", "| row | ferry MB/s | qemu-nbd (rbd driver) MB/s | fio rbd (librbd in-process) MB/s "
-             "| ferry / qemu-nbd | ferry / librbd | p99 µs ferry / qemu-nbd |", "|---|---|---|---|---|---|---|"]
+             "| ferry / qemu-nbd | ferry / librbd | p99 µs ferry / qemu-nbd | server CPU µs/request ferry / qemu-nbd |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, *_ in rows:
-        fr, qn, lr = (med(res[name][k], "mbps") for k in kinds)
+        fr, qn, lr = (med(res[name][k], "mbps") for k in kinds[:3])
         fp, qp = med(res[name]["ferry"], "p99_us"), med(res[name]["qemu-nbd rbd"], "p99_us")
-        lines.append(f"| {name} | {fr:.1f} | {qn:.1f} | {lr:.1f} | {fr / qn:.2f}x | {fr / lr:.2f}x | {fp:.0f} / {qp:.0f} |")
+        fc, qc = med(res[name]["ferry"], "cpu_us"), med(res[name]["qemu-nbd rbd"], "cpu_us")
+        lines.append(f"| {name} | {fr:.1f} | {qn:.1f} | {lr:.1f} | {fr / qn:.2f}x | {fr / lr:.2f}x | {fp:.0f} / {qp:.0f} "
+                     f"| {fc:.0f} / {qc:.0f} |")
+    if a.compare_with:
+        lines += ["", f"ferry against the other build ({a.compare_with}), same rotation:", "",
+                  "| row | ferry MB/s | other build MB/s | ratio | server CPU µs/request ferry / other |", "|---|---|---|---|---|"]
+        for name, *_ in rows:
+            f, o = res[name]["ferry"], res[name]["ferry (other build)"]
+            lines.append(f"| {name} | {med(f, 'mbps'):.1f} | {med(o, 'mbps'):.1f} | {med(f, 'mbps') / med(o, 'mbps'):.2f}x "
+                         f"| {med(f, 'cpu_us'):.0f} / {med(o, 'cpu_us'):.0f} |")
     text = "\n".join(lines)
     print(text)
     if a.out:

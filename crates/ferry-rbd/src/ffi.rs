@@ -9,6 +9,10 @@ use std::sync::OnceLock;
 pub(crate) type RadosT = *mut c_void;
 pub(crate) type IoctxT = *mut c_void;
 pub(crate) type ImageT = *mut c_void;
+pub(crate) type CompletionT = *mut c_void;
+/// `rbd_callback_t`: called once by librbd, on one of its threads, when
+/// an asynchronous request ends.
+pub(crate) type AioCallback = unsafe extern "C" fn(CompletionT, *mut c_void);
 pub(crate) type DiffCallback = unsafe extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
 pub(crate) type ProgressCallback = Option<unsafe extern "C" fn(u64, u64, *mut c_void) -> c_int>;
 
@@ -82,6 +86,10 @@ api! {
     1 rbd_get_size: fn(ImageT, *mut u64) -> c_int;
     1 rbd_read2: fn(ImageT, u64, usize, *mut c_char, c_int) -> isize;
     1 rbd_write2: fn(ImageT, u64, usize, *const c_char, c_int) -> isize;
+    1 rbd_aio_create_completion: fn(*mut c_void, AioCallback, *mut CompletionT) -> c_int;
+    1 rbd_aio_write2: fn(ImageT, u64, usize, *const c_char, CompletionT, c_int) -> c_int;
+    1 rbd_aio_get_return_value: fn(CompletionT) -> isize;
+    1 rbd_aio_release: fn(CompletionT) -> ();
     1 rbd_discard: fn(ImageT, u64, u64) -> c_int;
     1 rbd_write_zeroes: fn(ImageT, u64, usize, c_int, c_int) -> isize;
     1 rbd_flush: fn(ImageT) -> c_int;

@@ -8,9 +8,11 @@
 //! async callers run them on worker threads. Handles are shared between
 //! threads: librbd serialises what it must inside one image handle.
 
+mod aio;
 mod ffi;
 pub mod testing;
 
+pub use aio::AioWrite;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::PathBuf;
 use std::sync::Arc;

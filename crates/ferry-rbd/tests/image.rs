@@ -66,6 +66,51 @@ fn an_image_reads_back_what_was_written_and_maps_its_holes() {
 }
 
 #[test]
+fn asynchronous_writes_land_whether_or_not_they_are_awaited() {
+    let p = pool();
+    let name = testing::unique("aio");
+    p.create(&name, 16 << 20).unwrap();
+    let img = p.open(&name, false).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // 64 writes of 4 KiB in flight at once, each its own byte.
+        let writes: Vec<_> = (0..64u8)
+            .map(|i| {
+                img.write_async(bytes::Bytes::from(vec![i + 1; 4096]), u64::from(i) * 65536)
+                    .unwrap()
+            })
+            .collect();
+        for w in writes {
+            w.await.unwrap();
+        }
+        // Past the end: refused, at the start or when it ends.
+        let past = img.write_async(bytes::Bytes::from(vec![1; 4096]), 16 << 20);
+        match past {
+            Err(e) => assert!(e.to_string().contains("write"), "{e}"),
+            Ok(w) => assert!(w.await.is_err(), "a write past the end succeeded"),
+        }
+    });
+    // A write whose future is dropped at once still lands (librbd kept
+    // its data).
+    drop(
+        img.write_async(bytes::Bytes::from(vec![0xee; 4096]), 8 << 20)
+            .unwrap(),
+    );
+    img.flush().unwrap();
+    let mut buf = vec![0u8; 4096];
+    for i in 0..64u8 {
+        img.read_at(&mut buf, u64::from(i) * 65536).unwrap();
+        assert!(buf.iter().all(|&b| b == i + 1), "write {i}");
+    }
+    img.read_at(&mut buf, 8 << 20).unwrap();
+    assert!(buf.iter().all(|&b| b == 0xee));
+    drop(img);
+    p.remove(&name).unwrap();
+}
+
+#[test]
 fn a_second_writer_is_refused_while_readers_are_let_in() {
     let p = pool();
     let name = testing::unique("lock");

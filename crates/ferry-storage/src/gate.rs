@@ -33,12 +33,7 @@ pub struct WriteTicket<'a> {
 
 impl Drop for WriteTicket<'_> {
     fn drop(&mut self) {
-        if self.gate.inside.fetch_sub(1, Ordering::SeqCst) == 1
-            && self.gate.paused.load(Ordering::SeqCst)
-        {
-            let _g = self.gate.lock.lock();
-            self.gate.cv.notify_all();
-        }
+        self.gate.leave();
     }
 }
 
@@ -77,6 +72,28 @@ impl WriteGate {
             return None;
         }
         Some(WriteTicket { gate: self })
+    }
+
+    /// Enter without waiting and without a ticket, for a writer whose
+    /// write ends on another thread: true when inside, and then it must
+    /// call [`WriteGate::leave`] exactly once when its write ended.
+    pub fn try_enter_detached(&self) -> bool {
+        match self.try_enter() {
+            Some(t) => {
+                std::mem::forget(t);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A writer leaves (a ticket's drop, or after
+    /// [`WriteGate::try_enter_detached`]).
+    pub fn leave(&self) {
+        if self.inside.fetch_sub(1, Ordering::SeqCst) == 1 && self.paused.load(Ordering::SeqCst) {
+            let _g = self.lock.lock();
+            self.cv.notify_all();
+        }
     }
 
     fn back_out(&self) {

@@ -109,6 +109,16 @@ pub struct Volume {
     slowest_write_us: AtomicU64,
 }
 
+/// A writer of the volume inside its write gate until dropped (an
+/// asynchronous write, whose end is on another thread).
+struct InsideGate(Arc<Volume>);
+
+impl Drop for InsideGate {
+    fn drop(&mut self) {
+        self.0.gate.leave();
+    }
+}
+
 /// Times one write-side operation into [`Volume::slowest_write_us`] however
 /// it ends.
 struct WriteTimer<'a> {
@@ -714,6 +724,47 @@ impl Volume {
     /// (ext4 does): callers should go straight to a worker thread.
     pub fn nowait_writes(&self) -> bool {
         self.page_cached() && self.nowait_writes.load(Ordering::Relaxed)
+    }
+
+    /// Start a write of an RBD image's volume without blocking, for an
+    /// event loop: the returned future ends when librbd acknowledged it,
+    /// marks every bitmap and leaves the write gate (held from now to
+    /// then, so a migration's pause waits for it). `Ok(None)`: do it with
+    /// [`Volume::write_at`] on a thread instead (not an image, or the gate
+    /// paused or throttled).
+    pub fn start_write_async(
+        self: &Arc<Self>,
+        offset: u64,
+        data: bytes::Bytes,
+    ) -> Result<Option<impl std::future::Future<Output = Result<()>> + Send + 'static>> {
+        let Data::Rbd(r) = &self.data else {
+            return Ok(None);
+        };
+        let start = std::time::Instant::now();
+        let len = data.len() as u64;
+        self.check(offset, len, true)?;
+        if !self.gate.try_enter_detached() {
+            return Ok(None);
+        }
+        let inside = InsideGate(self.clone());
+        self.check_not_moved()?;
+        let started = r.with("write", |img| img.write_async(data, offset));
+        let write = match started {
+            Ok(w) => w,
+            Err(e) => {
+                self.mark(offset, len);
+                return Err(e);
+            }
+        };
+        Ok(Some(async move {
+            let r = write.await.map_err(|e| StorageError::rbd("write", e));
+            let v = &inside.0;
+            v.mark(offset, len);
+            let us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+            v.slowest_write_us.fetch_max(us, Ordering::Relaxed);
+            drop(inside);
+            r
+        }))
     }
 
     /// Write `data` at `offset`; with `fua` it is durable before this returns.

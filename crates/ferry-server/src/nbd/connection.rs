@@ -1,7 +1,8 @@
 //! The pool as an NBD backend for `ferry_nbd_server`: the catalog is the
 //! pool's exported volumes, and a connection's handler is its
 //! [`ConnContext`], which answers small requests inline, tries large
-//! page-cache I/O without blocking, and sends the rest to the blocking pool.
+//! page-cache I/O without blocking, writes RBD images through librbd's
+//! asynchronous API, and sends the rest to the blocking pool.
 
 use super::catalog::PoolCatalog;
 use super::exec::{self, ConnContext};
@@ -65,6 +66,9 @@ impl ExportHandler for ConnContext {
             return Dispatch::Ready(reply);
         }
         let ctx = self.clone();
+        if self.writes_async(&req) {
+            return Dispatch::Async(Box::pin(exec::write_async(ctx, req)));
+        }
         if self.may_try_nowait(&req) {
             return Dispatch::Async(Box::pin(async move {
                 if let Some(r) = exec::try_large_nowait(&ctx, &req) {

@@ -64,6 +64,12 @@ impl ConnContext {
         !self.volume.page_cached()
     }
 
+    /// A WRITE librbd takes asynchronously (an RBD image's volume; a FUA
+    /// write goes to a thread, which flushes after it).
+    pub fn writes_async(&self, req: &Request) -> bool {
+        req.command == Command::Write && !req.has_flag(CMD_FLAG_FUA) && self.volume.on_ceph()
+    }
+
     /// Worth trying a large READ/WRITE without blocking on an async task?
     pub fn may_try_nowait(&self, req: &Request) -> bool {
         match req.command {
@@ -231,6 +237,37 @@ pub fn execute_blocking(ctx: &ConnContext, req: &Request) -> Bytes {
     };
     ctx.in_flight.dec();
     ctx.finish(req, start, out)
+}
+
+/// A WRITE of an RBD image's volume started on the event loop through
+/// librbd's asynchronous API, its reply when librbd acknowledged it; on a
+/// worker thread as [`execute_blocking`] when it cannot start so (the
+/// write gate paused or throttled by a migration).
+pub async fn write_async(ctx: Arc<ConnContext>, req: Request) -> Bytes {
+    let start = Instant::now();
+    if let Err(code) = validate(&req, &ctx.limits()) {
+        let msg = format!("invalid {} request", req.command.name());
+        return ctx.finish(&req, start, Err((code, msg)));
+    }
+    let payload = req.payload.clone().unwrap_or_default();
+    let out = match ctx.volume.start_write_async(req.offset, payload) {
+        Ok(Some(write)) => {
+            ctx.in_flight.inc();
+            let r = write.await;
+            ctx.in_flight.dec();
+            r.map(|()| ok_reply(&ctx, &req))
+        }
+        Ok(None) => {
+            let (c, r) = (ctx.clone(), req.clone());
+            return match tokio::task::spawn_blocking(move || execute_blocking(&c, &r)).await {
+                Ok(b) => b,
+                Err(e) => error_reply(&ctx, &req, ErrorCode::Io, &e.to_string()),
+            };
+        }
+        Err(e) => Err(e),
+    };
+    let out = out.map_err(|e| (errno_for(&e, req.command), e.to_string()));
+    ctx.finish(&req, start, out)
 }
 
 pub fn error_reply(ctx: &ConnContext, req: &Request, code: ErrorCode, msg: &str) -> Bytes {
