@@ -14,8 +14,8 @@ side, in two clusters started for the run (scripts/ceph-cluster.sh):
   on both sides: at B an NBD export of a new image of cluster B
   (qemu-storage-daemon, its rbd driver), at A qemu-storage-daemon opens
   the disk's image of cluster A with its rbd driver and mirrors it there
-  (blockdev-mirror sync=full; zero ranges are sent as zero writes, not
-  data), then completes the job (its time is the guest's pause: libvirt
+  (blockdev-mirror sync=full; the target with detect-zeroes=unmap, so
+  zeroes go as zero writes, not data), then completes the job (its time is the guest's pause: libvirt
   stops the guest, then completes the mirror).
 
 Both cross the same toxiproxy link (bandwidth cap and latency each way);
@@ -207,7 +207,10 @@ def run_qemu(work, link, ca, cb, tmpl, image):
         if call is None:
             raise RuntimeError("qemu-storage-daemon QMP did not come up")
         t = time.time()
-        call("blockdev-add", driver="nbd", **{"node-name": "tgt"},
+        # Its best mode: zeroes found in the data go as zero writes, not
+        # as data (the image's allocation is per 4 MiB object, so the
+        # template's zero MiBs read as data to the mirror).
+        call("blockdev-add", driver="nbd", **{"node-name": "tgt", "detect-zeroes": "unmap", "discard": "unmap"},
              server={"type": "inet", "host": "127.0.0.1", "port": str(port)}, export="t")
         call("blockdev-mirror", **{"job-id": "m"}, device="s", target="tgt", sync="full")
         stopped = None

@@ -87,8 +87,13 @@ pub fn guest_socket_dir(socket_dir: &Path, guest: &str) -> PathBuf {
     socket_dir.join(format!("g-{}", short_hash(guest.as_bytes())))
 }
 
-/// Make `dir` (root's, others may pass through) and its parents.
-pub fn make_socket_dir(dir: &Path) -> std::io::Result<()> {
+/// The file in a socket directory naming the state directory it serves.
+const STATE_MARK: &str = "state-dir";
+
+/// Make `dir` (root's, others may pass through) and its parents, noting
+/// in it the state directory it serves (see [`prune_orphans`]).
+pub fn make_socket_dir(dir: &Path, state_dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(dir)?;
     for d in [Path::new(SOCKET_ROOT), dir] {
@@ -96,7 +101,27 @@ pub fn make_socket_dir(dir: &Path) -> std::io::Result<()> {
             std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))?;
         }
     }
-    Ok(())
+    let abs = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    std::fs::write(dir.join(STATE_MARK), abs.as_os_str().as_bytes())
+}
+
+/// Remove the socket directories under `root` whose state directory no
+/// longer exists (hosts whose state was deleted: test runs, a host
+/// retired); returns how many. Directories without the note (older
+/// hosts') are left alone.
+pub fn prune_orphans(root: &Path) -> usize {
+    use std::os::unix::ffi::OsStrExt;
+    let mut n = 0;
+    for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        let Ok(mark) = std::fs::read(e.path().join(STATE_MARK)) else {
+            continue;
+        };
+        let state = Path::new(std::ffi::OsStr::from_bytes(&mark));
+        if state.is_absolute() && !state.exists() && std::fs::remove_dir_all(e.path()).is_ok() {
+            n += 1;
+        }
+    }
+    n
 }
 
 /// Make `dir` the user's alone (QEMU creates its incoming socket there).
@@ -130,6 +155,24 @@ mod tests {
         let longest = guest_socket_dir(&a, &"x".repeat(64)).join("out.sock");
         assert!(longest.as_os_str().len() < 100, "{}", longest.display());
         assert_ne!(guest_socket_dir(&a, "g1"), guest_socket_dir(&a, "g2"));
+    }
+
+    #[test]
+    fn socket_directories_of_deleted_state_directories_are_pruned() {
+        let root = tempfile::tempdir().unwrap();
+        let (live, gone) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (a, b, old) = (
+            root.path().join("a"),
+            root.path().join("b"),
+            root.path().join("old"),
+        );
+        make_socket_dir(&a, live.path()).unwrap();
+        make_socket_dir(&b, gone.path()).unwrap();
+        std::fs::create_dir_all(&old).unwrap();
+        drop(gone);
+        assert_eq!(prune_orphans(root.path()), 1);
+        assert!(a.exists() && !b.exists(), "only the orphan goes");
+        assert!(old.exists(), "a directory without the note is left alone");
     }
 
     #[test]

@@ -125,8 +125,15 @@ fn confinement(opts: &HostOptions) -> Result<Option<(PathBuf, crate::confine::Qe
         }
         return Ok(None);
     };
+    let pruned = crate::confine::prune_orphans(std::path::Path::new(crate::confine::SOCKET_ROOT));
+    if pruned > 0 {
+        tracing::info!(
+            pruned,
+            "removed the socket directories of hosts whose state is gone"
+        );
+    }
     let sockets = crate::confine::socket_dir(dir);
-    crate::confine::make_socket_dir(&sockets).map_err(|e| VmError::file(&sockets, e))?;
+    crate::confine::make_socket_dir(&sockets, dir).map_err(|e| VmError::file(&sockets, e))?;
     tracing::info!(user = %user.name, sockets = %sockets.display(), "guests' QEMU runs as an unprivileged user");
     Ok(Some((sockets, user)))
 }
@@ -325,6 +332,14 @@ pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmE
         });
     }
     while tasks.join_next().await.is_some() {}
+    // A host that leaves no guest running leaves no socket directory.
+    if let Some(h) = &host {
+        if let Some((dir, _)) = &h.confinement {
+            if h.guests.read().values().all(|g| g.runtime().is_none()) {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
     Ok(())
 }
 
