@@ -60,7 +60,8 @@ unsafe extern "C" fn finished(c: CompletionT, arg: *mut c_void) {
 /// journals have it, as with [`Image::write_at`]).
 pub struct AioWrite {
     slot: Arc<Mutex<Slot>>,
-    target: String,
+    /// `pool/image`, for an error.
+    target: Arc<str>,
 }
 
 impl Future for AioWrite {
@@ -76,7 +77,7 @@ impl Future for AioWrite {
             Some(r) if r >= 0 => Poll::Ready(Ok(())),
             Some(r) => Poll::Ready(Err(RbdError::Io {
                 op: "write",
-                target: self.target.clone(),
+                target: self.target.to_string(),
                 source: errno(r),
             })),
             None => {
@@ -123,7 +124,7 @@ impl Image {
         }
         Ok(AioWrite {
             slot,
-            target: self.spec(),
+            target: self.spec_shared(),
         })
     }
 }

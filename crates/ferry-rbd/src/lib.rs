@@ -405,6 +405,7 @@ impl Pool {
             pool: self.clone(),
             handle: h,
             name: image.into(),
+            spec: self.target(image).into(),
             read_only,
         })
     }
@@ -434,6 +435,8 @@ pub struct Image {
     pool: Arc<Pool>,
     handle: ffi::ImageT,
     name: String,
+    /// `pool/image`, made once (errors of the I/O path name it).
+    spec: Arc<str>,
     read_only: bool,
 }
 
@@ -463,7 +466,12 @@ impl Image {
     }
     /// `pool/image`, as `rbd` spells it.
     pub fn spec(&self) -> String {
-        self.pool.target(&self.name)
+        self.spec.to_string()
+    }
+
+    /// [`Image::spec`], shared.
+    pub(crate) fn spec_shared(&self) -> Arc<str> {
+        self.spec.clone()
     }
 
     fn io(&self, op: &'static str, r: impl TryInto<i32>) -> RbdError {
