@@ -34,7 +34,7 @@ import argparse, json, os, random, shutil, socket, subprocess, sys, tempfile, th
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import FERRY, ROOT, ensure_ferry, free_port, med, version, wait_port  # noqa: E402
-from migration_peers import Link, qmp, wait_http  # noqa: E402
+from migration_peers import Link, mirror_to_nbd, qmp_connect, wait_http  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "scripts", "ceph-cluster.sh")
 MIB = 1 << 20
@@ -197,38 +197,15 @@ def run_qemu(work, link, ca, cb, tmpl, image):
          "--chardev", f"socket,id=q,path={qsock},server=on,wait=off", "--monitor", "chardev=q"],
         stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "qsd-src.log"), "w"))
     try:
-        call = None
-        for _ in range(400):
-            try:
-                call = qmp(qsock)
-                break
-            except OSError:
-                time.sleep(0.05)
-        if call is None:
-            raise RuntimeError("qemu-storage-daemon QMP did not come up")
-        t = time.time()
         # Its best mode: zeroes found in the data go as zero writes, not
         # as data (the image's allocation is per 4 MiB object, so the
         # template's zero MiBs read as data to the mirror).
-        call("blockdev-add", driver="nbd", **{"node-name": "tgt", "detect-zeroes": "unmap", "discard": "unmap"},
-             server={"type": "inet", "host": "127.0.0.1", "port": str(port)}, export="t")
-        call("blockdev-mirror", **{"job-id": "m"}, device="s", target="tgt", sync="full")
-        stopped = None
-        while True:
-            jobs = [j for j in call("query-jobs") if j["id"] == "m"]
-            st = jobs[0]["status"] if jobs else "gone"
-            if st == "ready" and stopped is None:
-                stopped = time.time()
-                call("job-complete", id="m")
-            if st in ("concluded", "gone", "null"):
-                break
-            time.sleep(0.05)
-        end = time.time()
+        t, stopped, end = mirror_to_nbd(qmp_connect(qsock), port, **{"detect-zeroes": "unmap", "discard": "unmap"})
     finally:
         for p in (src, dst):
             p.kill()
             p.wait()
-    return {"bytes": link.bytes(name), "seconds": end - t, "pause_ms": (end - (stopped or end)) * 1000}
+    return {"bytes": link.bytes(name), "seconds": end - t, "pause_ms": (end - stopped) * 1000}
 
 
 MOVES = {"ferry": run_ferry, "rbd export-diff | import-diff": run_rbd, "QEMU copy-storage (rbd driver, mirror)": run_qemu}

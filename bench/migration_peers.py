@@ -215,6 +215,39 @@ def qmp(sock_path, events=None):
     return call
 
 
+def qmp_connect(qsock, tries=400):
+    """A QMP caller on `qsock` once the daemon listens there."""
+    for _ in range(tries):
+        try:
+            return qmp(qsock)
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("qemu-storage-daemon QMP did not come up")
+
+
+def mirror_to_nbd(call, port, **target):
+    """blockdev-mirror (sync=full) of node "s" into the NBD export "t" at
+    127.0.0.1:`port` (more options of the target node in `target`),
+    completed once ready. Returns when it started, when it was told to
+    complete (the guest stops there) and when it ended."""
+    t = time.time()
+    call("blockdev-add", driver="nbd", **{"node-name": "tgt", **target},
+         server={"type": "inet", "host": "127.0.0.1", "port": str(port)}, export="t")
+    call("blockdev-mirror", **{"job-id": "m"}, device="s", target="tgt", sync="full")
+    completing = None
+    while True:
+        jobs = [j for j in call("query-jobs") if j["id"] == "m"]
+        st = jobs[0]["status"] if jobs else "gone"
+        if st == "ready" and completing is None:
+            completing = time.time()
+            call("job-complete", id="m")
+        if st in ("concluded", "gone", "null"):
+            break
+        time.sleep(0.05)
+    end = time.time()
+    return t, completing or end, end
+
+
 def run_qemu_mirror(work, link, image):
     target = os.path.join(work, "mirror-target.raw")
     with open(target, "wb") as f:
@@ -235,30 +268,8 @@ def run_qemu_mirror(work, link, image):
          "--chardev", f"socket,id=q,path={qsock},server=on,wait=off", "--monitor", "chardev=q"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        call = None
-        for _ in range(200):
-            try:
-                call = qmp(qsock)
-                break
-            except OSError:
-                time.sleep(0.05)
-        if call is None:
-            raise RuntimeError("qemu-storage-daemon QMP did not come up")
-        t = time.time()
-        call("blockdev-add", driver="nbd", **{"node-name": "tgt"},
-             server={"type": "inet", "host": "127.0.0.1", "port": str(port)}, export="t")
-        call("blockdev-mirror", **{"job-id": "m"}, device="s", target="tgt", sync="full")
-        completing = False
-        while True:
-            jobs = [j for j in call("query-jobs") if j["id"] == "m"]
-            st = jobs[0]["status"] if jobs else "gone"
-            if st == "ready" and not completing:
-                call("job-complete", id="m")
-                completing = True
-            if st in ("concluded", "gone", "null"):
-                break
-            time.sleep(0.1)
-        secs = time.time() - t
+        t, _, end = mirror_to_nbd(qmp_connect(qsock), port)
+        secs = end - t
     finally:
         for p in (src, dst):
             p.kill()
