@@ -124,7 +124,10 @@ pub fn access_cost(
 /// Client-seconds the guest's clients lose over `horizon_s` while it runs
 /// at `host_site`: for each site its clients are at, each exchange waits
 /// the link's extra round trip and each byte its extra transfer time,
-/// against running at the clients' own site (no loss there).
+/// against running at the clients' own site (no loss there). Two sites
+/// the snapshot does not link are priced as its slowest link (longest
+/// RTT, least bandwidth): a placement is never made cheaper by a link
+/// the operator did not declare.
 pub fn client_cost(
     vm: &VmState,
     cluster: &Cluster,
@@ -133,13 +136,38 @@ pub fn client_cost(
 ) -> Result<f64, ClusterError> {
     let mut per_s = 0.0;
     for t in &vm.clients {
-        let there = cluster.link(host_site, &t.site)?;
+        let there = match cluster.link(host_site, &t.site) {
+            Ok(l) => l,
+            Err(ClusterError::NoLink(..)) => match slowest_link(cluster) {
+                Some(l) => l,
+                None => continue,
+            },
+            Err(e) => return Err(e),
+        };
         let home = cluster.link(&t.site, &t.site)?;
         let wait = t.exchanges_per_s * (there.rtt_ms - home.rtt_ms).max(0.0) / 1000.0;
         let transfer = t.bytes_per_s * (1.0 / there.bandwidth - 1.0 / home.bandwidth).max(0.0);
         per_s += wait + transfer;
     }
     Ok(horizon_s * per_s)
+}
+
+/// The longest RTT and least bandwidth of the snapshot's links.
+fn slowest_link(cluster: &Cluster) -> Option<Link> {
+    let first = cluster.links.first()?;
+    Some(Link {
+        rtt_ms: cluster
+            .links
+            .iter()
+            .map(|l| l.rtt_ms)
+            .fold(first.rtt_ms, f64::max),
+        bandwidth: cluster
+            .links
+            .iter()
+            .map(|l| l.bandwidth)
+            .fold(first.bandwidth, f64::min),
+        ..first.clone()
+    })
 }
 
 /// What a placement costs over a horizon, split by who waits.
@@ -316,9 +344,16 @@ mod tests {
         assert!((away.clients_s - expect).abs() < 1e-9, "{away:?}");
         // The disk is then remote too, and both count.
         assert!(away.disk_s >= 0.0 && (away.total() - away.disk_s - expect).abs() < 1e-9);
-        // Clients at a site with no link to the host's: an error, not 0.
+        // Clients at a site with no link to the host's: priced as the
+        // slowest link, not as free.
+        let mut three = c.clone();
+        three.sites.push(crate::cluster::Site {
+            name: "z".into(),
+            cpu_capacity: 8.0,
+        });
         v.clients[0].site = "z".into();
-        assert!(client_cost(&v, &c, "b", 600.0).is_err());
+        let unlinked = client_cost(&v, &three, "b", 600.0).unwrap();
+        assert!((unlinked - expect).abs() < 1e-9, "{unlinked}");
     }
 
     #[test]
