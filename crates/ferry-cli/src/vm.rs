@@ -519,8 +519,16 @@ pub fn run(cmd: VmCmd, c: &AdminClient) -> Result<()> {
                 } else {
                     format!("bridge {}", n.bridge)
                 };
+                let packets =
+                    |p: Option<u64>| p.map(|p| format!(" ({p} packets)")).unwrap_or_default();
                 let traffic = match (n.to_guest_bytes, n.from_guest_bytes) {
-                    (Some(i), Some(o)) => format!(", {} in, {} out", human(i), human(o)),
+                    (Some(i), Some(o)) => format!(
+                        ", {} in{}, {} out{}",
+                        human(i),
+                        packets(n.to_guest_packets),
+                        human(o),
+                        packets(n.from_guest_packets)
+                    ),
                     _ => String::new(),
                 };
                 println!(
