@@ -237,35 +237,7 @@ pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmE
     let networks = ready_networks(&opts).await?;
     let host = match (&opts.state_dir, &nbd_socket) {
         (Some(dir), Some(sock)) => {
-            // The KVM probe runs a QEMU for up to 1.5 s: once, here, off
-            // the runtime's threads, rather than inside the first request.
-            tokio::task::spawn_blocking(crate::qemu::kvm_usable);
-            let name = opts
-                .move_listen
-                .clone()
-                .unwrap_or_else(|| "this host".into());
-            Some(
-                VmHost::open(
-                    dir,
-                    agent.clone(),
-                    sock,
-                    &name,
-                    crate::host::GuestBounds {
-                        image_dirs: opts.image_dirs.clone(),
-                        known_storage: opts
-                            .storage
-                            .iter()
-                            .cloned()
-                            .chain(opts.gateways.nbd_addresses().map(String::from))
-                            .collect(),
-                        gateways: Arc::new(opts.gateways.clone()),
-                        known_peers: opts.peers.clone(),
-                        confinement: confinement.clone(),
-                        networks: networks.clone(),
-                    },
-                )
-                .await?,
-            )
+            Some(open_guests(&opts, dir, sock, &agent, confinement, networks).await?)
         }
         _ => None,
     };
@@ -284,37 +256,7 @@ pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmE
         tasks.spawn(incoming::serve(h.clone(), l, shutdown.clone()));
     }
     if let Some(h) = &host {
-        // Moves the last daemon left unfinished: asked about and ended.
-        crate::recover::resume_unfinished(h);
-        let (h, sd) = (h.clone(), shutdown.clone());
-        tasks.spawn(async move {
-            loop {
-                tokio::select! {
-                    () = sd.cancelled() => return,
-                    () = tokio::time::sleep(Duration::from_secs(2)) => {}
-                }
-                incoming::reap_failed_incoming(&h).await;
-            }
-        });
-    }
-    if let (Some(h), Some(every)) = (&host, opts.memory_sample_every) {
-        let (h, sd) = (h.clone(), shutdown.clone());
-        tasks.spawn(async move {
-            // A guest just started or arrived is measured within a tick;
-            // after that, every `every`.
-            let tick = every.min(Duration::from_secs(2));
-            loop {
-                tokio::select! {
-                    () = sd.cancelled() => return,
-                    () = tokio::time::sleep(tick) => {}
-                }
-                let guests = h.guests.read().values().cloned().collect();
-                tokio::select! {
-                    () = sd.cancelled() => return,
-                    () = crate::dirty_rate::sample(guests, every) => {}
-                }
-            }
-        });
+        spawn_guest_rounds(&mut tasks, h, opts.memory_sample_every, &shutdown);
     }
     {
         let (host, shutdown, on_stop, timeout) = (
@@ -332,15 +274,101 @@ pub async fn run(opts: HostOptions, signal: CancellationToken) -> Result<(), VmE
         });
     }
     while tasks.join_next().await.is_some() {}
-    // A host that leaves no guest running leaves no socket directory.
     if let Some(h) = &host {
-        if let Some((dir, _)) = &h.confinement {
-            if h.guests.read().values().all(|g| g.runtime().is_none()) {
-                let _ = std::fs::remove_dir_all(dir);
-            }
-        }
+        leave_socket_dir(h);
     }
     Ok(())
+}
+
+/// The guests' side of the host (`--state-dir`): their state opened, the
+/// guests a previous daemon left found again.
+async fn open_guests(
+    opts: &HostOptions,
+    dir: &std::path::Path,
+    sock: &std::path::Path,
+    agent: &Arc<Agent>,
+    confinement: Option<(std::path::PathBuf, crate::confine::QemuUser)>,
+    networks: crate::network::Networks,
+) -> Result<Arc<VmHost>, VmError> {
+    // The KVM probe runs a QEMU for up to 1.5 s: once, here, off the
+    // runtime's threads, rather than inside the first request.
+    tokio::task::spawn_blocking(crate::qemu::kvm_usable);
+    let name = opts
+        .move_listen
+        .clone()
+        .unwrap_or_else(|| "this host".into());
+    VmHost::open(
+        dir,
+        agent.clone(),
+        sock,
+        &name,
+        crate::host::GuestBounds {
+            image_dirs: opts.image_dirs.clone(),
+            known_storage: opts
+                .storage
+                .iter()
+                .cloned()
+                .chain(opts.gateways.nbd_addresses().map(String::from))
+                .collect(),
+            gateways: Arc::new(opts.gateways.clone()),
+            known_peers: opts.peers.clone(),
+            confinement,
+            networks,
+        },
+    )
+    .await
+}
+
+/// The host's rounds over its guests until `shutdown`: the moves the last
+/// daemon left unfinished ended, failed arrivals reaped every 2 s, and
+/// (with `memory_sample_every`) each running guest's memory measured.
+fn spawn_guest_rounds(
+    tasks: &mut tokio::task::JoinSet<()>,
+    h: &Arc<VmHost>,
+    memory_sample_every: Option<Duration>,
+    shutdown: &CancellationToken,
+) {
+    // Moves the last daemon left unfinished: asked about and ended.
+    crate::recover::resume_unfinished(h);
+    let (host, sd) = (h.clone(), shutdown.clone());
+    tasks.spawn(async move {
+        loop {
+            tokio::select! {
+                () = sd.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+            incoming::reap_failed_incoming(&host).await;
+        }
+    });
+    let Some(every) = memory_sample_every else {
+        return;
+    };
+    let (host, sd) = (h.clone(), shutdown.clone());
+    tasks.spawn(async move {
+        // A guest just started or arrived is measured within a tick;
+        // after that, every `every`.
+        let tick = every.min(Duration::from_secs(2));
+        loop {
+            tokio::select! {
+                () = sd.cancelled() => return,
+                () = tokio::time::sleep(tick) => {}
+            }
+            let guests = host.guests.read().values().cloned().collect();
+            tokio::select! {
+                () = sd.cancelled() => return,
+                () = crate::dirty_rate::sample(guests, every) => {}
+            }
+        }
+    });
+}
+
+/// A host that leaves no guest running leaves no socket directory.
+fn leave_socket_dir(h: &VmHost) {
+    if let Some((dir, _)) = &h.confinement {
+        if h.guests.read().values().all(|g| g.runtime().is_none()) {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 #[cfg(test)]
