@@ -132,16 +132,17 @@ impl PrometheusSource {
         labels: &[&str],
     ) -> Result<BTreeMap<Vec<String>, f64>, String> {
         let body = self.query(query)?;
-        parse_vector_by(&body, labels)
-            .map_err(|e| format!("prometheus at {}: {query}: {e}", self.url))
+        parse_vector_by(&body, labels).map_err(|e| self.bad_answer(query, &e))
     }
 
     fn by_vm(&self, query: &str) -> Result<BTreeMap<String, f64>, String> {
-        Ok(self
-            .by_labels(query, &["vm"])?
-            .into_iter()
-            .filter_map(|(mut k, v)| k.pop().map(|vm| (vm, v)))
-            .collect())
+        let body = self.query(query)?;
+        parse_vector(&body).map_err(|e| self.bad_answer(query, &e))
+    }
+
+    /// An answer to `query` that `e` says is not what was asked.
+    fn bad_answer(&self, query: &str, e: &str) -> String {
+        format!("prometheus at {}: {query}: {e}", self.url)
     }
 
     fn query(&self, query: &str) -> Result<serde_json::Value, String> {
@@ -157,7 +158,6 @@ impl PrometheusSource {
 }
 
 /// The samples of an instant-query answer, by their `vm` label.
-#[cfg(test)]
 fn parse_vector(body: &serde_json::Value) -> Result<BTreeMap<String, f64>, String> {
     Ok(parse_vector_by(body, &["vm"])?
         .into_iter()

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use std::ffi::c_void;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 
 /// What librbd's callback and the waiting future share.
@@ -39,16 +39,10 @@ unsafe extern "C" fn finished(c: CompletionT, arg: *mut c_void) {
     // SAFETY: `arg` is the `Box<InFlight>` leaked at the start, given back
     // exactly once, here.
     let inflight = unsafe { Box::from_raw(arg.cast::<InFlight>()) };
-    let waker = match inflight.slot.lock() {
-        Ok(mut s) => {
-            s.done = Some(r);
-            s.waker.take()
-        }
-        Err(p) => {
-            let mut s = p.into_inner();
-            s.done = Some(r);
-            s.waker.take()
-        }
+    let waker = {
+        let mut s = inflight.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        s.done = Some(r);
+        s.waker.take()
     };
     drop(inflight);
     if let Some(w) = waker {
@@ -68,10 +62,7 @@ impl Future for AioWrite {
     type Output = Result<()>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        let mut s = match self.slot.lock() {
-            Ok(s) => s,
-            Err(p) => p.into_inner(),
-        };
+        let mut s = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
         match s.done {
             // librbd answers a whole write's success with 0 (or its length).
             Some(r) if r >= 0 => Poll::Ready(Ok(())),

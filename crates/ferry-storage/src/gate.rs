@@ -9,6 +9,7 @@
 
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Pauses and throttles the writers of one volume.
@@ -32,6 +33,19 @@ pub struct WriteTicket<'a> {
 }
 
 impl Drop for WriteTicket<'_> {
+    fn drop(&mut self) {
+        self.gate.leave();
+    }
+}
+
+/// A [`WriteTicket`] that owns its gate: for a write that ends on another
+/// thread than the one that started it (librbd's asynchronous writes).
+#[must_use]
+pub struct OwnedWriteTicket {
+    gate: Arc<WriteGate>,
+}
+
+impl Drop for OwnedWriteTicket {
     fn drop(&mut self) {
         self.gate.leave();
     }
@@ -74,22 +88,15 @@ impl WriteGate {
         Some(WriteTicket { gate: self })
     }
 
-    /// Enter without waiting and without a ticket, for a writer whose
-    /// write ends on another thread: true when inside, and then it must
-    /// call [`WriteGate::leave`] exactly once when its write ended.
-    pub fn try_enter_detached(&self) -> bool {
-        match self.try_enter() {
-            Some(t) => {
-                std::mem::forget(t);
-                true
-            }
-            None => false,
-        }
+    /// [`WriteGate::try_enter`], the ticket owning the gate.
+    pub fn try_enter_owned(self: &Arc<Self>) -> Option<OwnedWriteTicket> {
+        let t = self.try_enter()?;
+        std::mem::forget(t);
+        Some(OwnedWriteTicket { gate: self.clone() })
     }
 
-    /// A writer leaves (a ticket's drop, or after
-    /// [`WriteGate::try_enter_detached`]).
-    pub fn leave(&self) {
+    /// A writer leaves (a ticket's drop).
+    fn leave(&self) {
         if self.inside.fetch_sub(1, Ordering::SeqCst) == 1 && self.paused.load(Ordering::SeqCst) {
             let _g = self.lock.lock();
             self.cv.notify_all();

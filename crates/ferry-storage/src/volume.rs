@@ -94,7 +94,7 @@ pub struct Volume {
     /// Cleared when the file system refuses RWF_NOWAIT buffered writes.
     nowait_writes: AtomicBool,
     /// Pauses and throttles writers during a migration.
-    gate: WriteGate,
+    gate: Arc<WriteGate>,
     /// Set once the volume has moved to another server: writes fail.
     moved: AtomicBool,
     /// Whether its last migration switched is unknown: writes fail and it
@@ -107,16 +107,6 @@ pub struct Volume {
     /// The slowest write, zeroing, trim or flush since
     /// [`Volume::take_slowest_write`], in µs (gate waits included).
     slowest_write_us: AtomicU64,
-}
-
-/// A writer of the volume inside its write gate until dropped (an
-/// asynchronous write, whose end is on another thread).
-struct InsideGate(Arc<Volume>);
-
-impl Drop for InsideGate {
-    fn drop(&mut self) {
-        self.0.gate.leave();
-    }
 }
 
 /// Times one write-side operation into [`Volume::slowest_write_us`] however
@@ -380,7 +370,7 @@ impl Volume {
             deleted: AtomicBool::new(false),
             holders: Default::default(),
             nowait_writes: AtomicBool::new(true),
-            gate: WriteGate::default(),
+            gate: Arc::default(),
             slowest_write_us: AtomicU64::new(0),
         })
     }
@@ -743,10 +733,9 @@ impl Volume {
         let start = std::time::Instant::now();
         let len = data.len() as u64;
         self.check(offset, len, true)?;
-        if !self.gate.try_enter_detached() {
+        let Some(ticket) = self.gate.try_enter_owned() else {
             return Ok(None);
-        }
-        let inside = InsideGate(self.clone());
+        };
         self.check_not_moved()?;
         let started = r.with("write", |img| img.write_async(data, offset));
         let write = match started {
@@ -756,13 +745,13 @@ impl Volume {
                 return Err(e);
             }
         };
+        let v = self.clone();
         Ok(Some(async move {
             let r = write.await.map_err(|e| StorageError::rbd("write", e));
-            let v = &inside.0;
             v.mark(offset, len);
             let us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
             v.slowest_write_us.fetch_max(us, Ordering::Relaxed);
-            drop(inside);
+            drop(ticket);
             r
         }))
     }

@@ -433,9 +433,9 @@ async fn follow_moved(run: &MoveRun, host: &VmHost, d: &VmDisk) -> Result<VmDisk
         let view = match blocking(move || c.get_volume(&v)).await {
             Ok(view) => view,
             Err(e) => match stand_in(run, host, &d).await {
-                Some(s) => {
+                Some((s, view)) => {
                     d = s;
-                    continue;
+                    view
                 }
                 None => return Err(e),
             },
@@ -454,32 +454,32 @@ async fn follow_moved(run: &MoveRun, host: &VmHost, d: &VmDisk) -> Result<VmDisk
 }
 
 /// `d` at another gateway of its group whose admin API has the volume,
-/// when its own does not answer.
-async fn stand_in(run: &MoveRun, host: &VmHost, d: &VmDisk) -> Option<VmDisk> {
+/// when its own does not answer, with what that gateway says of it.
+async fn stand_in(
+    run: &MoveRun,
+    host: &VmHost,
+    d: &VmDisk,
+) -> Option<(VmDisk, ferry_api::VolumeView)> {
     let current = host.agent.get(&d.volume).map(|u| u.server());
-    let cands: Vec<crate::gateways::GatewayRef> = host
-        .gateways
-        .stand_ins(&d.server, d.admin.as_deref(), current.as_deref())
-        .into_iter()
-        .cloned()
-        .collect();
-    for m in cands {
+    let gateways = host.gateways.clone();
+    for m in gateways.stand_ins(&d.server, d.admin.as_deref(), current.as_deref()) {
         let Some(admin) = m.admin.clone() else {
             continue;
         };
         let (c, v) = (AdminClient::new(&admin), d.volume.clone());
-        if blocking(move || c.get_volume(&v)).await.is_ok() {
+        if let Ok(view) = blocking(move || c.get_volume(&v)).await {
             run.note(format!(
                 "disk {}: the storage daemon at {} does not answer; the gateway at {} (admin {admin}) of its group stands in",
                 d.volume,
                 d.admin.as_deref().unwrap_or("-"),
                 m.nbd
             ));
-            return Some(VmDisk {
+            let s = VmDisk {
                 volume: d.volume.clone(),
-                server: m.nbd,
+                server: m.nbd.clone(),
                 admin: Some(admin),
-            });
+            };
+            return Some((s, view));
         }
     }
     None

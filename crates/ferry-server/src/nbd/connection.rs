@@ -8,7 +8,7 @@ use super::catalog::PoolCatalog;
 use super::exec::{self, ConnContext};
 use crate::ServerState;
 use ferry_nbd::consts::CMD_FLAG_FUA;
-use ferry_nbd::{Command, ErrorCode, ExportCatalog, Negotiated, Request};
+use ferry_nbd::{Command, ExportCatalog, Negotiated, Request};
 use ferry_nbd_server::{Dispatch, ExportHandler, NbdBackend, ReplyBudget};
 use std::sync::Arc;
 use tokio::sync::Semaphore;
@@ -74,11 +74,7 @@ impl ExportHandler for ConnContext {
                 if let Some(r) = exec::try_large_nowait(&ctx, &req) {
                     return r;
                 }
-                let (c, fallback) = (ctx.clone(), req.clone());
-                match tokio::task::spawn_blocking(move || exec::execute_blocking(&c, &req)).await {
-                    Ok(r) => r,
-                    Err(e) => exec::error_reply(&ctx, &fallback, ErrorCode::Io, &e.to_string()),
-                }
+                exec::execute_on_thread(ctx, req).await
             }));
         }
         // Buffered writes without FUA are quick once on a thread: batch

@@ -257,17 +257,20 @@ pub async fn write_async(ctx: Arc<ConnContext>, req: Request) -> Bytes {
             ctx.in_flight.dec();
             r.map(|()| ok_reply(&ctx, &req))
         }
-        Ok(None) => {
-            let (c, r) = (ctx.clone(), req.clone());
-            return match tokio::task::spawn_blocking(move || execute_blocking(&c, &r)).await {
-                Ok(b) => b,
-                Err(e) => error_reply(&ctx, &req, ErrorCode::Io, &e.to_string()),
-            };
-        }
+        Ok(None) => return execute_on_thread(ctx, req).await,
         Err(e) => Err(e),
     };
     let out = out.map_err(|e| (errno_for(&e, req.command), e.to_string()));
     ctx.finish(&req, start, out)
+}
+
+/// [`execute_blocking`] on the blocking pool, awaited from a task.
+pub async fn execute_on_thread(ctx: Arc<ConnContext>, req: Request) -> Bytes {
+    let (c, r) = (ctx.clone(), req.clone());
+    match tokio::task::spawn_blocking(move || execute_blocking(&c, &r)).await {
+        Ok(b) => b,
+        Err(e) => error_reply(&ctx, &req, ErrorCode::Io, &e.to_string()),
+    }
 }
 
 pub fn error_reply(ctx: &ConnContext, req: &Request, code: ErrorCode, msg: &str) -> Bytes {
