@@ -1033,7 +1033,7 @@ async fn run_phases(
 
     let (t_start, fingerprints_s, rate) = fingerprint_phase(job, link, in_rx, &sender).await?;
     let rounds = dirty_rounds(job, link, in_rx, &sender, t_start, rate).await?;
-    pause_and_switch(
+    let switched = pause_and_switch(
         job,
         link,
         in_rx,
@@ -1043,7 +1043,12 @@ async fn run_phases(
         fingerprints_s,
         rounds,
     )
-    .await
+    .await;
+    // The compressor's 128 MiB window and the chunk table take tens of
+    // milliseconds to free: not on the way to saying the volume switched
+    // (a teleport's guest is stopped until it is said).
+    tokio::task::spawn_blocking(move || drop((sender, table)));
+    switched
 }
 
 /// Phases 1 and 2: fingerprints out, wants answered with data, until the
