@@ -7,7 +7,7 @@
 
 use crate::guest::Guest;
 use crate::peer::{
-    check_version, encode_line, ArrivalOrder, IncomingDisk, PeerAnswer, PeerRequest,
+    check_version, encode_line, ArrivalOrder, IncomingDisk, PeerAnswer, PeerRequest, SwitchedDisk,
 };
 use crate::qemu::{host_memory_mib, qemu_available, resolve_accel, validate};
 use crate::tunnel::{pipe, read_message, PipeCounters, ServerLink, EXCHANGE_TIMEOUT};
@@ -137,16 +137,8 @@ async fn handle(host: Arc<VmHost>, mut link: ServerLink) -> Result<(), VmError> 
             answer(&mut link, &a).await
         }
         PeerRequest::Stream { id, compress } => stream(&host, &id, compress, link, rest).await,
-        PeerRequest::DiskSwitched {
-            id,
-            servers,
-            admins,
-        } => {
-            let a = reply(disk_switched(&host, &id, &servers, &admins).await);
-            answer(&mut link, &a).await
-        }
-        PeerRequest::Finish { id } => {
-            let mut a = reply(finish(&host, &id).await);
+        PeerRequest::Finish { id, disks } => {
+            let mut a = reply(finish(&host, &id, &disks).await);
             a.control = host.control.lock().clone();
             answer(&mut link, &a).await
         }
@@ -179,8 +171,7 @@ fn in_order(host: &VmHost, req: &PeerRequest) -> Result<(), String> {
     }
     let id = match req {
         PeerRequest::Stream { id, .. }
-        | PeerRequest::DiskSwitched { id, .. }
-        | PeerRequest::Finish { id }
+        | PeerRequest::Finish { id, .. }
         | PeerRequest::Abort { id }
         | PeerRequest::Prepare { id, .. } => id,
         PeerRequest::Check { .. } | PeerRequest::Ping | PeerRequest::Sink => return Ok(()),
@@ -497,30 +488,36 @@ async fn stream(
     Ok(r?)
 }
 
-async fn disk_switched(
-    host: &Arc<VmHost>,
-    id: &MigrationId,
-    servers: &[(String, String)],
-    admins: &[(String, String)],
-) -> Result<PeerAnswer, VmError> {
-    let g = receiving(host, id)?;
-    for (volume, server) in servers {
-        tracing::debug!(%volume, %server, connected = host.agent.get(volume).is_some_and(|u| u.connected()), "disk switched; connecting its forwarder");
-        if let Some(up) = host.agent.get(volume) {
-            up.connect_now(server).await.map_err(|e| VmError::Disk {
-                volume: volume.clone(),
+/// Connect a teleport's disks where their migrations switched them (the
+/// pending ones, and ones QEMU here already opened at the old place: they
+/// reconnect, so the guest's first request does not go there), and point
+/// the guest's spec at them.
+async fn connect_switched(host: &VmHost, g: &Guest, disks: &[SwitchedDisk]) -> Result<(), VmError> {
+    for d in disks {
+        tracing::debug!(volume = %d.volume, server = %d.server, connected = host.agent.get(&d.volume).is_some_and(|u| u.connected()), "disk switched; connecting its forwarder");
+        if let Some(up) = host.agent.get(&d.volume) {
+            up.connect_now(&d.server).await.map_err(|e| VmError::Disk {
+                volume: d.volume.clone(),
                 detail: e.to_string(),
             })?;
         }
-        if let Some(d) = g.spec.lock().disks.iter_mut().find(|d| &d.volume == volume) {
-            d.server.clone_from(server);
-            if let Some((_, a)) = admins.iter().find(|(v, _)| v == volume) {
-                d.admin = Some(a.clone());
+        if let Some(s) = g
+            .spec
+            .lock()
+            .disks
+            .iter_mut()
+            .find(|s| s.volume == d.volume)
+        {
+            s.server.clone_from(&d.server);
+            if let Some(a) = &d.admin {
+                s.admin = Some(a.clone());
             }
         }
     }
-    g.save_spec()?;
-    Ok(PeerAnswer::ok())
+    if !disks.is_empty() {
+        g.save_spec()?;
+    }
+    Ok(())
 }
 
 /// The guest that arrived here by move `id` (its source asks again after
@@ -542,12 +539,17 @@ fn arrived(host: &VmHost, id: &MigrationId) -> Option<Arc<Guest>> {
         .cloned()
 }
 
-/// The source has the guest's state sent and stopped: record durably that
-/// the guest is this host's, run it (QEMU holds an arrived guest paused,
-/// `-S`), and answer once it runs. Asked again for a guest that already
-/// arrived, say how it runs, and that it arrived: a source resumes its own
-/// copy only for a guest that never ran here.
-async fn finish(host: &Arc<VmHost>, id: &MigrationId) -> Result<PeerAnswer, VmError> {
+/// The source has the guest's state sent and stopped (and a teleport's
+/// disks switched to `disks`): connect the disks there, record durably
+/// that the guest is this host's, run it (QEMU holds an arrived guest
+/// paused, `-S`), and answer once it runs. Asked again for a guest that
+/// already arrived, say how it runs, and that it arrived: a source resumes
+/// its own copy only for a guest that never ran here.
+async fn finish(
+    host: &Arc<VmHost>,
+    id: &MigrationId,
+    disks: &[SwitchedDisk],
+) -> Result<PeerAnswer, VmError> {
     let g = match receiving(host, id) {
         Ok(g) => g,
         Err(e) => {
@@ -569,6 +571,7 @@ async fn finish(host: &Arc<VmHost>, id: &MigrationId) -> Result<PeerAnswer, VmEr
             return Ok(a);
         }
     };
+    connect_switched(host, &g, disks).await?;
     let t = Instant::now();
     let mut marked = false;
     loop {

@@ -10,8 +10,9 @@
 //!      |                         the pause allowed, start post-copy, give up)
 //!      |--status postcopy-*--> Postcopy (a cancel is no longer possible)
 //!      |--status pre-switchover (teleport only: QEMU was told to pause
-//!      |    before the switchover)--> SwitchingDisks --switched--> Continuing
-//!      |                                  `--switch failed--> cancel
+//!      |    before the switchover)--> ReleasingDisks --released--> Continuing
+//!      |      (the disks switch while QEMU      `--release failed--> cancel
+//!      |       sends the rest; Finish waits for both)
 //!      |--status completed--> Completed (memory sent, the guest stopped
 //!      |                      here: the Finish step confirms it runs there)
 //!      `--status failed/cancelled--> Failed (QEMU resumes the guest)
@@ -44,8 +45,9 @@ pub enum Input {
     },
     /// The caller asked to cancel the move.
     CancelAsked,
-    /// The disks' switch at the pre-switchover pause ended.
-    DisksSwitched(Result<(), String>),
+    /// The disks' switch at the pre-switchover pause was released (or
+    /// could not be: a disk was not ready, or its daemon refused).
+    DisksReleased(Result<(), String>),
 }
 
 /// The next thing to do.
@@ -59,9 +61,11 @@ pub enum Step {
     StartPostcopy { note: String },
     /// Post-copy runs (say so; a cancel is no longer possible).
     InPostcopy,
-    /// Switch the disks now, the guest paused before the switchover, and
-    /// feed back [`Input::DisksSwitched`].
-    SwitchDisks,
+    /// Release the disks' switch now, the guest paused before the
+    /// switchover, and feed back [`Input::DisksReleased`]. They switch
+    /// while QEMU sends the rest of the guest; the move's Finish waits for
+    /// both, so the guest runs at the destination only on switched disks.
+    ReleaseDisks,
     /// Let QEMU go on from the pre-switchover pause (`migrate-continue`).
     Continue,
     /// Cancel QEMU's migration (the guest resumes here); the move fails.
@@ -76,7 +80,7 @@ pub enum Step {
 enum State {
     Copying,
     Postcopy,
-    SwitchingDisks,
+    ReleasingDisks,
     Continuing,
     Ended,
 }
@@ -145,12 +149,12 @@ impl MemoryOrder {
                 _ => Step::Wait,
             },
             Input::Disks { phases, elapsed } => self.disks(&phases, elapsed),
-            Input::DisksSwitched(r) => match (self.state, r) {
-                (State::SwitchingDisks, Ok(())) => {
+            Input::DisksReleased(r) => match (self.state, r) {
+                (State::ReleasingDisks, Ok(())) => {
                     self.state = State::Continuing;
                     Step::Continue
                 }
-                (State::SwitchingDisks, Err(e)) => self.end(Step::Cancel {
+                (State::ReleasingDisks, Err(e)) => self.end(Step::Cancel {
                     why: format!("disk switch failed: {e}"),
                 }),
                 _ => Step::Wait,
@@ -237,8 +241,8 @@ impl MemoryOrder {
             }
             Qemu::PreSwitchover => match self.state {
                 State::Copying | State::Postcopy if self.teleport => {
-                    self.state = State::SwitchingDisks;
-                    Step::SwitchDisks
+                    self.state = State::ReleasingDisks;
+                    Step::ReleaseDisks
                 }
                 // Not a teleport: nothing to do before the switchover.
                 State::Copying | State::Postcopy => {
@@ -291,17 +295,20 @@ mod tests {
     }
 
     #[test]
-    fn a_teleport_switches_its_disks_at_the_pause_then_continues_then_completes() {
+    fn a_teleport_releases_its_disks_at_the_pause_then_continues_then_completes() {
         let mut o = order(true, false);
         assert_eq!(o.feed(status(Qemu::Setup, 0, 0)), Step::Wait);
         assert_eq!(o.feed(status(Qemu::Active, 1 << 20, 1)), Step::Wait);
         assert!(o.watching_disks());
-        assert_eq!(o.feed(status(Qemu::PreSwitchover, 0, 2)), Step::SwitchDisks);
+        assert_eq!(
+            o.feed(status(Qemu::PreSwitchover, 0, 2)),
+            Step::ReleaseDisks
+        );
         assert!(!o.watching_disks());
-        // Seen again while the switch runs: nothing new.
+        // Seen again while the release runs: nothing new.
         assert_eq!(o.feed(status(Qemu::PreSwitchover, 0, 2)), Step::Wait);
         assert_eq!(o.feed(Input::CancelAsked), Step::Wait, "too late to cancel");
-        assert_eq!(o.feed(Input::DisksSwitched(Ok(()))), Step::Continue);
+        assert_eq!(o.feed(Input::DisksReleased(Ok(()))), Step::Continue);
         assert_eq!(o.feed(status(Qemu::Device, 0, 2)), Step::Wait);
         assert_eq!(o.feed(status(Qemu::Completed, 0, 3)), Step::Completed);
         assert_eq!(o.rounds(), 3);
@@ -309,10 +316,10 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_disk_switch_cancels_and_a_vm_only_move_never_switches_disks() {
+    fn a_failed_disk_release_cancels_and_a_vm_only_move_never_switches_disks() {
         let mut o = order(true, false);
         o.feed(status(Qemu::PreSwitchover, 0, 2));
-        let s = o.feed(Input::DisksSwitched(Err("destination gone".into())));
+        let s = o.feed(Input::DisksReleased(Err("destination gone".into())));
         assert!(
             matches!(s, Step::Cancel { ref why } if why.contains("destination gone")),
             "{s:?}"

@@ -22,7 +22,7 @@
 use crate::converge::Ladder;
 use crate::guest::Guest;
 use crate::move_order::{Input, MemoryOrder, Step};
-use crate::peer::{IncomingDisk, PeerRequest};
+use crate::peer::{IncomingDisk, PeerRequest, SwitchedDisk};
 use crate::tunnel::{call, exchange, pipe, PipeCounters};
 use crate::{VmError, VmHost};
 use ferry_api::{
@@ -593,25 +593,13 @@ fn deadline_of(run: &MoveRun) -> Instant {
     run.started + Duration::from_secs(run.req.deadline_s.unwrap_or(DEFAULT_DEADLINE_S))
 }
 
-/// Where each volume went, from its old storage daemon.
-/// Where a switched disk lives now.
-#[derive(Debug, Clone)]
-struct NewPlace {
-    volume: String,
-    /// The destination's NBD `HOST:PORT`.
-    server: String,
-    /// Its admin API: the move's `to_storage_admin`, else what the
-    /// destination advertised to the source (none if neither).
-    admin: Option<String>,
-}
-
 /// Where every switched disk went: from its migration's report (the
 /// source's storage has it at hand), else from the source volume's record.
 async fn new_places(
     run: &MoveRun,
     disks: &[(VmDisk, MigrationId)],
     reports: &[MigrationStatus],
-) -> Result<Vec<NewPlace>, VmError> {
+) -> Result<Vec<SwitchedDisk>, VmError> {
     let mut out = Vec::new();
     for (i, (d, _)) in disks.iter().enumerate() {
         let report = reports.get(i).and_then(|s| s.report.as_ref());
@@ -639,7 +627,7 @@ async fn new_places(
                 d.volume
             ));
         }
-        out.push(NewPlace {
+        out.push(SwitchedDisk {
             volume: d.volume.clone(),
             server,
             admin,
@@ -984,34 +972,27 @@ async fn send_finish(
     run: &MoveRun,
     to_host: &str,
     spare: Option<(crate::tunnel::ClientLink, Instant)>,
-    next_link: Option<tokio::task::JoinHandle<Result<crate::tunnel::ClientLink, VmError>>>,
+    disks: Vec<SwitchedDisk>,
 ) -> Result<crate::peer::PeerAnswer, VmError> {
-    // The destination runs the guest when this arrives: on a link opened
-    // ahead if there is one (a round trip, not three).
-    let finish = PeerRequest::Finish { id: run.id.clone() };
+    // The destination runs the guest when this arrives: on the link opened
+    // ahead if it is still fresh (one round trip, not three).
+    let finish = PeerRequest::Finish {
+        id: run.id.clone(),
+        disks,
+    };
     let limit = Duration::from_secs(90);
-    let mut link = spare
+    let spare = spare
         .filter(|(_, t)| t.elapsed() < SPARE_LINK_AGE)
         .map(|(l, _)| l);
-    if link.is_none() {
-        if let Some(h) = next_link {
-            link = h.await.ok().and_then(Result::ok);
+    if let Some(l) = spare {
+        match crate::tunnel::ask_on(l, to_host, &finish, limit).await {
+            Ok(a) => return Ok(a),
+            Err(e) => tracing::debug!(error = %e, "the link opened ahead failed; a new one"),
         }
     }
-    match link {
-        Some(l) => match crate::tunnel::ask_on(l, to_host, &finish, limit).await {
-            Ok(a) => Ok(a),
-            Err(e) => {
-                tracing::debug!(error = %e, "the link opened ahead failed; a new one");
-                crate::tunnel::exchange(&host.certs, to_host, &finish, limit)
-                    .await
-                    .map(|(a, _, _)| a)
-            }
-        },
-        None => crate::tunnel::exchange(&host.certs, to_host, &finish, limit)
-            .await
-            .map(|(a, _, _)| a),
-    }
+    crate::tunnel::exchange(&host.certs, to_host, &finish, limit)
+        .await
+        .map(|(a, _, _)| a)
 }
 
 /// Steps 3 to 5. An error here means the guest still runs at the source.
@@ -1053,10 +1034,8 @@ struct Copied {
     /// Taken before `migrate`: the guest's STOP event is after it.
     migrate_mark: ferry_qmp::client::EventMark,
     rounds: u64,
-    /// Links to the destination opened ahead, for the messages sent while
-    /// the guest is stopped.
+    /// A link to the destination opened ahead, for the `Finish`.
     spare: Option<(crate::tunnel::ClientLink, Instant)>,
-    next_link: Option<tokio::task::JoinHandle<Result<crate::tunnel::ClientLink, VmError>>>,
 }
 
 /// Run QEMU's migration to completion as `order` says: feed it QEMU's
@@ -1077,15 +1056,12 @@ async fn copy_memory(
     q.migrate(&format!("unix:{}", g.paths.outgoing.display()))
         .await?;
     let mut polls = 0u64;
-    // A link to the destination opened ahead, for the messages sent while
-    // the guest is stopped (a teleport's `DiskSwitched`, then `Finish`;
-    // a VM-only move's `Finish`).
+    // A link to the destination opened ahead, for the `Finish` sent while
+    // the guest is stopped.
     let mut spare = crate::tunnel::connect(&host.certs, to_host)
         .await
         .ok()
         .map(|l| (l, Instant::now()));
-    // A teleport's second one, opened while QEMU sends the device state.
-    let mut next_link = None;
     loop {
         if spare
             .as_ref()
@@ -1146,18 +1122,10 @@ async fn copy_memory(
                     run.set_phase(VmMovePhase::Postcopy);
                     break;
                 }
-                Step::SwitchDisks => {
+                Step::ReleaseDisks => {
                     run.set_phase(VmMovePhase::Switchover);
-                    let early = spare.take().filter(|(_, t)| t.elapsed() < SPARE_LINK_AGE);
-                    let r = switch_disks(host, run, to_host, disks, early.map(|x| x.0)).await;
-                    if r.is_ok() {
-                        crate::fault::hold(crate::fault::SWITCHOVER).await;
-                        let (certs, to) = (host.certs.clone(), to_host.to_string());
-                        next_link = Some(tokio::spawn(async move {
-                            crate::tunnel::connect(&certs, &to).await
-                        }));
-                    }
-                    step = order.feed(Input::DisksSwitched(r.map_err(|e| e.to_string())));
+                    let r = release_disks(run, disks).await;
+                    step = order.feed(Input::DisksReleased(r.map_err(|e| e.to_string())));
                 }
                 Step::Continue => {
                     run.set_phase(VmMovePhase::Switchover);
@@ -1191,7 +1159,6 @@ async fn copy_memory(
                         migrate_mark,
                         rounds: order.rounds(),
                         spare,
-                        next_link,
                     })
                 }
             }
@@ -1215,7 +1182,6 @@ async fn conclude(
         migrate_mark,
         mut rounds,
         spare,
-        next_link,
     } = copied;
     let done = q.query_migrate().await.unwrap_or_default();
     let downtime = done.downtime;
@@ -1225,8 +1191,20 @@ async fn conclude(
         .iter()
         .map(|u| u.io.snapshot("", "", 0).last_io_unix_ms)
         .max();
+    // A teleport's disks switch while QEMU sends the rest of the guest:
+    // the guest runs there only once they have.
+    let placed = match disks_switched(run, disks).await {
+        Ok(p) => p,
+        Err(e) => {
+            let why = format!("the disks' switch did not complete ({e}); resumed here");
+            return resume_here(host, g, run, q, to_host, why).await;
+        }
+    };
+    if !disks.is_empty() {
+        crate::fault::hold(crate::fault::SWITCHOVER).await;
+    }
     crate::fault::hold(crate::fault::FINISH).await;
-    let fin = send_finish(host, run, to_host, spare, next_link).await;
+    let fin = send_finish(host, run, to_host, spare, placed).await;
     let disk_states = disk_statuses(disks).await.unwrap_or_default();
     let mut o = match fin {
         Ok(a) if a.ok => {
@@ -1272,7 +1250,13 @@ async fn conclude(
                 disks: Vec::new(),
             }
         }
-        Ok(a) => not_run_there(host, g, run, q, to_host, a.error.unwrap_or_default()).await?,
+        Ok(a) => {
+            let why = format!(
+                "the destination could not run the guest ({}); resumed here",
+                a.error.unwrap_or_default()
+            );
+            resume_here(host, g, run, q, to_host, why).await?
+        }
         Err(e) => in_doubt(host, g, run, to_host, &e, downtime).await,
     };
     o.memory_rounds = rounds;
@@ -1280,8 +1264,10 @@ async fn conclude(
     Ok(o)
 }
 
-/// The destination says the guest never ran there: run it here.
-async fn not_run_there(
+/// The guest never ran there (the destination says so, or was never told
+/// to run it): the destination drops its copy and the guest runs here, on
+/// its disks wherever they are now.
+async fn resume_here(
     host: &Arc<VmHost>,
     g: &Arc<Guest>,
     run: &Arc<MoveRun>,
@@ -1301,10 +1287,7 @@ async fn not_run_there(
     for n in crate::recover::settle_disks(g, &refs).await {
         run.note(n);
     }
-    Ok(Outcome::aborted(
-        format!("the destination could not run the guest ({why}); resumed here"),
-        &host.reached_at(),
-    ))
+    Ok(Outcome::aborted(why, &host.reached_at()))
 }
 
 /// In doubt: the guest may run there. Never run it twice: it stays paused
@@ -1372,15 +1355,9 @@ pub(crate) async fn hand_over(host: &VmHost, g: &Guest, id: &MigrationId) {
     }
 }
 
-/// Step 4: QEMU holds the guest stopped; the disks' last delta and switch
-/// go now, then the destination's pending disks connect.
-async fn switch_disks(
-    host: &Arc<VmHost>,
-    run: &MoveRun,
-    to_host: &str,
-    disks: &[(VmDisk, MigrationId)],
-    spare: Option<crate::tunnel::ClientLink>,
-) -> Result<(), VmError> {
+/// Step 4: QEMU holds the guest stopped; each disk's last delta and switch
+/// are released (they run while QEMU sends the rest of the guest).
+async fn release_disks(run: &MoveRun, disks: &[(VmDisk, MigrationId)]) -> Result<(), VmError> {
     // The guest is stopped now: every wait here is bounded and short.
     wait_disks(
         run,
@@ -1390,12 +1367,23 @@ async fn switch_disks(
         SWITCH_POLL,
     )
     .await?;
-    tracing::debug!("disks ready; releasing their switch");
     for (d, id) in disks {
         let (c, i) = (admin_of(d), id.clone());
         blocking(move || c.release_switch(&i)).await?;
     }
     tracing::debug!("disks released");
+    Ok(())
+}
+
+/// Wait (bounded) until a teleport's released disks have switched; where
+/// each is now, for the destination's `Finish`. None for a VM-only move.
+async fn disks_switched(
+    run: &MoveRun,
+    disks: &[(VmDisk, MigrationId)],
+) -> Result<Vec<SwitchedDisk>, VmError> {
+    if disks.is_empty() {
+        return Ok(Vec::new());
+    }
     let st = wait_disks(
         run,
         disks,
@@ -1409,37 +1397,7 @@ async fn switch_disks(
         .filter_map(|s| s.report.as_ref().map(|r| r.time.pause_ms))
         .fold(0.0, f64::max);
     run.note(format!("disks switched (their own pause {pause:.0} ms)"));
-    let places = new_places(run, disks, &st).await?;
-    tracing::debug!(
-        early = spare.is_some(),
-        "telling the destination where the disks are"
-    );
-    let req = PeerRequest::DiskSwitched {
-        id: run.id.clone(),
-        servers: places
-            .iter()
-            .map(|p| (p.volume.clone(), p.server.clone()))
-            .collect(),
-        admins: places
-            .iter()
-            .filter_map(|p| Some((p.volume.clone(), p.admin.clone()?)))
-            .collect(),
-    };
-    let limit = Duration::from_secs(60);
-    let early = match spare {
-        Some(link) => crate::tunnel::call_on(link, to_host, &req, limit)
-            .await
-            .map(|_| ()),
-        None => Err(VmError::peer(
-            to_host,
-            crate::PeerFault::Protocol("no link opened ahead".into()),
-        )),
-    };
-    if let Err(e) = early {
-        tracing::debug!(error = %e, "the link opened ahead failed; a new one");
-        call(&host.certs, to_host, &req, limit).await?;
-    }
-    Ok(())
+    new_places(run, disks, &st).await
 }
 
 /// Ask a move to stop (before its point of no return).

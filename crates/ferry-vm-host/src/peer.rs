@@ -19,26 +19,28 @@
 //!    |                                                  |  offered, not connected), QEMU
 //!    |                                                  |  waiting (-incoming), marked
 //!    | Stream {id} + frames (one per QEMU channel) ---->|  QEMU's migration stream
-//!    |   ... QEMU pauses before the switchover (teleport)
-//!    | DiskSwitched {id, servers, admins} ------------->|  pending disks connected
-//!    |   ... QEMU sends the device state, completes
-//!    | Finish {id} ------------------------------------>|  marked arrived, `cont`;
+//!    |   ... QEMU pauses before the switchover (teleport: the disks'
+//!    |   switch is released and QEMU goes on at once, both under way)
+//!    |   ... QEMU sends the device state, completes; the disks switched
+//!    | Finish {id, disks} ----------------------------->|  pending disks connected
+//!    |                                                  |  where they switched, marked
+//!    |                                                  |  arrived, `cont`;
 //!    |<------------------ {ok, control, resumed, ...}   |  answered once it runs
 //!    | Abort {id} (any time before Finish's answer) --->|  QEMU stopped, forgotten
 //! ```
 //!
 //! The destination keeps each arriving move's [`ArrivalOrder`] and refuses
-//! a request out of it: a `Stream` or `DiskSwitched` after `Finish`, a
-//! `Finish` while a pending disk has not switched (the guest would run
-//! without its disk), a switch of a disk the move did not bring. `Finish`
-//! asked again (the source lost the answer) is answered again.
+//! a request out of it: a `Stream` after `Finish`, a `Finish` that does not
+//! say where every pending disk switched (the guest would run without its
+//! disk), or names a disk the move did not bring. `Finish` asked again
+//! (the source lost the answer) is answered again.
 
 use ferry_api::{MigrationId, VmSpec};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// The version of this protocol; a host refuses a move in another.
-pub const PEER_VERSION: u32 = 2;
+pub const PEER_VERSION: u32 = 3;
 
 /// The longest request or answer line.
 pub const MAX_LINE: usize = 1 << 20;
@@ -74,6 +76,19 @@ pub struct IncomingDisk {
     pub flags: u16,
 }
 
+/// Where a teleport's disk is after its migration switched it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchedDisk {
+    pub volume: String,
+    /// Its NBD `HOST:PORT` now.
+    pub server: String,
+    /// Its admin API, where known: the guest's spec records it, so the
+    /// disk's next move starts there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin: Option<String>,
+}
+
 /// The first line of every connection between hosts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
@@ -101,18 +116,15 @@ pub enum PeerRequest {
     },
     /// This connection carries one channel of QEMU's migration stream.
     Stream { id: MigrationId, compress: bool },
-    /// The disks switched: connect the pending ones to where they are now.
-    DiskSwitched {
+    /// The source finished sending (and a teleport's disks switched):
+    /// connect the pending disks where they are now, run the guest, and
+    /// answer once it runs.
+    Finish {
         id: MigrationId,
-        /// (volume, NBD `HOST:PORT`) of every switched disk.
-        servers: Vec<(String, String)>,
-        /// (volume, admin API `HOST:PORT`) where known: the guest's spec
-        /// records it, so the disk's next move starts there.
+        /// A teleport's disks, where their migrations switched them.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        admins: Vec<(String, String)>,
+        disks: Vec<SwitchedDisk>,
     },
-    /// The source finished sending: is the guest running here?
-    Finish { id: MigrationId },
     /// The move is off: stop the waiting guest and forget it.
     Abort { id: MigrationId },
     /// Answer at once: a round-trip probe between hosts.
@@ -158,7 +170,7 @@ pub enum OrderError {
     },
     #[error("Finish while disk(s) {0} have not switched: the guest would run without them")]
     DisksPending(String),
-    #[error("DiskSwitched names {0}, which this move did not bring")]
+    #[error("Finish names disk {0}, which this move did not bring")]
     UnknownDisk(String),
 }
 
@@ -167,15 +179,15 @@ pub enum OrderError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ArrivalOrder {
     state: Arrival,
-    /// Pending disks (a teleport's) not switched yet.
+    /// Pending disks (a teleport's): `Finish` must say where each went.
     pending: std::collections::BTreeSet<String>,
     /// Every disk the move brings.
     disks: std::collections::BTreeSet<String>,
 }
 
 impl ArrivalOrder {
-    /// A move prepared with `disks`, the pending ones to be switched
-    /// before `Finish`.
+    /// A move prepared with `disks`, the pending ones to be placed by
+    /// `Finish`.
     pub fn new(disks: &[IncomingDisk]) -> ArrivalOrder {
         ArrivalOrder {
             state: Arrival::Waiting,
@@ -211,25 +223,22 @@ impl ArrivalOrder {
             PeerRequest::Prepare { .. } => Err(out("Prepare", self)),
             PeerRequest::Stream { .. } if self.state == Arrival::Waiting => Ok(()),
             PeerRequest::Stream { .. } => Err(out("Stream", self)),
-            PeerRequest::DiskSwitched { servers, .. } => {
-                if self.state != Arrival::Waiting {
-                    return Err(out("DiskSwitched", self));
-                }
-                if let Some((v, _)) = servers.iter().find(|(v, _)| !self.disks.contains(v)) {
-                    return Err(OrderError::UnknownDisk(v.clone()));
-                }
-                for (v, _) in servers {
-                    self.pending.remove(v);
-                }
-                Ok(())
-            }
-            PeerRequest::Finish { .. } => match self.state {
+            PeerRequest::Finish { disks, .. } => match self.state {
                 Arrival::Aborted => Err(out("Finish", self)),
                 Arrival::Finished => Ok(()),
-                Arrival::Waiting if !self.pending.is_empty() => Err(OrderError::DisksPending(
-                    self.pending.iter().cloned().collect::<Vec<_>>().join(", "),
-                )),
                 Arrival::Waiting => {
+                    if let Some(d) = disks.iter().find(|d| !self.disks.contains(&d.volume)) {
+                        return Err(OrderError::UnknownDisk(d.volume.clone()));
+                    }
+                    let unplaced: Vec<&str> = self
+                        .pending
+                        .iter()
+                        .filter(|v| !disks.iter().any(|d| &d.volume == *v))
+                        .map(String::as_str)
+                        .collect();
+                    if !unplaced.is_empty() {
+                        return Err(OrderError::DisksPending(unplaced.join(", ")));
+                    }
                     self.state = Arrival::Finished;
                     Ok(())
                 }
@@ -443,38 +452,52 @@ mod tests {
     #[test]
     fn the_destination_refuses_requests_out_of_a_moves_order() {
         let id = MigrationId::random();
-        let switched = |vols: &[&str]| PeerRequest::DiskSwitched {
+        let finish_with = |vols: &[&str]| PeerRequest::Finish {
             id: id.clone(),
-            servers: vols.iter().map(|v| ((*v).into(), "h:1".into())).collect(),
-            admins: vec![],
+            disks: vols
+                .iter()
+                .map(|v| SwitchedDisk {
+                    volume: (*v).into(),
+                    server: "h:1".into(),
+                    admin: None,
+                })
+                .collect(),
         };
-        let finish = PeerRequest::Finish { id: id.clone() };
+        let finish = finish_with(&[]);
         let stream = PeerRequest::Stream {
             id: id.clone(),
             compress: true,
         };
-        let mut o = ArrivalOrder::new(&[disk("root", true), disk("data", false)]);
+        let mut o =
+            ArrivalOrder::new(&[disk("root", true), disk("home", true), disk("data", false)]);
         o.accept(&stream).unwrap();
         assert_eq!(
             o.accept(&finish),
-            Err(OrderError::DisksPending("root".into())),
-            "a teleport's guest never runs before its disk switched"
+            Err(OrderError::DisksPending("home, root".into())),
+            "a teleport's guest never runs before its disks switched"
         );
         assert_eq!(
-            o.accept(&switched(&["swap"])),
+            o.accept(&finish_with(&["root"])),
+            Err(OrderError::DisksPending("home".into())),
+            "every pending disk is placed"
+        );
+        assert_eq!(
+            o.accept(&finish_with(&["root", "home", "swap"])),
             Err(OrderError::UnknownDisk("swap".into()))
         );
-        o.accept(&switched(&["root"])).unwrap();
-        o.accept(&switched(&["root"])).unwrap();
-        o.accept(&finish).unwrap();
+        assert_eq!(
+            o.state(),
+            Arrival::Waiting,
+            "a refused Finish changes nothing"
+        );
+        o.accept(&finish_with(&["root", "home", "data"])).unwrap();
         assert_eq!(o.state(), Arrival::Finished);
+        // Asked again (the source lost the answer): answered again.
         o.accept(&finish).unwrap();
-        for late in [&stream, &switched(&["root"])] {
-            assert!(
-                matches!(o.accept(late), Err(OrderError::OutOfOrder { .. })),
-                "{late:?}"
-            );
-        }
+        assert!(
+            matches!(o.accept(&stream), Err(OrderError::OutOfOrder { .. })),
+            "no stream after Finish"
+        );
         // A VM-only move has no pending disk; an aborted move is over.
         let mut vm = ArrivalOrder::new(&[disk("root", false)]);
         vm.accept(&PeerRequest::Abort { id: id.clone() }).unwrap();
@@ -571,12 +594,17 @@ mod tests {
     #[test]
     fn lines_decode_one_at_a_time_and_refuse_junk() {
         let id = MigrationId::random();
-        let mut buf = encode_line(&PeerRequest::Finish { id: id.clone() });
+        let finish = PeerRequest::Finish {
+            id: id.clone(),
+            disks: vec![SwitchedDisk {
+                volume: "root".into(),
+                server: "b:10809".into(),
+                admin: Some("b:8080".into()),
+            }],
+        };
+        let mut buf = encode_line(&finish);
         buf.extend_from_slice(&encode_line(&PeerRequest::Abort { id: id.clone() }));
-        assert_eq!(
-            decode_line::<PeerRequest>(&mut buf).unwrap(),
-            Some(PeerRequest::Finish { id: id.clone() })
-        );
+        assert_eq!(decode_line::<PeerRequest>(&mut buf).unwrap(), Some(finish));
         assert_eq!(
             decode_line::<PeerRequest>(&mut buf).unwrap(),
             Some(PeerRequest::Abort { id })

@@ -13,9 +13,12 @@
 //! disk migrations it did not switch are cancelled.
 
 use crate::guest::Guest;
-use crate::peer::PeerRequest;
+use crate::peer::{PeerRequest, SwitchedDisk};
 use crate::{VmError, VmHost};
-use ferry_api::{AdminClient, DiskMigrationRef, MigrationId, MigrationPhase, VmMovePhase};
+use ferry_api::{
+    AdminClient, DiskMigrationRef, MigrationId, MigrationPhase,
+    MigrationStatus as DiskMigrationStatus, VmMovePhase,
+};
 use ferry_qmp::MigrationStatus;
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,8 +68,11 @@ pub fn lost_there(why: Option<&str>) -> String {
     )
 }
 
-async fn ask(host: &VmHost, to_host: &str, id: &MigrationId) -> Answer {
-    let req = PeerRequest::Finish { id: id.clone() };
+async fn ask(host: &VmHost, to_host: &str, id: &MigrationId, disks: Vec<SwitchedDisk>) -> Answer {
+    let req = PeerRequest::Finish {
+        id: id.clone(),
+        disks,
+    };
     match crate::tunnel::exchange(&host.certs, to_host, &req, Duration::from_secs(90)).await {
         Ok((a, _, _)) if a.ok => Answer::RunsThere,
         Ok((a, _, _)) if a.arrived => Answer::LostThere(lost_there(a.error.as_deref())),
@@ -121,6 +127,108 @@ async fn run_here(g: &Guest) -> Result<(), VmError> {
     Ok(())
 }
 
+/// How long settling a disk waits for a migration it cancelled, or found
+/// switching, to end.
+const SETTLE_WAIT: Duration = Duration::from_secs(20);
+
+/// `d`'s migration as its storage daemon reports it; `None` if that
+/// daemon does not answer or no longer knows it.
+async fn migration_of(d: &DiskMigrationRef) -> Option<DiskMigrationStatus> {
+    let (c, id) = (AdminClient::new(&d.admin), d.id.clone());
+    tokio::task::spawn_blocking(move || c.migration(&id))
+        .await
+        .ok()?
+        .ok()
+}
+
+/// Where a switched migration put its volume: (NBD address, the admin
+/// API the destination advertised).
+fn moved(s: &DiskMigrationStatus) -> Option<(String, Option<String>)> {
+    let r = s.report.as_ref()?;
+    Some((r.new_location.clone()?, r.new_admin.clone()))
+}
+
+/// Where `d`'s volume is once its migration has ended: a migration still
+/// running is cancelled and waited for (bounded): one released to switch
+/// may still end switched, and then the volume is there. `None`: it stays
+/// where the guest's spec says (or that could not be learnt: a note says).
+async fn settled_place(
+    d: &DiskMigrationRef,
+    notes: &mut Vec<String>,
+) -> Option<(String, Option<String>)> {
+    match migration_of(d).await {
+        Some(s) if s.phase == MigrationPhase::Switched => return moved(&s),
+        Some(s) if s.phase == MigrationPhase::Failed => return None,
+        Some(s) => {
+            let was = s.phase;
+            let (c, id) = (AdminClient::new(&d.admin), d.id.clone());
+            match tokio::task::spawn_blocking(move || c.cancel_migration(&id)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => notes.push(format!("disk {}: cancel failed: {e}", d.volume)),
+                Err(e) => notes.push(format!("disk {}: cancel failed: {e}", d.volume)),
+            }
+            let end = tokio::time::Instant::now() + SETTLE_WAIT;
+            loop {
+                match migration_of(d).await {
+                    Some(s) if s.phase.is_terminal() => {
+                        notes.push(format!(
+                            "disk {}: migration cancelled ({} when asked; it ended {})",
+                            d.volume,
+                            was.as_str(),
+                            s.phase.as_str()
+                        ));
+                        return moved(&s);
+                    }
+                    Some(s) if tokio::time::Instant::now() >= end => {
+                        notes.push(format!(
+                            "disk {}: its migration did not end within {} s of being cancelled ({}); the disk stays as the guest's spec says",
+                            d.volume,
+                            SETTLE_WAIT.as_secs(),
+                            s.phase.as_str()
+                        ));
+                        return None;
+                    }
+                    Some(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                    None => break,
+                }
+            }
+        }
+        None => {}
+    }
+    // The storage daemon restarted (and forgot its runs) or is away: the
+    // volume's own record says whether it moved.
+    let (c, v) = (AdminClient::new(&d.admin), d.volume.clone());
+    match tokio::task::spawn_blocking(move || c.volume(&v)).await {
+        Ok(Ok(Some(view))) => view.moved_to.map(|to| (to, view.moved_admin)),
+        _ => {
+            notes.push(format!(
+                "disk {}: its storage daemon ({}) did not answer; the disk stays as the guest's spec says",
+                d.volume, d.admin
+            ));
+            None
+        }
+    }
+}
+
+/// Where a teleport's disks went, for its `Finish`: those whose migration
+/// has switched (the destination refuses a `Finish` that leaves one of
+/// its pending disks out, and the guest then resumes here).
+async fn switched_places(disks: &[DiskMigrationRef]) -> Vec<SwitchedDisk> {
+    let mut out = Vec::new();
+    for d in disks {
+        if let Some(s) = migration_of(d).await {
+            if let Some((server, advertised)) = moved(&s) {
+                out.push(SwitchedDisk {
+                    volume: d.volume.clone(),
+                    server,
+                    admin: d.to_admin.clone().or(advertised),
+                });
+            }
+        }
+    }
+    out
+}
+
 /// Finish what a move's disks left: a migration that switched moved the
 /// disk, so the guest's spec follows it (server and, if the move was
 /// told, admin API); one that did not is cancelled. Returns what was done.
@@ -128,44 +236,7 @@ pub async fn settle_disks(g: &Guest, disks: &[DiskMigrationRef]) -> Vec<String> 
     let mut notes = Vec::new();
     let mut changed = false;
     for d in disks {
-        let (c, id) = (AdminClient::new(&d.admin), d.id.clone());
-        let st = tokio::task::spawn_blocking(move || c.migration(&id)).await;
-        let moved_to = match st {
-            Ok(Ok(s)) if s.phase == MigrationPhase::Switched => {
-                s.report.and_then(|r| Some((r.new_location?, r.new_admin)))
-            }
-            Ok(Ok(s)) if s.phase == MigrationPhase::Failed => None,
-            Ok(Ok(_)) => {
-                let (c, id) = (AdminClient::new(&d.admin), d.id.clone());
-                let r = tokio::task::spawn_blocking(move || c.cancel_migration(&id)).await;
-                notes.push(match r {
-                    Ok(Ok(s)) => format!(
-                        "disk {}: migration cancelled ({})",
-                        d.volume,
-                        s.phase.as_str()
-                    ),
-                    Ok(Err(e)) => format!("disk {}: cancel failed: {e}", d.volume),
-                    Err(e) => format!("disk {}: cancel failed: {e}", d.volume),
-                });
-                None
-            }
-            // The storage daemon restarted (and forgot its runs) or is
-            // away: the volume's own record says whether it moved.
-            _ => {
-                let (c, v) = (AdminClient::new(&d.admin), d.volume.clone());
-                match tokio::task::spawn_blocking(move || c.volume(&v)).await {
-                    Ok(Ok(Some(view))) => view.moved_to.map(|to| (to, view.moved_admin)),
-                    _ => {
-                        notes.push(format!(
-                            "disk {}: its storage daemon ({}) did not answer; the disk stays as the guest's spec says",
-                            d.volume, d.admin
-                        ));
-                        None
-                    }
-                }
-            }
-        };
-        let Some((location, advertised)) = moved_to else {
+        let Some((location, advertised)) = settled_place(d, &mut notes).await else {
             continue;
         };
         let mut spec = g.spec.lock();
@@ -218,7 +289,7 @@ pub async fn resolve(
                 "QEMU is not running here and the move had no destination".into(),
             );
         };
-        match ask(host, to, id).await {
+        match ask(host, to, id, switched_places(disks).await).await {
             Answer::RunsThere => {
                 settle_disks(g, disks).await;
                 crate::moves::hand_over(host, g, id).await;
@@ -301,7 +372,7 @@ async fn finish_record(host: &Arc<VmHost>, mut st: ferry_api::VmMoveStatus) {
             }
             // Not here: only the destination can have it.
             Err(_) => match st.to_host.as_deref() {
-                Some(to) => match ask(host, to, &st.id).await {
+                Some(to) => match ask(host, to, &st.id, Vec::new()).await {
                     Answer::RunsThere => Resolution::There,
                     Answer::NotThere(why) => Resolution::Here(format!(
                         "the guest is not on this host, and the destination does not run it ({why})"
