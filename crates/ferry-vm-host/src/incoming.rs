@@ -491,7 +491,8 @@ async fn stream(
 /// Connect a teleport's disks where their migrations switched them (the
 /// pending ones, and ones QEMU here already opened at the old place: they
 /// reconnect, so the guest's first request does not go there), and point
-/// the guest's spec at them.
+/// the guest's spec at them (saved once the guest runs: until then a
+/// restart finds the old place, whose daemon answers where it went).
 async fn connect_switched(host: &VmHost, g: &Guest, disks: &[SwitchedDisk]) -> Result<(), VmError> {
     for d in disks {
         tracing::debug!(volume = %d.volume, server = %d.server, connected = host.agent.get(&d.volume).is_some_and(|u| u.connected()), "disk switched; connecting its forwarder");
@@ -513,9 +514,6 @@ async fn connect_switched(host: &VmHost, g: &Guest, disks: &[SwitchedDisk]) -> R
                 s.admin = Some(a.clone());
             }
         }
-    }
-    if !disks.is_empty() {
-        g.save_spec()?;
     }
     Ok(())
 }
@@ -627,7 +625,11 @@ async fn finish(
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
-    g.save_spec()?;
+    // The guest runs here now: a spec that cannot be saved is logged, not
+    // answered as a failure (the source would resume its own copy).
+    if let Err(e) = g.save_spec() {
+        tracing::warn!(guest = %g.name(), error = %e, "the arrived guest's spec could not be saved");
+    }
     let resumed = match g.runtime() {
         Some(rt) => rt
             .qmp

@@ -1384,14 +1384,40 @@ async fn disks_switched(
     if disks.is_empty() {
         return Ok(Vec::new());
     }
-    let st = wait_disks(
-        run,
-        disks,
-        |p| p == MigrationPhase::Switched,
-        Instant::now() + SWITCH_WAIT,
-        SWITCH_POLL,
-    )
-    .await?;
+    // Each daemon says when its migration ends (its event stream, not a
+    // poll: every millisecond here is the guest's pause).
+    let mut watches = Vec::new();
+    for (d, id) in disks {
+        let c = admin_of(d).limited(SWITCH_WAIT);
+        let id = id.clone();
+        watches.push(tokio::task::spawn_blocking(move || {
+            c.watch_migration(&id, |_| {})
+        }));
+    }
+    let mut st = Vec::new();
+    for ((d, _), w) in disks.iter().zip(watches) {
+        match w.await {
+            Ok(Ok(s)) if s.phase == MigrationPhase::Failed => {
+                return Err(VmError::Disk {
+                    volume: d.volume.clone(),
+                    detail: format!("failed to switch: {}", s.error.clone().unwrap_or_default()),
+                })
+            }
+            Ok(Ok(s)) => st.push(s),
+            // The stream broke (the daemon restarting?): ask as before.
+            _ => {
+                st = wait_disks(
+                    run,
+                    disks,
+                    |p| p == MigrationPhase::Switched,
+                    Instant::now() + SWITCH_WAIT,
+                    SWITCH_POLL,
+                )
+                .await?;
+                break;
+            }
+        }
+    }
     let pause: f64 = st
         .iter()
         .filter_map(|s| s.report.as_ref().map(|r| r.time.pause_ms))
