@@ -69,6 +69,13 @@ pub struct VolumeSample {
     /// non-zero blocks, how well the disk's data compresses on the link.
     #[serde(default)]
     pub nonzero_compressed: u64,
+    /// What each non-zero block adds to one zstd stream (same level) over
+    /// the sample, flushed after each block, in bytes (at most the block
+    /// size), in the order of `fingerprints`: with a lookup's `missing`,
+    /// what the blocks a site lacks cost on the link (the data a volume's
+    /// return sends compresses unlike the rest).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub compressed: Vec<u32>,
 }
 
 /// `POST /v1/index/lookup`: which of these fingerprints (hex, at most
@@ -86,4 +93,8 @@ pub struct LookupRequest {
 pub struct LookupAnswer {
     pub asked: u64,
     pub found: u64,
+    /// The positions (in the request) of the fingerprints not found;
+    /// absent from daemons before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing: Option<Vec<u32>>,
 }

@@ -34,11 +34,13 @@ pub const HOST_CALL_LIMIT: Duration = Duration::from_secs(10);
 const PROBES: u32 = 3;
 
 /// Blocks of a guest's disk sampled to estimate what each other site
-/// already holds.
-const SAMPLE_BLOCKS: u64 = 256;
+/// already holds (the most a storage daemon samples at once): one block
+/// in 8 of a 128 MiB disk, so a site that lacks a few blocks (a disk's
+/// return trip) is told apart from one that lacks none.
+const SAMPLE_BLOCKS: u64 = 4096;
 
 /// How long a disk's sample stays good: what the sites hold of it changes
-/// slowly (with their indexes), and each sample costs 256 block reads at
+/// slowly (with their indexes), and each sample costs 4,096 block reads at
 /// the disk's site and an index lookup at every other.
 pub const HOLDINGS_MAX_AGE: Duration = Duration::from_secs(300);
 
@@ -79,6 +81,10 @@ struct Holdings {
     nonzero: Option<f64>,
     link_share: Option<f64>,
     missing: BTreeMap<String, f64>,
+    /// Per site, the link bytes of what it lacks, as a share of the
+    /// volume's bytes: the missing sampled blocks, each at its stream
+    /// cost (from daemons that say which fingerprints they lack).
+    missing_link: BTreeMap<String, f64>,
     /// Per site with several storage daemons: the one (NBD address) whose
     /// index holds most of the sample.
     best: BTreeMap<String, String>,
@@ -87,11 +93,21 @@ struct Holdings {
 impl Holdings {
     /// Per site, the bytes a disk move of `disk_bytes` there would send.
     fn missing_at(&self, disk_bytes: f64) -> BTreeMap<String, f64> {
-        self.missing
-            .iter()
-            .map(|(site, share)| (site.clone(), share * disk_bytes))
-            .collect()
+        scaled(&self.missing, disk_bytes)
     }
+
+    /// Per site, the link bytes a disk move of `disk_bytes` there would
+    /// send for the data it lacks.
+    fn missing_link_at(&self, disk_bytes: f64) -> BTreeMap<String, f64> {
+        scaled(&self.missing_link, disk_bytes)
+    }
+}
+
+fn scaled(shares: &BTreeMap<String, f64>, bytes: f64) -> BTreeMap<String, f64> {
+    shares
+        .iter()
+        .map(|(site, share)| (site.clone(), share * bytes))
+        .collect()
 }
 
 impl HoldingsCache {
@@ -171,16 +187,16 @@ fn missing_shares(
     for s in inv.sites.iter().filter(|s| s.name != home.name) {
         // Every daemon of the site is asked; the move goes to the one that
         // holds most, so the site lacks what that one lacks.
-        let mut best: Option<(f64, &StorageRef)> = None;
+        let mut best: Option<(f64, Option<Vec<u32>>, &StorageRef)> = None;
         for there in &s.storage {
-            let held = if sample.fingerprints.is_empty() {
-                0.0
+            let (held, lacks) = if sample.fingerprints.is_empty() {
+                (0.0, Some(Vec::new()))
             } else {
                 match AdminClient::with_timeout(&there.admin, HOST_CALL_LIMIT)
                     .index_lookup(&sample.fingerprints)
                 {
                     #[allow(clippy::cast_precision_loss)]
-                    Ok(a) => a.found as f64 / a.asked.max(1) as f64,
+                    Ok(a) => (a.found as f64 / a.asked.max(1) as f64, a.missing),
                     Err(e) => {
                         problems.push(format!(
                             "asking {} of {} about {volume}: {e}",
@@ -190,19 +206,47 @@ fn missing_shares(
                     }
                 }
             };
-            if best.is_none_or(|(h, _)| held > h) {
-                best = Some((held, there));
+            if best.as_ref().is_none_or(|(h, _, _)| held > *h) {
+                best = Some((held, lacks, there));
             }
         }
-        let Some((held, there)) = best else {
+        let Some((held, lacks, there)) = best else {
             continue;
         };
         out.missing.insert(s.name.clone(), nonzero * (1.0 - held));
+        if let Some(share) = lacks.as_ref().and_then(|l| missing_link_share(&sample, l)) {
+            tracing::debug!(
+                %volume,
+                site = %s.name,
+                sampled = sample.sampled,
+                lacks = lacks.as_ref().map_or(0, Vec::len),
+                sizes = ?lacks.iter().flatten().filter_map(|&i| sample.compressed.get(i as usize)).collect::<Vec<_>>(),
+                share,
+                "what a site lacks of a sampled disk"
+            );
+            out.missing_link.insert(s.name.clone(), share);
+        }
         if s.storage.len() > 1 && held > 0.0 {
             out.best.insert(s.name.clone(), there.nbd.clone());
         }
     }
     out
+}
+
+/// What the sampled blocks at positions `lacks` (of the sample's
+/// fingerprints) cost on the link, each as it adds to the sample's
+/// stream, as a share of the sampled bytes; `None` without per-block sizes (an older daemon).
+fn missing_link_share(sample: &ferry_api::VolumeSample, lacks: &[u32]) -> Option<f64> {
+    if sample.compressed.len() != sample.fingerprints.len() || sample.sampled == 0 {
+        return None;
+    }
+    let bytes: u64 = lacks
+        .iter()
+        .filter_map(|&i| sample.compressed.get(i as usize))
+        .map(|&c| u64::from(c))
+        .sum();
+    #[allow(clippy::cast_precision_loss)]
+    Some(bytes as f64 / (sample.sampled * u64::from(sample.block_size)) as f64)
 }
 
 /// One link's RTT, as declared and as probed this cycle.
@@ -702,6 +746,7 @@ pub fn measure(
             memory_bytes,
             disk_bytes,
             missing_at: disk.missing_at(disk_bytes),
+            missing_link_at: disk.missing_link_at(disk_bytes),
             nonzero_share: disk.nonzero,
             disk_link_share: disk.link_share,
             memory_link_share: v.memory_link_share,
@@ -787,6 +832,32 @@ mod tests {
             reason: None,
             burst_from: None,
         }
+    }
+
+    #[test]
+    fn what_a_site_lacks_costs_its_blocks_as_the_stream_compresses_them() {
+        // 8 blocks sampled, 2 zero; of the 6 others the site lacks two,
+        // one of text (400 bytes compressed) and one of noise (4096).
+        let sample = ferry_api::VolumeSample {
+            block_size: 4096,
+            volume_size: 8 * 4096,
+            sampled: 8,
+            zero: 2,
+            fingerprints: vec!["00".repeat(32); 6],
+            nonzero_compressed: 6 * 4096,
+            compressed: vec![4096, 400, 4096, 4096, 4096, 4096],
+        };
+        let share = missing_link_share(&sample, &[1, 2]).unwrap();
+        assert!((share - 4496.0 / (8.0 * 4096.0)).abs() < 1e-12, "{share}");
+        assert_eq!(missing_link_share(&sample, &[]), Some(0.0));
+        // Positions past the sample count nothing.
+        assert_eq!(missing_link_share(&sample, &[99]), Some(0.0));
+        // Without per-block sizes (an older daemon): unknown.
+        let old = ferry_api::VolumeSample {
+            compressed: Vec::new(),
+            ..sample
+        };
+        assert_eq!(missing_link_share(&old, &[1]), None);
     }
 
     /// A running guest as its host shows it, with `writes` disk bytes

@@ -109,6 +109,12 @@ pub struct VmState {
     /// volume's fingerprints asked of its index); absent: all of it.
     #[serde(default)]
     pub missing_at: BTreeMap<String, f64>,
+    /// For each site, the link bytes of the data it lacks: the sample's
+    /// missing blocks, each at its stream cost (what a disk's return sends,
+    /// the blocks written since it left, compresses unlike the rest);
+    /// absent: `missing_at` × `disk_link_share`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub missing_link_at: BTreeMap<String, f64>,
     /// Share of the disk's blocks that are not zero (from the same
     /// sample; only those are fingerprinted on a move); absent: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -312,6 +318,7 @@ mod tests {
                 memory_bytes: 1e8,
                 disk_bytes: 1e9,
                 missing_at: BTreeMap::new(),
+                missing_link_at: BTreeMap::new(),
                 nonzero_share: None,
                 memory_link_share: None,
                 disk_link_share: None,

@@ -145,6 +145,7 @@ fn build(cfg: &SimConfig) -> (Cluster, Vec<bool>) {
                 memory_bytes: f64::from(rng.gen_range(1u32..=8)) * 256e6,
                 disk_bytes: f64::from(rng.gen_range(4u32..=40)) * 1e9,
                 missing_at: Default::default(),
+                missing_link_at: Default::default(),
                 nonzero_share: None,
                 memory_link_share: None,
                 disk_link_share: None,

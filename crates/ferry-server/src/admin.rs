@@ -712,9 +712,14 @@ async fn sample(
             zero: 0,
             fingerprints: Vec::new(),
             nonzero_compressed: 0,
+            compressed: Vec::new(),
         };
         let mut buf = vec![0u8; bs as usize];
         let mut nonzero = Vec::new();
+        // One stream over the sample, flushed after each block: a block's
+        // cost is what it adds to the stream, as a migration's stream
+        // compresses a run of changed blocks with its neighbours.
+        let mut stream = zstd::stream::write::Encoder::new(Vec::new(), 3).ok();
         for i in 0..n {
             let block = i * total / n;
             v.read_at(block * u64::from(bs), &mut buf)?;
@@ -725,6 +730,16 @@ async fn sample(
                 let fp = ferry_index::Fingerprint::of(&buf);
                 out.fingerprints
                     .push(fp.0.iter().map(|b| format!("{b:02x}")).collect());
+                let z = stream
+                    .as_mut()
+                    .and_then(|e| {
+                        let before = e.get_ref().len();
+                        std::io::Write::write_all(e, &buf).ok()?;
+                        std::io::Write::flush(e).ok()?;
+                        Some(e.get_ref().len() - before)
+                    })
+                    .map_or(buf.len(), |z| z.min(buf.len()));
+                out.compressed.push(u32::try_from(z).unwrap_or(bs));
                 nonzero.extend_from_slice(&buf);
             }
         }
@@ -766,15 +781,16 @@ async fn index_lookup(
     }
     let index = s.index.clone();
     let out = blocking(move || {
-        let mut found = 0;
-        for fp in &prints {
-            if !index.lookup(fp, 1)?.is_empty() {
-                found += 1;
+        let mut missing = Vec::new();
+        for (i, fp) in prints.iter().enumerate() {
+            if index.lookup(fp, 1)?.is_empty() {
+                missing.push(u32::try_from(i).unwrap_or(u32::MAX));
             }
         }
         Ok::<_, crate::indexer::IndexerError>(ferry_api::LookupAnswer {
             asked: prints.len() as u64,
-            found,
+            found: (prints.len() - missing.len()) as u64,
+            missing: Some(missing),
         })
     })
     .await?;

@@ -307,9 +307,18 @@ fn a_volume_sample_asked_of_another_index_says_what_it_lacks() {
     );
     let prints = s["fingerprints"].clone();
     assert_eq!(prints.as_array().unwrap().len(), 128);
-    // Blocks of one repeated byte compress to almost nothing.
+    // Blocks of one repeated byte compress to almost nothing, together
+    // and each in the sample's stream.
     let z = s["nonzero_compressed"].as_u64().unwrap();
     assert!(z > 0 && z < 128 * 4096 / 50, "{s}");
+    let alone: Vec<u64> = s["compressed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_u64().unwrap())
+        .collect();
+    assert_eq!(alone.len(), 128, "one size per fingerprint: {s}");
+    assert!(alone.iter().all(|&c| c > 0 && c < 100), "{alone:?}");
     let there: Value = ureq::post(&url(&b, "/v1/index/lookup"))
         .send_json(json!({"fingerprints": prints}))
         .unwrap()
@@ -320,6 +329,15 @@ fn a_volume_sample_asked_of_another_index_says_what_it_lacks() {
         (Some(128), Some(64)),
         "{there}"
     );
+    // Which ones it lacks: the blocks 65.. of the pattern, the sample's
+    // second half.
+    let lacks: Vec<u64> = there["missing"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_u64().unwrap())
+        .collect();
+    assert_eq!(lacks, (64..128).collect::<Vec<u64>>(), "{there}");
     // Its own index holds all of them.
     let here: Value = ureq::post(&url(&a, "/v1/index/lookup"))
         .send_json(json!({"fingerprints": prints}))
@@ -339,6 +357,11 @@ fn a_volume_sample_asked_of_another_index_says_what_it_lacks() {
         .unwrap();
     let z = s["nonzero_compressed"].as_u64().unwrap();
     assert!((64 * 4096 * 99 / 100..=64 * 4096).contains(&z), "{s}");
+    let alone = s["compressed"].as_array().unwrap();
+    assert!(
+        alone.iter().all(|c| c.as_u64() == Some(4096)),
+        "a random block costs its whole size, not more: {s}"
+    );
     // Fewer blocks than asked for: spread evenly.
     let s: Value = ureq::post(&url(&a, "/v1/volumes/disk/sample"))
         .send_json(json!({"blocks": 16}))
