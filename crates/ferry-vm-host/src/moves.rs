@@ -129,6 +129,15 @@ impl MoveRun {
         }
     }
 
+    /// Whether the move went through post-copy (the guest may have run at
+    /// the destination since).
+    fn went_postcopy(&self) -> bool {
+        self.phases
+            .lock()
+            .iter()
+            .any(|(p, _)| *p == VmMovePhase::Postcopy)
+    }
+
     pub fn phase(&self) -> VmMovePhase {
         *self.phase.lock()
     }
@@ -1195,6 +1204,26 @@ async fn conclude(
     // the guest runs there only once they have.
     let placed = match disks_switched(run, disks).await {
         Ok(p) => p,
+        // After post-copy the guest may already run there: it stays there,
+        // on its disks wherever they are now.
+        Err(e) if run.went_postcopy() => {
+            run.note(format!(
+                "the disks' switch did not complete ({e}); the guest ran at the destination in post-copy and stays there, its disks where they are now"
+            ));
+            let refs = run.disk_migrations.lock().clone();
+            for n in crate::recover::settle_disks(g, &refs).await {
+                run.note(n);
+            }
+            let spec = g.spec.lock().clone();
+            spec.disks
+                .iter()
+                .map(|d| SwitchedDisk {
+                    volume: d.volume.clone(),
+                    server: d.server.clone(),
+                    admin: d.admin.clone(),
+                })
+                .collect()
+        }
         Err(e) => {
             let why = format!("the disks' switch did not complete ({e}); resumed here");
             return resume_here(host, g, run, q, to_host, why).await;
