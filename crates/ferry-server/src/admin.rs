@@ -715,7 +715,11 @@ async fn sample(
             compressed: Vec::new(),
         };
         let mut buf = vec![0u8; bs as usize];
-        let mut nonzero = Vec::new();
+        // The non-zero blocks compressed together at the migration's
+        // stream level, streamed rather than gathered first (4,096 blocks
+        // would be 16 MiB); a failure leaves them raw.
+        let mut together = zstd::stream::write::Encoder::new(ByteCount(0), 3).ok();
+        let mut nonzero_bytes = 0u64;
         // One stream over the sample, flushed after each block: a block's
         // cost is what it adds to the stream, as a migration's stream
         // compresses a run of changed blocks with its neighbours.
@@ -740,18 +744,38 @@ async fn sample(
                     })
                     .map_or(buf.len(), |z| z.min(buf.len()));
                 out.compressed.push(u32::try_from(z).unwrap_or(bs));
-                nonzero.extend_from_slice(&buf);
+                nonzero_bytes += buf.len() as u64;
+                if together
+                    .as_mut()
+                    .is_some_and(|e| std::io::Write::write_all(e, &buf).is_err())
+                {
+                    together = None;
+                }
             }
         }
-        if !nonzero.is_empty() {
-            // The migration's stream level; a failure leaves it raw.
-            let z = zstd::bulk::compress(&nonzero, 3).map_or(nonzero.len(), |z| z.len());
-            out.nonzero_compressed = z.min(nonzero.len()) as u64;
+        if nonzero_bytes > 0 {
+            let z = together
+                .and_then(|e| e.finish().ok())
+                .map_or(nonzero_bytes, |c| c.0);
+            out.nonzero_compressed = z.min(nonzero_bytes);
         }
         Ok::<_, StorageError>(out)
     })
     .await?;
     Ok(Json(out))
+}
+
+/// A writer that only counts the bytes written to it.
+struct ByteCount(u64);
+
+impl std::io::Write for ByteCount {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0 += b.len() as u64;
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// `POST /v1/index/lookup`: how many of the fingerprints the index holds.
