@@ -1414,26 +1414,25 @@ async fn disks_switched(
         return Ok(Vec::new());
     }
     // Each daemon says when its migration ends (its event stream, not a
-    // poll: every millisecond here is the guest's pause).
-    let mut watches = Vec::new();
-    for (d, id) in disks {
-        let c = admin_of(d).limited(SWITCH_WAIT);
-        let id = id.clone();
-        watches.push(tokio::task::spawn_blocking(move || {
-            c.watch_migration(&id, |_| {})
-        }));
-    }
+    // poll: every millisecond here is the guest's pause), all at once.
+    let ends: Vec<_> = disks
+        .iter()
+        .map(|(d, id)| {
+            let (admin, id) = (d.admin.clone().unwrap_or_default(), id.clone());
+            tokio::spawn(async move { crate::recover::until_ended(&admin, &id, SWITCH_WAIT).await })
+        })
+        .collect();
     let mut st = Vec::new();
-    for ((d, _), w) in disks.iter().zip(watches) {
-        match w.await {
-            Ok(Ok(s)) if s.phase == MigrationPhase::Failed => {
+    for ((d, _), end) in disks.iter().zip(ends) {
+        match end.await.ok().flatten() {
+            Some(s) if s.phase == MigrationPhase::Failed => {
                 return Err(VmError::Disk {
                     volume: d.volume.clone(),
                     detail: format!("failed to switch: {}", s.error.clone().unwrap_or_default()),
                 })
             }
-            Ok(Ok(s)) => st.push(s),
-            // The stream broke (the daemon restarting?): ask as before.
+            Some(s) if s.phase == MigrationPhase::Switched => st.push(s),
+            // Not known to have ended (the daemon restarting?): ask as before.
             _ => {
                 st = wait_disks(
                     run,

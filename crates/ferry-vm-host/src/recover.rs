@@ -141,6 +141,28 @@ async fn migration_of(d: &DiskMigrationRef) -> Option<DiskMigrationStatus> {
         .ok()
 }
 
+/// `id` followed on `admin`'s event stream until it ends, at most
+/// `limit`; if the stream breaks or the limit passes, its status asked
+/// once more (`None`: the daemon cannot be asked). Its last status,
+/// ended or not.
+pub(crate) async fn until_ended(
+    admin: &str,
+    id: &MigrationId,
+    limit: Duration,
+) -> Option<DiskMigrationStatus> {
+    let (c, i) = (AdminClient::new(admin).limited(limit), id.clone());
+    match tokio::task::spawn_blocking(move || c.watch_migration(&i, |_| {})).await {
+        Ok(Ok(s)) => Some(s),
+        _ => {
+            let (c, i) = (AdminClient::new(admin), id.clone());
+            tokio::task::spawn_blocking(move || c.migration(&i))
+                .await
+                .ok()?
+                .ok()
+        }
+    }
+}
+
 /// Where a switched migration put its volume: (NBD address, the admin
 /// API the destination advertised).
 fn moved(s: &DiskMigrationStatus) -> Option<(String, Option<String>)> {
@@ -167,30 +189,26 @@ async fn settled_place(
                 Ok(Err(e)) => notes.push(format!("disk {}: cancel failed: {e}", d.volume)),
                 Err(e) => notes.push(format!("disk {}: cancel failed: {e}", d.volume)),
             }
-            let end = tokio::time::Instant::now() + SETTLE_WAIT;
-            loop {
-                match migration_of(d).await {
-                    Some(s) if s.phase.is_terminal() => {
-                        notes.push(format!(
-                            "disk {}: migration cancelled ({} when asked; it ended {})",
-                            d.volume,
-                            was.as_str(),
-                            s.phase.as_str()
-                        ));
-                        return moved(&s);
-                    }
-                    Some(s) if tokio::time::Instant::now() >= end => {
-                        notes.push(format!(
-                            "disk {}: its migration did not end within {} s of being cancelled ({}); the disk stays as the guest's spec says",
-                            d.volume,
-                            SETTLE_WAIT.as_secs(),
-                            s.phase.as_str()
-                        ));
-                        return None;
-                    }
-                    Some(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-                    None => break,
+            match until_ended(&d.admin, &d.id, SETTLE_WAIT).await {
+                Some(s) if s.phase.is_terminal() => {
+                    notes.push(format!(
+                        "disk {}: migration cancelled ({} when asked; it ended {})",
+                        d.volume,
+                        was.as_str(),
+                        s.phase.as_str()
+                    ));
+                    return moved(&s);
                 }
+                Some(s) => {
+                    notes.push(format!(
+                        "disk {}: its migration did not end within {} s of being cancelled ({}); the disk stays as the guest's spec says",
+                        d.volume,
+                        SETTLE_WAIT.as_secs(),
+                        s.phase.as_str()
+                    ));
+                    return None;
+                }
+                None => {}
             }
         }
         None => {}
