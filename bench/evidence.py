@@ -23,6 +23,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from common import FERRY, ROOT, ensure_ferry, version  # noqa: E402
+from evidence_cpu import cpu_report, exp_cpu  # noqa: E402
+from evidence_drivers import drivers_report, exp_drivers  # noqa: E402
 from evidence_rigs import (IscsiBridge, Link, Storage, ext4_image, fio, random_image,  # noqa: E402
                            zero_share)
 
@@ -901,23 +903,46 @@ def image_pair(ctx):
 
 
 SEED_FIG8 = None  # Fig. 8 is drawn without values in the seed's text; only its shape is described.
-SEED_T1 = {"Ubuntu 11.04 → 11.10": 40.23, "Ubuntu 11.10 → 11.04": 63.39, "Fedora 14 → Better": 46.45,
-           "CentOS 5.8 → Sense": 41.75}
+# Seed 002 Table 1, row (indexed first) → column (migrated): share of the migrated image's non-zero 512 B blocks
+# found in the index.
+SEED_T1 = {"Ubuntu 11.04 → 11.10": 63.39, "Ubuntu 11.10 → 11.04": 40.23, "Ubuntu 11.10 → 12.04": 23.04,
+           "Ubuntu 12.04 → 11.10": 22.70, "Fedora 15 → 16": 34.34, "Fedora 16 → 15": 35.33,
+           "Better → Fedora 14": 46.45, "Sense → CentOS 5.8": 41.75}
 SEED_T2 = {"CentOS 5.8": 94.45, "CentOS 6.3": 92.92, "Fedora 14": 91.04, "Fedora 17": 85.30,
            "Ubuntu 11.04": 94.22, "Ubuntu 12.04": 96.92, "Sense": 65.66, "Better": 83.61}
+
+
+def similarity(index, migrated, block_sizes=None):
+    """`ferry index similarity`: per block size, the share of `migrated`'s non-zero blocks found in `index`."""
+    args = [FERRY, "index", "similarity", index, migrated, "--json"]
+    args += ["--block-sizes", block_sizes] if block_sizes else []
+    return json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
+
+
+def release_pairs(ctx, d):
+    """Seed 002 Table 1's pairs, two releases of one distribution: Debian 12 (bookworm) and 13 (trixie), the
+    same package sets, each the index of the other. Quick runs use the quick pair instead."""
+    if ctx.quick:
+        return [("quick base", "quick bigger", os.path.join(d, "min.img"), os.path.join(d, "lamp.img"))]
+    if not all(os.path.exists(os.path.join(d, f)) for f in ("trixie-min.img", "trixie-lamp.img")):
+        subprocess.run(["bash", os.path.join(BENCH, "similarity.sh"), d], check=True,
+                       env=dict(os.environ, RELEASE="trixie"))
+    return [(f"Debian 12 {k}", f"Debian 13 {k}", os.path.join(d, f"{f}.img"), os.path.join(d, f"trixie-{f}.img"))
+            for k, f in (("LAMP + compilers", "lamp"), ("minbase", "min"))]
 
 
 def exp_similarity(ctx):
     """Seed 002, Table 1-2 and Fig. 8: shared and zero blocks of real OS images."""
     d, what = image_pair(ctx)
     base, img = os.path.join(d, "min.img"), os.path.join(d, "lamp.img")
-    out = subprocess.run([FERRY, "index", "similarity", base, img, "--json"], check=True, capture_output=True,
-                         text=True).stdout
-    sims = json.loads(out)
-    rev = json.loads(subprocess.run([FERRY, "index", "similarity", img, base, "--json", "--block-sizes", "512,4K"],
-                                    check=True, capture_output=True, text=True).stdout)
+    sims = similarity(base, img)
+    rev = similarity(img, base, "512,4K")
+    releases = []
+    for a_name, b_name, a, b in release_pairs(ctx, d):
+        releases.append({"index": a_name, "migrated": b_name, "shares": similarity(a, b)})
+        releases.append({"index": b_name, "migrated": a_name, "shares": similarity(b, a)})
     zeros = {"base": 100 * zero_share(base), "bigger": 100 * zero_share(img)}
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     ax = axes[0]
     xs = [s["block_size"] for s in sims]
     ax.plot(xs, [100 * s["found_share"] for s in sims], "o-", label="ours: non-zero blocks found in the base")
@@ -931,6 +956,20 @@ def exp_similarity(ctx):
     ax.legend(fontsize=7)
     ax.grid(alpha=.3)
     ax = axes[1]
+    for r in releases:
+        ax.plot([x["block_size"] for x in r["shares"]], [100 * x["found_share"] for x in r["shares"]], "o-",
+                label=f"{r['index']} → {r['migrated']}", ms=4)
+    for k, v in SEED_T1.items():
+        ax.plot([512], [v], "_", color="#777", ms=14, mew=2)
+    ax.plot([], [], "_", color="#777", ms=14, mew=2, label="seed 002 Table 1 pairs (512 B)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("block size (bytes)")
+    ax.set_ylabel("% of the migrated image's non-zero blocks in the index")
+    ax.set_ylim(0, 105)
+    ax.set_title("Across releases (seed 002, Table 1: index → migrated)", fontsize=9)
+    ax.legend(fontsize=6)
+    ax.grid(alpha=.3)
+    ax = axes[2]
     names = list(SEED_T2) + ["ours: base", "ours: bigger"]
     vals = list(SEED_T2.values()) + [zeros["base"], zeros["bigger"]]
     ax.barh(names, vals, color=["#999"] * len(SEED_T2) + ["C0", "C0"])
@@ -949,6 +988,11 @@ def exp_similarity(ctx):
     table += [f"| {k} | {v:.1f}% | |" for k, v in SEED_T1.items()]
     table += [f"| base → bigger install | | {100 * f512['found_share']:.1f}% |",
               f"| bigger install → base | | {100 * r512['found_share']:.1f}% |"]
+    bss = [x["block_size"] for x in releases[0]["shares"]]
+    table += ["", "| index → migrated (two releases) | " + " | ".join(f"{b} B" for b in bss) + " |",
+              "|---|" + "---|" * len(bss)]
+    table += [f"| {r['index']} → {r['migrated']} | " + " | ".join(f"{100 * x['found_share']:.1f}%"
+                                                                  for x in r["shares"]) + " |" for r in releases]
     table += ["", f"Zero 4 KiB blocks: base {zeros['base']:.1f}%, bigger {zeros['bigger']:.1f}% "
                   f"(seed's Table 2: 65.7% to 97.0%)."]
     return {
@@ -959,12 +1003,24 @@ def exp_similarity(ctx):
                 "(its values are not printed).",
         "ours": f"{100 * f512['found_share']:.1f}% of the bigger install's non-zero blocks are in the base at 512 B, "
                 f"{100 * f4k['found_share']:.1f}% at 4 KiB; with zero blocks, {100 * f4k['saved_share']:.1f}% of the "
-                "image need not cross the link at ferry's 4 KiB chunk. Ours is one release with more packages "
-                "(the seed's same-distribution pairs are different releases).",
+                "image need not cross the link at ferry's 4 KiB chunk. Across two releases with the same "
+                f"packages: {release_text(releases)}",
         "table": table,
-        "conditions": what + "; `ferry index similarity` (BLAKE3 per block, exact set membership).",
-        "raw": {"similarity": sims, "reverse": rev, "zero_pct": zeros},
+        "conditions": what + "; across releases: the same two package sets debootstrapped from Debian 13 "
+                             "(trixie) the same day; `ferry index similarity` (BLAKE3 per block, exact set membership).",
+        "raw": {"similarity": sims, "reverse": rev, "zero_pct": zeros, "releases": releases},
     }
+
+
+def release_text(releases):
+    def at(r, bs):
+        return 100 * next(x["found_share"] for x in r["shares"] if x["block_size"] == bs)
+    return "; ".join(f"{r['index']} → {r['migrated']} {at(r, 512):.1f}% at 512 B, {at(r, 4096):.1f}% at 4 KiB"
+                     for r in releases) + " (the seed's Ubuntu 11.04 ↔ 11.10: 63.4% / 40.2%, Fedora 15 ↔ 16: " \
+                                          "34.3% / 35.3%, at 512 B). Debian's releases are two years apart (the " \
+                                          "seed's Ubuntu pairs six months): what two releases share is at the low " \
+                                          "end of the seed's same-distribution pairs and, as in Fig. 8, halves past " \
+                                          "4 KiB; in both directions about the same."
 
 
 def exp_index(ctx):
@@ -1381,7 +1437,9 @@ EXPERIMENTS = {
     "migration": exp_migration,
     "pause": exp_pause,
     "workloads": exp_workloads,
+    "cpu": exp_cpu,
     "sweeps": exp_sweeps,
+    "drivers": exp_drivers,
 }
 
 PENDING = []
@@ -1430,7 +1488,8 @@ def main():
     ap.add_argument("--doc", help="page to write (default: docs/evidence.md, or OUT/evidence.md with --quick)")
     ap.add_argument("--keep-going", action="store_true", help="run the other experiments when one fails")
     ap.add_argument("--redraw", action="store_true",
-                    help="redo the figure and table of --only pause, threshold or model from saved results, without measuring")
+                    help="redo the figure and table of --only pause, threshold, model, cpu or drivers from saved "
+                         "results, without measuring")
     a = ap.parse_args()
     names = a.only.split(",") if a.only else list(EXPERIMENTS)
     for n in names:
@@ -1462,14 +1521,20 @@ def main():
             print(f"== {n}", flush=True)
             try:
                 if a.redraw:
-                    if n not in ("pause", "threshold", "model"):
-                        raise RuntimeError("--redraw knows only pause, threshold and model")
+                    if n not in ("pause", "threshold", "model", "cpu", "drivers"):
+                        raise RuntimeError("--redraw knows only pause, threshold, model, cpu and drivers")
                     with open(os.path.join(a.out, f"{n}.json")) as f:
                         old = json.load(f)
                     raw = old["raw"]
                     if n == "model":
                         q = old.get("quick", False)
                         r = model_report(ctx, raw, 200, 8, 8 if q else 48, 32 if q else 128)
+                    elif n == "cpu":
+                        q = old.get("quick", False)
+                        r = cpu_report(ctx, raw["rows"], 3 if q else 20, 64 if q else 1024)
+                    elif n == "drivers":
+                        q = old.get("quick", False)
+                        r = drivers_report(ctx, raw["rows"], raw["runs"], 16 if q else 256, 1 if q else 3)
                     elif n == "pause":
                         raw.setdefault("what", old["conditions"].split(";")[0])
                         r = exp_pause(ctx, raw)

@@ -92,6 +92,10 @@ if [ "$want_test" = 1 ]; then
   # booting from its disk: the networked database test and the benches.
   bash "$(dirname "$0")/debian-guest.sh" "${FERRY_GUEST_DIR:-/var/cache/ferry-guest}/debian-bookworm.img" \
     || echo "WARN: no Debian guest image; the Debian guest test will fail under FERRY_REQUIRE_TOOLS"
+  # The guest of the evidence set's disk-driver experiment (seed 004):
+  # Debian's generic kernel, with the emulated SCSI controller's driver.
+  bash "$(dirname "$0")/../bench/driver_guest.sh" "${FERRY_DRIVER_GUEST_DIR:-/var/cache/ferry-driver-guest}" \
+    || echo "WARN: no driver guest; bench/evidence.py --only drivers builds it when run"
   # QEMU tools that negotiate NBD extended headers (QEMU >= 9), beside the
   # system QEMU.
   bash "$(dirname "$0")/qemu-ext.sh" "${FERRY_QEMU_EXT_DIR:-/opt/ferry/qemu-ext}" \

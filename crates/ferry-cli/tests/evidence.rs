@@ -9,7 +9,7 @@ use common::on_path;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const EXPERIMENTS: [&str; 11] = [
+const EXPERIMENTS: [&str; 13] = [
     "rtt",
     "db_rtt",
     "move_then_run",
@@ -20,7 +20,9 @@ const EXPERIMENTS: [&str; 11] = [
     "migration",
     "pause",
     "workloads",
+    "cpu",
     "sweeps",
+    "drivers",
 ];
 
 fn root() -> PathBuf {
@@ -51,6 +53,9 @@ fn every_evidence_experiment_runs_and_draws_its_figure() {
         "sysbench",
         "mariadb",
         "ssh",
+        // cpu: nbdkit beside ferry; drivers: a loop device for the raw block device.
+        "nbdkit",
+        "losetup",
     ]
     .into_iter()
     .filter(|t| !on_path(t))
