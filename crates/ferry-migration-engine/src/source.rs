@@ -717,16 +717,29 @@ struct PendingSwitch {
 
 /// End a round and wait until the destination has written and flushed
 /// everything sent so far (so the final pause has little left to flush).
+/// End round `round` and wait for its `Synced`. With `release`, stop
+/// waiting once it fires (`Ok(false)`): the switch was released while the
+/// answer was on its way, and the pause reads it before the verdict rather
+/// than keep a stopped guest waiting a round trip for it.
 async fn sync_round(
     link: &Link<'_>,
     in_rx: &mut mpsc::UnboundedReceiver<Result<Message, MigrationError>>,
     cancel: &tokio_util::sync::CancellationToken,
     round: u32,
     dirty_bytes: u64,
-) -> Result<(), MigrationError> {
+    release: Option<&tokio_util::sync::CancellationToken>,
+) -> Result<bool, MigrationError> {
     link.send(Message::RoundEnd { round, dirty_bytes }).await?;
-    match next_msg(in_rx, ANSWER_TIMEOUT, Some(cancel)).await? {
-        Message::Synced { round: r } if r == round => Ok(()),
+    let never = tokio_util::sync::CancellationToken::new();
+    let release = release.unwrap_or(&never);
+    // `recv` is cancel-safe: an answer not taken here stays queued.
+    let m = tokio::select! {
+        biased;
+        m = next_msg(in_rx, ANSWER_TIMEOUT, Some(cancel)) => m?,
+        () = release.cancelled() => return Ok(false),
+    };
+    match m {
+        Message::Synced { round: r } if r == round => Ok(true),
         m => Err(unexpected(&m, "waiting for the end of a round")),
     }
 }
@@ -1113,7 +1126,7 @@ async fn fingerprint_phase(
     }
     drop(want_tx);
     data_task.await?;
-    sync_round(link, in_rx, &run.cancel, 0, bm.dirty_bytes()).await?;
+    sync_round(link, in_rx, &run.cancel, 0, bm.dirty_bytes(), None).await?;
     let fingerprints_s = t_start.elapsed().as_secs_f64();
     let sent = run.wire.tx.load(Ordering::Relaxed) - tx_start;
     let mut rate = if job.req.bwlimit > 0 {
@@ -1240,7 +1253,13 @@ async fn dirty_rounds(
         bulk("round", move || s.send_ranges(&ranges, true)).await?;
         let round = round.saturating_add(1);
         c.rounds.store(u64::from(round), Ordering::Relaxed);
-        sync_round(link, in_rx, &run.cancel, round, dirty).await?;
+        // A round sent while held gives way to the release (the guest of a
+        // teleport is stopped by then).
+        let release = held.map(|_| &run.switch_go);
+        if !sync_round(link, in_rx, &run.cancel, round, dirty, release).await? {
+            tracing::debug!(migration = %run.id, round, "switch released during a held round; pausing without waiting for its answer");
+            break;
+        }
         let moved = run.wire.tx.load(Ordering::Relaxed) - tx0;
         if moved > (1 << 20) {
             rate = converge::to_f64(moved) / t.elapsed().as_secs_f64().max(1e-3);
@@ -1324,17 +1343,22 @@ async fn pause_and_switch(
     let wait =
         PAUSE_ANSWER_TIMEOUT + converge::drain_time(last_bytes.saturating_mul(2), rounds.rate);
     let answers = async {
-        let dest_digest = match next_msg(in_rx, wait, None).await? {
-            Message::DigestResult { matches, digest } => {
-                if !matches || digest != source_digest {
-                    return Err(MigrationError::DigestMismatch {
-                        source_digest: hex(&source_digest),
-                        destination_digest: hex(&digest),
-                    });
+        let dest_digest = loop {
+            match next_msg(in_rx, wait, None).await? {
+                // The answer to a held round the release did not wait for
+                // (the order checker let through only one for an ended round).
+                Message::Synced { .. } => {}
+                Message::DigestResult { matches, digest } => {
+                    if !matches || digest != source_digest {
+                        return Err(MigrationError::DigestMismatch {
+                            source_digest: hex(&source_digest),
+                            destination_digest: hex(&digest),
+                        });
+                    }
+                    break digest;
                 }
-                digest
+                m => return Err(unexpected(&m, "waiting for the digest")),
             }
-            m => return Err(unexpected(&m, "waiting for the digest")),
         };
         tracing::debug!(elapsed = ?pause_start.elapsed(), "pause: digest answered");
         match next_msg(in_rx, wait, None).await? {
