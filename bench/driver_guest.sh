@@ -21,45 +21,17 @@
 set -euo pipefail
 out="${1:-/var/cache/ferry-driver-guest}"
 version=2
-if [ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ] && [ "$(cat "$out/version" 2>/dev/null)" = "$version" ]; then
-  exit 0
-fi
+. "$(cd "$(dirname "$0")/../scripts" && pwd)/guest-lib.sh"
+guest_cached "$out" "$version" && exit 0
 mkdir -p "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 
-kpkg=$(apt-cache search --names-only '^linux-image-[0-9.]+-[0-9]+-amd64-unsigned$' \
-  | awk '{print $1}' | sort -V | tail -1)
-[ -n "$kpkg" ] || { echo "no Debian amd64 kernel package found" >&2; exit 1; }
-apt-get download -q "$kpkg" busybox-static >/dev/null 2>&1 \
-  || (apt-get update -q >/dev/null && apt-get download -q "$kpkg" busybox-static >/dev/null)
-dpkg -x linux-image-*.deb k
-dpkg -x busybox-static_*.deb bb
-kver=$(ls k/lib/modules | head -1)
-mods="k/lib/modules/$kver"
-
+guest_unpack amd64
 root="$work/root"
-mkdir -p "$root"/{bin,dev,proc,sys,tmp,modules}
-cp bb/bin/busybox "$root/bin/busybox"
-for a in sh mount insmod sleep echo cat cut dd ls wc poweroff; do
-  ln -s busybox "$root/bin/$a"
-done
-
-# Modules, dependencies first (from each module's depends=).
-order=()
-add() {
-  local m=$1 f d
-  for x in "${order[@]}"; do [ "$x" = "$m" ] && return; done
-  f=$(find "$mods" -name "$m.ko*" | head -1)
-  [ -n "$f" ] || return 0   # built in
-  d=$(grep -a -o 'depends=[a-z_0-9,-]*' "$f" | head -1 | cut -d= -f2 | tr ',' ' ')
-  for x in $d; do add "$x"; done
-  cp "$f" "$root/modules/"
-  order+=("$m")
-}
-for m in virtio_pci virtio_blk virtio_scsi sd_mod sym53c8xx; do add "$m"; done
-printf '%s\n' "${order[@]}" > "$root/modules/order"
+guest_root "$root" sh mount insmod sleep echo cat cut dd ls wc poweroff
+guest_modules "$root" virtio_pci virtio_blk virtio_scsi sd_mod sym53c8xx
 
 cat > "$root/init" <<'EOF'
 #!/bin/sh
@@ -108,7 +80,5 @@ echo "ferry-driver: done"
 poweroff -f
 EOF
 chmod +x "$root/init"
-(cd "$root" && find . | "$work/bb/bin/busybox" cpio -o -H newc 2>/dev/null | gzip -1) > "$out/initrd.img"
-cp k/boot/vmlinuz-* "$out/vmlinuz"
-echo "$version" > "$out/version"
+guest_pack "$root" "$out" "$version"
 echo "driver guest: $out (kernel $kver)"

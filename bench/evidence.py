@@ -931,6 +931,17 @@ def release_pairs(ctx, d):
             for k, f in (("LAMP + compilers", "lamp"), ("minbase", "min"))]
 
 
+def block_size_axes(ax, ylabel, title, legend_size):
+    """A share (0-100%) against block size on a log axis."""
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("block size (bytes)")
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, 105)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=legend_size)
+    ax.grid(alpha=.3)
+
+
 def exp_similarity(ctx):
     """Seed 002, Table 1-2 and Fig. 8: shared and zero blocks of real OS images."""
     d, what = image_pair(ctx)
@@ -948,13 +959,7 @@ def exp_similarity(ctx):
     ax.plot(xs, [100 * s["found_share"] for s in sims], "o-", label="ours: non-zero blocks found in the base")
     ax.plot(xs, [100 * s["saved_share"] for s in sims], "s--", label="ours: image not to send (zero or found)")
     ax.axvspan(4096, 8192, color="grey", alpha=.15, label="seed: \"big drop\" between 4 and 8 KiB")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("block size (bytes)")
-    ax.set_ylabel("% of the bigger image")
-    ax.set_ylim(0, 105)
-    ax.set_title("Shared blocks against block size (seed 002, Fig. 8)", fontsize=9)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=.3)
+    block_size_axes(ax, "% of the bigger image", "Shared blocks against block size (seed 002, Fig. 8)", 7)
     ax = axes[1]
     for r in releases:
         ax.plot([x["block_size"] for x in r["shares"]], [100 * x["found_share"] for x in r["shares"]], "o-",
@@ -962,13 +967,8 @@ def exp_similarity(ctx):
     for k, v in SEED_T1.items():
         ax.plot([512], [v], "_", color="#777", ms=14, mew=2)
     ax.plot([], [], "_", color="#777", ms=14, mew=2, label="seed 002 Table 1 pairs (512 B)")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("block size (bytes)")
-    ax.set_ylabel("% of the migrated image's non-zero blocks in the index")
-    ax.set_ylim(0, 105)
-    ax.set_title("Across releases (seed 002, Table 1: index → migrated)", fontsize=9)
-    ax.legend(fontsize=6)
-    ax.grid(alpha=.3)
+    block_size_axes(ax, "% of the migrated image's non-zero blocks in the index",
+                    "Across releases (seed 002, Table 1: index → migrated)", 6)
     ax = axes[2]
     names = list(SEED_T2) + ["ours: base", "ours: bigger"]
     vals = list(SEED_T2.values()) + [zeros["base"], zeros["bigger"]]
