@@ -715,12 +715,12 @@ struct PendingSwitch {
     held_s: f64,
 }
 
-/// End a round and wait until the destination has written and flushed
-/// everything sent so far (so the final pause has little left to flush).
-/// End round `round` and wait for its `Synced`. With `release`, stop
-/// waiting once it fires (`Ok(false)`): the switch was released while the
-/// answer was on its way, and the pause reads it before the verdict rather
-/// than keep a stopped guest waiting a round trip for it.
+/// End round `round` and wait for its `Synced`: the destination has written
+/// and flushed everything sent so far (so the final pause has little left
+/// to flush). With `release`, stop waiting once it fires (`Ok(false)`): the
+/// switch was released while the answer was on its way, and the pause
+/// reads it before the verdict rather than keep a stopped guest waiting a
+/// round trip for it (the destination still flushes the round first).
 async fn sync_round(
     link: &Link<'_>,
     in_rx: &mut mpsc::UnboundedReceiver<Result<Message, MigrationError>>,
