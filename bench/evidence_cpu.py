@@ -9,6 +9,7 @@ import json, os, subprocess, threading, time
 
 import matplotlib.pyplot as plt
 
+from common import FERRY
 from evidence_rigs import cpu_seconds
 from nbd_peers import Server
 
@@ -94,6 +95,20 @@ def fio_at_rate(target, args, rate, secs, size, server_pid):
             "server_cpu_s": server}
 
 
+def settle_index(srv, limit_s=300):
+    """Index ferry's new volume now and wait until the daemon is idle: its background indexing of a new volume
+    (reading and hashing all of it) is CPU the requests measured here did not cause."""
+    subprocess.run([FERRY, "index", "rebuild", "bench", "--admin", f"127.0.0.1:{srv.admin}"], check=True,
+                   stdout=subprocess.DEVNULL)
+    deadline = time.time() + limit_s
+    while time.time() < deadline:
+        c0 = cpu_seconds(srv.proc.pid)
+        time.sleep(1)
+        if cpu_seconds(srv.proc.pid) - c0 < 0.02:
+            return
+    raise RuntimeError(f"ferry serve still busy {limit_s} s after indexing its volume")
+
+
 def exp_cpu(ctx):
     """Seed 003 Figs. 2-6: the host's CPU per workload profile, served by ferry against a local disk."""
     secs = 3 if ctx.quick else 20
@@ -107,8 +122,9 @@ def exp_cpu(ctx):
     servers = {k: Server(k, img, os.path.join(work, k)) for k in ("ferry", "nbdkit")}
     rows = []
     try:
-        # A first run through a freshly started server costs it more per request (ferry's first 10 s of the
-        # database profile: 56 µs of CPU per request, the next ones 29-31): warm each up, unmeasured.
+        settle_index(servers["ferry"])
+        # And a first run through a freshly started server still costs it more per request: warm each up,
+        # unmeasured.
         for srv in servers.values():
             fio_at_rate(srv.uri, CPU_PROFILES[0][1], CPU_PROFILES[0][2], 1 if ctx.quick else 5, f"{size_mib}M",
                         srv.proc.pid)
@@ -180,13 +196,19 @@ def cpu_report(ctx, rows, secs, size_mib):
                 f"(ferry / nbdkit per profile: {', '.join(f'{n} {v:.2f}' for n, v in vs_nbdkit.items())}). "
                 "The standby profile costs next to nothing either way. At these rates requests come one at a "
                 "time and each pays its own wake-ups; at saturation ferry's CPU per 4 KiB write is 0.63x "
-                "nbdkit's (docs/benchmarks.md, NBD serving). Why ferry costs more per request here is not yet "
-                "looked into.",
+                "nbdkit's (docs/benchmarks.md, NBD serving). These ratios move between runs (0.48-1.66 over "
+                "the four runs of 2026-11-27, ferry's volume indexed and the daemon idle first in the last): the "
+                "writes of a profile run into whatever state the previous runs left the file's page cache in "
+                "(the buffer-head walk of small writes in docs/benchmarks.md), which the server's process pays. "
+                "By hand, the database profile in three alternating pairs on an image written long before: "
+                "ferry 22-25 µs of CPU per request after its first run (105), nbdkit 43-46.",
         "table": table,
         "conditions": f"One {size_mib} MiB file of random data, written back before the runs; fio {secs} s per run "
                       "at the stated rate (`--rate_iops`, `--thread`): local, libaio on the file through the page "
                       "cache; served, ferry and nbdkit (file plugin) export the same file to fio's nbd engine on "
-                      "loopback, each server warmed up first by 5 s of the database profile; the order of the "
+                      "loopback, ferry's volume indexed first and the daemon idle (its background indexing of a new "
+                      "volume is not the requests' cost), each server warmed up by 5 s of the database profile; the "
+                      "order of the "
                       "three rotates per profile. CPU from /proc/PID/stat of fio and "
                       "of the server every 0.5 s (100% = one core; the first second and the last half second "
                       "left out of the means). The machine-wide /proc/stat is not used: in this sandbox it "

@@ -63,7 +63,7 @@ class Server:
     def __init__(self, kind, image, work, pin=False):
         self.kind, self.port = kind, free_port()
         if kind == "ferry":
-            admin = free_port()
+            self.admin = admin = free_port()
             self.proc = subprocess.Popen((PIN_SERVER if pin else []) + [FERRY, "serve", "--pool", os.path.join(work, "pool"),
                                           "--nbd", f"127.0.0.1:{self.port}", "--admin", f"127.0.0.1:{admin}",
                                           "--allow-path", os.path.dirname(os.path.abspath(image))],
