@@ -134,7 +134,12 @@ const SETTLE_WAIT: Duration = Duration::from_secs(20);
 /// `d`'s migration as its storage daemon reports it; `None` if that
 /// daemon does not answer or no longer knows it.
 async fn migration_of(d: &DiskMigrationRef) -> Option<DiskMigrationStatus> {
-    let (c, id) = (AdminClient::new(&d.admin), d.id.clone());
+    status_at(&d.admin, &d.id).await
+}
+
+/// Migration `id` as the storage daemon at `admin` reports it now.
+async fn status_at(admin: &str, id: &MigrationId) -> Option<DiskMigrationStatus> {
+    let (c, id) = (AdminClient::new(admin), id.clone());
     tokio::task::spawn_blocking(move || c.migration(&id))
         .await
         .ok()?
@@ -153,13 +158,7 @@ pub(crate) async fn until_ended(
     let (c, i) = (AdminClient::new(admin).limited(limit), id.clone());
     match tokio::task::spawn_blocking(move || c.watch_migration(&i, |_| {})).await {
         Ok(Ok(s)) => Some(s),
-        _ => {
-            let (c, i) = (AdminClient::new(admin), id.clone());
-            tokio::task::spawn_blocking(move || c.migration(&i))
-                .await
-                .ok()?
-                .ok()
-        }
+        _ => status_at(admin, id).await,
     }
 }
 
