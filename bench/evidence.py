@@ -25,8 +25,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from common import FERRY, ROOT, ensure_ferry, version  # noqa: E402
 from evidence_cpu import cpu_report, exp_cpu  # noqa: E402
 from evidence_drivers import drivers_report, exp_drivers  # noqa: E402
-from evidence_rigs import (IscsiBridge, Link, Storage, ext4_image, fio, random_image,  # noqa: E402
-                           zero_share)
+from evidence_rigs import (IscsiBridge, Link, Storage, drop_host_caches, ext4_image, fio,  # noqa: E402
+                           random_image, zero_share)
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 GUEST = "/var/cache/ferry-guest"
@@ -1035,13 +1035,7 @@ def exp_index(ctx):
             random_image(img, size, data_share=0.5)
             st.volume("v", path=img)
             rss0 = st.rss_bytes()
-            subprocess.run(["sync"], check=True)
-            try:
-                with open("/proc/sys/vm/drop_caches", "w") as f:
-                    f.write("3\n")
-                cold = True
-            except OSError:
-                cold = False
+            cold = drop_host_caches()
             t = time.time()
             st.ferry("index", "rebuild", "v")
             secs = time.time() - t

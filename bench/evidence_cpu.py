@@ -5,12 +5,12 @@ against a local file (fio's own I/O: the seed's "non-virtual" system) and
 against the same file served over NBD by ferry and by nbdkit; the CPU of
 the processes doing the work (fio, and the server) is sampled from
 /proc/PID/stat every half second."""
-import json, os, subprocess, threading, time
+import os, subprocess, threading, time
 
 import matplotlib.pyplot as plt
 
 from common import FERRY
-from evidence_rigs import cpu_seconds
+from evidence_rigs import cpu_seconds, fio_summary
 from nbd_peers import Server
 
 # name, fio arguments, rate (read IOPS, write IOPS). The seed names the
@@ -83,13 +83,10 @@ def fio_at_rate(target, args, rate, secs, size, server_pid):
     if proc.returncode != 0:
         raise RuntimeError(f"fio failed: {err[-500:]}")
     server = cpu_seconds(server_pid) - c0 if server_pid else None
-    j = json.loads(out[out.index("{"):])["jobs"][0]
-    r, w = j["read"], j["write"]
-    ios = r["total_ios"] + w["total_ios"]
-    lat = (r["lat_ns"]["mean"] * r["total_ios"] + w["lat_ns"]["mean"] * w["total_ios"]) / max(ios, 1) / 1e6
+    f = fio_summary(out)
     # fio's start (setting up) and its last half second are left out of the steady figures.
     steady = sampler.series[2:-1] or sampler.series
-    return {"iops": r["iops"] + w["iops"], "lat_ms": lat, "series": sampler.series,
+    return {"iops": f["iops"], "lat_ms": f["lat_ms"], "series": sampler.series,
             "client_pct": sum(x["client_pct"] for x in steady) / max(len(steady), 1),
             "server_pct": (sum(x["server_pct"] for x in steady) / max(len(steady), 1)) if server_pid else None,
             "server_cpu_s": server}

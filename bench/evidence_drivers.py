@@ -6,11 +6,11 @@ guest writes and reads its disks with dd in 64 KiB requests
 (bench/driver_guest.sh); request size and queue length are measured in the
 host, at QEMU's block layer (query-blockstats), as the seed measured them
 at the host's disk."""
-import os, re, socket, subprocess, time
+import os, re, socket, statistics, subprocess, time
 
 import matplotlib.pyplot as plt
 
-from evidence_rigs import Storage, stop
+from evidence_rigs import Storage, drop_host_caches, stop
 from migration_peers import qmp_connect
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -55,16 +55,6 @@ def disk_stats(call):
         if m:
             out[int(m.group(1))] = e["stats"]
     return out
-
-
-def drop_host_caches():
-    subprocess.run(["sync"])
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def guest_run(work, driver, path, backings, nbd_port, mib, timeout):
@@ -227,9 +217,6 @@ def exp_drivers(ctx):
 
 def medians(runs):
     """One row per (driver, backing, path): the median of each figure over the repeats."""
-    def med(xs):
-        xs = sorted(xs)
-        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
     cells = {}
     for r in runs:
         cells.setdefault((r["driver"], r["backing"], r["path"]), []).append(r)
@@ -237,7 +224,7 @@ def medians(runs):
     for (driver, backing, path), rs in cells.items():
         row = {"driver": driver, "backing": backing, "path": path}
         for op in ("write", "read"):
-            row[op] = {k: med([r[op][k] for r in rs]) for k in rs[0][op] if isinstance(rs[0][op][k], (int, float))
+            row[op] = {k: statistics.median([r[op][k] for r in rs]) for k in rs[0][op] if isinstance(rs[0][op][k], (int, float))
                        and not isinstance(rs[0][op][k], bool)}
             row[op]["spread"] = [r[op]["mbps"] for r in rs]
             row[op]["cache_dropped"] = all(r[op].get("cache_dropped", True) for r in rs)

@@ -159,12 +159,29 @@ def fio(uri, *, rw, bs=None, bssplit=None, iodepth=1, rwmixread=None, size="64M"
         cmd.append(f"--thinktime={think_us}")
     cmd += list(extra)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=(runtime or 0) + 900).stdout
+    return fio_summary(out)
+
+
+def fio_summary(out):
+    """IOPS, MB/s, mean latency (ms), run time (s) and fio's own CPU share from fio's JSON output (which
+    libnbd may precede with a line of its own)."""
     j = json.loads(out[out.index("{"):])["jobs"][0]
     r, w = j["read"], j["write"]
     ios = r["total_ios"] + w["total_ios"]
     lat = (r["lat_ns"]["mean"] * r["total_ios"] + w["lat_ns"]["mean"] * w["total_ios"]) / max(ios, 1) / 1e6
     return {"iops": r["iops"] + w["iops"], "mbps": (r["bw_bytes"] + w["bw_bytes"]) / 1e6, "lat_ms": lat,
             "seconds": j["job_runtime"] / 1e3, "client_cpu": j.get("usr_cpu", 0) + j.get("sys_cpu", 0)}
+
+
+def drop_host_caches():
+    """Write back and drop the host's page cache; False where this process may not."""
+    subprocess.run(["sync"])
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
 
 
 def random_image(path, size, data_share=1.0, stripe=4 << 20):
