@@ -118,6 +118,10 @@ pub enum ControlCmd {
         /// Share of a site's CPUs above which it bursts (0 to 1].
         #[arg(long)]
         above: Option<f64>,
+        /// How long a site must stay above it before a guest goes
+        /// (default 30s).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        hold: Option<std::time::Duration>,
         #[command(flatten)]
         to: ControllerArg,
     },
@@ -601,18 +605,27 @@ pub fn run(cmd: ControlCmd, tls_dir: Option<PathBuf>) -> Result<()> {
             ControllerClient::new(&to.controller).resume()?;
             println!("automation resumed");
         }
-        ControlCmd::Burst { state, above, to } => {
+        ControlCmd::Burst {
+            state,
+            above,
+            hold,
+            to,
+        } => {
             let c = ControllerClient::new(&to.controller);
             let mut p = c.settings()?.policy;
             p.burst = state == "on";
             if let Some(a) = above {
                 p.burst_above = a;
             }
+            if let Some(h) = hold {
+                p.burst_hold_s = h.as_secs_f64();
+            }
             c.put_policy(&p)?;
             println!(
-                "bursting {} (above {:.0}% of a site's CPUs)",
+                "bursting {} (above {:.0}% of a site's CPUs for {:.0} s)",
                 state,
-                p.burst_above * 100.0
+                p.burst_above * 100.0,
+                p.burst_hold_s
             );
         }
         ControlCmd::Plan {
@@ -1097,8 +1110,9 @@ fn status(controller: &str, journal: usize, json: bool) -> Result<()> {
     }
     if set.policy.burst {
         println!(
-            "bursting: on, above {:.0}% of a site's CPUs",
-            set.policy.burst_above * 100.0
+            "bursting: on, above {:.0}% of a site's CPUs for {:.0} s",
+            set.policy.burst_above * 100.0,
+            set.policy.burst_hold_s
         );
     }
     if st["role"] != "alone" {

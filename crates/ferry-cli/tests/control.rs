@@ -257,11 +257,16 @@ fn the_controller_keeps_its_sites_refuses_bad_input_and_survives_kill_9() {
         &["control", "burst", "on", "--above", "1.5"],
         "burst_above must be in (0, 1]",
     );
-    c.ok(&["control", "burst", "on", "--above", "0.8"]);
+    let out = c.ok(&["control", "burst", "on", "--above", "0.8", "--hold", "1m"]);
+    assert!(out.contains("above 80% of a site's CPUs for 60 s"), "{out}");
     let p = &c.status()["settings"]["policy"];
     assert_eq!(
-        (p["burst"].as_bool(), p["burst_above"].as_f64()),
-        (Some(true), Some(0.8))
+        (
+            p["burst"].as_bool(),
+            p["burst_above"].as_f64(),
+            p["burst_hold_s"].as_f64()
+        ),
+        (Some(true), Some(0.8), Some(60.0))
     );
     c.ok(&["control", "burst", "off"]);
 

@@ -1131,6 +1131,8 @@ fn an_overrun_home_site_bursts_guests_to_the_cloud_and_takes_them_back() {
         .unwrap();
     let mut policy = settings["policy"].clone();
     policy["burst"] = true.into();
+    // Two cycles above the threshold before a guest goes.
+    policy["burst_hold_s"] = 3.0.into();
     policy["cooldown_s"] = 1.0.into();
     policy["paused"] = false.into();
     ureq::put(&format!("{api}/v1/policy"))

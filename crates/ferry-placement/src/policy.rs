@@ -62,10 +62,18 @@ pub struct Policy {
     pub burst: bool,
     #[serde(default = "default_burst_above")]
     pub burst_above: f64,
+    /// ... once it has stayed above for this long (seconds): a guest's
+    /// boot or a short spike is not a demand worth a move.
+    #[serde(default = "default_burst_hold_s")]
+    pub burst_hold_s: f64,
 }
 
 fn default_burst_above() -> f64 {
     0.9
+}
+
+fn default_burst_hold_s() -> f64 {
+    30.0
 }
 
 fn default_max_moves_per_site() -> usize {
@@ -94,6 +102,7 @@ impl Default for Policy {
             maintenance: Vec::new(),
             burst: false,
             burst_above: default_burst_above(),
+            burst_hold_s: default_burst_hold_s(),
         }
     }
 }
@@ -131,6 +140,9 @@ impl Policy {
         }
         if !(self.burst_above > 0.0 && self.burst_above <= 1.0) {
             return bad("burst_above must be in (0, 1]");
+        }
+        if !(self.burst_hold_s.is_finite() && self.burst_hold_s >= 0.0) {
+            return bad("burst_hold_s must not be negative");
         }
         Ok(())
     }
@@ -232,10 +244,12 @@ pub struct Commitments {
     pub held: Vec<HeldMove>,
 }
 
-/// Per-VM memory of the threshold policy across cycles.
+/// Memory of the threshold policies across cycles: since when each VM's
+/// latency, and each site's CPU, has stayed above its trigger.
 #[derive(Debug, Clone, Default)]
 pub struct Triggers {
     above_since: BTreeMap<String, f64>,
+    site_above_since: BTreeMap<String, f64>,
 }
 
 impl Triggers {
@@ -258,6 +272,18 @@ impl Triggers {
             }
             Some(since) => now - since >= p.hold_s,
         }
+    }
+
+    /// How long (seconds) `site`, using `used` CPUs at `now`, has stayed
+    /// above `limit`; `None` when it is not above. Released as soon as
+    /// it is back under: a burst must be earned again.
+    pub fn site_above(&mut self, site: &str, used: f64, limit: f64, now: f64) -> Option<f64> {
+        if used <= limit {
+            self.site_above_since.remove(site);
+            return None;
+        }
+        let since = *self.site_above_since.entry(site.to_string()).or_insert(now);
+        Some(now - since)
     }
 }
 
@@ -373,7 +399,7 @@ pub fn plan_around(
     }
     drain(c, p, &mut st)?;
     if p.burst {
-        burst(c, p, &mut st)?;
+        burst(c, p, &mut st, triggers, now)?;
     }
     return_home(c, p, &mut st)?;
     if p.locality {
@@ -1125,14 +1151,35 @@ fn drain(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError>
     Ok(())
 }
 
-/// Cloud bursting: a site above `burst_above` of its CPU sends guests to
-/// the linked site with the most room, VM only, those that lose least to
-/// their disk being remote first (per CPU they free), until it is back
-/// under the threshold.
-fn burst(c: &Cluster, p: &Policy, st: &mut Planning) -> Result<(), ClusterError> {
+/// Cloud bursting: a site that has stayed above `burst_above` of its CPU
+/// for `burst_hold_s` sends guests to the linked site with the most room,
+/// VM only, those that lose least to their disk being remote first (per
+/// CPU they free), until it is back under the threshold.
+fn burst(
+    c: &Cluster,
+    p: &Policy,
+    st: &mut Planning,
+    triggers: &mut Triggers,
+    now: f64,
+) -> Result<(), ClusterError> {
     for site in &c.sites {
         let s = site.name.as_str();
-        if st.sites.draining(s) || st.sites.used(s) <= site.cpu_capacity * p.burst_above {
+        let limit = site.cpu_capacity * p.burst_above;
+        let Some(above_s) = triggers.site_above(s, st.sites.used(s), limit, now) else {
+            continue;
+        };
+        if st.sites.draining(s) {
+            continue;
+        }
+        if above_s < p.burst_hold_s {
+            let r = Refusal::BurstHold {
+                site: s.to_string(),
+                used_cpu: st.sites.used(s),
+                limit_cpu: limit,
+                above_s,
+                hold_s: p.burst_hold_s,
+            };
+            st.refuse("*", None, None, r);
             continue;
         }
         // Candidates, each with where it would go and what it would lose
@@ -1901,7 +1948,19 @@ mod tests {
             max_moves_per_link: 10,
             ..Policy::default()
         };
-        let plan = plan(&c, &p, &mut Triggers::default(), 0.0).unwrap();
+        // Above the threshold, but not yet for the hold: nothing moves,
+        // and the plan says why.
+        let mut triggers = Triggers::default();
+        let held = plan(&c, &p, &mut triggers, 0.0).unwrap();
+        assert!(held.decisions.is_empty(), "{held:?}");
+        assert!(
+            held.skipped
+                .iter()
+                .any(|s| matches!(s.refusal, Refusal::BurstHold { .. })
+                    && s.reason.contains("for 0 s of the 30 s hold")),
+            "{held:?}"
+        );
+        let plan = plan(&c, &p, &mut triggers, p.burst_hold_s).unwrap();
         let moved: Vec<&str> = plan.decisions.iter().map(|d| d.vm.as_str()).collect();
         // 9 CPUs against a 7.2 threshold: one 3-CPU cruncher is enough,
         // and the I/O-bound guests stay with their disks.
@@ -1966,6 +2025,37 @@ mod tests {
     }
 
     #[test]
+    fn a_site_bursts_only_after_staying_above_its_threshold_for_the_hold() {
+        let full = three_sites(vec![
+            at("crunch-1", "home", "home", 2.0, 3.0),
+            at("crunch-2", "home", "home", 2.0, 3.0),
+            at("db", "home", "home", 3000.0, 2.0),
+            at("web", "home", "home", 400.0, 1.0),
+        ]);
+        let mut calm = full.clone();
+        calm.vms[0].load.cpu = 0.5;
+        let p = Policy {
+            burst: true,
+            burst_hold_s: 20.0,
+            ..Policy::default()
+        };
+        let mut tr = Triggers::default();
+        let moves = |c: &Cluster, tr: &mut Triggers, now: f64| plan(c, &p, tr, now).unwrap().decisions.len();
+        assert_eq!(moves(&full, &mut tr, 0.0), 0);
+        assert_eq!(moves(&full, &mut tr, 10.0), 0);
+        // A dip under the threshold starts the hold again.
+        assert_eq!(moves(&calm, &mut tr, 15.0), 0);
+        assert_eq!(moves(&full, &mut tr, 25.0), 0);
+        assert_eq!(moves(&full, &mut tr, 40.0), 0);
+        assert_eq!(moves(&full, &mut tr, 45.0), 1);
+        let bad = Policy {
+            burst_hold_s: -1.0,
+            ..p.clone()
+        };
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
     fn a_burst_sends_the_guest_whose_clients_wait_least() {
         // Two equal crunchers; one serves clients at home: the other goes.
         let mut served = at("crunch-1", "home", "home", 2.0, 3.0);
@@ -1977,6 +2067,7 @@ mod tests {
         ]);
         let p = Policy {
             burst: true,
+            burst_hold_s: 0.0,
             max_moves_per_link: 10,
             ..Policy::default()
         };

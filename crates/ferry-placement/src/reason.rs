@@ -44,6 +44,15 @@ pub enum Refusal {
     /// A site in maintenance must lose this guest, and no linked site can
     /// take it.
     NowhereToGo { draining: String },
+    /// The site is above its burst threshold, but has not stayed above
+    /// it for the hold time yet (a boot or a spike is not a demand).
+    BurstHold {
+        site: String,
+        used_cpu: f64,
+        limit_cpu: f64,
+        above_s: f64,
+        hold_s: f64,
+    },
     /// A burst guest's home is still too full for it.
     HomeFull {
         home: String,
@@ -101,6 +110,7 @@ impl Refusal {
             Refusal::HeldBack { .. } => "backoff",
             Refusal::NoRoom { .. } | Refusal::NoHost { .. } => "fits",
             Refusal::Draining { .. } | Refusal::NowhereToGo { .. } => "drain",
+            Refusal::BurstHold { .. } => "burst hold",
             Refusal::HomeFull { .. } => "coming home",
             Refusal::NotConverging => "converges",
             Refusal::LinkLimit { .. } => "per-link limit",
@@ -153,6 +163,16 @@ impl std::fmt::Display for Refusal {
             Refusal::NowhereToGo { draining } => write!(
                 f,
                 "{draining} is in maintenance, but no linked site has room for it"
+            ),
+            Refusal::BurstHold {
+                site,
+                used_cpu,
+                limit_cpu,
+                above_s,
+                hold_s,
+            } => write!(
+                f,
+                "{site} runs {used_cpu:.1} CPUs, above its {limit_cpu:.1}, for {above_s:.0} s of the {hold_s:.0} s hold"
             ),
             Refusal::HomeFull {
                 home,
