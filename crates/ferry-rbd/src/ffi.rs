@@ -79,6 +79,7 @@ api! {
     0 rados_cluster_stat: fn(RadosT, *mut ClusterStat) -> c_int;
     1 rbd_create2: fn(IoctxT, *const c_char, u64, u64, *mut c_int) -> c_int;
     1 rbd_remove: fn(IoctxT, *const c_char) -> c_int;
+    1 rbd_rename: fn(IoctxT, *const c_char, *const c_char) -> c_int;
     1 rbd_list: fn(IoctxT, *mut c_char, *mut usize) -> c_int;
     1 rbd_open: fn(IoctxT, *const c_char, *mut ImageT, *const c_char) -> c_int;
     1 rbd_open_read_only: fn(IoctxT, *const c_char, *mut ImageT, *const c_char) -> c_int;

@@ -312,6 +312,20 @@ impl Pool {
         Ok(())
     }
 
+    /// Rename image `from` to `to` in one step of the pool's directory;
+    /// refused (`Exists`) when `to` is taken.
+    pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+        let api = api()?;
+        let (f, t) = (cstr(from)?, cstr(to)?);
+        // SAFETY: a live ioctx and two NUL-terminated names.
+        let r = unsafe { (api.rbd_rename)(self.ioctx, f.as_ptr(), t.as_ptr()) };
+        if r < 0 {
+            let gone = -r == libc::ENOENT;
+            return Err(self.err("rename", if gone { from } else { to }, r));
+        }
+        Ok(())
+    }
+
     /// Names of the pool's images.
     pub fn list(&self) -> Result<Vec<String>> {
         let api = api()?;

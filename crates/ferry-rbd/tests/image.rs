@@ -220,3 +220,40 @@ fn a_dead_writers_lock_is_broken_and_the_writer_fenced() {
     drop(taken);
     p2.remove(&name).unwrap();
 }
+
+#[test]
+fn an_open_locked_image_is_renamed_in_one_step_and_a_taken_name_refused() {
+    let p = pool();
+    let (from, to, taken) = (
+        testing::unique("ren-from"),
+        testing::unique("ren-to"),
+        testing::unique("ren-taken"),
+    );
+    p.create(&from, 4 << 20).unwrap();
+    p.create(&taken, 4 << 20).unwrap();
+    let img = p.open(&from, false).unwrap();
+    img.write_at(&[0x3c; 4096], 0).unwrap();
+    match p.rename(&from, &taken) {
+        Err(RbdError::Exists { image, .. }) => assert_eq!(image, taken),
+        other => panic!("{other:?}"),
+    }
+    // Renamed under its writer, which goes on writing and holding it.
+    p.rename(&from, &to).unwrap();
+    img.write_at(&[0x3d; 4096], 4096).unwrap();
+    img.flush().unwrap();
+    assert!(img.is_lock_owner().unwrap());
+    let names = p.list().unwrap();
+    assert!(names.contains(&to) && !names.contains(&from), "{names:?}");
+    drop(img);
+    let back = p.open(&to, true).unwrap();
+    let mut buf = vec![0u8; 8192];
+    back.read_at(&mut buf, 0).unwrap();
+    assert!(buf[..4096].iter().all(|&b| b == 0x3c) && buf[4096..].iter().all(|&b| b == 0x3d));
+    drop(back);
+    match p.rename(&from, &testing::unique("ren-none")) {
+        Err(RbdError::NoImage { image, .. }) => assert_eq!(image, from),
+        other => panic!("{other:?}"),
+    }
+    p.remove(&to).unwrap();
+    p.remove(&taken).unwrap();
+}

@@ -30,7 +30,7 @@
 //! [index]
 //! block_size = 4096              # fingerprint granularity, 512 B .. 64 KiB
 //! refresh_interval_ms = 1000     # re-hash written blocks this often; 0 = never
-//! shared_scan_secs = 60          # shared gateway: index the cluster's volumes the index lacks; 0 = never
+//! shared_scan_secs = 60          # shared gateway: index the cluster's volumes the index lacks, remove images crashed creates left; 0 = never
 //!
 //! [migration]
 //! listen = ""                    # e.g. "0.0.0.0:10900" accepts incoming migrations
@@ -248,7 +248,8 @@ pub struct IndexConfig {
     pub refresh_interval_ms: u64,
     /// A shared gateway looks this often for the cluster's shared volumes
     /// its index lacks (made or written through other gateways) and scans
-    /// them in the background (0: never; `ferry index rebuild` still does).
+    /// them in the background, and removes the temporary images crashed
+    /// creates left (0: never; `ferry index rebuild` still scans).
     pub shared_scan_secs: u64,
 }
 

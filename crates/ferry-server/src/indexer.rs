@@ -203,9 +203,13 @@ fn refresh_volume(state: &ServerState, v: &Volume) -> Result<usize, IndexerError
 }
 
 /// On a shared gateway, index the cluster's shared volumes the index
-/// lacks, in the background (blocking; one scan at a time); returns how
-/// many were scanned.
+/// lacks, in the background (blocking; one scan at a time), and remove
+/// the images crashed makers left; returns how many were scanned.
 pub fn scan_shared(state: &ServerState) -> usize {
+    // The same look also clears what crashed volume makers left.
+    if let Err(e) = state.pool.remove_half_made() {
+        tracing::warn!(error = %e, "looking for half-made images failed");
+    }
     let readers = match state.pool.shared_readers() {
         Ok(r) => r,
         Err(e) => {

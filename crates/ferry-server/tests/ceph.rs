@@ -414,6 +414,92 @@ fn shared(mut c: CephConfig) -> CephConfig {
     c
 }
 
+/// A gateway killed while making a shared volume leaves an image under a
+/// temporary name, never under the volume's: the name stays free, no
+/// listing shows the debris (even one that got as far as its metadata),
+/// and a gateway's background look removes it once it is ten minutes
+/// old, leaving one that is being made now (and images whose names ferry
+/// does not give) alone.
+#[test]
+fn a_crash_while_making_a_shared_volume_takes_neither_its_name_nor_space_for_long() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool_name("making");
+    let c = shared(ceph(0, &pool));
+    let rbd = ferry_rbd::Cluster::connect(&testing::cluster(0), 30)
+        .unwrap()
+        .pool(&pool)
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    // What a maker of "vm" killed an hour ago left, and an image another
+    // gateway is making now.
+    let old = format!(".new-vm-{}-0badcafe", now - 3600);
+    let fresh = format!(".new-other-{now}-0fee1234");
+    rbd.create(&old, 4 * MIB).unwrap();
+    rbd.create(&fresh, 4 * MIB).unwrap();
+    // Not a name ferry gives: someone else's, never removed.
+    rbd.create(".new-theirs", 4 * MIB).unwrap();
+    let gw = TestServer::start_with(&dir.path().join("gw"), move |cfg: &mut Config| {
+        cfg.storage.ceph = Some(c);
+        cfg.index.shared_scan_secs = 1;
+    });
+    let v = gw.create("vm", 16 * MIB);
+    assert!(v.shared());
+    v.write_at(0, &noise(4096, 3), true).unwrap();
+    // The one being made has got as far as its metadata.
+    let meta = rbd
+        .open("vm", true)
+        .unwrap()
+        .metadata_get(ferry_storage::shared::META_KEY)
+        .unwrap()
+        .unwrap();
+    rbd.open_unlocked(&fresh)
+        .unwrap()
+        .metadata_set(ferry_storage::shared::META_KEY, &meta.replace("\"vm\"", "\"other\""))
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while images(0, &pool).contains(&old) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the old half-made image was never removed: {:?}",
+            images(0, &pool)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut left = images(0, &pool);
+    left.sort();
+    let mut want = vec![".new-theirs".to_string(), fresh.clone(), "vm".to_string()];
+    want.sort();
+    assert_eq!(left, want);
+    let listed: serde_json::Value = ureq::get(&format!("http://{}/v1/volumes", gw.admin))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let names: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert_eq!(names, ["vm"], "{listed}");
+    // A name that is taken is still refused.
+    assert!(matches!(
+        gw.state.pool.create(
+            "vm",
+            &CreateOptions {
+                size: 16 * MIB,
+                ..CreateOptions::default()
+            }
+        ),
+        Err(ferry_storage::StorageError::Exists(_))
+    ));
+    drop(v);
+    gw.stop();
+}
+
 #[test]
 fn a_move_into_a_cluster_of_shared_gateways_takes_what_any_of_them_holds() {
     let dir = tempfile::tempdir().unwrap();

@@ -434,6 +434,16 @@ impl Pool {
         Ok(v)
     }
 
+    /// On a shared gateway, remove the images crashed makers of shared
+    /// volumes left under their temporary names (see
+    /// `shared::remove_half_made`); their names.
+    pub fn remove_half_made(&self) -> Result<Vec<String>> {
+        match self.shared_store() {
+            Some((c, _)) => crate::shared::remove_half_made(c),
+            None => Ok(Vec::new()),
+        }
+    }
+
     /// The shared volumes of the cluster, held here or not, as readers
     /// (see [`Pool::reader`]); empty unless this is a shared gateway.
     pub fn shared_readers(&self) -> Result<Vec<Arc<Volume>>> {

@@ -231,8 +231,26 @@ pub(crate) fn clear_holder(img: &ferry_rbd::Image) -> ferry_rbd::Result<()> {
     img.metadata_remove(HOLDER_KEY)
 }
 
-/// Make a new shared volume's image: created, locked, its metadata and
-/// this gateway as holder recorded. An image that exists is refused.
+/// Prefix of an image being made (`.new-NAME-UNIXSECS-RANDOM`): not a
+/// volume name (those never start with a dot), so nothing lists it, and
+/// a crash while making it leaves only this, never a half-made image
+/// under the volume's own name.
+const MAKING_PREFIX: &str = ".new-";
+
+/// How long a half-made image is left alone before it is taken for the
+/// debris of a crash: making one takes milliseconds.
+const HALF_MADE_AFTER_SECS: u64 = 600;
+
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Make a new shared volume's image: created under a temporary name,
+/// locked, this gateway recorded as holder and its metadata written, then
+/// renamed to the volume's name in one step of the pool's directory. A
+/// name that is taken is refused.
 pub(crate) fn create(
     store: &CephStore,
     gw: &SharedGateway,
@@ -240,31 +258,86 @@ pub(crate) fn create(
 ) -> Result<ferry_rbd::Image> {
     let rbd = |op, e| StorageError::rbd(op, e);
     let name = &meta.name;
+    let tmp = format!(
+        "{MAKING_PREFIX}{name}-{}-{}",
+        unix_secs(),
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    // Refused early when the name is taken (the rename checks again).
+    match store.pool.open(name, true) {
+        Ok(_) => return Err(StorageError::Exists(name.clone())),
+        Err(ferry_rbd::RbdError::NoImage { .. }) => {}
+        Err(e) => return Err(rbd("open", e)),
+    }
     store
         .pool
-        .create(name, meta.size)
+        .create(&tmp, meta.size)
         .map_err(|e| rbd("create", e))?;
     let made = (|| {
-        let img = store.pool.open_unlocked(name).map_err(|e| rbd("open", e))?;
+        let img = store.pool.open_unlocked(&tmp).map_err(|e| rbd("open", e))?;
         img.acquire_lock().map_err(|e| rbd("lock", e))?;
         record_holder(&img, gw)?;
-        // Last: an image without it is not a ferry volume yet.
         img.metadata_set(META_KEY, &meta_to_json(meta)?)
             .map_err(|e| rbd("write metadata", e))?;
+        // Last: until it has its name, it is not a volume.
+        store.pool.rename(&tmp, name).map_err(|e| match e {
+            ferry_rbd::RbdError::Exists { .. } => StorageError::Exists(name.clone()),
+            e => rbd("rename", e),
+        })?;
         Ok(img)
     })();
     if made.is_err() {
-        if let Err(e) = store.pool.remove(name) {
-            tracing::warn!(image = %name, error = %e, "removing a half-made image failed");
+        if let Err(e) = store.pool.remove(&tmp) {
+            tracing::warn!(image = %tmp, error = %e, "removing a half-made image failed");
         }
     }
     made
 }
 
+/// Remove what crashed makers left: images still under their temporary
+/// name ten minutes after they were begun. Returns their names; one that
+/// cannot be removed yet (a dead maker's watch lingers for 30 s) is left
+/// for the next sweep.
+pub(crate) fn remove_half_made(store: &CephStore) -> Result<Vec<String>> {
+    let now = unix_secs();
+    let mut removed = Vec::new();
+    for img in store.pool.list().map_err(|e| StorageError::rbd("list", e))? {
+        let Some(rest) = img.strip_prefix(MAKING_PREFIX) else {
+            continue;
+        };
+        // NAME-UNIXSECS-RANDOM: the name may hold dashes, the rest not.
+        // An image of another shape is not ferry's to remove.
+        let mut parts = rest.rsplit('-');
+        let random = parts.next().unwrap_or_default();
+        let Some(begun) = parts.next().and_then(|t| t.parse::<u64>().ok()) else {
+            continue;
+        };
+        if random.len() != 8 || !random.bytes().all(|b| b.is_ascii_hexdigit()) {
+            continue;
+        }
+        if now < begun + HALF_MADE_AFTER_SECS {
+            continue;
+        }
+        match store.pool.remove(&img) {
+            Ok(()) => {
+                tracing::info!(image = %img, "removed an image a crash left half made");
+                removed.push(img);
+            }
+            Err(e) => tracing::debug!(image = %img, error = %e, "a half-made image stays for now"),
+        }
+    }
+    Ok(removed)
+}
+
 /// The names of the pool's images (ferry volumes or not: those that are
-/// not are [`StorageError::NotFound`] to [`peek`] and [`read_meta`]).
+/// not are [`StorageError::NotFound`] to [`peek`] and [`read_meta`]),
+/// images being made left out.
 pub(crate) fn image_names(store: &CephStore) -> Result<Vec<String>> {
-    store.pool.list().map_err(|e| StorageError::rbd("list", e))
+    let all = store.pool.list().map_err(|e| StorageError::rbd("list", e))?;
+    Ok(all
+        .into_iter()
+        .filter(|n| !n.starts_with(MAKING_PREFIX))
+        .collect())
 }
 
 /// A shared volume as the cluster has it now, read without claiming it.
