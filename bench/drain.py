@@ -38,14 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import FERRY, ensure_ferry, free_port, wait_port  # noqa: E402
 from migration_peers import Daemon, Link, http  # noqa: E402
 from vm_peers import GUEST, Host, trust, wait_acks  # noqa: E402
-
-
-def ext4_volume(storage, work, name, mib=32):
-    img = os.path.join(work, f"{name}.img")
-    subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", img, f"{mib}M"], check=True)
-    storage.ferry("volume", "create", name, "--size", str(mib << 20))
-    storage.ferry("volume", "import", name, img)
-    os.unlink(img)
+from evidence_rigs import ext4_volume  # noqa: E402
 
 
 def guest(host, name, nbd, admin):
@@ -120,7 +113,7 @@ def main():
         nbd, admin = f"127.0.0.1:{sc.nbd}", f"127.0.0.1:{sc.admin}"
         serials = []
         for i in range(n):
-            ext4_volume(sc, work, f"g{i}")
+            ext4_volume(sc, work, f"g{i}", mib=32)
             serials.append(guest(A, f"g{i}", nbd, admin))
         for s in serials:
             wait_acks(s, 2, secs=300)

@@ -21,6 +21,15 @@ def stop(proc):
             proc.wait()
 
 
+def ext4_volume(storage, work, name="root", mib=64):
+    """An empty ext4 file system as volume `name` of `storage` (a daemon with `.ferry(...)`)."""
+    img = os.path.join(work, f"{name}.img")
+    subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", img, f"{mib}M"], check=True, capture_output=True)
+    storage.ferry("volume", "create", name, "--size", str(mib << 20))
+    storage.ferry("volume", "import", name, img)
+    os.unlink(img)
+
+
 class Storage:
     """`ferry serve` with NBD, one iSCSI portal and the admin API."""
 

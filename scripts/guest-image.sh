@@ -11,8 +11,10 @@
 #   print "ack N UPTIME" on the serial console.
 # An "ack" line means the record is durable on the disk. With
 # ferry.load=heavy on the kernel command line it also rewrites 256 KiB of
-# random data per record (a write-heavy guest). Tests read the acks from
-# the serial logs and the records from the disk, and compare.
+# random data per record (a write-heavy guest). With ferry.pace=SECONDS
+# it sleeps that long after each record (a guest with a set demand, whose
+# rate falls only when its CPU is short). Tests read the acks from the
+# serial logs and the records from the disk, and compare.
 #
 # With ferry.ip=ADDR/PREFIX on the command line the guest also brings up
 # its first network card (virtio-net) with that address and serves TCP
@@ -21,7 +23,7 @@
 set -euo pipefail
 out="${1:-/var/cache/ferry-guest}"
 # Bumped whenever the image changes, so a cached older one is rebuilt.
-version=2
+version=3
 . "$(cd "$(dirname "$0")" && pwd)/guest-lib.sh"
 guest_cached "$out" "$version" && exit 0
 mkdir -p "$out"
@@ -46,8 +48,10 @@ if ! mount -t ext4 /dev/vda /mnt; then
   echo "ferry-guest: cannot mount /dev/vda"; sleep 5; poweroff -f
 fi
 heavy=0
+pace=
 case " $(cat /proc/cmdline) " in *" ferry.load=heavy "*) heavy=1 ;; esac
 for w in $(cat /proc/cmdline); do
+  case "$w" in ferry.pace=*) pace="${w#ferry.pace=}" ;; esac
   case "$w" in ferry.ip=*)
     ip link set lo up
     i=0
@@ -70,6 +74,7 @@ while true; do
   fi
   sync -d /mnt/records
   echo "ack $n $up"
+  if [ -n "$pace" ]; then sleep "$pace"; fi
 done
 EOF
 chmod +x "$root/init"

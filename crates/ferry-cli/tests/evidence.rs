@@ -9,10 +9,11 @@ use common::on_path;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const EXPERIMENTS: [&str; 13] = [
+const EXPERIMENTS: [&str; 15] = [
     "rtt",
     "db_rtt",
     "move_then_run",
+    "db_move_then_run",
     "threshold",
     "model",
     "similarity",
@@ -23,6 +24,7 @@ const EXPERIMENTS: [&str; 13] = [
     "cpu",
     "sweeps",
     "drivers",
+    "consolidation",
 ];
 
 fn root() -> PathBuf {
@@ -56,6 +58,8 @@ fn every_evidence_experiment_runs_and_draws_its_figure() {
         // cpu: nbdkit beside ferry; drivers: a loop device for the raw block device.
         "nbdkit",
         "losetup",
+        // consolidation: each site's host pinned to its own core.
+        "taskset",
     ]
     .into_iter()
     .filter(|t| !on_path(t))
