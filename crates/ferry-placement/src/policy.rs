@@ -2040,7 +2040,9 @@ mod tests {
             ..Policy::default()
         };
         let mut tr = Triggers::default();
-        let moves = |c: &Cluster, tr: &mut Triggers, now: f64| plan(c, &p, tr, now).unwrap().decisions.len();
+        let moves = |c: &Cluster, tr: &mut Triggers, now: f64| {
+            plan(c, &p, tr, now).unwrap().decisions.len()
+        };
         assert_eq!(moves(&full, &mut tr, 0.0), 0);
         assert_eq!(moves(&full, &mut tr, 10.0), 0);
         // A dip under the threshold starts the hold again.

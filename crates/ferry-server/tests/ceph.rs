@@ -457,7 +457,10 @@ fn a_crash_while_making_a_shared_volume_takes_neither_its_name_nor_space_for_lon
         .unwrap();
     rbd.open_unlocked(&fresh)
         .unwrap()
-        .metadata_set(ferry_storage::shared::META_KEY, &meta.replace("\"vm\"", "\"other\""))
+        .metadata_set(
+            ferry_storage::shared::META_KEY,
+            &meta.replace("\"vm\"", "\"other\""),
+        )
         .unwrap();
     let t0 = std::time::Instant::now();
     while images(0, &pool).contains(&old) {

@@ -301,7 +301,11 @@ pub(crate) fn create(
 pub(crate) fn remove_half_made(store: &CephStore) -> Result<Vec<String>> {
     let now = unix_secs();
     let mut removed = Vec::new();
-    for img in store.pool.list().map_err(|e| StorageError::rbd("list", e))? {
+    for img in store
+        .pool
+        .list()
+        .map_err(|e| StorageError::rbd("list", e))?
+    {
         let Some(rest) = img.strip_prefix(MAKING_PREFIX) else {
             continue;
         };
@@ -333,7 +337,10 @@ pub(crate) fn remove_half_made(store: &CephStore) -> Result<Vec<String>> {
 /// not are [`StorageError::NotFound`] to [`peek`] and [`read_meta`]),
 /// images being made left out.
 pub(crate) fn image_names(store: &CephStore) -> Result<Vec<String>> {
-    let all = store.pool.list().map_err(|e| StorageError::rbd("list", e))?;
+    let all = store
+        .pool
+        .list()
+        .map_err(|e| StorageError::rbd("list", e))?;
     Ok(all
         .into_iter()
         .filter(|n| !n.starts_with(MAKING_PREFIX))
