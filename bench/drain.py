@@ -35,10 +35,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import FERRY, ensure_ferry, free_port, wait_port  # noqa: E402
+from common import FERRY, ensure_ferry  # noqa: E402
 from migration_peers import Daemon, Link, http  # noqa: E402
 from vm_peers import GUEST, Host, trust, wait_acks  # noqa: E402
-from evidence_rigs import ext4_volume  # noqa: E402
+from evidence_rigs import Controller, ext4_volume  # noqa: E402
 
 
 def guest(host, name, nbd, admin):
@@ -126,19 +126,10 @@ def main():
             "links": [{"a": "a", "b": "b", "rtt_ms": a.rtt, "bandwidth": a.mbit * 125e3},
                       {"a": "a", "b": "c", "rtt_ms": 0.2, "bandwidth": 1.25e9},
                       {"a": "b", "b": "c", "rtt_ms": 0.2, "bandwidth": 1.25e9}]}
-        inv_file = os.path.join(work, "inventory.json")
-        with open(inv_file, "w") as f:
-            json.dump(inv, f)
         snap, snap_site = os.path.join(work, "snapshot.json"), None
-        port = free_port()
-        ctl = subprocess.Popen([FERRY, "control", "run", "--state-dir", os.path.join(work, "controller"),
-                                "--listen", f"127.0.0.1:{port}", "--interval", "2s", "--sample", "1s",
-                                "--inventory", inv_file, "--paused"],
-                               env=dict(os.environ, FERRY_LOG="warn"), stdout=subprocess.DEVNULL,
-                               stderr=open(os.path.join(work, "controller.log"), "w"))
-        wait_port(port, ctl)
-        api = f"http://127.0.0.1:{port}"
-        policy = json.loads(http("GET", api + "/v1/settings"))["policy"]
+        ctl = Controller(work, inv)
+        api = ctl.api
+        policy = ctl.policy()
         # Moves are forced by the drain; locality would move nothing here.
         policy.update(locality=False, cooldown_s=0.0)
         runs = []
@@ -182,8 +173,7 @@ def main():
         predicted = max(m["ends_s"] for m in moves) if moves else None
     finally:
         if ctl is not None:
-            ctl.kill()
-            ctl.wait()
+            ctl.stop()
         for h in hosts:
             h.stop()
         sc.stop()

@@ -25,10 +25,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 from common import FERRY, ROOT, ensure_ferry, version  # noqa: E402
 from evidence_cpu import cpu_report, exp_cpu  # noqa: E402
 from evidence_consolidation import consolidation_report, exp_consolidation  # noqa: E402
-from evidence_db_moves import db_move_then_run_report, exp_db_move_then_run  # noqa: E402
+from evidence_db_moves import db_move_then_run_report, exp_db_move_then_run, move_then_run_figure  # noqa: E402
 from evidence_drivers import drivers_report, exp_drivers  # noqa: E402
-from evidence_rigs import (IscsiBridge, Link, Storage, drop_host_caches, ext4_image, ext4_volume, fio,  # noqa: E402
-                           random_image, zero_share)
+from evidence_rigs import (Controller, IscsiBridge, Link, Storage, drop_host_caches, ext4_image,  # noqa: E402
+                           ext4_volume, fio, journal_events, random_image, zero_share)
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 GUEST = "/var/cache/ferry-guest"
@@ -358,40 +358,7 @@ def exp_move_then_run(ctx):
             link.close()
     failed = [r for r in rows if "failed" in r]
     rows_all, rows = rows, [r for r in rows if "failed" not in r]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    xs = [r["rtt_ms"] for r in rows]
-    axes[0].plot(xs, [r["move_s"] for r in rows], "o-", label="ferry: VM-only move (256 MiB guest)")
-    if failed:
-        axes[0].plot([r["rtt_ms"] for r in failed], [r["move_s"] for r in failed], "rx", ms=10,
-                     label="guest crashed after the move")
-    axes[0].plot([1, 2, 4, 16], [21, 21, 21, 52], "s", color="grey", label="seed: 21 s (1-4 ms), 52 s (16 ms)")
-    axes[0].set_xlabel("RTT between the sites (ms)")
-    axes[0].set_ylabel("migration time (s)")
-    axes[0].set_title("Migration time (seeds 000/001, Fig. 11)", fontsize=9)
-    axes[0].set_ylim(bottom=0)
-    axes[0].legend(fontsize=8)
-    axes[0].grid(alpha=.3)
-    axes[1].plot(xs, [r["remote_s"] for r in rows], "o-", label="run with the disk remote")
-    axes[1].plot(xs, [r["move_s"] + r["local_s"] for r in rows], "s-", label="move the VM to the disk, then run")
-    axes[1].set_xlabel("RTT between the sites (ms)")
-    axes[1].set_ylabel(f"time for {n} durable records (s)")
-    axes[1].set_title("Execution time (seeds 000/001, Fig. 12)", fontsize=9)
-    axes[1].set_ylim(bottom=0)
-    axes[1].legend(fontsize=8)
-    axes[1].grid(alpha=.3)
-    fig.tight_layout()
-    fig.savefig(ctx.png("move_then_run"), dpi=110)
-    plt.close(fig)
-    table = ["| RTT ms | run remote s | VM move s | run after the move s | move + run s | pause ms | memory MB on the link |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows_all:
-        pause = f"{r['pause_ms']:.0f}" if r["pause_ms"] is not None else "-"
-        if "failed" in r:
-            table.append(f"| {r['rtt_ms']} | {r['remote_s']:.1f} | {r['move_s']:.1f} | guest crashed at B: "
-                         f"`{r['failed']}` | - | {pause} | {r['memory_link'] / 1e6:.0f} |")
-            continue
-        table.append(f"| {r['rtt_ms']} | {r['remote_s']:.1f} | {r['move_s']:.1f} | {r['local_s']:.1f} | "
-                     f"{r['move_s'] + r['local_s']:.1f} | {pause} | {r['memory_link'] / 1e6:.0f} |")
+    table = move_then_run_figure(ctx.png("move_then_run"), rows_all, "256 MiB guest", f"{n} durable records")
     wins = [r["rtt_ms"] for r in rows if r["move_s"] + r["local_s"] < r["remote_s"]]
     return {
         "title": "Move the VM to its disk, then run, against running remote (seeds 000/001, Fig. 11-12)",
@@ -422,19 +389,13 @@ def exp_threshold(ctx):
     a guest reads and writes its disk at the other site; the RTT rises
     while it runs; the controller sees the latency stay above its
     threshold and moves the guest (or its disk) by itself."""
-    from migration_peers import Daemon, Link as RateLink, http
-    from vm_peers import Host, acks, trust, wait_acks
-    from common import free_port, wait_port
+    from migration_peers import Link as RateLink
+    from vm_peers import Host, acks, two_sites, wait_acks
     if not os.path.exists(os.path.join(GUEST, "vmlinuz")):
         raise RuntimeError(f"{GUEST}/vmlinuz missing: run scripts/guest-image.sh")
     before_s, total_s, rtt_hi = (15, 60, 16) if ctx.quick else (30, 150, 16)
     work = ctx.sub("threshold")
-    pa, pb, ha, hb = (os.path.join(work, d) for d in ("sa", "sb", "ha", "hb"))
-    for d in (ha, hb):
-        os.makedirs(d, exist_ok=True)
-    trust(ha, hb)
-    trust(pa, pb)
-    sa, sb = Daemon(pa, migrate=True), Daemon(pb, migrate=True)
+    sa, sb, ha, hb = two_sites(work)
     link = RateLink(work, 1000, 0)
     hosts, ctl = [], None
     timeline, events = [], []
@@ -456,21 +417,11 @@ def exp_threshold(ctx):
              "storage": [{"nbd": f"127.0.0.1:{nbd_wan}", "nbd_local": f"127.0.0.1:{sb.nbd}",
                           "migrate": f"127.0.0.1:{mig_b}", "admin": f"127.0.0.1:{sb.admin}"}]}],
             "links": [{"a": "a", "b": "b", "rtt_ms": rtt_hi, "bandwidth": 125e6}]}
-        inv_file = os.path.join(work, "inventory.json")
-        with open(inv_file, "w") as f:
-            json.dump(inv, f)
-        port = free_port()
-        ctl_dir = os.path.join(work, "controller")
-        # Paused until the policy is set, so that no cycle runs on the defaults.
-        ctl = subprocess.Popen([FERRY, "control", "run", "--state-dir", ctl_dir, "--listen", f"127.0.0.1:{port}",
-                                "--interval", "2s", "--sample", "1s", "--inventory", inv_file, "--paused"],
-                               env=dict(os.environ, FERRY_LOG="warn"), stdout=subprocess.DEVNULL,
-                               stderr=open(os.path.join(work, "controller.log"), "w"))
-        wait_port(port, ctl)
-        api = f"http://127.0.0.1:{port}"
-        pol = json.loads(http("GET", api + "/v1/settings"))["policy"]
+        ctl = Controller(work, inv)
+        inv_file = ctl.inv_file
+        pol = ctl.policy()
         pol.update(latency_trigger_ms=5.0, hold_s=6.0, paused=False)
-        http("PUT", api + "/v1/policy", pol)
+        ctl.put_policy(pol)
         pol_file = os.path.join(work, "policy.json")
         with open(pol_file, "w") as f:
             json.dump(pol, f)
@@ -496,21 +447,10 @@ def exp_threshold(ctx):
             a = acks(serials)
             timeline.append({"t": now, "acks": a[-1][0] if a else 0})
             time.sleep(0.5)
-        for e in json.loads(http("GET", api + "/v1/journal?limit=200")):
-            if e["event"] in ("decided", "started", "finished") and e.get("acted", True):
-                what = e["event"] + ": " + (e.get("vm", "") or e.get("outcome", {}).get("vm", ""))
-                if e["event"] == "decided":
-                    what += f" {e['action']}"
-                if e["event"] == "finished":
-                    o = e["outcome"]
-                    what += (f" {o['action']} {o['result']} in {o['seconds']:.1f} s (predicted "
-                             f"{o['predicted_seconds']:.1f} s), {o['bytes'] / 1e6:.2f} MB (predicted "
-                             f"{o['predicted_bytes'] / 1e6:.2f} MB)")
-                events.append({"t": e["at_unix"] - t0, "what": what})
+        events += journal_events(ctl.journal(), t0)
     finally:
         if ctl is not None:
-            ctl.kill()
-            ctl.wait()
+            ctl.stop()
         for h in hosts:
             h.stop()
         sa.stop()

@@ -9,12 +9,11 @@ Each site is a `ferry host` pinned to its own core (`taskset`), so a site
 really has one CPU and its guests really compete for it; every guest is
 the test guest with a set demand (`ferry.pace`: a durable record, then a
 pause), so its record rate falls only when its CPU is short."""
-import json, os, subprocess, sys, time
+import os, subprocess, sys, time
 
 import matplotlib.pyplot as plt
 
-from common import FERRY, free_port, wait_port
-from evidence_rigs import cpu_seconds, ext4_volume
+from evidence_rigs import Controller, cpu_seconds, ext4_volume, journal_events
 from vm_peers import GUEST
 
 # The pause after each record (s): alone, a guest keeps about a third of a
@@ -129,15 +128,10 @@ def burst_run(ctx, max_guests, step_s, after_s, hold_s, above):
     the controller runs with bursting on; once a's guests have used more
     than `above` of its core for `hold_s`, it moves one to b (the other
     core), whose disk stays at a across the link."""
-    from migration_peers import Daemon, Link, http
-    from vm_peers import Host, trust, wait_acks
+    from migration_peers import Link
+    from vm_peers import Host, two_sites
     work = ctx.sub("consolidation-burst")
-    pa, pb, ha, hb = (os.path.join(work, d) for d in ("sa", "sb", "ha", "hb"))
-    for d in (ha, hb):
-        os.makedirs(d, exist_ok=True)
-    trust(ha, hb)
-    trust(pa, pb)
-    sa, sb = Daemon(pa, migrate=True), Daemon(pb, migrate=True)
+    sa, sb, ha, hb = two_sites(work)
     link = Link(work, 1000, 2)
     hosts, ctl = [], None
     timeline, events, journal = [], [], []
@@ -148,28 +142,17 @@ def burst_run(ctx, max_guests, step_s, after_s, hold_s, above):
         pin(B.proc.pid, cores()[1])
         _, nbd_wan = link.proxy(f"127.0.0.1:{sa.nbd}")
         _, moves_b = link.proxy(f"127.0.0.1:{B.moves}")
-        inv = {"sites": [
+        ctl = Controller(work, {"sites": [
             {"name": "a", "cpu_capacity": 1, "hosts": [{"control": f"127.0.0.1:{A.control}", "moves": f"127.0.0.1:{A.moves}"}],
              "storage": [{"nbd": f"127.0.0.1:{nbd_wan}", "nbd_local": f"127.0.0.1:{sa.nbd}",
                           "migrate": f"127.0.0.1:{sa.mig}", "admin": f"127.0.0.1:{sa.admin}"}]},
             {"name": "b", "cpu_capacity": 1, "hosts": [{"control": f"127.0.0.1:{B.control}", "moves": f"127.0.0.1:{moves_b}"}],
              "storage": [{"nbd": f"127.0.0.1:{sb.nbd}", "migrate": f"127.0.0.1:{sb.mig}",
                           "admin": f"127.0.0.1:{sb.admin}"}]}],
-            "links": [{"a": "a", "b": "b", "rtt_ms": 2, "bandwidth": 125e6}]}
-        inv_file = os.path.join(work, "inventory.json")
-        with open(inv_file, "w") as f:
-            json.dump(inv, f)
-        port = free_port()
-        ctl = subprocess.Popen([FERRY, "control", "run", "--state-dir", os.path.join(work, "controller"),
-                                "--listen", f"127.0.0.1:{port}", "--interval", "2s", "--sample", "1s",
-                                "--inventory", inv_file, "--paused"],
-                               env=dict(os.environ, FERRY_LOG="warn"), stdout=subprocess.DEVNULL,
-                               stderr=open(os.path.join(work, "controller.log"), "w"))
-        wait_port(port, ctl)
-        api = f"http://127.0.0.1:{port}"
-        pol = json.loads(http("GET", api + "/v1/settings"))["policy"]
+            "links": [{"a": "a", "b": "b", "rtt_ms": 2, "bandwidth": 125e6}]})
+        pol = ctl.policy()
         pol.update(burst=True, burst_above=above, burst_hold_s=hold_s, paused=False)
-        http("PUT", api + "/v1/policy", pol)
+        ctl.put_policy(pol)
         cpu_a, cpu_b = SiteCpu(ha), SiteCpu(hb)
         serials = {}
         t0 = time.time()
@@ -182,7 +165,7 @@ def burst_run(ctx, max_guests, step_s, after_s, hold_s, above):
                               os.path.join(hb, "vms", g, "serial.log")]
                 events.append({"t": time.time() - t0, "what": f"{g} started at a"})
                 next_start = now + step_s
-            ended = [e for e in json.loads(http("GET", api + "/v1/journal?limit=200")) if e["event"] == "finished"]
+            ended = [e for e in ctl.journal() if e["event"] == "finished"]
             if len(ended) > n_moved:
                 # Watched until `after_s` past the last move: the
                 # controller may move more than one.
@@ -197,23 +180,13 @@ def burst_run(ctx, max_guests, step_s, after_s, hold_s, above):
             dt = t - last[0]
             timeline.append({"t": t - t0, "cpu_a": cpu_a.used() / dt, "cpu_b": cpu_b.used() / dt,
                              "rates": {g: (r[g] - last[1].get(g, r[g])) / dt for g in r},
-                             "seen_a": seen(json.loads(http("GET", api + "/v1/status")), "a")})
+                             "seen_a": seen(ctl.get("/v1/status"), "a")})
             last = (t, r)
-        journal = json.loads(http("GET", api + "/v1/journal?limit=200"))
-        for e in journal:
-            if e["event"] in ("decided", "started", "finished") and e.get("acted", True):
-                what = e["event"] + ": " + (e.get("vm", "") or e.get("outcome", {}).get("vm", ""))
-                if e["event"] == "decided":
-                    what += f" {e['action']} ({e.get('reason', '')})"
-                if e["event"] == "finished":
-                    o = e["outcome"]
-                    what += f" {o['action']} {o['result']} in {o['seconds']:.1f} s"
-                events.append({"t": e["at_unix"] - t0, "what": what})
-        events.sort(key=lambda e: e["t"])
+        journal = ctl.journal()
+        events = sorted(events + journal_events(journal, t0), key=lambda e: e["t"])
     finally:
         if ctl is not None:
-            ctl.kill()
-            ctl.wait()
+            ctl.stop()
         for h in hosts:
             h.stop()
         sa.stop()

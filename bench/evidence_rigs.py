@@ -30,6 +30,60 @@ def ext4_volume(storage, work, name="root", mib=64):
     os.unlink(img)
 
 
+class Controller:
+    """`ferry control run` over the inventory `inv` (written to `inv_file`),
+    cycling every 2 s on 1 s samples, started paused so that no cycle runs
+    on the default policy; `policy()` reads it, `put_policy()` sets it."""
+
+    def __init__(self, work, inv):
+        self.inv_file = os.path.join(work, "inventory.json")
+        with open(self.inv_file, "w") as f:
+            json.dump(inv, f)
+        port = free_port()
+        self.proc = subprocess.Popen(
+            [FERRY, "control", "run", "--state-dir", os.path.join(work, "controller"), "--listen",
+             f"127.0.0.1:{port}", "--interval", "2s", "--sample", "1s", "--inventory", self.inv_file, "--paused"],
+            env=dict(os.environ, FERRY_LOG="warn"), stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(work, "controller.log"), "w"))
+        wait_port(port, self.proc)
+        self.api = f"http://127.0.0.1:{port}"
+
+    def get(self, path):
+        return json.loads(_http("GET", self.api + path))
+
+    def policy(self):
+        return self.get("/v1/settings")["policy"]
+
+    def put_policy(self, pol):
+        _http("PUT", self.api + "/v1/policy", pol)
+
+    def journal(self, limit=200):
+        return self.get(f"/v1/journal?limit={limit}")
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def journal_events(journal, t0):
+    """The controller's decisions, move starts and ends from its journal,
+    as {"t": seconds since t0, "what": text}, in time order."""
+    events = []
+    for e in journal:
+        if e["event"] not in ("decided", "started", "finished") or not e.get("acted", True):
+            continue
+        what = e["event"] + ": " + (e.get("vm", "") or e.get("outcome", {}).get("vm", ""))
+        if e["event"] == "decided":
+            what += f" {e['action']}" + (f" ({e['reason']})" if e.get("reason") else "")
+        if e["event"] == "finished":
+            o = e["outcome"]
+            what += (f" {o['action']} {o['result']} in {o['seconds']:.1f} s (predicted "
+                     f"{o['predicted_seconds']:.1f} s), {o['bytes'] / 1e6:.2f} MB (predicted "
+                     f"{o['predicted_bytes'] / 1e6:.2f} MB)")
+        events.append({"t": e["at_unix"] - t0, "what": what})
+    return sorted(events, key=lambda e: e["t"])
+
+
 class Storage:
     """`ferry serve` with NBD, one iSCSI portal and the admin API."""
 

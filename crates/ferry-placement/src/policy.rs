@@ -1932,14 +1932,20 @@ mod tests {
         assert!(to.iter().all(|(_, s)| *s != "home"), "{to:?}");
     }
 
-    #[test]
-    fn a_full_site_bursts_its_cpu_bound_guests_to_the_cloud_and_keeps_the_io_bound() {
-        let c = three_sites(vec![
+    /// Home runs 9 of its 8 CPUs: two CPU-bound crunchers and two
+    /// I/O-bound guests, all with their disks at home.
+    fn overrun_home() -> Cluster {
+        three_sites(vec![
             at("crunch-1", "home", "home", 2.0, 3.0),
             at("crunch-2", "home", "home", 2.0, 3.0),
             at("db", "home", "home", 3000.0, 2.0),
             at("web", "home", "home", 400.0, 1.0),
-        ]);
+        ])
+    }
+
+    #[test]
+    fn a_full_site_bursts_its_cpu_bound_guests_to_the_cloud_and_keeps_the_io_bound() {
+        let c = overrun_home();
         // 9 of 8 CPUs in use; without bursting nothing moves (all local).
         let plan0 = plan(&c, &Policy::default(), &mut Triggers::default(), 0.0).unwrap();
         assert!(plan0.decisions.is_empty(), "{plan0:?}");
@@ -2026,12 +2032,7 @@ mod tests {
 
     #[test]
     fn a_site_bursts_only_after_staying_above_its_threshold_for_the_hold() {
-        let full = three_sites(vec![
-            at("crunch-1", "home", "home", 2.0, 3.0),
-            at("crunch-2", "home", "home", 2.0, 3.0),
-            at("db", "home", "home", 3000.0, 2.0),
-            at("web", "home", "home", 400.0, 1.0),
-        ]);
+        let full = overrun_home();
         let mut calm = full.clone();
         calm.vms[0].load.cpu = 0.5;
         let p = Policy {
