@@ -134,8 +134,10 @@ class Clients:
             ["mariadb", *DB, "--batch", "--skip-column-names", "--skip-reconnect", "--unbuffered"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.session_id = self.ask("SET @mark = 4242; SELECT CONNECTION_ID();")
+        self.fdb = []
         self.threads = [threading.Thread(target=self.oltp_rounds, daemon=True),
-                        threading.Thread(target=self.http_rounds, daemon=True)]
+                        threading.Thread(target=self.http_rounds, daemon=True),
+                        threading.Thread(target=self.watch_fdb, daemon=True)]
         for t in self.threads:
             t.start()
 
@@ -228,9 +230,22 @@ class Clients:
                 return
             time.sleep(0.5)
 
+    def watch_fdb(self):
+        """Which bridge port the guest's MAC is learned on, every 0.1 s
+        (changes only): where frames to the guest go across a move."""
+        last = None
+        while not self.stop_ev.wait(0.1):
+            r = subprocess.run(["bridge", "fdb", "show", "br", BRIDGE], capture_output=True, text=True)
+            port = next((ln.split()[2] for ln in r.stdout.splitlines()
+                         if ln.lower().startswith(MAC) and len(ln.split()) > 2), None)
+            if port != last:
+                with self.lock:
+                    self.fdb.append({"t": time.time(), "port": port})
+                last = port
+
     def timeline(self):
         with self.lock:
-            return {"oltp": [p for r in self.oltp for p in r["per_s"]],
+            return {"fdb": list(self.fdb), "oltp": [p for r in self.oltp for p in r["per_s"]],
                     "http": [{"start": r["start"], "end": r["end"], "requests": r["requests"],
                               "errors": r["errors"]} for r in self.http]}
 
@@ -429,6 +444,24 @@ def fmt(x, unit="", nd=0):
     return "-" if x is None else f"{x:.{nd}f}{unit}"
 
 
+# A client's worst latency during a move above this keeps the run's logs.
+STALL_MS = 5000
+
+
+def keep_logs_of_stalls(work, rows, kept):
+    """When a move stalled a client for more than STALL_MS, copy the hosts'
+    and storage daemons' logs out of the temporary `work` (already kept
+    with --keep) and say where."""
+    stalled = [r["kind"] for r in rows if (r.get("during") or {}).get("oltp_max_ms", 0) > STALL_MS]
+    if not stalled or kept:
+        return
+    out = tempfile.mkdtemp(prefix="ferry-realguest-stall-")
+    for name in os.listdir(work):
+        if name.endswith(".log"):
+            shutil.copy(os.path.join(work, name), out)
+    print(f"{', '.join(stalled)}: a client waited over {STALL_MS} ms; the logs are in {out}", file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rtt", type=int, default=20)
@@ -436,7 +469,8 @@ def main():
     ap.add_argument("--peers", default="ferry,qemu")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--keep", metavar="DIR", help="run in DIR and leave the daemons' state and logs there")
-    ap.add_argument("--timeline", metavar="FILE", help="write the clients' per-second throughput here (JSON)")
+    ap.add_argument("--timeline", metavar="FILE", help="write the clients' per-second throughput and the bridge port "
+                    "the guest's MAC is learned on, over time, here (JSON)")
     ap.add_argument("--plot", metavar="PNG", help="draw the clients' throughput over time, moves shaded")
     ap.add_argument("--replot", metavar="TIMELINE", help="only draw --plot from a saved --timeline file")
     ap.add_argument("--no-template", action="store_true",
@@ -466,6 +500,7 @@ def main():
                 try:
                     if peer == "ferry":
                         rs, tl, kept = run_ferry(work, link)
+                        keep_logs_of_stalls(work, rs, a.keep)
                         # The very seed ferry made, for QEMU's guest.
                         seed = os.path.join(work, "seed.img")
                         shutil.copy(os.path.join(work, "ha", "vms", "db", "cloud-init.img"), seed)
