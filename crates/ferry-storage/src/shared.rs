@@ -241,12 +241,6 @@ const MAKING_PREFIX: &str = ".new-";
 /// debris of a crash: making one takes milliseconds.
 const HALF_MADE_AFTER_SECS: u64 = 600;
 
-fn unix_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// Make a new shared volume's image: created under a temporary name,
 /// locked, this gateway recorded as holder and its metadata written, then
 /// renamed to the volume's name in one step of the pool's directory. A
@@ -260,15 +254,9 @@ pub(crate) fn create(
     let name = &meta.name;
     let tmp = format!(
         "{MAKING_PREFIX}{name}-{}-{}",
-        unix_secs(),
+        crate::meta::unix_now(),
         &uuid::Uuid::new_v4().simple().to_string()[..8]
     );
-    // Refused early when the name is taken (the rename checks again).
-    match store.pool.open(name, true) {
-        Ok(_) => return Err(StorageError::Exists(name.clone())),
-        Err(ferry_rbd::RbdError::NoImage { .. }) => {}
-        Err(e) => return Err(rbd("open", e)),
-    }
     store
         .pool
         .create(&tmp, meta.size)
@@ -279,7 +267,8 @@ pub(crate) fn create(
         record_holder(&img, gw)?;
         img.metadata_set(META_KEY, &meta_to_json(meta)?)
             .map_err(|e| rbd("write metadata", e))?;
-        // Last: until it has its name, it is not a volume.
+        // Last: until it has its name, it is not a volume; a name that is
+        // taken is refused here.
         store.pool.rename(&tmp, name).map_err(|e| match e {
             ferry_rbd::RbdError::Exists { .. } => StorageError::Exists(name.clone()),
             e => rbd("rename", e),
@@ -299,7 +288,7 @@ pub(crate) fn create(
 /// cannot be removed yet (a dead maker's watch lingers for 30 s) is left
 /// for the next sweep.
 pub(crate) fn remove_half_made(store: &CephStore) -> Result<Vec<String>> {
-    let now = unix_secs();
+    let now = crate::meta::unix_now();
     let mut removed = Vec::new();
     for img in store
         .pool
