@@ -37,18 +37,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import FERRY, ensure_ferry  # noqa: E402
 from migration_peers import Daemon, Link, http  # noqa: E402
-from vm_peers import GUEST, Host, trust, wait_acks  # noqa: E402
+from vm_peers import GUEST, Host, test_guest, trust, wait_acks  # noqa: E402
 from evidence_rigs import Controller, ext4_volume  # noqa: E402
-
-
-def guest(host, name, nbd, admin):
-    r = host.vm("create", name, "--memory", "128M", "--accel", "tcg",
-                "--disk", f"{name}@{nbd}@{admin}",
-                "--kernel", f"{GUEST}/vmlinuz", "--initrd", f"{GUEST}/initrd.img",
-                "--cmdline", "console=ttyS0 quiet")
-    if r.returncode != 0:
-        raise RuntimeError(r.stderr)
-    return os.path.join(host.state, "vms", name, "serial.log")
 
 
 def finished(api, since):
@@ -114,7 +104,7 @@ def main():
         serials = []
         for i in range(n):
             ext4_volume(sc, work, f"g{i}", mib=32)
-            serials.append(guest(A, f"g{i}", nbd, admin))
+            serials.append(test_guest(A, f"g{i}", f"g{i}", nbd, admin))
         for s in serials:
             wait_acks(s, 2, secs=300)
         host = lambda h, m: {"control": f"127.0.0.1:{h.control}", "moves": f"127.0.0.1:{m}"}  # noqa: E731

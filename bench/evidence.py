@@ -29,9 +29,9 @@ from evidence_db_moves import db_move_then_run_report, exp_db_move_then_run, mov
 from evidence_drivers import drivers_report, exp_drivers  # noqa: E402
 from evidence_rigs import (Controller, IscsiBridge, Link, Storage, drop_host_caches, ext4_image,  # noqa: E402
                            ext4_volume, fio, journal_events, random_image, zero_share)
+from vm_peers import GUEST  # noqa: E402
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
-GUEST = "/var/cache/ferry-guest"
 
 
 class Ctx:
@@ -282,22 +282,11 @@ def exp_db_rtt(ctx):
     }
 
 
-def start_guest(host, state_dir, nbd, admin):
-    """The test guest `g` (256 MiB, TCG) on `host` with disk `root` at `nbd`; its serial log."""
-    r = host.vm("create", "g", "--memory", "256M", "--accel", "tcg",
-                "--disk", f"root@{nbd}@{admin}",
-                "--kernel", f"{GUEST}/vmlinuz", "--initrd", f"{GUEST}/initrd.img",
-                "--cmdline", "console=ttyS0 quiet")
-    if r.returncode != 0:
-        raise RuntimeError(r.stderr)
-    return os.path.join(state_dir, "vms", "g", "serial.log")
-
-
 def exp_move_then_run(ctx):
     """Seeds 000/001, Fig. 11-12: run with the disk at the other site, or
     move the VM to the disk's site first and then run."""
     from migration_peers import Daemon, Link as RateLink
-    from vm_peers import Host, acks, trust, wait_acks
+    from vm_peers import Host, acks, test_guest, trust, wait_acks
     if not os.path.exists(os.path.join(GUEST, "vmlinuz")):
         raise RuntimeError(f"{GUEST}/vmlinuz missing: run scripts/guest-image.sh")
     rtts = [8] if ctx.quick else [0, 2, 4, 8, 16]
@@ -318,7 +307,7 @@ def exp_move_then_run(ctx):
             hosts = [A, B]
             _, nbd_wan = link.proxy(f"127.0.0.1:{sb.nbd}")
             _, moves_wan = link.proxy(f"127.0.0.1:{B.moves}")
-            serial_a = start_guest(A, ha, f"127.0.0.1:{nbd_wan}", f"127.0.0.1:{sb.admin}")
+            serial_a = test_guest(A, "g", "root", f"127.0.0.1:{nbd_wan}", f"127.0.0.1:{sb.admin}", memory="256M")
             k = wait_acks(serial_a, 5)
 
             def job(serial, start):
@@ -390,7 +379,7 @@ def exp_threshold(ctx):
     while it runs; the controller sees the latency stay above its
     threshold and moves the guest (or its disk) by itself."""
     from migration_peers import Link as RateLink
-    from vm_peers import Host, acks, two_sites, wait_acks
+    from vm_peers import Host, acks, test_guest, two_sites, wait_acks
     if not os.path.exists(os.path.join(GUEST, "vmlinuz")):
         raise RuntimeError(f"{GUEST}/vmlinuz missing: run scripts/guest-image.sh")
     before_s, total_s, rtt_hi = (15, 60, 16) if ctx.quick else (30, 150, 16)
@@ -407,7 +396,7 @@ def exp_threshold(ctx):
         moves_name, moves_b = link.proxy(f"127.0.0.1:{B.moves}")
         mig_b_name, mig_b = link.proxy(f"127.0.0.1:{sb.mig}")
         mig_a_name, mig_a = link.proxy(f"127.0.0.1:{sa.mig}")
-        serials = [start_guest(A, ha, f"127.0.0.1:{nbd_wan}", f"127.0.0.1:{sb.admin}"),
+        serials = [test_guest(A, "g", "root", f"127.0.0.1:{nbd_wan}", f"127.0.0.1:{sb.admin}", memory="256M"),
                    os.path.join(hb, "vms", "g", "serial.log")]
         wait_acks(serials[0], 5)
         inv = {"sites": [
@@ -595,7 +584,7 @@ def exp_model(ctx):
     move (VM only, teleport, disk only) with its pre-flight estimate from
     `ferry control estimate` taken just before it."""
     from migration_peers import Daemon, Link as RateLink
-    from vm_peers import Host, acks, trust, wait_acks
+    from vm_peers import Host, acks, test_guest, trust, wait_acks
     if not os.path.exists(os.path.join(GUEST, "vmlinuz")):
         raise RuntimeError(f"{GUEST}/vmlinuz missing: run scripts/guest-image.sh")
     mbit, rtt0 = 200, 8
@@ -644,7 +633,7 @@ def exp_model(ctx):
         inv_file = os.path.join(work, "inventory.json")
         with open(inv_file, "w") as f:
             json.dump(inv, f)
-        serial_a = start_guest(A, ha, f"127.0.0.1:{nbd_b}", f"127.0.0.1:{sb.admin}")
+        serial_a = test_guest(A, "g", "root", f"127.0.0.1:{nbd_b}", f"127.0.0.1:{sb.admin}", memory="256M")
         serial_b = os.path.join(hb, "vms", "g", "serial.log")
         # Past its boot and first writebacks before anything is measured.
         wait_acks(serial_a, 10 if ctx.quick else 60)

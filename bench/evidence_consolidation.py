@@ -14,7 +14,7 @@ import os, subprocess, sys, time
 import matplotlib.pyplot as plt
 
 from evidence_rigs import Controller, cpu_seconds, ext4_volume, journal_events
-from vm_peers import GUEST
+from vm_peers import GUEST, test_guest
 
 # The pause after each record (s): alone, a guest keeps about a third of a
 # core busy (TCG), so two fit in a core and three do not.
@@ -66,7 +66,7 @@ class SiteCpu:
 def records(serials):
     """Each guest's last acknowledged record number, from all its serial logs."""
     from vm_peers import acks
-    return {g: (acks(paths)[-1][0] if acks(paths) else 0) for g, paths in serials.items()}
+    return {g: max((n for n, _ in acks(paths)), default=0) for g, paths in serials.items()}
 
 
 def seen(status, site):
@@ -80,13 +80,8 @@ def seen(status, site):
 def create_guest(host, storage, work, name, disk_nbd):
     """Guest `name` on `host`, its disk (a new ext4 volume of `storage`) at `disk_nbd`."""
     ext4_volume(storage, work, name)
-    r = host.vm("create", name, "--memory", "128M", "--accel", "tcg",
-                "--disk", f"{name}@{disk_nbd}@127.0.0.1:{storage.admin}",
-                "--kernel", f"{GUEST}/vmlinuz", "--initrd", f"{GUEST}/initrd.img",
-                "--cmdline", f"console=ttyS0 quiet ferry.pace={PACE}")
-    if r.returncode != 0:
-        raise RuntimeError(f"{name}: {r.stderr}")
-    return os.path.join(host.state, "vms", name, "serial.log")
+    return test_guest(host, name, name, disk_nbd, f"127.0.0.1:{storage.admin}",
+                      cmdline=f"console=ttyS0 quiet ferry.pace={PACE}")
 
 
 def sweep(ctx, n_max, window_s):

@@ -38,12 +38,7 @@ def exp_db_move_then_run(ctx):
         mb_name, moves_b = link.proxy(f"127.0.0.1:{B.moves}")
         ma_name, moves_a = link.proxy(f"127.0.0.1:{A.moves}")
         # At site A, its disk at B's storage across the link.
-        r = A.vm("create", "db", "--memory", rg.MEM, "--accel", "tcg", "--boot-disk",
-                 "--disk", f"db@127.0.0.1:{nbd_wan}@127.0.0.1:{sb.admin}",
-                 "--nic", f"lan,mac={rg.MAC}", "--address", f"{rg.GUEST_IP}/24",
-                 "--hostname", "db-1", "--first-boot", rg.FIRST_BOOT)
-        if r.returncode != 0:
-            raise RuntimeError(r.stderr)
+        rg.create_db_guest(A, f"127.0.0.1:{nbd_wan}", f"127.0.0.1:{sb.admin}")
         boot = rg.wait_database()
         rg.prepare()
         print(f"db_move_then_run: booted and configured in {boot:.0f} s", flush=True)

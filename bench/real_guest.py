@@ -101,6 +101,18 @@ class Bridge:
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
 
 
+def create_db_guest(host, nbd, admin):
+    """The database guest `db` made on `host` (whose network `lan` is the
+    bridge), booted from volume `db` at `nbd` (admin API `admin`) and set
+    up at first boot by cloud-init: its address, name and database user."""
+    r = host.vm("create", "db", "--memory", MEM, "--accel", "tcg", "--boot-disk",
+                "--disk", f"db@{nbd}@{admin}",
+                "--nic", f"lan,mac={MAC}", "--address", f"{GUEST_IP}/24",
+                "--hostname", "db-1", "--first-boot", FIRST_BOOT)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr)
+
+
 def wait_database(secs=900):
     t = time.time()
     while time.time() - t < secs:
@@ -292,12 +304,7 @@ def run_ferry(work, link):
         sa.ferry("volume", "import", "db", IMAGE)
         A, B = Host(ha, ["--network", net]), Host(hb, ["--network", net])
         hosts = [A, B]
-        r = A.vm("create", "db", "--memory", MEM, "--accel", "tcg", "--boot-disk",
-                 "--disk", f"db@127.0.0.1:{sa.nbd}@127.0.0.1:{sa.admin}",
-                 "--nic", f"lan,mac={MAC}", "--address", f"{GUEST_IP}/24",
-                 "--hostname", "db-1", "--first-boot", FIRST_BOOT)
-        if r.returncode != 0:
-            raise RuntimeError(r.stderr)
+        create_db_guest(A, f"127.0.0.1:{sa.nbd}", f"127.0.0.1:{sa.admin}")
         boot = wait_database()
         prepare()
         clients = Clients()

@@ -58,6 +58,19 @@ def cmdline(load):
     return "console=ttyS0 quiet" + (" ferry.load=heavy" if load == "heavy" else "")
 
 
+def test_guest(host, vm, volume, nbd, admin, memory="128M", accel="tcg", cmdline="console=ttyS0 quiet"):
+    """The test guest `vm` made on `host` (a Host), booted from GUEST's
+    kernel and initramfs, its disk volume `volume` at `nbd` (admin API
+    `admin`); returns its serial log."""
+    r = host.vm("create", vm, "--memory", memory, "--accel", accel,
+                "--disk", f"{volume}@{nbd}@{admin}",
+                "--kernel", f"{GUEST}/vmlinuz", "--initrd", f"{GUEST}/initrd.img",
+                "--cmdline", cmdline)
+    if r.returncode != 0:
+        raise RuntimeError(f"{vm}: {r.stderr}")
+    return os.path.join(host.state, "vms", vm, "serial.log")
+
+
 def parse_ack(line):
     """(n, uptime) of an "ack N UPTIME" line, else None."""
     f = line.split()
@@ -238,13 +251,8 @@ def run_ferry(work, link, base, image, load, teleport):
         hosts = [A, B]
         mem_name, mem_port = link.proxy(f"127.0.0.1:{B.moves}")
         disk_name, disk_port = link.proxy(f"127.0.0.1:{sb.mig}")
-        r = A.vm("create", "g", "--memory", MEM, "--accel", ACCEL,
-                 "--disk", f"root@127.0.0.1:{sa.nbd}@127.0.0.1:{sa.admin}",
-                 "--kernel", f"{GUEST}/vmlinuz", "--initrd", f"{GUEST}/initrd.img",
-                 "--cmdline", cmdline(load))
-        if r.returncode != 0:
-            raise RuntimeError(r.stderr)
-        serial_a = os.path.join(ha, "vms", "g", "serial.log")
+        serial_a = test_guest(A, "g", "root", f"127.0.0.1:{sa.nbd}", f"127.0.0.1:{sa.admin}", MEM, ACCEL,
+                              cmdline(load))
         n0 = wait_acks(serial_a, 100)
         args = ["migrate", "g", "--to-host", f"127.0.0.1:{mem_port}",
                 "--max-downtime", f"{MAX_DOWNTIME_MS}ms", "--json"]
