@@ -229,7 +229,12 @@ impl World {
             ]);
         }
         let (done, r) = migrate(&src.host, &args);
-        assert!(done, "{case}: the next move failed: {r}");
+        assert!(
+            done,
+            "{case}: the next move failed: {r}\nsource host's log:\n{}\ndestination host's log:\n{}",
+            src.host.log_tail(30),
+            dst.host.log_tail(30)
+        );
         assert_eq!(r["result"], "completed", "{case}: {r}");
         assert_eq!(self.settle(case), to, "{case}: after the next move");
         wait_acks(&dst.host.serial("g1"), 5);

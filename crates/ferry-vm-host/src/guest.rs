@@ -332,6 +332,16 @@ impl Guest {
         }
     }
 
+    /// The last words QEMU wrote to its log (`qemu.log`), at most three
+    /// lines: why a QEMU that ended did, for an error or a log line.
+    pub fn qemu_last_words(&self) -> Option<String> {
+        let text = std::fs::read_to_string(self.paths.dir.join("qemu.log")).ok()?;
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        let tail = lines[lines.len().saturating_sub(3)..].join(" / ");
+        let tail: String = tail.chars().take(400).collect();
+        (!tail.is_empty()).then_some(tail)
+    }
+
     /// Find the QEMU a previous daemon started, if it still runs.
     /// Whether the QEMU an earlier daemon recorded (`runtime.json`) still
     /// runs, before anything is asked of it.

@@ -484,7 +484,15 @@ async fn stream(
     answer(&mut link, &PeerAnswer::ok()).await?;
     let counters = PipeCounters::default();
     let r = pipe(unix, link, compress, rest, &counters).await;
-    tracing::info!(move_id = %id, bytes = counters.raw.load(std::sync::atomic::Ordering::Relaxed), "incoming stream ended");
+    let delivered = counters
+        .delivered
+        .load(std::sync::atomic::Ordering::Relaxed);
+    match &r {
+        Ok(()) => tracing::info!(move_id = %id, delivered, "incoming memory stream ended"),
+        Err(e) => {
+            tracing::info!(move_id = %id, delivered, error = %e, "incoming memory stream ended");
+        }
+    }
     Ok(r?)
 }
 
@@ -597,8 +605,12 @@ async fn finish(
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             other => {
+                let said = g
+                    .qemu_last_words()
+                    .map(|w| format!("; it said: {w}"))
+                    .unwrap_or_default();
                 let mut a = PeerAnswer::err(format!(
-                    "the guest does not run here (QEMU: {})",
+                    "the guest does not run here (QEMU: {}{said})",
                     other.unwrap_or("gone")
                 ));
                 a.status = other.map(str::to_string);
@@ -657,6 +669,9 @@ pub(crate) async fn abort(host: &Arc<VmHost>, id: &MigrationId) {
 
 async fn remove_receiving(host: &Arc<VmHost>, g: &Arc<Guest>) {
     g.stop_qemu().await;
+    if let Some(said) = g.qemu_last_words() {
+        tracing::info!(guest = %g.name(), qemu = %said, "the waiting guest's QEMU, last words");
+    }
     let spec = g.spec.lock().clone();
     host.guests.write().remove(&spec.name);
     host.detach_disks(&spec);

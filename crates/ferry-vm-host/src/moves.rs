@@ -930,10 +930,13 @@ fn spawn_tunnel(
     );
     tokio::spawn(async move {
         let mut pipes = tokio::task::JoinSet::new();
+        let mut opened = 0u32;
         loop {
             let Ok((unix, _)) = listener.accept().await else {
                 break;
             };
+            opened += 1;
+            tracing::info!(move_id = %id, connection = opened, "QEMU opened a memory stream");
             // One channel at a time up to the destination's answer (it
             // answers once its QEMU took the connection): QEMU 7.2 takes
             // the first connection it gets for the main channel, so
@@ -955,7 +958,17 @@ fn spawn_tunnel(
                 }
             };
             let counters = counters.clone();
-            pipes.spawn(async move { pipe(unix, link, compress, rest, &counters).await });
+            let id = id.clone();
+            pipes.spawn(async move {
+                let r = pipe(unix, link, compress, rest, &counters).await;
+                // The move's streams together (one without multifd).
+                let raw = counters.raw.load(Ordering::Relaxed);
+                match &r {
+                    Ok(()) => tracing::info!(move_id = %id, bytes = raw, "outgoing memory stream ended"),
+                    Err(e) => tracing::info!(move_id = %id, bytes = raw, error = %e, "outgoing memory stream ended"),
+                }
+                r
+            });
         }
         while let Some(r) = pipes.join_next().await {
             if let Ok(Err(e)) = r {

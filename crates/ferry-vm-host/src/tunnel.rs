@@ -168,8 +168,12 @@ pub async fn call_on(
 /// Bytes through a pipe: as QEMU wrote them, and as they went on the link.
 #[derive(Debug, Default)]
 pub struct PipeCounters {
+    /// QEMU's bytes read here and sent.
     pub raw: AtomicU64,
+    /// Link bytes they took.
     pub link: AtomicU64,
+    /// Bytes received and handed to QEMU here.
+    pub delivered: AtomicU64,
 }
 
 const CHUNK: usize = 256 << 10;
@@ -372,6 +376,9 @@ where
                     match f {
                         Frame::Data(raw) => {
                             qw.write_all(&raw).await.map_err(PipeError::Qemu)?;
+                            counters
+                                .delivered
+                                .fetch_add(raw.len() as u64, Ordering::Relaxed);
                             ack.clear();
                             encode_ack(u32::try_from(size).unwrap_or(u32::MAX), &mut ack);
                             // The other side may have finished sending; an

@@ -262,6 +262,13 @@ impl Host {
         })
     }
 
+    /// The last `n` lines of the daemon's log, for a failure's message.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(self.state.with_extension("log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
     pub fn vm(&self, args: &[&str]) -> std::process::Output {
         let mut a = vec!["vm", "--host", &self.control];
         a.extend_from_slice(args);
