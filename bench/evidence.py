@@ -27,6 +27,7 @@ from evidence_cpu import cpu_report, exp_cpu  # noqa: E402
 from evidence_consolidation import consolidation_report, exp_consolidation  # noqa: E402
 from evidence_db_moves import db_move_then_run_report, exp_db_move_then_run, move_then_run_figure  # noqa: E402
 from evidence_drivers import drivers_report, exp_drivers  # noqa: E402
+from evidence_scale import exp_scale, scale_report  # noqa: E402
 from evidence_rigs import (Controller, IscsiBridge, Link, Storage, drop_host_caches, ext4_image,  # noqa: E402
                            ext4_volume, fio, journal_events, random_image, zero_share)
 from vm_peers import GUEST  # noqa: E402
@@ -1359,6 +1360,7 @@ EXPERIMENTS = {
     "sweeps": exp_sweeps,
     "drivers": exp_drivers,
     "consolidation": exp_consolidation,
+    "scale": exp_scale,
 }
 
 # Seed figures not redone yet: (title, why).
@@ -1409,7 +1411,7 @@ def main():
     ap.add_argument("--doc", help="page to write (default: docs/evidence.md, or OUT/evidence.md with --quick)")
     ap.add_argument("--keep-going", action="store_true", help="run the other experiments when one fails")
     ap.add_argument("--redraw", action="store_true",
-                    help="redo the figure and table of --only pause, threshold, model, cpu, drivers, consolidation or "
+                    help="redo the figure and table of --only pause, threshold, model, cpu, drivers, consolidation, scale or "
                          "db_move_then_run from saved results, without measuring")
     a = ap.parse_args()
     names = a.only.split(",") if a.only else list(EXPERIMENTS)
@@ -1443,9 +1445,9 @@ def main():
             try:
                 if a.redraw:
                     if n not in ("pause", "threshold", "model", "cpu", "drivers", "consolidation",
-                                 "db_move_then_run"):
+                                 "db_move_then_run", "scale"):
                         raise RuntimeError("--redraw knows only pause, threshold, model, cpu, drivers, "
-                                           "consolidation and db_move_then_run")
+                                           "consolidation, db_move_then_run and scale")
                     with open(os.path.join(a.out, f"{n}.json")) as f:
                         old = json.load(f)
                     raw = old["raw"]
@@ -1462,6 +1464,8 @@ def main():
                         r = db_move_then_run_report(ctx, raw["rows"], raw["n"], raw["mbit"], raw["boot_s"])
                     elif n == "consolidation":
                         r = consolidation_report(ctx, raw["sweep"], raw["burst"])
+                    elif n == "scale":
+                        r = scale_report(ctx, raw["rows"], raw["mid"])
                     elif n == "pause":
                         raw.setdefault("what", old["conditions"].split(";")[0])
                         r = exp_pause(ctx, raw)

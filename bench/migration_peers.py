@@ -70,16 +70,21 @@ class Link:
         self.rtt = rtt_ms
         self.n = 0
 
-    def proxy(self, upstream):
-        """A new proxy (fresh byte counters) to `upstream`; returns its port."""
+    def proxy(self, upstream, connections=1):
+        """A new proxy (fresh byte counters) to `upstream`; returns (name,
+        port). toxiproxy caps each connection on its own: a peer that
+        carries one stream over `connections` parallel ones (QEMU's
+        multifd channels) gets the link's rate split among them, as the
+        one link of a WAN would share it."""
         self.n += 1
         name = f"p{self.n}"
         port = free_port()
         http("POST", self.api + "/proxies",
              {"name": name, "listen": f"127.0.0.1:{port}", "upstream": upstream, "enabled": True})
+        rate = max(1, self.kbps // connections)
         for s in ("upstream", "downstream"):
             http("POST", f"{self.api}/proxies/{name}/toxics",
-                 {"name": f"rate-{s}", "type": "bandwidth", "stream": s, "attributes": {"rate": self.kbps}})
+                 {"name": f"rate-{s}", "type": "bandwidth", "stream": s, "attributes": {"rate": rate}})
             http("POST", f"{self.api}/proxies/{name}/toxics",
                  {"name": f"delay-{s}", "type": "latency", "stream": s,
                   "attributes": {"latency": self.rtt // 2}})

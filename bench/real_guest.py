@@ -28,7 +28,9 @@ and QEMU alone, on a second boot of the same image: the destination QEMU
 (-incoming defer -S, an empty disk) exports its disk over NBD, the source
 mirrors into it (blockdev-mirror sync=full), then migrates memory (multifd,
 zstd), cancels the ready mirror and resumes the destination (libvirt's
-order for `virsh migrate --live --copy-storage-all`).
+order for `virsh migrate --live --copy-storage-all`); peer `qemu-sync` runs
+it again with libvirt's `--copy-storage-synchronous-writes` (the mirror in
+write-blocking mode: QEMU's better mode for a guest that keeps writing).
 
 For each move: bytes and time of the move, the guest's pause (STOP at the
 source to RESUME at the destination, QEMU's stamps; for a disk-only move
@@ -362,7 +364,7 @@ def qemu_args(name, disk, seed, tap, qsock, serial, incoming=False):
     return a
 
 
-def run_qemu(work, link, bridge, seed):
+def run_qemu(work, link, bridge, seed, copy_mode="background"):
     src_disk, dst_disk = os.path.join(work, "qa.raw"), os.path.join(work, "qb.raw")
     sh("cp", "--sparse=always", IMAGE, src_disk)
     with open(dst_disk, "wb") as f:
@@ -383,7 +385,7 @@ def run_qemu(work, link, bridge, seed):
         disk_p, mem_p = copy_storage_setup(src, dst, link)
 
         def move():
-            st = copy_storage_move(src, dst, disk_p[1], mem_p[1])
+            st = copy_storage_move(src, dst, disk_p[1], mem_p[1], copy_mode=copy_mode)
             time.sleep(0.5)
             src("query-status")
             dst("query-status")
@@ -392,7 +394,8 @@ def run_qemu(work, link, bridge, seed):
                    "downtime_ms_qemu": st.get("downtime")}
             return rep, link.bytes(disk_p[0]) + link.bytes(mem_p[0])
 
-        row = dict(kind="qemu copy-storage", boot_s=boot, **moved_under_load(clients, move))
+        kind = "qemu copy-storage" + (", synchronous writes" if copy_mode == "write-blocking" else "")
+        row = dict(kind=kind, boot_s=boot, **moved_under_load(clients, move))
         kept = clients.stop()
         timeline = clients.timeline()
         clients = None
@@ -473,7 +476,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rtt", type=int, default=20)
     ap.add_argument("--mbit", type=float, default=100)
-    ap.add_argument("--peers", default="ferry,qemu")
+    ap.add_argument("--peers", default="ferry,qemu,qemu-sync",
+                    help="qemu: libvirt's copy-storage (its mirror in background mode); qemu-sync: the same with "
+                         "--copy-storage-synchronous-writes (write-blocking mirror)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--keep", metavar="DIR", help="run in DIR and leave the daemons' state and logs there")
     ap.add_argument("--timeline", metavar="FILE", help="write the clients' per-second throughput and the bridge port "
@@ -511,10 +516,11 @@ def main():
                         # The very seed ferry made, for QEMU's guest.
                         seed = os.path.join(work, "seed.img")
                         shutil.copy(os.path.join(work, "ha", "vms", "db", "cloud-init.img"), seed)
-                    elif peer == "qemu":
+                    elif peer in ("qemu", "qemu-sync"):
                         if seed is None:
-                            sys.exit("the qemu peer runs after ferry (it boots with ferry's seed)")
-                        rs, tl, kept = run_qemu(work, link, bridge, seed)
+                            sys.exit("the qemu peers run after ferry (they boot with ferry's seed)")
+                        rs, tl, kept = run_qemu(work, link, bridge, seed,
+                                                "write-blocking" if peer == "qemu-sync" else "background")
                     else:
                         sys.exit(f"unknown peer {peer}")
                 except Exception as e:  # one peer's failure is a row, not the end

@@ -19,6 +19,10 @@ over every proxy the move used. One after the other, in one run:
                   then migrates memory (multifd, zstd: QEMU's best for a
                   slow link); at completion the mirror is cancelled in its
                   ready state and the destination resumed (libvirt's order)
+  qemu-native-sync  the same with libvirt's --copy-storage-synchronous-writes
+                  (the mirror in write-blocking mode: each guest write
+                  reaches both disks, so a guest that writes faster than
+                  the mirror copies cannot keep it from converging)
 
 The guest's pause is QEMU's own stamps: STOP at the source to RESUME at the
 destination (host clocks). The largest gap between consecutive records'
@@ -52,6 +56,8 @@ MEM = "256M"
 ACCEL = "tcg"  # --accel; module-wide so every peer runs the same way
 KEEP_LOGS = None  # --keep-logs: where the host daemons' logs are copied
 MAX_DOWNTIME_MS = 300
+# QEMU's memory stream runs over this many parallel connections (multifd).
+MULTIFD_CHANNELS = 4
 
 
 def cmdline(load):
@@ -325,15 +331,17 @@ def run_ferry(work, link, base, image, load, teleport):
                 shutil.copy(d.log, os.path.join(KEEP_LOGS, f"{int(time.time())}-{os.path.basename(d.log)}"))
 
 
-def qemu_cmd(name, disk, qsock, serial, load, incoming=None):
+def qemu_cmd(name, disk, qsock, serial, append, incoming=None, mem=None):
+    """QEMU alone running the test guest from `disk` (raw), kernel command
+    line `append`, `mem` of RAM (default MEM)."""
     node = json.dumps({"driver": "raw", "node-name": "disk0",
                        "file": {"driver": "file", "filename": disk}})
     args = ["qemu-system-x86_64", "-name", name, "-M", "q35", "-accel", ACCEL, "-cpu", "max",
-            "-m", MEM, "-nodefaults", "-display", "none",
+            "-m", mem or MEM, "-nodefaults", "-display", "none",
             "-qmp", f"unix:{qsock},server=on,wait=off",
             "-chardev", f"file,id=s0,path={serial}", "-serial", "chardev:s0",
             "-blockdev", node, "-device", "virtio-blk-pci,drive=disk0,id=vd0",
-            "-kernel", f"{GUEST}/vmlinuz", "-initrd", f"{GUEST}/initrd.img", "-append", cmdline(load)]
+            "-kernel", f"{GUEST}/vmlinuz", "-initrd", f"{GUEST}/initrd.img", "-append", append]
     if incoming:
         args += ["-incoming", "defer", "-S"]
     return args
@@ -364,7 +372,7 @@ def copy_storage_setup(src, dst, link):
     nbd_port, mig_port = free_port(), free_port()
     caps = [{"capability": "auto-converge", "state": True},
             {"capability": "multifd", "state": True}]
-    params = {"multifd-channels": 4, "multifd-compression": "zstd"}
+    params = {"multifd-channels": MULTIFD_CHANNELS, "multifd-compression": "zstd"}
     for c in (src, dst):
         c("migrate-set-capabilities", capabilities=caps)
         c("migrate-set-parameters", **params)
@@ -372,23 +380,36 @@ def copy_storage_setup(src, dst, link):
     dst("nbd-server-start", addr={"type": "inet", "data": {"host": "127.0.0.1", "port": str(nbd_port)}})
     dst("block-export-add", type="nbd", id="e0", **{"node-name": "disk0"}, writable=True, name="disk0")
     dst("migrate-incoming", uri=f"tcp:127.0.0.1:{mig_port}")
-    return link.proxy(f"127.0.0.1:{nbd_port}"), link.proxy(f"127.0.0.1:{mig_port}")
+    # The memory's channels share the link's rate (toxiproxy would give
+    # each channel a whole link of its own).
+    return link.proxy(f"127.0.0.1:{nbd_port}"), link.proxy(f"127.0.0.1:{mig_port}", MULTIFD_CHANNELS)
 
 
-def copy_storage_move(src, dst, disk_port, mem_port):
+def copy_storage_move(src, dst, disk_port, mem_port, limit_s=None, copy_mode="background"):
     """libvirt's copy-storage move: mirror the disk into the destination's
     export until ready, migrate memory, then cancel the ready mirror (a
     consistent copy), remove the export and resume the destination.
-    Returns QEMU's last `query-migrate`."""
+    Returns QEMU's last `query-migrate`; with `limit_s`, a move that has
+    not completed by then raises TimeoutError. `copy_mode` "write-blocking"
+    is libvirt's `--copy-storage-synchronous-writes`: the guest's writes
+    reach both disks before they complete, so a guest that writes faster
+    than the mirror copies still lets it converge."""
+    end = time.time() + limit_s if limit_s else None
+
+    def check(what):
+        if end and time.time() > end:
+            raise TimeoutError(f"QEMU's move did not complete within {limit_s} s ({what})")
+
     src("blockdev-add", driver="nbd", **{"node-name": "tgt"},
         server={"type": "inet", "host": "127.0.0.1", "port": str(disk_port)}, export="disk0")
-    src("blockdev-mirror", **{"job-id": "m0"}, device="disk0", target="tgt", sync="full")
+    src("blockdev-mirror", **{"job-id": "m0", "copy-mode": copy_mode}, device="disk0", target="tgt", sync="full")
     while True:
         jobs = [j for j in src("query-jobs") if j["id"] == "m0"]
         if jobs and jobs[0]["status"] == "ready":
             break
         if not jobs:
             raise RuntimeError("mirror job vanished")
+        check("the disk's mirror was not ready")
         time.sleep(0.1)
     src("migrate", uri=f"tcp:127.0.0.1:{mem_port}")
     while True:
@@ -397,6 +418,7 @@ def copy_storage_move(src, dst, disk_port, mem_port):
             break
         if st.get("status") in ("failed", "cancelled"):
             raise RuntimeError(f"QEMU migration {st}")
+        check(f"memory: {st.get('status')}")
         time.sleep(0.05)
     src("block-job-cancel", device="m0")
     while [j for j in src("query-jobs") if j["id"] == "m0"]:
@@ -408,7 +430,13 @@ def copy_storage_move(src, dst, disk_port, mem_port):
     return st
 
 
-def run_qemu_native(work, link, image, load):
+def run_qemu_native(work, link, image, load, mem=None, append=None, boot_secs=120, limit_s=None,
+                    copy_mode="background"):
+    """libvirt's copy-storage move of the test guest (`mem` of RAM, kernel
+    command line `append`; defaults MEM and the `load`'s) from a copy of
+    `image` to an empty disk across `link`, once it has made 100 records
+    (within `boot_secs`); `limit_s` bounds the move (TimeoutError)."""
+    append = append or cmdline(load)
     src_disk, dst_disk = os.path.join(work, "qa.raw"), os.path.join(work, "qb.raw")
     subprocess.run(["cp", "--sparse=always", image, src_disk], check=True)
     with open(dst_disk, "wb") as f:
@@ -420,16 +448,16 @@ def run_qemu_native(work, link, image, load):
             os.unlink(p)
     procs = []
     try:
-        procs.append(subprocess.Popen(qemu_cmd("src", src_disk, qa, sa, load),
+        procs.append(subprocess.Popen(qemu_cmd("src", src_disk, qa, sa, append, mem=mem),
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        n0 = wait_acks(sa, 100)
-        procs.append(subprocess.Popen(qemu_cmd("dst", dst_disk, qb, sb, load, incoming=True),
+        n0 = wait_acks(sa, 100, secs=boot_secs)
+        procs.append(subprocess.Popen(qemu_cmd("dst", dst_disk, qb, sb, append, incoming=True, mem=mem),
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         src_ev, dst_ev = [], []
         src, dst = connect_qmp(qa, src_ev), connect_qmp(qb, dst_ev)
         (disk_name, disk_port), (mem_name, mem_port) = copy_storage_setup(src, dst, link)
         t = time.time()
-        st = copy_storage_move(src, dst, disk_port, mem_port)
+        st = copy_storage_move(src, dst, disk_port, mem_port, limit_s, copy_mode)
         secs = time.time() - t
         downtime = st.get("downtime")
         time.sleep(0.5)
@@ -463,7 +491,7 @@ def main():
     ap.add_argument("--rtt", type=int, action="append")
     ap.add_argument("--mbit", type=float, default=100)
     ap.add_argument("--loads", default="idle,heavy")
-    ap.add_argument("--peers", default="ferry-vm-only,ferry-teleport,qemu-native")
+    ap.add_argument("--peers", default="ferry-vm-only,ferry-teleport,qemu-native,qemu-native-sync")
     ap.add_argument("--images", default="/tmp/ferry-similarity")
     ap.add_argument("--accel", choices=["tcg", "kvm"], default="tcg",
                     help="how the guests run (kvm needs a working /dev/kvm)")
@@ -492,6 +520,8 @@ def main():
                             r = run_ferry(work, link, base, image, load, teleport=True)
                         elif peer == "qemu-native":
                             r = run_qemu_native(work, link, image, load)
+                        elif peer == "qemu-native-sync":
+                            r = run_qemu_native(work, link, image, load, copy_mode="write-blocking")
                         else:
                             sys.exit(f"unknown peer {peer}")
                     except Exception as e:  # one peer's failure is a row, not the end

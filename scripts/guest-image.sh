@@ -13,7 +13,9 @@
 # ferry.load=heavy on the kernel command line it also rewrites 256 KiB of
 # random data per record (a write-heavy guest). With ferry.pace=SECONDS
 # it sleeps that long after each record (a guest with a set demand, whose
-# rate falls only when its CPU is short). Tests read the acks from the
+# rate falls only when its CPU is short). With ferry.fill=MIB it first
+# fills that much of its memory with random data (a ramfs file), so that
+# a move has that much memory to send. Tests read the acks from the
 # serial logs and the records from the disk, and compare.
 #
 # With ferry.ip=ADDR/PREFIX on the command line the guest also brings up
@@ -23,7 +25,7 @@
 set -euo pipefail
 out="${1:-/var/cache/ferry-guest}"
 # Bumped whenever the image changes, so a cached older one is rebuilt.
-version=3
+version=4
 . "$(cd "$(dirname "$0")" && pwd)/guest-lib.sh"
 guest_cached "$out" "$version" && exit 0
 mkdir -p "$out"
@@ -52,6 +54,12 @@ pace=
 case " $(cat /proc/cmdline) " in *" ferry.load=heavy "*) heavy=1 ;; esac
 for w in $(cat /proc/cmdline); do
   case "$w" in ferry.pace=*) pace="${w#ferry.pace=}" ;; esac
+  case "$w" in ferry.fill=*)
+    mkdir -p /fill && mount -t ramfs ramfs /fill
+    dd if=/dev/urandom of=/fill/blob bs=1M count="${w#ferry.fill=}" 2>/dev/null
+    echo "ferry-guest: filled ${w#ferry.fill=} MiB"
+    ;;
+  esac
   case "$w" in ferry.ip=*)
     ip link set lo up
     i=0

@@ -9,7 +9,7 @@ use common::on_path;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const EXPERIMENTS: [&str; 15] = [
+const EXPERIMENTS: [&str; 16] = [
     "rtt",
     "db_rtt",
     "move_then_run",
@@ -25,6 +25,7 @@ const EXPERIMENTS: [&str; 15] = [
     "sweeps",
     "drivers",
     "consolidation",
+    "scale",
 ];
 
 fn root() -> PathBuf {
