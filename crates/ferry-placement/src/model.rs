@@ -61,6 +61,18 @@ pub const DISK_PAUSE_BASE_S: f64 = 0.006;
 /// QEMU's pre-copy rounds last about this long once converged (s): the
 /// pages dirtied in one are what the pause sends.
 const LAST_ROUND_S: f64 = 0.1;
+/// The pause's part that grows with the guest's memory (s per GiB):
+/// QEMU's last dirty-bitmap sync and the destination's load of the last
+/// round walk all of it. Fitted to teleports of 256 MiB to 4 GiB guests
+/// on this machine (TCG): 65-190 ms at 20 ms RTT, about 30 ms per GiB
+/// over a flat 60-70 ms (docs/evidence.md, "A teleport at scale").
+pub const VM_PAUSE_PER_GIB_S: f64 = 0.03;
+/// Bytes per second at which the two storage daemons work through the
+/// blocks the destination already holds: the source reads and prints
+/// them, the destination finds, checks and writes them. Not overlapped
+/// with the link: fitted to teleports whose destination held 256 MiB
+/// and 1 GiB of a disk (2.6 s per GiB beside what crossed the link).
+pub const LOCAL_REBUILD_BPS: f64 = 400e6;
 
 /// What a placement costs the guest over a horizon.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -213,7 +225,8 @@ pub fn vm_move_cost(vm: &VmState, rtt_ms: f64, bw: f64) -> MoveCost {
     let bytes = raw * share;
     let rtt = rtt_ms / 1000.0;
     let last_round = vm.load.dirty_rate.min(raw_bw) * LAST_ROUND_S / raw_bw;
-    let pause = (VM_PAUSE_BASE_S + last_round).min(TARGET_PAUSE_S) + rtt;
+    let walk = VM_PAUSE_PER_GIB_S * vm.memory_bytes / f64::from(1u32 << 30);
+    let pause = (VM_PAUSE_BASE_S + last_round).min(TARGET_PAUSE_S) + walk + rtt;
     let seconds = VM_MOVE_SETUP_S + bytes / bw + 3.0 * rtt + pause;
     move_cost(seconds, bytes, pause, converges)
 }
@@ -261,12 +274,14 @@ pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost 
         .get(to)
         .copied()
         .unwrap_or_else(|| vm.missing_at.get(to).copied().unwrap_or(vm.disk_bytes) * share);
-    let prints =
-        vm.disk_bytes * vm.nonzero_share.unwrap_or(1.0) / 4096.0 * FINGERPRINT_BYTES_PER_BLOCK;
+    let nonzero = vm.disk_bytes * vm.nonzero_share.unwrap_or(1.0);
+    let prints = nonzero / 4096.0 * FINGERPRINT_BYTES_PER_BLOCK;
     let (bytes, converges) = precopy_bytes(missing + prints, vm.load.write_rate * share, bw);
+    // What the destination rebuilds from its own blocks instead.
+    let held = (nonzero - vm.missing_at.get(to).copied().unwrap_or(nonzero)).max(0.0);
     let rtt = rtt_ms / 1000.0;
     let pause = DISK_PAUSE_BASE_S + rtt;
-    let seconds = DISK_MOVE_SETUP_S + bytes / bw + 4.0 * rtt + pause;
+    let seconds = DISK_MOVE_SETUP_S + bytes / bw + held / LOCAL_REBUILD_BPS + 4.0 * rtt + pause;
     move_cost(seconds, bytes, pause, converges)
 }
 
@@ -389,6 +404,34 @@ mod tests {
         let mut hot = v.clone();
         hot.load.dirty_rate = 40e6;
         assert!(!vm_move_cost(&hot, 20.0, 12.5e6).converges);
+    }
+
+    #[test]
+    fn what_the_destination_holds_costs_local_time_and_memory_lengthens_the_pause() {
+        let v = vm(60.0, 16.5, true);
+        // Site a holds 9 GB of the 10 GB disk: it sends 1 GB and rebuilds 9.
+        let held = disk_move_cost(&v, "a", 20.0, 12.5e6);
+        let mut lacks_all = v.clone();
+        lacks_all.missing_at.insert("a".into(), v.disk_bytes);
+        let none = disk_move_cost(&lacks_all, "a", 20.0, 12.5e6);
+        let on_link = |c: &MoveCost| c.seconds - c.bytes / 12.5e6;
+        assert!(
+            (on_link(&held) - on_link(&none) - 9e9 / LOCAL_REBUILD_BPS).abs() < 1e-6,
+            "{held:?} {none:?}"
+        );
+        assert!(held.seconds < none.seconds);
+        // Four times the memory: its walk at the pause, four times as long.
+        let mut big = v.clone();
+        big.memory_bytes = 4.0 * v.memory_bytes;
+        let (m1, m4) = (
+            vm_move_cost(&v, 20.0, 12.5e6),
+            vm_move_cost(&big, 20.0, 12.5e6),
+        );
+        let walk = VM_PAUSE_PER_GIB_S * 3e9 / f64::from(1u32 << 30);
+        assert!(
+            (m4.pause_s - m1.pause_s - walk).abs() < 1e-9,
+            "{m1:?} {m4:?}"
+        );
     }
 
     #[test]
