@@ -29,7 +29,7 @@ from evidence_db_moves import db_move_then_run_report, exp_db_move_then_run, mov
 from evidence_drivers import drivers_report, exp_drivers  # noqa: E402
 from evidence_scale import exp_scale, scale_report  # noqa: E402
 from evidence_rigs import (Controller, IscsiBridge, Link, Storage, drop_host_caches, ext4_image,  # noqa: E402
-                           ext4_volume, fio, journal_events, random_image, zero_share)
+                           ext4_volume, fio, journal_events, random_image, two_site_inventory, zero_share)
 from vm_peers import GUEST  # noqa: E402
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -615,22 +615,9 @@ def exp_model(ctx):
         sb.ferry("volume", "import", "root", img)
         A, B = Host(ha), Host(hb)
         hosts = [A, B]
-        nbd_b_name, nbd_b = link.proxy(f"127.0.0.1:{sb.nbd}")
-        _, nbd_a = link.proxy(f"127.0.0.1:{sa.nbd}")
-        _, moves_a = link.proxy(f"127.0.0.1:{A.moves}")
-        _, moves_b = link.proxy(f"127.0.0.1:{B.moves}")
-        _, mig_a = link.proxy(f"127.0.0.1:{sa.mig}")
-        _, mig_b = link.proxy(f"127.0.0.1:{sb.mig}")
-        inv = {"sites": [
-            {"name": "a", "cpu_capacity": 8,
-             "hosts": [{"control": f"127.0.0.1:{A.control}", "moves": f"127.0.0.1:{moves_a}"}],
-             "storage": [{"nbd": f"127.0.0.1:{nbd_a}", "nbd_local": f"127.0.0.1:{sa.nbd}",
-                          "migrate": f"127.0.0.1:{mig_a}", "admin": f"127.0.0.1:{sa.admin}"}]},
-            {"name": "b", "cpu_capacity": 8,
-             "hosts": [{"control": f"127.0.0.1:{B.control}", "moves": f"127.0.0.1:{moves_b}"}],
-             "storage": [{"nbd": f"127.0.0.1:{nbd_b}", "nbd_local": f"127.0.0.1:{sb.nbd}",
-                          "migrate": f"127.0.0.1:{mig_b}", "admin": f"127.0.0.1:{sb.admin}"}]}],
-            "links": [{"a": "a", "b": "b", "rtt_ms": rtt0, "bandwidth": mbit * 125000}]}
+        inv, p = two_site_inventory(link, A, B, sa, sb, rtt0, mbit)
+        (nbd_b_name, nbd_b), moves_a, moves_b = p["nbd_b"], p["moves_a"][1], p["moves_b"][1]
+        mig_a, mig_b = p["mig_a"][1], p["mig_b"][1]
         inv_file = os.path.join(work, "inventory.json")
         with open(inv_file, "w") as f:
             json.dump(inv, f)

@@ -84,6 +84,25 @@ def journal_events(journal, t0):
     return sorted(events, key=lambda e: e["t"])
 
 
+def two_site_inventory(link, A, B, sa, sb, rtt_ms, mbit):
+    """The controller's inventory of sites a (host A, storage sa) and b
+    (B, sb), each reached from the other through a new proxy of `link`
+    (`migration_peers.Link`): returns (inventory, {what: (proxy name,
+    port)}) for what in nbd_a, nbd_b, moves_a, moves_b, mig_a, mig_b."""
+    p = {f"{kind}_{site}": link.proxy(f"127.0.0.1:{port}")
+         for site, h, st in (("a", A, sa), ("b", B, sb))
+         for kind, port in (("nbd", st.nbd), ("moves", h.moves), ("mig", st.mig))}
+
+    def site(name, h, st):
+        return {"name": name, "cpu_capacity": 8,
+                "hosts": [{"control": f"127.0.0.1:{h.control}", "moves": f"127.0.0.1:{p['moves_' + name][1]}"}],
+                "storage": [{"nbd": f"127.0.0.1:{p['nbd_' + name][1]}", "nbd_local": f"127.0.0.1:{st.nbd}",
+                             "migrate": f"127.0.0.1:{p['mig_' + name][1]}", "admin": f"127.0.0.1:{st.admin}"}]}
+    inv = {"sites": [site("a", A, sa), site("b", B, sb)],
+           "links": [{"a": "a", "b": "b", "rtt_ms": rtt_ms, "bandwidth": mbit * 125000}]}
+    return inv, p
+
+
 class Storage:
     """`ferry serve` with NBD, one iSCSI portal and the admin API."""
 

@@ -19,6 +19,7 @@ import json, os, shutil, subprocess, time
 import matplotlib.pyplot as plt
 
 from common import FERRY
+from evidence_rigs import two_site_inventory
 from migration_peers import Daemon, Link
 from vm_peers import GUEST, Host, run_qemu_native, test_guest, trust, wait_acks
 
@@ -93,22 +94,8 @@ def ferry_point(work, link, sibling, disk, size, mem):
         # sends of it), so that the estimate sees the guest after its fill.
         A, B = Host(ha, ["--memory-sample-every", "5"]), Host(hb, ["--memory-sample-every", "5"])
         hosts = [A, B]
-        moves_name, moves_b = link.proxy(f"127.0.0.1:{B.moves}")
-        mig_name, mig_b = link.proxy(f"127.0.0.1:{sb.mig}")
-        _, moves_a = link.proxy(f"127.0.0.1:{A.moves}")
-        _, mig_a = link.proxy(f"127.0.0.1:{sa.mig}")
-        _, nbd_a = link.proxy(f"127.0.0.1:{sa.nbd}")
-        _, nbd_b = link.proxy(f"127.0.0.1:{sb.nbd}")
-        inv = {"sites": [
-            {"name": "a", "cpu_capacity": 8,
-             "hosts": [{"control": f"127.0.0.1:{A.control}", "moves": f"127.0.0.1:{moves_a}"}],
-             "storage": [{"nbd": f"127.0.0.1:{nbd_a}", "nbd_local": f"127.0.0.1:{sa.nbd}",
-                          "migrate": f"127.0.0.1:{mig_a}", "admin": f"127.0.0.1:{sa.admin}"}]},
-            {"name": "b", "cpu_capacity": 8,
-             "hosts": [{"control": f"127.0.0.1:{B.control}", "moves": f"127.0.0.1:{moves_b}"}],
-             "storage": [{"nbd": f"127.0.0.1:{nbd_b}", "nbd_local": f"127.0.0.1:{sb.nbd}",
-                          "migrate": f"127.0.0.1:{mig_b}", "admin": f"127.0.0.1:{sb.admin}"}]}],
-            "links": [{"a": "a", "b": "b", "rtt_ms": link.rtt, "bandwidth": MBIT * 125000}]}
+        inv, p = two_site_inventory(link, A, B, sa, sb, link.rtt, MBIT)
+        (moves_name, moves_b), (mig_name, mig_b) = p["moves_b"], p["mig_b"]
         inv_file = os.path.join(work, "inventory.json")
         with open(inv_file, "w") as f:
             json.dump(inv, f)
