@@ -1452,7 +1452,7 @@ def main():
                     elif n == "consolidation":
                         r = consolidation_report(ctx, raw["sweep"], raw["burst"])
                     elif n == "scale":
-                        r = scale_report(ctx, raw["rows"], raw["mid"])
+                        r = scale_report(ctx, raw["rows"], raw["mid"], raw.get("note"))
                     elif n == "pause":
                         raw.setdefault("what", old["conditions"].split(";")[0])
                         r = exp_pause(ctx, raw)

@@ -190,8 +190,9 @@ def err_pct(p, m):
     return (p - m) / m * 100 if m else float("nan")
 
 
-def scale_report(ctx, rows, mid):
-    """The figure (a row of panels per axis: time, bytes, pause) and table."""
+def scale_report(ctx, rows, mid, note=None):
+    """The figure (a row of panels per axis: time, bytes, pause) and table;
+    `note` (kept with the results) is added to the conditions."""
     names = list(dict.fromkeys(r["axis"] for r in rows))
     fig, grid = plt.subplots(len(names), 3, figsize=(14, 3.6 * len(names)), squeeze=False)
     for axs, axis in zip(grid, names):
@@ -269,6 +270,7 @@ def scale_report(ctx, rows, mid):
                       "disk, `blockdev-mirror sync=full copy-mode=write-blocking` (libvirt's "
                       "`--copy-storage-synchronous-writes`) into the destination's NBD export, then multifd (4, zstd) "
                       "memory, libvirt's order. Pause: QEMU's STOP→RESUME stamps. One run per point. The disk "
-                      "axis stops at 4 GiB: this machine has 25 GB of free disk, and a point needs five copies.",
-        "raw": {"rows": rows, "mid": mid},
+                      "axis stops at 4 GiB: this machine has 25 GB of free disk, and a point needs five copies."
+                      + (f" {note}" if note else ""),
+        "raw": {"rows": rows, "mid": mid, **({"note": note} if note else {})},
     }
