@@ -20,8 +20,8 @@ import matplotlib.pyplot as plt
 
 from common import FERRY
 from evidence_rigs import two_site_inventory
-from migration_peers import Daemon, Link
-from vm_peers import GUEST, Host, run_qemu_native, test_guest, trust, wait_acks
+from migration_peers import Link
+from vm_peers import GUEST, Host, run_qemu_native, test_guest, two_sites, wait_acks
 
 MBIT = 400
 # A QEMU move still running after this long is given up and shown as such.
@@ -29,7 +29,7 @@ QEMU_LIMIT_S = 600
 
 
 def axes(quick):
-    """(name, label, values, unit) per axis and the middle point."""
+    """The middle point and, per axis, (name, values)."""
     if quick:
         mid = {"mem": 256, "held": 24, "lacks": 8, "rtt": 10}
         return mid, [("mem", [256, 384]), ("held", [8, 24]), ("rtt", [2, 20])]
@@ -76,14 +76,10 @@ def cmdline(mem):
 
 def ferry_point(work, link, sibling, disk, size, mem):
     """One teleport A → B of the guest (`mem` MiB), its estimate just before."""
-    pa, pb, ha, hb = (os.path.join(work, d) for d in ("sa", "sb", "ha", "hb"))
-    for d in (pa, pb, ha, hb):
+    dirs = [os.path.join(work, d) for d in ("sa", "sb", "ha", "hb")]
+    for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(ha)
-    os.makedirs(hb)
-    trust(ha, hb)
-    trust(pa, pb)
-    sa, sb = Daemon(pa, migrate=True), Daemon(pb, migrate=True)
+    sa, sb, ha, hb = two_sites(work)
     hosts = []
     try:
         sb.ferry("volume", "create", "sibling", "--size", str(size))
@@ -128,7 +124,7 @@ def ferry_point(work, link, sibling, disk, size, mem):
             h.stop()
         sa.stop()
         sb.stop()
-        for d in (pa, pb, ha, hb):
+        for d in dirs:
             shutil.rmtree(d, ignore_errors=True)
 
 

@@ -270,16 +270,17 @@ pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost 
         .disk_link_share
         .filter(|s| s.is_finite())
         .map_or(1.0, |s| s.clamp(0.01, 1.05));
+    let missing_raw = vm.missing_at.get(to).copied();
     let missing = vm
         .missing_link_at
         .get(to)
         .copied()
-        .unwrap_or_else(|| vm.missing_at.get(to).copied().unwrap_or(vm.disk_bytes) * share);
+        .unwrap_or_else(|| missing_raw.unwrap_or(vm.disk_bytes) * share);
     let nonzero = vm.disk_bytes * vm.nonzero_share.unwrap_or(1.0);
     let prints = nonzero / 4096.0 * FINGERPRINT_BYTES_PER_BLOCK;
     let (bytes, converges) = precopy_bytes(missing + prints, vm.load.write_rate * share, bw);
     // What the destination rebuilds from its own blocks instead.
-    let held = (nonzero - vm.missing_at.get(to).copied().unwrap_or(nonzero)).max(0.0);
+    let held = (nonzero - missing_raw.unwrap_or(nonzero)).max(0.0);
     let rtt = rtt_ms / 1000.0;
     let pause = DISK_PAUSE_BASE_S + rtt;
     let seconds = DISK_MOVE_SETUP_S + bytes / bw + held / LOCAL_REBUILD_BPS + 4.0 * rtt + pause;

@@ -487,12 +487,8 @@ async fn stream(
     let delivered = counters
         .delivered
         .load(std::sync::atomic::Ordering::Relaxed);
-    match &r {
-        Ok(()) => tracing::info!(move_id = %id, delivered, "incoming memory stream ended"),
-        Err(e) => {
-            tracing::info!(move_id = %id, delivered, error = %e, "incoming memory stream ended");
-        }
-    }
+    let error = r.as_ref().err().map(ToString::to_string);
+    tracing::info!(move_id = %id, delivered, error, "incoming memory stream ended");
     Ok(r?)
 }
 
