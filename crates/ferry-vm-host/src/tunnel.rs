@@ -303,7 +303,8 @@ pub enum PipeError {
 /// read. Data sent waits for room in the [`Window`]; data received is
 /// acknowledged once QEMU has it. Each direction ends its writer however
 /// it ends, so that the end (or failure) of one side reaches the process
-/// on the other as the end of its stream.
+/// on the other as the end of its stream; a stream that ends whole ends
+/// its writer only once every byte of it is acknowledged.
 pub async fn pipe<Q, L>(
     qemu: Q,
     link: L,
@@ -320,6 +321,8 @@ where
     let lw = tokio::sync::Mutex::new(lw);
     let window = parking_lot::Mutex::new(Window::new());
     let opened = tokio::sync::Notify::new();
+    // This side's stream is sent and acknowledged (or QEMU here closed it).
+    let said_all = std::sync::atomic::AtomicBool::new(false);
     let link_err = |what| move |e| PipeError::Link(PeerFault::link(what)(e));
     let out = async {
         let r = async {
@@ -358,6 +361,23 @@ where
                     .await
                     .map_err(link_err("write"))?;
             }
+            // QEMU's stream is all sent. The link's end follows only once
+            // the other side has acknowledged every byte: a relay on the
+            // way (a TCP proxy, a load balancer) may close the far
+            // connection as soon as it sees this end, and a socket closed
+            // with unread bytes (acknowledgements) resets, dropping what
+            // it had not yet sent on (issue 31: 2 MB of a memory stream).
+            let acked = async {
+                loop {
+                    let wait = opened.notified();
+                    if window.lock().in_flight == 0 {
+                        return;
+                    }
+                    wait.await;
+                }
+            };
+            let _ = tokio::time::timeout(EXCHANGE_TIMEOUT, acked).await;
+            said_all.store(true, Ordering::Relaxed);
             Ok::<(), PipeError>(())
         }
         .await;
@@ -391,7 +411,19 @@ where
                         }
                     }
                 }
-                let n = lr.read(&mut chunk).await.map_err(link_err("read"))?;
+                let n = match lr.read(&mut chunk).await {
+                    Ok(n) => n,
+                    // Once this side said all it had and heard it all
+                    // acknowledged, a relay may close without TLS's
+                    // close_notify: nothing is lost, the stream is whole.
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::UnexpectedEof
+                            && said_all.load(Ordering::Relaxed) =>
+                    {
+                        0
+                    }
+                    Err(e) => return Err(link_err("read")(e)),
+                };
                 if n == 0 {
                     break;
                 }
@@ -454,6 +486,58 @@ mod tests {
             }
         }
         Eof
+    }
+
+    /// The sender ends its side of the link only once the receiver has
+    /// acknowledged all of QEMU's stream: a relay that closes the far
+    /// connection when it sees this end cannot cut the stream's tail.
+    #[tokio::test]
+    async fn the_link_ends_only_after_every_byte_is_acknowledged() {
+        let (qemu, mut qemu_peer) = tokio::io::duplex(1 << 20);
+        let (link, mut far) = tokio::io::duplex(1 << 20);
+        let counters = std::sync::Arc::new(PipeCounters::default());
+        let c = counters.clone();
+        let sender = tokio::spawn(async move { pipe(qemu, link, false, Vec::new(), &c).await });
+        let stream: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        qemu_peer.write_all(&stream).await.unwrap();
+        qemu_peer.shutdown().await.unwrap();
+        // The far side reads every frame, acknowledging none yet.
+        let (mut buf, mut got, mut sizes) = (Vec::new(), Vec::new(), Vec::new());
+        let mut chunk = vec![0u8; 64 << 10];
+        while got.len() < stream.len() {
+            while let Some((f, size)) = decode_frame(&mut buf).unwrap() {
+                if let Frame::Data(d) = f {
+                    got.extend_from_slice(&d);
+                    sizes.push(size);
+                }
+            }
+            if got.len() == stream.len() {
+                break;
+            }
+            let n = far.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the link ended before the stream did");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        assert_eq!(got, stream);
+        // Unacknowledged: the link stays open.
+        let early = tokio::time::timeout(Duration::from_millis(300), far.read(&mut chunk)).await;
+        assert!(
+            early.is_err(),
+            "the sender ended its side before the acknowledgements"
+        );
+        let mut acks = Vec::new();
+        for size in sizes {
+            encode_ack(u32::try_from(size).unwrap(), &mut acks);
+        }
+        far.write_all(&acks).await.unwrap();
+        let end = tokio::time::timeout(Duration::from_secs(5), far.read(&mut chunk))
+            .await
+            .expect("the sender ends its side once all is acknowledged")
+            .unwrap();
+        assert_eq!(end, 0);
+        far.shutdown().await.unwrap();
+        sender.await.unwrap().unwrap();
+        assert_eq!(counters.raw.load(Ordering::Relaxed), stream.len() as u64);
     }
 
     #[test]
