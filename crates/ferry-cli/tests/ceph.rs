@@ -653,3 +653,249 @@ fn a_guest_on_ceph_teleports_to_another_cluster_and_keeps_every_record() {
     s.hb.vm_ok(&["stop", "g1"]);
     guests::check_records(&s.sb, "root", &s.dir, &[first, second]);
 }
+
+/// Run `args` and insist it succeeded.
+fn run_ok(args: &[&str]) {
+    let o = Command::new(args[0]).args(&args[1..]).output().unwrap();
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A host in a network namespace of its own, joined to this one by a veth
+/// pair whose near end carries the gateways' addresses `near`; deleted
+/// (with its end of the pair) when dropped.
+struct HostNet {
+    ns: String,
+}
+
+impl HostNet {
+    fn new(near: &[&str], far: &str) -> HostNet {
+        let id = std::process::id() % 100_000;
+        let ns = format!("ferry-part-{id}");
+        let (a, b) = (format!("fpa{id}"), format!("fpb{id}"));
+        // One a killed run left behind (its processes keep it and its
+        // addresses alive).
+        let listed = Command::new("ip").args(["netns", "list"]).output().unwrap();
+        for old in String::from_utf8_lossy(&listed.stdout)
+            .split_whitespace()
+            .filter(|w| w.starts_with("ferry-part-"))
+        {
+            HostNet {
+                ns: old.to_string(),
+            }
+            .remove();
+        }
+        run_ok(&["ip", "netns", "add", &ns]);
+        let net = HostNet { ns };
+        run_ok(&[
+            "ip", "link", "add", &a, "type", "veth", "peer", "name", &b, "netns", &net.ns,
+        ]);
+        for addr in near {
+            run_ok(&["ip", "addr", "add", &format!("{addr}/24"), "dev", &a]);
+        }
+        run_ok(&["ip", "link", "set", &a, "up"]);
+        net.ip(&["addr", "add", &format!("{far}/24"), "dev", &b]);
+        net.ip(&["link", "set", &b, "up"]);
+        net.ip(&["link", "set", "lo", "up"]);
+        net
+    }
+
+    fn exec(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns, program]);
+        c
+    }
+
+    fn ip(&self, args: &[&str]) {
+        let mut c = self.exec("ip");
+        let o = c.args(args).output().unwrap();
+        assert!(
+            o.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+
+    /// Whether something listens at `port` of the namespace's loopback.
+    fn answers(&self, port: u16) -> bool {
+        self.exec("bash")
+            .args(["-c", &format!("exec 3<>/dev/tcp/127.0.0.1/{port}")])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}
+
+impl HostNet {
+    /// Kill what runs in the namespace, then delete it.
+    fn remove(&self) {
+        if let Ok(o) = Command::new("ip")
+            .args(["netns", "pids", &self.ns])
+            .output()
+        {
+            for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-9", pid]).status();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.ns])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+impl Drop for HostNet {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// A gateway that stays alive but that the host can no longer reach (a
+/// partition between the two, not a crash): the host's forwarder goes to
+/// the other gateway, the cut-off gateway finds its client gone (TCP
+/// keepalive) and lets the volume go, and the other claims it; the
+/// guest's writes stop for seconds, not for the forwarder's two-minute
+/// hold, and none fails. Needs root (a network namespace for the host).
+#[test]
+fn a_gateway_cut_off_from_its_host_lets_the_volume_go_to_another() {
+    assert!(have("qemu-io") && have("ip"));
+    let mut d = tempfile::tempdir().unwrap();
+    if std::env::var_os("FERRY_TEST_KEEP").is_some() {
+        d.disable_cleanup(true);
+        eprintln!("keeping {}", d.path().display());
+    }
+    let (ceph, pool) = pool("partition");
+    let (g1_ip, g2_ip, host_ip) = ("10.77.0.1", "10.77.0.2", "10.77.0.10");
+    let net = HostNet::new(&[g1_ip, g2_ip], host_ip);
+    let nbd1 = format!("{g1_ip}:{}", free_port());
+    let nbd2 = format!("{g2_ip}:{}", free_port());
+    let adm1 = format!("127.0.0.1:{}", free_port());
+    let adm2 = format!("127.0.0.1:{}", free_port());
+    let g1 = gateway(
+        &d.path().join("g1"),
+        &ceph,
+        &pool,
+        Some((&nbd1, &adm1)),
+        &["--ceph-shared"],
+    );
+    let g2 = gateway(
+        &d.path().join("g2"),
+        &ceph,
+        &pool,
+        Some((&nbd2, &adm2)),
+        &["--ceph-shared"],
+    );
+    g1.ferry(&["volume", "create", "s", "--size", "64M"]);
+
+    // The host's forwarder and the guest's client, in the host's namespace.
+    let port = free_port();
+    let mut fwd = net
+        .exec(FERRY)
+        .args(["host", "--server", &nbd1, "--volume", "s"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--gateways", &format!("{nbd1},{nbd2}")])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(d.path().join("forwarder.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !net.answers(port) {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "ferry host did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The guest's client: a write and a flush, a pause during which the
+    // partition comes, then more writes and reads on the same connection.
+    let io_err = d.path().join("qemu-io.err");
+    let mut io = net
+        .exec("stdbuf")
+        // A line at a time: the test follows qemu-io's answers as they come.
+        .args(["-oL", "qemu-io", "-f", "raw"])
+        .arg(format!("nbd://127.0.0.1:{port}/s"))
+        .args([
+            "-c",
+            "write -P 0x61 0 64k",
+            "-c",
+            "flush",
+            "-c",
+            "sleep 5000",
+        ])
+        .args(["-c", "write -P 0x62 1M 64k", "-c", "flush"])
+        .args(["-c", "read -P 0x61 0 64k", "-c", "read -P 0x62 1M 64k"])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&io_err).unwrap())
+        .spawn()
+        .unwrap();
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let (out, l) = (io.stdout.take().unwrap(), lines.clone());
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            l.lock().unwrap().push(line);
+        }
+    });
+    let t = Instant::now();
+    while !lines
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("wrote 65536"))
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the first write did not end: {:?}",
+            lines.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (ok, text) = ferry_at(&g2.admin, &["volume", "info", "s"]);
+    assert!(!ok && text.contains(&nbd1), "g1 holds the volume: {text}");
+
+    // The partition: nothing between the host and g1 any more, either
+    // way; g1 itself runs on and g2 still reaches it.
+    net.ip(&["route", "add", "blackhole", &format!("{g1_ip}/32")]);
+    let cut = Instant::now();
+    // Well within the forwarder's hold (120 s, then errors).
+    let status = loop {
+        if let Some(s) = io.try_wait().unwrap() {
+            break s;
+        }
+        if cut.elapsed() > Duration::from_secs(100) {
+            let _ = io.kill();
+            panic!(
+                "the client's requests did not end in 100 s: {:?}",
+                lines.lock().unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let took = cut.elapsed();
+    reader.join().unwrap();
+    let err = std::fs::read_to_string(&io_err).unwrap_or_default();
+    let text = lines.lock().unwrap().join("\n");
+    assert!(
+        status.success()
+            && text.matches("wrote 65536").count() == 2
+            && text.matches("read 65536").count() == 2
+            && !text.contains("failed")
+            && err.is_empty(),
+        "{text}\n{err}"
+    );
+    // g2 serves it now; g1 let it go when it found its client gone,
+    // instead of keeping it for a connection no one will use again.
+    let l: serde_json::Value =
+        serde_json::from_str(&g2.ferry(&["volume", "list", "--json"])).unwrap();
+    assert_eq!(l[0]["held_here"], true, "{l}");
+    assert!(answers(&g1.admin), "g1 is alive");
+    eprintln!("the client's requests went on {took:?} after the partition");
+    let _ = fwd.kill();
+    let _ = fwd.wait();
+    g2.terminate();
+    g1.terminate();
+}

@@ -59,6 +59,34 @@ pub async fn accept_loop<F, Fut, R, RFut>(
 
 pub use ferry_nbd_server::{write_loop, Frames, Held, HeldFrames};
 
+/// How long a client connection may be silent before TCP asks whether its
+/// machine is still there.
+pub const CLIENT_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long data sent to a client (or a keepalive probe) may go
+/// unacknowledged before the connection is given up.
+pub const CLIENT_USER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Find out within seconds about a client that vanished without closing
+/// its connection (its machine died, or a partition cut it off): TCP
+/// keepalive probes it when idle and unacknowledged data gives up after
+/// [`CLIENT_USER_TIMEOUT`]. Without it such a connection would hold its
+/// volume for ever: a shared gateway releases only volumes no client
+/// holds, and the client's own failover to another gateway is sent back
+/// here while this one answers.
+pub fn probe_vanished_client(stream: &TcpStream) {
+    let sock = socket2::SockRef::from(stream);
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(CLIENT_KEEPALIVE)
+        .with_interval(std::time::Duration::from_secs(1))
+        .with_retries(5);
+    if let Err(e) = sock
+        .set_tcp_keepalive(&ka)
+        .and_then(|()| sock.set_tcp_user_timeout(Some(CLIENT_USER_TIMEOUT)))
+    {
+        tracing::debug!(error = %e, "cannot set TCP keepalive on a client connection");
+    }
+}
+
 /// Return freed heap to the system once a connection is gone: glibc keeps
 /// what large replies used in its arenas otherwise, and the daemon would
 /// look as big as its busiest moment forever.

@@ -107,6 +107,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), ConnError> {
     stream.set_nodelay(true)?;
+    crate::net::probe_vanished_client(&stream);
     let local = stream.local_addr()?;
     let targets = PortalTargets {
         state,

@@ -39,6 +39,7 @@ pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: Can
             let shutdown = shutdown.clone();
             async move {
                 let _ = stream.set_nodelay(true);
+                crate::net::probe_vanished_client(&stream);
                 let tls = backend.state.nbd_tls.clone().map(|t| {
                     let mode = t.mode(Some(peer.ip()));
                     (t, mode)
