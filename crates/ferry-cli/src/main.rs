@@ -153,10 +153,11 @@ enum Cmd {
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         stop_timeout: Duration,
         /// A network guests' NICs may plug into (repeatable):
-        /// NAME,bridge=BR[,vxlan=VNI,local=IP,peer=IP[,peer=IP..][,dev=IF][,port=N]].
-        /// The bridge (and the VXLAN link joining it to the same network
-        /// at the peers) is made at start if missing; every site's hosts
-        /// give a network the same name and VNI.
+        /// NAME,bridge=BR[,vxlan=VNI|geneve=VNI,local=IP,peer=IP[,peer=IP..][,dev=IF][,port=N]].
+        /// The bridge (and the VXLAN link, or one GENEVE link per peer,
+        /// joining it to the same network at the peers; IPv4 or IPv6) is
+        /// made at start if missing; every site's hosts give a network the
+        /// same name, encapsulation and VNI.
         #[arg(long = "network", value_name = "NETWORK", requires = "state_dir")]
         networks: Vec<ferry_vm_host::network::Network>,
     },

@@ -1,8 +1,11 @@
 //! Guest networks on a host: the bridge each network's NICs plug into, the
 //! overlay joining that bridge to the same network's bridges at other
 //! sites (kernel VXLAN, one VNI per network, head-end replication to the
-//! listed peers; learning on, so a moved guest's MAC is learned where it
-//! announces itself), and one tap device per NIC of a running guest.
+//! listed peers; or kernel GENEVE, one point-to-point link per peer, made
+//! isolated bridge ports so that a frame from one site never goes on to
+//! another and a mesh of sites has no loop; learning on either way, so a
+//! moved guest's MAC is learned where it announces itself; IPv4 or IPv6
+//! underlay), and one tap device per NIC of a running guest.
 //!
 //! The host's networks are its configuration (`ferry host --network`);
 //! their bridges and overlay links are made at start if missing and left
@@ -19,6 +22,8 @@ use thiserror::Error;
 
 /// UDP port of the VXLAN overlay (IANA's).
 pub const VXLAN_PORT: u16 = 4789;
+/// UDP port of the GENEVE overlay (IANA's).
+pub const GENEVE_PORT: u16 = 6081;
 /// The most NICs one guest may have.
 pub const MAX_NICS: usize = 8;
 
@@ -44,15 +49,35 @@ pub struct Network {
     pub overlay: Option<Overlay>,
 }
 
-/// A VXLAN overlay: this host's end and the other sites' ends.
+/// The encapsulation of an overlay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encapsulation {
+    /// One VXLAN link, flooding to every peer from its forwarding table.
+    Vxlan,
+    /// One GENEVE link per peer, isolated from each other on the bridge.
+    Geneve,
+}
+
+impl Encapsulation {
+    fn name(self) -> &'static str {
+        match self {
+            Encapsulation::Vxlan => "vxlan",
+            Encapsulation::Geneve => "geneve",
+        }
+    }
+}
+
+/// An overlay: this host's end and the other sites' ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Overlay {
+    pub encapsulation: Encapsulation,
     pub vni: u32,
     /// This host's underlay address (the VXLAN packets' source).
     pub local: IpAddr,
     /// The other sites' hosts on this network (their `local`).
     pub peers: Vec<IpAddr>,
-    /// The underlay device, when the local address alone does not say.
+    /// The underlay device, when the local address alone does not say
+    /// (VXLAN only).
     pub dev: Option<String>,
     pub port: u16,
 }
@@ -62,12 +87,18 @@ impl Overlay {
     pub fn link(&self) -> String {
         format!("fvx{}", self.vni)
     }
+
+    /// The GENEVE link to peer `index` (of [`Overlay::peers`]).
+    pub fn peer_link(&self, index: usize) -> String {
+        format!("fgn{}x{index}", self.vni)
+    }
 }
 
 impl std::fmt::Display for Overlay {
     /// "vxlan 77 (10.0.0.1 to 10.0.0.2, 10.0.0.3)".
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "vxlan {} ({} to ", self.vni, self.local)?;
+        let kind = self.encapsulation.name();
+        write!(f, "{kind} {} ({} to ", self.vni, self.local)?;
         if self.peers.is_empty() {
             return f.write_str("no peers)");
         }
@@ -86,7 +117,7 @@ fn valid_ifname(s: &str) -> bool {
 impl FromStr for Network {
     type Err = NetError;
 
-    /// `NAME,bridge=BR[,vxlan=VNI,local=IP,peer=IP[,peer=IP...][,dev=IF][,port=N]]`.
+    /// `NAME,bridge=BR[,vxlan=VNI|geneve=VNI,local=IP,peer=IP[,peer=IP...][,dev=IF][,port=N]]`.
     fn from_str(s: &str) -> Result<Network, NetError> {
         let bad = |m: String| NetError::BadConfig(s.into(), m);
         let mut parts = s.split(',');
@@ -112,14 +143,22 @@ impl FromStr for Network {
             };
             match k {
                 "bridge" => bridge = Some(v.to_string()),
-                "vxlan" => {
+                "vxlan" | "geneve" => {
                     let n: u32 = v
                         .parse()
-                        .map_err(|_| bad(format!("vxlan={v}: not a number")))?;
+                        .map_err(|_| bad(format!("{k}={v}: not a number")))?;
                     if n == 0 || n >= 1 << 24 {
-                        return Err(bad(format!("vxlan={v}: a VNI is 1 to 16777215")));
+                        return Err(bad(format!("{k}={v}: a VNI is 1 to 16777215")));
                     }
-                    vni = Some(n);
+                    if vni.is_some() {
+                        return Err(bad("one overlay per network: vxlan= or geneve=".into()));
+                    }
+                    let e = if k == "vxlan" {
+                        Encapsulation::Vxlan
+                    } else {
+                        Encapsulation::Geneve
+                    };
+                    vni = Some((e, n));
                 }
                 "local" => local = Some(ip(v)?),
                 "peer" => peers.push(ip(v)?),
@@ -134,7 +173,7 @@ impl FromStr for Network {
                 }
                 other => {
                     return Err(bad(format!(
-                        "unknown key {other:?} (bridge, vxlan, local, peer, dev, port)"
+                        "unknown key {other:?} (bridge, vxlan, geneve, local, peer, dev, port)"
                     )))
                 }
             }
@@ -152,19 +191,39 @@ impl FromStr for Network {
         }
         let overlay = match (vni, local) {
             (None, None) if peers.is_empty() && dev.is_none() && port.is_none() => None,
-            (Some(vni), Some(local)) => {
+            (Some((encapsulation, vni)), Some(local)) => {
                 if peers.contains(&local) {
                     return Err(bad(format!("peer={local} is this host's own address")));
                 }
+                if let Some(p) = peers.iter().find(|p| p.is_ipv4() != local.is_ipv4()) {
+                    return Err(bad(format!(
+                        "peer={p} and local={local}: one address family for the underlay"
+                    )));
+                }
+                if encapsulation == Encapsulation::Geneve && dev.is_some() {
+                    return Err(bad(
+                        "dev= applies to vxlan (a GENEVE link follows the route to its peer)"
+                            .into(),
+                    ));
+                }
+                let default_port = match encapsulation {
+                    Encapsulation::Vxlan => VXLAN_PORT,
+                    Encapsulation::Geneve => GENEVE_PORT,
+                };
                 Some(Overlay {
+                    encapsulation,
                     vni,
                     local,
                     peers,
                     dev,
-                    port: port.unwrap_or(VXLAN_PORT),
+                    port: port.unwrap_or(default_port),
                 })
             }
-            _ => return Err(bad("an overlay needs vxlan=VNI and local=IP".into())),
+            _ => {
+                return Err(bad(
+                    "an overlay needs vxlan=VNI (or geneve=VNI) and local=IP".into(),
+                ))
+            }
         };
         Ok(Network {
             name,
@@ -305,9 +364,14 @@ fn ensure_network(n: &Network) -> Result<(), NetError> {
         run("ip", &["link", "add", &n.bridge, "type", "bridge"])?;
     }
     run("ip", &["link", "set", &n.bridge, "up"])?;
-    let Some(o) = &n.overlay else {
-        return Ok(());
-    };
+    match &n.overlay {
+        None => Ok(()),
+        Some(o) if o.encapsulation == Encapsulation::Vxlan => ensure_vxlan(o, &n.bridge),
+        Some(o) => ensure_geneve(o, &n.bridge),
+    }
+}
+
+fn ensure_vxlan(o: &Overlay, bridge: &str) -> Result<(), NetError> {
     let link = o.link();
     if !link_exists(&link) {
         let (vni, local, port) = (o.vni.to_string(), o.local.to_string(), o.port.to_string());
@@ -319,7 +383,7 @@ fn ensure_network(n: &Network) -> Result<(), NetError> {
         }
         run("ip", &args)?;
     }
-    run("ip", &["link", "set", &link, "master", &n.bridge])?;
+    run("ip", &["link", "set", &link, "master", bridge])?;
     run("ip", &["link", "set", &link, "up"])?;
     // Broadcasts and unknown MACs go to every peer (head-end replication):
     // one all-zero flood entry per peer, added where missing.
@@ -345,6 +409,48 @@ fn ensure_network(n: &Network) -> Result<(), NetError> {
         }
     }
     Ok(())
+}
+
+/// One GENEVE link per peer, each an isolated port of the bridge: frames
+/// pass between a link and the guests' taps, never from one site's link
+/// to another's (split horizon), so sites that all list each other form
+/// no loop. The kernel picks each link's source address by its route to
+/// the peer; `local` names this host to the others.
+fn ensure_geneve(o: &Overlay, bridge: &str) -> Result<(), NetError> {
+    let (vni, port) = (o.vni.to_string(), o.port.to_string());
+    for (i, p) in o.peers.iter().enumerate() {
+        let link = o.peer_link(i);
+        if !link_exists(&link) {
+            let peer = p.to_string();
+            run(
+                "ip",
+                &[
+                    "link", "add", &link, "type", "geneve", "id", &vni, "remote", &peer, "dstport",
+                    &port,
+                ],
+            )
+            .map_err(no_geneve_says_so)?;
+        }
+        run("ip", &["link", "set", &link, "master", bridge])?;
+        run("bridge", &["link", "set", "dev", &link, "isolated", "on"])?;
+        run("ip", &["link", "set", &link, "up"])?;
+    }
+    Ok(())
+}
+
+/// A kernel without GENEVE answers "Unknown device type": say what that means.
+fn no_geneve_says_so(e: NetError) -> NetError {
+    match e {
+        NetError::Command { command, detail } if detail.contains("Unknown device type") => {
+            NetError::Command {
+                command,
+                detail: format!(
+                    "{detail} (this kernel has no GENEVE links, CONFIG_GENEVE: use vxlan=)"
+                ),
+            }
+        }
+        e => e,
+    }
 }
 
 /// Make `tap` (owned by `user`, so a QEMU running as that user opens it)
@@ -419,13 +525,49 @@ mod tests {
         assert_eq!((o.vni, o.port, o.peers.len()), (42, VXLAN_PORT, 2));
         assert_eq!(o.link(), "fvx42");
         assert_eq!(o.to_string(), "vxlan 42 (10.0.0.1 to 10.0.0.2, 10.0.0.3)");
+        let n: Network =
+            "web,bridge=br-web,geneve=16777215,local=fd00::1,peer=fd00::2,peer=fd00::3"
+                .parse()
+                .unwrap();
+        let o = n.overlay.unwrap();
+        assert_eq!(o.encapsulation, Encapsulation::Geneve);
+        assert_eq!((o.port, o.peers.len()), (GENEVE_PORT, 2));
+        assert_eq!(
+            o.to_string(),
+            "geneve 16777215 (fd00::1 to fd00::2, fd00::3)"
+        );
+        let link = o.peer_link(7);
+        assert!(link.len() <= 15 && valid_ifname(&link), "{link}");
         for (flag, says) in [
             ("", "name"),
             ("web", "bridge=NAME is missing"),
             ("web,bridge=a-bridge-name-too-long", "interface name"),
             ("web,bridge=br,vxlan=0,local=10.0.0.1", "VNI is 1 to"),
-            ("web,bridge=br,vxlan=7", "vxlan=VNI and local=IP"),
-            ("web,bridge=br,peer=10.0.0.2", "vxlan=VNI and local=IP"),
+            (
+                "web,bridge=br,vxlan=7",
+                "vxlan=VNI (or geneve=VNI) and local=IP",
+            ),
+            (
+                "web,bridge=br,peer=10.0.0.2",
+                "vxlan=VNI (or geneve=VNI) and local=IP",
+            ),
+            (
+                "web,bridge=br,geneve=7,vxlan=7,local=10.0.0.1",
+                "one overlay",
+            ),
+            ("web,bridge=br,geneve=0,local=10.0.0.1", "VNI is 1 to"),
+            (
+                "web,bridge=br,geneve=7,local=fd00::1,peer=10.0.0.2",
+                "one address family",
+            ),
+            (
+                "web,bridge=br,vxlan=7,local=10.0.0.1,peer=fd00::2",
+                "one address family",
+            ),
+            (
+                "web,bridge=br,geneve=7,local=10.0.0.1,peer=10.0.0.2,dev=eth0",
+                "dev= applies to vxlan",
+            ),
             (
                 "web,bridge=br,vxlan=7,local=10.0.0.1,peer=10.0.0.1",
                 "own address",
