@@ -27,6 +27,7 @@ from evidence_cpu import cpu_report, exp_cpu  # noqa: E402
 from evidence_consolidation import consolidation_report, exp_consolidation  # noqa: E402
 from evidence_db_moves import db_move_then_run_report, exp_db_move_then_run, move_then_run_figure  # noqa: E402
 from evidence_drivers import drivers_report, exp_drivers  # noqa: E402
+from evidence_real_pause import exp_real_pause, real_pause_report  # noqa: E402
 from evidence_scale import exp_scale, scale_report  # noqa: E402
 from evidence_rigs import (Controller, IscsiBridge, Link, Storage, drop_host_caches, ext4_image,  # noqa: E402
                            ext4_volume, fio, journal_events, random_image, two_site_inventory, zero_share)
@@ -1342,6 +1343,7 @@ EXPERIMENTS = {
     "index": exp_index,
     "migration": exp_migration,
     "pause": exp_pause,
+    "real_pause": exp_real_pause,
     "workloads": exp_workloads,
     "cpu": exp_cpu,
     "sweeps": exp_sweeps,
@@ -1398,8 +1400,8 @@ def main():
     ap.add_argument("--doc", help="page to write (default: docs/evidence.md, or OUT/evidence.md with --quick)")
     ap.add_argument("--keep-going", action="store_true", help="run the other experiments when one fails")
     ap.add_argument("--redraw", action="store_true",
-                    help="redo the figure and table of --only pause, threshold, model, cpu, drivers, consolidation, scale or "
-                         "db_move_then_run from saved results, without measuring")
+                    help="redo the figure and table of --only pause, threshold, model, cpu, drivers, consolidation, scale, "
+                         "real_pause or db_move_then_run from saved results, without measuring")
     a = ap.parse_args()
     names = a.only.split(",") if a.only else list(EXPERIMENTS)
     for n in names:
@@ -1432,9 +1434,9 @@ def main():
             try:
                 if a.redraw:
                     if n not in ("pause", "threshold", "model", "cpu", "drivers", "consolidation",
-                                 "db_move_then_run", "scale"):
+                                 "db_move_then_run", "scale", "real_pause"):
                         raise RuntimeError("--redraw knows only pause, threshold, model, cpu, drivers, "
-                                           "consolidation, db_move_then_run and scale")
+                                           "consolidation, db_move_then_run, scale and real_pause")
                     with open(os.path.join(a.out, f"{n}.json")) as f:
                         old = json.load(f)
                     raw = old["raw"]
@@ -1453,6 +1455,9 @@ def main():
                         r = consolidation_report(ctx, raw["sweep"], raw["burst"])
                     elif n == "scale":
                         r = scale_report(ctx, raw["rows"], raw["mid"], raw.get("note"))
+                    elif n == "real_pause":
+                        r = real_pause_report(ctx, raw["rows"], raw["mbit"], raw["rtt"], raw["secs"], raw["boot_s"],
+                                              raw["compile_alone_s"])
                     elif n == "pause":
                         raw.setdefault("what", old["conditions"].split(";")[0])
                         r = exp_pause(ctx, raw)

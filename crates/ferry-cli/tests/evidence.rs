@@ -9,7 +9,7 @@ use common::on_path;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const EXPERIMENTS: [&str; 16] = [
+const EXPERIMENTS: [&str; 17] = [
     "rtt",
     "db_rtt",
     "move_then_run",
@@ -20,6 +20,7 @@ const EXPERIMENTS: [&str; 16] = [
     "index",
     "migration",
     "pause",
+    "real_pause",
     "workloads",
     "cpu",
     "sweeps",
@@ -61,6 +62,9 @@ fn every_evidence_experiment_runs_and_draws_its_figure() {
         "losetup",
         // consolidation: each site's host pinned to its own core.
         "taskset",
+        // real_pause: the loads start in the guest over SSH.
+        "ssh",
+        "ssh-keygen",
     ]
     .into_iter()
     .filter(|t| !on_path(t))

@@ -321,7 +321,7 @@ where
     let lw = tokio::sync::Mutex::new(lw);
     let window = parking_lot::Mutex::new(Window::new());
     let opened = tokio::sync::Notify::new();
-    // This side's stream is sent and acknowledged (or QEMU here closed it).
+    // This side's stream is sent and every byte of it acknowledged.
     let said_all = std::sync::atomic::AtomicBool::new(false);
     let link_err = |what| move |e| PipeError::Link(PeerFault::link(what)(e));
     let out = async {
@@ -376,8 +376,9 @@ where
                     wait.await;
                 }
             };
-            let _ = tokio::time::timeout(EXCHANGE_TIMEOUT, acked).await;
-            said_all.store(true, Ordering::Relaxed);
+            if tokio::time::timeout(EXCHANGE_TIMEOUT, acked).await.is_ok() {
+                said_all.store(true, Ordering::Relaxed);
+            }
             Ok::<(), PipeError>(())
         }
         .await;
