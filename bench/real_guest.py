@@ -518,7 +518,12 @@ def main():
                         shutil.copy(os.path.join(work, "ha", "vms", "db", "cloud-init.img"), seed)
                     elif peer in ("qemu", "qemu-sync"):
                         if seed is None:
-                            sys.exit("the qemu peers run after ferry (they boot with ferry's seed)")
+                            # Without a ferry run first: the seed `ferry vm
+                            # create` would attach, made alone.
+                            seed = os.path.join(work, "seed.img")
+                            subprocess.run([FERRY, "vm", "seed", "db", "--out", seed, "--mac", MAC,
+                                            "--address", f"{GUEST_IP}/24", "--hostname", "db-1",
+                                            "--first-boot", FIRST_BOOT], check=True, capture_output=True)
                         rs, tl, kept = run_qemu(work, link, bridge, seed,
                                                 "write-blocking" if peer == "qemu-sync" else "background")
                     else:
