@@ -5,7 +5,7 @@ and runs there. The guest is the Debian image of scripts/debian-guest.sh
 (MariaDB), managed by two `ferry host`s on a bridge of this machine; the
 job is a fixed number of sysbench oltp_read_write transactions from this
 machine over the guest's network card."""
-import json, os, shutil, subprocess, time
+import json, os, subprocess, time
 
 import matplotlib.pyplot as plt
 
@@ -15,11 +15,7 @@ def exp_db_move_then_run(ctx):
     import real_guest as rg
     from migration_peers import Link
     from vm_peers import Host, two_sites
-    for tool in ("sysbench", "mariadb", "qemu-system-x86_64"):
-        if not shutil.which(tool):
-            raise RuntimeError(f"{tool} missing (scripts/install-deps.sh --test)")
-    if not os.path.exists(rg.IMAGE):
-        raise RuntimeError(f"{rg.IMAGE} missing: bash scripts/debian-guest.sh")
+    rg.require_guest("sysbench", "mariadb", "qemu-system-x86_64")
     rtts = [8] if ctx.quick else [2, 4, 8, 16]
     n = 30 if ctx.quick else 300
     mbit = 1000

@@ -6,7 +6,7 @@ scripts/debian-guest.sh (its own kernel, systemd; dbench and gcc
 installed), managed by two `ferry host`s on a bridge of this machine,
 reached over SSH with a key cloud-init installed at first boot; it
 teleports between sites A and B, once per load."""
-import json, os, re, shutil, subprocess, time
+import json, os, re, subprocess, time
 
 import matplotlib.pyplot as plt
 
@@ -69,11 +69,7 @@ def exp_real_pause(ctx):
     import real_guest as rg
     from migration_peers import Link
     from vm_peers import Host, two_sites
-    for tool in ("ssh", "ssh-keygen", "qemu-system-x86_64"):
-        if not shutil.which(tool):
-            raise RuntimeError(f"{tool} missing (scripts/install-deps.sh --test)")
-    if not os.path.exists(rg.IMAGE):
-        raise RuntimeError(f"{rg.IMAGE} missing: bash scripts/debian-guest.sh")
+    rg.require_guest("ssh", "ssh-keygen", "qemu-system-x86_64")
     loads = ["idle", "dbench"] if ctx.quick else ["idle", "dbench", "compile"]
     secs = 25 if ctx.quick else 40
     mbit, rtt = 100, 20

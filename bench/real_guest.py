@@ -80,6 +80,15 @@ SYSBENCH = ["sysbench", "oltp_read_write", "--db-driver=mysql", f"--mysql-host={
             "--tables=1", "--table-size=10000"]
 
 
+def require_guest(*tools):
+    """Raise, saying how to get it, unless `tools` and the guest image are here."""
+    for tool in tools:
+        if not shutil.which(tool):
+            raise RuntimeError(f"{tool} missing (scripts/install-deps.sh --test)")
+    if not os.path.exists(IMAGE):
+        raise RuntimeError(f"{IMAGE} missing: bash scripts/debian-guest.sh")
+
+
 def sh(*args):
     subprocess.run(args, check=True, capture_output=True)
 
