@@ -5,7 +5,7 @@ and runs there. The guest is the Debian image of scripts/debian-guest.sh
 (MariaDB), managed by two `ferry host`s on a bridge of this machine; the
 job is a fixed number of sysbench oltp_read_write transactions from this
 machine over the guest's network card."""
-import json, os, subprocess, time
+import json, os, shutil, subprocess, time
 
 import matplotlib.pyplot as plt
 
@@ -75,6 +75,8 @@ def exp_db_move_then_run(ctx):
             d.stop()
         link.close()
         bridge.close()
+        # Two copies of a 4 GiB guest disk: gone before the next experiment.
+        shutil.rmtree(work, ignore_errors=True)
     return db_move_then_run_report(ctx, rows, n, mbit, boot)
 
 

@@ -6,7 +6,7 @@ scripts/debian-guest.sh (its own kernel, systemd; dbench and gcc
 installed), managed by two `ferry host`s on a bridge of this machine,
 reached over SSH with a key cloud-init installed at first boot; it
 teleports between sites A and B, once per load."""
-import json, os, re, subprocess, time
+import json, os, re, shutil, subprocess, time
 
 import matplotlib.pyplot as plt
 
@@ -137,6 +137,8 @@ def exp_real_pause(ctx):
             d.stop()
         link.close()
         bridge.close()
+        # Two copies of a 4 GiB guest disk: gone before the next experiment.
+        shutil.rmtree(work, ignore_errors=True)
     return real_pause_report(ctx, rows, mbit, rtt, secs, boot, compile_alone)
 
 
