@@ -12,7 +12,7 @@ mod toxiproxy;
 mod common;
 mod guests;
 
-use common::{free_port, have, trust_each_other, Serve, FERRY};
+use common::{free_port, have, sh, trust_each_other, Ns, Serve, FERRY};
 use ferry_rbd::testing;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -654,104 +654,41 @@ fn a_guest_on_ceph_teleports_to_another_cluster_and_keeps_every_record() {
     guests::check_records(&s.sb, "root", &s.dir, &[first, second]);
 }
 
-/// Run `args` and insist it succeeded.
-fn run_ok(args: &[&str]) {
-    let o = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(
-        o.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+/// A host's network namespace, joined to this one by a veth pair whose
+/// near end carries the gateways' addresses `near` and whose far end
+/// `far`; deleted (with its end of the pair) when dropped.
+fn host_net(near: &[&str], far: &str) -> Ns {
+    let id = std::process::id() % 100_000;
+    let (a, b) = (format!("fpa{id}"), format!("fpb{id}"));
+    // One a killed run left behind keeps its near end, and with it the
+    // gateways' addresses, alive while its processes run.
+    let listed = sh(Command::new("ip").args(["netns", "list"]));
+    for old in listed
+        .split_whitespace()
+        .filter(|w| w.starts_with("ferry-part-"))
+    {
+        Ns(old.to_string()).remove();
+    }
+    let net = Ns::new(format!("ferry-part-{id}"));
+    sh(Command::new("ip").args([
+        "link", "add", &a, "type", "veth", "peer", "name", &b, "netns", &net.0,
+    ]));
+    for addr in near {
+        sh(Command::new("ip").args(["addr", "add", &format!("{addr}/24"), "dev", &a]));
+    }
+    sh(Command::new("ip").args(["link", "set", &a, "up"]));
+    net.ip(&["addr", "add", &format!("{far}/24"), "dev", &b]);
+    net.ip(&["link", "set", &b, "up"]);
+    net
 }
 
-/// A host in a network namespace of its own, joined to this one by a veth
-/// pair whose near end carries the gateways' addresses `near`; deleted
-/// (with its end of the pair) when dropped.
-struct HostNet {
-    ns: String,
-}
-
-impl HostNet {
-    fn new(near: &[&str], far: &str) -> HostNet {
-        let id = std::process::id() % 100_000;
-        let ns = format!("ferry-part-{id}");
-        let (a, b) = (format!("fpa{id}"), format!("fpb{id}"));
-        // One a killed run left behind (its processes keep it and its
-        // addresses alive).
-        let listed = Command::new("ip").args(["netns", "list"]).output().unwrap();
-        for old in String::from_utf8_lossy(&listed.stdout)
-            .split_whitespace()
-            .filter(|w| w.starts_with("ferry-part-"))
-        {
-            HostNet {
-                ns: old.to_string(),
-            }
-            .remove();
-        }
-        run_ok(&["ip", "netns", "add", &ns]);
-        let net = HostNet { ns };
-        run_ok(&[
-            "ip", "link", "add", &a, "type", "veth", "peer", "name", &b, "netns", &net.ns,
-        ]);
-        for addr in near {
-            run_ok(&["ip", "addr", "add", &format!("{addr}/24"), "dev", &a]);
-        }
-        run_ok(&["ip", "link", "set", &a, "up"]);
-        net.ip(&["addr", "add", &format!("{far}/24"), "dev", &b]);
-        net.ip(&["link", "set", &b, "up"]);
-        net.ip(&["link", "set", "lo", "up"]);
-        net
-    }
-
-    fn exec(&self, program: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.ns, program]);
-        c
-    }
-
-    fn ip(&self, args: &[&str]) {
-        let mut c = self.exec("ip");
-        let o = c.args(args).output().unwrap();
-        assert!(
-            o.status.success(),
-            "ip {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
-
-    /// Whether something listens at `port` of the namespace's loopback.
-    fn answers(&self, port: u16) -> bool {
-        self.exec("bash")
-            .args(["-c", &format!("exec 3<>/dev/tcp/127.0.0.1/{port}")])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    }
-}
-
-impl HostNet {
-    /// Kill what runs in the namespace, then delete it.
-    fn remove(&self) {
-        if let Ok(o) = Command::new("ip")
-            .args(["netns", "pids", &self.ns])
-            .output()
-        {
-            for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
-                let _ = Command::new("kill").args(["-9", pid]).status();
-            }
-        }
-        std::thread::sleep(Duration::from_millis(200));
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.ns])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-impl Drop for HostNet {
-    fn drop(&mut self) {
-        self.remove();
-    }
+/// Whether something listens at `port` of namespace `ns`'s loopback.
+fn answers_in(ns: &Ns, port: u16) -> bool {
+    ns.exec("bash")
+        .args(["-c", &format!("exec 3<>/dev/tcp/127.0.0.1/{port}")])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// A gateway that stays alive but that the host can no longer reach (a
@@ -770,7 +707,7 @@ fn a_gateway_cut_off_from_its_host_lets_the_volume_go_to_another() {
     }
     let (ceph, pool) = pool("partition");
     let (g1_ip, g2_ip, host_ip) = ("10.77.0.1", "10.77.0.2", "10.77.0.10");
-    let net = HostNet::new(&[g1_ip, g2_ip], host_ip);
+    let net = host_net(&[g1_ip, g2_ip], host_ip);
     let nbd1 = format!("{g1_ip}:{}", free_port());
     let nbd2 = format!("{g2_ip}:{}", free_port());
     let adm1 = format!("127.0.0.1:{}", free_port());
@@ -803,7 +740,7 @@ fn a_gateway_cut_off_from_its_host_lets_the_volume_go_to_another() {
         .spawn()
         .unwrap();
     let t = Instant::now();
-    while !net.answers(port) {
+    while !answers_in(&net, port) {
         assert!(
             t.elapsed() < Duration::from_secs(30),
             "ferry host did not listen"

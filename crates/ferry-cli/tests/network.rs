@@ -9,6 +9,7 @@
 
 mod common;
 
+use common::{exec_in, sh, Ns};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -19,30 +20,7 @@ const STORAGE_NBD: &str = "127.0.0.1:10809";
 const STORAGE_ADMIN: &str = "127.0.0.1:10880";
 const HOST_CONTROL: &str = "127.0.0.1:10890";
 
-/// A network namespace, deleted (with what runs in it) when dropped.
-struct Ns(String);
-
 impl Ns {
-    fn new(name: String) -> Ns {
-        // One a killed run left behind.
-        let _ = Command::new("ip")
-            .args(["netns", "del", &name])
-            .stderr(Stdio::null())
-            .status();
-        sh(Command::new("ip").args(["netns", "add", &name]));
-        let ns = Ns(name);
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns
-    }
-
-    fn exec(&self, program: &str) -> Command {
-        exec_in(&self.0, program)
-    }
-
-    fn ip(&self, args: &[&str]) {
-        sh(self.exec("ip").args(args));
-    }
-
     fn ferry(&self, args: &[&str]) -> Output {
         self.exec(FERRY).args(args).output().unwrap()
     }
@@ -101,29 +79,6 @@ impl Ns {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-/// `program` in namespace `ns`.
-fn exec_in(ns: &str, program: &str) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns, program]);
-    c
-}
-
-fn sh(c: &mut Command) -> String {
-    let o = c.output().unwrap();
-    assert!(
-        o.status.success(),
-        "{c:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 /// A daemon, killed when dropped; a host's guests (daemonized QEMUs)

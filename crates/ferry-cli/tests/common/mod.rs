@@ -160,3 +160,67 @@ pub fn trust_each_other(pa: &Path, pb: &Path) {
     certs(&["trust", &format!("{pa}/tls/cert.pem"), "--pool", &pb]);
     assert_eq!(certs(&["list", "--pool", &pa]).lines().count(), 1);
 }
+
+/// Run `c` and insist it succeeded; its standard output.
+pub fn sh(c: &mut Command) -> String {
+    let o = c.output().unwrap();
+    assert!(
+        o.status.success(),
+        "{c:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `program` in network namespace `ns`.
+pub fn exec_in(ns: &str, program: &str) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns, program]);
+    c
+}
+
+/// A network namespace (loopback up), deleted with what runs in it when
+/// dropped. Needs root.
+pub struct Ns(pub String);
+
+impl Ns {
+    /// Namespace `name`, replacing one of that name a killed run left.
+    pub fn new(name: String) -> Ns {
+        Ns(name.clone()).remove();
+        sh(Command::new("ip").args(["netns", "add", &name]));
+        let ns = Ns(name);
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    pub fn exec(&self, program: &str) -> Command {
+        exec_in(&self.0, program)
+    }
+
+    pub fn ip(&self, args: &[&str]) {
+        sh(self.exec("ip").args(args));
+    }
+
+    /// Kill what runs in the namespace, then delete it (if it exists).
+    pub fn remove(&self) {
+        if let Ok(o) = Command::new("ip").args(["netns", "pids", &self.0]).output() {
+            let pids = String::from_utf8_lossy(&o.stdout).into_owned();
+            for pid in pids.split_whitespace() {
+                let _ = Command::new("kill").args(["-9", pid]).status();
+            }
+            if !pids.trim().is_empty() {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
