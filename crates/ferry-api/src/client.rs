@@ -523,12 +523,18 @@ impl AdminClient {
         )
     }
 
-    /// How many of `fingerprints` (hex) this daemon's index holds.
-    pub fn index_lookup(&self, fingerprints: &[String]) -> Result<crate::LookupAnswer> {
+    /// How many of `fingerprints` (hex) this daemon's index holds, and
+    /// whether it holds the copy volume `copy_of` left when it moved away.
+    pub fn index_lookup(
+        &self,
+        fingerprints: &[String],
+        copy_of: Option<&crate::VolumeIdentity>,
+    ) -> Result<crate::LookupAnswer> {
         self.post(
             "/v1/index/lookup",
             &crate::LookupRequest {
                 fingerprints: fingerprints.to_vec(),
+                copy_of: copy_of.cloned(),
             },
         )
     }

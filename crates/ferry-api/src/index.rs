@@ -76,6 +76,11 @@ pub struct VolumeSample {
     /// return sends compresses unlike the rest).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub compressed: Vec<u32>,
+    /// The volume's identity (its UUID, 32 hex digits): with a lookup's
+    /// `copy_of`, whether a site holds the copy this volume left there;
+    /// absent from daemons before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
 }
 
 /// `POST /v1/index/lookup`: which of these fingerprints (hex, at most
@@ -84,6 +89,20 @@ pub struct VolumeSample {
 #[serde(deny_unknown_fields)]
 pub struct LookupRequest {
     pub fingerprints: Vec<String>,
+    /// Also ask whether the daemon holds the copy this volume left when it
+    /// moved away (a volume's return uses that copy as its basis and
+    /// rebuilds nothing from the index).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_of: Option<VolumeIdentity>,
+}
+
+/// A volume as a daemon other than its own knows it: its name and UUID
+/// (32 hex digits).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeIdentity {
+    pub name: String,
+    pub uuid: String,
 }
 
 /// How many were asked and how many the index has a candidate block for
@@ -97,4 +116,8 @@ pub struct LookupAnswer {
     /// absent from daemons before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub missing: Option<Vec<u32>>,
+    /// The daemon holds the copy the volume of the request's `copy_of`
+    /// left when it moved away (same name and UUID, not being filled).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub holds_copy: bool,
 }

@@ -24,7 +24,7 @@ use ferry_placement::inventory::{Inventory, StorageRef};
 use ferry_placement::model::{DISK_MOVE_SETUP_S, VM_MOVE_SETUP_S};
 use ferry_placement::policy::Action;
 use ferry_placement::{ClientTraffic, Cluster, Placement, VmLoad, VmState};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 /// How long one call to a host may take.
@@ -88,6 +88,9 @@ struct Holdings {
     /// Per site with several storage daemons: the one (NBD address) whose
     /// index holds most of the sample.
     best: BTreeMap<String, String>,
+    /// Sites holding the copy the volume left when it moved away (a move
+    /// there returns: that copy is its basis).
+    copy_at: BTreeSet<String>,
 }
 
 impl Holdings {
@@ -184,19 +187,28 @@ fn missing_shares(
         let share = sample.nonzero_compressed as f64 / nonzero_bytes as f64;
         out.link_share = Some(share);
     }
+    let identity = sample.uuid.as_ref().map(|uuid| ferry_api::VolumeIdentity {
+        name: volume.to_string(),
+        uuid: uuid.clone(),
+    });
     for s in inv.sites.iter().filter(|s| s.name != home.name) {
         // Every daemon of the site is asked; the move goes to the one that
         // holds most, so the site lacks what that one lacks.
         let mut best: Option<(f64, Option<Vec<u32>>, &StorageRef)> = None;
         for there in &s.storage {
-            let (held, lacks) = if sample.fingerprints.is_empty() {
+            let (held, lacks) = if sample.fingerprints.is_empty() && identity.is_none() {
                 (0.0, Some(Vec::new()))
             } else {
                 match AdminClient::with_timeout(&there.admin, HOST_CALL_LIMIT)
-                    .index_lookup(&sample.fingerprints)
+                    .index_lookup(&sample.fingerprints, identity.as_ref())
                 {
                     #[allow(clippy::cast_precision_loss)]
-                    Ok(a) => (a.found as f64 / a.asked.max(1) as f64, a.missing),
+                    Ok(a) => {
+                        if a.holds_copy {
+                            out.copy_at.insert(s.name.clone());
+                        }
+                        (a.found as f64 / a.asked.max(1) as f64, a.missing)
+                    }
                     Err(e) => {
                         problems.push(format!(
                             "asking {} of {} about {volume}: {e}",
@@ -747,6 +759,7 @@ pub fn measure(
             disk_bytes,
             missing_at: disk.missing_at(disk_bytes),
             missing_link_at: disk.missing_link_at(disk_bytes),
+            copy_at: disk.copy_at.clone(),
             nonzero_share: disk.nonzero,
             disk_link_share: disk.link_share,
             memory_link_share: v.memory_link_share,
@@ -846,6 +859,7 @@ mod tests {
             fingerprints: vec!["00".repeat(32); 6],
             nonzero_compressed: 6 * 4096,
             compressed: vec![4096, 400, 4096, 4096, 4096, 4096],
+            uuid: None,
         };
         let share = missing_link_share(&sample, &[1, 2]).unwrap();
         assert!((share - 4496.0 / (8.0 * 4096.0)).abs() < 1e-12, "{share}");

@@ -207,11 +207,7 @@ fn prepare(
         }
         // The volume comes back to a daemon that still holds the copy it
         // left: that copy is the basis, only what changed since crosses.
-        Ok(v)
-            if v.incoming().is_none()
-                && v.moved_to().is_some()
-                && v.meta().uuid.as_bytes() == &d.uuid =>
-        {
+        Ok(v) if v.is_moved_away_copy_of(&d.uuid) => {
             if v.size() != d.size || v.meta().block_size != d.block_size {
                 return Err(Refusal::SizeDiffers);
             }

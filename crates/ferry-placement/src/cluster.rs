@@ -3,7 +3,7 @@
 //! `ferry control plan --cluster FILE`).
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use thiserror::Error;
 
 #[derive(Debug, Error, PartialEq)]
@@ -115,6 +115,11 @@ pub struct VmState {
     /// absent: `missing_at` × `disk_link_share`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub missing_link_at: BTreeMap<String, f64>,
+    /// Sites holding the copy the disk left when it moved away: a disk move
+    /// there is a return, whose basis is that copy (it rebuilds nothing
+    /// from the site's other blocks).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub copy_at: BTreeSet<String>,
     /// Share of the disk's blocks that are not zero (from the same
     /// sample; only those are fingerprinted on a move); absent: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -319,6 +324,7 @@ mod tests {
                 disk_bytes: 1e9,
                 missing_at: BTreeMap::new(),
                 missing_link_at: BTreeMap::new(),
+                copy_at: Default::default(),
                 nonzero_share: None,
                 memory_link_share: None,
                 disk_link_share: None,

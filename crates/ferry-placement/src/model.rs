@@ -279,8 +279,13 @@ pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost 
     let nonzero = vm.disk_bytes * vm.nonzero_share.unwrap_or(1.0);
     let prints = nonzero / 4096.0 * FINGERPRINT_BYTES_PER_BLOCK;
     let (bytes, converges) = precopy_bytes(missing + prints, vm.load.write_rate * share, bw);
-    // What the destination rebuilds from its own blocks instead.
-    let held = (nonzero - missing_raw.unwrap_or(nonzero)).max(0.0);
+    // What the destination rebuilds from its own blocks instead; a return
+    // keeps the copy the disk left there in place and rebuilds nothing.
+    let held = if vm.copy_at.contains(to) {
+        0.0
+    } else {
+        (nonzero - missing_raw.unwrap_or(nonzero)).max(0.0)
+    };
     let rtt = rtt_ms / 1000.0;
     let pause = DISK_PAUSE_BASE_S + rtt;
     let seconds = DISK_MOVE_SETUP_S + bytes / bw + held / LOCAL_REBUILD_BPS + 4.0 * rtt + pause;
@@ -422,6 +427,16 @@ mod tests {
             "{held:?} {none:?}"
         );
         assert!(held.seconds < none.seconds);
+        // Returning to the copy it left there: the same bytes cross, and
+        // nothing is rebuilt.
+        let mut back = v.clone();
+        back.copy_at.insert("a".into());
+        let home = disk_move_cost(&back, "a", 20.0, 12.5e6);
+        assert!((home.bytes - held.bytes).abs() < 1e-6);
+        assert!(
+            (on_link(&home) - on_link(&none)).abs() < 1e-6,
+            "{home:?} {none:?}"
+        );
         // Four times the memory: its walk at the pause, four times as long.
         let mut big = v.clone();
         big.memory_bytes = 4.0 * v.memory_bytes;

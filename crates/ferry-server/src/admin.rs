@@ -701,6 +701,7 @@ async fn sample(
     }
     let v = s.pool.get(&name)?;
     let bs = s.index.block_size();
+    let uuid = v.meta().uuid.simple().to_string();
     let out = blocking(move || {
         let size = v.size();
         let total = size / u64::from(bs);
@@ -713,6 +714,7 @@ async fn sample(
             fingerprints: Vec::new(),
             nonzero_compressed: 0,
             compressed: Vec::new(),
+            uuid: Some(uuid),
         };
         let mut buf = vec![0u8; bs as usize];
         // The non-zero blocks compressed together at the migration's
@@ -803,6 +805,13 @@ async fn index_lookup(
         };
         prints.push(ferry_index::Fingerprint(arr));
     }
+    let holds_copy = b.copy_of.as_ref().is_some_and(|c| {
+        s.pool
+            .get(&c.name)
+            .ok()
+            .zip(uuid::Uuid::parse_str(&c.uuid).ok())
+            .is_some_and(|(v, u)| v.is_moved_away_copy_of(u.as_bytes()))
+    });
     let index = s.index.clone();
     let out = blocking(move || {
         let mut missing = Vec::new();
@@ -815,6 +824,7 @@ async fn index_lookup(
             asked: prints.len() as u64,
             found: (prints.len() - missing.len()) as u64,
             missing: Some(missing),
+            holds_copy,
         })
     })
     .await?;

@@ -246,6 +246,34 @@ fn a_volume_that_comes_back_sends_only_what_changed_while_it_was_away() {
     };
     let first = move_to(&a, &b);
     assert_eq!(first.chunks.sent, 4096, "the first trip sends everything");
+    // A controller asking where the volume could go learns which daemon
+    // holds the copy it left (a move there is a return and rebuilds
+    // nothing); the daemon it lives at holds none, nor does a volume of the
+    // same name but another identity.
+    let sample = client(&b).sample_volume("vm", 64).unwrap();
+    let me = ferry_api::VolumeIdentity {
+        name: "vm".into(),
+        uuid: sample
+            .uuid
+            .clone()
+            .expect("a sample says the volume's identity"),
+    };
+    let at_a = client(&a)
+        .index_lookup(&sample.fingerprints, Some(&me))
+        .unwrap();
+    assert!(at_a.holds_copy, "{at_a:?}");
+    assert!(!client(&b).index_lookup(&[], Some(&me)).unwrap().holds_copy);
+    let other = ferry_api::VolumeIdentity {
+        uuid: "0".repeat(32),
+        ..me.clone()
+    };
+    assert!(
+        !client(&a)
+            .index_lookup(&[], Some(&other))
+            .unwrap()
+            .holds_copy
+    );
+    assert!(!client(&a).index_lookup(&[], None).unwrap().holds_copy);
     // Away at b, the guest writes 1 MiB; coming back sends about that.
     b.state
         .pool

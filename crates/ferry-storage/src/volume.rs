@@ -1147,6 +1147,14 @@ impl Volume {
         self.meta.lock().moved_to.clone()
     }
 
+    /// Whether this is the copy the volume `uuid` left here when it moved
+    /// away (and nothing is filling it): a return's basis.
+    pub fn is_moved_away_copy_of(&self, uuid: &[u8; 16]) -> bool {
+        self.moved_to().is_some()
+            && self.incoming().is_none()
+            && self.meta.lock().uuid.as_bytes() == uuid
+    }
+
     /// Where the volume's new daemon takes admin calls, once it has moved
     /// (if that daemon advertised it).
     pub fn moved_admin(&self) -> Option<String> {
