@@ -286,6 +286,15 @@ struct ServeArgs {
     /// volume moves between must differ.
     #[arg(long, value_name = "N")]
     iscsi_port_group: Option<u16>,
+    /// The site's iSCSI portal (IPv4:PORT) for shared Ceph gateways: the
+    /// one live gateway holding its lease in the cluster adds the address
+    /// to --iscsi-site-device and answers there; when it dies another
+    /// takes it over, so initiators given this address follow.
+    #[arg(long, value_name = "ADDR", requires = "iscsi_site_device")]
+    iscsi_site_portal: Option<String>,
+    /// The interface the site portal's address goes on.
+    #[arg(long, value_name = "DEV")]
+    iscsi_site_device: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -618,6 +627,12 @@ fn serve(a: ServeArgs) -> Result<()> {
     }
     if let Some(g) = a.iscsi_port_group {
         config.iscsi.port_group = g;
+    }
+    if let Some(p) = a.iscsi_site_portal {
+        config.iscsi.site_portal = p;
+    }
+    if let Some(d) = a.iscsi_site_device {
+        config.iscsi.site_portal_device = d;
     }
     runtime()?.block_on(async move {
         let daemon = ferry_server::Daemon::bind(config).await?;

@@ -836,3 +836,197 @@ fn a_gateway_cut_off_from_its_host_lets_the_volume_go_to_another() {
     g2.terminate();
     g1.terminate();
 }
+
+/// An interface of the test's own, one end of a veth pair (both removed
+/// when dropped).
+struct SiteLink(String);
+
+impl SiteLink {
+    fn new() -> SiteLink {
+        let name = format!("fsp{}", std::process::id() % 100_000);
+        let peer = format!("{name}p");
+        let _ = Command::new("ip")
+            .args(["link", "del", &name])
+            .stderr(Stdio::null())
+            .status();
+        sh(Command::new("ip").args(["link", "add", &name, "type", "veth", "peer", "name", &peer]));
+        for n in [&name, &peer] {
+            sh(Command::new("ip").args(["link", "set", n, "up"]));
+        }
+        SiteLink(name)
+    }
+}
+
+impl Drop for SiteLink {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.0]).status();
+    }
+}
+
+/// Which of the gateways' logs says it holds the site portal (waits).
+fn site_portal_holder(logs: &[&Path], addr: &str) -> usize {
+    let t = Instant::now();
+    loop {
+        let holding: Vec<usize> = logs
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| {
+                let text = std::fs::read_to_string(l).unwrap_or_default();
+                let taken = text.rfind("this gateway holds the site portal");
+                let given = text.rfind("site portal given back");
+                taken.is_some() && given.is_none_or(|g| Some(g) < taken)
+            })
+            .map(|(i, _)| i)
+            .collect();
+        if holding.len() == 1 && std::net::TcpStream::connect(addr).is_ok() {
+            return holding[0];
+        }
+        assert!(
+            holding.len() <= 1,
+            "two gateways hold the site portal: {holding:?}"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no gateway took the site portal"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Initiators are given the site's portal, not a gateway's: the gateway
+/// answering it is killed under an initiator's I/O, another takes the
+/// address when the dead one's lease runs out, and the initiator,
+/// reconnecting to the address it knows, logs in there and finds every
+/// acknowledged write. A gateway started while another holds the portal
+/// stands by; the holder stopped cleanly hands it over at once.
+#[test]
+fn an_initiator_at_the_site_portal_follows_it_to_another_gateway() {
+    assert!(have("qemu-io") && have("ip"));
+    let d = tempfile::tempdir().unwrap();
+    let (ceph, pool) = pool("siteportal");
+    let link = SiteLink::new();
+    let site = format!(
+        "10.213.{}.{}:{}",
+        std::process::id() % 250 + 1,
+        std::process::id() % 200 + 20,
+        free_port()
+    );
+    let cfg = d.path().join("iscsi.toml");
+    std::fs::write(
+        &cfg,
+        "[iscsi]\nchap_user = \"site\"\nchap_secret = \"site-portal-secret\"\n",
+    )
+    .unwrap();
+    let start = |name: &str| {
+        let portal = format!("127.0.0.1:{}", free_port());
+        gateway(
+            &d.path().join(name),
+            &ceph,
+            &pool,
+            None,
+            &[
+                "--ceph-shared",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--iscsi",
+                &portal,
+                "--iscsi-site-portal",
+                &site,
+                "--iscsi-site-device",
+                &link.0,
+            ],
+        )
+    };
+    let mut gws = [Some(start("g1")), Some(start("g2"))];
+    let logs = [d.path().join("g1.log"), d.path().join("g2.log")];
+    let log_refs = [logs[0].as_path(), logs[1].as_path()];
+    let holder = site_portal_holder(&log_refs, &site);
+    let other = 1 - holder;
+    let addr_shown = sh(Command::new("ip").args(["-o", "addr", "show", "dev", &link.0]));
+    let ip = site.rsplit_once(':').unwrap().0;
+    assert!(addr_shown.contains(ip), "{addr_shown}");
+    // It told the link's neighbours (a gratuitous ARP went out).
+    let said = std::fs::read_to_string(&logs[holder]).unwrap();
+    assert!(!said.contains("could not announce"), "{said}");
+    gws[0]
+        .as_ref()
+        .unwrap()
+        .ferry(&["volume", "create", "s", "--size", "64M"]);
+    let url = format!("iscsi://site%site-portal-secret@{site}/iqn.2026-11.io.ferry:s/0");
+
+    // The initiator writes and flushes, waits, then reads and writes on;
+    // its gateway is killed while it waits, so the read meets the dead
+    // portal and waits for the address to come back (the read's time in
+    // qemu-io's output is the initiator's stall).
+    let io = Command::new("qemu-io")
+        .args(["-f", "raw", &url])
+        .args([
+            "-c",
+            "write -P 0x61 0 64k",
+            "-c",
+            "flush",
+            "-c",
+            "sleep 3000",
+        ])
+        .args(["-c", "read -P 0x61 0 64k", "-c", "write -P 0x62 1M 64k"])
+        .args(["-c", "flush", "-c", "read -P 0x62 1M 64k"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !image_meta(&ceph, &pool, "s").contains("ferry.holder") {
+        assert!(t.elapsed() < Duration::from_secs(20), "nobody logged in");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let killed_at = Instant::now();
+    gws[holder].take().unwrap().kill9();
+    let out = io.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!(
+        "qemu-io went on {:.1} s after its gateway was killed: {text}",
+        killed_at.elapsed().as_secs_f64()
+    );
+    assert!(
+        out.status.success() && !text.contains("verification failed") && !text.contains("error"),
+        "{text}"
+    );
+    assert_eq!(site_portal_holder(&[log_refs[other]], &site), 0);
+    // It did not wait for the dead holder's lease to run out: it found the
+    // holder's NBD listener gone, fenced it and broke the lease.
+    let said = std::fs::read_to_string(&logs[other]).unwrap();
+    assert!(
+        said.contains("the site portal's holder does not answer"),
+        "{said}"
+    );
+
+    // A gateway started while another holds the portal stands by.
+    let third = start("g3");
+    let third_log = d.path().join("g3.log");
+    let t = Instant::now();
+    while !std::fs::read_to_string(&third_log)
+        .unwrap_or_default()
+        .contains("another gateway holds the site portal")
+    {
+        assert!(t.elapsed() < Duration::from_secs(20), "it never stood by");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The holder stops cleanly: it gives the portal back and the other
+    // takes it at its next try, with the volume.
+    gws[other].take().unwrap().terminate();
+    let t = Instant::now();
+    assert_eq!(site_portal_holder(&[third_log.as_path()], &site), 0);
+    let handed_over = t.elapsed();
+    assert!(
+        handed_over < Duration::from_secs(5),
+        "a clean stop handed the portal over only after {handed_over:?}"
+    );
+    let (ok, text) = qemu_io(&url, true, &["read -P 0x61 0 64k", "read -P 0x62 1M 64k"]);
+    assert!(ok, "{text}");
+    third.terminate();
+}

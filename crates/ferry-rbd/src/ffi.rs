@@ -10,6 +10,9 @@ pub(crate) type RadosT = *mut c_void;
 pub(crate) type IoctxT = *mut c_void;
 pub(crate) type ImageT = *mut c_void;
 pub(crate) type CompletionT = *mut c_void;
+/// `LIBRADOS_LOCK_FLAG_RENEW`: take the lock, or renew it if this cookie
+/// holds it.
+pub(crate) const LOCK_FLAG_RENEW: u8 = 1;
 /// `rbd_callback_t`: called once by librbd, on one of its threads, when
 /// an asynchronous request ends.
 pub(crate) type AioCallback = unsafe extern "C" fn(CompletionT, *mut c_void);
@@ -77,6 +80,11 @@ api! {
     0 rados_ioctx_destroy: fn(IoctxT) -> ();
     0 rados_getaddrs: fn(RadosT, *mut *mut c_char) -> c_int;
     0 rados_cluster_stat: fn(RadosT, *mut ClusterStat) -> c_int;
+    0 rados_lock_exclusive: fn(IoctxT, *const c_char, *const c_char, *const c_char, *const c_char, *mut libc::timeval, u8) -> c_int;
+    0 rados_unlock: fn(IoctxT, *const c_char, *const c_char, *const c_char) -> c_int;
+    0 rados_list_lockers: fn(IoctxT, *const c_char, *const c_char, *mut c_int, *mut c_char, *mut usize, *mut c_char, *mut usize, *mut c_char, *mut usize, *mut c_char, *mut usize) -> isize;
+    0 rados_break_lock: fn(IoctxT, *const c_char, *const c_char, *const c_char, *const c_char) -> c_int;
+    0 rados_blocklist_add: fn(RadosT, *mut c_char, u32) -> c_int;
     1 rbd_create2: fn(IoctxT, *const c_char, u64, u64, *mut c_int) -> c_int;
     1 rbd_remove: fn(IoctxT, *const c_char) -> c_int;
     1 rbd_rename: fn(IoctxT, *const c_char, *const c_char) -> c_int;

@@ -198,6 +198,24 @@ impl Cluster {
         Ok(st.kb_avail.saturating_mul(1024))
     }
 
+    /// Fence the client at `address` (as the cluster lists it): the
+    /// cluster refuses every operation of it for an hour.
+    pub fn blocklist(&self, address: &str) -> Result<()> {
+        let api = api()?;
+        let a = cstr(address)?;
+        // SAFETY: a connected handle and a NUL-terminated address the call
+        // only reads (declared mutable in librados.h).
+        let r = unsafe { (api.rados_blocklist_add)(self.handle, a.as_ptr().cast_mut(), 3600) };
+        if r < 0 {
+            return Err(RbdError::Io {
+                op: "blocklist",
+                target: address.into(),
+                source: errno(r),
+            });
+        }
+        Ok(())
+    }
+
     /// Open a pool by name.
     pub fn pool(self: &Arc<Self>, name: &str) -> Result<Arc<Pool>> {
         let api = api()?;
@@ -231,6 +249,15 @@ impl Drop for Cluster {
             unsafe { (api.rados_shutdown)(self.handle) }
         }
     }
+}
+
+/// The holder of a lease on an object: its client (`client.N`), the
+/// cookie it took the lease with, and its address in the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseHolder {
+    pub client: String,
+    pub cookie: String,
+    pub address: String,
 }
 
 /// One pool of a cluster, where images live.
@@ -283,6 +310,161 @@ impl Pool {
                 source: e,
             },
         }
+    }
+
+    /// Take or renew, for `secs` seconds, the lease `name` on object
+    /// `object` of the pool (an exclusive RADOS lock with a duration; the
+    /// object is made if missing) as holder `cookie`. `Ok(false)`: another
+    /// holder's lease has not run out. A holder that dies lets it run out;
+    /// one that cannot renew must assume it lost it when it would have.
+    pub fn lease(&self, object: &str, name: &str, cookie: &str, secs: u32) -> Result<bool> {
+        let api = api()?;
+        let (o, n, c) = (cstr(object)?, cstr(name)?, cstr(cookie)?);
+        let desc = cstr("ferry")?;
+        let mut duration = libc::timeval {
+            tv_sec: libc::time_t::from(secs),
+            tv_usec: 0,
+        };
+        // SAFETY: a live ioctx, NUL-terminated strings, a timeval the call
+        // only reads.
+        let r = unsafe {
+            (api.rados_lock_exclusive)(
+                self.ioctx,
+                o.as_ptr(),
+                n.as_ptr(),
+                c.as_ptr(),
+                desc.as_ptr(),
+                &mut duration,
+                ffi::LOCK_FLAG_RENEW,
+            )
+        };
+        match r {
+            0 => Ok(true),
+            r if r == -libc::EBUSY || r == -libc::EEXIST => Ok(false),
+            r => Err(RbdError::Io {
+                op: "take a lease",
+                target: self.target(object),
+                source: errno(r),
+            }),
+        }
+    }
+
+    /// Give up the lease `name` on `object` that `cookie` holds (nothing if
+    /// it does not).
+    pub fn release_lease(&self, object: &str, name: &str, cookie: &str) -> Result<()> {
+        let api = api()?;
+        let (o, n, c) = (cstr(object)?, cstr(name)?, cstr(cookie)?);
+        // SAFETY: a live ioctx and NUL-terminated strings.
+        let r = unsafe { (api.rados_unlock)(self.ioctx, o.as_ptr(), n.as_ptr(), c.as_ptr()) };
+        if r < 0 && r != -libc::ENOENT {
+            return Err(RbdError::Io {
+                op: "release a lease",
+                target: self.target(object),
+                source: errno(r),
+            });
+        }
+        Ok(())
+    }
+
+    /// Who holds the lease `name` on `object` (none, or one: it is
+    /// exclusive).
+    pub fn lease_holders(&self, object: &str, name: &str) -> Result<Vec<LeaseHolder>> {
+        let api = api()?;
+        let (o, n) = (cstr(object)?, cstr(name)?);
+        let mut lens = [256usize; 4];
+        loop {
+            let [mut tag, mut clients, mut cookies, mut addrs] = lens.map(|l| vec![0u8; l]);
+            let mut exclusive: c_int = 0;
+            let [tag_len, clients_len, cookies_len, addrs_len] = &mut lens;
+            // SAFETY: a live ioctx, NUL-terminated strings, and four
+            // buffers whose lengths are passed beside them (the call writes
+            // at most that much, and says how much it needs on -ERANGE).
+            let r = unsafe {
+                (api.rados_list_lockers)(
+                    self.ioctx,
+                    o.as_ptr(),
+                    n.as_ptr(),
+                    &mut exclusive,
+                    tag.as_mut_ptr().cast(),
+                    tag_len,
+                    clients.as_mut_ptr().cast(),
+                    clients_len,
+                    cookies.as_mut_ptr().cast(),
+                    cookies_len,
+                    addrs.as_mut_ptr().cast(),
+                    addrs_len,
+                )
+            };
+            if r == -(libc::ERANGE as isize) {
+                lens = lens.map(|l| l.max(256) * 2);
+                if lens[0] > 1 << 20 {
+                    return Err(RbdError::Io {
+                        op: "list a lease's holders",
+                        target: self.target(object),
+                        source: errno(r),
+                    });
+                }
+                continue;
+            }
+            if r == -(libc::ENOENT as isize) {
+                return Ok(Vec::new());
+            }
+            if r < 0 {
+                return Err(RbdError::Io {
+                    op: "list a lease's holders",
+                    target: self.target(object),
+                    source: errno(r),
+                });
+            }
+            let split = |b: &[u8], len: usize| -> Vec<String> {
+                b[..len.min(b.len())]
+                    .split(|&c| c == 0)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect()
+            };
+            let clients = split(&clients, lens[1]);
+            let cookies = split(&cookies, lens[2]);
+            let addrs = split(&addrs, lens[3]);
+            return Ok(clients
+                .into_iter()
+                .zip(cookies)
+                .zip(addrs)
+                .map(|((client, cookie), address)| LeaseHolder {
+                    client,
+                    cookie,
+                    address,
+                })
+                .collect());
+        }
+    }
+
+    /// Take the lease `name` on `object` from `holder`, a holder known to
+    /// be dead: it is blocklisted first (fenced: it can never renew or
+    /// write again, even if it was only cut off), then its lock broken.
+    pub fn break_lease(&self, object: &str, name: &str, holder: &LeaseHolder) -> Result<()> {
+        let api = api()?;
+        self.cluster.blocklist(&holder.address)?;
+        let (o, n) = (cstr(object)?, cstr(name)?);
+        let (client, cookie) = (cstr(&holder.client)?, cstr(&holder.cookie)?);
+        // SAFETY: a live ioctx and NUL-terminated strings.
+        let r = unsafe {
+            (api.rados_break_lock)(
+                self.ioctx,
+                o.as_ptr(),
+                n.as_ptr(),
+                client.as_ptr(),
+                cookie.as_ptr(),
+            )
+        };
+        if r < 0 && r != -libc::ENOENT {
+            return Err(RbdError::Io {
+                op: "break a lease",
+                target: self.target(object),
+                source: errno(r),
+            });
+        }
+        Ok(())
     }
 
     /// Create an image of `size` bytes (thin: nothing is allocated).

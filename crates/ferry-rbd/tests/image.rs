@@ -257,3 +257,52 @@ fn an_open_locked_image_is_renamed_in_one_step_and_a_taken_name_refused() {
     p.remove(&to).unwrap();
     p.remove(&taken).unwrap();
 }
+
+#[test]
+fn a_lease_has_one_holder_until_it_is_released_or_runs_out() {
+    let p = pool();
+    let object = testing::unique("lease");
+    assert!(p.lease(&object, "portal", "one", 30).unwrap());
+    // Another holder waits; the holder renews.
+    assert!(!p.lease(&object, "portal", "two", 30).unwrap());
+    assert!(p.lease(&object, "portal", "one", 30).unwrap());
+    // Released, the next takes it at once.
+    p.release_lease(&object, "portal", "one").unwrap();
+    assert!(p.lease(&object, "portal", "two", 2).unwrap());
+    assert!(!p.lease(&object, "portal", "one", 2).unwrap());
+    // A holder that stops renewing (a dead gateway) loses it when it runs
+    // out; releasing a lease one does not hold changes nothing.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    p.release_lease(&object, "portal", "three").unwrap();
+    assert!(p.lease(&object, "portal", "one", 30).unwrap());
+    assert!(!p.lease(&object, "portal", "two", 30).unwrap());
+    let holders = p.lease_holders(&object, "portal").unwrap();
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert_eq!(holders[0].cookie, "one");
+    p.release_lease(&object, "portal", "one").unwrap();
+    assert!(p.lease_holders(&object, "portal").unwrap().is_empty());
+
+    // A holder known dead is fenced and its lease taken at once: another
+    // client of the cluster holds it, is broken, and cannot renew.
+    let other = Cluster::connect(&testing::cluster(0), 30)
+        .unwrap()
+        .pool(testing::POOL)
+        .unwrap();
+    assert!(other.lease(&object, "portal", "victim", 30).unwrap());
+    let victim = p.lease_holders(&object, "portal").unwrap();
+    assert_eq!(victim[0].cookie, "victim");
+    p.break_lease(&object, "portal", &victim[0]).unwrap();
+    assert!(p.lease(&object, "portal", "one", 30).unwrap());
+    // The fenced client's renewal fails (or never returns: it is cut off).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let o = object.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(other.lease(&o, "portal", "victim", 30).is_ok());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(20)) {
+        Ok(renewed) => assert!(!renewed, "a fenced client renewed its lease"),
+        Err(_) => eprintln!("the fenced client's renewal did not return in 20 s"),
+    }
+    assert_eq!(p.lease_holders(&object, "portal").unwrap()[0].cookie, "one");
+    p.release_lease(&object, "portal", "one").unwrap();
+}

@@ -54,6 +54,9 @@
 //! chap_secret = ""
 //! mutual_user = ""               # mutual CHAP: what the target answers with
 //! mutual_secret = ""
+//! site_portal = ""               # shared Ceph gateways: the site's IPv4:PORT, held by one live gateway
+//! site_portal_device = ""        # the interface its address goes on while this gateway holds it
+//! site_portal_prefix = 32
 //! [iscsi.targets.VOLUME]         # per-target overrides of acl / chap_* / mutual_*
 //! [iscsi.groups]
 //! cluster1 = ["vm1", "vm2"]      # target "<base_iqn>:cluster1" with vm1 at LUN 0, vm2 at LUN 1
@@ -140,6 +143,17 @@ pub struct IscsiConfig {
     /// Targets with several LUNs: target `<base_iqn>:<group>` serves the
     /// listed volumes as LUN 0, 1, ... (at most 256).
     pub groups: std::collections::BTreeMap<String, Vec<String>>,
+    /// The site's portal (`IPv4:PORT`), for shared gateways
+    /// (`[storage.ceph] shared`): one address initiators are given for the
+    /// whole site, answered by one live gateway at a time (a lease in the
+    /// cluster); when that gateway dies another takes the address, and an
+    /// initiator reconnecting to it finds the volume there. Empty: none.
+    pub site_portal: String,
+    /// The interface the site portal's address is added to while this
+    /// gateway holds it.
+    pub site_portal_device: String,
+    /// The address's prefix length on that interface.
+    pub site_portal_prefix: u8,
 }
 
 pub const DEFAULT_BASE_IQN: &str = "iqn.2026-11.io.ferry";
@@ -161,6 +175,9 @@ impl Default for IscsiConfig {
             mutual_secret: String::new(),
             targets: Default::default(),
             groups: Default::default(),
+            site_portal: String::new(),
+            site_portal_device: String::new(),
+            site_portal_prefix: 32,
         }
     }
 }

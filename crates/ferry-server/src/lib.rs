@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod nbd;
 pub mod net;
 pub mod periodic;
+pub mod site_portal;
 pub mod stale_copies;
 
 use config::Config;
@@ -90,6 +91,12 @@ pub struct Daemon {
     admin: Option<ferry_trust::api::ApiListener>,
     migration: Option<TcpListener>,
     iscsi: Vec<TcpListener>,
+    /// The site's portal, the pool whose lease decides who serves it and
+    /// this gateway as the others know it.
+    site_portal: Option<(
+        site_portal::SitePortal,
+        (Arc<ferry_rbd::Pool>, ferry_storage::SharedGateway),
+    )>,
 }
 
 async fn bind(what: &'static str, addr: &str) -> Result<Option<TcpListener>, ServerError> {
@@ -221,6 +228,8 @@ impl Daemon {
                 config.iscsi.listen.len()
             )));
         }
+        let site =
+            site_portal::SitePortal::from_config(&config).map_err(ServerError::IscsiConfig)?;
         let mut iscsi = Vec::new();
         for addr in &config.iscsi.listen {
             if let Some(l) = bind("iSCSI", addr).await? {
@@ -247,6 +256,10 @@ impl Daemon {
             ),
             None => None,
         };
+        let site_portal = site.zip(
+            ceph.as_ref()
+                .and_then(|c| Some((c.pool.clone(), c.shared.clone()?))),
+        );
         let pool_opts = PoolOptions {
             direct_io: config.storage.direct_io,
             ceph,
@@ -287,7 +300,11 @@ impl Daemon {
         };
         let migration = bind("migration", &config.migration.listen).await?;
         let iscsi_state = iscsi::IscsiState::new(iscsi::site_port_group(&config));
-        *iscsi_state.portals.lock() = iscsi.iter().filter_map(|l| l.local_addr().ok()).collect();
+        *iscsi_state.portals.lock() = iscsi
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .chain(site_portal.as_ref().map(|(p, _)| SocketAddr::V4(p.addr)))
+            .collect();
         if migration.is_some() && !config.migration.plaintext {
             // Make the daemon's certificate now, so it can be shown and
             // trusted before the first migration.
@@ -317,6 +334,7 @@ impl Daemon {
             admin,
             migration,
             iscsi,
+            site_portal,
         })
     }
 
@@ -354,6 +372,18 @@ impl Daemon {
             };
             tracing::info!(addr = %shown(l.local_addr().ok()), portal_group = i + 1, mode, "iSCSI portal listening");
             tasks.spawn(iscsi::serve(l, i, self.state.clone(), shutdown.clone()));
+        }
+        if let Some((portal, (pool, gateway))) = self.site_portal {
+            let index = self.state.iscsi.portals.lock().len().saturating_sub(1);
+            tracing::info!(addr = %portal.addr, device = %portal.device, portal_group = index + 1, "iSCSI site portal: served by whichever gateway holds its lease");
+            tasks.spawn(site_portal::run(
+                portal,
+                index,
+                pool,
+                gateway,
+                self.state.clone(),
+                shutdown.clone(),
+            ));
         }
         tasks.spawn(indexer::run(self.state.clone(), shutdown.clone()));
         tasks.spawn(indexer::run_shared_scan(
