@@ -26,6 +26,7 @@ from common import FERRY, ROOT, ensure_ferry, version  # noqa: E402
 from evidence_cpu import cpu_report, exp_cpu  # noqa: E402
 from evidence_consolidation import consolidation_report, exp_consolidation  # noqa: E402
 from evidence_db_moves import db_move_then_run_report, exp_db_move_then_run, move_then_run_figure  # noqa: E402
+from evidence_db_threshold import db_threshold_redraw, exp_db_threshold  # noqa: E402
 from evidence_drivers import drivers_report, exp_drivers  # noqa: E402
 from evidence_real_pause import exp_real_pause, real_pause_report  # noqa: E402
 from evidence_scale import exp_scale, scale_report  # noqa: E402
@@ -646,39 +647,42 @@ def exp_model(ctx):
         def err(p, m):
             return (p - m) / m * 100 if m else float("nan")
 
-        # Remote access: measured at rtt0, predicted at the others.
-        snap = os.path.join(work, "snapshot.json")
-        subprocess.run([FERRY, "control", "plan", "--inventory", inv_file, "--interval", f"{window}s",
-                        "--save-snapshot", snap], check=True, capture_output=True)
-        base = rate([serial_a])
-        with open(snap) as f:
-            base_load = json.load(f)["vms"][0]["load"]
-        print(f"model: at {rtt0} ms {base:.1f} records/s, load {base_load}", flush=True)
-        # The what-if RTT is the link's as measured (the toxic's latency plus
-        # toxiproxy's own) moved by the change in the toxic.
-        with open(snap) as f:
-            probed = json.load(f)["links"][0]["rtt_ms"]
-        for rtt in rtts:
-            e = ferry_json("control", "estimate", "g", "--cluster", snap, "--rtt-ms", str(probed + rtt - rtt0))
-            predicted = base * e["access_then"]["rate"] / e["access_now"]["rate"]
-            link.set_rtt(nbd_b_name, rtt)
+        # Remote access: measured at rtt0, predicted at the others; each
+        # round measures its own base (the base's noise is the rows' noise),
+        # and the table gives the medians over the rounds.
+        for _ in range(repeats):
+            snap = os.path.join(work, "snapshot.json")
+            subprocess.run([FERRY, "control", "plan", "--inventory", inv_file, "--interval", f"{window}s",
+                            "--save-snapshot", snap], check=True, capture_output=True)
+            base = rate([serial_a])
+            with open(snap) as f:
+                base_load = json.load(f)["vms"][0]["load"]
+            print(f"model: at {rtt0} ms {base:.1f} records/s, load {base_load}", flush=True)
+            # The what-if RTT is the link's as measured (the toxic's latency plus
+            # toxiproxy's own) moved by the change in the toxic.
+            with open(snap) as f:
+                probed = json.load(f)["links"][0]["rtt_ms"]
+            for rtt in rtts:
+                e = ferry_json("control", "estimate", "g", "--cluster", snap, "--rtt-ms", str(probed + rtt - rtt0))
+                predicted = base * e["access_then"]["rate"] / e["access_now"]["rate"]
+                link.set_rtt(nbd_b_name, rtt)
+                time.sleep(1)
+                measured = rate([serial_a])
+                rows.append({"what": f"records/s, disk {rtt} ms away (from {rtt0} ms)", "kind": "access",
+                             "predicted": predicted, "measured": measured, "error_pct": err(predicted, measured),
+                             "base": base, "estimate": e})
+                # The guest's per-request latency as its forwarder measured it, against the model's.
+                at = os.path.join(work, f"snapshot-{rtt}.json")
+                subprocess.run([FERRY, "control", "plan", "--inventory", inv_file, "--interval", "3s",
+                                "--save-snapshot", at], check=True, capture_output=True)
+                with open(at) as f:
+                    load = json.load(f)["vms"][0]["load"]
+                lat_p, lat_m = e["access_then"]["latency_s"] * 1000, load["latency_ms"]
+                rows.append({"what": f"ms per disk request, disk {rtt} ms away (from {rtt0} ms)", "kind": "access",
+                             "predicted": lat_p, "measured": lat_m, "error_pct": err(lat_p, lat_m), "load": load})
+                print(f"model: access at {rtt} ms: predicted {predicted:.1f}/s, measured {measured:.1f}/s", flush=True)
+            link.set_rtt(nbd_b_name, rtt0)
             time.sleep(1)
-            measured = rate([serial_a])
-            rows.append({"what": f"records/s, disk {rtt} ms away (from {rtt0} ms)", "kind": "access",
-                         "predicted": predicted, "measured": measured, "error_pct": err(predicted, measured),
-                         "base": base, "estimate": e})
-            # The guest's per-request latency as its forwarder measured it, against the model's.
-            at = os.path.join(work, f"snapshot-{rtt}.json")
-            subprocess.run([FERRY, "control", "plan", "--inventory", inv_file, "--interval", "3s",
-                            "--save-snapshot", at], check=True, capture_output=True)
-            with open(at) as f:
-                load = json.load(f)["vms"][0]["load"]
-            lat_p, lat_m = e["access_then"]["latency_s"] * 1000, load["latency_ms"]
-            rows.append({"what": f"ms per disk request, disk {rtt} ms away (from {rtt0} ms)", "kind": "access",
-                         "predicted": lat_p, "measured": lat_m, "error_pct": err(lat_p, lat_m), "load": load})
-            print(f"model: access at {rtt} ms: predicted {predicted:.1f}/s, measured {measured:.1f}/s", flush=True)
-        link.set_rtt(nbd_b_name, rtt0)
-        time.sleep(1)
 
         def move(kind, est_args, mig_args, serial_after):
             e = estimate(*est_args)
@@ -1338,6 +1342,7 @@ EXPERIMENTS = {
     "move_then_run": exp_move_then_run,
     "db_move_then_run": exp_db_move_then_run,
     "threshold": exp_threshold,
+    "db_threshold": exp_db_threshold,
     "model": exp_model,
     "similarity": exp_similarity,
     "index": exp_index,
@@ -1397,11 +1402,12 @@ def main():
     ap.add_argument("--quick", action="store_true", help="tiny sizes: check that every experiment runs")
     ap.add_argument("--out", help="directory for PNGs and raw JSON (default: docs/evidence; with --quick a new "
                                    "temporary directory: quick runs never overwrite the committed evidence)")
-    ap.add_argument("--doc", help="page to write (default: docs/evidence.md, or OUT/evidence.md with --quick)")
+    ap.add_argument("--doc", help="page to write (default: docs/evidence.md when OUT is docs/evidence, "
+                                   "else OUT/evidence.md)")
     ap.add_argument("--keep-going", action="store_true", help="run the other experiments when one fails")
     ap.add_argument("--redraw", action="store_true",
                     help="redo the figure and table of --only pause, threshold, model, cpu, drivers, consolidation, scale, "
-                         "real_pause or db_move_then_run from saved results, without measuring")
+                         "real_pause, db_threshold or db_move_then_run from saved results, without measuring")
     a = ap.parse_args()
     names = a.only.split(",") if a.only else list(EXPERIMENTS)
     for n in names:
@@ -1411,7 +1417,9 @@ def main():
     committed_doc = os.path.join(ROOT, "docs", "evidence.md")
     if a.out is None:
         a.out = tempfile.mkdtemp(prefix="ferry-evidence-quick-") if a.quick else committed_out
-    doc = a.doc or (os.path.join(a.out, "evidence.md") if a.quick else committed_doc)
+    # The committed page only ever describes the committed results.
+    at_committed = os.path.realpath(a.out) == os.path.realpath(committed_out)
+    doc = a.doc or (committed_doc if at_committed and not a.quick else os.path.join(a.out, "evidence.md"))
     if a.quick and any(os.path.realpath(p) == os.path.realpath(c)
                        for p, c in ((a.out, committed_out), (doc, committed_doc))):
         sys.exit("--quick results are not evidence: they never go to docs/evidence or docs/evidence.md "
@@ -1434,9 +1442,9 @@ def main():
             try:
                 if a.redraw:
                     if n not in ("pause", "threshold", "model", "cpu", "drivers", "consolidation",
-                                 "db_move_then_run", "scale", "real_pause"):
+                                 "db_move_then_run", "scale", "real_pause", "db_threshold"):
                         raise RuntimeError("--redraw knows only pause, threshold, model, cpu, drivers, "
-                                           "consolidation, db_move_then_run, scale and real_pause")
+                                           "consolidation, db_move_then_run, scale, real_pause and db_threshold")
                     with open(os.path.join(a.out, f"{n}.json")) as f:
                         old = json.load(f)
                     raw = old["raw"]
@@ -1449,6 +1457,8 @@ def main():
                     elif n == "drivers":
                         q = old.get("quick", False)
                         r = drivers_report(ctx, raw["rows"], raw["runs"], 16 if q else 256, 1 if q else 3)
+                    elif n == "db_threshold":
+                        r = db_threshold_redraw(ctx, raw)
                     elif n == "db_move_then_run":
                         r = db_move_then_run_report(ctx, raw["rows"], raw["n"], raw["mbit"], raw["boot_s"])
                     elif n == "consolidation":

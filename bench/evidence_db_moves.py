@@ -5,7 +5,7 @@ and runs there. The guest is the Debian image of scripts/debian-guest.sh
 (MariaDB), managed by two `ferry host`s on a bridge of this machine; the
 job is a fixed number of sysbench oltp_read_write transactions from this
 machine over the guest's network card."""
-import json, os, shutil, subprocess, time
+import json, subprocess, time
 
 import matplotlib.pyplot as plt
 
@@ -13,23 +13,13 @@ import matplotlib.pyplot as plt
 def exp_db_move_then_run(ctx):
     """Seeds 000/001, Figs. 11-12 with the database guest."""
     import real_guest as rg
-    from migration_peers import Link
-    from vm_peers import Host, two_sites
     rg.require_guest("sysbench", "mariadb", "qemu-system-x86_64")
     rtts = [8] if ctx.quick else [2, 4, 8, 16]
     n = 30 if ctx.quick else 300
     mbit = 1000
-    work = ctx.sub("db_move_then_run")
-    sa, sb, ha, hb = two_sites(work)
-    link, bridge = Link(work, mbit, rtts[0]), rg.Bridge()
-    hosts, rows, boot = [], [], None
-    try:
-        size = str(os.path.getsize(rg.IMAGE))
-        sb.ferry("volume", "create", "db", "--size", size)
-        sb.ferry("volume", "import", "db", rg.IMAGE)
-        net = f"lan,bridge={rg.BRIDGE}"
-        A, B = Host(ha, ["--network", net]), Host(hb, ["--network", net])
-        hosts = [A, B]
+    rows, boot = [], None
+    with rg.guest_sites(ctx.sub("db_move_then_run"), mbit, rtts[0]) as (sa, sb, A, B, link):
+        rg.import_image(sb, "db")
         nbd_name, nbd_wan = link.proxy(f"127.0.0.1:{sb.nbd}")
         mb_name, moves_b = link.proxy(f"127.0.0.1:{B.moves}")
         ma_name, moves_a = link.proxy(f"127.0.0.1:{A.moves}")
@@ -68,15 +58,6 @@ def exp_db_move_then_run(ctx):
             # Back to A, the disk across the link again, for the next RTT.
             move(B, moves_a, nbd_wan)
         A.vm("stop", "db")
-    finally:
-        for h in hosts:
-            h.stop()
-        for d in (sa, sb):
-            d.stop()
-        link.close()
-        bridge.close()
-        # Two copies of a 4 GiB guest disk: gone before the next experiment.
-        shutil.rmtree(work, ignore_errors=True)
     return db_move_then_run_report(ctx, rows, n, mbit, boot)
 
 

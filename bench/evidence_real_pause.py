@@ -6,7 +6,7 @@ scripts/debian-guest.sh (its own kernel, systemd; dbench and gcc
 installed), managed by two `ferry host`s on a bridge of this machine,
 reached over SSH with a key cloud-init installed at first boot; it
 teleports between sites A and B, once per load."""
-import json, os, re, shutil, subprocess, time
+import json, os, re, subprocess, time
 
 import matplotlib.pyplot as plt
 
@@ -67,8 +67,6 @@ def saw(load, text):
 def exp_real_pause(ctx):
     """Seed 002, Fig. 12 with the Debian guest: idle, dbench, compile."""
     import real_guest as rg
-    from migration_peers import Link
-    from vm_peers import Host, two_sites
     rg.require_guest("ssh", "ssh-keygen", "qemu-system-x86_64")
     loads = ["idle", "dbench"] if ctx.quick else ["idle", "dbench", "compile"]
     secs = 25 if ctx.quick else 40
@@ -76,19 +74,12 @@ def exp_real_pause(ctx):
     work = ctx.sub("real_pause")
     key = os.path.join(work, "key")
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
-    sa, sb, ha, hb = two_sites(work)
-    link, bridge = Link(work, mbit, rtt), rg.Bridge()
-    hosts, rows, boot, compile_alone = [], [], None, None
-    try:
-        size = str(os.path.getsize(rg.IMAGE))
-        sa.ferry("volume", "create", "db", "--size", size)
-        sa.ferry("volume", "import", "db", rg.IMAGE)
+    rows, boot, compile_alone = [], None, None
+    with rg.guest_sites(work, mbit, rtt) as (sa, sb, A, B, link):
+        rg.import_image(sa, "db")
         # Site B holds the image the guest was made from, as a cloud holds
         # its templates.
-        sb.ferry("volume", "create", "template", "--size", size)
-        sb.ferry("volume", "import", "template", rg.IMAGE)
-        net = f"lan,bridge={rg.BRIDGE}"
-        A, B = Host(ha, ["--network", net]), Host(hb, ["--network", net])
+        rg.import_image(sb, "template")
         hosts = [A, B]
         moves = [link.proxy(f"127.0.0.1:{h.moves}") for h in hosts]
         disks = [link.proxy(f"127.0.0.1:{s.mig}") for s in (sa, sb)]
@@ -130,15 +121,6 @@ def exp_real_pause(ctx):
                 break
             at = to
         sites[at][0].vm("stop", "db")
-    finally:
-        for h in hosts:
-            h.stop()
-        for d in (sa, sb):
-            d.stop()
-        link.close()
-        bridge.close()
-        # Two copies of a 4 GiB guest disk: gone before the next experiment.
-        shutil.rmtree(work, ignore_errors=True)
     return real_pause_report(ctx, rows, mbit, rtt, secs, boot, compile_alone)
 
 

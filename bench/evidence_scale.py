@@ -107,7 +107,8 @@ def ferry_point(work, link, sibling, disk, size, mem):
                             "--teleport-to", "b", "--json"], capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"ferry control estimate: {r.stderr.strip()}")
-        cost = json.loads(r.stdout)["cost"]
+        estimate = json.loads(r.stdout)
+        cost = estimate["cost"]
         r = A.vm("migrate", "g", "--to-host", f"127.0.0.1:{moves_b}", "--with-disk", "--to-storage",
                  f"127.0.0.1:{mig_b}", "--to-storage-admin", f"127.0.0.1:{sb.admin}", "--json")
         if r.returncode != 0:
@@ -118,7 +119,10 @@ def ferry_point(work, link, sibling, disk, size, mem):
         return {"seconds": rep["total_s"], "bytes": link.bytes(moves_name) + link.bytes(mig_name),
                 "pause_ms": rep.get("guest_pause_ms"), "phases": rep.get("phases"),
                 "report_bytes": rep.get("bytes"),
-                "predicted": {"seconds": cost["seconds"], "bytes": cost["bytes"], "pause_ms": cost["pause_s"] * 1000}}
+                "predicted": {"seconds": cost["seconds"], "bytes": cost["bytes"], "pause_ms": cost["pause_s"] * 1000},
+                # Its inputs (the links as probed, the guest's measured load),
+                # to tell a wrong input from a wrong formula.
+                "estimate": estimate}
     finally:
         for h in hosts:
             h.stop()

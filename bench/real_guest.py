@@ -112,6 +112,36 @@ class Bridge:
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
 
 
+@contextlib.contextmanager
+def guest_sites(work, mbit, rtt):
+    """Two sites for the Debian guest in `work`: a storage daemon and a host
+    daemon each (the hosts' network `lan` is the guests' bridge) and the
+    toxiproxy link between them; yields (sa, sb, A, B, link). On leaving,
+    everything is stopped and `work` removed (it holds copies of a 4 GiB
+    disk, gone before the next experiment)."""
+    sa, sb, ha, hb = two_sites(work)
+    link, bridge = Link(work, mbit, rtt), Bridge()
+    hosts = []
+    try:
+        net = f"lan,bridge={BRIDGE}"
+        hosts = [Host(ha, ["--network", net]), Host(hb, ["--network", net])]
+        yield sa, sb, hosts[0], hosts[1], link
+    finally:
+        for h in hosts:
+            h.stop()
+        for d in (sa, sb):
+            d.stop()
+        link.close()
+        bridge.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def import_image(storage, volume):
+    """Volume `volume` of `storage`: a copy of the Debian image."""
+    storage.ferry("volume", "create", volume, "--size", str(os.path.getsize(IMAGE)))
+    storage.ferry("volume", "import", volume, IMAGE)
+
+
 def create_db_guest(host, nbd, admin):
     """The database guest `db` made on `host` (whose network `lan` is the
     bridge), booted from volume `db` at `nbd` (admin API `admin`) and set

@@ -9,12 +9,13 @@ use common::on_path;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const EXPERIMENTS: [&str; 17] = [
+const EXPERIMENTS: [&str; 18] = [
     "rtt",
     "db_rtt",
     "move_then_run",
     "db_move_then_run",
     "threshold",
+    "db_threshold",
     "model",
     "similarity",
     "index",
