@@ -127,7 +127,16 @@ pub async fn run(
     let mut last_renewed = Instant::now();
     let mut said_busy = false;
     loop {
-        let took = lease(&pool, &object, &cookie).await;
+        // A holder's call may not outlast its right to the address: it
+        // must know it lost the lease before the lease can run out.
+        let limit = if held.is_some() {
+            LET_GO_AFTER
+                .saturating_sub(last_renewed.elapsed())
+                .clamp(Duration::from_millis(100), CALL_LIMIT)
+        } else {
+            CALL_LIMIT
+        };
+        let took = lease(&pool, &object, &cookie, limit).await;
         let mut again = false;
         match (took, held.is_some()) {
             (Ok(true), false) => match Held::start(&portal, index, &state, &shutdown) {
@@ -192,6 +201,7 @@ async fn lease(
     pool: &Arc<ferry_rbd::Pool>,
     object: &str,
     cookie: &str,
+    limit: Duration,
 ) -> Result<bool, LeaseError> {
     let (p, o, c) = (pool.clone(), object.to_string(), cookie.to_string());
     let call = tokio::task::spawn_blocking(move || p.lease(&o, LOCK_NAME, &c, LEASE_SECS));
@@ -199,16 +209,14 @@ async fn lease(
         text,
         fenced: false,
     };
-    match tokio::time::timeout(CALL_LIMIT, call).await {
+    match tokio::time::timeout(limit, call).await {
         Ok(Ok(Ok(held))) => Ok(held),
         Ok(Ok(Err(e))) => Err(LeaseError {
             fenced: matches!(&e, ferry_rbd::RbdError::Io { source, .. } if source.raw_os_error() == Some(libc::ESHUTDOWN)),
             text: e.to_string(),
         }),
         Ok(Err(e)) => Err(plain(e.to_string())),
-        Err(_) => Err(plain(format!(
-            "no answer from the cluster in {CALL_LIMIT:?}"
-        ))),
+        Err(_) => Err(plain(format!("no answer from the cluster in {limit:?}"))),
     }
 }
 
