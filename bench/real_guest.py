@@ -133,7 +133,26 @@ def guest_sites(work, mbit, rtt):
             d.stop()
         link.close()
         bridge.close()
+        keep_logs(work)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def keep_logs(work):
+    """With FERRY_BENCH_KEEP_LOGS=DIR, every log under `work` (daemons,
+    toxiproxy, the guests' consoles and QEMU's) copied to DIR/<time>/ before
+    `work` goes; with FERRY_BENCH_LOG=info the daemons' logs say what each
+    move did."""
+    into = os.environ.get("FERRY_BENCH_KEEP_LOGS")
+    if not into:
+        return
+    into = os.path.join(into, time.strftime("%Y%m%d-%H%M%S"))
+    for root, _, files in os.walk(work):
+        for f in files:
+            if f.endswith(".log"):
+                d = os.path.join(into, os.path.relpath(root, work))
+                os.makedirs(d, exist_ok=True)
+                shutil.copy(os.path.join(root, f), d)
+    print(f"logs kept in {into}", flush=True)
 
 
 def import_image(storage, volume):
