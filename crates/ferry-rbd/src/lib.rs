@@ -312,6 +312,16 @@ impl Pool {
         }
     }
 
+    /// A failed call on object `object` of the pool (not an image: no
+    /// `NoImage`/`Exists` reading of its errno).
+    fn object_err(&self, op: &'static str, object: &str, r: impl TryInto<i32>) -> RbdError {
+        RbdError::Io {
+            op,
+            target: self.target(object),
+            source: errno(r),
+        }
+    }
+
     /// Take or renew, for `secs` seconds, the lease `name` on object
     /// `object` of the pool (an exclusive RADOS lock with a duration; the
     /// object is made if missing) as holder `cookie`. `Ok(false)`: another
@@ -341,11 +351,7 @@ impl Pool {
         match r {
             0 => Ok(true),
             r if r == -libc::EBUSY || r == -libc::EEXIST => Ok(false),
-            r => Err(RbdError::Io {
-                op: "take a lease",
-                target: self.target(object),
-                source: errno(r),
-            }),
+            r => Err(self.object_err("take a lease", object, r)),
         }
     }
 
@@ -357,11 +363,7 @@ impl Pool {
         // SAFETY: a live ioctx and NUL-terminated strings.
         let r = unsafe { (api.rados_unlock)(self.ioctx, o.as_ptr(), n.as_ptr(), c.as_ptr()) };
         if r < 0 && r != -libc::ENOENT {
-            return Err(RbdError::Io {
-                op: "release a lease",
-                target: self.target(object),
-                source: errno(r),
-            });
+            return Err(self.object_err("release a lease", object, r));
         }
         Ok(())
     }
@@ -398,11 +400,7 @@ impl Pool {
             if r == -(libc::ERANGE as isize) {
                 lens = lens.map(|l| l.max(256) * 2);
                 if lens[0] > 1 << 20 {
-                    return Err(RbdError::Io {
-                        op: "list a lease's holders",
-                        target: self.target(object),
-                        source: errno(r),
-                    });
+                    return Err(self.object_err("list a lease's holders", object, r));
                 }
                 continue;
             }
@@ -410,11 +408,7 @@ impl Pool {
                 return Ok(Vec::new());
             }
             if r < 0 {
-                return Err(RbdError::Io {
-                    op: "list a lease's holders",
-                    target: self.target(object),
-                    source: errno(r),
-                });
+                return Err(self.object_err("list a lease's holders", object, r));
             }
             let split = |b: &[u8], len: usize| -> Vec<String> {
                 b[..len.min(b.len())]
@@ -458,11 +452,7 @@ impl Pool {
             )
         };
         if r < 0 && r != -libc::ENOENT {
-            return Err(RbdError::Io {
-                op: "break a lease",
-                target: self.target(object),
-                source: errno(r),
-            });
+            return Err(self.object_err("break a lease", object, r));
         }
         Ok(())
     }
