@@ -105,6 +105,17 @@ impl SitePortal {
     fn object(&self) -> String {
         format!("ferry.site-portal.{}_{}", self.addr.ip(), self.addr.port())
     }
+
+    /// `ip addr VERB` of the portal's address on its device.
+    fn address(&self, verb: &str) -> Result<(), String> {
+        ip(&[
+            "addr",
+            verb,
+            &format!("{}/{}", self.addr.ip(), self.prefix),
+            "dev",
+            &self.device,
+        ])
+    }
 }
 
 /// Take part in holding the site portal until `shutdown`: take the lease
@@ -190,11 +201,34 @@ pub async fn run(
     }
 }
 
-/// A lease call that failed: why, and whether the cluster has fenced this
-/// gateway (it can never renew again: let the address go at once).
+/// A call to the cluster that failed: why, and whether the cluster has
+/// fenced this gateway (it can never renew again: let the address go at
+/// once).
+#[derive(Debug)]
 struct LeaseError {
     text: String,
     fenced: bool,
+}
+
+/// `call` on a blocking thread, given up after `limit` (the thread may go
+/// on: librados has no timeout of its own here).
+async fn in_cluster<T: Send + 'static>(
+    limit: Duration,
+    call: impl FnOnce() -> Result<T, ferry_rbd::RbdError> + Send + 'static,
+) -> Result<T, LeaseError> {
+    let plain = |text: String| LeaseError {
+        text,
+        fenced: false,
+    };
+    match tokio::time::timeout(limit, tokio::task::spawn_blocking(call)).await {
+        Ok(Ok(Ok(v))) => Ok(v),
+        Ok(Ok(Err(e))) => Err(LeaseError {
+            fenced: matches!(&e, ferry_rbd::RbdError::Io { source, .. } if source.raw_os_error() == Some(libc::ESHUTDOWN)),
+            text: e.to_string(),
+        }),
+        Ok(Err(e)) => Err(plain(e.to_string())),
+        Err(_) => Err(plain(format!("no answer from the cluster in {limit:?}"))),
+    }
 }
 
 async fn lease(
@@ -204,20 +238,7 @@ async fn lease(
     limit: Duration,
 ) -> Result<bool, LeaseError> {
     let (p, o, c) = (pool.clone(), object.to_string(), cookie.to_string());
-    let call = tokio::task::spawn_blocking(move || p.lease(&o, LOCK_NAME, &c, LEASE_SECS));
-    let plain = |text: String| LeaseError {
-        text,
-        fenced: false,
-    };
-    match tokio::time::timeout(limit, call).await {
-        Ok(Ok(Ok(held))) => Ok(held),
-        Ok(Ok(Err(e))) => Err(LeaseError {
-            fenced: matches!(&e, ferry_rbd::RbdError::Io { source, .. } if source.raw_os_error() == Some(libc::ESHUTDOWN)),
-            text: e.to_string(),
-        }),
-        Ok(Err(e)) => Err(plain(e.to_string())),
-        Err(_) => Err(plain(format!("no answer from the cluster in {limit:?}"))),
-    }
+    in_cluster(limit, move || p.lease(&o, LOCK_NAME, &c, LEASE_SECS)).await
 }
 
 /// When the lease's holder is dead (its NBD listener does not answer, as
@@ -230,26 +251,26 @@ async fn take_from_dead(
     gateway: &ferry_storage::SharedGateway,
 ) -> bool {
     let (p, o, g) = (pool.clone(), object.to_string(), gateway.clone());
-    let call = tokio::task::spawn_blocking(move || -> Result<Option<String>, String> {
-        for h in p.lease_holders(&o, LOCK_NAME).map_err(|e| e.to_string())? {
+    let took = in_cluster(CALL_LIMIT * 2, move || {
+        for h in p.lease_holders(&o, LOCK_NAME)? {
             let at = h.cookie.split('#').next().unwrap_or_default().to_string();
             if at.is_empty() || (at != g.address && (g.alive)(&at)) {
                 continue;
             }
-            p.break_lease(&o, LOCK_NAME, &h)
-                .map_err(|e| e.to_string())?;
+            p.break_lease(&o, LOCK_NAME, &h)?;
             return Ok(Some(at));
         }
         Ok(None)
-    });
-    match tokio::time::timeout(CALL_LIMIT * 2, call).await {
-        Ok(Ok(Ok(Some(at)))) => {
+    })
+    .await;
+    match took {
+        Ok(Some(at)) => {
             tracing::warn!(holder = %at, "the site portal's holder does not answer: fenced it and broke its lease");
             true
         }
-        Ok(Ok(Ok(None))) => false,
-        other => {
-            tracing::warn!(result = ?other.map(|r| r.map_err(|e| e.to_string())), "could not take the site portal from its holder");
+        Ok(None) => false,
+        Err(e) => {
+            tracing::warn!(error = %e.text, "could not take the site portal from its holder");
             false
         }
     }
@@ -257,12 +278,8 @@ async fn take_from_dead(
 
 async fn release(pool: &Arc<ferry_rbd::Pool>, object: &str, cookie: &str) {
     let (p, o, c) = (pool.clone(), object.to_string(), cookie.to_string());
-    let call = tokio::task::spawn_blocking(move || p.release_lease(&o, LOCK_NAME, &c));
-    match tokio::time::timeout(CALL_LIMIT, call).await {
-        Ok(Ok(Ok(()))) => {}
-        other => {
-            tracing::warn!(object, result = ?other.map(|r| r.map(|r| r.map_err(|e| e.to_string()))), "could not give back the site portal's lease (it runs out by itself)");
-        }
+    if let Err(e) = in_cluster(CALL_LIMIT, move || p.release_lease(&o, LOCK_NAME, &c)).await {
+        tracing::warn!(object, error = %e.text, "could not give back the site portal's lease (it runs out by itself)");
     }
 }
 
@@ -284,13 +301,7 @@ impl Held {
             listen(portal.addr).map_err(|e| format!("listening on {}: {e}", portal.addr))?;
         let added = !is_local(*portal.addr.ip());
         if added {
-            ip(&[
-                "addr",
-                "add",
-                &format!("{}/{}", portal.addr.ip(), portal.prefix),
-                "dev",
-                &portal.device,
-            ])?;
+            portal.address("add")?;
         }
         if let Err(e) = announce(&portal.device, *portal.addr.ip()) {
             tracing::warn!(portal = %portal.addr, error = %e, "could not announce the site portal's address (neighbours learn it when their ARP entries age)");
@@ -308,13 +319,7 @@ impl Held {
     fn stop(self, portal: &SitePortal) {
         self.serving.cancel();
         if self.added {
-            if let Err(e) = ip(&[
-                "addr",
-                "del",
-                &format!("{}/{}", portal.addr.ip(), portal.prefix),
-                "dev",
-                &portal.device,
-            ]) {
+            if let Err(e) = portal.address("del") {
                 tracing::error!(portal = %portal.addr, error = %e, "could not remove the site portal's address");
             }
         }
