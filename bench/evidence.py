@@ -31,7 +31,7 @@ from evidence_drivers import drivers_report, exp_drivers  # noqa: E402
 from evidence_real_pause import exp_real_pause, real_pause_report  # noqa: E402
 from evidence_scale import exp_scale, scale_report  # noqa: E402
 from evidence_rigs import (Controller, IscsiBridge, Link, Storage, drop_host_caches, ext4_image,  # noqa: E402
-                           ext4_volume, fio, journal_events, random_image, two_site_inventory, zero_share)
+                           ext4_volume, fio, journal_events, mark_events, random_image, two_site_inventory, zero_share)
 from vm_peers import GUEST  # noqa: E402
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -494,14 +494,7 @@ def threshold_report(ctx, timeline, events, before_s, total_s, rtt_hi, replay=No
         ax.plot([x[0] for x in sim], [x[1] for x in sim], "--", color="black", lw=1,
                 label="simulator's replay (ferry control simulate --replay)")
         ax.legend(loc="lower right", fontsize=8)
-    marks = {"RTT": ("red", f"RTT → {rtt_hi} ms"), "decided": ("orange", "decided"),
-             "started": ("purple", "move started"), "finished": ("green", "move ended")}
-    top = max((r[1] for r in rate), default=1)
-    for i, e in enumerate(sorted(events, key=lambda e: e["t"])):
-        c, label = next((v for k, v in marks.items() if e["what"].startswith(k)), ("grey", e["what"][:20]))
-        ax.axvline(e["t"], color=c, ls="--", lw=1, label=None)
-        ax.annotate(label, (e["t"], top * (0.25 + 0.2 * (i % 4))), xytext=(4, 0), textcoords="offset points",
-                    fontsize=8, color=c)
+    mark_events(ax, events, rtt_hi, max((r[1] for r in rate), default=1))
     ax.set_xlabel("time (s)")
     ax.set_ylabel("records / s")
     ax.set_ylim(bottom=0)

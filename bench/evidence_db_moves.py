@@ -19,15 +19,10 @@ def exp_db_move_then_run(ctx):
     mbit = 1000
     rows, boot = [], None
     with rg.guest_sites(ctx.sub("db_move_then_run"), mbit, rtts[0]) as (sa, sb, A, B, link):
-        rg.import_image(sb, "db")
-        nbd_name, nbd_wan = link.proxy(f"127.0.0.1:{sb.nbd}")
+        # At site A, its disk at B's storage across the link.
+        nbd_name, nbd_wan, boot = rg.remote_db_guest(A, sb, link, "db_move_then_run")
         mb_name, moves_b = link.proxy(f"127.0.0.1:{B.moves}")
         ma_name, moves_a = link.proxy(f"127.0.0.1:{A.moves}")
-        # At site A, its disk at B's storage across the link.
-        rg.create_db_guest(A, f"127.0.0.1:{nbd_wan}", f"127.0.0.1:{sb.admin}")
-        boot = rg.wait_database()
-        rg.prepare()
-        print(f"db_move_then_run: booted and configured in {boot:.0f} s", flush=True)
 
         def job(events):
             """Wall time of `events` transactions."""

@@ -4,20 +4,20 @@ site B; a client on this machine runs sysbench oltp_read_write against it
 over the guest's network card; the RTT to the disk rises, and
 `ferry control run` sees the guest's disk latency stay above its threshold
 and moves it by itself, while the client keeps working."""
-import re, subprocess, threading, time
+import threading, time
 
 import matplotlib.pyplot as plt
 
-from evidence_rigs import Controller, journal_events
+from evidence_rigs import Controller, journal_events, mark_events
 
 
 class OltpRounds:
-    """sysbench oltp_read_write in rounds of 10 s (a report every second)
-    until stop(): per second, the transactions and errors; per round,
-    whether it ended well."""
+    """sysbench oltp_read_write in rounds of 10 s (a report every second,
+    `real_guest.oltp_round`) until stop(): per second, the transactions and
+    errors; per round, whether it ended well."""
 
-    def __init__(self, sysbench):
-        self.sysbench = sysbench
+    def __init__(self, one_round):
+        self.one_round = one_round
         self.per_s, self.rounds = [], []
         self.stop_ev = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -25,15 +25,9 @@ class OltpRounds:
 
     def run(self):
         while not self.stop_ev.is_set():
-            t0 = time.time()
-            r = subprocess.run([*self.sysbench, "--time=10", "--report-interval=1", "run"],
-                               capture_output=True, text=True)
-            for line in r.stdout.splitlines():
-                m = re.match(r"\[ (\d+)s \] .*tps: ([\d.]+).*err/s: ([\d.]+) reconn/s: ([\d.]+)", line)
-                if m:
-                    self.per_s.append({"t": t0 + int(m.group(1)), "tps": float(m.group(2)),
-                                       "err": float(m.group(3)), "reconn": float(m.group(4))})
-            self.rounds.append({"start": t0, "ok": r.returncode == 0,
+            per_s, summary, r = self.one_round()
+            self.per_s += per_s
+            self.rounds.append({"start": summary["start"], "ok": summary["ok"],
                                 "error": "" if r.returncode == 0 else (r.stderr or r.stdout).strip()[-300:]})
 
     def stop(self):
@@ -51,15 +45,10 @@ def exp_db_threshold(ctx):
     work = ctx.sub("db_threshold")
     with rg.guest_sites(work, 1000, 0) as (sa, sb, A, B, link):
         try:
-            rg.import_image(sb, "db")
-            nbd_name, nbd_wan = link.proxy(f"127.0.0.1:{sb.nbd}")
+            nbd_name, nbd_wan, boot = rg.remote_db_guest(A, sb, link, "db_threshold")
             moves_name, moves_b = link.proxy(f"127.0.0.1:{B.moves}")
             mig_b_name, mig_b = link.proxy(f"127.0.0.1:{sb.mig}")
             mig_a_name, mig_a = link.proxy(f"127.0.0.1:{sa.mig}")
-            rg.create_db_guest(A, f"127.0.0.1:{nbd_wan}", f"127.0.0.1:{sb.admin}")
-            boot = rg.wait_database()
-            rg.prepare()
-            print(f"db_threshold: booted and configured in {boot:.0f} s", flush=True)
             inv = {"sites": [
                 {"name": "a", "cpu_capacity": 8,
                  "hosts": [{"control": f"127.0.0.1:{A.control}", "moves": f"127.0.0.1:{A.moves}"}],
@@ -74,7 +63,7 @@ def exp_db_threshold(ctx):
             pol = ctl.policy()
             pol.update(latency_trigger_ms=5.0, hold_s=6.0, paused=False)
             ctl.put_policy(pol)
-            clients = OltpRounds(rg.SYSBENCH)
+            clients = OltpRounds(rg.oltp_round)
             t0 = time.time()
             raised = False
             while time.time() - t0 < total_s:
@@ -133,14 +122,7 @@ def db_threshold_report(ctx, per_s, rounds, events, before_s, total_s, rtt_hi, b
     fig, ax = plt.subplots(figsize=(10, 4))
     ax.plot([p["t"] for p in per_s], [p["tps"] for p in per_s], "-", lw=1,
             label="sysbench oltp_read_write transactions per second (client outside the guest)")
-    top = max((p["tps"] for p in per_s), default=1)
-    marks = {"RTT": ("red", f"RTT → {rtt_hi} ms"), "decided": ("orange", "decided"),
-             "started": ("purple", "move started"), "finished": ("green", "move ended")}
-    for i, e in enumerate(sorted(events, key=lambda e: e["t"])):
-        c, label = next((v for k, v in marks.items() if e["what"].startswith(k)), ("grey", e["what"][:20]))
-        ax.axvline(e["t"], color=c, ls="--", lw=1)
-        ax.annotate(label, (e["t"], top * (0.25 + 0.2 * (i % 4))), xytext=(4, 0), textcoords="offset points",
-                    fontsize=8, color=c)
+    mark_events(ax, events, rtt_hi, max((p["tps"] for p in per_s), default=1))
     ax.set_xlabel("time (s)")
     ax.set_ylabel("transactions / s")
     ax.set_ylim(bottom=0)

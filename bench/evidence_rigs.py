@@ -84,6 +84,18 @@ def journal_events(journal, t0):
     return sorted(events, key=lambda e: e["t"])
 
 
+def mark_events(ax, events, rtt_hi, top):
+    """A threshold run's events (`journal_events` and the RTT's rise) as
+    dashed lines on `ax`, each labelled at a height of its own below `top`."""
+    marks = {"RTT": ("red", f"RTT → {rtt_hi} ms"), "decided": ("orange", "decided"),
+             "started": ("purple", "move started"), "finished": ("green", "move ended")}
+    for i, e in enumerate(sorted(events, key=lambda e: e["t"])):
+        c, label = next((v for k, v in marks.items() if e["what"].startswith(k)), ("grey", e["what"][:20]))
+        ax.axvline(e["t"], color=c, ls="--", lw=1)
+        ax.annotate(label, (e["t"], top * (0.25 + 0.2 * (i % 4))), xytext=(4, 0), textcoords="offset points",
+                    fontsize=8, color=c)
+
+
 def two_site_inventory(link, A, B, sa, sb, rtt_ms, mbit):
     """The controller's inventory of sites a (host A, storage sa) and b
     (B, sb), each reached from the other through a new proxy of `link`

@@ -161,6 +161,19 @@ def import_image(storage, volume):
     storage.ferry("volume", "import", volume, IMAGE)
 
 
+def remote_db_guest(host, storage, link, tag):
+    """The database guest on `host`, booted from volume `db` (a copy of
+    the Debian image) of `storage` across `link`, its database ready for
+    sysbench: (the disk's proxy name, its port, seconds to boot and set up)."""
+    import_image(storage, "db")
+    name, port = link.proxy(f"127.0.0.1:{storage.nbd}")
+    create_db_guest(host, f"127.0.0.1:{port}", f"127.0.0.1:{storage.admin}")
+    boot = wait_database()
+    prepare()
+    print(f"{tag}: booted and configured in {boot:.0f} s", flush=True)
+    return name, port, boot
+
+
 def create_db_guest(host, nbd, admin):
     """The database guest `db` made on `host` (whose network `lan` is the
     bridge), booted from volume `db` at `nbd` (admin API `admin`) and set
@@ -186,6 +199,29 @@ def wait_database(secs=900):
 def prepare():
     subprocess.run([*SYSBENCH, "cleanup"], capture_output=True)
     subprocess.run([*SYSBENCH, "prepare"], check=True, capture_output=True)
+
+
+def oltp_round(secs=10):
+    """One round of sysbench oltp_read_write for `secs` seconds with a
+    report every second: (the reports: time, transactions/s, 95th
+    percentile latency, errors/s, reconnects/s; the round's summary:
+    whether it ended well, when it started, its totals; the finished
+    process)."""
+    t0 = time.time()
+    r = subprocess.run([*SYSBENCH, f"--time={secs}", "--report-interval=1", "run"],
+                       capture_output=True, text=True)
+    per_s, summary = [], {"ok": r.returncode == 0, "start": t0}
+    for line in r.stdout.splitlines():
+        m = re.match(r"\[ (\d+)s \] .*tps: ([\d.]+).*lat \(ms,95%\): ([\d.]+) err/s: ([\d.]+) reconn/s: ([\d.]+)", line)
+        if m:
+            per_s.append({"t": t0 + int(m.group(1)), "tps": float(m.group(2)),
+                          "p95_ms": float(m.group(3)), "err": float(m.group(4)),
+                          "reconn": float(m.group(5))})
+        for key, name in (("transactions:", "tx"), ("ignored errors:", "errors"),
+                          ("reconnects:", "reconnects"), ("max:", "max_ms")):
+            if line.strip().startswith(key):
+                summary[name] = float(line.split(key)[1].split()[0])
+    return per_s, summary, r
 
 
 def wrk_ms(s):
@@ -227,20 +263,7 @@ class Clients:
 
     def oltp_rounds(self):
         while not self.stop_ev.is_set():
-            t0 = time.time()
-            r = subprocess.run([*SYSBENCH, "--time=10", "--report-interval=1", "run"],
-                               capture_output=True, text=True)
-            per_s, summary = [], {"ok": r.returncode == 0, "start": t0}
-            for line in r.stdout.splitlines():
-                m = re.match(r"\[ (\d+)s \] .*tps: ([\d.]+).*lat \(ms,95%\): ([\d.]+) err/s: ([\d.]+) reconn/s: ([\d.]+)", line)
-                if m:
-                    per_s.append({"t": t0 + int(m.group(1)), "tps": float(m.group(2)),
-                                  "p95_ms": float(m.group(3)), "err": float(m.group(4)),
-                                  "reconn": float(m.group(5))})
-                for key, name in (("transactions:", "tx"), ("ignored errors:", "errors"),
-                                  ("reconnects:", "reconnects"), ("max:", "max_ms")):
-                    if line.strip().startswith(key):
-                        summary[name] = float(line.split(key)[1].split()[0])
+            per_s, summary, r = oltp_round()
             if r.returncode != 0:
                 summary["error"] = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["?"]
             summary["per_s"] = per_s
