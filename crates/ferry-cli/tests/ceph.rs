@@ -842,8 +842,9 @@ fn a_gateway_cut_off_from_its_host_lets_the_volume_go_to_another() {
 struct SiteLink(String);
 
 impl SiteLink {
-    fn new() -> SiteLink {
-        let name = format!("fsp{}", std::process::id() % 100_000);
+    /// Link `n` of this test process (tests run side by side).
+    fn new(n: u32) -> SiteLink {
+        let name = format!("fsp{}x{n}", std::process::id() % 100_000);
         let peer = format!("{name}p");
         let _ = Command::new("ip")
             .args(["link", "del", &name])
@@ -893,36 +894,58 @@ fn site_portal_holder(logs: &[&Path], addr: &str) -> usize {
     }
 }
 
-/// Initiators are given the site's portal, not a gateway's: the gateway
-/// answering it is killed under an initiator's I/O, another takes the
-/// address when the dead one's lease runs out, and the initiator,
-/// reconnecting to the address it knows, logs in there and finds every
-/// acknowledged write. A gateway started while another holds the portal
-/// stands by; the holder stopped cleanly hands it over at once.
-#[test]
-fn an_initiator_at_the_site_portal_follows_it_to_another_gateway() {
-    assert!(have("qemu-io") && have("ip"));
-    let d = tempfile::tempdir().unwrap();
-    let (ceph, pool) = pool("siteportal");
-    let link = SiteLink::new();
-    let site = format!(
-        "10.213.{}.{}:{}",
-        std::process::id() % 250 + 1,
-        std::process::id() % 200 + 20,
-        free_port()
-    );
-    let cfg = d.path().join("iscsi.toml");
-    std::fs::write(
-        &cfg,
-        "[iscsi]\nchap_user = \"site\"\nchap_secret = \"site-portal-secret\"\n",
-    )
-    .unwrap();
-    let start = |name: &str| {
+/// Gateways of one site taking turns at a site portal on a link of the
+/// test's own, initiators logging in with CHAP.
+struct SiteRig {
+    dir: tempfile::TempDir,
+    ceph: ferry_rbd::ClusterConfig,
+    pool: String,
+    link: SiteLink,
+    /// The site portal, `IP:PORT`.
+    site: String,
+}
+
+impl SiteRig {
+    fn new(tag: &str) -> SiteRig {
+        assert!(have("qemu-io") && have("ip"));
+        let mut dir = tempfile::tempdir().unwrap();
+        if std::env::var_os("FERRY_TEST_KEEP").is_some() {
+            dir.disable_cleanup(true);
+            eprintln!("keeping {}", dir.path().display());
+        }
+        let (ceph, pool) = pool(tag);
+        // Rigs of one process differ in link and address.
+        static RIGS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = RIGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let site = format!(
+            "10.213.{}.{}:{}",
+            std::process::id() % 250 + 1,
+            (std::process::id() + n * 37) % 200 + 20,
+            free_port()
+        );
+        std::fs::write(
+            dir.path().join("iscsi.toml"),
+            "[iscsi]\nchap_user = \"site\"\nchap_secret = \"site-portal-secret\"\n",
+        )
+        .unwrap();
+        SiteRig {
+            dir,
+            ceph,
+            pool,
+            link: SiteLink::new(n),
+            site,
+        }
+    }
+
+    /// Gateway `name`, taking part in the site portal; its log is
+    /// [`SiteRig::log`]`(name)`.
+    fn gateway(&self, name: &str) -> Serve {
         let portal = format!("127.0.0.1:{}", free_port());
+        let cfg = self.dir.path().join("iscsi.toml");
         gateway(
-            &d.path().join(name),
-            &ceph,
-            &pool,
+            &self.dir.path().join(name),
+            &self.ceph,
+            &self.pool,
             None,
             &[
                 "--ceph-shared",
@@ -931,18 +954,97 @@ fn an_initiator_at_the_site_portal_follows_it_to_another_gateway() {
                 "--iscsi",
                 &portal,
                 "--iscsi-site-portal",
-                &site,
+                &self.site,
                 "--iscsi-site-device",
-                &link.0,
+                &self.link.0,
             ],
         )
-    };
-    let mut gws = [Some(start("g1")), Some(start("g2"))];
-    let logs = [d.path().join("g1.log"), d.path().join("g2.log")];
+    }
+
+    fn log(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join(format!("{name}.log"))
+    }
+
+    /// Volume `name`'s LUN at the site portal.
+    fn url(&self, volume: &str) -> String {
+        format!(
+            "iscsi://site%site-portal-secret@{}/iqn.2026-11.io.ferry:{volume}/0",
+            self.site
+        )
+    }
+
+    /// qemu-io at volume `s` through the site portal: a write and a flush,
+    /// a pause of `pause_ms` (when the test breaks the holder), then a
+    /// read of it, another write, a flush and its read. qemu-io's times
+    /// for the read after the pause are the initiator's stall.
+    fn initiator_across_a_fault(&self, pause_ms: u32) -> std::process::Child {
+        Command::new("qemu-io")
+            .args(["-f", "raw", &self.url("s")])
+            .args(["-c", "write -P 0x61 0 64k", "-c", "flush"])
+            .args(["-c", &format!("sleep {pause_ms}")])
+            .args(["-c", "read -P 0x61 0 64k", "-c", "write -P 0x62 1M 64k"])
+            .args(["-c", "flush", "-c", "read -P 0x62 1M 64k"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    /// Once the initiator has logged in (the volume has a holder).
+    fn wait_for_login(&self) {
+        let t = Instant::now();
+        while !image_meta(&self.ceph, &self.pool, "s").contains("ferry.holder") {
+            assert!(t.elapsed() < Duration::from_secs(20), "nobody logged in");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// What qemu-io said, once it ends (within `limit`), and whether it
+/// ended well with every read as written.
+fn initiator_result(
+    mut io: std::process::Child,
+    limit: Duration,
+    since: Instant,
+) -> (bool, String) {
+    while io.try_wait().unwrap().is_none() {
+        if since.elapsed() > limit {
+            let _ = io.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = io.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!(
+        "qemu-io went on {:.1} s after the fault: {text}",
+        since.elapsed().as_secs_f64()
+    );
+    let ok =
+        out.status.success() && !text.contains("verification failed") && !text.contains("error");
+    (ok, text)
+}
+
+/// Initiators are given the site's portal, not a gateway's: the gateway
+/// answering it is killed under an initiator's I/O, another takes the
+/// address when the dead one's lease runs out, and the initiator,
+/// reconnecting to the address it knows, logs in there and finds every
+/// acknowledged write. A gateway started while another holds the portal
+/// stands by; the holder stopped cleanly hands it over at once.
+#[test]
+fn an_initiator_at_the_site_portal_follows_it_to_another_gateway() {
+    let rig = SiteRig::new("siteportal");
+    let site = &rig.site;
+    let mut gws = [Some(rig.gateway("g1")), Some(rig.gateway("g2"))];
+    let logs = [rig.log("g1"), rig.log("g2")];
     let log_refs = [logs[0].as_path(), logs[1].as_path()];
-    let holder = site_portal_holder(&log_refs, &site);
+    let holder = site_portal_holder(&log_refs, site);
     let other = 1 - holder;
-    let addr_shown = sh(Command::new("ip").args(["-o", "addr", "show", "dev", &link.0]));
+    let addr_shown = sh(Command::new("ip").args(["-o", "addr", "show", "dev", &rig.link.0]));
     let ip = site.rsplit_once(':').unwrap().0;
     assert!(addr_shown.contains(ip), "{addr_shown}");
     // It told the link's neighbours (a gratuitous ARP went out).
@@ -952,51 +1054,17 @@ fn an_initiator_at_the_site_portal_follows_it_to_another_gateway() {
         .as_ref()
         .unwrap()
         .ferry(&["volume", "create", "s", "--size", "64M"]);
-    let url = format!("iscsi://site%site-portal-secret@{site}/iqn.2026-11.io.ferry:s/0");
 
-    // The initiator writes and flushes, waits, then reads and writes on;
-    // its gateway is killed while it waits, so the read meets the dead
-    // portal and waits for the address to come back (the read's time in
-    // qemu-io's output is the initiator's stall).
-    let io = Command::new("qemu-io")
-        .args(["-f", "raw", &url])
-        .args([
-            "-c",
-            "write -P 0x61 0 64k",
-            "-c",
-            "flush",
-            "-c",
-            "sleep 3000",
-        ])
-        .args(["-c", "read -P 0x61 0 64k", "-c", "write -P 0x62 1M 64k"])
-        .args(["-c", "flush", "-c", "read -P 0x62 1M 64k"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while !image_meta(&ceph, &pool, "s").contains("ferry.holder") {
-        assert!(t.elapsed() < Duration::from_secs(20), "nobody logged in");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    // Its gateway is killed while the initiator waits, so the read meets
+    // the dead portal and waits for the address to come back.
+    let io = rig.initiator_across_a_fault(3000);
+    rig.wait_for_login();
     std::thread::sleep(Duration::from_millis(1500));
     let killed_at = Instant::now();
     gws[holder].take().unwrap().kill9();
-    let out = io.wait_with_output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!(
-        "qemu-io went on {:.1} s after its gateway was killed: {text}",
-        killed_at.elapsed().as_secs_f64()
-    );
-    assert!(
-        out.status.success() && !text.contains("verification failed") && !text.contains("error"),
-        "{text}"
-    );
-    assert_eq!(site_portal_holder(&[log_refs[other]], &site), 0);
+    let (ok, text) = initiator_result(io, Duration::from_secs(120), killed_at);
+    assert!(ok, "{text}");
+    assert_eq!(site_portal_holder(&[log_refs[other]], site), 0);
     // It did not wait for the dead holder's lease to run out: it found the
     // holder's NBD listener gone, fenced it and broke the lease.
     let said = std::fs::read_to_string(&logs[other]).unwrap();
@@ -1006,8 +1074,8 @@ fn an_initiator_at_the_site_portal_follows_it_to_another_gateway() {
     );
 
     // A gateway started while another holds the portal stands by.
-    let third = start("g3");
-    let third_log = d.path().join("g3.log");
+    let third = rig.gateway("g3");
+    let third_log = rig.log("g3");
     let t = Instant::now();
     while !std::fs::read_to_string(&third_log)
         .unwrap_or_default()
@@ -1020,13 +1088,175 @@ fn an_initiator_at_the_site_portal_follows_it_to_another_gateway() {
     // takes it at its next try, with the volume.
     gws[other].take().unwrap().terminate();
     let t = Instant::now();
-    assert_eq!(site_portal_holder(&[third_log.as_path()], &site), 0);
+    assert_eq!(site_portal_holder(&[third_log.as_path()], site), 0);
     let handed_over = t.elapsed();
     assert!(
         handed_over < Duration::from_secs(5),
         "a clean stop handed the portal over only after {handed_over:?}"
     );
-    let (ok, text) = qemu_io(&url, true, &["read -P 0x61 0 64k", "read -P 0x62 1M 64k"]);
+    let (ok, text) = qemu_io(
+        &rig.url("s"),
+        true,
+        &["read -P 0x61 0 64k", "read -P 0x62 1M 64k"],
+    );
     assert!(ok, "{text}");
     third.terminate();
+}
+
+/// The site portal's holder cut off from the cluster and the other
+/// gateways while its initiator still reaches it (a partition, not a
+/// crash): the standby finds it does not answer, fences it and takes the
+/// lease; the holder, unable to renew, lets the address go before its
+/// lease could run out, and the initiator follows the address to the
+/// standby with every acknowledged write. When the cut heals, the fenced
+/// gateway does not take the portal back.
+#[test]
+fn a_site_portal_holder_cut_off_from_the_cluster_lets_the_address_go() {
+    let rig = SiteRig::new("portalcut");
+    let gws = [rig.gateway("g1"), rig.gateway("g2")];
+    let logs = [rig.log("g1"), rig.log("g2")];
+    let holder = site_portal_holder(&[logs[0].as_path(), logs[1].as_path()], &rig.site);
+    let other = 1 - holder;
+    gws[0].ferry(&["volume", "create", "s", "--size", "64M"]);
+
+    let io = rig.initiator_across_a_fault(3000);
+    rig.wait_for_login();
+    std::thread::sleep(Duration::from_millis(1500));
+    let cut_at = Instant::now();
+    let cut = Partition::cut(gws[holder].child.id());
+    let (ok, text) = initiator_result(io, Duration::from_secs(120), cut_at);
+    assert!(ok, "{text}");
+    assert_eq!(site_portal_holder(&[logs[other].as_path()], &rig.site), 0);
+    let said = std::fs::read_to_string(&logs[other]).unwrap();
+    assert!(
+        said.contains("the site portal's holder does not answer"),
+        "{said}"
+    );
+    let said = std::fs::read_to_string(&logs[holder]).unwrap();
+    assert!(said.contains("letting the address go"), "{said}");
+    let gws = gws.map(|mut g| {
+        assert!(g.child.try_wait().unwrap().is_none(), "a gateway died");
+        g
+    });
+
+    // The cut heals: the fenced gateway, refused by the cluster at its
+    // next call, stops with an error instead of answering as if alive; the
+    // portal stays with the other, with the data.
+    drop(cut);
+    let [g1, g2] = gws;
+    let (mut cut_off, mut serving) = if holder == 0 { (g1, g2) } else { (g2, g1) };
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = cut_off.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the fenced gateway runs on: {}",
+            std::fs::read_to_string(&logs[holder]).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let said = std::fs::read_to_string(&logs[holder]).unwrap();
+    assert!(
+        !status.success() && said.contains("fenced this gateway"),
+        "{status}: {said}"
+    );
+    assert_eq!(site_portal_holder(&[logs[other].as_path()], &rig.site), 0);
+    let (ok, text) = qemu_io(
+        &rig.url("s"),
+        true,
+        &["read -P 0x61 0 64k", "read -P 0x62 1M 64k"],
+    );
+    assert!(ok, "{text}");
+    // Started again, it is a new client of the cluster and stands by.
+    let name = if holder == 0 { "g1" } else { "g2" };
+    std::fs::rename(&logs[holder], rig.log(&format!("{name}-fenced"))).unwrap();
+    cut_off = rig.gateway(name);
+    let t = Instant::now();
+    while !std::fs::read_to_string(&logs[holder])
+        .unwrap_or_default()
+        .contains("another gateway holds the site portal")
+    {
+        assert!(t.elapsed() < Duration::from_secs(20), "it never stood by");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    serving.child.kill().unwrap();
+    serving.child.wait().unwrap();
+    assert_eq!(site_portal_holder(&[logs[holder].as_path()], &rig.site), 0);
+    cut_off.terminate();
+}
+
+/// Process `pid` cut off from every loopback address (the cluster and the
+/// other gateways: its packets to 127.0.0.0/8 are dropped) while the
+/// site's addresses still reach it: a net_cls class of its own and an
+/// nftables rule on it. Healed when dropped.
+struct Partition {
+    cgroup: std::path::PathBuf,
+    root: std::path::PathBuf,
+    table: String,
+}
+
+impl Partition {
+    fn cut(pid: u32) -> Partition {
+        let id = std::process::id() % 0xffff;
+        // The net_cls hierarchy where the machine mounts it, else ours.
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        let root = match mounts.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(2) == Some(&"cgroup") && f[3].split(',').any(|o| o == "net_cls"))
+                .then(|| std::path::PathBuf::from(f[1]))
+        }) {
+            Some(root) => root,
+            None => {
+                let root = std::path::PathBuf::from("/run/ferry-test-net_cls");
+                std::fs::create_dir_all(&root).unwrap();
+                sh(Command::new("mount")
+                    .args(["-t", "cgroup", "-o", "net_cls", "net_cls"])
+                    .arg(&root));
+                root
+            }
+        };
+        let cgroup = root.join(format!("ferry-part-{id}"));
+        let _ = std::fs::create_dir(&cgroup);
+        let class = format!("0x0010{id:04x}");
+        std::fs::write(cgroup.join("net_cls.classid"), &class).unwrap();
+        let table = format!("ferry_part_{id}");
+        let _ = Command::new("nft")
+            .args(["delete", "table", "inet", &table])
+            .stderr(Stdio::null())
+            .status();
+        sh(Command::new("nft").args(["add", "table", "inet", &table]));
+        sh(Command::new("nft").args([
+            "add",
+            "chain",
+            "inet",
+            &table,
+            "out",
+            "{ type filter hook output priority 0; }",
+        ]));
+        sh(Command::new("nft")
+            .args(["add", "rule", "inet", &table, "out", "meta", "cgroup"])
+            .args([class.as_str(), "ip", "daddr", "127.0.0.0/8", "drop"]));
+        // Every thread of the process, sockets included, joins the class.
+        std::fs::write(cgroup.join("cgroup.procs"), pid.to_string()).unwrap();
+        Partition {
+            cgroup,
+            root,
+            table,
+        }
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        let _ = Command::new("nft")
+            .args(["delete", "table", "inet", &self.table])
+            .status();
+        let procs = std::fs::read_to_string(self.cgroup.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.split_whitespace() {
+            let _ = std::fs::write(self.root.join("cgroup.procs"), pid);
+        }
+        let _ = std::fs::remove_dir(&self.cgroup);
+    }
 }

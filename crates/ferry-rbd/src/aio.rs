@@ -4,7 +4,7 @@
 //! thread of its own per write (`rbd_aio_write2`, `rbd_aio_create_completion`).
 
 use crate::ffi::{self, CompletionT};
-use crate::{api, errno, Image, RbdError, Result};
+use crate::{api, Cluster, Image, RbdError, Result};
 use bytes::Bytes;
 use std::ffi::c_void;
 use std::future::Future;
@@ -56,6 +56,8 @@ pub struct AioWrite {
     slot: Arc<Mutex<Slot>>,
     /// `pool/image`, for an error.
     target: Arc<str>,
+    /// The client it went through (notes a refusal that fences it).
+    cluster: Arc<Cluster>,
 }
 
 impl Future for AioWrite {
@@ -69,7 +71,7 @@ impl Future for AioWrite {
             Some(r) => Poll::Ready(Err(RbdError::Io {
                 op: "write",
                 target: self.target.to_string(),
-                source: errno(r),
+                source: self.cluster.call_error(r),
             })),
             None => {
                 s.waker = Some(cx.waker().clone());
@@ -116,6 +118,7 @@ impl Image {
         Ok(AioWrite {
             slot,
             target: self.spec_shared(),
+            cluster: self.cluster().clone(),
         })
     }
 }

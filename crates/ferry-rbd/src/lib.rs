@@ -15,6 +15,7 @@ pub mod testing;
 pub use aio::AioWrite;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// What went wrong, with the cluster, pool and image it concerns.
@@ -85,6 +86,9 @@ pub struct ClusterConfig {
 pub struct Cluster {
     handle: ffi::RadosT,
     conf: ClusterConfig,
+    /// Set once any call through this client was refused because the
+    /// cluster blocklisted it ([`Cluster::fenced`]).
+    fenced: AtomicBool,
 }
 
 // SAFETY: a rados_t is documented thread-safe once connected (librados
@@ -121,6 +125,7 @@ impl Cluster {
         let c = Cluster {
             handle,
             conf: conf.clone(),
+            fenced: AtomicBool::new(false),
         };
         let path = cstr(&conf.conf.display().to_string())?;
         // SAFETY: a created handle and a NUL-terminated path.
@@ -164,6 +169,24 @@ impl Cluster {
         &self.conf
     }
 
+    /// Whether the cluster has fenced this client: some call through it
+    /// was refused because the client is blocklisted (`EBLOCKLISTED`,
+    /// which is `ESHUTDOWN`). Every later call fails the same way: the
+    /// process must connect as a new client to do anything again.
+    pub fn fenced(&self) -> bool {
+        self.fenced.load(Ordering::Relaxed)
+    }
+
+    /// The error for librados/librbd return value `r` of a call through
+    /// this client, noting a refusal that says it is fenced.
+    pub(crate) fn call_error(&self, r: impl TryInto<i32>) -> std::io::Error {
+        let e = errno(r);
+        if e.raw_os_error() == Some(libc::ESHUTDOWN) {
+            self.fenced.store(true, Ordering::Relaxed);
+        }
+        e
+    }
+
     /// This client's address as the cluster sees it (what `rbd status`
     /// and lock owners name).
     pub fn address(&self) -> String {
@@ -192,7 +215,7 @@ impl Cluster {
             return Err(RbdError::Io {
                 op: "cluster stat",
                 target: self.conf.conf.display().to_string(),
-                source: errno(r),
+                source: self.call_error(r),
             });
         }
         Ok(st.kb_avail.saturating_mul(1024))
@@ -210,7 +233,7 @@ impl Cluster {
             return Err(RbdError::Io {
                 op: "blocklist",
                 target: address.into(),
-                source: errno(r),
+                source: self.call_error(r),
             });
         }
         Ok(())
@@ -230,7 +253,7 @@ impl Cluster {
             return Err(RbdError::Io {
                 op: "open pool",
                 target: name.into(),
-                source: errno(r),
+                source: self.call_error(r),
             });
         }
         Ok(Arc::new(Pool {
@@ -280,6 +303,11 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
+    /// The client this pool is open through.
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -294,7 +322,7 @@ impl Pool {
     }
 
     fn err(&self, op: &'static str, image: &str, r: impl TryInto<i32>) -> RbdError {
-        let e = errno(r);
+        let e = self.cluster.call_error(r);
         match e.raw_os_error() {
             Some(libc::ENOENT) => RbdError::NoImage {
                 pool: self.name.clone(),
@@ -318,7 +346,7 @@ impl Pool {
         RbdError::Io {
             op,
             target: self.target(object),
-            source: errno(r),
+            source: self.cluster.call_error(r),
         }
     }
 
@@ -514,7 +542,7 @@ impl Pool {
                 return Err(RbdError::Io {
                     op: "list images",
                     target: self.name.clone(),
-                    source: errno(r),
+                    source: self.cluster.call_error(r),
                 });
             }
             let used = usize::try_from(r).unwrap_or(0).min(buf.len());
@@ -655,6 +683,11 @@ impl Image {
         self.spec.to_string()
     }
 
+    /// The client this image is open through.
+    pub(crate) fn cluster(&self) -> &Arc<Cluster> {
+        &self.pool.cluster
+    }
+
     /// [`Image::spec`], shared.
     pub(crate) fn spec_shared(&self) -> Arc<str> {
         self.spec.clone()
@@ -664,7 +697,7 @@ impl Image {
         RbdError::Io {
             op,
             target: self.spec(),
-            source: errno(r),
+            source: self.pool.cluster.call_error(r),
         }
     }
 

@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod fencing;
 pub mod idle_release;
 pub mod in_doubt;
 pub mod indexer;
@@ -60,6 +61,8 @@ pub enum ServerError {
     IscsiConfig(String),
     #[error("storage.ceph: {0}")]
     Ceph(#[from] ferry_rbd::RbdError),
+    #[error("the Ceph cluster fenced this gateway (blocklisted its client); start it again to rejoin as a new client")]
+    Fenced,
 }
 
 /// The addresses actually bound.
@@ -97,6 +100,9 @@ pub struct Daemon {
         site_portal::SitePortal,
         (Arc<ferry_rbd::Pool>, ferry_storage::SharedGateway),
     )>,
+    /// The Ceph client, when volumes live in a cluster: watched for being
+    /// fenced ([`fencing`]).
+    cluster: Option<Arc<ferry_rbd::Cluster>>,
 }
 
 async fn bind(what: &'static str, addr: &str) -> Result<Option<TcpListener>, ServerError> {
@@ -260,6 +266,7 @@ impl Daemon {
             ceph.as_ref()
                 .and_then(|c| Some((c.pool.clone(), c.shared.clone()?))),
         );
+        let cluster = ceph.as_ref().map(|c| c.pool.cluster().clone());
         let pool_opts = PoolOptions {
             direct_io: config.storage.direct_io,
             ceph,
@@ -335,6 +342,7 @@ impl Daemon {
             migration,
             iscsi,
             site_portal,
+            cluster,
         })
     }
 
@@ -385,6 +393,10 @@ impl Daemon {
                 shutdown.clone(),
             ));
         }
+        let fenced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        if let Some(cluster) = self.cluster {
+            tasks.spawn(fencing::watch(cluster, fenced.clone(), shutdown.clone()));
+        }
         tasks.spawn(indexer::run(self.state.clone(), shutdown.clone()));
         tasks.spawn(indexer::run_shared_scan(
             self.state.clone(),
@@ -431,10 +443,15 @@ impl Daemon {
             Err(e) => tracing::warn!(error = %e, "merging the index at shutdown failed"),
         }
         let pool = self.state.pool.clone();
-        tokio::task::spawn_blocking(move || pool.close())
+        let closed = tokio::task::spawn_blocking(move || pool.close())
             .await
-            .map_err(|e| ServerError::Admin(std::io::Error::other(e)))?
-            .map_err(ServerError::Close)?;
+            .map_err(|e| ServerError::Admin(std::io::Error::other(e)))?;
+        if fenced.load(std::sync::atomic::Ordering::Relaxed) {
+            // Its volumes' state could not be saved (the cluster refuses
+            // this client): their next holders take them as after a crash.
+            return Err(ServerError::Fenced);
+        }
+        closed.map_err(ServerError::Close)?;
         tracing::info!("pool closed cleanly");
         Ok(())
     }

@@ -137,6 +137,7 @@ pub async fn run(
     let mut held: Option<Held> = None;
     let mut last_renewed = Instant::now();
     let mut said_busy = false;
+    let mut unanswered = None;
     loop {
         // A holder's call may not outlast its right to the address: it
         // must know it lost the lease before the lease can run out.
@@ -147,7 +148,7 @@ pub async fn run(
         } else {
             CALL_LIMIT
         };
-        let took = lease(&pool, &object, &cookie, limit).await;
+        let took = lease(&pool, &object, &cookie, limit, &mut unanswered).await;
         let mut again = false;
         match (took, held.is_some()) {
             (Ok(true), false) => match Held::start(&portal, index, &state, &shutdown) {
@@ -216,29 +217,52 @@ async fn in_cluster<T: Send + 'static>(
     limit: Duration,
     call: impl FnOnce() -> Result<T, ferry_rbd::RbdError> + Send + 'static,
 ) -> Result<T, LeaseError> {
+    wait_for(limit, tokio::task::spawn_blocking(call), &mut None).await
+}
+
+/// A call to the cluster on a blocking thread.
+type Call<T> = tokio::task::JoinHandle<Result<T, ferry_rbd::RbdError>>;
+
+/// `call`'s answer if it comes within `limit`; else the call is left in
+/// `unanswered` (it may yet end) and counts as failed.
+async fn wait_for<T>(
+    limit: Duration,
+    mut call: Call<T>,
+    unanswered: &mut Option<Call<T>>,
+) -> Result<T, LeaseError> {
     let plain = |text: String| LeaseError {
         text,
         fenced: false,
     };
-    match tokio::time::timeout(limit, tokio::task::spawn_blocking(call)).await {
+    match tokio::time::timeout(limit, &mut call).await {
         Ok(Ok(Ok(v))) => Ok(v),
         Ok(Ok(Err(e))) => Err(LeaseError {
             fenced: matches!(&e, ferry_rbd::RbdError::Io { source, .. } if source.raw_os_error() == Some(libc::ESHUTDOWN)),
             text: e.to_string(),
         }),
         Ok(Err(e)) => Err(plain(e.to_string())),
-        Err(_) => Err(plain(format!("no answer from the cluster in {limit:?}"))),
+        Err(_) => {
+            *unanswered = Some(call);
+            Err(plain(format!("no answer from the cluster in {limit:?}")))
+        }
     }
 }
 
+/// Take or renew the lease. A call a cut-off cluster has not answered is
+/// waited on again rather than joined by another (a call to it hangs until
+/// the cut heals: one blocking thread, not one per second).
 async fn lease(
     pool: &Arc<ferry_rbd::Pool>,
     object: &str,
     cookie: &str,
     limit: Duration,
+    unanswered: &mut Option<Call<bool>>,
 ) -> Result<bool, LeaseError> {
-    let (p, o, c) = (pool.clone(), object.to_string(), cookie.to_string());
-    in_cluster(limit, move || p.lease(&o, LOCK_NAME, &c, LEASE_SECS)).await
+    let call = unanswered.take().unwrap_or_else(|| {
+        let (p, o, c) = (pool.clone(), object.to_string(), cookie.to_string());
+        tokio::task::spawn_blocking(move || p.lease(&o, LOCK_NAME, &c, LEASE_SECS))
+    });
+    wait_for(limit, call, unanswered).await
 }
 
 /// When the lease's holder is dead (its NBD listener does not answer, as

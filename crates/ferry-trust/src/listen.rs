@@ -141,6 +141,10 @@ pub async fn accept_loop<F, Fut, R, RFut>(
             }
         }
     }
+    // Stop listening at once, not after the drain: the address may be
+    // wanted by another listener now (a site portal handed over), and a
+    // connection that never drains must not keep it.
+    drop(listener);
     tracker.close();
     match drain {
         None => tracker.wait().await,

@@ -231,6 +231,9 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
+/// How long a closing connection waits for its running commands.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
 /// Largest READ answered from the page cache on the connection's task.
 const INLINE_READ_MAX: u64 = 128 * 1024;
 
@@ -797,14 +800,25 @@ async fn full_feature(
             }
         }
         if ph.closing {
-            // Let running commands answer before the connection goes.
+            // Let running commands answer before the connection goes, for
+            // a while: storage that does not answer (a cluster cut off)
+            // must not keep the connection, which the initiator would
+            // otherwise wait on instead of reconnecting elsewhere.
+            let grace = tokio::time::sleep(CLOSE_GRACE);
+            tokio::pin!(grace);
             while ph.running > 0 {
-                match done_rx.recv().await {
-                    Some(f) => {
-                        ph.running -= 1;
-                        ph.answer(f);
+                tokio::select! {
+                    f = done_rx.recv() => match f {
+                        Some(f) => {
+                            ph.running -= 1;
+                            ph.answer(f);
+                        }
+                        None => break,
+                    },
+                    () = &mut grace => {
+                        tracing::warn!(running = ph.running, "closing with commands unanswered: the storage did not answer in time (the initiator re-issues them)");
+                        break;
                     }
-                    None => break,
                 }
             }
             if let Some(batch) = ph.batch(hd, dd) {

@@ -48,6 +48,11 @@ fn dev_err(e: StorageError) -> DeviceError {
         StorageError::SanitizeFailed(_) => DeviceError::SanitizeFailed,
         e => match e.raw_os_error() {
             Some(libc::ENOSPC) | Some(libc::EDQUOT) => DeviceError::NoSpace,
+            // The cluster fenced this gateway (EBLOCKLISTED): the
+            // initiator retries, and finds the volume where it went.
+            Some(libc::ESHUTDOWN) => DeviceError::Transitioning(
+                "this gateway was fenced by the cluster; another serves the volume".into(),
+            ),
             _ => DeviceError::Io(e.to_string()),
         },
     }
@@ -332,6 +337,20 @@ mod tests {
     use super::*;
     use ferry_storage::{CreateOptions, OutgoingMigration, PeerPort, PoolOptions};
     use std::time::Duration;
+
+    #[test]
+    fn a_fenced_gateways_failure_is_a_transition_not_a_medium_error() {
+        let os = |code| StorageError::Io {
+            op: "write",
+            path: "rbd:p/v".into(),
+            source: std::io::Error::from_raw_os_error(code),
+        };
+        assert!(matches!(
+            dev_err(os(libc::ESHUTDOWN)),
+            DeviceError::Transitioning(_)
+        ));
+        assert!(matches!(dev_err(os(libc::EIO)), DeviceError::Io(_)));
+    }
 
     #[test]
     fn port_groups_follow_the_volumes_migration() {

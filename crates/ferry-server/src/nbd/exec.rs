@@ -103,6 +103,9 @@ pub fn errno_for(e: &StorageError, cmd: Command) -> ErrorCode {
         _ => match e.raw_os_error() {
             Some(libc::ENOSPC) | Some(libc::EDQUOT) => ErrorCode::NoSpc,
             Some(libc::ENOMEM) => ErrorCode::NoMem,
+            // The cluster fenced this gateway (EBLOCKLISTED): another
+            // serves the volume now, and this one is stopping.
+            Some(libc::ESHUTDOWN) => ErrorCode::Shutdown,
             _ => ErrorCode::Io,
         },
     }
@@ -473,4 +476,32 @@ fn block_status(ctx: &ConnContext, req: &Request) -> Result<Bytes, StorageError>
     }
     to.done(&mut b);
     Ok(b.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn os(code: i32) -> StorageError {
+        StorageError::Io {
+            op: "write",
+            path: "rbd:p/v".into(),
+            source: std::io::Error::from_raw_os_error(code),
+        }
+    }
+
+    #[test]
+    fn a_fenced_gateways_failure_sends_the_client_elsewhere() {
+        // EBLOCKLISTED is ESHUTDOWN: the client (ferry host) re-issues the
+        // request where the volume went, instead of failing it.
+        assert_eq!(
+            errno_for(&os(libc::ESHUTDOWN), Command::Write),
+            ErrorCode::Shutdown
+        );
+        assert_eq!(errno_for(&os(libc::EIO), Command::Write), ErrorCode::Io);
+        assert_eq!(
+            errno_for(&os(libc::ENOSPC), Command::Write),
+            ErrorCode::NoSpc
+        );
+    }
 }

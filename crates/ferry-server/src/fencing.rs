@@ -1,0 +1,45 @@
+//! A gateway the cluster fenced stops, so that its next start rejoins as
+//! a new client.
+//!
+//! Other gateways fence one they take for dead (its lock broken, its
+//! client blocklisted) before they claim its volumes or its site portal.
+//! A gateway that was only cut off finds, when the cut heals, that every
+//! call through its client is refused (`EBLOCKLISTED`): it can serve no
+//! Ceph volume and hold no lease again, yet its listeners still answer,
+//! so clients and other gateways would take it for alive. It stops
+//! instead, with an error its supervisor sees; started again, it is a new
+//! client of the cluster and stands by like any other gateway. Requests
+//! that failed on the way are answered as "go elsewhere" (NBD `ESHUTDOWN`,
+//! an iSCSI LU in transition), not as I/O errors.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// How often the client's fenced mark is looked at.
+const LOOK_EVERY: Duration = Duration::from_millis(200);
+
+/// Until `shutdown`: once `cluster` is fenced, note it in `fenced` and
+/// stop the daemon (cancel `shutdown`).
+pub async fn watch(
+    cluster: Arc<ferry_rbd::Cluster>,
+    fenced: Arc<AtomicBool>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        if cluster.fenced() {
+            tracing::error!(
+                client = %cluster.address(),
+                "the Ceph cluster fenced this gateway (another took it for dead and blocklisted its client): stopping; started again it joins as a new client"
+            );
+            fenced.store(true, Ordering::Relaxed);
+            shutdown.cancel();
+            return;
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(LOOK_EVERY) => {}
+        }
+    }
+}
