@@ -16,7 +16,8 @@ pub use aio::AioWrite;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 /// What went wrong, with the cluster, pool and image it concerns.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +90,32 @@ pub struct Cluster {
     /// Set once any call through this client was refused because the
     /// cluster blocklisted it ([`Cluster::fenced`]).
     fenced: AtomicBool,
+    /// Clients this one is fencing or fenced lately ([`Cluster::blocklist`]).
+    fences: Fences,
+}
+
+/// A client this one fenced less than this long ago is not fenced again:
+/// each blocklist entry is a monitor proposal, and proposals are spaced by
+/// `paxos_propose_interval` (1 s), which a second one in a row would wait
+/// out. Well inside the entry's hour.
+const REFENCE_AFTER: Duration = Duration::from_secs(60);
+
+/// One client's address however the cluster wrote it: lease lockers are
+/// listed as `v1:IP:PORT/NONCE`, lock owners without the protocol.
+fn client_key(address: &str) -> &str {
+    ["v1:", "v2:", "any:"]
+        .iter()
+        .find_map(|p| address.strip_prefix(p))
+        .unwrap_or(address)
+}
+
+/// The clients one client is fencing (`None`: the monitors have not
+/// answered yet) or fenced, and when; callers wait on `changed` for a
+/// fence under way.
+#[derive(Default)]
+struct Fences {
+    by_address: Mutex<std::collections::HashMap<String, Option<Instant>>>,
+    changed: std::sync::Condvar,
 }
 
 // SAFETY: a rados_t is documented thread-safe once connected (librados
@@ -126,6 +153,7 @@ impl Cluster {
             handle,
             conf: conf.clone(),
             fenced: AtomicBool::new(false),
+            fences: Fences::default(),
         };
         let path = cstr(&conf.conf.display().to_string())?;
         // SAFETY: a created handle and a NUL-terminated path.
@@ -144,6 +172,10 @@ impl Cluster {
             // Several gateways (and test processes) on one host: no admin
             // socket of ours to collide on.
             ("admin_socket", String::new()),
+            // A lock is broken only after its owner was fenced, by
+            // `Image::break_lock` itself (which knows whom this client
+            // fenced lately): librbd would fence it again.
+            ("rbd_blocklist_on_break_lock", "false".into()),
         ];
         if let Some(k) = &conf.keyring {
             settings.push(("keyring", k.display().to_string()));
@@ -222,13 +254,38 @@ impl Cluster {
     }
 
     /// Fence the client at `address` (as the cluster lists it): the
-    /// cluster refuses every operation of it for an hour.
+    /// cluster refuses every operation of it for an hour. Once per client:
+    /// a call while this client is fencing the same one waits for that
+    /// fence, and one within a minute of it returns at once.
     pub fn blocklist(&self, address: &str) -> Result<()> {
         let api = api()?;
         let a = cstr(address)?;
+        let f = &self.fences;
+        let address = client_key(address);
+        {
+            let mut by = f.by_address.lock().unwrap_or_else(PoisonError::into_inner);
+            loop {
+                match by.get(address) {
+                    Some(None) => {
+                        by = f.changed.wait(by).unwrap_or_else(PoisonError::into_inner);
+                    }
+                    Some(Some(at)) if at.elapsed() < REFENCE_AFTER => return Ok(()),
+                    _ => break,
+                }
+            }
+            by.retain(|_, at| at.is_none_or(|t| t.elapsed() < REFENCE_AFTER));
+            by.insert(address.to_string(), None);
+        }
         // SAFETY: a connected handle and a NUL-terminated address the call
         // only reads (declared mutable in librados.h).
         let r = unsafe { (api.rados_blocklist_add)(self.handle, a.as_ptr().cast_mut(), 3600) };
+        let mut by = f.by_address.lock().unwrap_or_else(PoisonError::into_inner);
+        if r < 0 {
+            by.remove(address);
+        } else {
+            by.insert(address.to_string(), Some(Instant::now()));
+        }
+        f.changed.notify_all();
         if r < 0 {
             return Err(RbdError::Io {
                 op: "blocklist",
@@ -462,11 +519,12 @@ impl Pool {
     }
 
     /// Take the lease `name` on `object` from `holder`, a holder known to
-    /// be dead: it is blocklisted first (fenced: it can never renew or
-    /// write again, even if it was only cut off), then its lock broken.
+    /// be dead: its lock is broken. It is not fenced here: a holder that
+    /// was only cut off learns at its next renewal that it lost the lease,
+    /// and callers that need it unable to write fence it
+    /// ([`Cluster::blocklist`]).
     pub fn break_lease(&self, object: &str, name: &str, holder: &LeaseHolder) -> Result<()> {
         let api = api()?;
-        self.cluster.blocklist(&holder.address)?;
         let (o, n) = (cstr(object)?, cstr(name)?);
         let (client, cookie) = (cstr(&holder.client)?, cstr(&holder.cookie)?);
         // SAFETY: a live ioctx and NUL-terminated strings.
@@ -982,6 +1040,9 @@ impl Image {
     pub fn break_lock(&self, owner: &str) -> Result<()> {
         let api = api()?;
         let c = cstr(owner)?;
+        // Fenced first (at once if this client fenced it lately, or when
+        // the fence it started is answered).
+        self.pool.cluster.blocklist(owner)?;
         // SAFETY: an open handle and a NUL-terminated owner name.
         let b =
             unsafe { (api.rbd_lock_break)(self.handle, ffi::RBD_LOCK_MODE_EXCLUSIVE, c.as_ptr()) };
@@ -1084,5 +1145,23 @@ impl Drop for Image {
                 (api.rbd_close)(self.handle);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::client_key;
+
+    #[test]
+    fn a_client_is_one_client_with_or_without_its_protocol() {
+        assert_eq!(
+            client_key("v1:127.0.0.1:0/2746049628"),
+            "127.0.0.1:0/2746049628"
+        );
+        assert_eq!(client_key("v2:10.0.0.1:3300/7"), "10.0.0.1:3300/7");
+        assert_eq!(
+            client_key("127.0.0.1:0/2746049628"),
+            "127.0.0.1:0/2746049628"
+        );
     }
 }

@@ -291,6 +291,7 @@ fn a_lease_has_one_holder_until_it_is_released_or_runs_out() {
     assert!(other.lease(&object, "portal", "victim", 30).unwrap());
     let victim = p.lease_holders(&object, "portal").unwrap();
     assert_eq!(victim[0].cookie, "victim");
+    p.cluster().blocklist(&victim[0].address).unwrap();
     p.break_lease(&object, "portal", &victim[0]).unwrap();
     assert!(p.lease(&object, "portal", "one", 30).unwrap());
     // The fenced client's renewal fails (or never returns: it is cut off).

@@ -14,8 +14,8 @@
 //! volume (the new holder claims it, fencing the dead gateway, as for any
 //! shared volume). A standby does not wait for the lease to run out when
 //! the holder is plainly dead: its NBD listener does not answer (the test
-//! a volume's claim makes), so the standby fences it in the cluster and
-//! breaks its lease. A gateway that cannot renew (cut off from the
+//! a volume's claim makes), so the standby breaks its lease and fences it
+//! in the cluster. A gateway that cannot renew (cut off from the
 //! cluster, or fenced) lets the address go at once when fenced, and
 //! otherwise before its lease could run out.
 
@@ -28,8 +28,11 @@ use tokio_util::sync::CancellationToken;
 
 /// How long a lease lasts without renewal.
 const LEASE_SECS: u32 = 6;
-/// How often the holder renews and the others try to take it.
+/// How often the holder renews.
 const RENEW_EVERY: Duration = Duration::from_secs(1);
+/// How often a standby tries to take the lease (and so how soon it finds
+/// a dead holder: the initiators' stall starts there).
+const STANDBY_EVERY: Duration = Duration::from_millis(250);
 /// A holder that has not renewed for this long lets the address go: well
 /// before its lease runs out and another gateway takes it.
 const LET_GO_AFTER: Duration = Duration::from_secs(4);
@@ -190,9 +193,14 @@ pub async fn run(
         if again {
             continue;
         }
+        let pause = if held.is_some() {
+            RENEW_EVERY
+        } else {
+            STANDBY_EVERY
+        };
         tokio::select! {
             () = shutdown.cancelled() => break,
-            () = tokio::time::sleep(RENEW_EVERY) => {}
+            () = tokio::time::sleep(pause) => {}
         }
     }
     if let Some(h) = held.take() {
@@ -266,9 +274,16 @@ async fn lease(
 }
 
 /// When the lease's holder is dead (its NBD listener does not answer, as
-/// for a volume's holder) or is this gateway's own earlier run: fence it
-/// and break its lease, so that this gateway takes the portal now rather
-/// than when the lease runs out. Whether it did.
+/// for a volume's holder) or is this gateway's own earlier run: break its
+/// lease, so that this gateway takes the portal now rather than when the
+/// lease runs out, and fence it. Whether it did.
+///
+/// The portal is taken without waiting for the fence (a monitors'
+/// proposal, up to a second): an initiator retrying the address finds it
+/// served sooner, and the volumes' claims, which must not write before
+/// the dead gateway is fenced, wait for this same fence
+/// ([`ferry_rbd::Cluster::blocklist`]) rather than start another. A holder
+/// that was only cut off learns at its next renewal that it lost the lease.
 async fn take_from_dead(
     pool: &Arc<ferry_rbd::Pool>,
     object: &str,
@@ -282,14 +297,21 @@ async fn take_from_dead(
                 continue;
             }
             p.break_lease(&o, LOCK_NAME, &h)?;
-            return Ok(Some(at));
+            return Ok(Some((at, h.address)));
         }
         Ok(None)
     })
     .await;
     match took {
-        Ok(Some(at)) => {
-            tracing::warn!(holder = %at, "the site portal's holder does not answer: fenced it and broke its lease");
+        Ok(Some((at, client))) => {
+            tracing::warn!(holder = %at, %client, "the site portal's holder does not answer: broke its lease, fencing it");
+            let cluster = pool.cluster().clone();
+            tokio::task::spawn_blocking(move || match cluster.blocklist(&client) {
+                Ok(()) => tracing::info!(%client, "fenced the site portal's last holder"),
+                Err(e) => {
+                    tracing::error!(%client, error = %e, "could not fence the site portal's last holder (its volumes' claims fence it)")
+                }
+            });
             true
         }
         Ok(None) => false,
