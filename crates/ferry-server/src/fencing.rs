@@ -12,7 +12,6 @@
 //! that failed on the way are answered as "go elsewhere" (NBD `ESHUTDOWN`,
 //! an iSCSI LU in transition), not as I/O errors.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -20,20 +19,15 @@ use tokio_util::sync::CancellationToken;
 /// How often the client's fenced mark is looked at.
 const LOOK_EVERY: Duration = Duration::from_millis(200);
 
-/// Until `shutdown`: once `cluster` is fenced, note it in `fenced` and
-/// stop the daemon (cancel `shutdown`).
-pub async fn watch(
-    cluster: Arc<ferry_rbd::Cluster>,
-    fenced: Arc<AtomicBool>,
-    shutdown: CancellationToken,
-) {
+/// Until `shutdown`: once `cluster` is fenced, stop the daemon (cancel
+/// `shutdown`; the daemon's run then ends with `ServerError::Fenced`).
+pub async fn watch(cluster: Arc<ferry_rbd::Cluster>, shutdown: CancellationToken) {
     loop {
         if cluster.fenced() {
             tracing::error!(
                 client = %cluster.address(),
                 "the Ceph cluster fenced this gateway (another took it for dead and blocklisted its client): stopping; started again it joins as a new client"
             );
-            fenced.store(true, Ordering::Relaxed);
             shutdown.cancel();
             return;
         }

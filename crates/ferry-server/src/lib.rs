@@ -393,9 +393,8 @@ impl Daemon {
                 shutdown.clone(),
             ));
         }
-        let fenced = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        if let Some(cluster) = self.cluster {
-            tasks.spawn(fencing::watch(cluster, fenced.clone(), shutdown.clone()));
+        if let Some(cluster) = &self.cluster {
+            tasks.spawn(fencing::watch(cluster.clone(), shutdown.clone()));
         }
         tasks.spawn(indexer::run(self.state.clone(), shutdown.clone()));
         tasks.spawn(indexer::run_shared_scan(
@@ -446,7 +445,7 @@ impl Daemon {
         let closed = tokio::task::spawn_blocking(move || pool.close())
             .await
             .map_err(|e| ServerError::Admin(std::io::Error::other(e)))?;
-        if fenced.load(std::sync::atomic::Ordering::Relaxed) {
+        if self.cluster.as_ref().is_some_and(|c| c.fenced()) {
             // Its volumes' state could not be saved (the cluster refuses
             // this client): their next holders take them as after a crash.
             return Err(ServerError::Fenced);

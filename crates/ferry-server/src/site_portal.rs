@@ -181,9 +181,10 @@ pub async fn run(
                 again = take_from_dead(&pool, &object, &gateway).await;
             }
             (Err(e), is_held) => {
-                tracing::warn!(portal = %portal.addr, error = %e.text, "site portal lease call failed");
-                if is_held && (e.fenced || last_renewed.elapsed() >= LET_GO_AFTER) {
-                    tracing::error!(portal = %portal.addr, fenced = e.fenced, "cannot renew the site portal's lease: letting the address go");
+                tracing::warn!(portal = %portal.addr, error = %e, "site portal lease call failed");
+                let fenced = pool.cluster().fenced();
+                if is_held && (fenced || last_renewed.elapsed() >= LET_GO_AFTER) {
+                    tracing::error!(portal = %portal.addr, fenced, "cannot renew the site portal's lease: letting the address go");
                     if let Some(h) = held.take() {
                         h.stop(&portal);
                     }
@@ -210,14 +211,9 @@ pub async fn run(
     }
 }
 
-/// A call to the cluster that failed: why, and whether the cluster has
-/// fenced this gateway (it can never renew again: let the address go at
-/// once).
-#[derive(Debug)]
-struct LeaseError {
-    text: String,
-    fenced: bool,
-}
+/// Why a call to the cluster failed. Whether the cluster fenced this
+/// gateway is the client's to say ([`ferry_rbd::Cluster::fenced`]).
+type LeaseError = String;
 
 /// `call` on a blocking thread, given up after `limit` (the thread may go
 /// on: librados has no timeout of its own here).
@@ -238,20 +234,13 @@ async fn wait_for<T>(
     mut call: Call<T>,
     unanswered: &mut Option<Call<T>>,
 ) -> Result<T, LeaseError> {
-    let plain = |text: String| LeaseError {
-        text,
-        fenced: false,
-    };
     match tokio::time::timeout(limit, &mut call).await {
         Ok(Ok(Ok(v))) => Ok(v),
-        Ok(Ok(Err(e))) => Err(LeaseError {
-            fenced: matches!(&e, ferry_rbd::RbdError::Io { source, .. } if source.raw_os_error() == Some(libc::ESHUTDOWN)),
-            text: e.to_string(),
-        }),
-        Ok(Err(e)) => Err(plain(e.to_string())),
+        Ok(Ok(Err(e))) => Err(e.to_string()),
+        Ok(Err(e)) => Err(e.to_string()),
         Err(_) => {
             *unanswered = Some(call);
-            Err(plain(format!("no answer from the cluster in {limit:?}")))
+            Err(format!("no answer from the cluster in {limit:?}"))
         }
     }
 }
@@ -316,7 +305,7 @@ async fn take_from_dead(
         }
         Ok(None) => false,
         Err(e) => {
-            tracing::warn!(error = %e.text, "could not take the site portal from its holder");
+            tracing::warn!(error = %e, "could not take the site portal from its holder");
             false
         }
     }
@@ -325,7 +314,7 @@ async fn take_from_dead(
 async fn release(pool: &Arc<ferry_rbd::Pool>, object: &str, cookie: &str) {
     let (p, o, c) = (pool.clone(), object.to_string(), cookie.to_string());
     if let Err(e) = in_cluster(CALL_LIMIT, move || p.release_lease(&o, LOCK_NAME, &c)).await {
-        tracing::warn!(object, error = %e.text, "could not give back the site portal's lease (it runs out by itself)");
+        tracing::warn!(object, error = %e, "could not give back the site portal's lease (it runs out by itself)");
     }
 }
 
