@@ -19,7 +19,9 @@
 //! requests until `NBD_CMD_DISC`, end of stream, a protocol error or
 //! shutdown; in every case each request already accepted is finished and
 //! answered before the socket closes (FLUSH semantics hold for a client
-//! that disconnects right after a write).
+//! that disconnects right after a write), except when the server stops
+//! and its storage leaves a request unanswered for [`CLOSE_GRACE`]: that
+//! request is never acknowledged and the socket closes without it.
 
 mod locked;
 mod payload;
@@ -47,6 +49,10 @@ use tokio_util::task::TaskTracker;
 /// How long a client may take over each handshake step: an idle client
 /// must not hold a connection slot for long before it even chose an export.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a connection of a stopping server waits for its running
+/// requests to be answered before it closes without them.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 /// Why a connection ended early.
 #[derive(Debug, Error)]
@@ -633,11 +639,30 @@ where
             break;
         }
     }
-    // Drain: every accepted request finishes and is answered.
+    // Drain: every accepted request finishes and is answered, unless the
+    // server is stopping and its storage does not answer within
+    // [`CLOSE_GRACE`] (a cluster cut off): then the connection closes with
+    // those requests unanswered, never acknowledged, so the client
+    // re-issues them elsewhere instead of waiting on this server.
     batch.flush(&tracker, &tx);
     tracker.close();
-    tracker.wait().await;
+    let drained = tokio::select! {
+        () = tracker.wait() => true,
+        () = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(CLOSE_GRACE).await;
+        } => false,
+    };
     drop(tx);
+    if !drained {
+        // Requests still running hold the writer's queue open; their
+        // replies have nowhere to go.
+        tracing::warn!(
+            running = tracker.len(),
+            "closing with requests unanswered: the storage did not answer in time (the client re-issues them)"
+        );
+        writer.abort();
+    }
     let _ = writer.await;
     result
 }
@@ -645,6 +670,89 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_nbd::{ExportInfo, ReplyStyle, ReplyTo};
+
+    /// One export whose FLUSH is answered at once and whose WRITE never
+    /// is: storage that stopped answering.
+    struct Stuck;
+
+    impl ExportCatalog for Stuck {
+        fn export(&self, name: &str) -> Option<ExportInfo> {
+            (name == "v").then(|| ExportInfo {
+                name: "v".into(),
+                description: String::new(),
+                size: 1 << 20,
+                read_only: false,
+                min_block: 1,
+                preferred_block: 4096,
+                max_block: 1 << 25,
+                block_size_required: false,
+                dirty_bitmaps: Vec::new(),
+                resizable: false,
+            })
+        }
+        fn exports(&self) -> Vec<ExportInfo> {
+            self.export("v").into_iter().collect()
+        }
+    }
+
+    struct StuckHandler(ReplyStyle);
+
+    impl ExportHandler for StuckHandler {
+        fn dispatch(self: &Arc<Self>, req: Request) -> Dispatch {
+            if req.command == Command::Write {
+                return Dispatch::Async(Box::pin(std::future::pending()));
+            }
+            let mut out = BytesMut::new();
+            ReplyTo::new(self.0, &req).ok(&mut out);
+            Dispatch::Ready(out.freeze())
+        }
+    }
+
+    impl NbdBackend for Stuck {
+        type Handler = StuckHandler;
+        fn catalog(&self) -> Box<dyn ExportCatalog + '_> {
+            Box::new(Stuck)
+        }
+        fn open(&self, neg: &Negotiated) -> Result<Arc<StuckHandler>, String> {
+            Ok(Arc::new(StuckHandler(ReplyStyle::negotiated(
+                neg.structured_replies,
+                neg.extended_headers,
+            ))))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stopping_server_closes_a_connection_its_storage_left_unanswered() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        let server = tokio::spawn(async move {
+            let (sock, _) = listener.accept().await.unwrap();
+            serve_connection(sock, &Stuck, None, stop).await
+        });
+        let client = Arc::new(
+            ferry_client::NbdClient::connect(&addr, "v", &Default::default())
+                .await
+                .unwrap(),
+        );
+        let writer = client.clone();
+        let write =
+            tokio::spawn(async move { writer.write(0, Bytes::from(vec![7u8; 4096]), false).await });
+        // The FLUSH is answered after the WRITE was read: it is in flight.
+        client.flush().await.unwrap();
+        shutdown.cancel();
+        let ended = tokio::time::timeout(CLOSE_GRACE * 10, server)
+            .await
+            .expect("the connection closes without the unanswered write");
+        ended.unwrap().unwrap();
+        let w = tokio::time::timeout(CLOSE_GRACE * 10, write).await.unwrap();
+        assert!(
+            w.unwrap().is_err(),
+            "the unanswered write is not acknowledged"
+        );
+    }
 
     #[test]
     fn large_reply_buffers_come_from_the_pool_and_go_back_to_it() {
