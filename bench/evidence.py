@@ -792,6 +792,8 @@ def model_report(ctx, rows, mbit, rtt0, data_mib, vol_mib):
                       "medians and every run. The what-if RTT of an access row is the link's probed RTT moved by the "
                       "change of the toxic's latency.",
         "raw": runs,
+        # The link's rate (FERRY_MODEL_MBIT), for a redraw.
+        "mbit": mbit,
     }
 
 
@@ -1446,7 +1448,7 @@ def main():
                     raw = old["raw"]
                     if n == "model":
                         q = old.get("quick", False)
-                        r = model_report(ctx, raw, 200, 8, 8 if q else 48, 32 if q else 128)
+                        r = model_report(ctx, raw, old.get("mbit", 200), 8, 8 if q else 48, 32 if q else 128)
                     elif n == "cpu":
                         q = old.get("quick", False)
                         r = cpu_report(ctx, raw["rows"], 3 if q else 20, 64 if q else 1024)
