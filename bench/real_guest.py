@@ -94,13 +94,26 @@ def sh(*args):
 
 
 class Bridge:
-    """The guests' network: a bridge with this machine's address on it."""
+    """The guests' network: a bridge with this machine's address on it.
+    With FERRY_BENCH_PCAP=DIR, the headers of every frame to or from the
+    guest, on every interface (the bridge and each host's tap, told apart
+    by interface index), go to DIR/<time>.pcap while it stands."""
 
     def __init__(self):
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
         sh("ip", "link", "add", BRIDGE, "type", "bridge")
         sh("ip", "addr", "add", f"{NET}.1/24", "dev", BRIDGE)
         sh("ip", "link", "set", BRIDGE, "up")
+        self.capture = None
+        into = os.environ.get("FERRY_BENCH_PCAP")
+        if into:
+            os.makedirs(into, exist_ok=True)
+            path = os.path.join(into, time.strftime("%Y%m%d-%H%M%S") + ".pcap")
+            self.capture = subprocess.Popen(
+                ["tcpdump", "-i", "any", "-y", "LINUX_SLL2", "-s", "128", "-U", "-w", path,
+                 f"ether host {MAC} or host {GUEST_IP}"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            print(f"capturing the guest's frames in {path}", flush=True)
 
     def tap(self, name):
         subprocess.run(["ip", "link", "del", name], capture_output=True)
@@ -109,6 +122,9 @@ class Bridge:
         return name
 
     def close(self):
+        if self.capture:
+            self.capture.terminate()
+            self.capture.wait()
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
 
 

@@ -634,12 +634,66 @@ fn serve(a: ServeArgs) -> Result<()> {
     if let Some(d) = a.iscsi_site_device {
         config.iscsi.site_portal_device = d;
     }
-    runtime()?.block_on(async move {
+    let rt = runtime()?;
+    let run = rt.block_on(async move {
         let daemon = ferry_server::Daemon::bind(config).await?;
         let shutdown = cancel_on_signal()?;
-        daemon.run(shutdown).await?;
-        Ok(())
-    })
+        anyhow::Ok(daemon.run(shutdown).await)
+    })?;
+    match run {
+        Err(ferry_server::ServerError::Fenced) => {
+            // A call the fenced client still has in flight must not hold
+            // the new start back.
+            rt.shutdown_timeout(Duration::from_secs(5));
+            Err(rejoin_after_fence())
+        }
+        r => Ok(r?),
+    }
+}
+
+/// The environment variable that carries, across a rejoin, when this
+/// gateway last rejoined (seconds since the epoch).
+const LAST_REJOIN_ENV: &str = "FERRY_LAST_REJOIN";
+
+/// The cluster fenced this gateway and the daemon has stopped (its
+/// listeners closed, its volumes given up): start it again as a new
+/// client of the cluster, in the same process (`exec` of this program
+/// with the same arguments), so that it stands by like any other
+/// gateway without a supervisor. The cluster blocklists a client
+/// instance, not the machine, so the new one is let in. A gateway fenced
+/// again within a minute of rejoining waits 15 s before the next try, not
+/// 1 s (an operator who blocklisted the whole address). Returns only if
+/// the `exec` failed.
+fn rejoin_after_fence() -> anyhow::Error {
+    use std::os::unix::process::CommandExt;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let last: Option<u64> = std::env::var(LAST_REJOIN_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let wait = match last {
+        Some(t) if now.saturating_sub(t) < 60 => std::time::Duration::from_secs(15),
+        _ => std::time::Duration::from_secs(1),
+    };
+    tracing::warn!(
+        wait_s = wait.as_secs(),
+        "rejoining the Ceph cluster as a new client: this gateway starts again"
+    );
+    std::thread::sleep(wait);
+    let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
+    let mut args = std::env::args_os();
+    let argv0 = args.next().unwrap_or_else(|| exe.clone().into_os_string());
+    let err = std::process::Command::new(&exe)
+        .arg0(argv0)
+        .args(args)
+        .env(LAST_REJOIN_ENV, now.to_string())
+        .exec();
+    anyhow::Error::new(ferry_server::ServerError::Fenced).context(format!(
+        "starting again as a new client ({}): {err}",
+        exe.display()
+    ))
 }
 
 /// A token cancelled on SIGINT or SIGTERM (call inside the runtime).

@@ -1,5 +1,5 @@
-//! A gateway the cluster fenced stops, so that its next start rejoins as
-//! a new client.
+//! A gateway the cluster fenced stops, so that it can rejoin as a new
+//! client.
 //!
 //! Other gateways fence one they take for dead (its lock broken, its
 //! client blocklisted) before they claim its volumes or its site portal.
@@ -7,8 +7,8 @@
 //! call through its client is refused (`EBLOCKLISTED`): it can serve no
 //! Ceph volume and hold no lease again, yet its listeners still answer,
 //! so clients and other gateways would take it for alive. It stops
-//! instead, with an error its supervisor sees; started again, it is a new
-//! client of the cluster and stands by like any other gateway. Requests
+//! instead (`ServerError::Fenced`), and `ferry serve` starts it again as a
+//! new client of the cluster, which stands by like any other gateway. Requests
 //! that failed on the way are answered as "go elsewhere" (NBD `ESHUTDOWN`,
 //! an iSCSI LU in transition), not as I/O errors.
 
@@ -26,7 +26,7 @@ pub async fn watch(cluster: Arc<ferry_rbd::Cluster>, shutdown: CancellationToken
         if cluster.fenced() {
             tracing::error!(
                 client = %cluster.address(),
-                "the Ceph cluster fenced this gateway (another took it for dead and blocklisted its client): stopping; started again it joins as a new client"
+                "the Ceph cluster fenced this gateway (another took it for dead and blocklisted its client): stopping, to rejoin as a new client"
             );
             shutdown.cancel();
             return;

@@ -61,7 +61,7 @@ pub enum ServerError {
     IscsiConfig(String),
     #[error("storage.ceph: {0}")]
     Ceph(#[from] ferry_rbd::RbdError),
-    #[error("the Ceph cluster fenced this gateway (blocklisted its client); start it again to rejoin as a new client")]
+    #[error("the Ceph cluster fenced this gateway (blocklisted its client); it must start again as a new client")]
     Fenced,
 }
 
