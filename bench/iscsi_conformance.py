@@ -18,7 +18,8 @@ build of ferry. Run as root (tgtd).
 import argparse, collections, os, re, shutil, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from iscsi_targets import ROOT, Ferry, Tgt  # noqa: E402
+from common import ROOT  # noqa: E402
+from iscsi_targets import Ferry, Tgt  # noqa: E402
 
 FAMILIES = ["SCSI", "iSCSI"]
 SANITIZE_BUT_RESET = ",".join("SCSI.Sanitize." + t for t in (

@@ -3,7 +3,7 @@ build) and tgt (Debian `tgt`, file-backed LUN), each on loopback ports of
 its own. Shared by bench/iscsi_peers.py and bench/iscsi_conformance.py."""
 import os, subprocess
 
-from common import FERRY, ROOT, ensure_ferry, free_port, wait_port  # noqa: F401
+from common import FERRY, ensure_ferry, free_port, wait_port
 
 IQN = "iqn.2026-11.io.ferry"
 

@@ -23,7 +23,6 @@ random-write load (through ferry host). Images come from bench/similarity.sh
 import argparse
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess

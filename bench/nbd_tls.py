@@ -99,8 +99,8 @@ def main():
                                    "write_mbs": IMAGE_MIB * 1.048576 / write_s})
         med = lambda k, f: sorted(x[f] for x in runs[k])[len(runs[k]) // 2]
         best = {f: max(med(k, f) for k in ("nbdkit", "qemu-nbd")) for f in ("read_mbs", "write_mbs")}
-        print(f"| server | read MB/s | write MB/s |")
-        print(f"|---|---|---|")
+        print("| server | read MB/s | write MB/s |")
+        print("|---|---|---|")
         for k in KINDS:
             print(f"| {k} | {med(k, 'read_mbs'):.0f} | {med(k, 'write_mbs'):.0f} |")
         print(f"| ferry / best TLS peer | {med('ferry', 'read_mbs') / best['read_mbs']:.2f} | "

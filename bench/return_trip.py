@@ -13,7 +13,7 @@ Usage: python3 bench/return_trip.py [--size-mib 1024] [--writes 16,64,256] [--ou
 Needs: a release build of ferry, /usr/bin/python3 with python3-libnbd.
 Both daemons on loopback, plaintext (bytes are the point, not time).
 """
-import argparse, json, os, random, shutil, subprocess, sys, tempfile
+import argparse, json, os, shutil, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import FERRY, ensure_ferry, free_port, wait_port  # noqa: E402
