@@ -653,30 +653,36 @@ def exp_model(ctx):
             with open(snap) as f:
                 base_load = json.load(f)["vms"][0]["load"]
             print(f"model: at {rtt0} ms {base:.1f} records/s, load {base_load}", flush=True)
-            # The what-if RTT is the link's as measured (the toxic's latency plus
-            # toxiproxy's own) moved by the change in the toxic.
-            with open(snap) as f:
-                probed = json.load(f)["links"][0]["rtt_ms"]
+            # The what-if RTT is the link's as the controller probes it with
+            # the toxics set to the new latency (the disk's path and the
+            # hosts' alike): toxiproxy adds a share of its own that grows with
+            # the latency, so the toxic's figure is not the link's RTT.
+            paths = (nbd_b_name, p["moves_a"][0], p["moves_b"][0])
             for rtt in rtts:
-                e = ferry_json("control", "estimate", "g", "--cluster", snap, "--rtt-ms", str(probed + rtt - rtt0))
-                predicted = base * e["access_then"]["rate"] / e["access_now"]["rate"]
-                link.set_rtt(nbd_b_name, rtt)
+                for name in paths:
+                    link.set_rtt(name, rtt)
                 time.sleep(1)
-                measured = rate([serial_a])
-                rows.append({"what": f"records/s, disk {rtt} ms away (from {rtt0} ms)", "kind": "access",
-                             "predicted": predicted, "measured": measured, "error_pct": err(predicted, measured),
-                             "base": base, "estimate": e})
-                # The guest's per-request latency as its forwarder measured it, against the model's.
+                # The guest's load there (its per-request latency as its
+                # forwarder measured it) and the link's RTT as probed.
                 at = os.path.join(work, f"snapshot-{rtt}.json")
                 subprocess.run([FERRY, "control", "plan", "--inventory", inv_file, "--interval", "3s",
                                 "--save-snapshot", at], check=True, capture_output=True)
                 with open(at) as f:
-                    load = json.load(f)["vms"][0]["load"]
+                    there = json.load(f)
+                load, probed = there["vms"][0]["load"], there["links"][0]["rtt_ms"]
+                e = ferry_json("control", "estimate", "g", "--cluster", snap, "--rtt-ms", str(probed))
+                predicted = base * e["access_then"]["rate"] / e["access_now"]["rate"]
+                measured = rate([serial_a])
+                rows.append({"what": f"records/s, disk {rtt} ms away (from {rtt0} ms)", "kind": "access",
+                             "predicted": predicted, "measured": measured, "error_pct": err(predicted, measured),
+                             "base": base, "probed_rtt_ms": probed, "estimate": e})
                 lat_p, lat_m = e["access_then"]["latency_s"] * 1000, load["latency_ms"]
                 rows.append({"what": f"ms per disk request, disk {rtt} ms away (from {rtt0} ms)", "kind": "access",
                              "predicted": lat_p, "measured": lat_m, "error_pct": err(lat_p, lat_m), "load": load})
-                print(f"model: access at {rtt} ms: predicted {predicted:.1f}/s, measured {measured:.1f}/s", flush=True)
-            link.set_rtt(nbd_b_name, rtt0)
+                print(f"model: access at {rtt} ms (probed {probed:.2f} ms): predicted {predicted:.1f}/s, "
+                      f"measured {measured:.1f}/s", flush=True)
+            for name in paths:
+                link.set_rtt(name, rtt0)
             time.sleep(1)
 
         def move(kind, est_args, mig_args, serial_after):
@@ -789,8 +795,8 @@ def model_report(ctx, rows, mbit, rtt0, data_mib, vol_mib):
                       "teleport A→B, VM only B→A away from the disk); measured: the move report's total time, its "
                       "link bytes (memory and disk, TLS included), the guest's pause (QEMU's STOP→RESUME; for the disk-only move the hold of the "
                       "guest's writes at the switch). Each move three times (quick runs: once); the table gives the "
-                      "medians and every run. The what-if RTT of an access row is the link's probed RTT moved by the "
-                      "change of the toxic's latency.",
+                      "medians and every run. The what-if RTT of an access row is the link's RTT as the controller "
+                      "probes it with the toxics at R (toxiproxy adds a share of its own that grows with the latency).",
         "raw": runs,
         # The link's rate (FERRY_MODEL_MBIT), for a redraw.
         "mbit": mbit,

@@ -95,9 +95,10 @@ def sh(*args):
 
 class Bridge:
     """The guests' network: a bridge with this machine's address on it.
-    With FERRY_BENCH_PCAP=DIR, the headers of every frame to or from the
-    guest, on every interface (the bridge and each host's tap, told apart
-    by interface index), go to DIR/<time>.pcap while it stands."""
+    With FERRY_BENCH_PCAP=DIR, the headers of every packet to or from the
+    guest's address and every ARP and RARP (QEMU's announcements), on every
+    interface (the bridge and each host's tap, told apart by interface
+    index), go to DIR/<time>.pcap while it stands."""
 
     def __init__(self):
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
@@ -111,8 +112,8 @@ class Bridge:
             path = os.path.join(into, time.strftime("%Y%m%d-%H%M%S") + ".pcap")
             self.capture = subprocess.Popen(
                 ["tcpdump", "-i", "any", "-y", "LINUX_SLL2", "-s", "128", "-U", "-w", path,
-                 f"ether host {MAC} or host {GUEST_IP}"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 f"host {GUEST_IP} or arp or rarp"],
+                stdout=subprocess.DEVNULL, stderr=open(path + ".log", "w"))
             print(f"capturing the guest's frames in {path}", flush=True)
 
     def tap(self, name):

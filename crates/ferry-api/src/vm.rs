@@ -71,7 +71,10 @@ pub struct LinkProbe {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BandwidthProbe {
     pub bytes: u64,
+    /// From the first byte sent to the answer that all came.
     pub seconds: f64,
+    /// `bytes` over `seconds` less the link's probed round trip (which a
+    /// long transfer pays once, not per byte).
     pub bytes_per_sec: f64,
 }
 

@@ -13,7 +13,9 @@
 //! dirtying `D` bytes/s: about `M / (1 - D/B')` raw bytes over the link's
 //! raw rate `B'` (the geometric series of rounds; no convergence when `D`
 //! nears `B'` without throttling or post-copy), plus a fixed set-up; the
-//! pause sends the last round. Moving the disk sends what the destination
+//! pause sends the last round. `B'` is the link's rate over the share, or
+//! the machine's raw stream rate where that is lower (a link faster than
+//! the machine compresses and encrypts; the disk's stream alike). Moving the disk sends what the destination
 //! lacks plus 9 bytes of fingerprint per 4 KiB block, plus what the guest
 //! writes meanwhile. A teleport is the disk pre-copy, then the memory
 //! move; one pause holding both switches. The constants are calibrated
@@ -74,6 +76,17 @@ pub const VM_PAUSE_PER_GIB_S: f64 = 0.03;
 /// 1 GiB and 4 GiB of a disk (beside what crossed the link: 0.4, 2.0-2.7
 /// and 18.9 s; faster while the blocks are in the page cache).
 pub const LOCAL_REBUILD_BPS: f64 = 300e6;
+/// The most raw (uncompressed) bytes per second one move's stream
+/// carries when the link does not bind it: QEMU walks the memory or the
+/// source storage daemon reads the blocks, the tunnel compresses and
+/// encrypts, the destination decrypts, decompresses and writes, all on
+/// the cores the guest runs on. Measured over 1 Gbit/s links on this
+/// machine (2 cores, TCG guests): memory 83-135 MB/s, a disk's random data
+/// 70 MB/s, a database image's compressible data about 100-110 MB/s
+/// (docs/placement-model.md, "Where the link is faster than the
+/// machine"). Both kinds of move take it, so that neither is priced by
+/// the link while the other is priced by the machine.
+pub const MACHINE_STREAM_RAW_BPS: f64 = 100e6;
 
 /// What a placement costs the guest over a horizon.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -220,16 +233,24 @@ pub fn placement_loss(
 /// plus what it dirties meanwhile; the pause sends one last round.
 pub fn vm_move_cost(vm: &VmState, rtt_ms: f64, bw: f64) -> MoveCost {
     let share = memory_link_share(vm);
-    // The link in raw (uncompressed) bytes per second.
-    let raw_bw = bw / share;
+    // The stream in raw (uncompressed) bytes per second: the link's, or
+    // the machine's where the link is faster.
+    let raw_bw = stream_link_rate(bw, share) / share;
     let (raw, converges) = precopy_bytes(vm.memory_bytes, vm.load.dirty_rate, raw_bw);
     let bytes = raw * share;
     let rtt = rtt_ms / 1000.0;
     let last_round = vm.load.dirty_rate.min(raw_bw) * LAST_ROUND_S / raw_bw;
     let walk = VM_PAUSE_PER_GIB_S * vm.memory_bytes / f64::from(1u32 << 30);
     let pause = (VM_PAUSE_BASE_S + last_round).min(TARGET_PAUSE_S) + walk + rtt;
-    let seconds = VM_MOVE_SETUP_S + bytes / bw + 3.0 * rtt + pause;
+    let seconds = VM_MOVE_SETUP_S + raw / raw_bw + 3.0 * rtt + pause;
     move_cost(seconds, bytes, pause, converges)
+}
+
+/// Link bytes per second a move's stream carries over a link of `bw`
+/// when `share` of its raw bytes go on the link: the link's rate, or
+/// what [`MACHINE_STREAM_RAW_BPS`] of raw bytes make.
+fn stream_link_rate(bw: f64, share: f64) -> f64 {
+    bw.min(MACHINE_STREAM_RAW_BPS * share)
 }
 
 /// Link bytes per byte of the guest's memory: its own sampled share
@@ -279,6 +300,11 @@ pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost 
     let nonzero = vm.disk_bytes * vm.nonzero_share.unwrap_or(1.0);
     let prints = nonzero / 4096.0 * FINGERPRINT_BYTES_PER_BLOCK;
     let (bytes, converges) = precopy_bytes(missing + prints, vm.load.write_rate * share, bw);
+    // The stream takes the link's time for its bytes, or the machine's for
+    // the raw data they pack, whichever is longer (the rounds of what the
+    // guest writes meanwhile scale both alike).
+    let raw = missing_raw.unwrap_or(vm.disk_bytes) + prints;
+    let stream_s = (bytes / bw).max(bytes / (missing + prints) * raw / MACHINE_STREAM_RAW_BPS);
     // What the destination rebuilds from its own blocks instead; a return
     // keeps the copy the disk left there in place and rebuilds nothing.
     let held = if vm.copy_at.contains(to) {
@@ -288,7 +314,7 @@ pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost 
     };
     let rtt = rtt_ms / 1000.0;
     let pause = DISK_PAUSE_BASE_S + rtt;
-    let seconds = DISK_MOVE_SETUP_S + bytes / bw + held / LOCAL_REBUILD_BPS + 4.0 * rtt + pause;
+    let seconds = DISK_MOVE_SETUP_S + stream_s + held / LOCAL_REBUILD_BPS + 4.0 * rtt + pause;
     move_cost(seconds, bytes, pause, converges)
 }
 
@@ -411,6 +437,37 @@ mod tests {
         let mut hot = v.clone();
         hot.load.dirty_rate = 40e6;
         assert!(!vm_move_cost(&hot, 20.0, 12.5e6).converges);
+    }
+
+    #[test]
+    fn a_link_faster_than_the_machine_moves_no_faster_than_the_machine() {
+        let mut v = vm(60.0, 16.5, true);
+        v.load.dirty_rate = 0.0;
+        v.load.write_rate = 0.0;
+        let (gbit, ten_gbit) = (125e6, 1.25e9);
+        // Memory: 1 GB raw at the machine's rate, whatever the link; the
+        // same bytes cross either link.
+        let m1 = vm_move_cost(&v, 1.0, gbit);
+        let m10 = vm_move_cost(&v, 1.0, ten_gbit);
+        assert!((m1.seconds - m10.seconds).abs() < 1e-9, "{m1:?} {m10:?}");
+        assert!(m1.seconds >= 1e9 / MACHINE_STREAM_RAW_BPS, "{m1:?}");
+        assert!((m1.bytes - m10.bytes).abs() < 1.0);
+        // A slow link still binds: 1 GB at 0.32 over 25 MB/s.
+        let slow = vm_move_cost(&v, 1.0, 25e6);
+        assert!(slow.seconds > MEMORY_LINK_SHARE * 1e9 / 25e6, "{slow:?}");
+        // Disk: 1 GB missing that compresses to a quarter goes no faster
+        // than the machine reads and packs 1 GB, though its 250 MB would
+        // cross 1 Gbit/s in 2 s.
+        v.disk_link_share = Some(0.25);
+        let d = disk_move_cost(&v, "a", 1.0, gbit);
+        assert!((d.bytes - 0.25e9).abs() < 0.1e9, "{d:?}");
+        assert!(d.seconds >= 1e9 / MACHINE_STREAM_RAW_BPS, "{d:?}");
+        // Where the link binds, the link's rate prices it (beside the 9 GB
+        // the destination rebuilds from its own blocks).
+        let d = disk_move_cost(&v, "a", 1.0, 12.5e6);
+        let rebuild = 9e9 / LOCAL_REBUILD_BPS;
+        assert!(d.seconds >= d.bytes / 12.5e6 + rebuild, "{d:?}");
+        assert!(d.seconds < d.bytes / 12.5e6 + rebuild + 1.0, "{d:?}");
     }
 
     #[test]
