@@ -635,19 +635,34 @@ fn serve(a: ServeArgs) -> Result<()> {
         config.iscsi.site_portal_device = d;
     }
     let rt = runtime()?;
-    let run = rt.block_on(async move {
+    let rejoin = rt.block_on(async move {
         let daemon = ferry_server::Daemon::bind(config).await?;
-        let shutdown = cancel_on_signal()?;
-        anyhow::Ok(daemon.run(shutdown).await)
+        let stop = cancel_on_signal()?;
+        // The daemon's own token: its fencing watch cancels it, and only a
+        // signal cancels `stop`.
+        let run = daemon.run(stop.child_token()).await;
+        if matches!(run, Err(ferry_server::ServerError::Fenced)) && !stop.is_cancelled() {
+            let wait = rejoin_wait();
+            tracing::warn!(
+                wait_s = wait.as_secs(),
+                "rejoining the Ceph cluster as a new client: this gateway starts again"
+            );
+            // A stop asked for meanwhile is a stop, not a rejoin.
+            tokio::select! {
+                () = tokio::time::sleep(wait) => return anyhow::Ok(Ok(())),
+                () = stop.cancelled() => {}
+            }
+        }
+        anyhow::Ok(Err(run))
     })?;
-    match run {
-        Err(ferry_server::ServerError::Fenced) => {
+    match rejoin {
+        Ok(()) => {
             // A call the fenced client still has in flight must not hold
             // the new start back.
             rt.shutdown_timeout(Duration::from_secs(5));
             Err(rejoin_after_fence())
         }
-        r => Ok(r?),
+        Err(run) => Ok(run?),
     }
 }
 
@@ -655,44 +670,56 @@ fn serve(a: ServeArgs) -> Result<()> {
 /// gateway last rejoined (seconds since the epoch).
 const LAST_REJOIN_ENV: &str = "FERRY_LAST_REJOIN";
 
+/// How long a fenced gateway waits before it rejoins: 1 s, or 15 s if it
+/// was fenced again within a minute of its last rejoin (an operator who
+/// blocklisted the whole address, not one client).
+fn rejoin_wait() -> Duration {
+    let last: Option<u64> = std::env::var(LAST_REJOIN_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok());
+    match last {
+        Some(t) if unix_now().saturating_sub(t) < 60 => Duration::from_secs(15),
+        _ => Duration::from_secs(1),
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
 /// The cluster fenced this gateway and the daemon has stopped (its
 /// listeners closed, its volumes given up): start it again as a new
 /// client of the cluster, in the same process (`exec` of this program
 /// with the same arguments), so that it stands by like any other
 /// gateway without a supervisor. The cluster blocklists a client
-/// instance, not the machine, so the new one is let in. A gateway fenced
-/// again within a minute of rejoining waits 15 s before the next try, not
-/// 1 s (an operator who blocklisted the whole address). Returns only if
+/// instance, not the machine, so the new one is let in. Returns only if
 /// the `exec` failed.
 fn rejoin_after_fence() -> anyhow::Error {
     use std::os::unix::process::CommandExt;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let last: Option<u64> = std::env::var(LAST_REJOIN_ENV)
-        .ok()
-        .and_then(|v| v.parse().ok());
-    let wait = match last {
-        Some(t) if now.saturating_sub(t) < 60 => std::time::Duration::from_secs(15),
-        _ => std::time::Duration::from_secs(1),
-    };
-    tracing::warn!(
-        wait_s = wait.as_secs(),
-        "rejoining the Ceph cluster as a new client: this gateway starts again"
-    );
-    std::thread::sleep(wait);
-    let exe = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
-    let mut args = std::env::args_os();
-    let argv0 = args.next().unwrap_or_else(|| exe.clone().into_os_string());
-    let err = std::process::Command::new(&exe)
-        .arg0(argv0)
-        .args(args)
-        .env(LAST_REJOIN_ENV, now.to_string())
-        .exec();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // The program as installed now (an upgrade replaced it), else the
+    // one this process runs (`/proc/self/exe` reaches it even deleted).
+    let mut tried = Vec::new();
+    for exe in std::env::current_exe()
+        .into_iter()
+        .chain([PathBuf::from("/proc/self/exe")])
+    {
+        let mut cmd = std::process::Command::new(&exe);
+        if let Some(argv0) = args.first() {
+            cmd.arg0(argv0);
+        }
+        let err = cmd
+            .args(args.iter().skip(1))
+            .env(LAST_REJOIN_ENV, unix_now().to_string())
+            .exec();
+        tried.push(format!("{}: {err}", exe.display()));
+    }
     anyhow::Error::new(ferry_server::ServerError::Fenced).context(format!(
-        "starting again as a new client ({}): {err}",
-        exe.display()
+        "starting again as a new client: {}",
+        tried.join("; ")
     ))
 }
 

@@ -1109,7 +1109,9 @@ fn an_initiator_at_the_site_portal_follows_it_to_another_gateway() {
 /// lease; the holder, unable to renew, lets the address go before its
 /// lease could run out, and the initiator follows the address to the
 /// standby with every acknowledged write. When the cut heals, the fenced
-/// gateway does not take the portal back.
+/// gateway does not take the portal back: it starts again in the same
+/// process as a new client and stands by. Fenced again within a minute,
+/// it waits longer before rejoining, and a stop meanwhile stops it.
 #[test]
 fn a_site_portal_holder_cut_off_from_the_cluster_lets_the_address_go() {
     let rig = SiteRig::new("portalcut");
@@ -1201,7 +1203,57 @@ fn a_site_portal_holder_cut_off_from_the_cluster_lets_the_address_go() {
         cut_off.child.try_wait().unwrap().is_none(),
         "one process throughout"
     );
-    cut_off.terminate();
+
+    // Fenced again within a minute of its rejoin, it waits 15 s before the
+    // next; a stop asked for meanwhile is a stop, not a rejoin.
+    let fourth = rig.gateway("g4");
+    let fourth_log = rig.log("g4");
+    let t = Instant::now();
+    while !std::fs::read_to_string(&fourth_log)
+        .unwrap_or_default()
+        .contains("another gateway holds the site portal")
+    {
+        assert!(t.elapsed() < Duration::from_secs(20), "g4 never stood by");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mark = std::fs::read_to_string(&logs[holder]).unwrap().len();
+    let cut = Partition::cut(cut_off.child.id());
+    assert_eq!(site_portal_holder(&[fourth_log.as_path()], &rig.site), 0);
+    drop(cut);
+    let t = Instant::now();
+    loop {
+        let said = std::fs::read_to_string(&logs[holder]).unwrap();
+        if said[mark..].contains("rejoining the Ceph cluster") {
+            assert!(said[mark..].contains("wait_s=15"), "{}", &said[mark..]);
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(90),
+            "it was not fenced again: {}",
+            &said[mark..]
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pid = cut_off.child.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = cut_off.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "a stop during the wait did not stop it"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let said = std::fs::read_to_string(&logs[holder]).unwrap();
+    let after = &said[mark..][said[mark..].find("rejoining the Ceph cluster").unwrap()..];
+    assert!(
+        !status.success() && !after.contains("NBD listening"),
+        "{status}: {after}"
+    );
+    fourth.terminate();
 }
 
 /// Process `pid` cut off from every loopback address (the cluster and the
