@@ -1099,6 +1099,7 @@ async fn fingerprint_phase(
             r = &mut scan, if !scan_done => {
                 scan_done = true;
                 r?;
+                tracing::debug!(elapsed = ?t_start.elapsed(), "first pass: every block read and printed");
             }
             m = next_msg(in_rx, ANSWER_TIMEOUT, Some(&run.cancel)) => match m? {
                 Message::Want { ranges } => {
@@ -1112,6 +1113,7 @@ async fn fingerprint_phase(
                     }
                 }
                 Message::WantDone { local_chunks, buddy_chunks, resumed_chunks } => {
+                    tracing::debug!(elapsed = ?t_start.elapsed(), local_chunks, "first pass: the destination answered every print");
                     c.chunks_resumed.store(resumed_chunks, Ordering::Relaxed);
                     c.chunks_local.store(local_chunks, Ordering::Relaxed);
                     c.chunks_buddy.store(buddy_chunks, Ordering::Relaxed);
@@ -1126,6 +1128,7 @@ async fn fingerprint_phase(
     }
     drop(want_tx);
     data_task.await?;
+    tracing::debug!(elapsed = ?t_start.elapsed(), "first pass: wanted data sent");
     sync_round(link, in_rx, &run.cancel, 0, bm.dirty_bytes(), None).await?;
     let fingerprints_s = t_start.elapsed().as_secs_f64();
     let sent = run.wire.tx.load(Ordering::Relaxed) - tx_start;
@@ -1137,6 +1140,13 @@ async fn fingerprint_phase(
     if sent > (4 << 20) {
         rate = converge::to_f64(sent) / fingerprints_s.max(1e-3);
     }
+    tracing::info!(
+        migration = %run.id,
+        seconds = fingerprints_s,
+        sent,
+        link_rate = rate,
+        "first pass done (prints answered, wanted data sent and synced)"
+    );
 
     Ok((t_start, fingerprints_s, rate))
 }
