@@ -635,7 +635,7 @@ fn serve(a: ServeArgs) -> Result<()> {
         config.iscsi.site_portal_device = d;
     }
     let rt = runtime()?;
-    let rejoin = rt.block_on(async move {
+    let end = rt.block_on(async move {
         let daemon = ferry_server::Daemon::bind(config).await?;
         let stop = cancel_on_signal()?;
         // The daemon's own token: its fencing watch cancels it, and only a
@@ -649,21 +649,29 @@ fn serve(a: ServeArgs) -> Result<()> {
             );
             // A stop asked for meanwhile is a stop, not a rejoin.
             tokio::select! {
-                () = tokio::time::sleep(wait) => return anyhow::Ok(Ok(())),
+                () = tokio::time::sleep(wait) => return anyhow::Ok(ServeEnd::Rejoin),
                 () = stop.cancelled() => {}
             }
         }
-        anyhow::Ok(Err(run))
+        anyhow::Ok(ServeEnd::Stopped(run))
     })?;
-    match rejoin {
-        Ok(()) => {
+    match end {
+        ServeEnd::Rejoin => {
             // A call the fenced client still has in flight must not hold
             // the new start back.
             rt.shutdown_timeout(Duration::from_secs(5));
             Err(rejoin_after_fence())
         }
-        Err(run) => Ok(run?),
+        ServeEnd::Stopped(run) => Ok(run?),
     }
+}
+
+/// How a `ferry serve` run ended.
+enum ServeEnd {
+    /// Fenced, and not asked to stop: start again as a new client.
+    Rejoin,
+    /// Stopped (asked to, or by an error): the daemon's result.
+    Stopped(Result<(), ferry_server::ServerError>),
 }
 
 /// The environment variable that carries, across a rejoin, when this
@@ -700,10 +708,16 @@ fn unix_now() -> u64 {
 fn rejoin_after_fence() -> anyhow::Error {
     use std::os::unix::process::CommandExt;
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    // The program as installed now (an upgrade replaced it), else the
-    // one this process runs (`/proc/self/exe` reaches it even deleted).
+    // The program at the path it was started from (an upgrade that
+    // replaced it leaves this process's link saying "PATH (deleted)"),
+    // else the one this process runs (`/proc/self/exe` reaches it even
+    // deleted).
+    let installed = std::env::current_exe().ok().map(|p| {
+        let s = p.to_string_lossy();
+        PathBuf::from(s.strip_suffix(" (deleted)").unwrap_or(&s).to_string())
+    });
     let mut tried = Vec::new();
-    for exe in std::env::current_exe()
+    for exe in installed
         .into_iter()
         .chain([PathBuf::from("/proc/self/exe")])
     {
