@@ -108,6 +108,8 @@ class Bridge:
         self.capture = None
         into = os.environ.get("FERRY_BENCH_PCAP")
         if into:
+            if not shutil.which("tcpdump"):
+                raise RuntimeError("FERRY_BENCH_PCAP needs tcpdump (scripts/install-deps.sh --test)")
             os.makedirs(into, exist_ok=True)
             path = os.path.join(into, time.strftime("%Y%m%d-%H%M%S") + ".pcap")
             self.capture = subprocess.Popen(
