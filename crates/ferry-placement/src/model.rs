@@ -15,7 +15,8 @@
 //! nears `B'` without throttling or post-copy), plus a fixed set-up; the
 //! pause sends the last round. `B'` is the link's rate over the share, or
 //! the machine's raw stream rate where that is lower (a link faster than
-//! the machine compresses and encrypts; the disk's stream alike). Moving the disk sends what the destination
+//! the machine compresses and encrypts; the disk's stream alike). Moving
+//! the disk sends what the destination
 //! lacks plus 9 bytes of fingerprint per 4 KiB block, plus what the guest
 //! writes meanwhile. A teleport is the disk pre-copy, then the memory
 //! move; one pause holding both switches. The constants are calibrated
@@ -235,7 +236,7 @@ pub fn vm_move_cost(vm: &VmState, rtt_ms: f64, bw: f64) -> MoveCost {
     let share = memory_link_share(vm);
     // The stream in raw (uncompressed) bytes per second: the link's, or
     // the machine's where the link is faster.
-    let raw_bw = stream_link_rate(bw, share) / share;
+    let raw_bw = (bw / share).min(MACHINE_STREAM_RAW_BPS);
     let (raw, converges) = precopy_bytes(vm.memory_bytes, vm.load.dirty_rate, raw_bw);
     let bytes = raw * share;
     let rtt = rtt_ms / 1000.0;
@@ -244,13 +245,6 @@ pub fn vm_move_cost(vm: &VmState, rtt_ms: f64, bw: f64) -> MoveCost {
     let pause = (VM_PAUSE_BASE_S + last_round).min(TARGET_PAUSE_S) + walk + rtt;
     let seconds = VM_MOVE_SETUP_S + raw / raw_bw + 3.0 * rtt + pause;
     move_cost(seconds, bytes, pause, converges)
-}
-
-/// Link bytes per second a move's stream carries over a link of `bw`
-/// when `share` of its raw bytes go on the link: the link's rate, or
-/// what [`MACHINE_STREAM_RAW_BPS`] of raw bytes make.
-fn stream_link_rate(bw: f64, share: f64) -> f64 {
-    bw.min(MACHINE_STREAM_RAW_BPS * share)
 }
 
 /// Link bytes per byte of the guest's memory: its own sampled share
