@@ -864,6 +864,23 @@ impl Drop for SiteLink {
     }
 }
 
+/// Gateway log `path` from byte `from` on, once that part says `needle`
+/// (polled every 100 ms); what it says instead after `limit` is the error.
+fn wait_for_log(path: &Path, from: usize, needle: &str, limit: Duration) -> Result<String, String> {
+    let t = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let tail = text.get(from..).unwrap_or_default();
+        if tail.contains(needle) {
+            return Ok(tail.to_string());
+        }
+        if t.elapsed() > limit {
+            return Err(format!("no {needle:?} in {limit:?}; the log says: {tail}"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Which of the gateways' logs says it holds the site portal (waits).
 fn site_portal_holder(logs: &[&Path], addr: &str) -> usize {
     let t = Instant::now();
@@ -1076,13 +1093,9 @@ fn an_initiator_at_the_site_portal_follows_it_to_another_gateway() {
     // A gateway started while another holds the portal stands by.
     let third = rig.gateway("g3");
     let third_log = rig.log("g3");
-    let t = Instant::now();
-    while !std::fs::read_to_string(&third_log)
-        .unwrap_or_default()
-        .contains("another gateway holds the site portal")
-    {
-        assert!(t.elapsed() < Duration::from_secs(20), "it never stood by");
-        std::thread::sleep(Duration::from_millis(200));
+    let standby = "another gateway holds the site portal";
+    if let Err(e) = wait_for_log(&third_log, 0, standby, Duration::from_secs(20)) {
+        panic!("it never stood by: {e}");
     }
     // The holder stops cleanly: it gives the portal back and the other
     // takes it at its next try, with the volume.
@@ -1148,29 +1161,26 @@ fn a_site_portal_holder_cut_off_from_the_cluster_lets_the_address_go() {
     drop(cut);
     let [g1, g2] = gws;
     let (mut cut_off, mut serving) = if holder == 0 { (g1, g2) } else { (g2, g1) };
-    let t = Instant::now();
-    let rejoined = loop {
-        let said = std::fs::read_to_string(&logs[holder]).unwrap();
-        if let Some(at) = said.find("rejoining the Ceph cluster as a new client") {
-            if said[at..].contains("another gateway holds the site portal") {
-                break said;
-            }
-        }
-        assert!(
-            cut_off.child.try_wait().unwrap().is_none(),
-            "the fenced gateway exited: {said}"
-        );
-        assert!(
-            t.elapsed() < Duration::from_secs(90),
-            "the fenced gateway never stood by again: {said}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let fenced_at = rejoined.find("fenced this gateway").expect("it said why");
-    assert!(
-        fenced_at < rejoined.find("rejoining the Ceph cluster").unwrap(),
-        "{rejoined}"
-    );
+    let rejoining = "rejoining the Ceph cluster as a new client";
+    let standby = "another gateway holds the site portal";
+    let mut exited = || cut_off.child.try_wait().unwrap();
+    let before =
+        wait_for_log(&logs[holder], 0, rejoining, Duration::from_secs(90)).unwrap_or_else(|e| {
+            panic!(
+                "the fenced gateway never rejoined (exited: {:?}): {e}",
+                exited()
+            )
+        });
+    let at = before.find(rejoining).unwrap_or_default();
+    let fenced_at = before.find("fenced this gateway").expect("it said why");
+    assert!(fenced_at < at, "{before}");
+    let standing = wait_for_log(&logs[holder], at, standby, Duration::from_secs(30))
+        .unwrap_or_else(|e| {
+            panic!(
+                "the rejoined gateway never stood by (exited: {:?}): {e}",
+                exited()
+            )
+        });
     assert_eq!(site_portal_holder(&[logs[other].as_path()], &rig.site), 0);
     let (ok, text) = qemu_io(
         &rig.url("s"),
@@ -1179,20 +1189,18 @@ fn a_site_portal_holder_cut_off_from_the_cluster_lets_the_address_go() {
     );
     assert!(ok, "{text}");
     // The rejoined gateway takes the portal over when the other dies.
-    let rejoined_len = rejoined.len();
+    let rejoined_len = at + standing.len();
     serving.child.kill().unwrap();
     serving.child.wait().unwrap();
-    let t = Instant::now();
-    while !std::fs::read_to_string(&logs[holder]).unwrap()[rejoined_len..]
-        .contains("this gateway holds the site portal")
-        || std::net::TcpStream::connect(&rig.site).is_err()
-    {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the rejoined gateway never took the site portal"
-        );
-        std::thread::sleep(Duration::from_millis(200));
+    if let Err(e) = wait_for_log(
+        &logs[holder],
+        rejoined_len,
+        "this gateway holds the site portal",
+        Duration::from_secs(30),
+    ) {
+        panic!("the rejoined gateway never took the site portal: {e}");
     }
+    assert_eq!(site_portal_holder(&[logs[holder].as_path()], &rig.site), 0);
     let (ok, text) = qemu_io(
         &rig.url("s"),
         true,
@@ -1208,32 +1216,21 @@ fn a_site_portal_holder_cut_off_from_the_cluster_lets_the_address_go() {
     // next; a stop asked for meanwhile is a stop, not a rejoin.
     let fourth = rig.gateway("g4");
     let fourth_log = rig.log("g4");
-    let t = Instant::now();
-    while !std::fs::read_to_string(&fourth_log)
-        .unwrap_or_default()
-        .contains("another gateway holds the site portal")
-    {
-        assert!(t.elapsed() < Duration::from_secs(20), "g4 never stood by");
-        std::thread::sleep(Duration::from_millis(200));
+    if let Err(e) = wait_for_log(&fourth_log, 0, standby, Duration::from_secs(20)) {
+        panic!("g4 never stood by: {e}");
     }
     let mark = std::fs::read_to_string(&logs[holder]).unwrap().len();
     let cut = Partition::cut(cut_off.child.id());
     assert_eq!(site_portal_holder(&[fourth_log.as_path()], &rig.site), 0);
     drop(cut);
-    let t = Instant::now();
-    loop {
-        let said = std::fs::read_to_string(&logs[holder]).unwrap();
-        if said[mark..].contains("rejoining the Ceph cluster") {
-            assert!(said[mark..].contains("wait_s=15"), "{}", &said[mark..]);
-            break;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(90),
-            "it was not fenced again: {}",
-            &said[mark..]
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let said = wait_for_log(
+        &logs[holder],
+        mark,
+        "rejoining the Ceph cluster",
+        Duration::from_secs(90),
+    )
+    .unwrap_or_else(|e| panic!("it was not fenced again: {e}"));
+    assert!(said.contains("wait_s=15"), "{said}");
     let pid = cut_off.child.id().to_string();
     Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     let t = Instant::now();

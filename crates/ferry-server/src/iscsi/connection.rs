@@ -9,11 +9,14 @@ use crate::ServerState;
 use bytes::{Bytes, BytesMut};
 use ferry_iscsi::login::{LoginFailure, OUR_MAX_RECV_DATA};
 use ferry_iscsi::pdu::BHS_LEN;
+// How long a closing connection waits for its running commands: the grace
+// an NBD connection gets, so a stopping daemon makes one promise to both.
 use ferry_iscsi::session::TmfFunction;
 use ferry_iscsi::{
     CommandResult, Event, Login, LoginStep, Pdu, PduDecoder, PduError, ScsiTask, Session,
     SessionError, SessionType,
 };
+use ferry_nbd_server::CLOSE_GRACE;
 use ferry_scsi::op;
 use ferry_scsi::{LogicalUnit, Nexus, Sense};
 use std::collections::{HashMap, VecDeque};
@@ -230,9 +233,6 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
         None => std::future::pending().await,
     }
 }
-
-/// How long a closing connection waits for its running commands.
-const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 /// Largest READ answered from the page cache on the connection's task.
 const INLINE_READ_MAX: u64 = 128 * 1024;
