@@ -36,13 +36,20 @@ def axes(quick):
         # report compares (a CI run checks that it runs, not the curves).
         return mid, [("mem", [384]), ("held", [8, 24]), ("rtt", [2])]
     mid = {"mem": 512, "held": 1024, "lacks": 128, "rtt": 20}
-    return mid, [("mem", [256, 512, 1024, 2048, 4096]), ("held", [256, 1024, 4096]),
+    return mid, [("mem", [256, 512, 1024, 2048, 4096]), ("held", [256, 1024, 4096, 8192]),
                  ("rtt", [2, 20, 100, 200])]
 
 
 LABELS = {"mem": "guest memory (MiB; half of it random data)",
           "held": "disk data site B already holds (MiB; it lacks {lacks} MiB more)",
           "rtt": "round-trip time between the sites (ms)"}
+
+
+def disk_need(p):
+    """Free disk a point needs (bytes): at its peak, its data four times over
+    (A's image, B's sibling volume, A's volume and the one the move makes
+    at B), and a tenth more for the file systems and the stores."""
+    return int(4.4 * (p["held"] + p["lacks"])) << 20
 
 
 def disk_images(work, held, lacks):
@@ -86,6 +93,7 @@ def ferry_point(work, link, sibling, disk, size, mem):
     try:
         sb.ferry("volume", "create", "sibling", "--size", str(size))
         sb.ferry("volume", "import", "sibling", sibling)
+        os.unlink(sibling)  # B's volume holds it now; the disk is needed for the rest
         sa.ferry("volume", "create", "root", "--size", str(size))
         sa.ferry("volume", "import", "root", disk)
         # Each guest's memory measured every 5 s (dirty rate, what a move
@@ -142,16 +150,29 @@ def exp_scale(ctx):
     # FERRY_SCALE_ONLY=AXIS=VALUE[,...] measures only those points and
     # keeps the saved run's others (to redo a point, or finish a run).
     only = [tuple(x.split("=")) for x in os.environ.get("FERRY_SCALE_ONLY", "").split(",") if x]
-    rows = []
+    rows, note = [], None
     if only:
         with open(os.path.join(ctx.out, "scale.json")) as f:
-            rows = [r for r in json.load(f)["raw"]["rows"] if (r["axis"], str(r["value"])) not in only]
+            raw = json.load(f)["raw"]
+        rows = [r for r in raw["rows"] if (r["axis"], str(r["value"])) not in only]
+        # Say which points are of this run, after what the saved run said.
+        note = " ".join(filter(None, [raw.get("note"), (
+            f"{', '.join(f'{a}={v}' for a, v in only)} measured on "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+            f"(`FERRY_SCALE_ONLY={os.environ['FERRY_SCALE_ONLY']}`).")]))
     for axis, values in plan:
         for v in values:
             if only and (axis, str(v)) not in only:
                 continue
             p = dict(mid, **{axis: v})
             work = ctx.sub(f"scale-{axis}-{v}")
+            free = shutil.disk_usage(work).free
+            if free < disk_need(p):
+                why = (f"not run: the point needs about {disk_need(p) / 1e9:.0f} GB of free disk, "
+                       f"this machine had {free / 1e9:.0f} GB")
+                print(f"scale {axis}={v}: {why}", flush=True)
+                rows.append({"axis": axis, "value": v, "point": p, "skipped": why})
+                continue
             sibling, disk, size = disk_images(work, p["held"], p["lacks"])
             link = Link(work, MBIT, p["rtt"])
             try:
@@ -161,7 +182,8 @@ def exp_scale(ctx):
                     # A failed move is a result: kept as such, the curve goes on.
                     f = {"error": str(e)[-1500:]}
                     print(f"scale {axis}={v}: ferry failed: {f['error']}", flush=True)
-                os.unlink(sibling)
+                if os.path.exists(sibling):
+                    os.unlink(sibling)
                 try:
                     q = run_qemu_native(work, link, disk, "idle", mem=f"{p['mem']}M", append=cmdline(p["mem"]),
                                         boot_secs=120 + p["mem"] // 8, limit_s=QEMU_LIMIT_S,
@@ -180,7 +202,7 @@ def exp_scale(ctx):
                       flush=True)
     order = {(a, v): i for i, (a, vs) in enumerate(plan) for v in vs}
     rows.sort(key=lambda r: (order.get((r["axis"], r["value"]), 99), r["value"]))
-    return scale_report(ctx, rows, mid)
+    return scale_report(ctx, rows, mid, note)
 
 
 def one_line(text):
@@ -195,6 +217,8 @@ def err_pct(p, m):
 def scale_report(ctx, rows, mid, note=None):
     """The figure (a row of panels per axis: time, bytes, pause) and table;
     `note` (kept with the results) is added to the conditions."""
+    skipped = [r for r in rows if "skipped" in r]
+    every_row, rows = rows, [r for r in rows if "skipped" not in r]
     names = list(dict.fromkeys(r["axis"] for r in rows))
     fig, grid = plt.subplots(len(names), 3, figsize=(14, 3.6 * len(names)), squeeze=False)
     for axs, axis in zip(grid, names):
@@ -229,7 +253,10 @@ def scale_report(ctx, rows, mid, note=None):
     table = ["| axis | value | ferry s / QEMU s | ferry MB / QEMU MB | ferry pause / QEMU pause (ms) | "
              "model error: time, bytes, pause |", "|---|---|---|---|---|---|"]
     errs = []
-    for r in rows:
+    for r in every_row:
+        if "skipped" in r:
+            table.append(f"| {r['axis']} | {r['value']} | {r['skipped']} | | | |")
+            continue
         f, q = r["ferry"], r["qemu"]
         if "error" in f:
             table.append(f"| {r['axis']} | {r['value']} | failed | | | {one_line(f['error'][-300:])} |")
@@ -261,7 +288,8 @@ def scale_report(ctx, rows, mid, note=None):
         "ours": f"{within} of {len(errs)} predictions within 15%.{growth}"
                 + "".join(f" The teleport at {r['axis']}={r['value']} failed: the destination's QEMU said "
                           f"{one_line(r['ferry']['error'].split('it said: ')[-1][:240])}"
-                          for r in rows if "error" in r["ferry"]),
+                          for r in rows if "error" in r["ferry"])
+                + "".join(f" The point {r['axis']}={r['value']} was {r['skipped']}." for r in skipped),
         "table": table,
         "conditions": f"Two sites on loopback joined by toxiproxy ({MBIT} Mbit/s each way, the RTT split between "
                       "directions); the test guest (TCG, one vCPU) writing a durable record at a time, half its "
@@ -272,7 +300,9 @@ def scale_report(ctx, rows, mid, note=None):
                       "disk, `blockdev-mirror sync=full copy-mode=write-blocking` (libvirt's "
                       "`--copy-storage-synchronous-writes`) into the destination's NBD export, then multifd (4, zstd) "
                       "memory, libvirt's order. Pause: QEMU's STOP→RESUME stamps. One run per point. The disk "
-                      "axis stops at 4 GiB: this machine has 25 GB of free disk, and a point needs five copies."
+                      "axis stops at 8 GiB, not the 32 GiB issue 31 names: a point needs its data four times "
+                      "over on this machine's one disk (A's image, B's sibling volume, the volume at A and the "
+                      "one the move makes at B), and the machine has about 57 GB free."
                       + (f" {note}" if note else ""),
-        "raw": {"rows": rows, "mid": mid, **({"note": note} if note else {})},
+        "raw": {"rows": every_row, "mid": mid, **({"note": note} if note else {})},
     }

@@ -108,7 +108,13 @@ impl ExportCatalog for AgentCatalog<'_> {
                 _ => None,
             };
         }
-        self.0.get(name).map(|u| export_info(&u))
+        let found = self.0.get(name).map(|u| export_info(&u));
+        if found.is_none() {
+            // A hypervisor retrying this backs off (QEMU: 1, 2, 4, 8, 16 s),
+            // so a refusal here can become a guest's stall of seconds.
+            tracing::warn!(volume = %name, "a client asked for a volume not attached here");
+        }
+        found
     }
 
     fn exports(&self) -> Vec<ExportInfo> {
@@ -123,6 +129,20 @@ pub struct Forwarder {
     /// Compact headers only (the agent does not offer extended ones).
     style: ReplyStyle,
     block_status: bool,
+    opened: std::time::Instant,
+}
+
+/// A hypervisor's connections come and go with its guest (start, a move's
+/// arrival, QEMU's reconnect after an error): each is logged, so a guest's
+/// stall can be told from its disk connection being away.
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        tracing::info!(
+            volume = %self.up.volume(),
+            after_s = self.opened.elapsed().as_secs_f64(),
+            "a client's connection to the volume closed"
+        );
+    }
 }
 
 struct AgentBackend(Arc<Agent>);
@@ -146,6 +166,7 @@ impl NbdBackend for AgentBackend {
             .0
             .get(&neg.export.name)
             .ok_or_else(|| format!("volume {} is no longer attached", neg.export.name))?;
+        tracing::info!(volume = %neg.export.name, "a client opened the volume");
         Ok(Arc::new(Forwarder {
             up,
             limits: TransmissionLimits {
@@ -154,6 +175,7 @@ impl NbdBackend for AgentBackend {
             },
             style: neg.reply_style(),
             block_status: !neg.meta_contexts.is_empty(),
+            opened: std::time::Instant::now(),
         }))
     }
 }
