@@ -302,7 +302,7 @@ def scale_report(ctx, rows, mid, note=None):
                       "memory, libvirt's order. Pause: QEMU's STOP→RESUME stamps. One run per point. The disk "
                       "axis stops at 8 GiB, not the 32 GiB issue 31 names: a point needs its data four times "
                       "over on this machine's one disk (A's image, B's sibling volume, the volume at A and the "
-                      "one the move makes at B), and the machine has about 57 GB free."
+                      "one the move makes at B), and the machine has 54-57 GB free."
                       + (f" {note}" if note else ""),
         "raw": {"rows": every_row, "mid": mid, **({"note": note} if note else {})},
     }
