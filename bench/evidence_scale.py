@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt
 from common import FERRY
 from evidence_rigs import two_site_inventory
 from migration_peers import Link
-from vm_peers import GUEST, Host, run_qemu_native, test_guest, two_sites, wait_acks
+from vm_peers import GUEST, MULTIFD_CHANNELS, Host, run_qemu_native, test_guest, two_sites, wait_acks
 
 MBIT = 400
 # A QEMU move still running after this long is given up and shown as such.
@@ -188,7 +188,8 @@ def exp_scale(ctx):
                     q = run_qemu_native(work, link, disk, "idle", mem=f"{p['mem']}M", append=cmdline(p["mem"]),
                                         boot_secs=120 + p["mem"] // 8, limit_s=QEMU_LIMIT_S,
                                         copy_mode="write-blocking")
-                    q = {"seconds": q["seconds"], "bytes": q["bytes"], "pause_ms": q["stop_resume_ms"]}
+                    q = {"seconds": q["seconds"], "bytes": q["bytes"], "pause_ms": q["stop_resume_ms"],
+                         "multifd": MULTIFD_CHANNELS}
                 except TimeoutError as e:
                     q = {"seconds": None, "bytes": None, "pause_ms": None, "error": str(e)}
             finally:
@@ -271,6 +272,16 @@ def scale_report(ctx, rows, mid, note=None):
                      f"{f['bytes'] / 1e6:.0f} / {num(q['bytes'], 1e-6)} | {num(f['pause_ms'])} / "
                      f"{num(q['pause_ms'])} | {e[0]:+.0f}%, {e[1]:+.0f}%, {e[2]:+.0f}% |")
     within = sum(1 for e in errs if abs(e) <= 15)
+    # QEMU's memory channels per point (points of before 2026-11-28 10:30
+    # ran four and did not say so).
+    channels = sorted({r["qemu"].get("multifd", 4) for r in rows})
+    if channels == [0]:
+        memory = "its classic single stream for memory"
+    else:
+        memory = f"multifd ({' or '.join(map(str, channels))} channels, zstd) memory"
+    if 4 in channels:
+        memory += (" (with four channels sharing the link QEMU's pause is about three times what one channel "
+                   "gives: docs/benchmarks.md, \"QEMU's memory channels\")")
     held = [r for r in rows if r["axis"] == "held" and "error" not in r["ferry"]]
     growth = ""
     if len(held) > 1:
@@ -298,8 +309,8 @@ def scale_report(ctx, rows, mid, note=None):
                       "migrate --with-disk` (bytes: toxiproxy's count over the memory and disk proxies), the "
                       "prediction `ferry control estimate --teleport-to b` just before. QEMU: a copy of the same "
                       "disk, `blockdev-mirror sync=full copy-mode=write-blocking` (libvirt's "
-                      "`--copy-storage-synchronous-writes`) into the destination's NBD export, then multifd (4, zstd) "
-                      "memory, libvirt's order. Pause: QEMU's STOP→RESUME stamps. One run per point. The disk "
+                      "`--copy-storage-synchronous-writes`) into the destination's NBD export, then "
+                      f"{memory}, libvirt's order. Pause: QEMU's STOP→RESUME stamps. One run per point. The disk "
                       "axis stops at 8 GiB, not the 32 GiB issue 31 names: a point needs its data four times "
                       "over on this machine's one disk (A's image, B's sibling volume, the volume at A and the "
                       "one the move makes at B), and the machine has 54-57 GB free."

@@ -27,7 +27,7 @@ bytes are toxiproxy's count). ferry, one guest moved three times:
 and QEMU alone, on a second boot of the same image: the destination QEMU
 (-incoming defer -S, an empty disk) exports its disk over NBD, the source
 mirrors into it (blockdev-mirror sync=full), then migrates memory (multifd,
-zstd), cancels the ready mirror and resumes the destination (libvirt's
+one channel, zstd), cancels the ready mirror and resumes the destination (libvirt's
 order for `virsh migrate --live --copy-storage-all`); peer `qemu-sync` runs
 it again with libvirt's `--copy-storage-synchronous-writes` (the mirror in
 write-blocking mode: QEMU's better mode for a guest that keeps writing).

@@ -16,8 +16,8 @@ over every proxy the move used. One after the other, in one run:
   qemu-native     the destination QEMU (-incoming defer -S) exports its
                   empty disk over NBD (nbd-server-start, block-export-add);
                   the source mirrors into it (blockdev-mirror sync=full),
-                  then migrates memory (multifd, zstd: QEMU's best for a
-                  slow link); at completion the mirror is cancelled in its
+                  then migrates memory (multifd, one channel, zstd: QEMU's
+                  best for a slow link); at completion the mirror is cancelled in its
                   ready state and the destination resumed (libvirt's order)
   qemu-native-sync  the same with libvirt's --copy-storage-synchronous-writes
                   (the mirror in write-blocking mode: each guest write
@@ -56,8 +56,14 @@ MEM = "256M"
 ACCEL = "tcg"  # --accel; module-wide so every peer runs the same way
 KEEP_LOGS = None  # --keep-logs: where the host daemons' logs are copied
 MAX_DOWNTIME_MS = 300
-# QEMU's memory stream runs over this many parallel connections (multifd).
-MULTIFD_CHANNELS = 4
+# QEMU's memory stream runs over this many parallel connections (multifd,
+# zstd); 0: QEMU's classic single stream, uncompressed (--multifd-channels).
+# One is QEMU's best on these links: sharing one link, four channels each
+# carry a quarter of its rate and the last round and the device state
+# cross slower (copy-storage pauses of 1,064-1,369 ms at 100 Mbit/s and
+# 20 ms, against 373-440 ms with one channel and 446-509 ms with the
+# classic stream; docs/benchmarks.md, "QEMU's memory channels").
+MULTIFD_CHANNELS = 1
 
 
 def cmdline(load):
@@ -364,25 +370,26 @@ def stamp(events, name):
 def copy_storage_setup(src, dst, link):
     """libvirt's set-up of `virsh migrate --live --copy-storage-all` between
     QEMU monitors `src` and `dst` (the destination started `-incoming
-    defer -S` with an empty disk `disk0`): multifd (4 channels, zstd) and
+    defer -S` with an empty disk `disk0`): multifd (MULTIFD_CHANNELS, zstd) and
     auto-converge on both, the downtime limit, the destination's disk
     exported over NBD and its migration listening; each reached through a
     new proxy of `link`. Returns ((name, port) of the disk's proxy, (name,
     port) of the memory's)."""
     nbd_port, mig_port = free_port(), free_port()
     caps = [{"capability": "auto-converge", "state": True},
-            {"capability": "multifd", "state": True}]
-    params = {"multifd-channels": MULTIFD_CHANNELS, "multifd-compression": "zstd"}
+            {"capability": "multifd", "state": MULTIFD_CHANNELS > 0}]
+    params = {"multifd-channels": MULTIFD_CHANNELS, "multifd-compression": "zstd"} if MULTIFD_CHANNELS else {}
     for c in (src, dst):
         c("migrate-set-capabilities", capabilities=caps)
-        c("migrate-set-parameters", **params)
+        if params:
+            c("migrate-set-parameters", **params)
     src("migrate-set-parameters", **{"downtime-limit": MAX_DOWNTIME_MS, "max-bandwidth": 1 << 40})
     dst("nbd-server-start", addr={"type": "inet", "data": {"host": "127.0.0.1", "port": str(nbd_port)}})
     dst("block-export-add", type="nbd", id="e0", **{"node-name": "disk0"}, writable=True, name="disk0")
     dst("migrate-incoming", uri=f"tcp:127.0.0.1:{mig_port}")
     # The memory's channels share the link's rate (toxiproxy would give
     # each channel a whole link of its own).
-    return link.proxy(f"127.0.0.1:{nbd_port}"), link.proxy(f"127.0.0.1:{mig_port}", MULTIFD_CHANNELS)
+    return link.proxy(f"127.0.0.1:{nbd_port}"), link.proxy(f"127.0.0.1:{mig_port}", max(1, MULTIFD_CHANNELS))
 
 
 def copy_storage_move(src, dst, disk_port, mem_port, limit_s=None, copy_mode="background"):
@@ -487,6 +494,7 @@ def run_qemu_native(work, link, image, load, mem=None, append=None, boot_secs=12
 
 
 def main():
+    global ACCEL, KEEP_LOGS, MULTIFD_CHANNELS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rtt", type=int, action="append")
     ap.add_argument("--mbit", type=float, default=100)
@@ -497,10 +505,11 @@ def main():
                     help="how the guests run (kvm needs a working /dev/kvm)")
     ap.add_argument("--keep-logs", metavar="DIR",
                     help="copy each host daemon's log here (FERRY_BENCH_LOG sets its level; slow guest requests are warnings)")
+    ap.add_argument("--multifd-channels", type=int, default=MULTIFD_CHANNELS,
+                    help="the QEMU peers' memory channels (multifd, zstd); 0: one uncompressed stream")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    global ACCEL, KEEP_LOGS
-    ACCEL, KEEP_LOGS = a.accel, a.keep_logs
+    ACCEL, KEEP_LOGS, MULTIFD_CHANNELS = a.accel, a.keep_logs, a.multifd_channels
     rtts = a.rtt or [20]
     base, image = os.path.join(a.images, "min.img"), os.path.join(a.images, "lamp.img")
     for f in (base, image, f"{GUEST}/vmlinuz"):
@@ -529,6 +538,8 @@ def main():
                     finally:
                         link.close()
                     r.update(peer=peer, rtt=rtt, load=load, mbit=a.mbit)
+                    if peer.startswith("qemu"):
+                        r.update(multifd_channels=MULTIFD_CHANNELS)
                     print(json.dumps({k: v for k, v in r.items() if k != "report"}), file=sys.stderr)
                     results.append(r)
     if a.json:
@@ -549,7 +560,8 @@ def main():
         sw, lg = r.get("switch_gap"), r.get("largest_gap")
         pause = sw["ms"] if sw else pause
         where = f"{lg['ms']} ms ({lg['seen_at_s']:.1f} s)" if lg and lg.get("seen_at_s") is not None else "-"
-        print(f"| {r['rtt']} ms | {r['load']} | {r['peer']} | {r['bytes'] / 1e6:.1f} MB | "
+        peer = r["peer"] + (f" (multifd {r['multifd_channels']})" if "multifd_channels" in r else "")
+        print(f"| {r['rtt']} ms | {r['load']} | {peer} | {r['bytes'] / 1e6:.1f} MB | "
               f"{r['memory_bytes'] / 1e6:.1f} MB | {r['seconds']:.1f} s | "
               f"{'-' if sr is None else f'{sr:.0f} ms'} | "
               f"{'-' if pause is None else f'{pause:.0f} ms'} ({r.get('record_gap_ms') or 0:.0f} ms) | "
