@@ -116,7 +116,7 @@ class Bridge:
                 ["tcpdump", "-i", "any", "-y", "LINUX_SLL2", "-s", "128", "-U", "-w", path,
                  f"host {GUEST_IP} or arp or rarp"],
                 stdout=subprocess.DEVNULL, stderr=open(path + ".log", "w"))
-            print(f"capturing the guest's frames in {path}", flush=True)
+            print(f"capturing the guest's frames in {path}", file=sys.stderr, flush=True)
 
     def tap(self, name):
         subprocess.run(["ip", "link", "del", name], capture_output=True)
@@ -171,7 +171,7 @@ def keep_logs(work):
                 d = os.path.join(into, os.path.relpath(root, work))
                 os.makedirs(d, exist_ok=True)
                 shutil.copy(os.path.join(root, f), d)
-    print(f"logs kept in {into}", flush=True)
+    print(f"logs kept in {into}", file=sys.stderr, flush=True)
 
 
 def import_image(storage, volume):
