@@ -250,6 +250,7 @@ impl Guest {
             plan.push((
                 crate::network::tap_name(&self.paths.dir, i),
                 net.bridge.clone(),
+                n.mac.clone(),
             ));
         }
         if plan.is_empty() {
@@ -258,9 +259,9 @@ impl Guest {
         let user = self.paths.qemu_user.as_ref().map(|u| u.name.clone());
         let s = spec.clone();
         tokio::task::spawn_blocking(move || {
-            for (k, (tap, bridge)) in plan.iter().enumerate() {
-                if let Err(e) = crate::network::plug(tap, bridge, user.as_deref()) {
-                    for (t, _) in &plan[..k] {
+            for (k, (tap, bridge, mac)) in plan.iter().enumerate() {
+                if let Err(e) = crate::network::plug(tap, bridge, mac, user.as_deref()) {
+                    for (t, _, _) in &plan[..k] {
                         crate::network::unplug(t);
                     }
                     return Err(VmError::Config(format!(

@@ -363,6 +363,9 @@ fn ensure_network(n: &Network) -> Result<(), NetError> {
     if !link_exists(&n.bridge) {
         run("ip", &["link", "add", &n.bridge, "type", "bridge"])?;
     }
+    if let Some(mac) = pin_bridge_address(&n.bridge)? {
+        tracing::info!(bridge = %n.bridge, %mac, "the bridge's MAC set, so that guests' taps coming and going keep it");
+    }
     run("ip", &["link", "set", &n.bridge, "up"])?;
     match &n.overlay {
         None => Ok(()),
@@ -453,10 +456,44 @@ fn no_geneve_says_so(e: NetError) -> NetError {
     }
 }
 
-/// Make `tap` (owned by `user`, so a QEMU running as that user opens it)
-/// and plug it into `bridge`. A tap of that name left by a QEMU that
-/// ended without its daemon is replaced.
-pub fn plug(tap: &str, bridge: &str, user: Option<&str>) -> Result<(), NetError> {
+/// Give `bridge` its current MAC as one set on purpose, unless one was
+/// (returns the MAC when it did). A bridge whose address nobody set takes
+/// its lowest port's MAC and changes it as ports come and go; each change
+/// silences, until their ARP entries expire (seconds to a minute), the
+/// neighbours that reach this host through the bridge's address: clients
+/// on the host itself, guests whose gateway it is. Kernel: a bridge keeps
+/// an address assigned by the user (`addr_assign_type` 3) for good.
+fn pin_bridge_address(bridge: &str) -> Result<Option<String>, NetError> {
+    let sys = std::path::Path::new("/sys/class/net").join(bridge);
+    let read = |f: &str| std::fs::read_to_string(sys.join(f)).map(|s| s.trim().to_string());
+    if read("addr_assign_type").is_ok_and(|t| t == "3") {
+        return Ok(None);
+    }
+    let mac = read("address").map_err(|e| NetError::Command {
+        command: format!("read {}", sys.join("address").display()),
+        detail: e.to_string(),
+    })?;
+    run("ip", &["link", "set", "dev", bridge, "address", &mac])?;
+    Ok(Some(mac))
+}
+
+/// The MAC of a guest tap's own end: the guest's with the first octet
+/// 0xfe (libvirt's rule). A bridge without a set address takes its lowest
+/// port's MAC, and a tap with a random one could become it; 0xfe keeps
+/// taps above the uplinks' and overlays' MACs, so a guest starting,
+/// stopping or moving never changes such a bridge's address.
+pub fn tap_mac(guest_mac: &str) -> String {
+    match guest_mac.split_once(':') {
+        Some((_, rest)) => format!("fe:{rest}"),
+        None => guest_mac.to_string(),
+    }
+}
+
+/// Make `tap` (owned by `user`, so a QEMU running as that user opens it;
+/// its own MAC [`tap_mac`] of the guest's `mac`) and plug it into
+/// `bridge`. A tap of that name left by a QEMU that ended without its
+/// daemon is replaced.
+pub fn plug(tap: &str, bridge: &str, mac: &str, user: Option<&str>) -> Result<(), NetError> {
     if link_exists(tap) {
         run("ip", &["link", "del", tap])?;
     }
@@ -465,7 +502,9 @@ pub fn plug(tap: &str, bridge: &str, user: Option<&str>) -> Result<(), NetError>
         args.extend(["user", u]);
     }
     run("ip", &args)?;
-    let r = run("ip", &["link", "set", tap, "master", bridge])
+    let own = tap_mac(mac);
+    let r = run("ip", &["link", "set", "dev", tap, "address", &own])
+        .and_then(|_| run("ip", &["link", "set", tap, "master", bridge]))
         .and_then(|_| run("ip", &["link", "set", tap, "up"]));
     if r.is_err() {
         let _ = run("ip", &["link", "del", tap]);
@@ -590,6 +629,13 @@ mod tests {
         let nets = two("a,bridge=b1", "b,bridge=b2").unwrap();
         assert_eq!(nets.get("b").unwrap().bridge, "b2");
         assert_eq!(nets.get("c"), Err(NetError::Unknown("c".into())));
+    }
+
+    #[test]
+    fn a_taps_own_mac_is_the_guests_above_every_uplinks() {
+        assert_eq!(tap_mac("52:54:00:12:34:56"), "fe:54:00:12:34:56");
+        assert_eq!(tap_mac("02:00:00:00:00:01"), "fe:00:00:00:00:01");
+        assert!(check_mac(&tap_mac(&new_mac())).is_ok());
     }
 
     #[test]
