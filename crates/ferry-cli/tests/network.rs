@@ -901,15 +901,6 @@ fn a_debian_guest_keeps_its_database_clients_across_a_teleport() {
     b.ns.vm_ok(&["stop", "db"]);
 }
 
-/// Three sites that all list each other, joined by an overlay over an
-/// IPv6 underlay (one switch between them, in a namespace of its own):
-/// each site's host daemon makes its network's bridge and overlay links;
-/// an address on each site's bridge reaches the other two over the
-/// overlay, and a broadcast does not circle the mesh (VXLAN floods from
-/// one link that never sends back what it received; each GENEVE link is
-/// an isolated bridge port: without that, one ARP request would loop
-/// between the three bridges for ever). GENEVE runs where the kernel has
-/// it (this machine's does not: CONFIG_GENEVE unset); VXLAN always.
 /// A bridge nobody set an address on takes its lowest port's MAC and
 /// changes it as ports come and go; every neighbour that reaches the host
 /// through the bridge's address (a client on the host, guests whose
@@ -965,6 +956,15 @@ fn the_hosts_bridges_keep_their_address_as_ports_come_and_go() {
     }
 }
 
+/// Three sites that all list each other, joined by an overlay over an
+/// IPv6 underlay (one switch between them, in a namespace of its own):
+/// each site's host daemon makes its network's bridge and overlay links;
+/// an address on each site's bridge reaches the other two over the
+/// overlay, and a broadcast does not circle the mesh (VXLAN floods from
+/// one link that never sends back what it received; each GENEVE link is
+/// an isolated bridge port: without that, one ARP request would loop
+/// between the three bridges for ever). GENEVE runs where the kernel has
+/// it (this machine's does not: CONFIG_GENEVE unset); VXLAN always.
 #[test]
 fn three_sites_joined_over_ipv6_reach_each_other_without_a_loop() {
     if !can_run() {

@@ -9,13 +9,13 @@ use crate::ServerState;
 use bytes::{Bytes, BytesMut};
 use ferry_iscsi::login::{LoginFailure, OUR_MAX_RECV_DATA};
 use ferry_iscsi::pdu::BHS_LEN;
-// How long a closing connection waits for its running commands: the grace
-// an NBD connection gets, so a stopping daemon makes one promise to both.
 use ferry_iscsi::session::TmfFunction;
 use ferry_iscsi::{
     CommandResult, Event, Login, LoginStep, Pdu, PduDecoder, PduError, ScsiTask, Session,
     SessionError, SessionType,
 };
+// How long a closing connection waits for its running commands: the grace
+// an NBD connection gets, so a stopping daemon makes one promise to both.
 use ferry_nbd_server::CLOSE_GRACE;
 use ferry_scsi::op;
 use ferry_scsi::{LogicalUnit, Nexus, Sense};
