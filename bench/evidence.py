@@ -686,6 +686,14 @@ def exp_model(ctx):
             time.sleep(1)
 
         def move(kind, est_args, mig_args, serial_after):
+            # The guest's state as the controller reads it (its dirty rate,
+            # resident memory, memory share), kept beside the estimate so a
+            # miss can be traced to its inputs.
+            snap_m = os.path.join(work, "snapshot-move.json")
+            subprocess.run([FERRY, "control", "plan", "--inventory", inv_file, "--interval", "2s",
+                            "--save-snapshot", snap_m], check=True, capture_output=True)
+            with open(snap_m) as f:
+                vm_state = json.load(f)["vms"][0]
             e = estimate(*est_args)
             t = time.time()
             r = subprocess.run([FERRY, "vm", "--host", f"127.0.0.1:{hosts_at[0].control}", "migrate", "g",
@@ -699,7 +707,7 @@ def exp_model(ctx):
             rows.append({"what": f"{kind}: time (s)", "kind": kind, "predicted": c["seconds"],
                          "measured": rep["total_s"], "error_pct": err(c["seconds"], rep["total_s"]),
                          "wall_s": wall, "report_bytes": rep["bytes"], "phases": rep["phases"],
-                         "estimate": e})
+                         "estimate": e, "vm_state": vm_state, "report": rep})
             rows.append({"what": f"{kind}: bytes on the link (MB)", "kind": kind, "predicted": c["bytes"] / 1e6,
                          "measured": link_bytes / 1e6, "error_pct": err(c["bytes"], link_bytes)})
             pause = rep.get("guest_pause_ms") if not kind.startswith("disk only") else rep.get("disk_pause_ms")
