@@ -128,7 +128,7 @@ def ferry_point(work, link, sibling, disk, size, mem):
         B.vm("stop", "g")
         return {"seconds": rep["total_s"], "bytes": link.bytes(moves_name) + link.bytes(mig_name),
                 "pause_ms": rep.get("guest_pause_ms"), "phases": rep.get("phases"),
-                "report_bytes": rep.get("bytes"),
+                "report_bytes": rep.get("bytes"), "report": rep,
                 "predicted": {"seconds": cost["seconds"], "bytes": cost["bytes"], "pause_ms": cost["pause_s"] * 1000},
                 # Its inputs (the links as probed, the guest's measured load),
                 # to tell a wrong input from a wrong formula.
@@ -291,7 +291,8 @@ def scale_report(ctx, rows, mid, note=None):
     if channels == [0]:
         memory = "its classic single stream for memory"
     else:
-        memory = f"multifd ({' or '.join(map(str, channels))} channels, zstd) memory"
+        word = "channel" if channels == [1] else "channels"
+        memory = f"multifd ({' or '.join(map(str, channels))} {word}, zstd) memory"
     if 4 in channels:
         memory += (" (with four channels sharing the link QEMU's pause is about three times what one channel "
                    "gives: docs/benchmarks.md, \"QEMU's memory channels\")")
