@@ -150,26 +150,16 @@ def exp_scale(ctx):
     # FERRY_SCALE_ONLY=AXIS=VALUE[,...] measures only those points and
     # keeps the saved run's others (to redo a point, or finish a run).
     only = [tuple(x.split("=")) for x in os.environ.get("FERRY_SCALE_ONLY", "").split(",") if x]
-    # FERRY_SCALE_PEER_ONLY=1 measures QEMU's side of those points (all,
-    # without FERRY_SCALE_ONLY) again and keeps the saved run's ferry side
-    # (to bring the peer to a better mode without redoing ferry's moves).
-    peer_only = os.environ.get("FERRY_SCALE_PEER_ONLY") == "1"
-    rows, note, saved = [], None, {}
-    if only or peer_only:
+    rows, note = [], None
+    if only:
         with open(os.path.join(ctx.out, "scale.json")) as f:
             raw = json.load(f)["raw"]
-        saved = {(r["axis"], str(r["value"])): r for r in raw["rows"]}
-        if peer_only and not only:
-            only = [k for k, r in saved.items() if "skipped" not in r]
         rows = [r for r in raw["rows"] if (r["axis"], str(r["value"])) not in only]
         # Say which points are of this run, after what the saved run said.
-        env = " ".join(f"{k}={os.environ[k]}" for k in ("FERRY_SCALE_ONLY", "FERRY_SCALE_PEER_ONLY")
-                       if os.environ.get(k))
         note = " ".join(filter(None, [raw.get("note"), (
-            f"{'QEMU at ' if peer_only else ''}"
-            f"{'every point' if peer_only and not os.environ.get('FERRY_SCALE_ONLY') else ', '.join(f'{a}={v}' for a, v in only)}"
-            f" measured on "
-            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} (`{env}`).")]))
+            f"{', '.join(f'{a}={v}' for a, v in only)} measured on "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+            f"(`FERRY_SCALE_ONLY={os.environ['FERRY_SCALE_ONLY']}`).")]))
     for axis, values in plan:
         for v in values:
             if only and (axis, str(v)) not in only:
@@ -186,15 +176,12 @@ def exp_scale(ctx):
             sibling, disk, size = disk_images(work, p["held"], p["lacks"])
             link = Link(work, MBIT, p["rtt"])
             try:
-                if peer_only:
-                    f = saved[(axis, str(v))]["ferry"]
-                else:
-                    try:
-                        f = ferry_point(work, link, sibling, disk, size, p["mem"])
-                    except RuntimeError as e:
-                        # A failed move is a result: kept as such, the curve goes on.
-                        f = {"error": str(e)[-1500:]}
-                        print(f"scale {axis}={v}: ferry failed: {f['error']}", flush=True)
+                try:
+                    f = ferry_point(work, link, sibling, disk, size, p["mem"])
+                except RuntimeError as e:
+                    # A failed move is a result: kept as such, the curve goes on.
+                    f = {"error": str(e)[-1500:]}
+                    print(f"scale {axis}={v}: ferry failed: {f['error']}", flush=True)
                 if os.path.exists(sibling):
                     os.unlink(sibling)
                 try:
