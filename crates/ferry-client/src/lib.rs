@@ -459,7 +459,14 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 }
 
 /// Write every buffer of `batch` with as few vectored writes as the socket
-/// allows, then empty `batch`. Shared by this client and the NBD server.
+/// allows, flush, then empty `batch`. Shared by this client and the NBD
+/// server. The flush matters over TLS: tokio-rustls accepts a write into
+/// its session and returns once the socket would block, keeping records
+/// it has not sent; the writer tasks then wait for their next message, not
+/// for the socket, so without the flush a last reply (or request) could
+/// sit in the session until the peer gave up (found 2026-11-28: nbdcopy
+/// waited 10 minutes on a block-status reply over TLS). On TCP it does
+/// nothing.
 pub async fn write_all_vectored<W: AsyncWrite + Unpin>(
     wr: &mut W,
     batch: &mut Vec<Bytes>,
@@ -486,6 +493,7 @@ pub async fn write_all_vectored<W: AsyncWrite + Unpin>(
             }
         }
     }
+    wr.flush().await?;
     batch.clear();
     Ok(())
 }
@@ -685,5 +693,54 @@ mod tests {
         let r = tokio::time::timeout(std::time::Duration::from_secs(5), c.read(0, 512)).await;
         assert!(matches!(r, Ok(Err(ClientError::Disconnected))), "{r:?}");
         drop(server);
+    }
+
+    /// A stream that takes writes into its own buffer and sends them only
+    /// when flushed, as a TLS session does once its socket would block.
+    struct HoldsUntilFlushed {
+        held: Vec<u8>,
+        sent: Vec<u8>,
+    }
+
+    impl AsyncWrite for HoldsUntilFlushed {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            self.held.extend_from_slice(buf);
+            std::task::Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            let held = std::mem::take(&mut self.held);
+            self.sent.extend(held);
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            self.poll_flush(cx)
+        }
+    }
+
+    /// Every byte of a batch has left the stream when the write returns:
+    /// the writer tasks wait for their next message afterwards, so bytes a
+    /// TLS session kept would wait with them (a reply nobody sends).
+    #[tokio::test]
+    async fn a_written_batch_is_flushed_out_of_the_stream() {
+        let mut w = HoldsUntilFlushed {
+            held: Vec::new(),
+            sent: Vec::new(),
+        };
+        let mut batch = vec![Bytes::from_static(b"reply one"), Bytes::from_static(b"two")];
+        write_all_vectored(&mut w, &mut batch).await.unwrap();
+        assert!(batch.is_empty() && w.held.is_empty(), "{:?}", w.held);
+        assert_eq!(w.sent, b"reply onetwo");
     }
 }

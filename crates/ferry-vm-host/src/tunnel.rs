@@ -355,11 +355,13 @@ where
                 window.lock().on_send(len);
                 counters.raw.fetch_add(n as u64, Ordering::Relaxed);
                 counters.link.fetch_add(len, Ordering::Relaxed);
-                lw.lock()
-                    .await
-                    .write_all(&frame)
-                    .await
-                    .map_err(link_err("write"))?;
+                // Flushed: a TLS session keeps records it could not send
+                // when the socket was full, and this task next waits on
+                // QEMU, not the link (see `ferry_client::write_all_vectored`).
+                let mut w = lw.lock().await;
+                w.write_all(&frame).await.map_err(link_err("write"))?;
+                w.flush().await.map_err(link_err("write"))?;
+                drop(w);
             }
             // QEMU's stream is all sent. The link's end follows only once
             // the other side has acknowledged every byte: a relay on the
@@ -404,7 +406,11 @@ where
                             encode_ack(u32::try_from(size).unwrap_or(u32::MAX), &mut ack);
                             // The other side may have finished sending; an
                             // acknowledgement that cannot go is not an error.
-                            let _ = lw.lock().await.write_all(&ack).await;
+                            let mut w = lw.lock().await;
+                            if w.write_all(&ack).await.is_ok() {
+                                let _ = w.flush().await;
+                            }
+                            drop(w);
                         }
                         Frame::Ack(n) => {
                             window.lock().on_ack(n);
