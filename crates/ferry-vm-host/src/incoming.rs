@@ -10,13 +10,13 @@ use crate::peer::{
     check_version, encode_line, ArrivalOrder, IncomingDisk, PeerAnswer, PeerRequest, SwitchedDisk,
 };
 use crate::qemu::{host_memory_mib, qemu_available, resolve_accel, validate};
-use crate::tunnel::{pipe, read_message, PipeCounters, ServerLink, EXCHANGE_TIMEOUT};
+use crate::tunnel::{pipe, read_message, send_flushed, PipeCounters, ServerLink, EXCHANGE_TIMEOUT};
 use crate::{PeerFault, QemuFault, VmError, VmHost};
 use ferry_api::{MigrationId, VmSpec};
 use ferry_client::ExportDetails;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 
 /// In a guest's directory while it is being received.
@@ -88,12 +88,9 @@ pub const MOVE_LIMITS: ferry_trust::listen::ConnLimits = ferry_trust::listen::Co
 };
 
 async fn answer(link: &mut ServerLink, a: &PeerAnswer) -> Result<(), VmError> {
-    let sent = async {
-        link.write_all(&encode_line(a)).await?;
-        link.flush().await
-    }
-    .await;
-    sent.map_err(|e| VmError::peer(source_of(link), PeerFault::link("write")(e)))
+    send_flushed(link, &encode_line(a))
+        .await
+        .map_err(|e| VmError::peer(source_of(link), PeerFault::link("write")(e)))
 }
 
 /// The source host's address, as the link's socket sees it.

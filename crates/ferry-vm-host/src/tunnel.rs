@@ -75,18 +75,27 @@ pub async fn read_message<T: for<'de> serde::Deserialize<'de>, R: AsyncRead + Un
     }
 }
 
+/// Write `bytes` on a link and flush them out of its TLS session: a
+/// session keeps the records it could not send while the socket was full,
+/// and nothing sends them before the next write or flush (see
+/// `ferry_client::write_all_vectored`).
+pub(crate) async fn send_flushed<W: AsyncWrite + Unpin>(
+    link: &mut W,
+    bytes: &[u8],
+) -> std::io::Result<()> {
+    link.write_all(bytes).await?;
+    link.flush().await
+}
+
 /// Write `req` on `link` and read the answer, with any bytes read past it.
 async fn request<L: AsyncRead + AsyncWrite + Unpin>(
     link: &mut L,
     addr: &str,
     req: &PeerRequest,
 ) -> Result<(PeerAnswer, Vec<u8>), VmError> {
-    let sent = async {
-        link.write_all(&encode_line(req)).await?;
-        link.flush().await
-    }
-    .await;
-    sent.map_err(link_err(addr, "write"))?;
+    send_flushed(link, &encode_line(req))
+        .await
+        .map_err(link_err(addr, "write"))?;
     read_message::<PeerAnswer, _>(link).await.map_err(at(addr))
 }
 
@@ -355,13 +364,10 @@ where
                 window.lock().on_send(len);
                 counters.raw.fetch_add(n as u64, Ordering::Relaxed);
                 counters.link.fetch_add(len, Ordering::Relaxed);
-                // Flushed: a TLS session keeps records it could not send
-                // when the socket was full, and this task next waits on
-                // QEMU, not the link (see `ferry_client::write_all_vectored`).
-                let mut w = lw.lock().await;
-                w.write_all(&frame).await.map_err(link_err("write"))?;
-                w.flush().await.map_err(link_err("write"))?;
-                drop(w);
+                // Flushed: this task next waits on QEMU, not the link.
+                send_flushed(&mut *lw.lock().await, &frame)
+                    .await
+                    .map_err(link_err("write"))?;
             }
             // QEMU's stream is all sent. The link's end follows only once
             // the other side has acknowledged every byte: a relay on the
@@ -406,11 +412,7 @@ where
                             encode_ack(u32::try_from(size).unwrap_or(u32::MAX), &mut ack);
                             // The other side may have finished sending; an
                             // acknowledgement that cannot go is not an error.
-                            let mut w = lw.lock().await;
-                            if w.write_all(&ack).await.is_ok() {
-                                let _ = w.flush().await;
-                            }
-                            drop(w);
+                            let _ = send_flushed(&mut *lw.lock().await, &ack).await;
                         }
                         Frame::Ack(n) => {
                             window.lock().on_ack(n);
