@@ -629,6 +629,14 @@ def exp_model(ctx):
                 raise RuntimeError(f"ferry {' '.join(args)}: {r.stderr.strip()}")
             return json.loads(r.stdout)
 
+        def snapshot(path, interval):
+            """What the controller measures over `interval` (`ferry control
+            plan`), saved at `path` and returned."""
+            subprocess.run([FERRY, "control", "plan", "--inventory", inv_file, "--interval", interval,
+                            "--save-snapshot", path], check=True, capture_output=True)
+            with open(path) as f:
+                return json.load(f)
+
         def estimate(*args):
             return ferry_json("control", "estimate", "g", "--inventory", inv_file, "--interval", "3s", *args)
 
@@ -647,11 +655,8 @@ def exp_model(ctx):
         # and the table gives the medians over the rounds.
         for _ in range(repeats):
             snap = os.path.join(work, "snapshot.json")
-            subprocess.run([FERRY, "control", "plan", "--inventory", inv_file, "--interval", f"{window}s",
-                            "--save-snapshot", snap], check=True, capture_output=True)
+            base_load = snapshot(snap, f"{window}s")["vms"][0]["load"]
             base = rate([serial_a])
-            with open(snap) as f:
-                base_load = json.load(f)["vms"][0]["load"]
             print(f"model: at {rtt0} ms {base:.1f} records/s, load {base_load}", flush=True)
             # The what-if RTT is the link's as the controller probes it with
             # the toxics set to the new latency (the disk's path and the
@@ -664,11 +669,7 @@ def exp_model(ctx):
                 time.sleep(1)
                 # The guest's load there (its per-request latency as its
                 # forwarder measured it) and the link's RTT as probed.
-                at = os.path.join(work, f"snapshot-{rtt}.json")
-                subprocess.run([FERRY, "control", "plan", "--inventory", inv_file, "--interval", "3s",
-                                "--save-snapshot", at], check=True, capture_output=True)
-                with open(at) as f:
-                    there = json.load(f)
+                there = snapshot(os.path.join(work, f"snapshot-{rtt}.json"), "3s")
                 load, probed = there["vms"][0]["load"], there["links"][0]["rtt_ms"]
                 e = ferry_json("control", "estimate", "g", "--cluster", snap, "--rtt-ms", str(probed))
                 predicted = base * e["access_then"]["rate"] / e["access_now"]["rate"]
@@ -689,11 +690,7 @@ def exp_model(ctx):
             # The guest's state as the controller reads it (its dirty rate,
             # resident memory, memory share), kept beside the estimate so a
             # miss can be traced to its inputs.
-            snap_m = os.path.join(work, "snapshot-move.json")
-            subprocess.run([FERRY, "control", "plan", "--inventory", inv_file, "--interval", "2s",
-                            "--save-snapshot", snap_m], check=True, capture_output=True)
-            with open(snap_m) as f:
-                vm_state = json.load(f)["vms"][0]
+            vm_state = snapshot(os.path.join(work, "snapshot-move.json"), "2s")["vms"][0]
             e = estimate(*est_args)
             t = time.time()
             r = subprocess.run([FERRY, "vm", "--host", f"127.0.0.1:{hosts_at[0].control}", "migrate", "g",
