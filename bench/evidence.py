@@ -714,21 +714,30 @@ def exp_model(ctx):
             print(f"model: {kind}: predicted {c['seconds']:.1f} s {c['bytes'] / 1e6:.0f} MB, measured "
                   f"{rep['total_s']:.1f} s {link_bytes / 1e6:.0f} MB; phases {rep['phases']}", flush=True)
             wait_acks(serial_after, max((a[0] for a in acks([serial_after])), default=0) + 3, secs=60)
-            return e
 
         for i in range(repeats):
+            # The guest's rate with its disk across the link, and the model's
+            # prediction of it with the disk local, taken before each disk
+            # move from a window as long as the access rows' (its CPU time per
+            # record differs between moves); measured after the move.
+            local_snap = os.path.join(work, "snapshot-local.json")
+            local_load = snapshot(local_snap, f"{window}s")["vms"][0]["load"]
+            before = rate([serial_a])
+            e = ferry_json("control", "estimate", "g", "--cluster", local_snap, "--disk-to", "a")
+            local_pred = before * e["access_then"]["rate"] / e["access_now"]["rate"]
             # 1. Disk only: the disk comes to the guest at A (the first time
             # A holds none of it).
             hosts_at = [A]
-            e = move("disk only" + (", A holds none of it" if i == 0 else ", A holds its last copy"),
-                     ["--disk-to", "a"],
-                     ["--to-storage", f"127.0.0.1:{mig_a}", "--to-storage-admin", f"127.0.0.1:{sa.admin}"],
-                     serial_a)
-            if i == 0:
-                local_pred = base * e["access_then"]["rate"] / e["access_now"]["rate"]
-                measured = rate([serial_a])
-                rows.append({"what": f"records/s, disk local after the move (from {rtt0} ms)", "kind": "access",
-                             "predicted": local_pred, "measured": measured, "error_pct": err(local_pred, measured)})
+            move("disk only" + (", A holds none of it" if i == 0 else ", A holds its last copy"),
+                 ["--disk-to", "a"],
+                 ["--to-storage", f"127.0.0.1:{mig_a}", "--to-storage-admin", f"127.0.0.1:{sa.admin}"],
+                 serial_a)
+            measured = rate([serial_a])
+            rows.append({"what": f"records/s, disk local after the move (from {rtt0} ms)", "kind": "access",
+                         "predicted": local_pred, "measured": measured, "error_pct": err(local_pred, measured),
+                         "base": before, "load": local_load, "estimate": e})
+            print(f"model: disk local: {before:.1f}/s across the link, predicted {local_pred:.1f}/s, "
+                  f"measured {measured:.1f}/s", flush=True)
             # 2. Teleport: guest and disk to B.
             move("teleport", ["--teleport-to", "b"],
                  ["--to-host", f"127.0.0.1:{moves_b}", "--with-disk", "--to-storage", f"127.0.0.1:{mig_b}",
@@ -795,7 +804,8 @@ def model_report(ctx, rows, mbit, rtt0, data_mib, vol_mib):
                       "data) at site B; the guest appends a record and syncs it, over and over. Access rows: the "
                       f"guest's load measured at {rtt0} ms (`ferry control plan --save-snapshot`), the prediction "
                       "`ferry control estimate --cluster SNAPSHOT --rtt-ms R` scaled from the rate measured then; "
-                      "the RTT of the disk's link then set to R and the rate measured. Move rows: `ferry control "
+                      "the RTT of the disk's link then set to R and the rate measured; the disk-local row likewise "
+                      "(`--disk-to a` on a snapshot taken before each disk-only move), measured after it. Move rows: `ferry control "
                       "estimate --inventory` just before each `ferry vm migrate` (disk only B→A to the guest, "
                       "teleport A→B, VM only B→A away from the disk); measured: the move report's total time, its "
                       "link bytes (memory and disk, TLS included), the guest's pause (QEMU's STOP→RESUME; for the disk-only move the hold of the "
