@@ -34,8 +34,9 @@ const RUNS: usize = 128;
 /// Resident pages per run (the sample reads `RUNS` × `RUN_PAGES` pages:
 /// 16 MiB).
 const RUN_PAGES: usize = 32;
-const PAGE: u64 = 4096;
 const PAGE_BYTES: usize = 4096;
+/// The same, as a step between addresses.
+const PAGE: u64 = PAGE_BYTES as u64;
 /// Pagemap entries read at a time.
 const PAGEMAP_BATCH: usize = 8192;
 /// Bytes QEMU's stream spends on a zero page (its header and a marker).
@@ -174,7 +175,7 @@ fn share_of(pages: &[Vec<u8>]) -> Option<f64> {
     #[allow(clippy::cast_precision_loss)]
     let (sent, raw) = (
         link.len() as f64 + zero as f64 * ZERO_PAGE_BYTES,
-        (pages.len() * 4096) as f64,
+        (pages.len() * PAGE_BYTES) as f64,
     );
     Some(sent / raw)
 }
@@ -262,24 +263,24 @@ mod tests {
         while out.len() < pages {
             let len = rng.gen_range(16..80).min(pages - out.len());
             kind = (kind + 1) % 3;
-            let mut template = vec![0u8; 4096];
+            let mut template = vec![0u8; PAGE_BYTES];
             rng.fill_bytes(&mut template);
             for i in 0..len {
                 let p = match kind {
                     0 => {
-                        let mut p = vec![0u8; 4096];
+                        let mut p = vec![0u8; PAGE_BYTES];
                         rng.fill_bytes(&mut p);
                         p
                     }
                     1 => {
                         let mut p = template.clone();
-                        p[rng.gen_range(0..4096)] = rng.gen();
+                        p[rng.gen_range(0..PAGE_BYTES)] = rng.gen();
                         p
                     }
                     _ => format!("page {i} of a text region; ")
                         .bytes()
                         .cycle()
-                        .take(4096)
+                        .take(PAGE_BYTES)
                         .collect(),
                 };
                 out.push(p);
@@ -296,7 +297,7 @@ mod tests {
         let pages = kinds_in_regions(SIZE / PAGE_BYTES);
         let mut ram = vec![0u8; SIZE];
         for (i, p) in pages.iter().enumerate() {
-            ram[i * 4096..(i + 1) * 4096].copy_from_slice(p);
+            ram[i * PAGE_BYTES..(i + 1) * PAGE_BYTES].copy_from_slice(p);
         }
         let whole = share_of(&pages).unwrap();
         // Single pages at random price the near copies at their full size.
