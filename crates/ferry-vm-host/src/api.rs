@@ -260,8 +260,9 @@ async fn bandwidth_probe(
             .map_err(err)?;
         sent += u64::from(n);
     }
-    link.write_all(&0u32.to_be_bytes()).await.map_err(err)?;
-    link.flush().await.map_err(err)?;
+    crate::tunnel::send_flushed(&mut link, &0u32.to_be_bytes())
+        .await
+        .map_err(err)?;
     let (a, _) = tokio::time::timeout(
         std::time::Duration::from_secs(60),
         crate::tunnel::read_message::<PeerAnswer, _>(&mut link),
