@@ -47,7 +47,8 @@ pub struct RebuildReport {
 }
 
 /// `POST /v1/volumes/{name}/sample`: fingerprints of `blocks` of the
-/// volume's index-sized blocks, spread evenly over it.
+/// volume's index-sized blocks, in runs of 8 neighbouring blocks spread
+/// evenly over it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SampleRequest {
@@ -65,15 +66,16 @@ pub struct VolumeSample {
     pub zero: u64,
     pub fingerprints: Vec<String>,
     /// The sampled non-zero blocks compressed together as a migration's
-    /// data stream compresses (zstd level 3), in bytes: with the count of
-    /// non-zero blocks, how well the disk's data compresses on the link.
+    /// data stream compresses (zstd level 3, long-distance matching, a
+    /// piece flushed after each run), in bytes: with the count of non-zero
+    /// blocks, how well the disk's data compresses on the link.
     #[serde(default)]
     pub nonzero_compressed: u64,
-    /// What each non-zero block adds to one zstd stream (same level) over
-    /// the sample, flushed after each block, in bytes (at most the block
-    /// size), in the order of `fingerprints`: with a lookup's `missing`,
-    /// what the blocks a site lacks cost on the link (the data a volume's
-    /// return sends compresses unlike the rest).
+    /// Each non-zero block's share of what its run adds to that stream
+    /// (split as each block adds to a stream flushed after every block),
+    /// in bytes (at most the block size), in the order of `fingerprints`:
+    /// with a lookup's `missing`, what the blocks a site lacks cost on the
+    /// link (the data a volume's return sends compresses unlike the rest).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub compressed: Vec<u32>,
     /// The volume's identity (its UUID, 32 hex digits): with a lookup's

@@ -5,6 +5,7 @@
 //! 500 the server's own failure.
 
 use crate::config::parse_size;
+use crate::volume_sample;
 use crate::ServerState;
 use axum::body::Body;
 use axum::extract::rejection::JsonRejection;
@@ -686,8 +687,9 @@ async fn index_status(State(s): St) -> Json<ferry_api::IndexStatus> {
 /// The most fingerprints one sample or lookup carries.
 const SAMPLE_MAX: u64 = 4096;
 
-/// `POST /v1/volumes/NAME/sample`: the fingerprints of blocks spread
-/// evenly over the volume (zero blocks counted, not fingerprinted).
+/// `POST /v1/volumes/NAME/sample`: the fingerprints of runs of blocks
+/// spread evenly over the volume, each priced as a migration's stream
+/// sends it (zero blocks counted, not fingerprinted; `volume_sample`).
 async fn sample(
     State(s): St,
     Path(name): Path<String>,
@@ -701,83 +703,23 @@ async fn sample(
     }
     let v = s.pool.get(&name)?;
     let bs = s.index.block_size();
-    let uuid = v.meta().uuid.simple().to_string();
+    let id = v.meta().uuid;
     let out = blocking(move || {
         let size = v.size();
-        let total = size / u64::from(bs);
-        let n = b.blocks.min(total);
-        let mut out = ferry_api::VolumeSample {
-            block_size: bs,
-            volume_size: size,
-            sampled: 0,
-            zero: 0,
-            fingerprints: Vec::new(),
-            nonzero_compressed: 0,
-            compressed: Vec::new(),
-            uuid: Some(uuid),
-        };
-        let mut buf = vec![0u8; bs as usize];
-        // The non-zero blocks compressed together at the migration's
-        // stream level, streamed rather than gathered first (4,096 blocks
-        // would be 16 MiB); a failure leaves them raw.
-        let mut together = zstd::stream::write::Encoder::new(ByteCount(0), 3).ok();
-        let mut nonzero_bytes = 0u64;
-        // One stream over the sample, flushed after each block: a block's
-        // cost is what it adds to the stream, as a migration's stream
-        // compresses a run of changed blocks with its neighbours.
-        let mut stream = zstd::stream::write::Encoder::new(Vec::new(), 3).ok();
-        for i in 0..n {
-            let block = i * total / n;
-            v.read_at(block * u64::from(bs), &mut buf)?;
-            out.sampled += 1;
-            if ferry_index::is_zero(&buf) {
-                out.zero += 1;
-            } else {
-                let fp = ferry_index::Fingerprint::of(&buf);
-                out.fingerprints
-                    .push(fp.0.iter().map(|b| format!("{b:02x}")).collect());
-                let z = stream
-                    .as_mut()
-                    .and_then(|e| {
-                        let before = e.get_ref().len();
-                        std::io::Write::write_all(e, &buf).ok()?;
-                        std::io::Write::flush(e).ok()?;
-                        Some(e.get_ref().len() - before)
-                    })
-                    .map_or(buf.len(), |z| z.min(buf.len()));
-                out.compressed.push(u32::try_from(z).unwrap_or(bs));
-                nonzero_bytes += buf.len() as u64;
-                if together
-                    .as_mut()
-                    .is_some_and(|e| std::io::Write::write_all(e, &buf).is_err())
-                {
-                    together = None;
-                }
-            }
-        }
-        if nonzero_bytes > 0 {
-            let z = together
-                .and_then(|e| e.finish().ok())
-                .map_or(nonzero_bytes, |c| c.0);
-            out.nonzero_compressed = z.min(nonzero_bytes);
-        }
+        // Where the runs sit in their stretches follows from the volume's
+        // identity: the same each time for one volume, unrelated to the
+        // layout of a file system on it.
+        let blocks =
+            volume_sample::sampled_blocks(size / u64::from(bs), b.blocks, id.as_u64_pair().0);
+        let mut out = volume_sample::price(bs, &blocks, |block, buf| {
+            v.read_at(block * u64::from(bs), buf)
+        })?;
+        out.volume_size = size;
+        out.uuid = Some(id.simple().to_string());
         Ok::<_, StorageError>(out)
     })
     .await?;
     Ok(Json(out))
-}
-
-/// A writer that only counts the bytes written to it.
-struct ByteCount(u64);
-
-impl std::io::Write for ByteCount {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0 += b.len() as u64;
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// `POST /v1/index/lookup`: how many of the fingerprints the index holds.

@@ -19,6 +19,7 @@ pub mod net;
 pub mod periodic;
 pub mod site_portal;
 pub mod stale_copies;
+pub mod volume_sample;
 
 use config::Config;
 use ferry_migration_engine as migration;
