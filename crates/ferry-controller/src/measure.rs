@@ -763,6 +763,7 @@ pub fn measure(
             nonzero_share: disk.nonzero,
             disk_link_share: disk.link_share,
             memory_link_share: v.memory_link_share,
+            accel: v.accel.clone(),
             home_site: None,
             load,
             clients: client_traffic(inv, &networks),

@@ -134,6 +134,12 @@ pub struct VmState {
     /// compresses them); absent: 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_link_share: Option<f64>,
+    /// The accelerator its QEMU runs with ("kvm", "tcg"), as its host
+    /// says: an emulated (TCG) guest's vCPU thread burns CPU while the
+    /// guest waits on its disk, and less of it once the disk is nearer
+    /// (`model::TCG_WAIT_CPU_SHARE`); absent: as KVM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accel: Option<String>,
     pub load: VmLoad,
     /// Its traffic with clients, per site where they are (empty: none
     /// known; the model then prices only its disk).
@@ -328,6 +334,7 @@ mod tests {
                 nonzero_share: None,
                 memory_link_share: None,
                 disk_link_share: None,
+                accel: None,
                 home_site: None,
                 load: VmLoad {
                     iops: 1.0,

@@ -221,6 +221,7 @@ mod tests {
                 nonzero_share: None,
                 memory_link_share: None,
                 disk_link_share: None,
+                accel: None,
                 home_site: None,
                 load: VmLoad {
                     iops: 55.0,

@@ -45,6 +45,7 @@ pub fn remote_vm(name: &str, iops: f64, latency_ms: f64) -> VmState {
         nonzero_share: None,
         memory_link_share: None,
         disk_link_share: None,
+        accel: None,
         home_site: None,
         load: VmLoad {
             iops,

@@ -150,6 +150,7 @@ fn build(cfg: &SimConfig) -> (Cluster, Vec<bool>) {
                 nonzero_share: None,
                 memory_link_share: None,
                 disk_link_share: None,
+                accel: None,
                 home_site: None,
                 load: VmLoad {
                     iops: 0.0,
