@@ -74,23 +74,12 @@ pub fn price<E>(
     };
     let bs = block_size as usize;
     let mut buf = vec![0u8; bs];
-    // A failure to set up or feed either stream leaves the blocks priced
-    // raw: the estimate overcharges, the sample still answers.
-    let mut whole = encoder();
-    let mut each = encoder();
+    let mut pricer = RunPricer::new(bs);
     let mut nonzero_bytes = 0u64;
-    let mut run_costs: Vec<usize> = Vec::new();
-    let mut mark = 0u64;
     let mut last: Option<u64> = None;
     for &block in blocks {
         if last.is_some_and(|l| l + 1 != block) {
-            end_run(
-                &mut whole,
-                &mut mark,
-                &mut run_costs,
-                &mut out.compressed,
-                bs,
-            );
+            pricer.end_run(&mut out.compressed);
         }
         last = Some(block);
         read(block, &mut buf)?;
@@ -103,75 +92,103 @@ pub fn price<E>(
         out.fingerprints
             .push(fp.0.iter().map(|b| format!("{b:02x}")).collect());
         nonzero_bytes += buf.len() as u64;
-        if whole.as_mut().is_some_and(|e| e.write_all(&buf).is_err()) {
-            whole = None;
-        }
-        let added = each.as_mut().and_then(|e| {
-            let before = e.get_ref().0;
-            e.write_all(&buf).ok()?;
-            e.flush().ok()?;
-            usize::try_from(e.get_ref().0 - before).ok()
-        });
-        if added.is_none() {
-            each = None;
-        }
-        run_costs.push(added.unwrap_or(bs).clamp(1, bs));
+        pricer.add(&buf);
     }
-    end_run(
-        &mut whole,
-        &mut mark,
-        &mut run_costs,
-        &mut out.compressed,
-        bs,
-    );
+    pricer.end_run(&mut out.compressed);
     if nonzero_bytes > 0 {
-        let z = whole
-            .and_then(|e| e.finish().ok())
-            .map_or(nonzero_bytes, |c| c.0);
-        out.nonzero_compressed = z.min(nonzero_bytes);
+        out.nonzero_compressed = pricer.finish().unwrap_or(nonzero_bytes).min(nonzero_bytes);
     }
     Ok(out)
 }
 
+type Stream = zstd::stream::write::Encoder<'static, ByteCount>;
+
 /// A zstd stream as the sample prices with, over a byte counter.
-fn encoder() -> Option<zstd::stream::write::Encoder<'static, ByteCount>> {
+fn encoder() -> Option<Stream> {
     let mut e = zstd::stream::write::Encoder::new(ByteCount(0), LEVEL).ok()?;
     e.long_distance_matching(true).ok()?;
     e.window_log(WINDOW_LOG).ok()?;
     Some(e)
 }
 
-/// Close a run: flush the whole stream, and split what it gained since
-/// `mark` (the run's cost) among the run's non-zero blocks in proportion
-/// to `costs` (what each added to the per-block stream), each at most a
-/// block; push the shares to `compressed`, clear `costs`, move `mark`.
-fn end_run(
-    whole: &mut Option<zstd::stream::write::Encoder<'static, ByteCount>>,
-    mark: &mut u64,
-    costs: &mut Vec<usize>,
-    compressed: &mut Vec<u32>,
+/// The two streams of [`price`]: `whole`, flushed after each run, and
+/// `each`, flushed after each block. A failure to set up or feed either
+/// leaves the blocks priced raw: the estimate overcharges, the sample
+/// still answers.
+struct RunPricer {
+    whole: Option<Stream>,
+    each: Option<Stream>,
+    /// `whole`'s size at the end of the last run.
+    mark: u64,
+    /// What each block of the current run added to `each`.
+    costs: Vec<usize>,
     bs: usize,
-) {
-    if costs.is_empty() {
-        return;
+}
+
+impl RunPricer {
+    fn new(bs: usize) -> RunPricer {
+        RunPricer {
+            whole: encoder(),
+            each: encoder(),
+            mark: 0,
+            costs: Vec::new(),
+            bs,
+        }
     }
-    let sum: usize = costs.iter().sum();
-    let run = whole.as_mut().and_then(|e| {
-        e.flush().ok()?;
-        let after = e.get_ref().0;
-        let cost = usize::try_from(after - *mark).ok();
-        *mark = after;
-        cost
-    });
-    if run.is_none() {
-        *whole = None;
+
+    /// A non-zero block of the current run.
+    fn add(&mut self, block: &[u8]) {
+        if self
+            .whole
+            .as_mut()
+            .is_some_and(|e| e.write_all(block).is_err())
+        {
+            self.whole = None;
+        }
+        let added = self.each.as_mut().and_then(|e| {
+            let before = e.get_ref().0;
+            e.write_all(block).ok()?;
+            e.flush().ok()?;
+            usize::try_from(e.get_ref().0 - before).ok()
+        });
+        if added.is_none() {
+            self.each = None;
+        }
+        self.costs.push(added.unwrap_or(self.bs).clamp(1, self.bs));
     }
-    let run = run.unwrap_or(sum) as u128;
-    for &c in costs.iter() {
-        let share = usize::try_from(c as u128 * run / sum.max(1) as u128).unwrap_or(bs);
-        compressed.push(u32::try_from(share.min(bs)).unwrap_or(u32::MAX));
+
+    /// Close the run: flush `whole`, and split what it gained since the
+    /// last run (the run's cost) among the run's blocks in proportion to
+    /// what each added to `each`, each at most a block; push the shares
+    /// to `compressed`.
+    fn end_run(&mut self, compressed: &mut Vec<u32>) {
+        if self.costs.is_empty() {
+            return;
+        }
+        let sum: usize = self.costs.iter().sum();
+        let mark = &mut self.mark;
+        let run = self.whole.as_mut().and_then(|e| {
+            e.flush().ok()?;
+            let after = e.get_ref().0;
+            let cost = usize::try_from(after - *mark).ok();
+            *mark = after;
+            cost
+        });
+        if run.is_none() {
+            self.whole = None;
+        }
+        let run = run.unwrap_or(sum) as u128;
+        for &c in &self.costs {
+            let share = usize::try_from(c as u128 * run / sum.max(1) as u128).unwrap_or(self.bs);
+            compressed.push(u32::try_from(share.min(self.bs)).unwrap_or(u32::MAX));
+        }
+        self.costs.clear();
     }
-    costs.clear();
+
+    /// The whole stream's size, once finished.
+    fn finish(self) -> Option<u64> {
+        self.whole.and_then(|e| e.finish().ok()).map(|c| c.0)
+    }
 }
 
 /// A writer that only counts the bytes written to it.
