@@ -7,7 +7,8 @@
 //! `u = min(1, iops × latency / C_eff)` where `C_eff = max(1, C)`; its work
 //! rate relative to fully local access is `1 / ((1 - u) + u × L_new/L_local)`;
 //! for an emulated (TCG) guest, whose vCPU burns `k × u` more CPU while it
-//! waits, `1 / ((1 - u - k u) + (1 + k) u × L_new/L_local)`. Over a horizon `H` the guest loses `H × (1 - rate)` seconds of work.
+//! waits, `1 / ((1 - u - k u) + (1 + k) u × L_new/L_local)`. Over a
+//! horizon `H` the guest loses `H × (1 - rate)` seconds of work.
 //!
 //! Moving memory (QEMU pre-copy). The guest's resident RAM `M`, sent
 //! compressed (`MEMORY_LINK_SHARE` of it on the link), with the guest

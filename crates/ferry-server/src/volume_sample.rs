@@ -192,7 +192,7 @@ impl RunPricer {
 }
 
 /// A writer that only counts the bytes written to it.
-pub struct ByteCount(pub u64);
+struct ByteCount(u64);
 
 impl Write for ByteCount {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
