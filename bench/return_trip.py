@@ -100,7 +100,8 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
         rows.append({"written_mib": mib, "there": wire(there), "back": wire(back), "again": wire(again),
                      "back_fingerprints": back["bytes"]["fingerprints"],
-                     "back_chunks_sent": back["chunks"]["sent"], "back_chunks_resumed": back["chunks"]["resumed"]})
+                     "back_chunks_sent": back["chunks"]["sent"], "back_chunks_resumed": back["chunks"]["resumed"],
+                     "back_chunks_unchanged": back["chunks"].get("unchanged", 0)})
         print(f"{mib} MiB written: there {wire(there)/2**20:.1f} MiB, back {wire(back)/2**20:.1f} MiB, "
               f"again {wire(again)/2**20:.1f} MiB", file=sys.stderr)
     lines = [f"Volume of {a.size_mib} MiB of random data; at the other site a client writes N MiB of random "

@@ -83,6 +83,28 @@ pub struct VolumeSample {
     /// absent from daemons before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uuid: Option<String>,
+    /// When the volume arrived here by a migration and this daemon tracked
+    /// every block written since: what a return to the copy it left there
+    /// would print and send.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_arrival: Option<Box<WrittenSinceArrival>>,
+}
+
+/// The blocks written to a volume since it arrived by a migration: a
+/// return to the daemon it came from (which kept the copy it left) prints
+/// only these, and sends those of them that daemon lacks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WrittenSinceArrival {
+    /// The migration the volume arrived by (32 hex digits): a lookup's
+    /// `copy_of.arrived_under`.
+    pub arrived_under: String,
+    /// Blocks written since (of the sample's block size).
+    pub blocks: u64,
+    /// Those blocks sampled (all of them when there are no more than the
+    /// request's `blocks`, else evenly spaced runs of neighbours) and
+    /// priced as the volume's own sample is; its `volume_size` and `uuid`
+    /// are left out.
+    pub sample: VolumeSample,
 }
 
 /// `POST /v1/index/lookup`: which of these fingerprints (hex, at most
@@ -105,6 +127,11 @@ pub struct LookupRequest {
 pub struct VolumeIdentity {
     pub name: String,
     pub uuid: String,
+    /// The migration the volume arrived where it is by
+    /// ([`WrittenSinceArrival::arrived_under`]): whether the copy the
+    /// daemon holds is the one it left by that migration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrived_under: Option<String>,
 }
 
 /// How many were asked and how many the index has a candidate block for
@@ -122,4 +149,9 @@ pub struct LookupAnswer {
     /// left when it moved away (same name and UUID, not being filled).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub holds_copy: bool,
+    /// That copy is the one the volume left by the migration `copy_of`'s
+    /// `arrived_under` names, unchanged since: a return there prints only
+    /// the blocks written since the volume arrived where it is.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub copy_tracked: bool,
 }

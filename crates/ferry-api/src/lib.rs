@@ -23,7 +23,7 @@ pub use client::{AdminClient, ClientError, Daemon};
 pub use host::{AttachRequest, AttachedVolume};
 pub use index::{
     IndexStatus, LookupAnswer, LookupRequest, RebuildReport, RebuildRequest, SampleRequest,
-    VolumeIdentity, VolumeIndexStatus, VolumeSample,
+    VolumeIdentity, VolumeIndexStatus, VolumeSample, WrittenSinceArrival,
 };
 pub use migration::{
     DestinationCopy, MigrateRequest, MigrationId, MigrationPhase, MigrationResult, MigrationStatus,

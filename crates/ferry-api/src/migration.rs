@@ -240,6 +240,9 @@ pub enum DestinationCopy {
     /// The copy the destination kept when the volume left it (the volume
     /// comes back): only what changed since crossed.
     Returned,
+    /// That copy, with the source having tracked every chunk written since
+    /// the volume arrived there: only those chunks' prints crossed.
+    ReturnedTracked,
 }
 
 impl DestinationCopy {
@@ -249,6 +252,9 @@ impl DestinationCopy {
             DestinationCopy::Resumed => "its copy from an earlier attempt, resumed",
             DestinationCopy::Returned => {
                 "the copy it kept when the volume left it, updated with what changed since"
+            }
+            DestinationCopy::ReturnedTracked => {
+                "the copy it kept when the volume left it, sent only what was written since"
             }
             DestinationCopy::LeftoverResumed => {
                 "the incomplete copy a failed migration of this volume left, resumed"
@@ -293,6 +299,11 @@ pub struct ReportChunks {
     /// hold almost none of the volume's blocks (counted in `sent` too).
     #[serde(default)]
     pub unprinted: u64,
+    /// Not written since the volume arrived at the source, and so still
+    /// in the copy the destination kept when it left there: neither
+    /// printed nor sent (`destination_copy: returned_tracked`).
+    #[serde(default)]
+    pub unchanged: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -91,6 +91,10 @@ struct Holdings {
     /// Sites holding the copy the volume left when it moved away (a move
     /// there returns: that copy is its basis).
     copy_at: BTreeSet<String>,
+    /// Per site holding the copy the volume left by the migration it
+    /// arrived where it is by (its daemon here tracked what was written
+    /// since): the bytes a return there prints, as a share of the volume.
+    printed: BTreeMap<String, f64>,
 }
 
 impl Holdings {
@@ -103,6 +107,11 @@ impl Holdings {
     /// send for the data it lacks.
     fn missing_link_at(&self, disk_bytes: f64) -> BTreeMap<String, f64> {
         scaled(&self.missing_link, disk_bytes)
+    }
+
+    /// Per site a tracked return goes to, the bytes it prints.
+    fn printed_at(&self, disk_bytes: f64) -> BTreeMap<String, f64> {
+        scaled(&self.printed, disk_bytes)
     }
 }
 
@@ -187,25 +196,38 @@ fn missing_shares(
         let share = sample.nonzero_compressed as f64 / nonzero_bytes as f64;
         out.link_share = Some(share);
     }
+    let since = sample.since_arrival.as_deref();
     let identity = sample.uuid.as_ref().map(|uuid| ferry_api::VolumeIdentity {
         name: volume.to_string(),
         uuid: uuid.clone(),
+        arrived_under: since.map(|s| s.arrived_under.clone()),
     });
     for s in inv.sites.iter().filter(|s| s.name != home.name) {
         // Every daemon of the site is asked; the move goes to the one that
         // holds most, so the site lacks what that one lacks.
         let mut best: Option<(f64, Option<Vec<u32>>, &StorageRef)> = None;
+        // The daemon keeping the copy the volume left by the migration
+        // it arrived where it is by: a move there is a tracked return.
+        let mut tracked: Option<(TrackedReturn, &StorageRef)> = None;
         for there in &s.storage {
             let (held, lacks) = if sample.fingerprints.is_empty() && identity.is_none() {
                 (0.0, Some(Vec::new()))
             } else {
-                match AdminClient::with_timeout(&there.admin, HOST_CALL_LIMIT)
-                    .index_lookup(&sample.fingerprints, identity.as_ref())
-                {
+                let client = AdminClient::with_timeout(&there.admin, HOST_CALL_LIMIT);
+                match client.index_lookup(&sample.fingerprints, identity.as_ref()) {
                     #[allow(clippy::cast_precision_loss)]
                     Ok(a) => {
                         if a.holds_copy {
                             out.copy_at.insert(s.name.clone());
+                        }
+                        if let Some(since) = since.filter(|_| a.copy_tracked) {
+                            match tracked_return(&sample, since, &client) {
+                                Ok(t) => tracked = Some((t, there)),
+                                Err(e) => problems.push(format!(
+                                    "asking {} of {} about what was written to {volume}: {e}",
+                                    there.admin, s.name
+                                )),
+                            }
                         }
                         (a.found as f64 / a.asked.max(1) as f64, a.missing)
                     }
@@ -221,6 +243,15 @@ fn missing_shares(
             if best.as_ref().is_none_or(|(h, _, _)| held > *h) {
                 best = Some((held, lacks, there));
             }
+        }
+        if let Some((t, there)) = tracked {
+            out.missing.insert(s.name.clone(), t.missing);
+            out.missing_link.insert(s.name.clone(), t.missing_link);
+            out.printed.insert(s.name.clone(), t.printed);
+            if s.storage.len() > 1 {
+                out.best.insert(s.name.clone(), there.nbd.clone());
+            }
+            continue;
         }
         let Some((held, lacks, there)) = best else {
             continue;
@@ -243,6 +274,80 @@ fn missing_shares(
         }
     }
     out
+}
+
+/// A tracked return's cost, each as a share of the volume's bytes: what
+/// the destination lacks of the blocks written since the volume arrived
+/// where it is (raw, and on the link), and those blocks' non-zero bytes,
+/// which it prints.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct TrackedReturn {
+    missing: f64,
+    missing_link: f64,
+    printed: f64,
+}
+
+/// Price a tracked return from the sample of what was written since the
+/// volume arrived (`since`), asking the destination (`client`) which of
+/// those blocks its index holds.
+fn tracked_return(
+    sample: &ferry_api::VolumeSample,
+    since: &ferry_api::WrittenSinceArrival,
+    client: &AdminClient,
+) -> Result<TrackedReturn, ferry_api::ClientError> {
+    let w = &since.sample;
+    let answer = if w.fingerprints.is_empty() {
+        None
+    } else {
+        Some(client.index_lookup(&w.fingerprints, None)?)
+    };
+    Ok(tracked_cost(sample, since, answer.as_ref()))
+}
+
+/// [`tracked_return`] from the destination's answer about the written
+/// blocks' fingerprints (`None`: none was asked, every written block is
+/// zero).
+fn tracked_cost(
+    sample: &ferry_api::VolumeSample,
+    since: &ferry_api::WrittenSinceArrival,
+    answer: Option<&ferry_api::LookupAnswer>,
+) -> TrackedReturn {
+    let w = &since.sample;
+    if w.sampled == 0 || sample.volume_size == 0 {
+        return TrackedReturn {
+            missing: 0.0,
+            missing_link: 0.0,
+            printed: 0.0,
+        };
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let (written, size, nonzero) = (
+        (since.blocks * u64::from(sample.block_size)).min(sample.volume_size) as f64,
+        sample.volume_size as f64,
+        (w.sampled - w.zero) as f64 / w.sampled as f64,
+    );
+    #[allow(clippy::cast_precision_loss)]
+    let held = answer.map_or(1.0, |a| a.found as f64 / a.asked.max(1) as f64);
+    let missing = written * nonzero * (1.0 - held) / size;
+    let link = answer
+        .and_then(|a| a.missing.as_deref())
+        .and_then(|lacks| missing_link_share(w, lacks));
+    TrackedReturn {
+        missing,
+        // An older daemon that does not say which it lacks: at the
+        // written blocks' own compression.
+        missing_link: link.map_or_else(
+            || {
+                #[allow(clippy::cast_precision_loss)]
+                let bytes = ((w.sampled - w.zero) * u64::from(w.block_size)).max(1) as f64;
+                #[allow(clippy::cast_precision_loss)]
+                let share = w.nonzero_compressed as f64 / bytes;
+                missing * share
+            },
+            |s| s * written / size,
+        ),
+        printed: written * nonzero / size,
+    }
 }
 
 /// What the sampled blocks at positions `lacks` (of the sample's
@@ -760,6 +865,7 @@ pub fn measure(
             missing_at: disk.missing_at(disk_bytes),
             missing_link_at: disk.missing_link_at(disk_bytes),
             copy_at: disk.copy_at.clone(),
+            printed_at: disk.printed_at(disk_bytes),
             nonzero_share: disk.nonzero,
             disk_link_share: disk.link_share,
             memory_link_share: v.memory_link_share,
@@ -861,6 +967,7 @@ mod tests {
             nonzero_compressed: 6 * 4096,
             compressed: vec![4096, 400, 4096, 4096, 4096, 4096],
             uuid: None,
+            since_arrival: None,
         };
         let share = missing_link_share(&sample, &[1, 2]).unwrap();
         assert!((share - 4496.0 / (8.0 * 4096.0)).abs() < 1e-12, "{share}");
@@ -873,6 +980,60 @@ mod tests {
             ..sample
         };
         assert_eq!(missing_link_share(&old, &[1]), None);
+    }
+
+    #[test]
+    fn a_tracked_return_is_priced_from_the_blocks_written_since() {
+        // A 64-block volume of which 8 blocks were written since it
+        // arrived, all sampled: 2 zero, 6 printed; the destination lacks
+        // two of them, costing 4096 and 400 bytes on the link.
+        let written = ferry_api::VolumeSample {
+            block_size: 4096,
+            volume_size: 0,
+            sampled: 8,
+            zero: 2,
+            fingerprints: vec!["00".repeat(32); 6],
+            nonzero_compressed: 6 * 4096,
+            compressed: vec![4096, 400, 4096, 4096, 4096, 4096],
+            uuid: None,
+            since_arrival: None,
+        };
+        let since = ferry_api::WrittenSinceArrival {
+            arrived_under: "1".repeat(32),
+            blocks: 8,
+            sample: written,
+        };
+        let volume = ferry_api::VolumeSample {
+            volume_size: 64 * 4096,
+            since_arrival: Some(Box::new(since.clone())),
+            ..since.sample.clone()
+        };
+        let answer = ferry_api::LookupAnswer {
+            asked: 6,
+            found: 4,
+            missing: Some(vec![0, 1]),
+            holds_copy: false,
+            copy_tracked: false,
+        };
+        let t = tracked_cost(&volume, &since, Some(&answer));
+        let size = 64.0 * 4096.0;
+        assert!((t.printed - 6.0 * 4096.0 / size).abs() < 1e-12, "{t:?}");
+        assert!((t.missing - 2.0 * 4096.0 / size).abs() < 1e-12, "{t:?}");
+        assert!((t.missing_link - 4496.0 / size).abs() < 1e-12, "{t:?}");
+        // Nothing written since: nothing to print or send.
+        let none = ferry_api::WrittenSinceArrival {
+            blocks: 0,
+            sample: ferry_api::VolumeSample {
+                sampled: 0,
+                zero: 0,
+                fingerprints: Vec::new(),
+                compressed: Vec::new(),
+                ..since.sample.clone()
+            },
+            ..since.clone()
+        };
+        let t = tracked_cost(&volume, &none, None);
+        assert!(t.printed == 0.0 && t.missing == 0.0 && t.missing_link == 0.0);
     }
 
     /// A running guest as its host shows it, with `writes` disk bytes

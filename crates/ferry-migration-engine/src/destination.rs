@@ -194,11 +194,14 @@ fn check_space(state: &dyn StorageDaemon, need: u64) -> Result<(), Refusal> {
 /// failed and is tried again under a new id, is resumed (every chunk is
 /// checked against the source's prints before it is kept), or replaced if
 /// the volume's geometry changed since; one of another volume is refused.
+/// The copy the volume left here by the migration it arrived at the
+/// source by (`arrived_under`) is a tracked return's basis.
 fn prepare(
     state: &dyn StorageDaemon,
     id: &str,
     d: &VolumeDescriptor,
     peer: SocketAddr,
+    arrived_under: &str,
 ) -> Result<Prepared, Refusal> {
     let source = peer.ip().to_string();
     match state.pool().get(&d.name) {
@@ -212,9 +215,20 @@ fn prepare(
                 return Err(Refusal::SizeDiffers);
             }
             check_space(state, d.allocated.saturating_sub(v.allocated_bytes()))?;
+            // Untouched since it left by the migration the volume arrived
+            // at the source by: the source knows what changed since.
+            let tracked =
+                !arrived_under.is_empty() && v.left_under().as_deref() == Some(arrived_under);
             v.reclaim_for_incoming(IncomingMigration::begun(id, &source))?;
-            tracing::info!(volume = %d.name, migration = %id, "the volume comes back: its moved-away copy is the basis");
-            Ok(Prepared::Copy(v, CopyBasis::Returned))
+            tracing::info!(volume = %d.name, migration = %id, tracked, "the volume comes back: its moved-away copy is the basis");
+            Ok(Prepared::Copy(
+                v,
+                if tracked {
+                    CopyBasis::ReturnedTracked
+                } else {
+                    CopyBasis::Returned
+                },
+            ))
         }
         Ok(v) => match v.incoming() {
             Some(inc) if inc.id == id => {
@@ -310,6 +324,8 @@ struct Receiver {
     table: Arc<ChunkTable>,
     chunk: u64,
     resumed: bool,
+    /// The source sends `Same` runs: chunks this copy holds as they are.
+    tracked: bool,
     use_index: bool,
     /// The connection's zstd stream, once the first piece arrives.
     stream: parking_lot::Mutex<Option<super::stream::StreamDecoder>>,
@@ -397,6 +413,17 @@ impl Receiver {
                     self.table.set_zero(i, n);
                     i += n;
                 }
+                PrintEntry::Same(n) => {
+                    if !self.tracked {
+                        return Err(MigrationError::BadData(
+                            "unchanged chunks claimed, but this copy is not a tracked return's"
+                                .into(),
+                        ));
+                    }
+                    let n = u64::from(n).min(total - i);
+                    self.record_own(i, n)?;
+                    i += n;
+                }
                 PrintEntry::Key(key) => {
                     let len = self.table.len_of(i);
                     let b = &mut buf[..len];
@@ -441,6 +468,25 @@ impl Receiver {
         }
         want.sort_unstable();
         Ok(want)
+    }
+
+    /// Record chunks `first..first + n` as this copy holds them (the
+    /// source says they are unchanged since the volume left here; the
+    /// digest checks it).
+    fn record_own(&self, first: u64, n: u64) -> Result<(), MigrationError> {
+        const PIECE: u64 = 8 << 20;
+        let size = self.vol.size();
+        let mut buf = Vec::new();
+        let mut off = first * self.chunk;
+        let end = ((first + n) * self.chunk).min(size);
+        while off < end {
+            let len = (end - off).min(PIECE);
+            buf.resize(usize::try_from(len).unwrap_or(usize::MAX), 0);
+            self.vol.read_sparse_at(off, &mut buf)?;
+            self.table.record(off / self.chunk, &buf);
+            off += len;
+        }
+        Ok(())
     }
 
     /// [`Receiver::fill_local`] for each `(chunk, key)`, on up to
@@ -738,8 +784,12 @@ async fn commit<W: AsyncWrite + Unpin + Send>(
 ) -> Result<(), MigrationError> {
     let v = rx.vol.clone();
     let source = rx.source_port.clone();
+    let chunk = u32::try_from(rx.chunk).unwrap_or(u32::MAX);
     blocking(move || {
         v.flush()?;
+        // Before anything can write the volume here: a return knows what
+        // changed since.
+        super::track_arrival(&v, chunk)?;
         v.complete_incoming(source)?;
         Ok(())
     })
@@ -893,13 +943,14 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
     let mut order = DestinationOrder::new();
     let first = reader.expect(Duration::from_secs(30)).await?;
     order.receive(&first)?;
-    let (id, desc, source_port) = match first {
+    let (id, desc, source_port, arrived_under) = match first {
         Message::Hello {
             min_version,
             max_version,
             migration_id,
             volume,
             iscsi,
+            arrived_under,
         } => {
             if !(min_version..=max_version).contains(&VERSION) {
                 let reason = format!(
@@ -911,6 +962,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
                 MigrationId::from_bytes(migration_id).to_string(),
                 volume,
                 iscsi,
+                arrived_under,
             )
         }
         m @ Message::Lookup { .. } => {
@@ -929,7 +981,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
     } else if let Err(e) = super::check_chunks(desc.size, chunk) {
         Err(e.into())
     } else {
-        tokio::task::spawn_blocking(move || prepare(st.as_ref(), &id2, &d2, peer))
+        tokio::task::spawn_blocking(move || prepare(st.as_ref(), &id2, &d2, peer, &arrived_under))
             .await
             .map_err(|e| MigrationError::Worker(e.to_string()))?
     };
@@ -962,6 +1014,7 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
         table: Arc::new(ChunkTable::zeroed(desc.size, chunk)),
         chunk: u64::from(chunk),
         resumed: basis.resumes(),
+        tracked: basis == CopyBasis::ReturnedTracked,
         use_index: chunk == state.index().block_size(),
         stream: parking_lot::Mutex::new(None),
         unsynced: std::sync::atomic::AtomicU64::new(0),

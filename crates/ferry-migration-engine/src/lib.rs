@@ -21,6 +21,9 @@
 //!   source's fingerprint (`ferry_index::verify`).
 //! - With `hold_switch`, the guest is never paused before the caller
 //!   released the switch; until then the source keeps sending dirty rounds.
+//! - A volume that arrived by a migration has its [`ARRIVAL_BITMAP`] from
+//!   before it is first served, marked by every write since; a chunk it
+//!   leaves unmarked is as that migration's switch left it at both ends.
 
 pub mod buddy;
 pub mod converge;
@@ -225,6 +228,40 @@ fn unexpected(m: &ferry_migration::Message, during: &'static str) -> MigrationEr
     }
 }
 
+/// The persistent dirty bitmap of every chunk written to a volume since it
+/// arrived by a migration (`arrived` in its metadata), at the migration's
+/// chunk size. Reset when the copy is committed, before anything can write
+/// it; a crash marks it all dirty, which costs a return its saving, never
+/// its correctness.
+pub const ARRIVAL_BITMAP: &str = "ferry-arrival";
+
+/// Start tracking what is written to a copy that arrives now (before it is
+/// first served): its [`ARRIVAL_BITMAP`], created or cleared.
+pub fn track_arrival(v: &ferry_storage::Volume, chunk: u32) -> Result<(), MigrationError> {
+    match v.bitmap(ARRIVAL_BITMAP) {
+        Ok(b) if b.granularity() == chunk && b.persistent() => {
+            b.clear();
+            return Ok(());
+        }
+        Ok(_) => v.delete_bitmap(ARRIVAL_BITMAP)?,
+        Err(ferry_storage::StorageError::BitmapNotFound(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    v.create_bitmap(ARRIVAL_BITMAP, chunk, true)?;
+    Ok(())
+}
+
+/// The migration `v` arrived by and its [`ARRIVAL_BITMAP`], when that
+/// bitmap tracks chunks of `chunk` bytes: what a return may claim.
+pub fn arrival_tracking(
+    v: &ferry_storage::Volume,
+    chunk: u32,
+) -> Option<(String, Arc<ferry_storage::DirtyBitmap>)> {
+    let arrived = v.arrived()?;
+    let b = v.bitmap(ARRIVAL_BITMAP).ok()?;
+    (b.granularity() == chunk).then_some((arrived.id, b))
+}
+
 /// Live counters of one migration (source side).
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -241,6 +278,10 @@ pub struct Counters {
     /// Non-zero chunks sent as data without a print, after the prints
     /// were found to pay too little.
     pub chunks_unprinted: AtomicU64,
+    /// Non-zero chunks nothing wrote since the volume arrived here, sent
+    /// as `Same` runs to a destination that kept the copy it left by
+    /// that migration.
+    pub chunks_unchanged: AtomicU64,
     pub chunks_sent: AtomicU64,
     pub chunks_dirty_sent: AtomicU64,
     pub bytes_fingerprints: AtomicU64,

@@ -209,6 +209,7 @@ fn copy_basis(wire: u8) -> ferry_api::DestinationCopy {
         w if w == B::LeftoverResumed as u8 => D::LeftoverResumed,
         w if w == B::LeftoverReplaced as u8 => D::LeftoverReplaced,
         w if w == B::Returned as u8 => D::Returned,
+        w if w == B::ReturnedTracked as u8 => D::ReturnedTracked,
         _ => D::New,
     }
 }
@@ -308,6 +309,7 @@ async fn migrate(
             sent: g(&c.chunks_sent),
             dirty_resent: g(&c.chunks_dirty_sent),
             unprinted: g(&c.chunks_unprinted),
+            unchanged: g(&c.chunks_unchanged),
         },
         time: ReportTime {
             total_s: run.started.elapsed().as_secs_f64(),
@@ -510,6 +512,11 @@ struct Sender {
     unanswered: parking_lot::Mutex<std::collections::VecDeque<u64>>,
     /// The connection's zstd stream, when compressing.
     stream: Option<parking_lot::Mutex<super::stream::StreamEncoder>>,
+    /// The chunks written since the volume arrived here, when the
+    /// destination kept the copy it left by that migration
+    /// ([`ferry_migration::CopyBasis::ReturnedTracked`]): every other
+    /// non-zero chunk goes as a `Same` run.
+    written_since_arrival: Option<Arc<ferry_storage::DirtyBitmap>>,
 }
 
 impl Sender {
@@ -634,11 +641,28 @@ impl Sender {
                 let ci = (pos + off as u64) / self.chunk;
                 let n = self.table.len_of(ci).min(buf.len() - off);
                 let data = &buf[off..off + n];
+                let written =
+                    |a: &ferry_storage::DirtyBitmap| a.is_dirty(pos + off as u64, n as u64);
                 if ferry_index::is_zero(data) {
                     k.chunks_zero.fetch_add(1, Ordering::Relaxed);
                     match entries.last_mut() {
                         Some(PrintEntry::Zero(z)) if *z < u32::MAX => *z += 1,
                         _ => entries.push(PrintEntry::Zero(1)),
+                    }
+                } else if self
+                    .written_since_arrival
+                    .as_deref()
+                    .is_some_and(|a| !written(a))
+                {
+                    // As the migration that brought it here left it, at
+                    // both ends: the destination hashes its own copy. A
+                    // write racing this read is in this migration's own
+                    // bitmap, and goes in a round.
+                    self.table.set(ci, *blake3::hash(data).as_bytes());
+                    k.chunks_unchanged.fetch_add(1, Ordering::Relaxed);
+                    match entries.last_mut() {
+                        Some(PrintEntry::Same(z)) if *z < u32::MAX => *z += 1,
+                        _ => entries.push(PrintEntry::Same(1)),
                     }
                 } else {
                     let p = *blake3::hash(data).as_bytes();
@@ -911,7 +935,9 @@ async fn greeted(
             let v = vol.clone();
             let (loc, adm) = (location.clone(), admin.clone());
             let peer = super::peer_port(&iscsi);
-            let moved = blocking(move || v.set_moved(&loc, &adm, peer).map_err(Into::into)).await;
+            let id = run.id.to_string();
+            let moved =
+                blocking(move || v.set_moved(&loc, &adm, peer, &id).map_err(Into::into)).await;
             if moved.is_ok() {
                 vol.set_in_doubt(false);
             }
@@ -948,6 +974,7 @@ fn hello(state: &dyn StorageDaemon, job: &Job<'_>) -> Message {
     } = *job;
     let meta = vol.meta();
     let id = run.id.bytes();
+    let arrived_under = super::arrival_tracking(vol, chunk).map(|(id, _)| id);
     Message::Hello {
         min_version: VERSION,
         max_version: VERSION,
@@ -963,6 +990,7 @@ fn hello(state: &dyn StorageDaemon, job: &Job<'_>) -> Message {
             physical_block_size: meta.physical_block_size.unwrap_or(meta.block_size),
         },
         iscsi: state.iscsi_port(None),
+        arrived_under: arrived_under.unwrap_or_default(),
     }
 }
 
@@ -1024,6 +1052,7 @@ async fn run_phases(
         &c.chunks_wanted,
         &c.keys_answered,
         &c.chunks_unprinted,
+        &c.chunks_unchanged,
         &c.chunks_sent,
         &c.chunks_dirty_sent,
         &c.rounds,
@@ -1042,6 +1071,10 @@ async fn run_phases(
         } else {
             None
         },
+        written_since_arrival: (c.destination_copy.load(Ordering::Relaxed)
+            == ferry_migration::CopyBasis::ReturnedTracked as u8)
+            .then(|| super::arrival_tracking(vol, chunk).map(|(_, b)| b))
+            .flatten(),
     });
 
     let (t_start, fingerprints_s, rate) = fingerprint_phase(job, link, in_rx, &sender).await?;
@@ -1399,7 +1432,8 @@ async fn pause_and_switch(
     let v = vol.clone();
     let (loc, adm) = (location.clone(), admin.clone());
     let peer = super::peer_port(&iscsi);
-    blocking(move || v.set_moved(&loc, &adm, peer).map_err(Into::into)).await?;
+    let id = run.id.to_string();
+    blocking(move || v.set_moved(&loc, &adm, peer, &id).map_err(Into::into)).await?;
     // Writers held by the pause now fail with "moved" and follow the volume.
     drop(guard);
     let pause = pause_start.elapsed();

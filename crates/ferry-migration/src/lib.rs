@@ -3,9 +3,9 @@
 //!
 //! ```text
 //!  source                                   destination
-//!    | Hello{versions, id, volume, iscsi} ----->|
+//!    | Hello{versions, id, volume, iscsi, arrived_under} ->|
 //!    |<---- Welcome{version, basis, iscsi} / Refuse
-//!    | Prints{first, [zero run | key]} ...     ->|  phase 1: 8-byte keys, zero runs as intervals
+//!    | Prints{first, [zero run | key | same run]} ->|  phase 1: 8-byte keys, zero runs as intervals
 //!    | PrintsDone ------------------------------>|
 //!    |<------------------------- Want{ranges} ...|  phase 2: one per Prints, what it cannot rebuild,
 //!    |<--------------------- WantDone{local, buddy}  streamed as it is found (coalesced ranges)
@@ -35,7 +35,13 @@
 //!
 //! Versions: `Hello` carries the range the source speaks; `Welcome` names
 //! the one chosen, and a destination refuses a source whose range does not
-//! include its own. Version 7 is this document: `Hello`, `Welcome` and
+//! include its own. Version 8 is this document: `Hello` ends with the
+//! migration the volume arrived at the source by (`arrived_under`, when the
+//! source tracked every chunk written since), a destination still holding
+//! the copy the volume left by it answers [`CopyBasis::ReturnedTracked`],
+//! and the source then prints only the chunks written since, the rest as
+//! [`PrintEntry::Same`] runs (entry tag 4): a return trip's prints in
+//! proportion to what changed, not to the volume. Version 7: `Hello`, `Welcome` and
 //! `Done` end with the sender's iSCSI port for the volume (portal and
 //! target port group, [`IscsiPort`]), so both sites report both groups'
 //! ALUA states and the source redirects logins after the switch; version 6
@@ -81,7 +87,7 @@ pub use message::{
 pub use order::{DestinationOrder, ProtocolViolation, SourceOrder};
 
 /// Protocol version spoken by this build.
-pub const VERSION: u16 = 7;
+pub const VERSION: u16 = 8;
 /// Largest payload of one frame.
 pub const MAX_PAYLOAD: u32 = 64 << 20;
 /// Frame header length.

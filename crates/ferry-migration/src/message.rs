@@ -83,6 +83,11 @@ pub enum PrintEntry {
     /// fingerprint index sorts them (`ferry_index::Fingerprint::key`).
     /// The full hash never crosses: see the crate's "Short prints".
     Key(u64),
+    /// A run of this many chunks nothing has written since the volume
+    /// arrived at the source: the destination's copy (the one the volume
+    /// left, [`CopyBasis::ReturnedTracked`]) holds them as they are. Sent
+    /// only after such a `Welcome`; the digest checks the claim.
+    Same(u32),
 }
 
 /// How `Data` bytes are encoded. 0 is invalid.
@@ -195,6 +200,11 @@ pub enum CopyBasis {
     /// volume comes back): its chunks that still match are kept, only what
     /// changed since crosses.
     Returned = 4,
+    /// That copy, untouched since it left under the migration the source
+    /// names in `Hello` (`arrived_under`), which the volume arrived there
+    /// by: the source prints only the chunks written since it arrived, and
+    /// sends the rest as [`PrintEntry::Same`] runs (protocol version 8).
+    ReturnedTracked = 5,
 }
 
 impl CopyBasis {
@@ -202,7 +212,10 @@ impl CopyBasis {
     pub fn resumes(self) -> bool {
         matches!(
             self,
-            CopyBasis::Resumed | CopyBasis::LeftoverResumed | CopyBasis::Returned
+            CopyBasis::Resumed
+                | CopyBasis::LeftoverResumed
+                | CopyBasis::Returned
+                | CopyBasis::ReturnedTracked
         )
     }
 }
@@ -217,6 +230,11 @@ pub enum Message {
         volume: VolumeDescriptor,
         /// The source's iSCSI port for the volume.
         iscsi: IscsiPort,
+        /// The migration the volume arrived at the source by, when the
+        /// source has tracked every chunk written since ("" otherwise): a
+        /// destination still holding the copy the volume left by that
+        /// migration answers [`CopyBasis::ReturnedTracked`].
+        arrived_under: String,
     },
     Welcome {
         version: u16,
@@ -343,6 +361,7 @@ impl Message {
                 migration_id,
                 volume,
                 iscsi,
+                arrived_under,
             } => {
                 out.put_u16(*min_version);
                 out.put_u16(*max_version);
@@ -356,6 +375,7 @@ impl Message {
                 out.put_u64(volume.allocated);
                 out.put_u32(volume.physical_block_size);
                 iscsi.put(out);
+                put_str(out, arrived_under);
             }
             Message::Welcome {
                 version,
@@ -391,6 +411,10 @@ impl Message {
                         PrintEntry::Key(k) => {
                             out.put_u8(3);
                             out.put_u64(*k);
+                        }
+                        PrintEntry::Same(n) => {
+                            out.put_u8(4);
+                            out.put_u32(*n);
                         }
                     }
                 }
@@ -573,6 +597,13 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
                 physical_block_size: p.u32()?,
             },
             iscsi: p.iscsi_port()?,
+            // A source of version 7 or earlier ends here: parsed, so that
+            // the version check refuses it by name.
+            arrived_under: if p.b.has_remaining() {
+                p.string()?
+            } else {
+                String::new()
+            },
         },
         T::Welcome => {
             let version = p.u16()?;
@@ -582,6 +613,7 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
                 2 => CopyBasis::LeftoverResumed,
                 3 => CopyBasis::LeftoverReplaced,
                 4 => CopyBasis::Returned,
+                5 => CopyBasis::ReturnedTracked,
                 t => return Err(malformed(what, format!("copy basis {t}"))),
             };
             Message::Welcome {
@@ -601,6 +633,7 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
                 entries.push(match p.u8()? {
                     1 => PrintEntry::Zero(p.u32()?),
                     3 => PrintEntry::Key(p.u64()?),
+                    4 => PrintEntry::Same(p.u32()?),
                     t => return Err(malformed(what, format!("entry tag {t}"))),
                 });
             }
@@ -770,6 +803,7 @@ mod tests {
                 migration_id: [9; 16],
                 volume: vol,
                 iscsi: IscsiPort::default(),
+                arrived_under: "0123456789abcdef0123456789abcdef".into(),
             },
             Message::Welcome {
                 version: 2,
@@ -796,12 +830,21 @@ mod tests {
                 basis: CopyBasis::Returned,
                 iscsi: IscsiPort::default(),
             },
+            Message::Welcome {
+                version: 8,
+                basis: CopyBasis::ReturnedTracked,
+                iscsi: IscsiPort::default(),
+            },
             Message::Refuse {
                 reason: "volume exists".into(),
             },
             Message::Prints {
                 first_chunk: 42,
-                entries: vec![PrintEntry::Zero(1000), PrintEntry::Key(u64::MAX - 3)],
+                entries: vec![
+                    PrintEntry::Zero(1000),
+                    PrintEntry::Key(u64::MAX - 3),
+                    PrintEntry::Same(77),
+                ],
             },
             Message::PrintsDone,
             Message::Want {

@@ -253,6 +253,7 @@ mod tests {
                 physical_block_size: 512,
             },
             iscsi: crate::IscsiPort::default(),
+            arrived_under: String::new(),
         }
     }
 

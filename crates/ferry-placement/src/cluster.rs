@@ -120,6 +120,12 @@ pub struct VmState {
     /// from the site's other blocks).
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub copy_at: BTreeSet<String>,
+    /// For each site where a disk move prints fewer than the disk's
+    /// non-zero bytes, the bytes it prints: a return to the copy the disk
+    /// left there, when its daemon here tracked what was written since it
+    /// arrived, prints only that; absent: every non-zero byte.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub printed_at: BTreeMap<String, f64>,
     /// Share of the disk's blocks that are not zero (from the same
     /// sample; only those are fingerprinted on a move); absent: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -330,6 +336,7 @@ mod tests {
                 disk_bytes: 1e9,
                 missing_at: BTreeMap::new(),
                 missing_link_at: BTreeMap::new(),
+                printed_at: BTreeMap::new(),
                 copy_at: Default::default(),
                 nonzero_share: None,
                 memory_link_share: None,

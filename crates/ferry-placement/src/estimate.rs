@@ -217,6 +217,7 @@ mod tests {
                 disk_bytes: 128e6,
                 missing_at: [("a".to_string(), 64e6)].into(),
                 missing_link_at: Default::default(),
+                printed_at: Default::default(),
                 copy_at: Default::default(),
                 nonzero_share: None,
                 memory_link_share: None,

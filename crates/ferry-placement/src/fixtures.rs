@@ -41,6 +41,7 @@ pub fn remote_vm(name: &str, iops: f64, latency_ms: f64) -> VmState {
         disk_bytes: 4e9,
         missing_at: Default::default(),
         missing_link_at: Default::default(),
+        printed_at: Default::default(),
         copy_at: Default::default(),
         nonzero_share: None,
         memory_link_share: None,

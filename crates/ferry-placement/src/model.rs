@@ -320,7 +320,8 @@ pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost 
         .copied()
         .unwrap_or_else(|| missing_raw.unwrap_or(vm.disk_bytes) * share);
     let nonzero = vm.disk_bytes * vm.nonzero_share.unwrap_or(1.0);
-    let prints = nonzero / 4096.0 * FINGERPRINT_BYTES_PER_BLOCK;
+    let printed = vm.printed_at.get(to).map_or(nonzero, |p| p.min(nonzero));
+    let prints = printed / 4096.0 * FINGERPRINT_BYTES_PER_BLOCK;
     let (bytes, converges) = precopy_bytes(missing + prints, vm.load.write_rate * share, bw);
     // The stream takes the link's time for its bytes, or the machine's for
     // the raw data they pack, whichever is longer (the rounds of what the
@@ -585,6 +586,28 @@ mod tests {
         let prints = v.disk_bytes / 4096.0 * FINGERPRINT_BYTES_PER_BLOCK;
         let expect = (50e3 + prints) / (1.0 - back.load.write_rate / 12.5e6);
         assert!((b.bytes - expect).abs() < 1.0, "{b:?}");
+    }
+
+    #[test]
+    fn a_tracked_return_prints_only_what_was_written_since_the_disk_arrived() {
+        let v = vm(60.0, 16.5, true);
+        let mut back = v.clone();
+        back.copy_at.insert("a".into());
+        let untracked = disk_move_cost(&back, "a", 20.0, 12.5e6);
+        back.printed_at.insert("a".into(), 1e9);
+        let tracked = disk_move_cost(&back, "a", 20.0, 12.5e6);
+        // The prints of the 9 GB not written since stay home, and so do
+        // the rounds that would have carried the writes meanwhile.
+        let saved = 9e9 / 4096.0 * FINGERPRINT_BYTES_PER_BLOCK / (1.0 - 1e5 / 12.5e6);
+        assert!(
+            (untracked.bytes - tracked.bytes - saved).abs() < 1.0,
+            "{untracked:?} {tracked:?}"
+        );
+        assert!(tracked.seconds < untracked.seconds);
+        // A claim above the disk's non-zero bytes is bounded by them.
+        back.printed_at.insert("a".into(), 1e12);
+        let bounded = disk_move_cost(&back, "a", 20.0, 12.5e6);
+        assert!((bounded.bytes - untracked.bytes).abs() < 1e-6);
     }
 
     #[test]

@@ -146,6 +146,7 @@ fn build(cfg: &SimConfig) -> (Cluster, Vec<bool>) {
                 disk_bytes: f64::from(rng.gen_range(4u32..=40)) * 1e9,
                 missing_at: Default::default(),
                 missing_link_at: Default::default(),
+                printed_at: Default::default(),
                 copy_at: Default::default(),
                 nonzero_share: None,
                 memory_link_share: None,

@@ -646,6 +646,11 @@ async fn clear_bitmap(
     Path((name, bm)): Path<(String, String)>,
 ) -> ApiResult<Json<BitmapView>> {
     let b = s.pool.get(&name)?.bitmap(&bm)?;
+    if bm == ferry_migration_engine::ARRIVAL_BITMAP {
+        return Err(bad(format!(
+            "bitmap {bm} is what a return trip trusts to be every block written since the volume arrived: clearing it would send a stale volume home (the digest would refuse it); delete it instead, and the next return prints every block"
+        )));
+    }
     b.clear();
     Ok(Json(bitmap_view(b.info())))
 }
@@ -711,11 +716,20 @@ async fn sample(
         // layout of a file system on it.
         let blocks =
             volume_sample::sampled_blocks(size / u64::from(bs), b.blocks, id.as_u64_pair().0);
-        let mut out = volume_sample::price(bs, &blocks, |block, buf| {
-            v.read_at(block * u64::from(bs), buf)
-        })?;
+        let read = |block, buf: &mut [u8]| v.read_at(block * u64::from(bs), buf);
+        let mut out = volume_sample::price(bs, &blocks, read)?;
         out.volume_size = size;
         out.uuid = Some(id.simple().to_string());
+        // Arrived by a migration and tracked since: what a return to the
+        // copy it left would print and send.
+        if let Some((arrived_under, written)) = ferry_migration_engine::arrival_tracking(&v, bs) {
+            let blocks = volume_sample::sampled_written(&written, b.blocks, id.as_u64_pair().1);
+            out.since_arrival = Some(Box::new(ferry_api::WrittenSinceArrival {
+                arrived_under,
+                blocks: written.dirty_chunks(),
+                sample: volume_sample::price(bs, &blocks, read)?,
+            }));
+        }
         Ok::<_, StorageError>(out)
     })
     .await?;
@@ -747,13 +761,19 @@ async fn index_lookup(
         };
         prints.push(ferry_index::Fingerprint(arr));
     }
-    let holds_copy = b.copy_of.as_ref().is_some_and(|c| {
+    let copy = b.copy_of.as_ref().and_then(|c| {
         s.pool
             .get(&c.name)
             .ok()
             .zip(uuid::Uuid::parse_str(&c.uuid).ok())
-            .is_some_and(|(v, u)| v.is_moved_away_copy_of(u.as_bytes()))
+            .filter(|(v, u)| v.is_moved_away_copy_of(u.as_bytes()))
+            .map(|(v, _)| (v, c.arrived_under.clone()))
     });
+    let holds_copy = copy.is_some();
+    // The copy left by the migration the volume arrived where it is by:
+    // a return there prints only what was written since.
+    let copy_tracked =
+        copy.is_some_and(|(v, arrived)| arrived.is_some() && v.left_under() == arrived);
     let index = s.index.clone();
     let out = blocking(move || {
         let mut missing = Vec::new();
@@ -767,6 +787,7 @@ async fn index_lookup(
             found: (prints.len() - missing.len()) as u64,
             missing: Some(missing),
             holds_copy,
+            copy_tracked,
         })
     })
     .await?;

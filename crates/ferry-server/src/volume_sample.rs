@@ -48,6 +48,14 @@ pub fn sampled_blocks(total: u64, n: u64, offset: u64) -> Vec<u64> {
         .collect()
 }
 
+/// The blocks of a sample of `n` among those `written` marks (its
+/// granularity the block size), in volume order: all of them if there are
+/// no more than `n`, else [`sampled_blocks`] taken over their ranks (runs
+/// of neighbours in that order, spread evenly).
+pub fn sampled_written(written: &ferry_storage::DirtyBitmap, n: u64, offset: u64) -> Vec<u64> {
+    written.dirty_at_ranks(&sampled_blocks(written.dirty_chunks(), n, offset))
+}
+
 /// Fingerprint and price the blocks `blocks` (from [`sampled_blocks`]),
 /// read with `read(block, buf)`. Zero blocks are counted, not
 /// fingerprinted (a migration never sends them). Each non-zero block's
@@ -71,6 +79,7 @@ pub fn price<E>(
         nonzero_compressed: 0,
         compressed: Vec::new(),
         uuid: None,
+        since_arrival: None,
     };
     let bs = block_size as usize;
     let mut buf = vec![0u8; bs];

@@ -545,6 +545,7 @@ mod migration_input {
                 physical_block_size: 512,
             },
             iscsi: ferry_migration::IscsiPort::default(),
+            arrived_under: String::new(),
         }
     }
 
@@ -629,6 +630,32 @@ mod migration_input {
         }
         send(&mut c, &h);
         assert!(matches!(recv(&mut c), Some(Message::Refuse { .. })));
+
+        // A source of version 7, whose Hello ends before `arrived_under`:
+        // refused by its version, by name.
+        let mut c = connect(&s);
+        let mut h = hello("v7", 1 << 20, 4096, 4);
+        if let Message::Hello {
+            min_version,
+            max_version,
+            ..
+        } = &mut h
+        {
+            (*min_version, *max_version) = (7, 7);
+        }
+        let mut b = BytesMut::new();
+        h.encode(&mut b);
+        // The empty string's two length bytes.
+        b.truncate(b.len() - 2);
+        let payload = u32::try_from(b.len() - 12).unwrap();
+        b[8..12].copy_from_slice(&payload.to_be_bytes());
+        c.write_all(&b).unwrap();
+        match recv(&mut c) {
+            Some(Message::Refuse { reason }) => {
+                assert!(reason.contains("version"), "{reason}");
+            }
+            other => panic!("expected Refuse, got {other:?}"),
+        }
         assert!(s.state.pool.list().is_empty());
     }
 
@@ -737,7 +764,26 @@ mod migration_input {
         send(&mut c, &Message::Switch);
         assert!(matches!(recv(&mut c), Some(Message::Abort { .. })));
 
-        for name in ["a", "b", "c", "d"] {
+        // Chunks claimed unchanged since the volume arrived at the source,
+        // to a copy that is no tracked return's basis (a new one, though
+        // the source names a migration it arrived by).
+        let mut c = connect(&s);
+        let mut h = hello("e", size, 4096, 8);
+        if let Message::Hello { arrived_under, .. } = &mut h {
+            *arrived_under = "ab".repeat(16);
+        }
+        send(&mut c, &h);
+        welcomed(&mut c);
+        send(
+            &mut c,
+            &Message::Prints {
+                first_chunk: 0,
+                entries: vec![PrintEntry::Same(4)],
+            },
+        );
+        aborted(&mut c);
+
+        for name in ["a", "b", "c", "d", "e"] {
             let v = s.state.pool.get(name).unwrap();
             assert!(v.incoming().is_some(), "{name} must stay incomplete");
         }

@@ -1007,3 +1007,110 @@ fn a_failed_migrations_leftover_is_resumed_or_replaced_refused_when_foreign_and_
     assert!(dst.state.pool.get("vm").unwrap().incoming().is_none());
     assert!(!pb.join("volumes").join("db").exists());
 }
+
+/// The `Prints` bytes and the data a migration sent, for the report.
+fn crossed(r: &ferry_api::Report) -> (u64, u64) {
+    (r.bytes.fingerprints, r.chunks.sent + r.chunks.dirty_resent)
+}
+
+#[test]
+fn a_return_trip_prints_only_what_was_written_since_and_a_wrong_claim_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+    let a = destination(&pa);
+    let mut b = destination(&pb);
+    trust_each_other(&pa, &pb);
+    let v = a.create("vm", 64 * MIB);
+    v.write_at(0, &noise(32 * MIB as usize, 21), false).unwrap();
+    let nonzero = 32 * MIB / 4096;
+
+    let to_b = b.migration.unwrap().to_string();
+    let out = wait(&migrate(&a, request("vm", to_b)), Duration::from_secs(120));
+    assert_eq!(out.result, MigrationResult::Switched, "{out:?}");
+    assert_eq!(out.destination_copy, ferry_api::DestinationCopy::New);
+    assert_eq!(out.chunks.unchanged, 0);
+    let full_prints = out.bytes.fingerprints;
+
+    // Written at B: 1 MiB over the data, 1 MiB where there was none. A
+    // clean restart of B keeps what it tracked.
+    let at_b = b.state.pool.get("vm").unwrap();
+    at_b.write_at(MIB, &noise(MIB as usize, 22), false).unwrap();
+    at_b.write_at(48 * MIB, &noise(MIB as usize, 23), false)
+        .unwrap();
+    drop(at_b);
+    b.stop();
+    b = destination(&pb);
+
+    // Home again: only the written chunks are printed; the rest the copy A
+    // kept holds as it is.
+    let to_a = a.migration.unwrap().to_string();
+    let back = wait(&migrate(&b, request("vm", to_a)), Duration::from_secs(120));
+    assert_eq!(back.result, MigrationResult::Switched, "{back:?}");
+    assert_eq!(
+        back.destination_copy,
+        ferry_api::DestinationCopy::ReturnedTracked
+    );
+    assert_eq!(
+        back.chunks.unchanged,
+        nonzero - MIB / 4096,
+        "{:?}",
+        back.chunks
+    );
+    let (prints, sent) = crossed(&back);
+    assert!(prints * 10 < full_prints, "{prints} against {full_prints}");
+    assert_eq!(sent, 2 * MIB / 4096, "{:?}", back.chunks);
+    let home = a.state.pool.get("vm").unwrap();
+    assert_eq!(
+        sha(home.data_path()),
+        sha(b.state.pool.get("vm").unwrap().data_path())
+    );
+
+    // Out again with nothing written at A: nothing is printed or sent.
+    let to_b = b.migration.unwrap().to_string();
+    let out = wait(&migrate(&a, request("vm", to_b)), Duration::from_secs(120));
+    assert_eq!(out.result, MigrationResult::Switched, "{out:?}");
+    assert_eq!(
+        out.destination_copy,
+        ferry_api::DestinationCopy::ReturnedTracked
+    );
+    assert_eq!(
+        out.chunks.unchanged,
+        nonzero + MIB / 4096,
+        "{:?}",
+        out.chunks
+    );
+    assert_eq!(crossed(&out).1, 0, "{:?}", out.chunks);
+
+    // A change the tracking did not see (the backing file written behind
+    // the daemon's back): the claim is wrong, the digests differ, and the
+    // volume stays at B, whole. The move tried again keeps nothing on
+    // trust and arrives whole.
+    let at_b = b.state.pool.get("vm").unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(at_b.data_path())
+            .unwrap();
+        f.write_all_at(&noise(4096, 24), 5 * MIB).unwrap();
+    }
+    let to_a = a.migration.unwrap().to_string();
+    let bad = wait(
+        &migrate(&b, request("vm", to_a.clone())),
+        Duration::from_secs(120),
+    );
+    assert_eq!(bad.result, MigrationResult::Failed, "{bad:?}");
+    assert!(bad.error.unwrap_or_default().contains("digests differ"));
+    assert!(at_b.is_serving() && at_b.moved_to().is_none());
+    let again = wait(&migrate(&b, again("vm", &to_a)), Duration::from_secs(120));
+    assert_eq!(again.result, MigrationResult::Switched, "{again:?}");
+    assert_eq!(
+        again.destination_copy,
+        ferry_api::DestinationCopy::LeftoverResumed
+    );
+    assert_eq!(again.chunks.unchanged, 0);
+    assert_eq!(
+        sha(at_b.data_path()),
+        sha(a.state.pool.get("vm").unwrap().data_path())
+    );
+}

@@ -257,6 +257,7 @@ fn a_volume_that_comes_back_sends_only_what_changed_while_it_was_away() {
             .uuid
             .clone()
             .expect("a sample says the volume's identity"),
+        arrived_under: None,
     };
     let at_a = client(&a)
         .index_lookup(&sample.fingerprints, Some(&me))
@@ -281,8 +282,42 @@ fn a_volume_that_comes_back_sends_only_what_changed_while_it_was_away() {
         .unwrap()
         .write_at(20 << 20, &noise(1 << 20, 2), false)
         .unwrap();
+    // b tracked what was written since the volume arrived; a, asked with
+    // the migration it arrived by, holds the copy it left by that one
+    // (and lacks the new blocks); asked with another, only a copy.
+    let sample = client(&b).sample_volume("vm", 4096).unwrap();
+    let since = sample
+        .since_arrival
+        .expect("b tracks what was written since the volume arrived");
+    assert_eq!(since.arrived_under, first.id.to_string());
+    assert_eq!((since.blocks, since.sample.sampled), (256, 256));
+    assert_eq!(since.sample.fingerprints.len(), 256);
+    // What the return trusts cannot be cleared by hand (only deleted).
+    let e = client(&b)
+        .clear_bitmap("vm", ferry_migration_engine::ARRIVAL_BITMAP)
+        .unwrap_err();
+    assert_eq!(e.status(), Some(400), "{e}");
+    let tracked = ferry_api::VolumeIdentity {
+        arrived_under: Some(since.arrived_under.clone()),
+        ..me.clone()
+    };
+    let at_a = client(&a)
+        .index_lookup(&since.sample.fingerprints, Some(&tracked))
+        .unwrap();
+    assert!(at_a.holds_copy && at_a.copy_tracked, "{at_a:?}");
+    assert_eq!(at_a.found, 0, "{at_a:?}");
+    let stale = ferry_api::VolumeIdentity {
+        arrived_under: Some("0".repeat(32)),
+        ..me.clone()
+    };
+    let at_a = client(&a).index_lookup(&[], Some(&stale)).unwrap();
+    assert!(at_a.holds_copy && !at_a.copy_tracked, "{at_a:?}");
     let back = move_to(&b, &a);
-    assert!(back.chunks.resumed >= 4096, "{:?}", back.chunks);
+    assert_eq!(
+        back.destination_copy,
+        ferry_api::DestinationCopy::ReturnedTracked
+    );
+    assert_eq!(back.chunks.unchanged, 4096, "{:?}", back.chunks);
     assert!(back.chunks.sent <= 256 + 8, "{:?}", back.chunks);
     assert!(
         back.bytes.data_raw <= (1 << 20) + (32 << 10),

@@ -174,6 +174,34 @@ impl DirtyBitmap {
             .sum()
     }
 
+    /// The chunk numbers of the dirty chunks at positions `ranks` (sorted,
+    /// counted from 0 in volume order; ranks past the last dirty chunk are
+    /// left out), found by counting bits a word at a time.
+    pub fn dirty_at_ranks(&self, ranks: &[u64]) -> Vec<u64> {
+        let words = self.words.read();
+        let mut out = Vec::with_capacity(ranks.len());
+        let mut want = ranks.iter().copied().peekable();
+        let mut seen = 0u64;
+        for (i, word) in words.iter().enumerate() {
+            let Some(&next) = want.peek() else { break };
+            let mut bits = word.load(Ordering::Acquire);
+            let n = u64::from(bits.count_ones());
+            if next >= seen + n {
+                seen += n;
+                continue;
+            }
+            while bits != 0 {
+                if want.peek() == Some(&seen) {
+                    want.next();
+                    out.push(i as u64 * 64 + u64::from(bits.trailing_zeros()));
+                }
+                bits &= bits - 1;
+                seen += 1;
+            }
+        }
+        out
+    }
+
     /// Dirty bytes (chunks times granularity, capped at the volume size).
     pub fn dirty_bytes(&self) -> u64 {
         (self.dirty_chunks() * u64::from(self.granularity)).min(self.size.load(Ordering::Relaxed))
@@ -328,6 +356,20 @@ mod tests {
         let h = blake3::hash(&body[..n]);
         body[n..].copy_from_slice(h.as_bytes());
         assert!(DirtyBitmap::decode("x", &body, Path::new("x")).is_err());
+    }
+
+    #[test]
+    fn dirty_chunks_are_found_by_their_rank() {
+        let b = DirtyBitmap::new("b", 4096, 4096 * 1000, false).unwrap();
+        let marked = [3u64, 64, 65, 127, 128, 700, 999];
+        for &c in &marked {
+            b.mark(c * 4096, 1);
+        }
+        assert_eq!(b.dirty_at_ranks(&[0, 1, 2, 3, 4, 5, 6]), marked.to_vec());
+        assert_eq!(b.dirty_at_ranks(&[1, 4, 6, 7, 50]), vec![64, 128, 999]);
+        assert!(b.dirty_at_ranks(&[]).is_empty());
+        // Nothing is cleared by looking.
+        assert_eq!(b.dirty_chunks(), 7);
     }
 
     #[test]

@@ -77,6 +77,12 @@ pub struct VolumeMeta {
     /// it advertised one (where the volume's next migration starts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moved_admin: Option<String>,
+    /// With `moved_to`: the migration the volume left by. The copy has not
+    /// changed since (nothing writes a moved-away copy), so a return from
+    /// the daemon that volume arrived at by this migration, which tracked
+    /// what was written there since, need only send that.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left_under: Option<String>,
     /// The other site of the volume's current or last migration (the
     /// destination on a source, the source on a copy that arrived).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -179,6 +185,7 @@ impl VolumeMeta {
             bitmaps: Vec::new(),
             moved_to: None,
             moved_admin: None,
+            left_under: None,
             peer_port: None,
             incoming: None,
             arrived: None,

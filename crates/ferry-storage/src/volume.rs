@@ -1155,6 +1155,15 @@ impl Volume {
             && self.meta.lock().uuid.as_bytes() == uuid
     }
 
+    /// The migration this moved-away copy left by, while it is one (not
+    /// reclaimed, nothing filling it): the copy is as that migration's
+    /// switch left it.
+    pub fn left_under(&self) -> Option<String> {
+        self.moved_to()?;
+        let m = self.meta.lock();
+        m.incoming.is_none().then(|| m.left_under.clone()).flatten()
+    }
+
     /// Where the volume's new daemon takes admin calls, once it has moved
     /// (if that daemon advertised it).
     pub fn moved_admin(&self) -> Option<String> {
@@ -1166,12 +1175,20 @@ impl Volume {
 
     /// Record (durably) that the volume now lives at `location` (NBD), its
     /// daemon's admin API at `admin` ("" if unknown) and its SCSI port
-    /// `peer`; from here on every write fails with [`StorageError::Moved`].
-    /// Call with the gate paused so no write is half-way through.
-    pub fn set_moved(&self, location: &str, admin: &str, peer: Option<PeerPort>) -> Result<()> {
+    /// `peer`, moved there by migration `migration`; from here on every
+    /// write fails with [`StorageError::Moved`]. Call with the gate paused
+    /// so no write is half-way through.
+    pub fn set_moved(
+        &self,
+        location: &str,
+        admin: &str,
+        peer: Option<PeerPort>,
+        migration: &str,
+    ) -> Result<()> {
         self.update_meta(|m| {
             m.moved_to = Some(location.to_string());
             m.moved_admin = (!admin.is_empty()).then(|| admin.to_string());
+            m.left_under = Some(migration.to_string());
             if peer.is_some() {
                 m.peer_port = peer;
             }
@@ -1197,6 +1214,7 @@ impl Volume {
             }
             m.moved_to = None;
             m.moved_admin = None;
+            m.left_under = None;
             m.incoming = Some(incoming);
             Ok(())
         })?;
@@ -1210,6 +1228,7 @@ impl Volume {
         self.update_meta(|m| {
             m.moved_to = None;
             m.moved_admin = None;
+            m.left_under = None;
             Ok(())
         })?;
         self.moved.store(false, Ordering::SeqCst);

@@ -398,7 +398,9 @@ mod tests {
             groups(Transitioning, Some((7, Transitioning)))
         );
         // Switched: the destination is the active site.
-        volume.set_moved("10.0.0.2:10809", "", Some(b)).unwrap();
+        volume
+            .set_moved("10.0.0.2:10809", "", Some(b), "m1")
+            .unwrap();
         volume.gate().resume();
         assert_eq!(
             dev.port_groups(),
