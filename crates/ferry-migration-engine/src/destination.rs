@@ -788,7 +788,8 @@ async fn commit<W: AsyncWrite + Unpin + Send>(
     blocking(move || {
         v.flush()?;
         // Before anything can write the volume here: a return knows what
-        // changed since.
+        // changed since (created when the copy was opened: cleared, no
+        // metadata written in the pause).
         super::track_arrival(&v, chunk)?;
         v.complete_incoming(source)?;
         Ok(())
@@ -997,6 +998,12 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
         }
     };
     let _hold = vol.hold(ferry_storage::Holder::IncomingMigration);
+    // The arrival bitmap exists from here (its metadata written now, not
+    // in the pause); the commit clears it.
+    let v = vol.clone();
+    if let Err(e) = blocking(move || super::track_arrival(&v, chunk)).await {
+        return refuse(&mut wr, format!("destination: {e}")).await;
+    }
     super::check_port_groups(state.as_ref(), &source_port, &desc.name);
     tracing::info!(%peer, volume = %desc.name, migration = %id, ?basis, "incoming migration");
     send(

@@ -230,9 +230,9 @@ fn unexpected(m: &ferry_migration::Message, during: &'static str) -> MigrationEr
 
 /// The persistent dirty bitmap of every chunk written to a volume since it
 /// arrived by a migration (`arrived` in its metadata), at the migration's
-/// chunk size. Reset when the copy is committed, before anything can write
-/// it; a crash marks it all dirty, which costs a return its saving, never
-/// its correctness.
+/// chunk size. Created when an incoming copy is opened, cleared when it is
+/// committed, before anything can write it; a crash marks it all dirty,
+/// which costs a return its saving, never its correctness.
 pub const ARRIVAL_BITMAP: &str = "ferry-arrival";
 
 /// Start tracking what is written to a copy that arrives now (before it is

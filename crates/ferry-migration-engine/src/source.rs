@@ -27,6 +27,11 @@ use tokio::sync::mpsc;
 const DATA_FRAME: u64 = 1 << 20;
 /// Fingerprints per `Prints` frame.
 const PRINTS_FRAME: usize = 8192;
+/// Chunks of `Same` runs per `Prints` frame, at most: the destination
+/// reads and hashes them before it answers the frame (256 MiB at 4 KiB
+/// chunks, about a second of disk), so an unchanged volume of any size
+/// keeps the answers coming well within [`ANSWER_TIMEOUT`].
+const SAME_PER_FRAME: u64 = 1 << 16;
 /// Keys printed but not yet answered, at most: the scan waits beyond it,
 /// so that what the answers say (how much the destination finds) can
 /// still change what is sent.
@@ -602,6 +607,7 @@ impl Sender {
         let mut pos = 0u64;
         let mut printing = dedup;
         let mut keys_sent = 0u64;
+        let mut same_in_frame = 0u64;
         let mut flush = |entries: &mut Vec<PrintEntry>, first: &mut u64, next: u64| {
             if entries.is_empty() {
                 *first = next;
@@ -660,6 +666,7 @@ impl Sender {
                     // bitmap, and goes in a round.
                     self.table.set(ci, *blake3::hash(data).as_bytes());
                     k.chunks_unchanged.fetch_add(1, Ordering::Relaxed);
+                    same_in_frame += 1;
                     match entries.last_mut() {
                         Some(PrintEntry::Same(z)) if *z < u32::MAX => *z += 1,
                         _ => entries.push(PrintEntry::Same(1)),
@@ -677,11 +684,13 @@ impl Sender {
                             k.chunks_unprinted.fetch_add(1, Ordering::Relaxed);
                         }
                         flush(&mut entries, &mut first, ci + 1)?;
+                        same_in_frame = 0;
                     }
                 }
                 k.chunks_printed.fetch_add(1, Ordering::Relaxed);
-                if entries.len() >= PRINTS_FRAME {
+                if entries.len() >= PRINTS_FRAME || same_in_frame >= SAME_PER_FRAME {
                     flush(&mut entries, &mut first, ci + 1)?;
+                    same_in_frame = 0;
                     if printing && prints_pay_too_little(k) {
                         printing = false;
                         tracing::info!(
