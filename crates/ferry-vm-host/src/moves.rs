@@ -555,8 +555,37 @@ async fn cancel_disks(run: &MoveRun, disks: &[(VmDisk, MigrationId)]) {
     }
 }
 
+/// A wake-up at every status each disk's migration pushes (its daemon
+/// sends one per change of phase), so a wait on the disks sees a switch
+/// when it happens rather than at its next poll (a disk-only move ended up
+/// to [`DISK_POLL`] late). Each watcher is a thread of its own, detached:
+/// it ends with its migration, or at the move's deadline, when its call's
+/// limit ends it; the poll still runs if one cannot start or its stream
+/// breaks.
+fn watch_disks(disks: &[(VmDisk, MigrationId)], deadline: Instant) -> Arc<tokio::sync::Notify> {
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let limit = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_secs(1));
+    for (d, id) in disks {
+        let c = AdminClient::with_timeout(d.admin.as_deref().unwrap_or_default(), limit);
+        let (id, w) = (id.clone(), wake.clone());
+        let watcher = std::thread::Builder::new()
+            .name("disk-watch".into())
+            .spawn(move || {
+                let _ = c.watch_migration(&id, |_| w.notify_one());
+                w.notify_one();
+            });
+        if let Err(e) = watcher {
+            tracing::debug!(error = %e, "no watcher for a disk's migration; polling only");
+        }
+    }
+    wake
+}
+
 /// Wait until every disk migration is in a phase `want` accepts; fails on
-/// a failed migration, the deadline or a cancel.
+/// a failed migration, the deadline or a cancel. Asks every `poll`, and at
+/// once when a disk's migration reports a change ([`watch_disks`]).
 async fn wait_disks(
     run: &MoveRun,
     disks: &[(VmDisk, MigrationId)],
@@ -564,6 +593,7 @@ async fn wait_disks(
     deadline: Instant,
     poll: Duration,
 ) -> Result<Vec<MigrationStatus>, VmError> {
+    let changed = watch_disks(disks, deadline);
     loop {
         let st = disk_statuses(disks).await?;
         run.disk_dirty
@@ -594,6 +624,7 @@ async fn wait_disks(
         tokio::select! {
             () = run.cancel.cancelled() => return Err(VmError::Cancelled),
             () = tokio::time::sleep(poll) => {}
+            () = changed.notified() => {}
         }
     }
 }
