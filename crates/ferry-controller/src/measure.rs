@@ -954,13 +954,12 @@ mod tests {
         }
     }
 
-    #[test]
-    fn what_a_site_lacks_costs_its_blocks_as_the_stream_compresses_them() {
-        // 8 blocks sampled, 2 zero; of the 6 others the site lacks two,
-        // one of text (400 bytes compressed) and one of noise (4096).
-        let sample = ferry_api::VolumeSample {
+    /// 8 blocks sampled, 2 zero; of the 6 others, one of text (400 bytes
+    /// compressed), the rest noise (4096).
+    fn eight_blocks(volume_size: u64) -> ferry_api::VolumeSample {
+        ferry_api::VolumeSample {
             block_size: 4096,
-            volume_size: 8 * 4096,
+            volume_size,
             sampled: 8,
             zero: 2,
             fingerprints: vec!["00".repeat(32); 6],
@@ -968,7 +967,13 @@ mod tests {
             compressed: vec![4096, 400, 4096, 4096, 4096, 4096],
             uuid: None,
             since_arrival: None,
-        };
+        }
+    }
+
+    #[test]
+    fn what_a_site_lacks_costs_its_blocks_as_the_stream_compresses_them() {
+        // The site lacks two: the text block and one of noise.
+        let sample = eight_blocks(8 * 4096);
         let share = missing_link_share(&sample, &[1, 2]).unwrap();
         assert!((share - 4496.0 / (8.0 * 4096.0)).abs() < 1e-12, "{share}");
         assert_eq!(missing_link_share(&sample, &[]), Some(0.0));
@@ -987,17 +992,7 @@ mod tests {
         // A 64-block volume of which 8 blocks were written since it
         // arrived, all sampled: 2 zero, 6 printed; the destination lacks
         // two of them, costing 4096 and 400 bytes on the link.
-        let written = ferry_api::VolumeSample {
-            block_size: 4096,
-            volume_size: 0,
-            sampled: 8,
-            zero: 2,
-            fingerprints: vec!["00".repeat(32); 6],
-            nonzero_compressed: 6 * 4096,
-            compressed: vec![4096, 400, 4096, 4096, 4096, 4096],
-            uuid: None,
-            since_arrival: None,
-        };
+        let written = eight_blocks(0);
         let since = ferry_api::WrittenSinceArrival {
             arrived_under: "1".repeat(32),
             blocks: 8,
