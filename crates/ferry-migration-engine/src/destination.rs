@@ -219,7 +219,9 @@ fn prepare(
             // at the source by: the source knows what changed since.
             let tracked =
                 !arrived_under.is_empty() && v.left_under().as_deref() == Some(arrived_under);
-            v.reclaim_for_incoming(IncomingMigration::begun(id, &source))?;
+            let mut inc = IncomingMigration::begun(id, &source);
+            inc.tracked_since = tracked.then(|| arrived_under.to_string());
+            v.reclaim_for_incoming(inc)?;
             tracing::info!(volume = %d.name, migration = %id, tracked, "the volume comes back: its moved-away copy is the basis");
             Ok(Prepared::Copy(
                 v,
@@ -236,8 +238,19 @@ fn prepare(
                     return Err(Refusal::SizeDiffers);
                 }
                 check_space(state, d.allocated.saturating_sub(v.allocated_bytes()))?;
+                // Another attempt of a tracked return: what it left
+                // untouched is still the copy the volume left here.
+                let tracked = !arrived_under.is_empty()
+                    && inc.tracked_since.as_deref() == Some(arrived_under);
                 v.adopt_incoming(id, &source)?;
-                Ok(Prepared::Copy(v, CopyBasis::Resumed))
+                Ok(Prepared::Copy(
+                    v,
+                    if tracked {
+                        CopyBasis::ReturnedTracked
+                    } else {
+                        CopyBasis::Resumed
+                    },
+                ))
             }
             Some(inc) if v.meta().uuid.as_bytes() == &d.uuid => {
                 if !v.held_by().is_empty() {
@@ -762,6 +775,12 @@ async fn check_digest<W: AsyncWrite + Unpin + Send>(
     let matches = mine == digest;
     if !matches {
         tracing::error!(volume = %name, source = %hex(&digest), destination = %hex(&mine), "migration digest mismatch");
+        if rx.tracked {
+            // A claim of unchanged chunks was wrong: no attempt trusts
+            // this copy again.
+            let v = rx.vol.clone();
+            blocking(move || Ok(v.untrack_incoming()?)).await?;
+        }
     }
     send(
         wr,

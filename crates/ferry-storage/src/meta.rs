@@ -145,6 +145,13 @@ pub struct IncomingMigration {
     /// is deleted by the daemon.
     #[serde(default)]
     pub touched_unix: u64,
+    /// The copy is the basis of a tracked return: the copy the volume
+    /// left by this migration (the one it arrived at the source by), and
+    /// nothing but the return (`id`) has written it since. Another attempt
+    /// of that return resumes it as tracked; another migration, or a
+    /// digest that did not match, takes it away.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracked_since: Option<String>,
 }
 
 impl IncomingMigration {
@@ -156,6 +163,7 @@ impl IncomingMigration {
             source: source.to_string(),
             started_unix: now,
             touched_unix: now,
+            tracked_since: None,
         }
     }
 }

@@ -1252,9 +1252,27 @@ impl Volume {
                     m.name
                 )));
             };
+            // Another migration's leftover is no tracked return's basis
+            // any more: what that one wrote is not what this one's source
+            // tracked.
+            if inc.id != id {
+                inc.tracked_since = None;
+            }
             inc.id = id.to_string();
             inc.source = source.to_string();
             inc.touched_unix = crate::meta::unix_now();
+            Ok(())
+        })
+    }
+
+    /// Stop treating this incomplete copy as a tracked return's basis
+    /// (its digest did not match what the source claimed): the next
+    /// attempt prints every chunk. Nothing for a complete volume.
+    pub fn untrack_incoming(&self) -> Result<()> {
+        self.update_meta(|m| {
+            if let Some(inc) = m.incoming.as_mut() {
+                inc.tracked_since = None;
+            }
             Ok(())
         })
     }
