@@ -576,72 +576,147 @@ impl Payload {
     }
 }
 
+/// The payload of each message type with more than a line of layout;
+/// the others are read in [`parse`] itself.
+impl Payload {
+    fn hello(&mut self) -> Result<Message, WireError> {
+        Ok(Message::Hello {
+            min_version: self.u16()?,
+            max_version: self.u16()?,
+            migration_id: self.array()?,
+            volume: VolumeDescriptor {
+                name: self.string()?,
+                size: self.u64()?,
+                block_size: self.u32()?,
+                chunk_size: self.u32()?,
+                uuid: self.array()?,
+                wwn: self.string()?,
+                allocated: self.u64()?,
+                physical_block_size: self.u32()?,
+            },
+            iscsi: self.iscsi_port()?,
+            // A source of version 7 or earlier ends here: parsed, so that
+            // the version check refuses it by name.
+            arrived_under: if self.b.has_remaining() {
+                self.string()?
+            } else {
+                String::new()
+            },
+        })
+    }
+
+    fn welcome(&mut self) -> Result<Message, WireError> {
+        let version = self.u16()?;
+        let basis = match self.u8()? {
+            0 => CopyBasis::New,
+            1 => CopyBasis::Resumed,
+            2 => CopyBasis::LeftoverResumed,
+            3 => CopyBasis::LeftoverReplaced,
+            4 => CopyBasis::Returned,
+            5 => CopyBasis::ReturnedTracked,
+            t => return Err(malformed(self.what, format!("copy basis {t}"))),
+        };
+        Ok(Message::Welcome {
+            version,
+            basis,
+            iscsi: self.iscsi_port()?,
+        })
+    }
+
+    fn prints(&mut self) -> Result<Message, WireError> {
+        let first_chunk = self.u64()?;
+        let n = self.items()?;
+        let mut entries = Vec::with_capacity((n as usize).min(self.b.remaining() / 5));
+        for _ in 0..n {
+            entries.push(match self.u8()? {
+                1 => PrintEntry::Zero(self.u32()?),
+                3 => PrintEntry::Key(self.u64()?),
+                4 => PrintEntry::Same(self.u32()?),
+                t => return Err(malformed(self.what, format!("entry tag {t}"))),
+            });
+        }
+        Ok(Message::Prints {
+            first_chunk,
+            entries,
+        })
+    }
+
+    fn data(&mut self) -> Result<Message, WireError> {
+        let offset = self.u64()?;
+        let encoding = match self.u8()? {
+            1 => Encoding::Raw,
+            2 => Encoding::Zstd,
+            3 => Encoding::ZstdStream,
+            e => return Err(malformed(self.what, format!("encoding {e}"))),
+        };
+        let raw_len = self.u32()?;
+        let bytes = self.b.split_to(self.b.remaining());
+        if raw_len > MAX_PAYLOAD || (encoding == Encoding::Raw && raw_len as usize != bytes.len()) {
+            return Err(malformed(
+                self.what,
+                format!("raw length {raw_len} for {} bytes", bytes.len()),
+            ));
+        }
+        Ok(Message::Data {
+            offset,
+            encoding,
+            raw_len,
+            bytes,
+        })
+    }
+
+    fn digest_result(&mut self) -> Result<Message, WireError> {
+        let matches = match self.u8()? {
+            0 => false,
+            1 => true,
+            v => return Err(malformed(self.what, format!("boolean {v}"))),
+        };
+        Ok(Message::DigestResult {
+            matches,
+            digest: self.array()?,
+        })
+    }
+
+    fn lookup(&mut self) -> Result<Message, WireError> {
+        let block_size = self.u32()?;
+        let n = self.items()?;
+        let mut keys = Vec::with_capacity((n as usize).min(self.b.remaining() / 8));
+        for _ in 0..n {
+            keys.push(self.u64()?);
+        }
+        Ok(Message::Lookup { block_size, keys })
+    }
+
+    fn found(&mut self) -> Result<Message, WireError> {
+        let n = self.items()?;
+        let mut blocks = Vec::with_capacity((n as usize).min(self.b.remaining()));
+        for _ in 0..n {
+            blocks.push(match self.u8()? {
+                0 => None,
+                1 => {
+                    let len = self.u32()? as usize;
+                    self.need(len)?;
+                    Some(self.b.split_to(len))
+                }
+                t => return Err(malformed(self.what, format!("block tag {t}"))),
+            });
+        }
+        Ok(Message::Found { blocks })
+    }
+}
+
 fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
     use MessageType as T;
     let kind = MessageType::from_wire(ty).ok_or(WireError::UnknownType(ty))?;
     let what = kind.name();
     let mut p = Payload { b: payload, what };
     let m = match kind {
-        T::Hello => Message::Hello {
-            min_version: p.u16()?,
-            max_version: p.u16()?,
-            migration_id: p.array()?,
-            volume: VolumeDescriptor {
-                name: p.string()?,
-                size: p.u64()?,
-                block_size: p.u32()?,
-                chunk_size: p.u32()?,
-                uuid: p.array()?,
-                wwn: p.string()?,
-                allocated: p.u64()?,
-                physical_block_size: p.u32()?,
-            },
-            iscsi: p.iscsi_port()?,
-            // A source of version 7 or earlier ends here: parsed, so that
-            // the version check refuses it by name.
-            arrived_under: if p.b.has_remaining() {
-                p.string()?
-            } else {
-                String::new()
-            },
-        },
-        T::Welcome => {
-            let version = p.u16()?;
-            let basis = match p.u8()? {
-                0 => CopyBasis::New,
-                1 => CopyBasis::Resumed,
-                2 => CopyBasis::LeftoverResumed,
-                3 => CopyBasis::LeftoverReplaced,
-                4 => CopyBasis::Returned,
-                5 => CopyBasis::ReturnedTracked,
-                t => return Err(malformed(what, format!("copy basis {t}"))),
-            };
-            Message::Welcome {
-                version,
-                basis,
-                iscsi: p.iscsi_port()?,
-            }
-        }
+        T::Hello => p.hello()?,
+        T::Welcome => p.welcome()?,
         T::Refuse => Message::Refuse {
             reason: p.string()?,
         },
-        T::Prints => {
-            let first_chunk = p.u64()?;
-            let n = p.items()?;
-            let mut entries = Vec::with_capacity((n as usize).min(p.b.remaining() / 5));
-            for _ in 0..n {
-                entries.push(match p.u8()? {
-                    1 => PrintEntry::Zero(p.u32()?),
-                    3 => PrintEntry::Key(p.u64()?),
-                    4 => PrintEntry::Same(p.u32()?),
-                    t => return Err(malformed(what, format!("entry tag {t}"))),
-                });
-            }
-            Message::Prints {
-                first_chunk,
-                entries,
-            }
-        }
+        T::Prints => p.prints()?,
         T::PrintsDone => Message::PrintsDone,
         T::Want => Message::Want {
             ranges: p.ranges()?,
@@ -651,48 +726,14 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
             buddy_chunks: p.u64()?,
             resumed_chunks: p.u64()?,
         },
-        T::Data => {
-            let offset = p.u64()?;
-            let encoding = match p.u8()? {
-                1 => Encoding::Raw,
-                2 => Encoding::Zstd,
-                3 => Encoding::ZstdStream,
-                e => return Err(malformed(what, format!("encoding {e}"))),
-            };
-            let raw_len = p.u32()?;
-            let bytes = p.b.split_to(p.b.remaining());
-            if raw_len > MAX_PAYLOAD
-                || (encoding == Encoding::Raw && raw_len as usize != bytes.len())
-            {
-                return Err(malformed(
-                    what,
-                    format!("raw length {raw_len} for {} bytes", bytes.len()),
-                ));
-            }
-            Message::Data {
-                offset,
-                encoding,
-                raw_len,
-                bytes,
-            }
-        }
+        T::Data => p.data()?,
         T::RoundEnd => Message::RoundEnd {
             round: p.u32()?,
             dirty_bytes: p.u64()?,
         },
         T::Pause => Message::Pause,
         T::Digest => Message::Digest { digest: p.array()? },
-        T::DigestResult => {
-            let matches = match p.u8()? {
-                0 => false,
-                1 => true,
-                v => return Err(malformed(what, format!("boolean {v}"))),
-            };
-            Message::DigestResult {
-                matches,
-                digest: p.array()?,
-            }
-        }
+        T::DigestResult => p.digest_result()?,
         T::Switch => Message::Switch,
         T::Done => Message::Done {
             location: p.string()?,
@@ -703,31 +744,8 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
             reason: p.string()?,
         },
         T::Synced => Message::Synced { round: p.u32()? },
-        T::Lookup => {
-            let block_size = p.u32()?;
-            let n = p.items()?;
-            let mut keys = Vec::with_capacity((n as usize).min(p.b.remaining() / 8));
-            for _ in 0..n {
-                keys.push(p.u64()?);
-            }
-            Message::Lookup { block_size, keys }
-        }
-        T::Found => {
-            let n = p.items()?;
-            let mut blocks = Vec::with_capacity((n as usize).min(p.b.remaining()));
-            for _ in 0..n {
-                blocks.push(match p.u8()? {
-                    0 => None,
-                    1 => {
-                        let len = p.u32()? as usize;
-                        p.need(len)?;
-                        Some(p.b.split_to(len))
-                    }
-                    t => return Err(malformed(what, format!("block tag {t}"))),
-                });
-            }
-            Message::Found { blocks }
-        }
+        T::Lookup => p.lookup()?,
+        T::Found => p.found()?,
     };
     p.end()?;
     Ok(m)
