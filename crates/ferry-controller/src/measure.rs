@@ -755,6 +755,63 @@ fn volume_size(control: &str, volume: &str) -> f64 {
         .unwrap_or(1 << 30) as f64
 }
 
+/// The guests' rates from Prometheus, when that is the load source and it
+/// answers (else the hosts are read, and the problem said).
+fn prometheus_rates<'a>(
+    source: &'a LoadSource,
+    problems: &mut Vec<String>,
+) -> Option<(
+    BTreeMap<String, crate::prometheus::GuestRates>,
+    &'a crate::prometheus::PrometheusSource,
+)> {
+    match source {
+        LoadSource::Hosts => None,
+        LoadSource::Prometheus(p) => match p.guest_rates() {
+            Ok(r) => Some((r, p)),
+            Err(e) => {
+                problems.push(format!("{e}; the hosts were read instead"));
+                None
+            }
+        },
+    }
+}
+
+/// Guest `name`'s load and network rates from Prometheus's `rates`; a
+/// guest it has no rates for yet counts as idle (and the problem said).
+fn load_from_prometheus(
+    rates: &BTreeMap<String, crate::prometheus::GuestRates>,
+    name: &str,
+    problems: &mut Vec<String>,
+) -> (VmLoad, BTreeMap<String, NicRates>) {
+    rates.get(name).map_or_else(
+        || {
+            problems.push(format!(
+                "{name}: no rates in prometheus yet; counted as idle"
+            ));
+            (load_from_rates(&Default::default()), BTreeMap::new())
+        },
+        |g| (load_from_rates(g), g.networks.clone()),
+    )
+}
+
+/// The inventory's links with this cycle's probed RTT and bandwidth where
+/// a probe answered, the declared ones elsewhere.
+fn links_as_probed(inv: &Inventory, links: &[LinkMeasure]) -> Vec<ferry_placement::Link> {
+    inv.links
+        .iter()
+        .map(|l| {
+            let probe = links.iter().find(|m| m.a == l.a && m.b == l.b);
+            ferry_placement::Link {
+                rtt_ms: probe.and_then(|m| m.measured_rtt_ms).unwrap_or(l.rtt_ms),
+                bandwidth: probe
+                    .and_then(|m| m.probed_bandwidth)
+                    .unwrap_or(l.bandwidth),
+                ..l.clone()
+            }
+        })
+        .collect()
+}
+
 /// Measure every running guest: its load from Prometheus (`source`), or
 /// from its host read twice, `interval` apart. `since_move_s` gives, per
 /// VM, the seconds since the controller last moved it.
@@ -777,16 +834,7 @@ pub fn measure(
             problems.push(format!("link {}-{}: {e}", l.a, l.b));
         }
     }
-    let rates = match source {
-        LoadSource::Hosts => None,
-        LoadSource::Prometheus(p) => match p.guest_rates() {
-            Ok(r) => Some((r, p)),
-            Err(e) => {
-                problems.push(format!("{e}; the hosts were read instead"));
-                None
-            }
-        },
-    };
+    let rates = prometheus_rates(source, &mut problems);
     // With rates from Prometheus the one reading of the hosts places the
     // guests; without, a second reading gives the rates.
     let (first, second, loads_from) = match &rates {
@@ -826,16 +874,7 @@ pub fn measure(
             continue;
         };
         let (load, networks) = match &rates {
-            Some((r, _)) => r.get(&v.spec.name).map_or_else(
-                || {
-                    problems.push(format!(
-                        "{}: no rates in prometheus yet; counted as idle",
-                        v.spec.name
-                    ));
-                    (load_from_rates(&Default::default()), BTreeMap::new())
-                },
-                |g| (load_from_rates(g), g.networks.clone()),
-            ),
+            Some((r, _)) => load_from_prometheus(r, &v.spec.name, &mut problems),
             None => {
                 let earlier = first
                     .iter()
@@ -884,20 +923,7 @@ pub fn measure(
         loads_from,
         cluster: Cluster {
             sites: inv.sites(),
-            links: inv
-                .links
-                .iter()
-                .map(|l| {
-                    let probe = links.iter().find(|m| m.a == l.a && m.b == l.b);
-                    ferry_placement::Link {
-                        rtt_ms: probe.and_then(|m| m.measured_rtt_ms).unwrap_or(l.rtt_ms),
-                        bandwidth: probe
-                            .and_then(|m| m.probed_bandwidth)
-                            .unwrap_or(l.bandwidth),
-                        ..l.clone()
-                    }
-                })
-                .collect(),
+            links: links_as_probed(inv, &links),
             vms,
             local_rtt_ms: 0.1,
             hosts: inv.hosts(),
