@@ -568,7 +568,7 @@ fn watch_disks(disks: &[(VmDisk, MigrationId)], deadline: Instant) -> Arc<tokio:
         .saturating_duration_since(Instant::now())
         .max(Duration::from_secs(1));
     for (d, id) in disks {
-        let c = AdminClient::with_timeout(d.admin.as_deref().unwrap_or_default(), limit);
+        let c = admin_of(d).limited(limit);
         let (id, w) = (id.clone(), wake.clone());
         let watcher = std::thread::Builder::new()
             .name("disk-watch".into())
@@ -584,8 +584,9 @@ fn watch_disks(disks: &[(VmDisk, MigrationId)], deadline: Instant) -> Arc<tokio:
 }
 
 /// Wait until every disk migration is in a phase `want` accepts; fails on
-/// a failed migration, the deadline or a cancel. Asks every `poll`, and at
-/// once when a disk's migration reports a change ([`watch_disks`]).
+/// a failed migration, the deadline or a cancel. Asks every `poll`, and,
+/// where the poll is longer than [`SWITCH_POLL`], at once when a disk's
+/// migration reports a change ([`watch_disks`]).
 async fn wait_disks(
     run: &MoveRun,
     disks: &[(VmDisk, MigrationId)],
@@ -593,7 +594,10 @@ async fn wait_disks(
     deadline: Instant,
     poll: Duration,
 ) -> Result<Vec<MigrationStatus>, VmError> {
-    let changed = watch_disks(disks, deadline);
+    // The switch's short polls run while the guest is stopped: a watcher
+    // there (a thread and a connection per disk) would cost the pause
+    // more than it could save.
+    let changed = (poll > SWITCH_POLL).then(|| watch_disks(disks, deadline));
     loop {
         let st = disk_statuses(disks).await?;
         run.disk_dirty
@@ -624,7 +628,12 @@ async fn wait_disks(
         tokio::select! {
             () = run.cancel.cancelled() => return Err(VmError::Cancelled),
             () = tokio::time::sleep(poll) => {}
-            () = changed.notified() => {}
+            () = async {
+                match &changed {
+                    Some(c) => c.notified().await,
+                    None => std::future::pending().await,
+                }
+            } => {}
         }
     }
 }
