@@ -1117,6 +1117,60 @@ fn a_return_trip_prints_only_what_was_written_since_and_a_wrong_claim_is_caught(
     );
 }
 
+/// A return whose unchanged chunks outnumber what one `Prints` frame
+/// carries (65,536 in `Same` runs): the run is cut across frames, and
+/// every chunk is still accounted for once.
+#[test]
+fn a_tracked_return_longer_than_one_prints_frame_is_cut_across_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+    let a = destination(&pa);
+    let b = destination(&pb);
+    trust_each_other(&pa, &pb);
+    // 80,000 non-zero chunks (of 4 KiB), one block repeated: the first
+    // move sends it once and the destination builds the rest from it.
+    let data = 80_000 * 4096;
+    let v = a.create("vm", 320 * MIB);
+    let block = noise(4096, 41);
+    let piece: Vec<u8> = block
+        .iter()
+        .copied()
+        .cycle()
+        .take(16 * MIB as usize)
+        .collect();
+    let mut at = 0;
+    while at < data {
+        let n = (data - at).min(piece.len() as u64);
+        v.write_at(at, &piece[..n as usize], false).unwrap();
+        at += n;
+    }
+    let out = wait(
+        &migrate(&a, request("vm", b.migration.unwrap().to_string())),
+        Duration::from_secs(300),
+    );
+    assert_eq!(out.result, MigrationResult::Switched, "{out:?}");
+    // Written at B: one chunk before the frame's cut and one after it.
+    let at_b = b.state.pool.get("vm").unwrap();
+    at_b.write_at(4096, &noise(4096, 42), false).unwrap();
+    at_b.write_at(70_000 * 4096, &noise(4096, 43), false)
+        .unwrap();
+    let back = wait(
+        &migrate(&b, request("vm", a.migration.unwrap().to_string())),
+        Duration::from_secs(300),
+    );
+    assert_eq!(back.result, MigrationResult::Switched, "{back:?}");
+    assert_eq!(
+        back.destination_copy,
+        ferry_api::DestinationCopy::ReturnedTracked
+    );
+    assert_eq!(back.chunks.unchanged, 80_000 - 2, "{:?}", back.chunks);
+    assert_eq!(crossed(&back).1, 2, "{:?}", back.chunks);
+    assert_eq!(
+        sha(a.state.pool.get("vm").unwrap().data_path()),
+        sha(at_b.data_path())
+    );
+}
+
 #[test]
 fn a_tracked_return_cut_mid_way_resumes_still_tracked() {
     assert!(
