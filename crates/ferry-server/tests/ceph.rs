@@ -619,26 +619,7 @@ fn a_move_to_shared_gateways_resumes_after_a_cut_link() {
         assert!(std::time::Instant::now() < deadline, "{:?}", run.status());
         std::thread::sleep(Duration::from_millis(20));
     }
-    tp.add_toxic(
-        "mig",
-        "cut",
-        "reset_peer",
-        "upstream",
-        serde_json::json!({"timeout": 0}),
-    );
-    while run
-        .counters
-        .attempts
-        .load(std::sync::atomic::Ordering::Relaxed)
-        < 2
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no retry: {:?}",
-            run.status()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    tp.cut_until_retried("mig", &run, deadline);
     std::thread::sleep(Duration::from_millis(300));
     tp.remove_toxic("mig", "cut");
     let r = wait_report(&run, Duration::from_secs(180));

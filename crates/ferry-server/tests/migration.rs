@@ -382,33 +382,6 @@ fn wait_for_bytes_at(
     }
 }
 
-/// Reset the link of toxiproxy proxy `proxy` (the toxic "cut", left for
-/// the caller to remove) and wait until the migration `run` has begun
-/// its next attempt.
-fn cut_until_retried(
-    tp: &toxiproxy::Toxiproxy,
-    proxy: &str,
-    run: &MigrationRun,
-    deadline: Instant,
-) {
-    tp.add_toxic(
-        proxy,
-        "cut",
-        "reset_peer",
-        "upstream",
-        serde_json::json!({"timeout": 0}),
-    );
-    while run
-        .counters
-        .attempts
-        .load(std::sync::atomic::Ordering::Relaxed)
-        < 2
-    {
-        assert!(Instant::now() < deadline, "no retry: {:?}", run.status());
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn a_cut_link_resumes_without_resending_what_arrived() {
     if !have("toxiproxy-server") {
@@ -436,7 +409,7 @@ fn a_cut_link_resumes_without_resending_what_arrived() {
     let run = migrate(&src, req);
     let deadline = Instant::now() + Duration::from_secs(60);
     wait_for_bytes_at(&dst, "vm", 8 * MIB, deadline, &run);
-    cut_until_retried(&tp, "mig", &run, deadline);
+    tp.cut_until_retried("mig", &run, deadline);
     std::thread::sleep(Duration::from_millis(300));
     tp.remove_toxic("mig", "cut");
     let r = wait(&run, Duration::from_secs(120));
@@ -690,7 +663,7 @@ fn a_link_cut_during_the_dirty_rounds_resumes_and_loses_no_write() {
         assert!(Instant::now() < deadline, "no rounds: {:?}", run.status());
         std::thread::sleep(Duration::from_millis(5));
     }
-    cut_until_retried(&tp, "mig", &run, deadline);
+    tp.cut_until_retried("mig", &run, deadline);
     tp.remove_toxic("mig", "cut");
     let r = wait(&run, Duration::from_secs(120));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -1227,7 +1200,7 @@ fn a_tracked_return_cut_mid_way_resumes_still_tracked() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    cut_until_retried(&tp, "home", &run, deadline);
+    tp.cut_until_retried("home", &run, deadline);
     std::thread::sleep(Duration::from_millis(300));
     tp.remove_toxic("home", "cut");
     tp.remove_toxic("home", "slow");

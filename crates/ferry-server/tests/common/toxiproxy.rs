@@ -97,6 +97,33 @@ impl Toxiproxy {
             .call()
             .unwrap();
     }
+
+    /// Reset the link of proxy `proxy` (the toxic "cut", left for the
+    /// caller to remove) and wait until the migration `run` has begun its
+    /// next attempt.
+    pub fn cut_until_retried(
+        &self,
+        proxy: &str,
+        run: &ferry_migration_engine::MigrationRun,
+        deadline: Instant,
+    ) {
+        self.add_toxic(
+            proxy,
+            "cut",
+            "reset_peer",
+            "upstream",
+            serde_json::json!({"timeout": 0}),
+        );
+        while run
+            .counters
+            .attempts
+            .load(std::sync::atomic::Ordering::Relaxed)
+            < 2
+        {
+            assert!(Instant::now() < deadline, "no retry: {:?}", run.status());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 impl Drop for Toxiproxy {
