@@ -13,6 +13,11 @@ their logs, kept in --work.
     python3 bench/move_soak.py --moves 40
     python3 bench/move_soak.py --moves 12 --teleport
 
+Each move's pause (QEMU's STOP to RESUME) and QEMU's own downtime are
+printed with it, and their medians and ranges at the end: with
+`FERRY_BIN` naming another build, the same run A/B-compares a change to
+the pause (the model check gives three pauses of each kind a run).
+
 It found the memory stream's lost tail (2026-11-27): the fourth VM-only
 move failed with the destination's QEMU reading zeros where a page
 header belonged, its link having ended 1.95 MB short of what the source
@@ -22,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -55,6 +61,7 @@ def main():
     sa, sb, ha, hb = vm_peers.two_sites(a.work)
     hosts = []
     failed = None
+    pauses, downtimes, times = [], [], []
     try:
         sa.ferry("volume", "create", "root", "--size", str(os.path.getsize(image)))
         sa.ferry("volume", "import", "root", image)
@@ -78,12 +85,18 @@ def main():
                 rep = json.loads(r.stdout)
             except ValueError:
                 rep = {"result": "error", "reason": r.stderr.strip()[-500:]}
+            pause, qemu = rep.get("guest_pause_ms"), rep.get("downtime_ms_qemu")
             print(f"move {i + 1}: site {'AB'[at]} -> {'AB'[to]}: {rep.get('result')} in {time.time() - t:.1f} s"
+                  + (f", pause {pause:.1f} ms (QEMU's downtime {qemu} ms)" if pause is not None else "")
                   + (f" ({rep.get('reason')})" if rep.get("reason") else ""), flush=True)
             if r.returncode != 0 or rep.get("result") != "completed":
                 failed = i + 1
                 break
             at = to
+            if pause is not None:
+                pauses.append(pause)
+                downtimes.append(qemu or 0)
+                times.append(rep.get("total_s") or 0)
             time.sleep(2)
     finally:
         for h in hosts:
@@ -92,6 +105,10 @@ def main():
             if d.proc.poll() is None:
                 d.stop()
         link.close()
+    if pauses:
+        print(f"pause ms: median {statistics.median(pauses):.1f}, {min(pauses):.1f}-{max(pauses):.1f}; "
+              f"QEMU's downtime ms: median {statistics.median(downtimes):.0f}, {min(downtimes)}-{max(downtimes)}; "
+              f"move s: median {statistics.median(times):.2f} (n={len(pauses)})")
     print(f"{a.moves if failed is None else failed - 1} moves completed"
           + ("" if failed is None else f"; move {failed} failed (logs: {a.work}/ha.log, hb.log)"))
     sys.exit(1 if failed else 0)

@@ -435,6 +435,10 @@ async fn listen_for_guest(
     multifd: u8,
 ) -> Result<(), VmError> {
     use ferry_qmp::{Capability, MigrateParameters};
+    // Its MIGRATION events wake the wait for the guest's last bytes (the
+    // guest is stopped then: a poll's interval would be its pause).
+    qmp.migrate_set_capabilities(&[(Capability::Events, true)])
+        .await?;
     if postcopy {
         qmp.migrate_set_capabilities(&[(Capability::PostcopyRam, true)])
             .await?;
@@ -570,16 +574,23 @@ async fn finish(
             return Ok(a);
         }
     };
+    let asked = Instant::now();
     connect_switched(host, &g, disks).await?;
     let t = Instant::now();
     let mut marked = false;
+    // How long the guest's last bytes kept it from running once asked.
+    let mut loaded_after = Duration::ZERO;
     loop {
+        // Taken before the query: a MIGRATION event after it (the load's
+        // completion) wakes the wait below at once.
+        let mark = g.runtime().map(|rt| rt.qmp.mark());
         let st = g.qemu_status().await;
         match st.as_deref() {
             Some("running") if marked => break,
             // Arrived and held (`-S`), or already running (post-copy):
             // ours from here, durably, before it runs.
             Some("paused" | "running") => {
+                loaded_after = asked.elapsed();
                 crate::guest::write_json(
                     &g.paths.dir.join(ARRIVED_MARK),
                     crate::guest::files::ARRIVED,
@@ -595,7 +606,15 @@ async fn finish(
             Some("inmigrate" | "postmigrate" | "finish-migrate" | "prelaunch")
                 if t.elapsed() < Duration::from_secs(60) =>
             {
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                match (g.runtime(), mark) {
+                    (Some(rt), Some(m)) => {
+                        let _ = rt
+                            .qmp
+                            .wait_named(m, "MIGRATION", Duration::from_millis(5))
+                            .await;
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(5)).await,
+                }
             }
             other => {
                 let said = g
@@ -644,7 +663,12 @@ async fn finish(
             .map(|e| e.timestamp),
         None => None,
     };
-    tracing::info!(guest = %g.name(), move_id = %id, "guest arrived and runs here");
+    tracing::info!(
+        guest = %g.name(),
+        move_id = %id,
+        loaded_after_finish_ms = loaded_after.as_secs_f64() * 1e3,
+        "guest arrived and runs here"
+    );
     Ok(PeerAnswer {
         status: Some("running".into()),
         first_io_unix_ms: first,
