@@ -805,12 +805,16 @@ async fn commit<W: AsyncWrite + Unpin + Send>(
     let source = rx.source_port.clone();
     let chunk = u32::try_from(rx.chunk).unwrap_or(u32::MAX);
     blocking(move || {
+        let t = std::time::Instant::now();
         v.flush()?;
+        let flushed = t.elapsed();
         // Before anything can write the volume here: a return knows what
         // changed since (created when the copy was opened: cleared, no
         // metadata written in the pause).
         super::track_arrival(&v, chunk)?;
+        let tracked = t.elapsed();
         v.complete_incoming(source)?;
+        tracing::debug!(?flushed, ?tracked, completed = ?t.elapsed(), "commit: flushed, arrival tracked, copy complete");
         Ok(())
     })
     .await?;

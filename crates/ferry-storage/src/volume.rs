@@ -83,6 +83,10 @@ pub struct Volume {
     shared: bool,
     direct: bool,
     meta: Mutex<VolumeMeta>,
+    /// Held while `meta` is being stored, so that stores land in the order
+    /// of the states they store (one may be taken from memory after the
+    /// state changed there: [`Volume::mark_moved`]).
+    meta_store: Mutex<()>,
     // Immutable after creation; kept outside the mutex for the data path.
     name: String,
     block_size: u32,
@@ -366,6 +370,7 @@ impl Volume {
             in_doubt: AtomicBool::new(meta.outgoing.as_ref().is_some_and(|o| o.switch_sent)),
             sanitize: sanitize::SanitizeCell::from_journal(meta.sanitize.as_ref()),
             meta: Mutex::new(meta),
+            meta_store: Mutex::new(()),
             bitmaps: RwLock::new(bitmaps),
             deleted: AtomicBool::new(false),
             holders: Default::default(),
@@ -1185,19 +1190,37 @@ impl Volume {
         peer: Option<PeerPort>,
         migration: &str,
     ) -> Result<()> {
-        self.update_meta(|m| {
-            m.moved_to = Some(location.to_string());
-            m.moved_admin = (!admin.is_empty()).then(|| admin.to_string());
-            m.left_under = Some(migration.to_string());
-            if peer.is_some() {
-                m.peer_port = peer;
-            }
-            // The migration is over: nothing left to resume.
-            m.outgoing = None;
-            Ok(())
-        })?;
+        self.mark_moved(location, admin, peer, migration);
+        self.store_state()
+    }
+
+    /// [`Volume::set_moved`] in memory only, so that the writers a
+    /// migration's pause holds can be let go (they fail with
+    /// [`StorageError::Moved`] and follow the volume) before the state is
+    /// stored ([`Volume::store_state`]): the guest's pause then holds no
+    /// fsync of the source's. Only after the destination committed, and
+    /// with the switch journalled (`switch_sent`): a daemon that stops
+    /// before the state is stored finds the volume in doubt and asks the
+    /// destination, which says it committed.
+    pub fn mark_moved(&self, location: &str, admin: &str, peer: Option<PeerPort>, migration: &str) {
+        let mut m = self.meta.lock();
+        m.moved_to = Some(location.to_string());
+        m.moved_admin = (!admin.is_empty()).then(|| admin.to_string());
+        m.left_under = Some(migration.to_string());
+        if peer.is_some() {
+            m.peer_port = peer;
+        }
+        // The migration is over: nothing left to resume.
+        m.outgoing = None;
         self.moved.store(true, Ordering::SeqCst);
-        Ok(())
+    }
+
+    /// Store the volume's state as it is in memory now (after
+    /// [`Volume::mark_moved`]).
+    pub fn store_state(&self) -> Result<()> {
+        let _order = self.meta_store.lock();
+        let m = self.meta.lock().clone();
+        self.store_meta(&m)
     }
 
     /// Turn this moved-away copy into the target of a migration bringing
@@ -1351,6 +1374,7 @@ impl Volume {
     /// replaces the one in memory only once it is stored (temp, fsync,
     /// rename). Nothing is written when the edit changes nothing.
     fn update_meta(&self, edit: impl FnOnce(&mut VolumeMeta) -> Result<()>) -> Result<()> {
+        let _order = self.meta_store.lock();
         let mut m = self.meta.lock();
         let mut next = m.clone();
         edit(&mut next)?;

@@ -446,3 +446,56 @@ fn a_failed_sanitize_keeps_the_volume_refusing_io_across_a_restart() {
         p.close().unwrap();
     }
 }
+
+/// A switch the destination committed is taken in memory before it is
+/// stored (the guest's held writes go at once): writes fail with Moved at
+/// once, and a daemon that stops before the store finds the volume held in
+/// doubt (not served, not writable), to ask the destination; once stored,
+/// it reopens moved.
+#[test]
+fn a_move_marked_before_it_is_stored_reopens_in_doubt_never_writable() {
+    let d = tempfile::tempdir().unwrap();
+    {
+        let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+        let v = p.create("vm", &opts(1 << 20)).unwrap();
+        v.write_at(0, b"before", false).unwrap();
+        v.set_outgoing(Some(ferry_storage::OutgoingMigration {
+            id: "0".repeat(32),
+            to: "10.0.0.2:10810".into(),
+            switch_sent: false,
+            plaintext: false,
+        }))
+        .unwrap();
+        v.set_switch_sent(true).unwrap();
+        v.mark_moved("10.0.0.2:10809", "", None, &"0".repeat(32));
+        assert!(matches!(
+            v.write_at(0, b"after", false),
+            Err(StorageError::Moved { .. })
+        ));
+        assert_eq!(v.moved_to().as_deref(), Some("10.0.0.2:10809"));
+        // Stopped here, before the store (no clean close either).
+        drop(v);
+        drop(p);
+    }
+    {
+        let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+        let v = p.get("vm").unwrap();
+        assert!(v.in_doubt() && !v.is_serving());
+        assert!(v.moved_to().is_none());
+        assert!(matches!(
+            v.write_at(0, b"after", false),
+            Err(StorageError::InDoubt { .. })
+        ));
+        // The destination says it committed: stored, reopened moved.
+        v.set_moved("10.0.0.2:10809", "", None, &"0".repeat(32))
+            .unwrap();
+        p.close().unwrap();
+    }
+    let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+    let v = p.get("vm").unwrap();
+    assert_eq!(v.moved_to().as_deref(), Some("10.0.0.2:10809"));
+    assert!(matches!(
+        v.write_at(0, b"after", false),
+        Err(StorageError::Moved { .. })
+    ));
+}

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""A volume moved back and forth between two storage daemons, no guest:
+the hold of each switch (the report's `pause_ms`: from the source's writes
+held to their release) and its median. Every move after the first is a
+tracked return (little to send), so the hold is what is left: the last
+round trip, the destination's commit and whatever the source does before
+it lets the writes go.
+
+    python3 bench/switch_hold.py [--moves 24] [--rtt 8] [--mbit 200]
+
+With `FERRY_BIN` naming another build the same command A/B-compares a
+change to the hold. The daemons log the pause's steps at debug level
+(kept in --work: a.log, b.log).
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("FERRY_BENCH_LOG", "info,ferry_migration_engine=debug")
+from common import FERRY, ensure_ferry  # noqa: E402
+from migration_peers import Daemon, Link  # noqa: E402
+
+
+def trust(pa, pb):
+    for p in (pa, pb):
+        subprocess.run([FERRY, "certs", "show", "--pool", p], check=True, capture_output=True)
+    subprocess.run([FERRY, "certs", "trust", f"{pb}/tls/cert.pem", "--pool", pa], check=True, capture_output=True)
+    subprocess.run([FERRY, "certs", "trust", f"{pa}/tls/cert.pem", "--pool", pb], check=True, capture_output=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--moves", type=int, default=24)
+    ap.add_argument("--rtt", type=int, default=8)
+    ap.add_argument("--mbit", type=float, default=200)
+    ap.add_argument("--data-mib", type=int, default=48, help="random data in the 128 MiB volume")
+    ap.add_argument("--work", default="/tmp/ferry-switch-hold", help="state and logs (emptied first, kept after)")
+    a = ap.parse_args()
+    ensure_ferry()
+    shutil.rmtree(a.work, ignore_errors=True)
+    os.makedirs(a.work)
+    pa, pb = os.path.join(a.work, "a"), os.path.join(a.work, "b")
+    trust(pa, pb)
+    img = os.path.join(a.work, "img")
+    with open(img, "wb") as f:
+        f.write(os.urandom(a.data_mib << 20))
+        f.truncate(128 << 20)
+    sites = [Daemon(pa, migrate=True), Daemon(pb, migrate=True)]
+    link = Link(a.work, a.mbit, a.rtt)
+    holds = []
+    try:
+        sites[0].ferry("volume", "create", "vm", "--size", str(128 << 20))
+        sites[0].ferry("volume", "import", "vm", img)
+        ports = [link.proxy(f"127.0.0.1:{d.mig}")[1] for d in sites]
+        at = 0
+        for i in range(a.moves):
+            to = 1 - at
+            r = json.loads(sites[at].ferry("migrate", "vm", "--to", f"127.0.0.1:{ports[to]}", "--json"))
+            if r["result"] != "switched":
+                raise SystemExit(f"move {i + 1} did not switch: {r.get('error')}")
+            hold = r["time"]["pause_ms"]
+            # The first move sends the data: its hold is not a return's.
+            if i > 0:
+                holds.append(hold)
+            print(f"move {i + 1}: site {'AB'[at]} -> {'AB'[to]}: hold {hold:.1f} ms, "
+                  f"{r['time']['total_s']:.2f} s, copy {r['destination_copy']}", flush=True)
+            at = to
+            time.sleep(1)
+    finally:
+        for d in sites:
+            d.stop()
+        link.close()
+    if holds:
+        print(f"hold ms over {len(holds)} returns: median {statistics.median(holds):.1f}, "
+              f"{min(holds):.1f}-{max(holds):.1f}")
+
+
+if __name__ == "__main__":
+    main()
