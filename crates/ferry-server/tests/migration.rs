@@ -560,15 +560,7 @@ fn a_link_lost_at_the_switch_keeps_writes_held_until_the_outcome_is_known() {
         "downstream",
         serde_json::json!({"timeout": 0}),
     );
-    while run
-        .counters
-        .attempts
-        .load(std::sync::atomic::Ordering::Relaxed)
-        < 2
-    {
-        assert!(Instant::now() < deadline, "no retry: {:?}", run.status());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    toxiproxy::wait_for_retry(&run, deadline);
     // Meanwhile the guest's writes are held, not failed and not applied.
     assert!(v.gate().is_paused());
     let copy = dst.state.pool.get("vm").unwrap();

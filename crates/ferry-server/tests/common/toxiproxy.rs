@@ -114,15 +114,7 @@ impl Toxiproxy {
             "upstream",
             serde_json::json!({"timeout": 0}),
         );
-        while run
-            .counters
-            .attempts
-            .load(std::sync::atomic::Ordering::Relaxed)
-            < 2
-        {
-            assert!(Instant::now() < deadline, "no retry: {:?}", run.status());
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_for_retry(run, deadline);
     }
 }
 
@@ -130,5 +122,18 @@ impl Drop for Toxiproxy {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Wait until the migration `run` has begun its next attempt.
+pub fn wait_for_retry(run: &ferry_migration_engine::MigrationRun, deadline: Instant) {
+    while run
+        .counters
+        .attempts
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 2
+    {
+        assert!(Instant::now() < deadline, "no retry: {:?}", run.status());
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
