@@ -560,6 +560,21 @@ impl Payload {
         }
         Ok(n)
     }
+    /// A count, then that many items read by `item`; room is reserved for
+    /// no more of them than the bytes left hold at `min_bytes` each, so a
+    /// lying count cannot make the reader allocate.
+    fn list<T>(
+        &mut self,
+        min_bytes: usize,
+        mut item: impl FnMut(&mut Self) -> Result<T, WireError>,
+    ) -> Result<Vec<T>, WireError> {
+        let n = self.items()?;
+        let mut out = Vec::with_capacity((n as usize).min(self.b.remaining() / min_bytes));
+        for _ in 0..n {
+            out.push(item(self)?);
+        }
+        Ok(out)
+    }
     fn ranges(&mut self) -> Result<Vec<(u64, u32)>, WireError> {
         let n = self.items()?;
         self.need(n as usize * 12)?;
@@ -625,16 +640,14 @@ impl Payload {
 
     fn prints(&mut self) -> Result<Message, WireError> {
         let first_chunk = self.u64()?;
-        let n = self.items()?;
-        let mut entries = Vec::with_capacity((n as usize).min(self.b.remaining() / 5));
-        for _ in 0..n {
-            entries.push(match self.u8()? {
-                1 => PrintEntry::Zero(self.u32()?),
-                3 => PrintEntry::Key(self.u64()?),
-                4 => PrintEntry::Same(self.u32()?),
-                t => return Err(malformed(self.what, format!("entry tag {t}"))),
-            });
-        }
+        let entries = self.list(5, |p| {
+            Ok(match p.u8()? {
+                1 => PrintEntry::Zero(p.u32()?),
+                3 => PrintEntry::Key(p.u64()?),
+                4 => PrintEntry::Same(p.u32()?),
+                t => return Err(malformed(p.what, format!("entry tag {t}"))),
+            })
+        })?;
         Ok(Message::Prints {
             first_chunk,
             entries,
@@ -679,28 +692,22 @@ impl Payload {
 
     fn lookup(&mut self) -> Result<Message, WireError> {
         let block_size = self.u32()?;
-        let n = self.items()?;
-        let mut keys = Vec::with_capacity((n as usize).min(self.b.remaining() / 8));
-        for _ in 0..n {
-            keys.push(self.u64()?);
-        }
+        let keys = self.list(8, Self::u64)?;
         Ok(Message::Lookup { block_size, keys })
     }
 
     fn found(&mut self) -> Result<Message, WireError> {
-        let n = self.items()?;
-        let mut blocks = Vec::with_capacity((n as usize).min(self.b.remaining()));
-        for _ in 0..n {
-            blocks.push(match self.u8()? {
+        let blocks = self.list(1, |p| {
+            Ok(match p.u8()? {
                 0 => None,
                 1 => {
-                    let len = self.u32()? as usize;
-                    self.need(len)?;
-                    Some(self.b.split_to(len))
+                    let len = p.u32()? as usize;
+                    p.need(len)?;
+                    Some(p.b.split_to(len))
                 }
-                t => return Err(malformed(self.what, format!("block tag {t}"))),
-            });
-        }
+                t => return Err(malformed(p.what, format!("block tag {t}"))),
+            })
+        })?;
         Ok(Message::Found { blocks })
     }
 }
