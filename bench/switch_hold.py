@@ -17,21 +17,14 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("FERRY_BENCH_LOG", "info,ferry_migration_engine=debug")
-from common import FERRY, ensure_ferry  # noqa: E402
+from common import ensure_ferry  # noqa: E402
 from migration_peers import Daemon, Link  # noqa: E402
-
-
-def trust(pa, pb):
-    for p in (pa, pb):
-        subprocess.run([FERRY, "certs", "show", "--pool", p], check=True, capture_output=True)
-    subprocess.run([FERRY, "certs", "trust", f"{pb}/tls/cert.pem", "--pool", pa], check=True, capture_output=True)
-    subprocess.run([FERRY, "certs", "trust", f"{pa}/tls/cert.pem", "--pool", pb], check=True, capture_output=True)
+from vm_peers import trust  # noqa: E402
 
 
 def main():
