@@ -13,6 +13,7 @@ over every proxy the move used. One after the other, in one run:
 
   ferry-vm-only   ferry vm migrate --to-host (memory only; the disk stays)
   ferry-teleport  ferry vm migrate --to-host --with-disk --to-storage
+                  --to-storage-admin
   qemu-native     the destination QEMU (-incoming defer -S) exports its
                   empty disk over NBD (nbd-server-start, block-export-add);
                   the source mirrors into it (blockdev-mirror sync=full),
@@ -269,7 +270,10 @@ def run_ferry(work, link, base, image, load, teleport):
         args = ["migrate", "g", "--to-host", f"127.0.0.1:{mem_port}",
                 "--max-downtime", f"{MAX_DOWNTIME_MS}ms", "--json"]
         if teleport:
-            args += ["--with-disk", "--to-storage", f"127.0.0.1:{disk_port}"]
+            # As the controller moves it: B's storage admin API named, so
+            # host B learns of the disk's switch from storage B itself.
+            args += ["--with-disk", "--to-storage", f"127.0.0.1:{disk_port}",
+                     "--to-storage-admin", f"127.0.0.1:{sb.admin}"]
         serial_b = os.path.join(hb, "vms", "g", "serial.log")
         clock = AckClock([serial_a, serial_b])
         t = time.time()

@@ -9,7 +9,7 @@ use crate::index::{IndexStatus, RebuildReport, RebuildRequest};
 use crate::migration::{MigrateRequest, MigrationId, MigrationStatus};
 use crate::server::ServerView;
 use crate::vm::{CreateVm, VmMigrateRequest, VmMoveStatus, VmSpec, VmView};
-use crate::volume::VolumeView;
+use crate::volume::{ArrivalView, VolumeView};
 use crate::volume::{BitmapRequest, BitmapView, CreateVolume, ImportReport, ResizeVolume, Size};
 use crate::ErrorBody;
 use serde::de::DeserializeOwned;
@@ -401,6 +401,21 @@ impl AdminClient {
                 .call(),
         )?;
         Self::decode(&path, r)
+    }
+
+    /// Whether migration `id` has committed its copy of `volume` at this
+    /// daemon, waiting up to `wait` for it (the call's own limit must be
+    /// longer).
+    pub fn wait_arrival(
+        &self,
+        volume: &str,
+        id: &MigrationId,
+        wait: std::time::Duration,
+    ) -> Result<ArrivalView> {
+        self.get(&format!(
+            "/v1/volumes/{volume}/arrival?migration={id}&wait_ms={}",
+            wait.as_millis()
+        ))
     }
 
     /// Release a migration held before its switch (`hold_switch`).

@@ -36,7 +36,7 @@ pub use vm::{
     VmMigrateRequest, VmMovePhase, VmMoveReport, VmMoveStatus, VmNic, VmSpec, VmState, VmView,
 };
 pub use volume::{
-    Backing, BitmapRequest, BitmapView, CreateVolume, ImportReport, IncomingMigration,
+    ArrivalView, Backing, BitmapRequest, BitmapView, CreateVolume, ImportReport, IncomingMigration,
     OutgoingMigration, ResizeVolume, SanitizeView, Size, VolumeView,
 };
 

@@ -102,6 +102,25 @@ pub struct IncomingMigration {
     pub touched_unix: u64,
 }
 
+/// `GET /v1/volumes/{name}/arrival?migration=ID&wait_ms=N`: whether
+/// migration `ID` has committed its copy of the volume at this daemon
+/// (the daemon waits up to `N` ms for it), and where the volume's clients
+/// go now. A teleport's destination host asks it of its own site's daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrivalView {
+    pub volume: String,
+    pub migration: String,
+    pub arrived: bool,
+    /// NBD `HOST:PORT`, as the commit told the source. `None` before the
+    /// commit, and after it when this daemon has restarted since.
+    #[serde(default)]
+    pub location: Option<String>,
+    /// The admin API the volume's next move starts at (`None`: not
+    /// advertised, or not known as for `location`).
+    #[serde(default)]
+    pub admin: Option<String>,
+}
+
 /// The journal of an outgoing migration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutgoingMigration {

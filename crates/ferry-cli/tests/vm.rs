@@ -417,8 +417,71 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     assert_eq!(v["spec"]["disks"][0]["admin"], s.sa.admin.as_str(), "{v}");
     let before = acks(&third).last().unwrap().0;
     assert!(wait_acks(&third, 20) > before);
+
+    // Teleport to B naming B's storage admin API: host B learns of the
+    // disk's switch from storage B itself (`Finish` goes as soon as QEMU
+    // has sent the guest), not from host A.
+    let (done, r) = migrate(
+        &s.ha,
+        &[
+            "g1",
+            "--to-host",
+            &s.hb_wan,
+            "--with-disk",
+            "--to-storage",
+            &s.sb_wan,
+            "--to-storage-admin",
+            &s.sb.admin,
+        ],
+    );
+    assert!(
+        done,
+        "{r}\nA: {}\nB: {}",
+        s.ha.log_tail(40),
+        s.hb.log_tail(40)
+    );
+    assert_eq!(r["result"], "completed", "{r}");
+    assert!(
+        !r.to_string().contains("placing them from here"),
+        "host B learnt of the switch itself: {r}"
+    );
+    let v: Value = serde_json::from_str(&s.hb.vm_ok(&["show", "g1", "--json"])).unwrap();
+    assert_eq!(v["disks"][0]["server"], s.sb.nbd.as_str(), "{v}");
+    assert_eq!(v["spec"]["disks"][0]["admin"], s.sb.admin.as_str(), "{v}");
+    let fourth = s.hb.serial("g1");
+    wait_acks(&fourth, 10);
+    check_continued(&archived_serial(&s.ha, "g1"), &fourth);
+
+    // Back to A naming an admin API host A cannot reach: it cannot learn
+    // of the switch itself, says so, and host B places the disk instead.
+    let (done, r) = migrate(
+        &s.hb,
+        &[
+            "g1",
+            "--to-host",
+            &s.ha.moves,
+            "--with-disk",
+            "--to-storage",
+            &s.sa.mig,
+            "--to-storage-admin",
+            "127.0.0.1:1",
+        ],
+    );
+    assert!(done, "{r}");
+    assert_eq!(r["result"], "completed", "{r}");
+    assert!(r.to_string().contains("placing them from here"), "{r}");
+    let v: Value = serde_json::from_str(&s.ha.vm_ok(&["show", "g1", "--json"])).unwrap();
+    assert_eq!(v["state"], "running");
+    assert_eq!(v["disks"][0]["server"], s.sa.nbd.as_str(), "{v}");
+    let fifth = s.ha.serial("g1");
+    wait_acks(&fifth, 10);
     s.ha.vm_ok(&["stop", "g1"]);
-    check_records(&s.sa, "root", &s.dir, &[first, second, third]);
+    check_records(
+        &s.sa,
+        "root",
+        &s.dir,
+        &[first, second, third, fourth, fifth],
+    );
 }
 
 #[test]

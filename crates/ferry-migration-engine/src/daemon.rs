@@ -48,4 +48,9 @@ pub trait StorageDaemon: Send + Sync + 'static {
     fn migration_finished(&self, _report: &Report) {}
     /// A volume arrived here complete (index it so it can be a base).
     fn volume_arrived(&self, _vol: &Arc<Volume>) {}
+    /// A copy here is committed (its metadata says `arrived`), and its
+    /// clients go to `location` (NBD) and `admin` from now: the `Done`
+    /// the source is about to read. A host at this site waiting for the
+    /// volume may use it at once.
+    fn copy_committed(&self, _vol: &Arc<Volume>, _location: &str, _admin: &str) {}
 }

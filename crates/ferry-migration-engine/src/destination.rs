@@ -140,7 +140,7 @@ enum Prepared {
     /// The copy to fill, and what it is.
     Copy(Arc<Volume>, CopyBasis),
     /// This migration already switched here (the source lost our `Done`).
-    AlreadySwitched,
+    AlreadySwitched(Arc<Volume>),
 }
 
 /// Why this daemon will not take a migration; the source is told, and
@@ -206,7 +206,7 @@ fn prepare(
     let source = peer.ip().to_string();
     match state.pool().get(&d.name) {
         Ok(v) if v.incoming().is_none() && v.arrived().is_some_and(|a| a.id == id) => {
-            Ok(Prepared::AlreadySwitched)
+            Ok(Prepared::AlreadySwitched(v))
         }
         // The volume comes back to a daemon that still holds the copy it
         // left: that copy is the basis, only what changed since crosses.
@@ -818,7 +818,7 @@ async fn commit<W: AsyncWrite + Unpin + Send>(
         Ok(())
     })
     .await?;
-    send(wr, &done(state, local)).await?;
+    send(wr, &committed(state, &rx.vol, local)).await?;
     Ok(())
 }
 
@@ -944,11 +944,18 @@ where
     }
 }
 
-/// The destination's last word: where the volume's clients go now.
-fn done(state: &Arc<dyn StorageDaemon>, local: Option<SocketAddr>) -> Message {
+/// The destination's last word: where the volume's clients go now, told
+/// to the daemon (a host here may be waiting for it) before the source.
+fn committed(
+    state: &Arc<dyn StorageDaemon>,
+    vol: &Arc<Volume>,
+    local: Option<SocketAddr>,
+) -> Message {
+    let (location, admin) = (state.advertised_nbd(local), state.advertised_admin(local));
+    state.copy_committed(vol, &location, &admin);
     Message::Done {
-        location: state.advertised_nbd(local),
-        admin: state.advertised_admin(local),
+        location,
+        admin,
         iscsi: state.iscsi_port(local),
     }
 }
@@ -1011,9 +1018,9 @@ async fn receive<S: AsyncRead + AsyncWrite + Unpin + Send>(
     };
     let (vol, basis) = match prepared {
         Ok(Prepared::Copy(v, b)) => (v, b),
-        Ok(Prepared::AlreadySwitched) => {
+        Ok(Prepared::AlreadySwitched(v)) => {
             tracing::info!(%peer, volume = %desc.name, migration = %id, "source asks again after the switch: it is done");
-            send(&mut wr, &done(state, local)).await?;
+            send(&mut wr, &committed(state, &v, local)).await?;
             return Ok(desc.name);
         }
         Err(reason) => {

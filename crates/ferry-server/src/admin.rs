@@ -327,6 +327,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v1/index/lookup", post(index_lookup))
         .route("/v1/volumes/:name/sample", post(sample))
         .route("/v1/volumes/:name/migrate", post(migrate))
+        .route("/v1/volumes/:name/arrival", get(arrival))
         .route("/v1/migrations", get(list_migrations))
         .route(
             "/v1/migrations/:id",
@@ -909,6 +910,53 @@ async fn cancel_migration(
     let r = run_of(&s, &id)?;
     r.cancel.cancel();
     Ok(Json(r.status()))
+}
+
+#[derive(Debug, serde::Deserialize)]
+pub struct ArrivalQuery {
+    migration: String,
+    #[serde(default)]
+    wait_ms: u64,
+}
+
+/// The longest one arrival request waits.
+const ARRIVAL_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `GET /v1/volumes/{name}/arrival?migration=ID&wait_ms=N`: whether
+/// migration `ID` has committed its copy of the volume here, waiting up
+/// to `N` ms (at most [`ARRIVAL_WAIT_MAX`]) for it: a teleport's
+/// destination host learns of its disk's switch here, a one-way trip
+/// before the source could tell it.
+async fn arrival(
+    State(s): St,
+    Path(name): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<ArrivalQuery>,
+) -> ApiResult<Json<ferry_api::ArrivalView>> {
+    let id = q
+        .migration
+        .parse::<MigrationId>()
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?
+        .to_string();
+    let limit = std::time::Duration::from_millis(q.wait_ms).min(ARRIVAL_WAIT_MAX);
+    let known = s
+        .arrivals
+        .wait(limit, || {
+            if let Some(c) = s.arrivals.get(&name, &id) {
+                return Some(Some(c));
+            }
+            // Committed before this daemon started: known, not where to.
+            let v = s.pool.get(&name).ok()?;
+            (v.incoming().is_none() && v.arrived().is_some_and(|a| a.id == id)).then_some(None)
+        })
+        .await;
+    let nonempty = |a: String| (!a.is_empty()).then_some(a);
+    Ok(Json(ferry_api::ArrivalView {
+        volume: name,
+        migration: id,
+        arrived: known.is_some(),
+        location: known.clone().flatten().and_then(|c| nonempty(c.location)),
+        admin: known.flatten().and_then(|c| nonempty(c.admin)),
+    }))
 }
 
 /// `POST /v1/migrations/{id}/switch`: let a migration started with

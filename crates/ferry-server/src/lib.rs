@@ -7,6 +7,7 @@
 //! cleanly (data flushed, persistent bitmaps saved).
 
 pub mod admin;
+pub mod arrivals;
 pub mod config;
 pub mod fencing;
 pub mod idle_release;
@@ -86,6 +87,8 @@ pub struct ServerState {
     pub addrs: BoundAddrs,
     pub migrations: migration::Registry,
     pub iscsi: iscsi::IscsiState,
+    /// Copies incoming migrations committed here, for hosts waiting.
+    pub arrivals: arrivals::Arrivals,
 }
 
 /// A daemon with its pool open and its listeners bound.
@@ -337,6 +340,7 @@ impl Daemon {
                 addrs,
                 migrations: migration::Registry::default(),
                 iscsi: iscsi_state,
+                arrivals: arrivals::Arrivals::default(),
             }),
             nbd,
             admin,
@@ -485,6 +489,16 @@ impl migration::StorageDaemon for ServerState {
 
     fn reserve_bytes(&self) -> u64 {
         self.config.migration.reserve_bytes
+    }
+
+    fn copy_committed(&self, vol: &Arc<ferry_storage::Volume>, location: &str, admin: &str) {
+        if let Some(a) = vol.arrived() {
+            let at = arrivals::Committed {
+                location: location.into(),
+                admin: admin.into(),
+            };
+            self.arrivals.record(&vol.name(), &a.id, at);
+        }
     }
 
     /// `migration.advertise_nbd` if set; otherwise the NBD listener, with

@@ -1213,3 +1213,68 @@ fn a_tracked_return_cut_mid_way_resumes_still_tracked() {
         sha(a.state.pool.get("vm").unwrap().data_path())
     );
 }
+
+/// A host at the destination site waiting for a held migration's copy
+/// (`GET /v1/volumes/{name}/arrival`) is answered when the copy commits,
+/// with where its clients go; another migration's id is not.
+#[test]
+fn a_host_waiting_at_the_destination_is_told_of_the_commit_and_where_to_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+    let src = TestServer::start(&pa);
+    let dst = destination(&pb);
+    trust_each_other(&pa, &pb);
+    let v = src.create("vm", 16 * MIB);
+    v.write_at(0, &noise(4 * MIB as usize, 3), false).unwrap();
+    let mut req = request("vm", dst.migration.unwrap().to_string());
+    req.hold_switch = true;
+    let run = migrate(&src, req);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while run.phase() != Phase::ReadyToSwitch {
+        assert!(!run.phase().is_terminal(), "{:?}", run.status());
+        assert!(Instant::now() < deadline, "{:?}", run.status());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let admin = ferry_api::AdminClient::new(&dst.admin.to_string());
+    let id = run.id.clone();
+    // Not committed yet: a short wait answers "not arrived".
+    let early = admin
+        .wait_arrival("vm", &id, Duration::from_millis(100))
+        .unwrap();
+    assert!(!early.arrived, "{early:?}");
+    assert_eq!(early.location, None);
+    let waiter = {
+        let (admin, id) = (admin.clone(), id.clone());
+        std::thread::spawn(move || admin.wait_arrival("vm", &id, Duration::from_secs(25)))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!waiter.is_finished(), "answered before the switch");
+    assert!(run.release_switch());
+    let t = Instant::now();
+    let got = waiter.join().unwrap().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(20), "woke at its limit");
+    assert!(got.arrived, "{got:?}");
+    assert_eq!(got.location.as_deref(), Some(&*dst.nbd.to_string()));
+    assert_eq!(got.admin.as_deref(), Some(&*dst.admin.to_string()));
+    let r = wait(&run, Duration::from_secs(120));
+    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
+    // Asked again, at once; another migration's id is not this commit.
+    assert!(
+        admin
+            .wait_arrival("vm", &id, Duration::ZERO)
+            .unwrap()
+            .arrived
+    );
+    let other = ferry_api::MigrationId::random();
+    let not = admin
+        .wait_arrival("vm", &other, Duration::from_millis(50))
+        .unwrap();
+    assert!(!not.arrived, "{not:?}");
+    // A malformed id is a clear error, not a wait.
+    let bad = ureq::get(&format!(
+        "http://{}/v1/volumes/vm/arrival?migration=nope&wait_ms=5000",
+        dst.admin
+    ))
+    .call();
+    assert!(matches!(bad, Err(ureq::Error::Status(400, _))), "{bad:?}");
+}

@@ -9,9 +9,10 @@ use std::time::Duration;
 
 /// The disk pre-copy of a teleport has begun (storage migrations running).
 pub const DISK_PRECOPY: &str = "move.disk_precopy";
-/// A teleport's disks have switched to the destination and QEMU has sent
-/// the guest; it is stopped at the source and the destination has not
-/// been told to run it (its `Finish` not sent).
+/// QEMU has sent a teleport's guest and its disks' switch is released
+/// (switched, where the destination does not learn of it itself); it is
+/// stopped at the source and the destination has not been told to run it
+/// (its `Finish` not sent).
 pub const SWITCHOVER: &str = "move.switchover";
 /// QEMU finished sending the guest: it is paused here and may run there;
 /// the destination has not yet confirmed it.

@@ -523,6 +523,68 @@ async fn connect_switched(host: &VmHost, g: &Guest, disks: &[SwitchedDisk]) -> R
     Ok(())
 }
 
+/// The longest the destination waits for its site's storage to commit a
+/// pending disk once `Finish` has come (the source's own wait for a
+/// disk's switch is as long).
+const ARRIVAL_WAIT: Duration = Duration::from_secs(20);
+
+/// `placed` (where `Finish` says disks switched) and, for each pending
+/// disk it leaves out, where its migration committed it here, as this
+/// site's storage daemon says once it has (all asked at once).
+async fn with_arrived_disks(
+    g: &Guest,
+    placed: &[SwitchedDisk],
+) -> Result<Vec<SwitchedDisk>, VmError> {
+    let awaited = g
+        .arrival
+        .lock()
+        .as_ref()
+        .map(|o| o.awaited(placed))
+        .unwrap_or_default();
+    let asks: Vec<_> = awaited
+        .into_iter()
+        .map(|(volume, a)| {
+            tokio::task::spawn_blocking(move || {
+                let c = ferry_api::AdminClient::new(&a.admin).limited(ARRIVAL_WAIT * 2);
+                let r = c.wait_arrival(&volume, &a.migration, ARRIVAL_WAIT);
+                (volume, a, r)
+            })
+        })
+        .collect();
+    let mut out = placed.to_vec();
+    for ask in asks {
+        let (volume, a, r) = ask.await?;
+        let said = |detail: String| VmError::Disk {
+            volume: volume.clone(),
+            detail,
+        };
+        let view = r.map_err(|e| said(format!("its storage daemon here ({}): {e}", a.admin)))?;
+        let server = match (view.arrived, view.location) {
+            (true, Some(l)) => l,
+            (true, None) => {
+                return Err(said(format!(
+                    "switched to {}, which does not say where (restarted since?)",
+                    a.admin
+                )))
+            }
+            (false, _) => {
+                return Err(said(format!(
+                    "had not switched to {} within {} s",
+                    a.admin,
+                    ARRIVAL_WAIT.as_secs()
+                )))
+            }
+        };
+        tracing::debug!(volume = %volume, server = %server, "pending disk switched here");
+        out.push(SwitchedDisk {
+            volume,
+            server,
+            admin: Some(a.admin),
+        });
+    }
+    Ok(out)
+}
+
 /// The guest that arrived here by move `id` (its source asks again after
 /// losing the answer or restarting).
 fn arrived(host: &VmHost, id: &MigrationId) -> Option<Arc<Guest>> {
@@ -575,7 +637,12 @@ async fn finish(
         }
     };
     let asked = Instant::now();
-    connect_switched(host, &g, disks).await?;
+    let disks = with_arrived_disks(&g, disks).await?;
+    tracing::debug!(
+        learnt_ms = asked.elapsed().as_secs_f64() * 1e3,
+        "every pending disk placed"
+    );
+    connect_switched(host, &g, &disks).await?;
     let t = Instant::now();
     let mut marked = false;
     // How long the guest's last bytes kept it from running once asked.

@@ -22,7 +22,7 @@
 use crate::converge::Ladder;
 use crate::guest::Guest;
 use crate::move_order::{Input, MemoryOrder, Step};
-use crate::peer::{IncomingDisk, PeerRequest, SwitchedDisk};
+use crate::peer::{DiskArrival, IncomingDisk, PeerRequest, SwitchedDisk};
 use crate::tunnel::{call, exchange, pipe, PipeCounters};
 use crate::{VmError, VmHost};
 use ferry_api::{
@@ -762,6 +762,7 @@ async fn memory_move(
             pending: teleport,
             size: up.details().size,
             flags: up.details().flags,
+            arrival: None,
         });
     }
     let mut there = spec.clone();
@@ -827,6 +828,19 @@ async fn memory_move(
         }
         run.note("disks converged; holding before their switch".into());
         run.set_phase(VmMovePhase::Preparing);
+        // The destination learns of each switch from its own site's
+        // storage, where the request names that storage's admin API.
+        if let Some(admin) = &run.req.to_storage_admin {
+            for i in &mut incoming {
+                i.arrival = disks
+                    .iter()
+                    .find(|(d, _)| d.volume == i.volume)
+                    .map(|(_, id)| DiskArrival {
+                        migration: id.clone(),
+                        admin: admin.clone(),
+                    });
+            }
+        }
     }
 
     // 2. The destination waits for the guest.
@@ -1247,40 +1261,46 @@ async fn conclude(
         .iter()
         .map(|u| u.io.snapshot("", "", 0).last_io_unix_ms)
         .max();
-    // A teleport's disks switch while QEMU sends the rest of the guest:
-    // the guest runs there only once they have.
-    let placed = match disks_switched(run, disks).await {
-        Ok(p) => p,
-        // After post-copy the guest may already run there: it stays there,
-        // on its disks wherever they are now.
-        Err(e) if run.went_postcopy() => {
-            run.note(format!(
-                "the disks' switch did not complete ({e}); the guest ran at the destination in post-copy and stays there, its disks where they are now"
-            ));
-            let refs = run.disk_migrations.lock().clone();
-            for n in crate::recover::settle_disks(g, &refs).await {
-                run.note(n);
-            }
-            let spec = g.spec.lock().clone();
-            spec.disks
-                .iter()
-                .map(|d| SwitchedDisk {
-                    volume: d.volume.clone(),
-                    server: d.server.clone(),
-                    admin: d.admin.clone(),
-                })
-                .collect()
-        }
-        Err(e) => {
-            let why = format!("the disks' switch did not complete ({e}); resumed here");
-            return resume_here(host, g, run, q, to_host, why).await;
+    // A teleport's disks switch while QEMU sends the rest of the guest,
+    // and the guest runs there only once they have. Where the destination
+    // learns of each switch from its own site's storage, `Finish` goes
+    // now; otherwise once they have switched here.
+    let learnt_there =
+        !disks.is_empty() && run.req.to_storage_admin.is_some() && !run.went_postcopy();
+    let placed = if learnt_there {
+        Vec::new()
+    } else {
+        match placed_disks(g, run, disks).await {
+            Ok(p) => p,
+            Err(why) => return resume_here(host, g, run, q, to_host, why).await,
         }
     };
     if !disks.is_empty() {
         crate::fault::hold(crate::fault::SWITCHOVER).await;
     }
     crate::fault::hold(crate::fault::FINISH).await;
-    let fin = send_finish(host, run, to_host, spare, placed).await;
+    let mut fin = send_finish(host, run, to_host, spare, placed).await;
+    if learnt_there {
+        fin = match fin {
+            Ok(a) if a.ok => {
+                // It runs there; the disks' own ends, for the report.
+                let _ = disks_switched(run, disks).await;
+                Ok(a)
+            }
+            // It could not learn of them itself: place them from here.
+            Ok(a) if !a.arrived => {
+                run.note(format!(
+                    "the destination did not learn where its disks switched ({}); placing them from here",
+                    a.error.unwrap_or_default()
+                ));
+                match placed_disks(g, run, disks).await {
+                    Ok(p) => send_finish(host, run, to_host, None, p).await,
+                    Err(why) => return resume_here(host, g, run, q, to_host, why).await,
+                }
+            }
+            other => other,
+        };
+    }
     let disk_states = disk_statuses(disks).await.unwrap_or_default();
     let mut o = match fin {
         Ok(a) if a.ok => {
@@ -1338,6 +1358,42 @@ async fn conclude(
     o.memory_rounds = rounds;
     o.disks = disk_states;
     Ok(o)
+}
+
+/// Where a teleport's disks are once they have switched, for a `Finish`
+/// that places them; why the guest resumes here if they did not. After
+/// post-copy the guest may already run there: it stays there, on its
+/// disks wherever they are now.
+async fn placed_disks(
+    g: &Arc<Guest>,
+    run: &Arc<MoveRun>,
+    disks: &[(VmDisk, MigrationId)],
+) -> Result<Vec<SwitchedDisk>, String> {
+    match disks_switched(run, disks).await {
+        Ok(p) => Ok(p),
+        Err(e) if run.went_postcopy() => {
+            run.note(format!(
+                "the disks' switch did not complete ({e}); the guest ran at the destination in post-copy and stays there, its disks where they are now"
+            ));
+            let refs = run.disk_migrations.lock().clone();
+            for n in crate::recover::settle_disks(g, &refs).await {
+                run.note(n);
+            }
+            let spec = g.spec.lock().clone();
+            Ok(spec
+                .disks
+                .iter()
+                .map(|d| SwitchedDisk {
+                    volume: d.volume.clone(),
+                    server: d.server.clone(),
+                    admin: d.admin.clone(),
+                })
+                .collect())
+        }
+        Err(e) => Err(format!(
+            "the disks' switch did not complete ({e}); resumed here"
+        )),
+    }
 }
 
 /// The guest never ran there (the destination says so, or was never told

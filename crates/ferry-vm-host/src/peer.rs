@@ -21,26 +21,37 @@
 //!    | Stream {id} + frames (one per QEMU channel) ---->|  QEMU's migration stream
 //!    |   ... QEMU pauses before the switchover (teleport: the disks'
 //!    |   switch is released and QEMU goes on at once, both under way)
-//!    |   ... QEMU sends the device state, completes; the disks switched
-//!    | Finish {id, disks} ----------------------------->|  pending disks connected
-//!    |                                                  |  where they switched, marked
-//!    |                                                  |  arrived, `cont`;
+//!    |   ... QEMU sends the device state, completes
+//!    | Finish {id, disks} ----------------------------->|  each pending disk: waits for
+//!    |                                                  |  its site's storage to commit
+//!    |                                                  |  it (its `arrival`), or where
+//!    |                                                  |  `disks` says it switched;
+//!    |                                                  |  connected, marked arrived,
+//!    |                                                  |  `cont`;
 //!    |<------------------ {ok, control, resumed, ...}   |  answered once it runs
 //!    | Abort {id} (any time before Finish's answer) --->|  QEMU stopped, forgotten
 //! ```
 //!
+//! A pending disk with an `arrival` (the source knew the destination
+//! storage's admin API) is learnt of at the destination, from its own
+//! site's storage daemon: `Finish` goes as soon as QEMU has sent the guest,
+//! and the disk's commit reaches the destination host a one-way trip
+//! before it could reach the source and come back. One without is placed
+//! by `Finish` once the source has seen it switch (and a source may always
+//! place a disk itself: after post-copy it does).
+//!
 //! The destination keeps each arriving move's [`ArrivalOrder`] and refuses
 //! a request out of it: a `Stream` after `Finish`, a `Finish` that does not
-//! say where every pending disk switched (the guest would run without its
-//! disk), or names a disk the move did not bring. `Finish` asked again
-//! (the source lost the answer) is answered again.
+//! say where a pending disk without an arrival switched (the guest would
+//! run without its disk), or names a disk the move did not bring. `Finish`
+//! asked again (the source lost the answer) is answered again.
 
 use ferry_api::{MigrationId, VmSpec};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// The version of this protocol; a host refuses a move in another.
-pub const PEER_VERSION: u32 = 3;
+pub const PEER_VERSION: u32 = 4;
 
 /// The longest request or answer line.
 pub const MAX_LINE: usize = 1 << 20;
@@ -74,6 +85,20 @@ pub struct IncomingDisk {
     pub pending: bool,
     pub size: u64,
     pub flags: u16,
+    /// A pending disk's migration, and its destination storage's admin
+    /// API: the destination asks that daemon when the disk has switched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrival: Option<DiskArrival>,
+}
+
+/// Where the destination host learns that a pending disk has switched.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskArrival {
+    /// The disk's storage migration.
+    pub migration: MigrationId,
+    /// The admin API of the storage daemon it migrates to (this site's).
+    pub admin: String,
 }
 
 /// Where a teleport's disk is after its migration switched it.
@@ -179,8 +204,11 @@ pub enum OrderError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ArrivalOrder {
     state: Arrival,
-    /// Pending disks (a teleport's): `Finish` must say where each went.
+    /// Pending disks (a teleport's) without an arrival: `Finish` must say
+    /// where each went.
     pending: std::collections::BTreeSet<String>,
+    /// Pending disks learnt of here, unless `Finish` places them.
+    arrivals: std::collections::BTreeMap<String, DiskArrival>,
     /// Every disk the move brings.
     disks: std::collections::BTreeSet<String>,
 }
@@ -193,8 +221,13 @@ impl ArrivalOrder {
             state: Arrival::Waiting,
             pending: disks
                 .iter()
-                .filter(|d| d.pending)
+                .filter(|d| d.pending && d.arrival.is_none())
                 .map(|d| d.volume.clone())
+                .collect(),
+            arrivals: disks
+                .iter()
+                .filter(|d| d.pending)
+                .filter_map(|d| Some((d.volume.clone(), d.arrival.clone()?)))
                 .collect(),
             disks: disks.iter().map(|d| d.volume.clone()).collect(),
         }
@@ -202,6 +235,16 @@ impl ArrivalOrder {
 
     pub fn state(&self) -> Arrival {
         self.state
+    }
+
+    /// The pending disks `placed` (a `Finish`'s) leaves to be learnt of
+    /// here, each with where to ask.
+    pub fn awaited(&self, placed: &[SwitchedDisk]) -> Vec<(String, DiskArrival)> {
+        self.arrivals
+            .iter()
+            .filter(|(v, _)| !placed.iter().any(|d| &d.volume == *v))
+            .map(|(v, a)| (v.clone(), a.clone()))
+            .collect()
     }
 
     fn state_name(&self) -> &'static str {
@@ -446,7 +489,46 @@ mod tests {
             pending,
             size: 1 << 20,
             flags: 0,
+            arrival: None,
         }
+    }
+
+    #[test]
+    fn a_pending_disk_with_an_arrival_is_learnt_of_here_unless_finish_places_it() {
+        let id = MigrationId::random();
+        let arriving = |v: &str| IncomingDisk {
+            arrival: Some(DiskArrival {
+                migration: MigrationId::random(),
+                admin: "127.0.0.1:2".into(),
+            }),
+            ..disk(v, true)
+        };
+        let placed = |vols: &[&str]| -> Vec<SwitchedDisk> {
+            vols.iter()
+                .map(|v| SwitchedDisk {
+                    volume: (*v).into(),
+                    server: "h:1".into(),
+                    admin: None,
+                })
+                .collect()
+        };
+        let o = ArrivalOrder::new(&[arriving("root"), disk("home", true), disk("data", false)]);
+        let waits: Vec<String> = o.awaited(&[]).into_iter().map(|(v, _)| v).collect();
+        assert_eq!(waits, ["root"], "only a pending disk with an arrival");
+        assert!(o.awaited(&placed(&["root"])).is_empty(), "Finish placed it");
+        let mut o = o;
+        // The one without an arrival must still be placed by Finish.
+        let e = o.accept(&PeerRequest::Finish {
+            id: id.clone(),
+            disks: Vec::new(),
+        });
+        assert_eq!(e, Err(OrderError::DisksPending("home".into())));
+        o.accept(&PeerRequest::Finish {
+            id,
+            disks: placed(&["home"]),
+        })
+        .unwrap();
+        assert_eq!(o.state(), Arrival::Finished);
     }
 
     #[test]
