@@ -917,20 +917,17 @@ async fn configure_qemu(
 ) -> Result<(), VmError> {
     let teleport = run.kind == MoveKind::Teleport;
     use ferry_qmp::{Capability, MigrateParameters};
-    let mut caps = vec![
+    // Each one set either way: a guest that arrived here keeps the
+    // capabilities its incoming migration set (multifd, post-copy), and
+    // its next move must not send with them unasked.
+    let caps = [
         (Capability::AutoConverge, true),
         (Capability::PauseBeforeSwitchover, teleport),
         (Capability::Events, true),
+        (Capability::PostcopyRam, run.req.postcopy),
+        (Capability::Multifd, run.req.multifd > 0),
+        (Capability::Xbzrle, run.req.xbzrle_cache_mib > 0),
     ];
-    if run.req.postcopy {
-        caps.push((Capability::PostcopyRam, true));
-    }
-    if run.req.multifd > 0 {
-        caps.push((Capability::Multifd, true));
-    }
-    if run.req.xbzrle_cache_mib > 0 {
-        caps.push((Capability::Xbzrle, true));
-    }
     q.migrate_set_capabilities(&caps).await?;
     q.migrate_set_parameters(&MigrateParameters {
         downtime_limit: Some(ladder.downtime_ms),
