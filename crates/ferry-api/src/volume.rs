@@ -111,8 +111,9 @@ pub struct ArrivalView {
     pub volume: String,
     pub migration: String,
     pub arrived: bool,
-    /// NBD `HOST:PORT`, as the commit told the source. `None` before the
-    /// commit, and after it when this daemon has restarted since.
+    /// NBD `HOST:PORT`, as the commit told the source (after a restart
+    /// since, as the daemon advertises it). `None` before the commit, or
+    /// when the address would have come from the migration's connection.
     #[serde(default)]
     pub location: Option<String>,
     /// The admin API the volume's next move starts at (`None`: not

@@ -944,9 +944,11 @@ async fn arrival(
             if let Some(c) = s.arrivals.get(&name, &id) {
                 return Some(Some(c));
             }
-            // Committed before this daemon started: known, not where to.
+            // Committed before this daemon started: where to, if that
+            // does not depend on the connection the migration came in on.
             let v = s.pool.get(&name).ok()?;
-            (v.incoming().is_none() && v.arrived().is_some_and(|a| a.id == id)).then_some(None)
+            (v.incoming().is_none() && v.arrived().is_some_and(|a| a.id == id))
+                .then(|| restarted_since(&s))
         })
         .await;
     let nonempty = |a: String| (!a.is_empty()).then_some(a);
@@ -957,6 +959,21 @@ async fn arrival(
         location: known.clone().flatten().and_then(|c| nonempty(c.location)),
         admin: known.flatten().and_then(|c| nonempty(c.admin)),
     }))
+}
+
+/// Where a copy committed before this daemon's restart sends its clients:
+/// its advertised addresses, unless they would be taken from the
+/// migration's connection (a listener on an unspecified address).
+fn restarted_since(s: &ServerState) -> Option<crate::arrivals::Committed> {
+    let specific = |a: String| {
+        a.parse::<std::net::SocketAddr>()
+            .map_or(!a.is_empty(), |sa| !sa.ip().is_unspecified())
+            .then_some(a)
+    };
+    Some(crate::arrivals::Committed {
+        location: specific(s.advertised_nbd(None))?,
+        admin: specific(s.advertised_admin(None)).unwrap_or_default(),
+    })
 }
 
 /// `POST /v1/migrations/{id}/switch`: let a migration started with

@@ -1277,4 +1277,13 @@ fn a_host_waiting_at_the_destination_is_told_of_the_commit_and_where_to_go() {
     ))
     .call();
     assert!(matches!(bad, Err(ureq::Error::Status(400, _))), "{bad:?}");
+    // A daemon restarted since the commit still knows it, and where its
+    // clients go (its own listener, not the migration's connection).
+    dst.stop();
+    let dst = destination(&pb);
+    let after = ferry_api::AdminClient::new(&dst.admin.to_string())
+        .wait_arrival("vm", &id, Duration::ZERO)
+        .unwrap();
+    assert!(after.arrived, "{after:?}");
+    assert_eq!(after.location.as_deref(), Some(&*dst.nbd.to_string()));
 }

@@ -563,7 +563,7 @@ async fn with_arrived_disks(
             (true, Some(l)) => l,
             (true, None) => {
                 return Err(said(format!(
-                    "switched to {}, which does not say where (restarted since?)",
+                    "switched to {}, which does not say where (restarted since, on an unspecified address?)",
                     a.admin
                 )))
             }
