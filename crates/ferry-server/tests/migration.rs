@@ -321,11 +321,7 @@ fn fio_across_a_held_switch(mid_round: bool) {
     req.hold_switch = true;
     let run = migrate(&src, req);
     let deadline = Instant::now() + Duration::from_secs(120);
-    while run.phase() != Phase::ReadyToSwitch {
-        assert!(!run.phase().is_terminal(), "{:?}", run.status());
-        assert!(Instant::now() < deadline, "{:?}", run.status());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_ready_to_switch(&run, deadline);
     std::thread::sleep(Duration::from_millis(500));
     assert!(
         !fio.is_finished(),
@@ -361,6 +357,15 @@ fn fio_across_a_held_switch(mid_round: bool) {
     assert_eq!(switches, 1);
     assert_eq!(up.server(), dst.nbd.to_string());
     shutdown.cancel();
+}
+
+/// Wait until a held migration has converged and holds before its switch.
+fn wait_ready_to_switch(run: &MigrationRun, deadline: Instant) {
+    while run.phase() != Phase::ReadyToSwitch {
+        assert!(!run.phase().is_terminal(), "{:?}", run.status());
+        assert!(Instant::now() < deadline, "{:?}", run.status());
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Wait until the destination copy holds `bytes` of data.
@@ -1230,11 +1235,7 @@ fn a_host_waiting_at_the_destination_is_told_of_the_commit_and_where_to_go() {
     req.hold_switch = true;
     let run = migrate(&src, req);
     let deadline = Instant::now() + Duration::from_secs(120);
-    while run.phase() != Phase::ReadyToSwitch {
-        assert!(!run.phase().is_terminal(), "{:?}", run.status());
-        assert!(Instant::now() < deadline, "{:?}", run.status());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_ready_to_switch(&run, deadline);
     let admin = ferry_api::AdminClient::new(&dst.admin.to_string());
     let id = run.id.clone();
     // Not committed yet: a short wait answers "not arrived".

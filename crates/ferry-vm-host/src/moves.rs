@@ -828,19 +828,7 @@ async fn memory_move(
         }
         run.note("disks converged; holding before their switch".into());
         run.set_phase(VmMovePhase::Preparing);
-        // The destination learns of each switch from its own site's
-        // storage, where the request names that storage's admin API.
-        if let Some(admin) = &run.req.to_storage_admin {
-            for i in &mut incoming {
-                i.arrival = disks
-                    .iter()
-                    .find(|(d, _)| d.volume == i.volume)
-                    .map(|(_, id)| DiskArrival {
-                        migration: id.clone(),
-                        admin: admin.clone(),
-                    });
-            }
-        }
+        name_arrivals(&mut incoming, &disks, run.req.to_storage_admin.as_deref());
     }
 
     // 2. The destination waits for the guest.
@@ -891,6 +879,27 @@ async fn memory_move(
             o.disks = disk_statuses(&disks).await.unwrap_or_default();
             Ok(o)
         }
+    }
+}
+
+/// Tell the destination where it learns of each pending disk's switch:
+/// its migration at the destination storage's admin API `admin`, when the
+/// move names one (the destination learns of the switch from its own
+/// site's storage, a one-way trip before this host could tell it).
+fn name_arrivals(
+    incoming: &mut [IncomingDisk],
+    disks: &[(VmDisk, MigrationId)],
+    admin: Option<&str>,
+) {
+    let Some(admin) = admin else { return };
+    for i in incoming {
+        i.arrival = disks
+            .iter()
+            .find(|(d, _)| d.volume == i.volume)
+            .map(|(_, id)| DiskArrival {
+                migration: id.clone(),
+                admin: admin.into(),
+            });
     }
 }
 
