@@ -205,9 +205,7 @@ fn prepare(
 ) -> Result<Prepared, Refusal> {
     let source = peer.ip().to_string();
     match state.pool().get(&d.name) {
-        Ok(v) if v.incoming().is_none() && v.arrived().is_some_and(|a| a.id == id) => {
-            Ok(Prepared::AlreadySwitched(v))
-        }
+        Ok(v) if v.arrived_by(id) => Ok(Prepared::AlreadySwitched(v)),
         // The volume comes back to a daemon that still holds the copy it
         // left: that copy is the basis, only what changed since crosses.
         Ok(v) if v.is_moved_away_copy_of(&d.uuid) => {

@@ -947,8 +947,7 @@ async fn arrival(
             // Committed before this daemon started: where to, if that
             // does not depend on the connection the migration came in on.
             let v = s.pool.get(&name).ok()?;
-            (v.incoming().is_none() && v.arrived().is_some_and(|a| a.id == id))
-                .then(|| restarted_since(&s))
+            v.arrived_by(&id).then(|| restarted_since(&s))
         })
         .await;
     let nonempty = |a: String| (!a.is_empty()).then_some(a);

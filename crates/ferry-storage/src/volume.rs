@@ -1461,6 +1461,13 @@ impl Volume {
         self.meta.lock().arrived.clone()
     }
 
+    /// Whether migration `id` brought this volume here and committed it
+    /// (no copy is being filled since).
+    pub fn arrived_by(&self, id: &str) -> bool {
+        let m = self.meta.lock();
+        m.incoming.is_none() && m.arrived.as_ref().is_some_and(|a| a.id == id)
+    }
+
     /// Count `kind` as holding the volume until the guard is dropped.
     pub fn hold(self: &Arc<Self>, kind: crate::Holder) -> crate::HoldGuard {
         crate::HoldGuard::new(self.clone(), kind)
