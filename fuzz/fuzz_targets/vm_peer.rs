@@ -7,8 +7,8 @@
 #![no_main]
 
 use ferry_vm_host::peer::{
-    decode_frame, decode_line, Arrival, ArrivalOrder, IncomingDisk, PeerAnswer, PeerRequest,
-    FRAME_HEADER, MAX_FRAME, MAX_LINE,
+    decode_frame, decode_line, Arrival, ArrivalOrder, DiskArrival, IncomingDisk, PeerAnswer,
+    PeerRequest, FRAME_HEADER, MAX_FRAME, MAX_LINE,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -22,8 +22,19 @@ fuzz_target!(|data: &[u8]| {
         pending: true,
         size: 1 << 20,
         flags: 0,
+        arrival: None,
     };
-    let mut order = ArrivalOrder::new(&[root]);
+    // A pending disk the destination learns of from its own storage:
+    // `Finish` may leave it out, and then it is awaited here.
+    let data_disk = IncomingDisk {
+        volume: "data".into(),
+        arrival: Some(DiskArrival {
+            migration: ferry_api::MigrationId::from_bytes([7; 16]),
+            admin: "127.0.0.1:2".into(),
+        }),
+        ..root.clone()
+    };
+    let mut order = ArrivalOrder::new(&[root, data_disk]);
     for piece in data.chunks(step) {
         if lines_ok {
             lines.extend_from_slice(piece);
@@ -39,6 +50,12 @@ fuzz_target!(|data: &[u8]| {
                             assert!(
                                 disks.iter().any(|d| d.volume == "root"),
                                 "finished without saying where the pending disk switched"
+                            );
+                            let placed_data = disks.iter().any(|d| d.volume == "data");
+                            assert_eq!(
+                                order.awaited(disks).len(),
+                                usize::from(!placed_data),
+                                "a disk left out of Finish must be awaited here, and only then"
                             );
                         }
                         continue;
