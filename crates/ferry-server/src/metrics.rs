@@ -50,12 +50,18 @@ impl Histogram {
         let i = self.inner.bounds.partition_point(|b| *b < v);
         self.inner.counts[i].fetch_add(1, Ordering::Relaxed);
         self.inner.count.fetch_add(1, Ordering::Relaxed);
-        let _ = self
-            .inner
-            .sum_bits
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-                Some((f64::from_bits(b) + v).to_bits())
-            });
+        // Add to the f64 sum kept as bits (a compare-and-swap loop; the
+        // std helper for it is renamed between toolchains).
+        let sum = &self.inner.sum_bits;
+        let mut b = sum.load(Ordering::Relaxed);
+        while let Err(now) = sum.compare_exchange_weak(
+            b,
+            (f64::from_bits(b) + v).to_bits(),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        ) {
+            b = now;
+        }
     }
 
     pub fn count(&self) -> u64 {

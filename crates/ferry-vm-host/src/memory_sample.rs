@@ -99,8 +99,8 @@ impl ResidentPages {
             pagemap
                 .read_exact_at(chunk, (first + done as u64) * 8)
                 .ok()?;
-            for (i, e) in chunk.chunks_exact(8).enumerate() {
-                let e = u64::from_le_bytes(e.try_into().ok()?);
+            for (i, e) in chunk.as_chunks::<8>().0.iter().enumerate() {
+                let e = u64::from_le_bytes(*e);
                 // Bit 63: present; bit 56: mapped by this process alone. A
                 // page QEMU only read (its migration code checks every page
                 // for zeroes) is present as the kernel's shared zero page,
