@@ -1424,6 +1424,9 @@ def main():
     ap.add_argument("--doc", help="page to write (default: docs/evidence.md when OUT is docs/evidence, "
                                    "else OUT/evidence.md)")
     ap.add_argument("--keep-going", action="store_true", help="run the other experiments when one fails")
+    ap.add_argument("--keep-work", action="store_true",
+                    help="keep the experiments' state and daemon logs (with FERRY_BENCH_LOG for their level) "
+                         "and say where")
     ap.add_argument("--redraw", action="store_true",
                     help="redo the figure and table of --only pause, threshold, model, cpu, drivers, consolidation, scale, "
                          "real_pause, db_threshold or db_move_then_run from saved results, without measuring")
@@ -1511,7 +1514,10 @@ def main():
                 json.dump(r, f, indent=1)
             print(f"== {n}: {time.time() - t:.0f} s, {ctx.png(n)}", flush=True)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if a.keep_work:
+            print(f"state and logs kept in {work}", flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
         write_page(a.out, doc, "python3 bench/evidence.py" + (" --quick" if a.quick else ""))
     print(f"page: {doc}")
     if failed:

@@ -426,6 +426,16 @@ impl AdminClient {
         )
     }
 
+    /// Release a held migration only if it is ready to switch now; the
+    /// answer's `switch_released` says whether it is released (a daemon
+    /// before this call releases it whatever its phase).
+    pub fn release_switch_if_ready(&self, id: &MigrationId) -> Result<MigrationStatus> {
+        self.post(
+            &format!("/v1/migrations/{id}/switch?if_ready=true"),
+            &serde_json::Value::Null,
+        )
+    }
+
     /// Follow a migration as the daemon reports it (one status per change,
     /// pushed by the daemon), calling `each` for every status, until it
     /// ends; returns the last status.

@@ -374,6 +374,23 @@ impl MigrationRun {
         !self.phase().is_terminal()
     }
 
+    /// Release a held migration only if it is ready to switch (holding
+    /// at `ReadyToSwitch`): answers whether its switch is released now
+    /// (it was before, or this released it), None once it has ended, as
+    /// [`MigrationRun::release_switch`]. Checked and released under the
+    /// phase's lock: a migration leaving `ReadyToSwitch` (it fails) is
+    /// released before it does, or seen after.
+    pub fn release_switch_if_ready(&self) -> Option<bool> {
+        let phase = self.phase.lock();
+        if phase.is_terminal() {
+            return None;
+        }
+        if *phase == Phase::ReadyToSwitch {
+            self.switch_go.cancel();
+        }
+        Some(self.switch_go.is_cancelled())
+    }
+
     /// What `GET /v1/migrations/ID` answers while it runs and after.
     pub fn status(&self) -> MigrationStatus {
         let c = &self.counters;
@@ -635,6 +652,39 @@ mod tests {
             libc::getpriority(libc::PRIO_PROCESS, u32::try_from(libc::gettid()).unwrap())
         };
         assert_ne!(mine, BULK_NICE);
+    }
+
+    #[test]
+    fn a_switch_released_if_ready_waits_for_ready_and_not_after_the_end() {
+        let id = MigrationId::from_bytes([9; 16]);
+        let run = MigrationRun::new(id.clone(), "vm", "b:1", true);
+        for p in [Phase::Connecting, Phase::Fingerprints, Phase::Rounds] {
+            run.set_phase(p);
+            assert_eq!(run.release_switch_if_ready(), Some(false), "{p:?}");
+            assert!(!run.switch_go.is_cancelled());
+        }
+        run.set_phase(Phase::ReadyToSwitch);
+        assert_eq!(run.release_switch_if_ready(), Some(true));
+        assert!(run.switch_go.is_cancelled());
+        // Released already: asked again while it pauses, it still is.
+        run.set_phase(Phase::Paused);
+        assert_eq!(run.release_switch_if_ready(), Some(true));
+        run.set_phase(Phase::Switched);
+        assert_eq!(run.release_switch_if_ready(), None);
+
+        // One released unconditionally before it was ready counts as released.
+        let early = MigrationRun::new(id.clone(), "vm", "b:1", true);
+        early.set_phase(Phase::Rounds);
+        assert!(early.release_switch());
+        assert_eq!(early.release_switch_if_ready(), Some(true));
+        // A failed one is ended, released or not.
+        let failed = MigrationRun::new(id.clone(), "vm", "b:1", true);
+        failed.set_phase(Phase::Failed);
+        assert_eq!(failed.release_switch_if_ready(), None);
+        assert!(!failed.switch_go.is_cancelled());
+        // Without a hold the switch was never held.
+        let free = MigrationRun::new(id, "vm", "b:1", false);
+        assert_eq!(free.release_switch_if_ready(), Some(true));
     }
 
     #[test]

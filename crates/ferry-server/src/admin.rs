@@ -975,12 +975,30 @@ fn restarted_since(s: &ServerState) -> Option<crate::arrivals::Committed> {
     })
 }
 
+#[derive(serde::Deserialize)]
+struct ReleaseQuery {
+    #[serde(default)]
+    if_ready: bool,
+}
+
 /// `POST /v1/migrations/{id}/switch`: let a migration started with
 /// `hold_switch` pause the guest and switch (at once if it is ready, as
-/// soon as it converges otherwise). 409 once it has ended.
-async fn release_switch(State(s): St, Path(id): Path<String>) -> ApiResult<Json<MigrationStatus>> {
+/// soon as it converges otherwise). With `?if_ready=true`, only if it is
+/// ready now: the answer's `switch_released` says whether it was (a
+/// teleport's host releases at the guest's pause this way, one call, and
+/// waits for a disk that is not). 409 once it has ended.
+async fn release_switch(
+    State(s): St,
+    Path(id): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<ReleaseQuery>,
+) -> ApiResult<Json<MigrationStatus>> {
     let r = run_of(&s, &id)?;
-    if !r.release_switch() {
+    let ended = if q.if_ready {
+        r.release_switch_if_ready().is_none()
+    } else {
+        !r.release_switch()
+    };
+    if ended {
         return Err(ApiError(
             StatusCode::CONFLICT,
             format!("migration {} has already ended ({})", r.id, r.phase()),

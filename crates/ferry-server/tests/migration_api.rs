@@ -97,7 +97,8 @@ fn a_held_migration_waits_for_release_while_writes_go_on_then_switches() {
     assert!(v.moved_to().is_none());
     assert!(dst.state.pool.get("vm").unwrap().incoming().is_some());
 
-    let released = c.release_switch(&id).unwrap();
+    // Ready: released by the call a teleport's host makes at its pause.
+    let released = c.release_switch_if_ready(&id).unwrap();
     assert!(released.switch_released);
     let (phases, last) = watcher.join().unwrap();
     assert_eq!(last.phase, MigrationPhase::Switched, "{last:?}");
@@ -122,6 +123,8 @@ fn a_held_migration_waits_for_release_while_writes_go_on_then_switches() {
 
     // Releasing an ended migration is a conflict.
     let e = c.release_switch(&id).unwrap_err();
+    assert_eq!(e.status(), Some(409), "{e}");
+    let e = c.release_switch_if_ready(&id).unwrap_err();
     assert_eq!(e.status(), Some(409), "{e}");
 }
 

@@ -72,6 +72,9 @@ pub struct MoveRun {
     record: PathBuf,
     /// The disk migrations this move started (recorded with its status).
     disk_migrations: parking_lot::Mutex<Vec<DiskMigrationRef>>,
+    /// A client of each storage daemon this move calls, by admin address,
+    /// kept for the move (see [`MoveRun::admin_of`]).
+    admins: parking_lot::Mutex<BTreeMap<String, AdminClient>>,
 }
 
 /// The moves a daemon on `root` recorded. One still running when it
@@ -109,6 +112,21 @@ pub fn past_moves(root: &Path) -> BTreeMap<MigrationId, VmMoveStatus> {
 }
 
 impl MoveRun {
+    /// A client of `d`'s storage daemon, the same for every call of this
+    /// move: its connection (over TLS beyond loopback) stays open between
+    /// the memory copy's polls, so the call made while the guest is
+    /// stopped, releasing its disks, opens neither a connection nor a TLS
+    /// session. Kept for one move only: trust changes on disk take effect
+    /// at the next.
+    fn admin_of(&self, d: &VmDisk) -> AdminClient {
+        let url = d.admin.as_deref().unwrap_or_default();
+        self.admins
+            .lock()
+            .entry(url.to_string())
+            .or_insert_with(|| AdminClient::new(url))
+            .clone()
+    }
+
     fn set_phase(&self, p: VmMovePhase) {
         let mut cur = self.phase.lock();
         if *cur != p {
@@ -335,6 +353,7 @@ pub async fn start(
             counters: Arc::default(),
             record,
             disk_migrations: Default::default(),
+            admins: Default::default(),
         })
     };
     run.save();
@@ -532,10 +551,13 @@ async fn start_disks(
     Ok(out)
 }
 
-async fn disk_statuses(disks: &[(VmDisk, MigrationId)]) -> Result<Vec<MigrationStatus>, VmError> {
+async fn disk_statuses(
+    run: &MoveRun,
+    disks: &[(VmDisk, MigrationId)],
+) -> Result<Vec<MigrationStatus>, VmError> {
     let mut v = Vec::new();
     for (d, id) in disks {
-        let (c, id) = (admin_of(d), id.clone());
+        let (c, id) = (run.admin_of(d), id.clone());
         v.push(blocking(move || c.migration(&id)).await?);
     }
     Ok(v)
@@ -599,7 +621,7 @@ async fn wait_disks(
     // more than it could save.
     let changed = (poll > SWITCH_POLL).then(|| watch_disks(disks, deadline));
     loop {
-        let st = disk_statuses(disks).await?;
+        let st = disk_statuses(run, disks).await?;
         run.disk_dirty
             .store(st.iter().map(|s| s.dirty_bytes).sum(), Ordering::Relaxed);
         if let Some(f) = st.iter().find(|s| s.phase == MigrationPhase::Failed) {
@@ -707,7 +729,7 @@ async fn disk_only(
         Err(e) => {
             cancel_disks(run, &disks).await;
             let mut o = Outcome::aborted(e.to_string(), &host.reached_at());
-            o.disks = disk_statuses(&disks).await.unwrap_or_default();
+            o.disks = disk_statuses(run, &disks).await.unwrap_or_default();
             return Ok(o);
         }
     };
@@ -823,7 +845,7 @@ async fn memory_move(
         {
             cancel_disks(run, &disks).await;
             let mut o = Outcome::aborted(e.to_string(), &here);
-            o.disks = disk_statuses(&disks).await.unwrap_or_default();
+            o.disks = disk_statuses(run, &disks).await.unwrap_or_default();
             return Ok(o);
         }
         run.note("disks converged; holding before their switch".into());
@@ -843,7 +865,7 @@ async fn memory_move(
     if let Err(e) = call(&host.certs, &to_host, &prepare, Duration::from_secs(120)).await {
         cancel_disks(run, &disks).await;
         let mut o = Outcome::aborted(format!("the destination cannot take the guest: {e}"), &here);
-        o.disks = disk_statuses(&disks).await.unwrap_or_default();
+        o.disks = disk_statuses(run, &disks).await.unwrap_or_default();
         return Ok(o);
     }
 
@@ -876,7 +898,7 @@ async fn memory_move(
                 run.note(n);
             }
             let mut o = Outcome::aborted(e.to_string(), &here);
-            o.disks = disk_statuses(&disks).await.unwrap_or_default();
+            o.disks = disk_statuses(run, &disks).await.unwrap_or_default();
             Ok(o)
         }
     }
@@ -1151,7 +1173,7 @@ async fn copy_memory(
         polls += 1;
         let mut step = Step::Wait;
         if order.watching_disks() && polls.is_multiple_of(10) {
-            if let Ok(st) = disk_statuses(disks).await {
+            if let Ok(st) = disk_statuses(run, disks).await {
                 let phases = st
                     .into_iter()
                     .map(|s| (s.volume, s.phase, s.error))
@@ -1307,7 +1329,7 @@ async fn conclude(
             other => other,
         };
     }
-    let disk_states = disk_statuses(disks).await.unwrap_or_default();
+    let disk_states = disk_statuses(run, disks).await.unwrap_or_default();
     let mut o = match fin {
         Ok(a) if a.ok => {
             crate::fault::hold(crate::fault::SWITCHED).await;
@@ -1496,20 +1518,51 @@ pub(crate) async fn hand_over(host: &VmHost, g: &Guest, id: &MigrationId) {
 /// Step 4: QEMU holds the guest stopped; each disk's last delta and switch
 /// are released (they run while QEMU sends the rest of the guest).
 async fn release_disks(run: &MoveRun, disks: &[(VmDisk, MigrationId)]) -> Result<(), VmError> {
-    // The guest is stopped now: every wait here is bounded and short.
+    // The guest is stopped now: one call per disk, all at once, each
+    // releasing its migration only if it is ready to switch (the wait
+    // below, bounded and short, is for one that is not yet).
+    let t = Instant::now();
+    let tries: Vec<_> = disks
+        .iter()
+        .map(|(d, id)| {
+            let (c, i, url) = (run.admin_of(d), id.clone(), d.admin.clone());
+            tokio::task::spawn_blocking(move || match c.release_switch_if_ready(&i) {
+                // Its kept connection closed under it: once more on a new
+                // one (releasing if ready twice is releasing once).
+                Err(e) if e.status().is_none() => {
+                    AdminClient::new(url.as_deref().unwrap_or_default()).release_switch_if_ready(&i)
+                }
+                r => r,
+            })
+        })
+        .collect();
+    let mut not_ready = Vec::new();
+    for ((d, id), t) in disks.iter().zip(tries) {
+        if !t.await?.map_err(VmError::Storage)?.switch_released {
+            not_ready.push((d.clone(), id.clone()));
+        }
+    }
+    if not_ready.is_empty() {
+        tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "disks released");
+        return Ok(());
+    }
     wait_disks(
         run,
-        disks,
+        &not_ready,
         |p| p == MigrationPhase::ReadyToSwitch,
         Instant::now() + SWITCH_READY_WAIT,
         SWITCH_POLL,
     )
     .await?;
-    for (d, id) in disks {
-        let (c, i) = (admin_of(d), id.clone());
+    for (d, id) in &not_ready {
+        let (c, i) = (run.admin_of(d), id.clone());
         blocking(move || c.release_switch(&i)).await?;
     }
-    tracing::debug!("disks released");
+    tracing::debug!(
+        ms = t.elapsed().as_secs_f64() * 1e3,
+        waited_for = not_ready.len(),
+        "disks released"
+    );
     Ok(())
 }
 
