@@ -1358,34 +1358,48 @@ async fn pause_and_switch(
     let t = table.clone();
     blocking(move || Ok(t.digest())).await?;
     tracing::debug!(elapsed = ?t0.elapsed(), "pause: digest groups hashed");
-    // Journal that the switch may happen from here (before the guest is
-    // paused, so it costs the guest nothing): a crash from now on leaves
-    // the volume held until the destination is asked.
+    // Journal that the switch may happen from here: a crash from now on
+    // leaves the volume held until the destination is asked. Its fsync
+    // runs beside the pause, the last chunks and the digest (a teleport's
+    // guest is stopped already, so each millisecond here is its pause),
+    // and is on disk before `Switch` leaves: the destination cannot commit
+    // before. Every way out below waits for it, so a failure's reset of
+    // the journal comes after it.
     let v = vol.clone();
-    blocking(move || Ok(v.set_switch_sent(true)?)).await?;
-    tracing::debug!(elapsed = ?t0.elapsed(), "pause: switch journalled");
-    run.set_phase(Phase::Paused);
-    link.send(Message::Pause).await?;
-    vol.gate().set_throttle(Duration::ZERO);
-    let v = vol.clone();
-    let t_pause = Instant::now();
-    let paused = blocking(move || Ok(v.gate().pause(PAUSE_DRAIN))).await?;
-    tracing::debug!(elapsed = ?t_pause.elapsed(), "pause: writers drained");
-    if !paused {
-        return Err(MigrationError::PauseTimeout(PAUSE_DRAIN));
+    let journal = tokio::task::spawn_blocking(move || v.set_switch_sent(true));
+    let paused = async {
+        run.set_phase(Phase::Paused);
+        link.send(Message::Pause).await?;
+        vol.gate().set_throttle(Duration::ZERO);
+        let v = vol.clone();
+        let t_pause = Instant::now();
+        let paused = blocking(move || Ok(v.gate().pause(PAUSE_DRAIN))).await?;
+        tracing::debug!(elapsed = ?t_pause.elapsed(), "pause: writers drained");
+        if !paused {
+            return Err(MigrationError::PauseTimeout(PAUSE_DRAIN));
+        }
+        let pause_start = Instant::now();
+        let data_before_pause = run.counters.bytes_data_raw.load(Ordering::Relaxed);
+        let guard = PauseGuard { vol, armed: true };
+        let ranges = coalesce(bm.take().into_iter().map(|o| o / u64::from(chunk)));
+        let s = sender.clone();
+        blocking(move || s.send_ranges(&ranges, true)).await?;
+        let source_digest = table.digest();
+        tracing::debug!(elapsed = ?pause_start.elapsed(), "pause: last chunks queued, digest computed");
+        link.send(Message::Digest {
+            digest: source_digest,
+        })
+        .await?;
+        Ok((guard, pause_start, data_before_pause, source_digest))
     }
-    let pause_start = Instant::now();
-    let data_before_pause = run.counters.bytes_data_raw.load(Ordering::Relaxed);
-    let mut guard = PauseGuard { vol, armed: true };
-    let ranges = coalesce(bm.take().into_iter().map(|o| o / u64::from(chunk)));
-    let s = sender.clone();
-    blocking(move || s.send_ranges(&ranges, true)).await?;
-    let source_digest = table.digest();
-    tracing::debug!(elapsed = ?pause_start.elapsed(), "pause: last chunks queued, digest computed");
-    link.send(Message::Digest {
-        digest: source_digest,
-    })
-    .await?;
+    .await;
+    let journalled = journal
+        .await
+        .map_err(|e| MigrationError::Worker(e.to_string()))
+        .and_then(|r| r.map_err(MigrationError::from));
+    tracing::debug!(elapsed = ?t0.elapsed(), "pause: switch journalled");
+    let (mut guard, pause_start, data_before_pause, source_digest) = paused?;
+    journalled?;
     // The destination commits on Switch only if its digest matched, so
     // both go in one round trip.
     link.send(Message::Switch).await?;
