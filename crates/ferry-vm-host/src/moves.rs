@@ -1537,8 +1537,8 @@ async fn release_disks(run: &MoveRun, disks: &[(VmDisk, MigrationId)]) -> Result
         })
         .collect();
     let mut not_ready = Vec::new();
-    for ((d, id), t) in disks.iter().zip(tries) {
-        if !t.await?.map_err(VmError::Storage)?.switch_released {
+    for ((d, id), task) in disks.iter().zip(tries) {
+        if !task.await?.map_err(VmError::Storage)?.switch_released {
             not_ready.push((d.clone(), id.clone()));
         }
     }
