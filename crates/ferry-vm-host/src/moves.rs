@@ -119,11 +119,10 @@ impl MoveRun {
     /// session. Kept for one move only: trust changes on disk take effect
     /// at the next.
     fn admin_of(&self, d: &VmDisk) -> AdminClient {
-        let url = d.admin.as_deref().unwrap_or_default();
         self.admins
             .lock()
-            .entry(url.to_string())
-            .or_insert_with(|| AdminClient::new(url))
+            .entry(d.admin.clone().unwrap_or_default())
+            .or_insert_with(|| admin_of(d))
             .clone()
     }
 
@@ -1525,13 +1524,11 @@ async fn release_disks(run: &MoveRun, disks: &[(VmDisk, MigrationId)]) -> Result
     let tries: Vec<_> = disks
         .iter()
         .map(|(d, id)| {
-            let (c, i, url) = (run.admin_of(d), id.clone(), d.admin.clone());
+            let (c, i, d) = (run.admin_of(d), id.clone(), d.clone());
             tokio::task::spawn_blocking(move || match c.release_switch_if_ready(&i) {
                 // Its kept connection closed under it: once more on a new
                 // one (releasing if ready twice is releasing once).
-                Err(e) if e.status().is_none() => {
-                    AdminClient::new(url.as_deref().unwrap_or_default()).release_switch_if_ready(&i)
-                }
+                Err(e) if e.status().is_none() => admin_of(&d).release_switch_if_ready(&i),
                 r => r,
             })
         })
