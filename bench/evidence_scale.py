@@ -17,6 +17,7 @@ ferry's bytes and time should follow what B lacks, QEMU's the disk."""
 import json, os, shutil, subprocess, time
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 from common import FERRY
 from evidence_rigs import two_site_inventory
@@ -36,7 +37,7 @@ def axes(quick):
         # report compares (a CI run checks that it runs, not the curves).
         return mid, [("mem", [384]), ("held", [8, 24]), ("rtt", [2])]
     mid = {"mem": 512, "held": 1024, "lacks": 128, "rtt": 20}
-    return mid, [("mem", [256, 512, 1024, 2048, 4096]), ("held", [256, 1024, 4096, 8192]),
+    return mid, [("mem", [256, 512, 1024, 2048, 4096]), ("held", [256, 1024, 4096, 8192, 16384]),
                  ("rtt", [2, 20, 100, 200])]
 
 
@@ -46,35 +47,44 @@ LABELS = {"mem": "guest memory (MiB; half of it random data)",
 
 
 def disk_need(p):
-    """Free disk a point needs (bytes): at its peak, its data four times over
-    (A's image, B's sibling volume, A's volume and the one the move makes
-    at B), and a tenth more for the file systems and the stores."""
-    return int(4.4 * (p["held"] + p["lacks"])) << 20
+    """Free disk a point needs (bytes): at its peak, its data three times
+    over (B's sibling volume, A's volume and the one the move makes at B;
+    or A's image, QEMU's copy at B and the files the image is made from),
+    and a tenth more for the file systems and the stores."""
+    return int(3.3 * (p["held"] + p["lacks"])) << 20
 
 
-def disk_images(work, held, lacks):
-    """B's sibling (ext4 holding `held` MiB of random files) and A's disk:
-    the same image with `lacks` MiB of other random data in its free space.
-    Returns (sibling, disk, size in bytes)."""
-    stage = os.path.join(work, "files")
-    shutil.rmtree(stage, ignore_errors=True)
-    os.makedirs(stage)
-    for i in range(0, held, 256):
-        with open(os.path.join(stage, f"blob{i}"), "wb") as f:
-            for _ in range(min(256, held - i)):
+class DiskImage:
+    """A's disk: an ext4 image holding `held` MiB of random files, with
+    `lacks` MiB of other random data in its free space (the last `lacks`
+    MiB before a 32 MiB tail; the guest's few records land early). B's
+    sibling is the same image without that region (`to_sibling`)."""
+
+    def __init__(self, work, held, lacks):
+        stage = os.path.join(work, "files")
+        shutil.rmtree(stage, ignore_errors=True)
+        os.makedirs(stage)
+        for i in range(0, held, 256):
+            with open(os.path.join(stage, f"blob{i}"), "wb") as f:
+                for _ in range(min(256, held - i)):
+                    f.write(os.urandom(1 << 20))
+        size_mib = held + lacks + max(64, held // 8) + 64
+        self.path, self.size = os.path.join(work, "disk.img"), size_mib << 20
+        subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", "-d", stage, self.path, f"{size_mib}M"], check=True)
+        shutil.rmtree(stage)
+        self.lacking = ((size_mib - lacks - 32) << 20, lacks << 20)
+        with open(self.path, "r+b") as f:
+            f.seek(self.lacking[0])
+            for _ in range(lacks):
                 f.write(os.urandom(1 << 20))
-    size_mib = held + lacks + max(64, held // 8) + 64
-    sibling, disk = os.path.join(work, "sibling.img"), os.path.join(work, "disk.img")
-    subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", "-d", stage, sibling, f"{size_mib}M"], check=True)
-    shutil.rmtree(stage)
-    subprocess.run(["cp", "--sparse=always", sibling, disk], check=True)
-    # The region B lacks: the last `lacks` MiB before a 32 MiB tail, free
-    # space of the file system (the guest's few records land early).
-    with open(disk, "r+b") as f:
-        f.seek((size_mib - lacks - 32) << 20)
-        for _ in range(lacks):
-            f.write(os.urandom(1 << 20))
-    return sibling, disk, size_mib << 20
+
+    def to_sibling(self):
+        """Makes the image B's sibling, in place (no second copy of a disk
+        that may be most of the machine's free space): the region B lacks
+        is punched out, free space again as it was before it was filled."""
+        offset, length = self.lacking
+        subprocess.run(["fallocate", "--punch-hole", "--offset", str(offset), "--length", str(length), self.path],
+                       check=True)
 
 
 def cmdline(mem):
@@ -83,19 +93,22 @@ def cmdline(mem):
     return f"console=ttyS0 quiet ferry.fill={mem // 2}"
 
 
-def ferry_point(work, link, sibling, disk, size, mem):
-    """One teleport A → B of the guest (`mem` MiB), its estimate just before."""
+def ferry_point(work, link, image, mem):
+    """One teleport A → B of the guest (`mem` MiB), its estimate just
+    before: `image` (a DiskImage) becomes A's volume, then B's sibling, and
+    is deleted."""
     dirs = [os.path.join(work, d) for d in ("sa", "sb", "ha", "hb")]
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
     sa, sb, ha, hb = two_sites(work)
     hosts = []
     try:
-        sb.ferry("volume", "create", "sibling", "--size", str(size))
-        sb.ferry("volume", "import", "sibling", sibling)
-        os.unlink(sibling)  # B's volume holds it now; the disk is needed for the rest
-        sa.ferry("volume", "create", "root", "--size", str(size))
-        sa.ferry("volume", "import", "root", disk)
+        sa.ferry("volume", "create", "root", "--size", str(image.size))
+        sa.ferry("volume", "import", "root", image.path)
+        image.to_sibling()
+        sb.ferry("volume", "create", "sibling", "--size", str(image.size))
+        sb.ferry("volume", "import", "sibling", image.path)
+        os.unlink(image.path)  # the volumes hold it now
         # Each guest's memory measured every 5 s (dirty rate, what a move
         # sends of it), so that the estimate sees the guest after its fill.
         A, B = Host(ha, ["--memory-sample-every", "5"]), Host(hb, ["--memory-sample-every", "5"])
@@ -173,25 +186,27 @@ def exp_scale(ctx):
                 print(f"scale {axis}={v}: {why}", flush=True)
                 rows.append({"axis": axis, "value": v, "point": p, "skipped": why})
                 continue
-            sibling, disk, size = disk_images(work, p["held"], p["lacks"])
+            image = DiskImage(work, p["held"], p["lacks"])
             link = Link(work, MBIT, p["rtt"])
             try:
+                # QEMU first, its source guest on the image itself (it adds
+                # its records to the file system, which then go to both of
+                # ferry's sites alike), so that no point holds its data more
+                # than three times.
                 try:
-                    f = ferry_point(work, link, sibling, disk, size, p["mem"])
+                    q = run_qemu_native(work, link, image.path, "idle", mem=f"{p['mem']}M",
+                                        append=cmdline(p["mem"]), boot_secs=120 + p["mem"] // 8,
+                                        limit_s=QEMU_LIMIT_S, copy_mode="write-blocking", in_place=True)
+                    q = {"seconds": q["seconds"], "bytes": q["bytes"], "pause_ms": q["stop_resume_ms"],
+                         "multifd": MULTIFD_CHANNELS, "first": True}
+                except TimeoutError as e:
+                    q = {"seconds": None, "bytes": None, "pause_ms": None, "error": str(e), "first": True}
+                try:
+                    f = ferry_point(work, link, image, p["mem"])
                 except RuntimeError as e:
                     # A failed move is a result: kept as such, the curve goes on.
                     f = {"error": str(e)[-1500:]}
                     print(f"scale {axis}={v}: ferry failed: {f['error']}", flush=True)
-                if os.path.exists(sibling):
-                    os.unlink(sibling)
-                try:
-                    q = run_qemu_native(work, link, disk, "idle", mem=f"{p['mem']}M", append=cmdline(p["mem"]),
-                                        boot_secs=120 + p["mem"] // 8, limit_s=QEMU_LIMIT_S,
-                                        copy_mode="write-blocking")
-                    q = {"seconds": q["seconds"], "bytes": q["bytes"], "pause_ms": q["stop_resume_ms"],
-                         "multifd": MULTIFD_CHANNELS}
-                except TimeoutError as e:
-                    q = {"seconds": None, "bytes": None, "pause_ms": None, "error": str(e)}
             finally:
                 link.close()
                 shutil.rmtree(work, ignore_errors=True)
@@ -241,6 +256,7 @@ def scale_report(ctx, rows, mid, note=None):
                 if r["qemu"].get("error"):
                     ax.annotate(f"QEMU: not done in {QEMU_LIMIT_S} s", (r["value"], 0), fontsize=6, rotation=90,
                                 color="grey", va="bottom")
+            ax.xaxis.set_major_locator(MaxNLocator(6))
             ax.set_xlabel(LABELS[axis].format(**mid), fontsize=8)
             ax.set_ylabel(unit, fontsize=8)
             ax.set_ylim(bottom=0)
@@ -308,13 +324,14 @@ def scale_report(ctx, rows, mid, note=None):
                       "memory random data (`ferry.fill`); its disk an ext4 volume at A whose files B holds in a "
                       "sibling volume, plus random data B lacks in the file system's free space. ferry: `ferry vm "
                       "migrate --with-disk` (bytes: toxiproxy's count over the memory and disk proxies), the "
-                      "prediction `ferry control estimate --teleport-to b` just before. QEMU: a copy of the same "
-                      "disk, `blockdev-mirror sync=full copy-mode=write-blocking` (libvirt's "
+                      "prediction `ferry control estimate --teleport-to b` just before. QEMU (run first, its "
+                      "source guest on the image ferry's volumes are then made of, whose file system gains its "
+                      "records): `blockdev-mirror sync=full copy-mode=write-blocking` (libvirt's "
                       "`--copy-storage-synchronous-writes`) into the destination's NBD export, then "
                       f"{memory}, libvirt's order. Pause: QEMU's STOP→RESUME stamps. One run per point. The disk "
-                      "axis stops at 8 GiB, not the 32 GiB issue 31 names: a point needs its data four times "
-                      "over on this machine's one disk (A's image, B's sibling volume, the volume at A and the "
-                      "one the move makes at B), and the machine has 54-57 GB free."
+                      "axis stops at 16 GiB, not the 32 GiB issue 31 names: a point needs its data three times "
+                      "over on this machine's one disk (B's sibling volume, the volume at A and the one the "
+                      "move makes at B), and the machine has about 69 GB free."
                       + (f" {note}" if note else ""),
         "raw": {"rows": every_row, "mid": mid, **({"note": note} if note else {})},
     }

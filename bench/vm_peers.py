@@ -36,7 +36,11 @@ serial logs as the acks appear: a stall during the pre-copy shows there.
 `--keep-logs DIR` keeps the daemons' logs (`FERRY_BENCH_LOG` sets their
 level; the host daemon logs every guest request over 100 ms).
 
-  python3 bench/vm_peers.py [--rtt 20 --rtt 100] [--mbit 100] [--loads idle,heavy] [--json]
+With `--repeats N` every (RTT, load) point moves the guest N times per
+peer, the peers' order rotated each time, and a second table gives each
+peer's median STOP→RESUME with its spread.
+
+  python3 bench/vm_peers.py [--rtt 20 --rtt 100] [--mbit 100] [--loads idle,heavy] [--repeats 3] [--json]
 """
 
 import argparse
@@ -442,14 +446,19 @@ def copy_storage_move(src, dst, disk_port, mem_port, limit_s=None, copy_mode="ba
 
 
 def run_qemu_native(work, link, image, load, mem=None, append=None, boot_secs=120, limit_s=None,
-                    copy_mode="background"):
+                    copy_mode="background", in_place=False):
     """libvirt's copy-storage move of the test guest (`mem` of RAM, kernel
     command line `append`; defaults MEM and the `load`'s) from a copy of
     `image` to an empty disk across `link`, once it has made 100 records
-    (within `boot_secs`); `limit_s` bounds the move (TimeoutError)."""
+    (within `boot_secs`); `limit_s` bounds the move (TimeoutError).
+    `in_place` runs the source guest on `image` itself (its records are
+    added to it), for disks too large to copy once more."""
     append = append or cmdline(load)
     src_disk, dst_disk = os.path.join(work, "qa.raw"), os.path.join(work, "qb.raw")
-    subprocess.run(["cp", "--sparse=always", image, src_disk], check=True)
+    if in_place:
+        src_disk = image
+    else:
+        subprocess.run(["cp", "--sparse=always", image, src_disk], check=True)
     with open(dst_disk, "wb") as f:
         f.truncate(os.path.getsize(image))
     qa, qb = os.path.join(work, "qa.qmp"), os.path.join(work, "qb.qmp")
@@ -492,7 +501,7 @@ def run_qemu_native(work, link, image, load, mem=None, append=None, boot_secs=12
         for p in procs:
             p.kill()
             p.wait()
-        for p in (src_disk, dst_disk):
+        for p in (dst_disk,) if in_place else (src_disk, dst_disk):
             if os.path.exists(p):
                 os.unlink(p)
 
@@ -511,6 +520,8 @@ def main():
                     help="copy each host daemon's log here (FERRY_BENCH_LOG sets its level; slow guest requests are warnings)")
     ap.add_argument("--multifd-channels", type=int, default=MULTIFD_CHANNELS,
                     help="the QEMU peers' memory channels (multifd, zstd); 0: one uncompressed stream")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="moves per peer at each RTT and load, the peers' order rotated each time")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     ACCEL, KEEP_LOGS, MULTIFD_CHANNELS = a.accel, a.keep_logs, a.multifd_channels
@@ -522,9 +533,10 @@ def main():
     ensure_ferry()
     results = []
     with tempfile.TemporaryDirectory(prefix="ferry-vmbench-") as work:
+        peers = a.peers.split(",")
         for rtt in rtts:
-            for load in a.loads.split(","):
-                for peer in a.peers.split(","):
+            for load, repeat in ((lo, i) for lo in a.loads.split(",") for i in range(a.repeats)):
+                for peer in peers[repeat % len(peers):] + peers[:repeat % len(peers)]:
                     link = Link(work, a.mbit, rtt)
                     try:
                         if peer == "ferry-vm-only":
@@ -541,7 +553,7 @@ def main():
                         r = {"ok": False, "error": str(e)}
                     finally:
                         link.close()
-                    r.update(peer=peer, rtt=rtt, load=load, mbit=a.mbit)
+                    r.update(peer=peer, rtt=rtt, load=load, mbit=a.mbit, repeat=repeat)
                     if peer.startswith("qemu"):
                         r.update(multifd_channels=MULTIFD_CHANNELS)
                     print(json.dumps({k: v for k, v in r.items() if k != "report"}), file=sys.stderr)
@@ -570,6 +582,35 @@ def main():
               f"{'-' if sr is None else f'{sr:.0f} ms'} | "
               f"{'-' if pause is None else f'{pause:.0f} ms'} ({r.get('record_gap_ms') or 0:.0f} ms) | "
               f"{where} | {'-' if dt is None else f'{dt} ms'} |")
+    if a.repeats > 1:
+        print_medians(results, a.repeats)
+
+
+def print_medians(results, repeats):
+    """Each peer's median STOP→RESUME per RTT and load over its repeats,
+    and the teleport's above the VM-only move's."""
+    def pauses(rtt, load, peer):
+        return sorted(r.get("stop_resume_ms", r.get("report", {}).get("guest_pause_ms")) for r in results
+                      if r.get("ok") and (r["rtt"], r["load"], r["peer"]) == (rtt, load, peer)
+                      and r.get("stop_resume_ms", r.get("report", {}).get("guest_pause_ms")) is not None)
+
+    def median(xs):
+        n = len(xs)
+        return None if n == 0 else (xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2)
+
+    print(f"\nMedians over {repeats} moves per peer:\n")
+    print("| RTT | guest load | peer | moves | STOP→RESUME median (min-max) |")
+    print("|---|---|---|---|---|")
+    keys = list(dict.fromkeys((r["rtt"], r["load"], r["peer"]) for r in results))
+    for rtt, load, peer in keys:
+        xs = pauses(rtt, load, peer)
+        spread = f"{median(xs):.0f} ms ({xs[0]:.0f}-{xs[-1]:.0f})" if xs else "-"
+        print(f"| {rtt} ms | {load} | {peer} | {len(xs)} | {spread} |")
+    for rtt, load in dict.fromkeys((k[0], k[1]) for k in keys):
+        t, v = median(pauses(rtt, load, "ferry-teleport")), median(pauses(rtt, load, "ferry-vm-only"))
+        if t is not None and v is not None:
+            print(f"\n{rtt} ms, {load}: the teleport's median pause is {t - v:+.0f} ms from the VM-only move's "
+                  f"({'within' if t - v <= rtt else 'more than'} one RTT)")
 
 
 if __name__ == "__main__":
