@@ -22,12 +22,14 @@ if [ "$want_test" = 1 ]; then
   # syslinux, mtools, dosfstools: a disk a guest boots from (--boot-disk).
   # iproute2: guest networks (bridges, VXLAN, taps; the sites' namespaces).
   # nftables: a gateway cut off from its cluster (a net_cls class dropped).
+  # xfsprogs: a pool on XFS, whose files share extents (a migration's
+  # destination shares the blocks it already holds instead of copying them).
   # debootstrap, fdisk: the Debian guest image (scripts/debian-guest.sh);
   # sysbench, mariadb-client, wrk, openssh-client: its clients; tcpdump:
   # the real-guest benches' packet capture (FERRY_BENCH_PCAP).
   # ceph-mon, ceph-mgr, ceph-osd, ceph-common: the Ceph clusters volumes on
   # RBD are tested in (scripts/ceph-cluster.sh); librbd1 is what ferry loads.
-  pkgs+=(ceph-mon ceph-mgr ceph-osd ceph-common librbd1 debootstrap fdisk sysbench mariadb-client openssh-client wrk tcpdump qemu-block-extra libnbd-bin python3-libnbd nbdkit fio python3 python3-matplotlib chromium rsync libiscsi-bin tgt etcd-server prometheus syslinux syslinux-common mtools dosfstools iproute2 nftables)
+  pkgs+=(ceph-mon ceph-mgr ceph-osd ceph-common librbd1 debootstrap fdisk sysbench mariadb-client openssh-client wrk tcpdump qemu-block-extra libnbd-bin python3-libnbd nbdkit fio python3 python3-matplotlib chromium rsync libiscsi-bin tgt etcd-server prometheus syslinux syslinux-common mtools dosfstools iproute2 nftables xfsprogs)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -391,11 +391,10 @@ impl Receiver {
     ) -> Result<Missing, MigrationError> {
         let total = self.table.chunks();
         let mut want = Vec::new();
-        // Where each I/O waits for a network round trip (an RBD image),
-        // chunks to be found locally are gathered and filled by several
-        // threads at once after the frame is read; on a page-cached file
-        // they are filled in place, one after another.
-        let parallel = !self.vol.page_cached();
+        // Chunks to be found locally are gathered and filled after the
+        // frame is read, runs of consecutive chunks together (one read,
+        // one write or one shared range); where each I/O waits for a
+        // network round trip (an RBD image), by several threads at once.
         let mut deferred: Vec<(u64, u64)> = Vec::new();
         let mut i = first;
         let mut buf = vec![0u8; usize::try_from(self.chunk).unwrap_or(usize::MAX)];
@@ -447,22 +446,10 @@ impl Receiver {
                             continue;
                         }
                     }
-                    let local = if self.use_index && len as u64 == self.chunk {
-                        if parallel {
-                            deferred.push((i, key));
-                            i += 1;
-                            continue;
-                        }
-                        self.fill_local(i, key, b)?
+                    if self.use_index && len as u64 == self.chunk {
+                        deferred.push((i, key));
                     } else {
-                        None
-                    };
-                    match local {
-                        Some(fp) => {
-                            self.table.set(i, fp.0);
-                            stats.local += 1;
-                        }
-                        None => want.push((i, key)),
+                        want.push((i, key));
                     }
                     i += 1;
                 }
@@ -500,10 +487,11 @@ impl Receiver {
         Ok(())
     }
 
-    /// [`Receiver::fill_local`] for each `(chunk, key)`, on up to
-    /// [`FILL_THREADS`] threads, runs of consecutive chunks read and
-    /// written whole where the blocks lie in the same order here (a disk
-    /// made from a template this site holds); the first error ends it.
+    /// [`Receiver::fill_local`] for each `(chunk, key)`, runs of
+    /// consecutive chunks read and written whole where the blocks lie in
+    /// the same order here (a disk made from a template this site holds);
+    /// on up to [`FILL_THREADS`] threads where each I/O waits for the
+    /// network, on this one on a page-cached file. The first error ends it.
     fn fill_local_parallel(
         &self,
         todo: Vec<(u64, u64)>,
@@ -518,6 +506,13 @@ impl Receiver {
                 runs.push(&todo[start..i]);
                 start = i;
             }
+        }
+        if self.vol.page_cached() {
+            let mut out = Vec::with_capacity(todo.len());
+            for run in runs {
+                out.extend(self.fill_run(run)?);
+            }
+            return Ok(out);
         }
         let threads = FILL_THREADS.min(runs.len());
         std::thread::scope(|s| {
@@ -546,8 +541,11 @@ impl Receiver {
 
     /// Fill a run of consecutive chunks: where the first chunk's block is
     /// found here, the blocks after it are read with it in one read, and
-    /// every span of them that matches its print is written in one write;
-    /// the others are looked up alone.
+    /// every span of them that matches its print is written in one write,
+    /// or shares the found volume's extents where the file system can
+    /// (the found volume unwritten from before the read to after the
+    /// sharing, or the span is written after all); the others are looked
+    /// up alone.
     fn fill_run(
         &self,
         run: &[(u64, u64)],
@@ -569,16 +567,17 @@ impl Receiver {
             if off + len as u64 > v.size() {
                 return None;
             }
+            let mark = v.write_mark();
             buf.resize(len, 0);
             v.read_at(off, &mut buf).ok()?;
-            keyed(&buf[..chunk], key0).map(|_| ())
+            keyed(&buf[..chunk], key0).map(|_| (v, off, mark))
         });
-        if placed.is_none() {
+        let Some((found, found_off, mark)) = placed else {
             for &(c, k) in run {
                 out.push((c, k, self.fill_local(c, k, &mut one)?));
             }
             return Ok(out);
-        }
+        };
         let mut i = 0;
         while i < run.len() {
             let start = i;
@@ -591,7 +590,19 @@ impl Receiver {
                 i += 1;
             }
             if !prints.is_empty() {
-                self.put(run[start].0 * self.chunk, &buf[start * chunk..i * chunk])?;
+                let at = run[start].0 * self.chunk;
+                let from = found_off + (start * chunk) as u64;
+                let shared = match mark {
+                    Some(m) => {
+                        self.vol
+                            .share_from(&found, from, at, ((i - start) * chunk) as u64)?
+                            && !found.written_since(m)
+                    }
+                    None => false,
+                };
+                if !shared {
+                    self.put(at, &buf[start * chunk..i * chunk])?;
+                }
                 for (j, fp) in prints.into_iter().enumerate() {
                     out.push((run[start + j].0, run[start + j].1, Some(fp)));
                 }

@@ -121,6 +121,171 @@ fn migration_rebuilds_local_blocks_sends_the_rest_and_switches() {
     assert!(e.to_string().contains(ferry_nbd::MOVED_PREFIX), "{e}");
 }
 
+/// An XFS file system (extents shared between files) mounted on a loop
+/// device under `dir`, unmounted when dropped; `None` where this machine
+/// cannot make one (not root, no xfsprogs, no loop device).
+struct XfsMount(std::path::PathBuf);
+
+impl XfsMount {
+    fn new(dir: &Path) -> Option<XfsMount> {
+        let (img, mnt) = (dir.join("xfs.img"), dir.join("xfs"));
+        std::fs::create_dir_all(&mnt).ok()?;
+        std::fs::File::create(&img).ok()?.set_len(512 * MIB).ok()?;
+        let ok = |c: &mut Command| c.output().is_ok_and(|o| o.status.success());
+        if !have("mkfs.xfs")
+            || !ok(Command::new("mkfs.xfs")
+                .args(["-q", "-m", "reflink=1"])
+                .arg(&img))
+        {
+            return None;
+        }
+        ok(Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&img)
+            .arg(&mnt))
+        .then_some(XfsMount(mnt))
+    }
+
+    /// Bytes in use on the file system.
+    fn used(&self) -> u64 {
+        let out = run(Command::new("df")
+            .args(["--output=used", "-B1"])
+            .arg(&self.0));
+        out.lines()
+            .nth(1)
+            .and_then(|l| l.trim().parse().ok())
+            .expect("df's used bytes")
+    }
+}
+
+impl Drop for XfsMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A source, and a destination whose pool is on XFS holding `base` in
+/// its indexed volume "base"; the source's volume "vm" (`size` bytes)
+/// begins with the same bytes. Fields drop in order, the mount last.
+struct HeldOnXfs {
+    src: TestServer,
+    dst: TestServer,
+    base: Arc<ferry_storage::Volume>,
+    vm: Arc<ferry_storage::Volume>,
+    xfs: XfsMount,
+}
+
+impl HeldOnXfs {
+    /// `None` (and says so) where no XFS can be made here; CI installs
+    /// xfsprogs and runs as root, so there these tests run.
+    fn new(dir: &Path, base: &[u8], size: u64) -> Option<HeldOnXfs> {
+        let Some(xfs) = XfsMount::new(dir) else {
+            eprintln!("skipped: no XFS file system could be made here (needs root, mkfs.xfs and a loop device)");
+            return None;
+        };
+        let (pa, pb) = (dir.join("a"), xfs.0.join("b"));
+        let src = TestServer::start(&pa);
+        let dst = destination(&pb);
+        trust_each_other(&pa, &pb);
+        let b = dst.create("base", base.len() as u64);
+        b.write_at(0, base, false).unwrap();
+        b.flush().unwrap();
+        ferry_server::indexer::rebuild_volume(&dst.state.index, &b).unwrap();
+        let vm = src.create("vm", size);
+        vm.write_at(0, base, false).unwrap();
+        Some(HeldOnXfs {
+            src,
+            dst,
+            base: b,
+            vm,
+            xfs,
+        })
+    }
+
+    fn migrate(&self) -> ferry_api::Report {
+        let to = self.dst.migration.unwrap().to_string();
+        let r = wait(
+            &migrate(&self.src, request("vm", to)),
+            Duration::from_secs(120),
+        );
+        assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
+        assert!(r.digest.matches);
+        r
+    }
+}
+
+#[test]
+fn blocks_the_destination_holds_share_their_extents_where_the_file_system_can() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = noise(64 * MIB as usize, 7);
+    let Some(t) = HeldOnXfs::new(dir.path(), &base, 96 * MIB) else {
+        return;
+    };
+    t.vm.write_at(80 * MIB, &noise(4 * MIB as usize, 99), false)
+        .unwrap();
+    let used = t.xfs.used();
+    let r = t.migrate();
+    assert_eq!(r.chunks.local, 64 * MIB / 4096, "{:?}", r.chunks);
+    let copy = t.dst.state.pool.get("vm").unwrap();
+    assert_eq!(sha(t.vm.data_path()), sha(copy.data_path()));
+    // The 64 MiB found at the destination share the base's extents: the
+    // file system grew by about the 4 MiB that crossed, not 68 MiB.
+    let grown = t.xfs.used().saturating_sub(used);
+    assert!(
+        grown < 24 * MIB,
+        "the destination's file system grew by {grown} bytes"
+    );
+
+    // Either copy written later leaves the other as it was.
+    let before = sha(copy.data_path());
+    t.base.write_at(0, &noise(MIB as usize, 5), false).unwrap();
+    t.base.flush().unwrap();
+    assert_eq!(sha(copy.data_path()), before);
+    copy.write_at(MIB, &noise(MIB as usize, 6), false).unwrap();
+    copy.flush().unwrap();
+    let mut head = vec![0u8; 2 * MIB as usize];
+    t.base.read_at(0, &mut head).unwrap();
+    assert_eq!(&head[MIB as usize..], &base[MIB as usize..2 * MIB as usize]);
+}
+
+#[test]
+fn held_blocks_rewritten_while_they_are_shared_arrive_as_the_source_has_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(t) = HeldOnXfs::new(dir.path(), &noise(64 * MIB as usize, 7), 64 * MIB) else {
+        return;
+    };
+    // The base is rewritten, a block at a time, all through the move: a
+    // block found and then rewritten before its extents are shared must
+    // not arrive as rewritten.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (b, stop) = (t.base.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && n < 10_000_000 {
+                let block = (n * 7919) % (64 * MIB / 4096);
+                b.write_at(block * 4096, &noise(4096, n + 1000), false)
+                    .unwrap();
+                n += 1;
+                // Out of the gate most of the time, so that blocks are
+                // found between its writes.
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            n
+        })
+    };
+    let r = t.migrate();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rewritten = writer.join().unwrap();
+    let copy = t.dst.state.pool.get("vm").unwrap();
+    assert_eq!(
+        sha(t.vm.data_path()),
+        sha(copy.data_path()),
+        "{rewritten} blocks rewritten; {:?}",
+        r.chunks
+    );
+}
+
 #[test]
 fn index_off_sends_every_nonzero_block() {
     let dir = tempfile::tempdir().unwrap();

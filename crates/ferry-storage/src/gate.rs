@@ -16,6 +16,10 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Default)]
 pub struct WriteGate {
     inside: AtomicU64,
+    /// Writers let in since the volume was opened: counted after `inside`,
+    /// so [`WriteGate::quiet_mark`] and [`WriteGate::entered_since`] can
+    /// tell that no write landed in a window.
+    entered: AtomicU64,
     paused: AtomicBool,
     /// Delay added to every write, in microseconds (0: none).
     throttle_us: AtomicU64,
@@ -64,6 +68,7 @@ impl WriteGate {
         loop {
             self.inside.fetch_add(1, Ordering::SeqCst);
             if !self.paused.load(Ordering::SeqCst) {
+                self.entered.fetch_add(1, Ordering::SeqCst);
                 return WriteTicket { gate: self };
             }
             self.back_out();
@@ -85,6 +90,7 @@ impl WriteGate {
             self.back_out();
             return None;
         }
+        self.entered.fetch_add(1, Ordering::SeqCst);
         Some(WriteTicket { gate: self })
     }
 
@@ -126,6 +132,22 @@ impl WriteGate {
             }
         }
         true
+    }
+
+    /// A mark for [`WriteGate::entered_since`], or `None` while a writer is
+    /// inside (its write may land at any time). A write that lands after
+    /// the mark was entered after it: read `entered`, then `inside`; a
+    /// writer raises `inside` before it counts itself in `entered`, so a
+    /// writer counted before the mark is seen inside unless it has left.
+    pub fn quiet_mark(&self) -> Option<u64> {
+        let entered = self.entered.load(Ordering::SeqCst);
+        (self.inside.load(Ordering::SeqCst) == 0).then_some(entered)
+    }
+
+    /// Whether a writer has been let in since `mark` (of
+    /// [`WriteGate::quiet_mark`]): if not, nothing was written in between.
+    pub fn entered_since(&self, mark: u64) -> bool {
+        self.entered.load(Ordering::SeqCst) != mark
     }
 
     /// Let writers in again.
@@ -189,6 +211,26 @@ mod tests {
         gate.resume();
         writer.join().unwrap();
         assert_eq!(done.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_quiet_mark_sees_every_writer_inside_or_let_in_after_it() {
+        let g = WriteGate::default();
+        let mark = g.quiet_mark().expect("no writer inside");
+        assert!(!g.entered_since(mark));
+        let t = g.enter();
+        assert!(g.quiet_mark().is_none(), "a writer is inside");
+        assert!(g.entered_since(mark));
+        drop(t);
+        let mark = g.quiet_mark().expect("the writer left");
+        drop(g.try_enter());
+        assert!(g.entered_since(mark));
+        // A paused gate lets no one in, so a mark taken then stands.
+        let mark = g.quiet_mark().unwrap();
+        assert!(g.pause(Duration::from_millis(10)));
+        assert!(g.try_enter().is_none());
+        g.resume();
+        assert!(!g.entered_since(mark));
     }
 
     #[test]

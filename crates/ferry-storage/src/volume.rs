@@ -97,6 +97,9 @@ pub struct Volume {
     deleted: AtomicBool,
     /// Cleared when the file system refuses RWF_NOWAIT buffered writes.
     nowait_writes: AtomicBool,
+    /// Cleared when the file system refuses to share extents with another
+    /// file (FICLONERANGE: ext4 does not; XFS with reflink and btrfs do).
+    shares_extents: AtomicBool,
     /// Pauses and throttles writers during a migration.
     gate: Arc<WriteGate>,
     /// Set once the volume has moved to another server: writes fail.
@@ -375,6 +378,7 @@ impl Volume {
             deleted: AtomicBool::new(false),
             holders: Default::default(),
             nowait_writes: AtomicBool::new(true),
+            shares_extents: AtomicBool::new(true),
             gate: Arc::default(),
             slowest_write_us: AtomicU64::new(0),
         })
@@ -774,6 +778,74 @@ impl Volume {
             self.flush()?;
         }
         Ok(())
+    }
+
+    /// A mark of this volume's writes for [`Volume::written_since`]; `None`
+    /// while a write is under way.
+    pub fn write_mark(&self) -> Option<u64> {
+        self.gate.quiet_mark()
+    }
+
+    /// Whether a write may have landed since `mark` (of
+    /// [`Volume::write_mark`]).
+    pub fn written_since(&self, mark: u64) -> bool {
+        self.gate.entered_since(mark)
+    }
+
+    /// Write `[offset, offset+len)` as the same range of `src` at
+    /// `src_offset` by sharing its extents (FICLONERANGE), not copying its
+    /// bytes: both files in one file system that shares extents (XFS with
+    /// reflink, btrfs), offsets and length in whole 4 KiB blocks. Later
+    /// writes to either copy their blocks first. `Ok(false)`: not shared
+    /// (another file system, an RBD image, misaligned), nothing written;
+    /// the caller writes the bytes. The caller checks what it shared:
+    /// read `src` between [`Volume::write_mark`] and
+    /// [`Volume::written_since`] of `src` around this call.
+    pub fn share_from(&self, src: &Volume, src_offset: u64, offset: u64, len: u64) -> Result<bool> {
+        const BLOCK: u64 = 4096;
+        let (Data::File(to), Data::File(from)) = (&self.data, &src.data) else {
+            return Ok(false);
+        };
+        if !self.shares_extents.load(Ordering::Relaxed)
+            || !(src_offset | offset | len).is_multiple_of(BLOCK)
+            || len == 0
+        {
+            return Ok(false);
+        }
+        src.check(src_offset, len, false)?;
+        let _timer = self.write_timer();
+        self.check(offset, len, true)?;
+        let _ticket = self.gate.enter();
+        self.check_not_moved()?;
+        let range = libc::file_clone_range {
+            src_fd: i64::from(from.as_raw_fd()),
+            src_offset,
+            src_length: len,
+            dest_offset: offset,
+        };
+        // SAFETY: FICLONERANGE on a descriptor owned by self.data, reading
+        // `range`, which lives across the call; no memory is written.
+        let r = unsafe { libc::ioctl(to.as_raw_fd(), libc::FICLONERANGE, &range) };
+        if r == 0 {
+            self.mark(offset, len);
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            // Not a file system that shares extents, or not the same one:
+            // this volume writes its bytes from now on.
+            Some(libc::EOPNOTSUPP | libc::ENOTTY | libc::EXDEV | libc::EINVAL) => {
+                self.shares_extents.store(false, Ordering::Relaxed);
+                Ok(false)
+            }
+            // Anything else may have shared part of the range: it is
+            // written over by the caller, so mark it as written.
+            _ => {
+                self.mark(offset, len);
+                tracing::debug!(volume = %self.name, error = %e, "sharing extents failed; writing the bytes");
+                Ok(false)
+            }
+        }
     }
 
     /// Make `[offset, offset+len)` read as zeroes.
