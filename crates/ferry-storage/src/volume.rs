@@ -832,12 +832,15 @@ impl Volume {
         }
         let e = std::io::Error::last_os_error();
         match e.raw_os_error() {
-            // Not a file system that shares extents, or not the same one:
-            // this volume writes its bytes from now on.
-            Some(libc::EOPNOTSUPP | libc::ENOTTY | libc::EXDEV | libc::EINVAL) => {
+            // Not a file system that shares extents: this volume writes
+            // its bytes from now on.
+            Some(libc::EOPNOTSUPP | libc::ENOTTY) => {
                 self.shares_extents.store(false, Ordering::Relaxed);
                 Ok(false)
             }
+            // Not the same file system (an external file), or a range it
+            // will not share: nothing was shared; another volume may do.
+            Some(libc::EXDEV | libc::EINVAL) => Ok(false),
             // Anything else may have shared part of the range: it is
             // written over by the caller, so mark it as written.
             _ => {
