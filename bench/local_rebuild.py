@@ -26,14 +26,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+from evidence_rigs import cpu_seconds  # noqa: E402
 from migration_peers import Daemon  # noqa: E402
-
-
-def cpu_s(pid):
-    """User and system CPU seconds of process `pid`."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from vm_peers import trust  # noqa: E402
 
 
 def fs_type(path):
@@ -42,16 +37,11 @@ def fs_type(path):
 
 def one_move(binary, work, base, image):
     """One move with `binary`; (seconds, source CPU s, destination CPU s, report)."""
-    common.FERRY = binary
-    import migration_peers
-    migration_peers.FERRY = binary
     pa, pb = os.path.join(work, "a"), os.path.join(work, "b")
     for p in (pa, pb):
         shutil.rmtree(p, ignore_errors=True)
-        subprocess.run([binary, "certs", "show", "--pool", p], check=True, capture_output=True)
-    subprocess.run([binary, "certs", "trust", f"{pb}/tls/cert.pem", "--pool", pa], check=True, capture_output=True)
-    subprocess.run([binary, "certs", "trust", f"{pa}/tls/cert.pem", "--pool", pb], check=True, capture_output=True)
-    src, dst = Daemon(pa), Daemon(pb, migrate=True)
+    trust(pa, pb)
+    src, dst = Daemon(pa, binary=binary), Daemon(pb, migrate=True, binary=binary)
     try:
         dst.ferry("volume", "create", "base", "--size", str(os.path.getsize(base)))
         dst.ferry("volume", "import", "base", base)
@@ -60,11 +50,11 @@ def one_move(binary, work, base, image):
         subprocess.run(["sync"], check=True)
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3")
-        c0 = cpu_s(src.proc.pid), cpu_s(dst.proc.pid)
+        c0 = cpu_seconds(src.proc.pid), cpu_seconds(dst.proc.pid)
         t = time.time()
         rep = json.loads(src.ferry("migrate", "vm", "--to", f"127.0.0.1:{dst.mig}", "--json"))
         secs = time.time() - t
-        c1 = cpu_s(src.proc.pid), cpu_s(dst.proc.pid)
+        c1 = cpu_seconds(src.proc.pid), cpu_seconds(dst.proc.pid)
         if rep.get("result") != "switched" or not rep.get("digest", {}).get("matches"):
             raise RuntimeError(f"the move did not switch with matching digests: {rep}")
         return secs, c1[0] - c0[0], c1[1] - c0[1], rep

@@ -109,9 +109,11 @@ class Link:
 
 
 class Daemon:
-    def __init__(self, pool, migrate=False):
+    def __init__(self, pool, migrate=False, binary=None):
+        """`binary`: the ferry build to run (default: FERRY)."""
+        self.bin = binary or FERRY
         self.nbd, self.admin = free_port(), free_port()
-        args = [FERRY, "serve", "--pool", pool, "--nbd", f"127.0.0.1:{self.nbd}",
+        args = [self.bin, "serve", "--pool", pool, "--nbd", f"127.0.0.1:{self.nbd}",
                 "--admin", f"127.0.0.1:{self.admin}"]
         self.mig = None
         if migrate:
@@ -125,7 +127,7 @@ class Daemon:
 
     def ferry(self, *args):
         env = dict(os.environ, FERRY_ADMIN=f"127.0.0.1:{self.admin}")
-        return subprocess.run([FERRY, *args], env=env, check=True, capture_output=True, text=True).stdout
+        return subprocess.run([self.bin, *args], env=env, check=True, capture_output=True, text=True).stdout
 
     def stop(self):
         self.proc.terminate()

@@ -47,6 +47,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -572,7 +573,7 @@ def main():
         rep = r.get("report", {})
         dt = r.get("downtime_ms_qemu", rep.get("downtime_ms_qemu"))
         pause = r.get("pause_ms")
-        sr = r.get("stop_resume_ms", rep.get("guest_pause_ms"))
+        sr = stop_resume_ms(r)
         sw, lg = r.get("switch_gap"), r.get("largest_gap")
         pause = sw["ms"] if sw else pause
         where = f"{lg['ms']} ms ({lg['seen_at_s']:.1f} s)" if lg and lg.get("seen_at_s") is not None else "-"
@@ -586,17 +587,22 @@ def main():
         print_medians(results, a.repeats)
 
 
+def stop_resume_ms(r):
+    """A row's STOP→RESUME: QEMU's stamps for the QEMU peers, the move
+    report's for ferry's."""
+    return r.get("stop_resume_ms", r.get("report", {}).get("guest_pause_ms"))
+
+
 def print_medians(results, repeats):
     """Each peer's median STOP→RESUME per RTT and load over its repeats,
     and the teleport's above the VM-only move's."""
     def pauses(rtt, load, peer):
-        return sorted(r.get("stop_resume_ms", r.get("report", {}).get("guest_pause_ms")) for r in results
-                      if r.get("ok") and (r["rtt"], r["load"], r["peer"]) == (rtt, load, peer)
-                      and r.get("stop_resume_ms", r.get("report", {}).get("guest_pause_ms")) is not None)
+        xs = (stop_resume_ms(r) for r in results
+              if r.get("ok") and (r["rtt"], r["load"], r["peer"]) == (rtt, load, peer))
+        return sorted(x for x in xs if x is not None)
 
     def median(xs):
-        n = len(xs)
-        return None if n == 0 else (xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2)
+        return statistics.median(xs) if xs else None
 
     print(f"\nMedians over {repeats} moves per peer:\n")
     print("| RTT | guest load | peer | moves | STOP→RESUME median (min-max) |")

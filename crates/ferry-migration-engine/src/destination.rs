@@ -455,7 +455,7 @@ impl Receiver {
                 }
             }
         }
-        for (chunk, key, found) in self.fill_local_parallel(deferred)? {
+        for (chunk, key, found) in self.fill_local_runs(deferred)? {
             match found {
                 Some(fp) => {
                     self.table.set(chunk, fp.0);
@@ -492,7 +492,7 @@ impl Receiver {
     /// the same order here (a disk made from a template this site holds);
     /// on up to [`FILL_THREADS`] threads where each I/O waits for the
     /// network, on this one on a page-cached file. The first error ends it.
-    fn fill_local_parallel(
+    fn fill_local_runs(
         &self,
         todo: Vec<(u64, u64)>,
     ) -> Result<Vec<(u64, u64, Option<Fingerprint>)>, MigrationError> {
