@@ -23,6 +23,7 @@ import argparse, json, os, shutil, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import FERRY, ROOT, ensure_ferry, free_port, med, version, wait_port  # noqa: E402
+from evidence_rigs import cpu_seconds  # noqa: E402
 
 ROWS = [  # name, rw, bs, iodepth
     ("4k randread", "randread", "4k", 16),
@@ -67,13 +68,6 @@ class QemuNbd:
     def stop(self):
         self.proc.terminate()
         self.proc.wait(30)
-
-
-def cpu_seconds(pid):
-    """User + system CPU time of a process so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def fio(target, rw, bs, iodepth, runtime, conf):
