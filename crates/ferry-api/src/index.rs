@@ -154,4 +154,10 @@ pub struct LookupAnswer {
     /// the blocks written since the volume arrived where it is.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub copy_tracked: bool,
+    /// A volume a migration brings here shares the extents of the blocks
+    /// the daemon finds in its other volumes instead of writing them (its
+    /// pool's file system shares extents): what it holds costs only a
+    /// read to rebuild.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shares_extents: bool,
 }

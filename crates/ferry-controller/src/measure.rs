@@ -95,6 +95,9 @@ struct Holdings {
     /// arrived where it is by (its daemon here tracked what was written
     /// since): the bytes a return there prints, as a share of the volume.
     printed: BTreeMap<String, f64>,
+    /// Sites where the daemon a move goes to shares the extents of the
+    /// blocks it holds instead of writing them.
+    shares_extents_at: BTreeSet<String>,
 }
 
 impl Holdings {
@@ -205,13 +208,13 @@ fn missing_shares(
     for s in inv.sites.iter().filter(|s| s.name != home.name) {
         // Every daemon of the site is asked; the move goes to the one that
         // holds most, so the site lacks what that one lacks.
-        let mut best: Option<(f64, Option<Vec<u32>>, &StorageRef)> = None;
+        let mut best: Option<(f64, Option<Vec<u32>>, &StorageRef, bool)> = None;
         // The daemon keeping the copy the volume left by the migration
         // it arrived where it is by: a move there is a tracked return.
         let mut tracked: Option<(TrackedReturn, &StorageRef)> = None;
         for there in &s.storage {
-            let (held, lacks) = if sample.fingerprints.is_empty() && identity.is_none() {
-                (0.0, Some(Vec::new()))
+            let (held, lacks, shares) = if sample.fingerprints.is_empty() && identity.is_none() {
+                (0.0, Some(Vec::new()), false)
             } else {
                 let client = AdminClient::with_timeout(&there.admin, HOST_CALL_LIMIT);
                 match client.index_lookup(&sample.fingerprints, identity.as_ref()) {
@@ -229,7 +232,8 @@ fn missing_shares(
                                 )),
                             }
                         }
-                        (a.found as f64 / a.asked.max(1) as f64, a.missing)
+                        let held = a.found as f64 / a.asked.max(1) as f64;
+                        (held, a.missing, a.shares_extents)
                     }
                     Err(e) => {
                         problems.push(format!(
@@ -240,8 +244,8 @@ fn missing_shares(
                     }
                 }
             };
-            if best.as_ref().is_none_or(|(h, _, _)| held > *h) {
-                best = Some((held, lacks, there));
+            if best.as_ref().is_none_or(|(h, ..)| held > *h) {
+                best = Some((held, lacks, there, shares));
             }
         }
         if let Some((t, there)) = tracked {
@@ -253,10 +257,13 @@ fn missing_shares(
             }
             continue;
         }
-        let Some((held, lacks, there)) = best else {
+        let Some((held, lacks, there, shares)) = best else {
             continue;
         };
         out.missing.insert(s.name.clone(), nonzero * (1.0 - held));
+        if shares {
+            out.shares_extents_at.insert(s.name.clone());
+        }
         if let Some(share) = lacks.as_ref().and_then(|l| missing_link_share(&sample, l)) {
             tracing::debug!(
                 %volume,
@@ -904,6 +911,7 @@ pub fn measure(
             missing_at: disk.missing_at(disk_bytes),
             missing_link_at: disk.missing_link_at(disk_bytes),
             copy_at: disk.copy_at.clone(),
+            shares_extents_at: disk.shares_extents_at.clone(),
             printed_at: disk.printed_at(disk_bytes),
             nonzero_share: disk.nonzero,
             disk_link_share: disk.link_share,
@@ -1035,6 +1043,7 @@ mod tests {
             missing: Some(vec![0, 1]),
             holds_copy: false,
             copy_tracked: false,
+            shares_extents: false,
         };
         let t = tracked_cost(&volume, &since, Some(&answer));
         let size = 64.0 * 4096.0;

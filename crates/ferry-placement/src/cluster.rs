@@ -120,6 +120,12 @@ pub struct VmState {
     /// from the site's other blocks).
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub copy_at: BTreeSet<String>,
+    /// Sites whose storage daemon shares the extents of the blocks it
+    /// holds with the volume a move brings (its pool's file system shares
+    /// extents): it rebuilds them at `model::LOCAL_SHARE_BPS`, not
+    /// `model::LOCAL_REBUILD_BPS`.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub shares_extents_at: BTreeSet<String>,
     /// For each site where a disk move prints fewer than the disk's
     /// non-zero bytes, the bytes it prints: a return to the copy the disk
     /// left there, when its daemon here tracked what was written since it
@@ -338,6 +344,7 @@ mod tests {
                 missing_link_at: BTreeMap::new(),
                 printed_at: BTreeMap::new(),
                 copy_at: Default::default(),
+                shares_extents_at: Default::default(),
                 nonzero_share: None,
                 memory_link_share: None,
                 disk_link_share: None,

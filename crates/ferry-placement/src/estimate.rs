@@ -219,6 +219,7 @@ mod tests {
                 missing_link_at: Default::default(),
                 printed_at: Default::default(),
                 copy_at: Default::default(),
+                shares_extents_at: Default::default(),
                 nonzero_share: None,
                 memory_link_share: None,
                 disk_link_share: None,

@@ -43,6 +43,7 @@ pub fn remote_vm(name: &str, iops: f64, latency_ms: f64) -> VmState {
         missing_link_at: Default::default(),
         printed_at: Default::default(),
         copy_at: Default::default(),
+        shares_extents_at: Default::default(),
         nonzero_share: None,
         memory_link_share: None,
         disk_link_share: None,

@@ -148,6 +148,7 @@ fn build(cfg: &SimConfig) -> (Cluster, Vec<bool>) {
                 missing_link_at: Default::default(),
                 printed_at: Default::default(),
                 copy_at: Default::default(),
+                shares_extents_at: Default::default(),
                 nonzero_share: None,
                 memory_link_share: None,
                 disk_link_share: None,

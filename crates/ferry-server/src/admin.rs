@@ -775,6 +775,7 @@ async fn index_lookup(
     // a return there prints only what was written since.
     let copy_tracked =
         copy.is_some_and(|(v, arrived)| arrived.is_some() && v.left_under() == arrived);
+    let shares_extents = s.pool.shares_extents();
     let index = s.index.clone();
     let out = blocking(move || {
         let mut missing = Vec::new();
@@ -789,6 +790,7 @@ async fn index_lookup(
             missing: Some(missing),
             holds_copy,
             copy_tracked,
+            shares_extents,
         })
     })
     .await?;

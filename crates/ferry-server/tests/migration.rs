@@ -223,6 +223,12 @@ fn blocks_the_destination_holds_share_their_extents_where_the_file_system_can() 
     };
     t.vm.write_at(80 * MIB, &noise(4 * MIB as usize, 99), false)
         .unwrap();
+    // The destination tells a controller asking about its index that
+    // what it holds costs it only a read (the model prices it so).
+    let lookup = ferry_api::AdminClient::new(&t.dst.admin.to_string())
+        .index_lookup(&[], None)
+        .unwrap();
+    assert!(lookup.shares_extents, "{lookup:?}");
     let used = t.xfs.used();
     let r = t.migrate();
     assert_eq!(r.chunks.local, 64 * MIB / 4096, "{:?}", r.chunks);

@@ -92,6 +92,9 @@ pub struct Pool {
     readers: RwLock<BTreeMap<String, Arc<Volume>>>,
     /// Shared volumes found idle by the last [`Pool::release_idle`].
     idle: parking_lot::Mutex<std::collections::BTreeSet<String>>,
+    /// The file system under `volumes/` shares extents between files
+    /// (probed at open): see [`Pool::shares_extents`].
+    files_share_extents: bool,
 }
 
 /// Volume and bitmap names: what is safe as a file name and an NBD export name.
@@ -134,6 +137,8 @@ impl Pool {
                 }
             }
         }
+        let files_share_extents =
+            probe_extent_sharing(&vdir.join(format!(".extent-probe-{}", std::process::id())));
         Ok(Pool {
             root: root.to_path_buf(),
             opts,
@@ -141,7 +146,18 @@ impl Pool {
             claiming: Default::default(),
             readers: Default::default(),
             idle: Default::default(),
+            files_share_extents,
         })
+    }
+
+    /// Whether a volume created here shares the extents of blocks it is
+    /// given from another volume of the pool instead of writing them
+    /// ([`Volume::share_from`]): its data goes to a file, and the pool's
+    /// file system shares extents (XFS with reflink, btrfs; not ext4, not
+    /// RBD). A migration's destination then rebuilds the blocks it holds
+    /// at the speed of reading them once, not of copying them.
+    pub fn shares_extents(&self) -> bool {
+        self.files_share_extents && !self.opts.ceph.as_ref().is_some_and(|c| c.default)
     }
 
     /// This daemon's address as a shared gateway, if it is one.
@@ -704,6 +720,33 @@ fn remove_leftover(dir: &Path, ceph: Option<&CephStore>) {
         }
     }
     let _ = fs::remove_dir_all(dir);
+}
+
+/// Whether the file system at `dir` (made for the probe, then removed;
+/// a leftover is a hidden entry that the next open removes) shares a
+/// file's extents with another (FICLONE of a 4 KiB file).
+fn probe_extent_sharing(dir: &Path) -> bool {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let _ = fs::remove_dir_all(dir);
+    let shared = fs::create_dir(dir).is_ok()
+        && (|| -> std::io::Result<bool> {
+            // FICLONE reads the source: open it for reading too.
+            let mut from = fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(dir.join("from"))?;
+            from.write_all(&[0x5a; 4096])?;
+            let to = fs::File::create(dir.join("to"))?;
+            // SAFETY: FICLONE between two descriptors owned by `from` and
+            // `to`, open for the call's duration; no memory is passed.
+            let r = unsafe { libc::ioctl(to.as_raw_fd(), libc::FICLONE, from.as_raw_fd()) };
+            Ok(r == 0)
+        })()
+        .unwrap_or(false);
+    let _ = fs::remove_dir_all(dir);
+    shared
 }
 
 fn preallocate(f: &fs::File, size: u64) -> std::io::Result<()> {

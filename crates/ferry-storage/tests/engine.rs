@@ -165,6 +165,27 @@ fn the_slowest_write_counts_a_wait_at_the_gate_and_starts_again_when_taken() {
 }
 
 #[test]
+fn a_pool_on_a_file_system_that_cannot_share_extents_says_so_and_leaves_no_probe() {
+    // tmpfs shares no extents (FICLONE is refused there).
+    let Ok(d) = tempfile::tempdir_in("/dev/shm") else {
+        eprintln!("skipped: no /dev/shm here");
+        return;
+    };
+    let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+    assert!(!p.shares_extents());
+    // The probe's files are gone: the pool directory holds only volumes.
+    let left: Vec<_> = std::fs::read_dir(d.path().join("volumes"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    p.create("v", &opts(1 << 20)).unwrap();
+    drop(p);
+    let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
+    assert_eq!(p.list().len(), 1);
+}
+
+#[test]
 fn preallocated_and_resize_and_delete() {
     let d = tempfile::tempdir().unwrap();
     let p = Pool::open(d.path(), PoolOptions::default()).unwrap();
