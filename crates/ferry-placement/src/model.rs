@@ -93,11 +93,14 @@ const LAST_ROUND_S: f64 = 0.1;
 pub const VM_PAUSE_PER_GIB_S: f64 = 0.03;
 /// Bytes per second at which the two storage daemons work through the
 /// blocks the destination already holds: the source reads and prints
-/// them, the destination finds, checks and writes them. Not overlapped
-/// with the link: fitted to teleports whose destination held 256 MiB,
-/// 1 GiB and 4 GiB of a disk (beside what crossed the link: 0.4, 2.0-2.7
-/// and 18.9 s; faster while the blocks are in the page cache).
-pub const LOCAL_REBUILD_BPS: f64 = 300e6;
+/// them, the destination finds, checks and writes them a run at a time.
+/// Not overlapped with the link. Refitted 2026-11-29 (stop 62) once the
+/// destination filled runs on files too: three teleports per point whose
+/// destination held 256 MiB to 16 GiB of a disk on ext4 (medians 10.8 /
+/// 11.8 / 21.6 / 31.0 / 40.5 s); 480 MB/s puts every median within 13%,
+/// the curve bending below a straight line past 8 GiB
+/// (docs/placement-model.md, "The destination's local rebuild").
+pub const LOCAL_REBUILD_BPS: f64 = 480e6;
 /// The same where the destination's pool shares extents between files
 /// (XFS with reflink, btrfs): it shares the runs it finds instead of
 /// writing them ([`VmState::shares_extents_at`]). Fitted to teleports
