@@ -159,6 +159,27 @@ def ferry_point(work, link, image, mem):
             shutil.rmtree(d, ignore_errors=True)
 
 
+def qemu_point(work, link, image, p):
+    """QEMU's copy-storage of the point's guest, run first, its source
+    guest on the image itself (it adds its records to the file system,
+    which then go to both of ferry's sites alike), so that no point holds
+    its data more than three times. FERRY_SCALE_FERRY_ONLY=1 leaves it out
+    (runs that fit the model; not for the evidence)."""
+    def failed(why):
+        return {"seconds": None, "bytes": None, "pause_ms": None, "error": why, "first": True}
+    if os.environ.get("FERRY_SCALE_FERRY_ONLY"):
+        return failed("not run (FERRY_SCALE_FERRY_ONLY)")
+    os.sync()  # the image's writing is set-up, not the move's
+    try:
+        q = run_qemu_native(work, link, image.path, "idle", mem=f"{p['mem']}M",
+                            append=cmdline(p["mem"]), boot_secs=120 + p["mem"] // 8,
+                            limit_s=QEMU_LIMIT_S, copy_mode="write-blocking", in_place=True)
+    except TimeoutError as e:
+        return failed(str(e))
+    return {"seconds": q["seconds"], "bytes": q["bytes"], "pause_ms": q["stop_resume_ms"],
+            "multifd": MULTIFD_CHANNELS, "first": True}
+
+
 def exp_scale(ctx):
     """Teleport time, bytes and pause against memory, disk data and RTT."""
     if not os.path.exists(os.path.join(GUEST, "vmlinuz")):
@@ -193,22 +214,7 @@ def exp_scale(ctx):
             image = DiskImage(work, p["held"], p["lacks"])
             link = Link(work, MBIT, p["rtt"])
             try:
-                # QEMU first, its source guest on the image itself (it adds
-                # its records to the file system, which then go to both of
-                # ferry's sites alike), so that no point holds its data more
-                # than three times. FERRY_SCALE_FERRY_ONLY=1 leaves QEMU out
-                # (runs that fit the model; not for the evidence).
-                try:
-                    if os.environ.get("FERRY_SCALE_FERRY_ONLY"):
-                        raise TimeoutError("not run (FERRY_SCALE_FERRY_ONLY)")
-                    os.sync()  # the image's writing is set-up, not the move's
-                    q = run_qemu_native(work, link, image.path, "idle", mem=f"{p['mem']}M",
-                                        append=cmdline(p["mem"]), boot_secs=120 + p["mem"] // 8,
-                                        limit_s=QEMU_LIMIT_S, copy_mode="write-blocking", in_place=True)
-                    q = {"seconds": q["seconds"], "bytes": q["bytes"], "pause_ms": q["stop_resume_ms"],
-                         "multifd": MULTIFD_CHANNELS, "first": True}
-                except TimeoutError as e:
-                    q = {"seconds": None, "bytes": None, "pause_ms": None, "error": str(e), "first": True}
+                q = qemu_point(work, link, image, p)
                 try:
                     f = ferry_point(work, link, image, p["mem"])
                 except RuntimeError as e:

@@ -723,12 +723,12 @@ fn remove_leftover(dir: &Path, ceph: Option<&CephStore>) {
 }
 
 /// Whether the file system at `dir` (made for the probe, then removed;
-/// a leftover is a hidden entry that the next open removes) shares a
-/// file's extents with another (FICLONE of a 4 KiB file).
+/// a leftover is a hidden entry that the next open removes, as it did
+/// before this probe) shares a file's extents with another (FICLONE of
+/// a 4 KiB file).
 fn probe_extent_sharing(dir: &Path) -> bool {
     use std::io::Write;
     use std::os::fd::AsRawFd;
-    let _ = fs::remove_dir_all(dir);
     let shared = fs::create_dir(dir).is_ok()
         && (|| -> std::io::Result<bool> {
             // FICLONE reads the source: open it for reading too.
