@@ -21,6 +21,8 @@ pub struct WriteGate {
     /// tell that no write landed in a window.
     entered: AtomicU64,
     paused: AtomicBool,
+    /// Writers held at the paused gate, waiting to go in.
+    waiting: AtomicU64,
     /// Delay added to every write, in microseconds (0: none).
     throttle_us: AtomicU64,
     lock: Mutex<()>,
@@ -73,9 +75,11 @@ impl WriteGate {
             }
             self.back_out();
             let mut g = self.lock.lock();
+            self.waiting.fetch_add(1, Ordering::SeqCst);
             while self.paused.load(Ordering::SeqCst) {
                 self.cv.wait(&mut g);
             }
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -155,6 +159,11 @@ impl WriteGate {
         let _g = self.lock.lock();
         self.paused.store(false, Ordering::SeqCst);
         self.cv.notify_all();
+    }
+
+    /// How many writers are held at the paused gate right now.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::SeqCst)
     }
 
     pub fn is_paused(&self) -> bool {

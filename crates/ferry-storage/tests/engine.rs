@@ -157,6 +157,16 @@ fn the_slowest_write_counts_a_wait_at_the_gate_and_starts_again_when_taken() {
     assert!(v.gate().pause(std::time::Duration::from_secs(1)));
     let v2 = v.clone();
     let writer = std::thread::spawn(move || v2.write_at(4096, &[2u8; 4096], false));
+    // Hold the writer 150 ms once it waits at the gate (however late a
+    // loaded machine starts its thread).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while v.gate().waiting() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writer never reached the gate"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     std::thread::sleep(std::time::Duration::from_millis(150));
     v.gate().resume();
     writer.join().unwrap().unwrap();
