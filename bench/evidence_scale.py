@@ -109,6 +109,11 @@ def ferry_point(work, link, image, mem):
         sb.ferry("volume", "create", "sibling", "--size", str(image.size))
         sb.ferry("volume", "import", "sibling", image.path)
         os.unlink(image.path)  # the volumes hold it now
+        # Both indexes done with the imports (B's finds its held blocks,
+        # A's keeps the prints its source sends unread), as for disks that
+        # have sat at their sites a while.
+        sa.wait_indexed("root")
+        sb.wait_indexed("sibling")
         # The imports' dirty pages written back now, not during the move
         # (up to the kernel's dirty limit, several GB: a cost that would
         # not grow with the disk's data and would bend its curve).

@@ -52,6 +52,8 @@ def one_move(binary, work, base, image):
         dst.ferry("volume", "import", "base", base)
         src.ferry("volume", "create", "vm", "--size", str(os.path.getsize(image)))
         src.ferry("volume", "import", "vm", image)
+        dst.wait_indexed("base")
+        src.wait_indexed("vm")
         subprocess.run(["sync"], check=True)
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3")

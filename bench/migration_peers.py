@@ -129,6 +129,19 @@ class Daemon:
         env = dict(os.environ, FERRY_ADMIN=f"127.0.0.1:{self.admin}")
         return subprocess.run([self.bin, *args], env=env, check=True, capture_output=True, text=True).stdout
 
+    def wait_indexed(self, volume, secs=1800):
+        """Until the daemon's index holds `volume` (an import's scan runs in
+        the background) with its prints in block order where the build
+        keeps them: as a volume that has sat at its site a while."""
+        end = time.time() + secs
+        while time.time() < end:
+            st = json.loads(http("GET", f"http://127.0.0.1:{self.admin}/v1/index"))
+            v = next((v for v in st["volumes"] if v["volume"] == volume), None)
+            if v is not None and v.get("prints", True):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{volume} was not indexed in {secs} s")
+
     def stop(self):
         self.proc.terminate()
         self.proc.wait()

@@ -9,6 +9,10 @@ pub struct VolumeIndexStatus {
     pub entries: u64,
     pub memory_bytes: u64,
     pub volume_size: u64,
+    /// Its prints in block order are complete: a migration from here
+    /// prints what was not written since without reading it.
+    #[serde(default)]
+    pub prints: bool,
 }
 
 /// `GET /v1/index`.

@@ -304,6 +304,10 @@ pub struct ReportChunks {
     /// printed nor sent (`destination_copy: returned_tracked`).
     #[serde(default)]
     pub unchanged: u64,
+    /// Printed from the source's index (its prints of blocks not written
+    /// since they were hashed) without being read there.
+    #[serde(default)]
+    pub unread: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -171,8 +171,8 @@ fn print_summary(r: &Report) {
         human(b.protocol),
     );
     println!(
-        "  chunks: {} total, {} zero, {} local, {} resumed, {} unchanged, {} sent, {} resent dirty",
-        ch.total, ch.zero, ch.local, ch.resumed, ch.unchanged, ch.sent, ch.dirty_resent,
+        "  chunks: {} total, {} zero, {} local, {} resumed, {} unchanged, {} sent, {} resent dirty, {} printed unread",
+        ch.total, ch.zero, ch.local, ch.resumed, ch.unchanged, ch.sent, ch.dirty_resent, ch.unread,
     );
     if r.destination_copy != ferry_api::DestinationCopy::New {
         println!("  destination filled {}", r.destination_copy.describe());

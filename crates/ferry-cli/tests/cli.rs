@@ -972,3 +972,117 @@ fn vm_seed_writes_a_nocloud_disk() {
         assert!(!o.status.success() && err.contains(says), "{a:?}: {err}");
     }
 }
+
+/// Wait until the index of the daemon at `admin` keeps complete prints of
+/// `volume` (its import's scan is done).
+fn wait_for_prints(admin: &str, volume: &str) {
+    let t = Instant::now();
+    loop {
+        let j: serde_json::Value = ureq::get(&format!("http://{admin}/v1/index"))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+        let has = j["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["volume"] == volume && v["prints"] == true);
+        if has {
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "never indexed: {j}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A source prints from its index what nothing wrote since it was hashed,
+/// without reading it: across a clean restart it still does (the written
+/// blocks' marks were saved), and after kill -9 it trusts none of those
+/// prints (its volumes' bitmaps come back all dirty) and reads everything.
+/// Every write arrives either way. The source never re-hashes here
+/// (`[index] refresh_interval_ms = 0`), so only the marks say what changed.
+#[test]
+fn a_source_prints_unread_only_what_no_write_or_crash_has_put_in_doubt() {
+    if !have("qemu-io") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (pa, pb) = (d.path().join("a"), d.path().join("b"));
+    let mig = format!("127.0.0.1:{}", free_port());
+    let (src_nbd, src_admin) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let cfg = d.path().join("source.toml");
+    std::fs::write(&cfg, "[index]\nrefresh_interval_ms = 0\n").unwrap();
+    let cfg = cfg.to_str().unwrap().to_string();
+    let start_source = || Serve::start_on(&pa, &src_nbd, &src_admin, &["--config", &cfg]);
+    let src = start_source();
+    let _dst = Serve::start_on(
+        &pb,
+        &format!("127.0.0.1:{}", free_port()),
+        &format!("127.0.0.1:{}", free_port()),
+        &["--migrate", &mig],
+    );
+    trust_each_other(&pa, &pb);
+    let img = d.path().join("img");
+    let data = noise_image(&img, 8 << 20, 0x9e37_79b9_7f4a_7c15);
+    for v in ["kept", "killed"] {
+        src.ferry(&["volume", "create", v, "--size", "8M"]);
+        src.ferry(&["volume", "import", v, img.to_str().unwrap()]);
+        wait_for_prints(&src_admin, v);
+    }
+    let write = |volume: &str, pattern: u8, at: usize| {
+        let out = Command::new("qemu-io")
+            .args([
+                "-f",
+                "raw",
+                &format!("nbd://{src_nbd}/{volume}"),
+                "-c",
+                &format!("write -P {pattern} {at} 64k"),
+                "-c",
+                "flush",
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    let migrate = |volume: &str| -> serde_json::Value {
+        let out = Command::new(FERRY)
+            .args(["migrate", volume, "--to", &mig, "--json"])
+            .env("FERRY_ADMIN", &src_admin)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["result"], "switched", "{r}");
+        r
+    };
+    let arrived = |volume: &str, writes: &[(u8, usize)]| {
+        let mut want = data.clone();
+        for &(p, at) in writes {
+            want[at..at + 65536].fill(p);
+        }
+        let got = std::fs::read(pb.join(format!("volumes/{volume}/data.raw"))).unwrap();
+        assert!(
+            got[..want.len()] == want[..],
+            "{volume} arrived other than written"
+        );
+    };
+    write("kept", 0x63, 1 << 20);
+    write("killed", 0x63, 1 << 20);
+    // A clean stop saves the marks: all but the 16 written blocks print unread.
+    src.terminate();
+    let src = start_source();
+    let r = migrate("kept");
+    assert_eq!(r["chunks"]["unread"], 2048 - 16, "{r}");
+    arrived("kept", &[(0x63, 1 << 20)]);
+    // kill -9: nothing is trusted; every block is read and hashed again.
+    write("killed", 0x64, 2 << 20);
+    src.kill9();
+    let _src = start_source();
+    let r = migrate("killed");
+    assert_eq!(r["chunks"]["unread"], 0, "{r}");
+    arrived("killed", &[(0x63, 1 << 20), (0x64, 2 << 20)]);
+}

@@ -13,8 +13,12 @@
 //!   the page cache keeps the hot part.
 //! - Zero blocks are never indexed: they travel as intervals.
 //! - [`scan`] hashes a volume with every core, reading large sequential chunks.
+//! - Beside each run, the volume's prints in block order ([`prints`]): what
+//!   a migration's source sends for blocks not written since they were
+//!   hashed, without reading them.
 
 pub mod pool;
+pub mod prints;
 pub mod run;
 pub mod scan;
 pub mod similarity;
@@ -22,9 +26,15 @@ pub mod similarity;
 use thiserror::Error;
 
 pub use pool::{IndexStatus, PoolIndex};
+pub use prints::{PrintsView, VolumePrints};
 pub use run::{RunLookup, VolumeRun};
 pub use scan::{scan_file, scan_source, BlockSource, ScanPace, ScanStats};
 pub use similarity::{similarity, SimilarityPoint};
+
+/// The persistent dirty bitmap (at the index's block size) that marks
+/// every block of a volume written since the index last hashed it: what
+/// the indexer re-hashes, and what a volume's prints are not current for.
+pub const INDEX_BITMAP: &str = "ferry-index";
 
 /// Smallest and largest supported block sizes.
 pub const MIN_BLOCK: u32 = 512;

@@ -1,8 +1,10 @@
 //! The index of a whole pool: one [`VolumeRun`] per volume under
-//! `<pool>/index/<volume>.fidx`, looked up together.
+//! `<pool>/index/<volume>.fidx`, looked up together, and each volume's
+//! prints in block order beside it (`<volume>.fprt`, [`VolumePrints`]).
 
+use crate::prints::{entry_of, PrintsView, VolumePrints, ENTRY};
 use crate::run::VolumeRun;
-use crate::scan::{scan_source, BlockSource, ScanPace};
+use crate::scan::{scan_blocks, BlockSource, ScanPace};
 use crate::{check_block_size, Fingerprint, IndexError, ScanStats};
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
@@ -19,6 +21,8 @@ pub struct VolumeIndexStatus {
     pub entries: u64,
     pub memory_bytes: u64,
     pub volume_size: u64,
+    /// Its prints in block order are complete ([`PoolIndex::with_prints`]).
+    pub prints: bool,
 }
 
 /// What `ferry index status` shows.
@@ -79,6 +83,8 @@ pub struct PoolIndex {
     dir: PathBuf,
     block_size: u32,
     runs: RwLock<BTreeMap<String, Arc<VolumeIndex>>>,
+    /// Each volume's prints in block order: complete, or being built.
+    prints: Mutex<HashMap<String, Arc<VolumePrints>>>,
     lookups: AtomicU64,
     hits: AtomicU64,
 }
@@ -97,15 +103,14 @@ impl PoolIndex {
         check_block_size(block_size)?;
         std::fs::create_dir_all(dir).map_err(|e| IndexError::io("mkdir", dir, e))?;
         let mut runs = BTreeMap::new();
+        let mut prints = HashMap::new();
         for entry in std::fs::read_dir(dir).map_err(|e| IndexError::io("readdir", dir, e))? {
             let entry = entry.map_err(|e| IndexError::io("readdir", dir, e))?;
             let path = entry.path();
-            if path.extension().and_then(|e| e.to_str()) == Some("tmp") {
-                // A run whose writing a crash cut short.
+            let ext = path.extension().and_then(|e| e.to_str());
+            if ext == Some("tmp") {
+                // A run or prints whose writing a crash cut short.
                 let _ = std::fs::remove_file(&path);
-                continue;
-            }
-            if path.extension().and_then(|e| e.to_str()) != Some("fidx") {
                 continue;
             }
             let Some(name) = path
@@ -115,6 +120,15 @@ impl PoolIndex {
             else {
                 continue;
             };
+            if ext == Some("fprt") {
+                if let Some(p) = VolumePrints::open(&path, block_size) {
+                    prints.insert(name, Arc::new(p));
+                }
+                continue;
+            }
+            if ext != Some("fidx") {
+                continue;
+            }
             match VolumeRun::open(&path) {
                 Ok(r) if r.block_size() == block_size => {
                     runs.insert(name, volume_index(r));
@@ -128,6 +142,7 @@ impl PoolIndex {
             dir: dir.to_path_buf(),
             block_size,
             runs: RwLock::new(runs),
+            prints: Mutex::new(prints),
             lookups: AtomicU64::new(0),
             hits: AtomicU64::new(0),
         })
@@ -159,7 +174,7 @@ impl PoolIndex {
     }
 
     /// (Re)build the run of one volume from `source` (`what` names it in
-    /// errors).
+    /// errors), and its prints in block order.
     pub fn rebuild_from(
         &self,
         volume: &str,
@@ -167,28 +182,148 @@ impl PoolIndex {
         what: &Path,
         pace: ScanPace,
     ) -> Result<ScanStats, IndexError> {
-        let (mut entries, stats) = scan_source(source, what, self.block_size, pace)?;
-        let run = VolumeRun::write(
-            &self.dir.join(format!("{volume}.fidx")),
-            self.block_size,
-            stats.bytes,
-            &mut entries,
-        )?;
+        let size = source
+            .byte_len()
+            .map_err(|e| IndexError::io("stat", what, e))?;
+        let prints = self.begin_prints(volume, size)?;
+        let mut entries = Vec::new();
+        let mut row = Vec::new();
+        let mut unwritten = None;
+        let scanned = scan_blocks(source, what, size, self.block_size, pace, |first, ps| {
+            for (i, p) in ps.iter().enumerate() {
+                if let Some(p) = p {
+                    entries.push((p.key(), first + i as u64));
+                }
+            }
+            if unwritten.is_none() {
+                row.clear();
+                row.extend(ps.iter().map(|p| entry_of(p.as_ref())));
+                unwritten = write_scanned(&prints, first, &row).err();
+            }
+        });
+        let built = scanned.and_then(|stats| {
+            let run = VolumeRun::write(
+                &self.dir.join(format!("{volume}.fidx")),
+                self.block_size,
+                stats.bytes,
+                &mut entries,
+            )?;
+            Ok((run, stats))
+        });
+        let (run, stats) = match built {
+            Ok(b) => b,
+            Err(e) => {
+                self.drop_prints(volume, &prints);
+                return Err(e);
+            }
+        };
         self.runs
             .write()
             .insert(volume.to_string(), volume_index(run));
+        match unwritten {
+            None => self.seal_prints(volume, &prints),
+            Some(e) => {
+                tracing::warn!(volume, error = %e, "the volume's prints could not be written; its migrations read it whole");
+                self.drop_prints(volume, &prints);
+            }
+        }
         Ok(stats)
+    }
+
+    /// New prints for `volume` (of `size` bytes), being built: the old
+    /// ones are no longer trusted from here on.
+    fn begin_prints(&self, volume: &str, size: u64) -> Result<Arc<VolumePrints>, IndexError> {
+        static BUILD: AtomicU64 = AtomicU64::new(0);
+        let n = BUILD.fetch_add(1, Ordering::Relaxed);
+        let tmp = self
+            .dir
+            .join(format!("{volume}.fprt.{}-{n}.tmp", std::process::id()));
+        let fresh = Arc::new(VolumePrints::create(
+            &self.dir.join(format!("{volume}.fprt")),
+            &tmp,
+            self.block_size,
+            size,
+        )?);
+        let old = self.prints.lock().insert(volume.to_string(), fresh.clone());
+        if let Some(old) = old {
+            spoil(&old);
+        }
+        Ok(fresh)
+    }
+
+    /// A rebuild's prints are whole: seal them and make them the volume's
+    /// file, unless another rebuild or a removal replaced them meanwhile.
+    fn seal_prints(&self, volume: &str, prints: &Arc<VolumePrints>) {
+        let map = self.prints.lock();
+        let mut st = prints.state.write();
+        let current = map.get(volume).is_some_and(|p| Arc::ptr_eq(p, prints));
+        if !current || st.spoiled {
+            drop(st);
+            drop(map);
+            let _ = std::fs::remove_file(prints.file_path());
+            return;
+        }
+        match prints.seal_as_final() {
+            Ok(()) => {
+                st.complete = true;
+                st.refreshed_in_build = None;
+            }
+            Err(_) => {
+                st.spoiled = true;
+                drop(st);
+                drop(map);
+                self.drop_prints(volume, prints);
+            }
+        }
+    }
+
+    /// Forget `prints` (if they are still the volume's) and their file.
+    fn drop_prints(&self, volume: &str, prints: &Arc<VolumePrints>) {
+        let mut map = self.prints.lock();
+        if map.get(volume).is_some_and(|p| Arc::ptr_eq(p, prints)) {
+            map.remove(volume);
+        }
+        drop(map);
+        spoil(prints);
+    }
+
+    /// Stop trusting the prints of `volume` and remove them: before
+    /// anything clears the marks that say which entries are stale.
+    pub fn forget_prints(&self, volume: &str) {
+        let prints = self.prints.lock().remove(volume);
+        if let Some(p) = prints {
+            spoil(&p);
+        }
+    }
+
+    /// Run `f` on the complete prints of `volume` (built for a volume of
+    /// `volume_size` bytes), under their lock: no refresh takes a block's
+    /// mark or writes its entry until `f` returns, so an entry whose block
+    /// the volume's [`crate::INDEX_BITMAP`] does not mark (checked inside
+    /// `f`) is current. `None`: no such prints, or a refresh holds them
+    /// right now (read the blocks instead).
+    pub fn with_prints<T>(
+        &self,
+        volume: &str,
+        volume_size: u64,
+        f: impl FnOnce(&PrintsView<'_>) -> T,
+    ) -> Option<T> {
+        let p = self.prints.lock().get(volume).cloned()?;
+        if p.volume_size() != volume_size {
+            return None;
+        }
+        let st = p.state.try_read()?;
+        if !st.complete || st.spoiled {
+            return None;
+        }
+        Some(f(&PrintsView { prints: &p }))
     }
 
     /// Re-hash `blocks` of an indexed volume from its backing file (after
     /// they were written) and record them in the volume's delta. Returns how
     /// many blocks were refreshed; 0 if the volume is not indexed.
     pub fn refresh(&self, volume: &str, data: &Path, blocks: &[u64]) -> Result<usize, IndexError> {
-        if !self.contains(volume) {
-            return Ok(0);
-        }
-        let f = File::open(data).map_err(|e| IndexError::io("open", data, e))?;
-        self.refresh_from(volume, &f, data, blocks)
+        self.refresh_file_taken(volume, data, || blocks.to_vec())
     }
 
     /// [`PoolIndex::refresh`] reading from `source` (`what` names it in errors).
@@ -199,35 +334,83 @@ impl PoolIndex {
         what: &Path,
         blocks: &[u64],
     ) -> Result<usize, IndexError> {
+        self.refresh_taken(volume, source, what, || blocks.to_vec())
+    }
+
+    /// [`PoolIndex::refresh_taken`] from the volume's backing file.
+    pub fn refresh_file_taken(
+        &self,
+        volume: &str,
+        data: &Path,
+        take: impl FnOnce() -> Vec<u64>,
+    ) -> Result<usize, IndexError> {
+        if !self.contains(volume) {
+            return Ok(0);
+        }
+        let f = File::open(data).map_err(|e| IndexError::io("open", data, e))?;
+        self.refresh_taken(volume, &f, data, take)
+    }
+
+    /// Re-hash the blocks `take` names (the marks it takes from the
+    /// volume's [`crate::INDEX_BITMAP`]) into the delta and the prints.
+    /// `take` runs under the prints' lock, held until their entries are
+    /// written and synced: a reader of [`PoolIndex::with_prints`] never
+    /// sees a block unmarked whose entry is not yet its print. Should
+    /// hashing or writing fail, the prints are dropped (the delta keeps
+    /// what it had; the caller marks the blocks again).
+    pub fn refresh_taken(
+        &self,
+        volume: &str,
+        source: &dyn BlockSource,
+        what: &Path,
+        take: impl FnOnce() -> Vec<u64>,
+    ) -> Result<usize, IndexError> {
         let Some(vi) = self.runs.read().get(volume).cloned() else {
             return Ok(0);
         };
-        let size = source
-            .byte_len()
-            .map_err(|e| IndexError::io("stat", what, e))?;
-        let bs = u64::from(self.block_size);
-        let mut buf = vec![0u8; self.block_size as usize];
-        let mut keys = Vec::with_capacity(blocks.len());
-        for &b in blocks {
-            let off = b * bs;
-            if off >= size {
-                keys.push((b, None));
-                continue;
-            }
-            let n = usize::try_from(bs.min(size - off)).unwrap_or(usize::MAX);
-            source
-                .read_at(&mut buf[..n], off)
-                .map_err(|e| IndexError::io("read", what, e))?;
-            let blk = &buf[..n];
-            keys.push((
-                b,
-                (!crate::is_zero(blk)).then(|| Fingerprint::of(blk).key()),
-            ));
+        let prints = self.prints.lock().get(volume).cloned();
+        let mut held = prints.as_ref().map(|p| (p, p.state.write()));
+        let blocks = take();
+        if blocks.is_empty() {
+            return Ok(0);
         }
+        let hashed = self.hash_blocks(source, what, &blocks);
+        let written = hashed.as_ref().map_err(|_| ()).and_then(|prints_of| {
+            let Some((p, st)) = held.as_mut() else {
+                return Ok(());
+            };
+            if st.spoiled || (!st.complete && st.refreshed_in_build.is_none()) {
+                return Ok(());
+            }
+            // One write per run of consecutive blocks.
+            let mut run: Vec<[u8; ENTRY]> = Vec::new();
+            let mut first = 0;
+            for (i, &(b, ref fp)) in prints_of.iter().enumerate() {
+                if run.is_empty() {
+                    first = b;
+                }
+                run.push(entry_of(fp.as_ref()));
+                if prints_of.get(i + 1).is_none_or(|next| next.0 != b + 1) {
+                    p.write_run(first, &run).map_err(|_| ())?;
+                    run.clear();
+                }
+                if let Some(r) = st.refreshed_in_build.as_mut() {
+                    r.insert(b);
+                }
+            }
+            p.sync().map_err(|_| ())
+        });
+        if let (Err(()), Some((p, st))) = (written, held.as_mut()) {
+            st.spoiled = true;
+            st.complete = false;
+            let _ = std::fs::remove_file(p.file_path());
+        }
+        drop(held);
+        let keys = hashed?;
         let merge = {
             let mut d = vi.delta.lock();
-            for (b, k) in keys {
-                d.set(b, k);
+            for (b, fp) in keys {
+                d.set(b, fp.map(|f| f.key()));
             }
             d.block_key.len() >= MERGE_AT
         };
@@ -235,6 +418,35 @@ impl PoolIndex {
             self.merge(volume)?;
         }
         Ok(blocks.len())
+    }
+
+    /// Each block's fingerprint (`None`: zeroes or past the end).
+    fn hash_blocks(
+        &self,
+        source: &dyn BlockSource,
+        what: &Path,
+        blocks: &[u64],
+    ) -> Result<Vec<(u64, Option<Fingerprint>)>, IndexError> {
+        let size = source
+            .byte_len()
+            .map_err(|e| IndexError::io("stat", what, e))?;
+        let bs = u64::from(self.block_size);
+        let mut buf = vec![0u8; self.block_size as usize];
+        let mut out = Vec::with_capacity(blocks.len());
+        for &b in blocks {
+            let off = b * bs;
+            if off >= size {
+                out.push((b, None));
+                continue;
+            }
+            let n = usize::try_from(bs.min(size - off)).unwrap_or(usize::MAX);
+            source
+                .read_at(&mut buf[..n], off)
+                .map_err(|e| IndexError::io("read", what, e))?;
+            let blk = &buf[..n];
+            out.push((b, (!crate::is_zero(blk)).then(|| Fingerprint::of(blk))));
+        }
+        Ok(out)
     }
 
     /// Fold every volume's delta into its run (at shutdown: the delta lives
@@ -282,6 +494,7 @@ impl PoolIndex {
         if self.runs.write().remove(volume).is_some() {
             let _ = std::fs::remove_file(self.dir.join(format!("{volume}.fidx")));
         }
+        self.forget_prints(volume);
     }
 
     /// Candidate locations `(volume, block number)` of a block with this
@@ -325,6 +538,19 @@ impl PoolIndex {
     }
 
     pub fn status(&self) -> IndexStatus {
+        let sealed: HashMap<String, bool> = self
+            .prints
+            .lock()
+            .iter()
+            // A refresh holding them: not usable at this moment.
+            .map(|(n, p)| {
+                let usable = p
+                    .state
+                    .try_read()
+                    .is_some_and(|st| st.complete && !st.spoiled);
+                (n.clone(), usable)
+            })
+            .collect();
         let runs = self.runs.read();
         let volumes: Vec<VolumeIndexStatus> = runs
             .iter()
@@ -338,6 +564,7 @@ impl PoolIndex {
                     memory_bytes: vi.run.memory_bytes() as u64
                         + d.block_key.len() as u64 * DELTA_ENTRY_BYTES,
                     volume_size: vi.run.volume_size(),
+                    prints: sealed.get(n).copied().unwrap_or(false),
                 }
             })
             .collect();
@@ -365,10 +592,178 @@ impl PoolIndex {
     }
 }
 
+/// Scanned entries into prints being built, under their lock: blocks a
+/// refresh wrote since the build began keep the refresh's entry.
+fn write_scanned(
+    prints: &VolumePrints,
+    first: u64,
+    entries: &[[u8; ENTRY]],
+) -> Result<(), IndexError> {
+    let st = prints.state.write();
+    let Some(refreshed) = st.refreshed_in_build.as_ref().filter(|r| !r.is_empty()) else {
+        return prints.write_run(first, entries);
+    };
+    let mut start = 0;
+    for i in 0..=entries.len() {
+        if i == entries.len() || refreshed.contains(&(first + i as u64)) {
+            if start < i {
+                prints.write_run(first + start as u64, &entries[start..i])?;
+            }
+            start = i + 1;
+        }
+    }
+    Ok(())
+}
+
+/// Prints no longer kept: untrusted from now on, their file removed.
+fn spoil(prints: &VolumePrints) {
+    let mut st = prints.state.write();
+    st.spoiled = true;
+    st.complete = false;
+    let _ = std::fs::remove_file(prints.file_path());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::prints::ZERO_ENTRY;
     use std::os::unix::fs::FileExt;
+
+    /// The prints of blocks `first..first+n`, if complete.
+    fn prints_of(
+        idx: &PoolIndex,
+        v: &str,
+        size: u64,
+        first: u64,
+        n: usize,
+    ) -> Option<Vec<[u8; 16]>> {
+        idx.with_prints(v, size, |view| {
+            let mut out = vec![[0u8; 16]; n];
+            view.read(first, &mut out).unwrap();
+            out
+        })
+    }
+
+    fn entry(b: &[u8]) -> [u8; 16] {
+        entry_of(Some(&Fingerprint::of(b)))
+    }
+
+    #[test]
+    fn prints_follow_refreshes_survive_a_reopen_and_go_with_the_volume() {
+        let d = tempfile::tempdir().unwrap();
+        let img = d.path().join("v.raw");
+        let f = std::fs::File::create(&img).unwrap();
+        let size = (1 << 20) + 100;
+        f.set_len(size).unwrap();
+        f.write_all_at(&[1u8; 4096], 0).unwrap();
+        f.write_all_at(&[9u8; 100], 1 << 20).unwrap();
+        let dir = d.path().join("index");
+        let idx = PoolIndex::open(&dir, 4096).unwrap();
+        assert!(prints_of(&idx, "v", size, 0, 1).is_none());
+        idx.rebuild("v", &img).unwrap();
+        assert!(idx.status().volumes[0].prints);
+        let p = prints_of(&idx, "v", size, 0, 257).unwrap();
+        assert_eq!(p[0], entry(&[1u8; 4096]));
+        assert_eq!(p[1], ZERO_ENTRY);
+        // The short last block is hashed as it is.
+        assert_eq!(p[256], entry(&[9u8; 100]));
+        // Another size: not these prints.
+        assert!(prints_of(&idx, "v", size + 4096, 0, 1).is_none());
+        f.write_all_at(&[2u8; 4096], 0).unwrap();
+        f.write_all_at(&[3u8; 4096], 4096).unwrap();
+        idx.refresh("v", &img, &[0, 1]).unwrap();
+        let p = prints_of(&idx, "v", size, 0, 2).unwrap();
+        assert_eq!(p, vec![entry(&[2u8; 4096]), entry(&[3u8; 4096])]);
+        drop(idx);
+        let idx = PoolIndex::open(&dir, 4096).unwrap();
+        assert_eq!(
+            prints_of(&idx, "v", size, 0, 2).unwrap()[1],
+            entry(&[3u8; 4096])
+        );
+        // Past the end is refused, not read.
+        assert!(idx
+            .with_prints("v", size, |view| view
+                .read(256, &mut [[0u8; 16]; 2])
+                .is_err())
+            .unwrap());
+        idx.remove("v");
+        assert!(prints_of(&idx, "v", size, 0, 1).is_none());
+        assert!(!dir.join("v.fprt").exists());
+        // A file left incomplete (a rebuild a crash cut short) is not trusted.
+        idx.rebuild("v", &img).unwrap();
+        drop(idx);
+        let mut hdr = std::fs::read(dir.join("v.fprt")).unwrap();
+        hdr[24] = 0;
+        std::fs::write(dir.join("v.fprt"), &hdr).unwrap();
+        let idx = PoolIndex::open(&dir, 4096).unwrap();
+        assert!(prints_of(&idx, "v", size, 0, 1).is_none());
+        assert!(!dir.join("v.fprt").exists());
+        // Nor prints of another block size.
+        idx.rebuild("v", &img).unwrap();
+        drop(idx);
+        let idx = PoolIndex::open(&dir, 512).unwrap();
+        assert!(prints_of(&idx, "v", size, 0, 1).is_none());
+    }
+
+    /// A file whose first read holds until the test lets it go.
+    struct HeldFirstRead {
+        file: std::fs::File,
+        read: std::sync::mpsc::SyncSender<()>,
+        go: Mutex<std::sync::mpsc::Receiver<()>>,
+    }
+
+    impl BlockSource for HeldFirstRead {
+        fn byte_len(&self) -> std::io::Result<u64> {
+            BlockSource::byte_len(&self.file)
+        }
+        fn next_data(&self, offset: u64) -> Option<u64> {
+            Some(offset)
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            self.file.read_exact_at(buf, offset)?;
+            if offset == 0 {
+                let _ = self.read.send(());
+                let _ = self.go.lock().recv();
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_block_refreshed_while_a_rebuild_runs_keeps_the_refresh_s_print() {
+        let d = tempfile::tempdir().unwrap();
+        let img = d.path().join("v.raw");
+        let f = std::fs::File::create(&img).unwrap();
+        f.set_len(16 << 20).unwrap();
+        f.write_all_at(&[1u8; 4096], 0).unwrap();
+        let idx = PoolIndex::open(&d.path().join("index"), 4096).unwrap();
+        idx.rebuild("v", &img).unwrap();
+        let (read_tx, read_rx) = std::sync::mpsc::sync_channel(1);
+        let (go_tx, go_rx) = std::sync::mpsc::sync_channel(1);
+        let src = HeldFirstRead {
+            file: std::fs::File::open(&img).unwrap(),
+            read: read_tx,
+            go: Mutex::new(go_rx),
+        };
+        std::thread::scope(|s| {
+            let rebuild = s.spawn(|| idx.rebuild_from("v", &src, &img, ScanPace::Full).unwrap());
+            // The rebuild has read block 0 (its 1s); it is written over
+            // and refreshed before the rebuild records what it read.
+            read_rx.recv().unwrap();
+            assert!(
+                prints_of(&idx, "v", 16 << 20, 0, 1).is_none(),
+                "trusted while rebuilt"
+            );
+            f.write_all_at(&[2u8; 4096], 0).unwrap();
+            idx.refresh("v", &img, &[0]).unwrap();
+            go_tx.send(()).unwrap();
+            rebuild.join().unwrap();
+        });
+        assert_eq!(
+            prints_of(&idx, "v", 16 << 20, 0, 1).unwrap()[0],
+            entry(&[2u8; 4096])
+        );
+    }
 
     #[test]
     fn rebuilds_of_one_volume_at_once_leave_a_whole_run() {

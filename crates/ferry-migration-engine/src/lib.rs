@@ -282,6 +282,8 @@ pub struct Counters {
     /// as `Same` runs to a destination that kept the copy it left by
     /// that migration.
     pub chunks_unchanged: AtomicU64,
+    /// Chunks printed from the source's index prints, not read.
+    pub chunks_unread: AtomicU64,
     pub chunks_sent: AtomicU64,
     pub chunks_dirty_sent: AtomicU64,
     pub bytes_fingerprints: AtomicU64,
@@ -563,6 +565,11 @@ impl ChunkTable {
 
     pub fn set(&self, i: u64, print: [u8; 32]) {
         self.inner.lock().set(i, short(&print));
+    }
+
+    /// Record the first 16 bytes of a chunk's print (all the table keeps).
+    pub fn set_short(&self, i: u64, print: [u8; 16]) {
+        self.inner.lock().set(i, print);
     }
 
     pub fn set_zero(&self, first: u64, count: u64) {

@@ -9,7 +9,7 @@ use super::converge::{self, ConvergePolicy, RoundStats, Step};
 use super::tls::{server_name, CertStore};
 use super::transport::{BoxStream, Counted, FrameReader, RateLimit};
 use super::{
-    blocking, bulk, coalesce, hex, unexpected, ChunkTable, MigrationError, MigrationId,
+    blocking, bulk, coalesce, hex, idx, short, unexpected, ChunkTable, MigrationError, MigrationId,
     MigrationResult, MigrationRun, Phase, Report, ReportBytes, ReportChunks, ReportDigest,
     ReportThrottle, ReportTime, StorageDaemon,
 };
@@ -261,6 +261,7 @@ async fn migrate(
                 vol: &vol,
                 bm: &bm,
                 chunk,
+                index: state.index(),
             };
             let last = attempts(state, &job).await;
             if let Err(e) = vol.delete_bitmap(&bm_name) {
@@ -315,6 +316,7 @@ async fn migrate(
             dirty_resent: g(&c.chunks_dirty_sent),
             unprinted: g(&c.chunks_unprinted),
             unchanged: g(&c.chunks_unchanged),
+            unread: g(&c.chunks_unread),
         },
         time: ReportTime {
             total_s: run.started.elapsed().as_secs_f64(),
@@ -522,9 +524,76 @@ struct Sender {
     /// ([`ferry_migration::CopyBasis::ReturnedTracked`]): every other
     /// non-zero chunk goes as a `Same` run.
     written_since_arrival: Option<Arc<ferry_storage::DirtyBitmap>>,
+    /// The site's index and the volume's [`ferry_index::INDEX_BITMAP`],
+    /// when the index keeps the volume's prints at the chunk size.
+    indexed: Option<(Arc<ferry_index::PoolIndex>, Arc<DirtyBitmap>)>,
+}
+
+/// The index and bitmap [`Sender::known_prints`] needs, if the volume has
+/// them at this chunk size.
+fn indexed_prints(
+    index: &Arc<ferry_index::PoolIndex>,
+    vol: &Volume,
+    chunk: u32,
+) -> Option<(Arc<ferry_index::PoolIndex>, Arc<DirtyBitmap>)> {
+    let bm = vol.bitmap(ferry_index::INDEX_BITMAP).ok()?;
+    (index.block_size() == chunk && bm.granularity() == chunk).then(|| (index.clone(), bm))
+}
+
+/// A segment's chunks as the index knows them: each one's print entry,
+/// and whether it was written since it was hashed (then it is read).
+struct KnownPrints {
+    entries: Vec<[u8; ferry_index::prints::ENTRY]>,
+    written: Vec<bool>,
 }
 
 impl Sender {
+    /// The index's prints of `n` chunks from `first`, or `None` (no
+    /// current prints: read them all). Under the prints' lock, so an entry
+    /// whose chunk is not marked is its print: a write that lands after
+    /// this look is in the migration's own bitmap and goes in a round.
+    fn known_prints(&self, first: u64, n: usize) -> Option<KnownPrints> {
+        let (index, bm) = self.indexed.as_ref()?;
+        index
+            .with_prints(&self.vol.name(), self.vol.size(), |view| {
+                let mut entries = vec![ferry_index::prints::ZERO_ENTRY; n];
+                view.read(first, &mut entries).ok()?;
+                let written = (first..first + n as u64)
+                    .map(|c| bm.is_dirty(c * self.chunk, self.chunk))
+                    .collect();
+                Some(KnownPrints { entries, written })
+            })
+            .flatten()
+    }
+
+    /// Read what `known` does not vouch for (all of it without `known`)
+    /// into `buf`, the segment at `pos`.
+    fn read_segment(
+        &self,
+        pos: u64,
+        buf: &mut [u8],
+        known: Option<&KnownPrints>,
+    ) -> Result<(), MigrationError> {
+        let Some(k) = known else {
+            self.vol.read_sparse_at(pos, buf)?;
+            return Ok(());
+        };
+        let chunk = usize::try_from(self.chunk).unwrap_or(usize::MAX);
+        for (first, count) in coalesce(
+            k.written
+                .iter()
+                .enumerate()
+                .filter(|(_, w)| **w)
+                .map(|(i, _)| i as u64),
+        ) {
+            let from = idx(first) * chunk;
+            let to = (from + idx(u64::from(count)) * chunk).min(buf.len());
+            self.vol
+                .read_sparse_at(pos + from as u64, &mut buf[from..to])?;
+        }
+        Ok(())
+    }
+
     fn send(&self, o: Outgoing) -> Result<(), MigrationError> {
         self.tx.blocking_send(o).map_err(|_| link_closed())
     }
@@ -641,7 +710,8 @@ impl Sender {
             }
             let seg = SEGMENT.min(size - pos);
             buf.resize(usize::try_from(seg).unwrap_or(usize::MAX), 0);
-            self.vol.read_sparse_at(pos, &mut buf)?;
+            let known = self.known_prints(pos / self.chunk, idx(seg.div_ceil(self.chunk)));
+            self.read_segment(pos, &mut buf, known.as_ref())?;
             let mut off = 0usize;
             while off < buf.len() {
                 let ci = (pos + off as u64) / self.chunk;
@@ -649,7 +719,20 @@ impl Sender {
                 let data = &buf[off..off + n];
                 let written =
                     |a: &ferry_storage::DirtyBitmap| a.is_dirty(pos + off as u64, n as u64);
-                if ferry_index::is_zero(data) {
+                // Its print as the index keeps it (`None`: read and hashed).
+                let kept = known.as_ref().and_then(|kn| {
+                    let i = idx((ci * self.chunk - pos) / self.chunk);
+                    (!kn.written[i]).then_some(kn.entries[i])
+                });
+                if kept.is_some() {
+                    k.chunks_unread.fetch_add(1, Ordering::Relaxed);
+                }
+                let zero = match kept {
+                    Some(e) => e == ferry_index::prints::ZERO_ENTRY,
+                    None => ferry_index::is_zero(data),
+                };
+                let print = || kept.unwrap_or_else(|| short(blake3::hash(data).as_bytes()));
+                if zero {
                     k.chunks_zero.fetch_add(1, Ordering::Relaxed);
                     match entries.last_mut() {
                         Some(PrintEntry::Zero(z)) if *z < u32::MAX => *z += 1,
@@ -664,7 +747,7 @@ impl Sender {
                     // both ends: the destination hashes its own copy. A
                     // write racing this read is in this migration's own
                     // bitmap, and goes in a round.
-                    self.table.set(ci, *blake3::hash(data).as_bytes());
+                    self.table.set_short(ci, print());
                     k.chunks_unchanged.fetch_add(1, Ordering::Relaxed);
                     same_in_frame += 1;
                     match entries.last_mut() {
@@ -672,10 +755,12 @@ impl Sender {
                         _ => entries.push(PrintEntry::Same(1)),
                     }
                 } else {
-                    let p = *blake3::hash(data).as_bytes();
-                    self.table.set(ci, p);
+                    let p = print();
+                    self.table.set_short(ci, p);
                     if printing {
-                        entries.push(PrintEntry::Key(ferry_index::Fingerprint(p).key()));
+                        entries.push(PrintEntry::Key(u64::from_le_bytes(
+                            p[..8].try_into().expect("8 bytes"),
+                        )));
                     } else {
                         // Without fingerprints a gap between entries means
                         // "sent as data".
@@ -802,6 +887,9 @@ struct Job<'a> {
     /// The migration's dirty bitmap (granularity = chunk).
     bm: &'a Arc<DirtyBitmap>,
     chunk: u32,
+    /// This site's index, whose prints of the volume stand in for reading
+    /// what was not written since it was hashed.
+    index: &'a Arc<ferry_index::PoolIndex>,
 }
 
 async fn attempt(
@@ -1047,6 +1135,7 @@ async fn run_phases(
         req,
         vol,
         chunk,
+        index,
         ..
     } = *job;
     let c = &run.counters;
@@ -1062,6 +1151,7 @@ async fn run_phases(
         &c.keys_answered,
         &c.chunks_unprinted,
         &c.chunks_unchanged,
+        &c.chunks_unread,
         &c.chunks_sent,
         &c.chunks_dirty_sent,
         &c.rounds,
@@ -1084,6 +1174,7 @@ async fn run_phases(
             == ferry_migration::CopyBasis::ReturnedTracked as u8)
             .then(|| super::arrival_tracking(vol, chunk).map(|(_, b)| b))
             .flatten(),
+        indexed: indexed_prints(index, vol, chunk),
     });
 
     let (t_start, fingerprints_s, rate) = fingerprint_phase(job, link, in_rx, &sender).await?;
@@ -1218,6 +1309,7 @@ async fn dirty_rounds(
         vol,
         bm,
         chunk,
+        ..
     } = *job;
     let c = &run.counters;
     // Phase 3: dirty rounds until the rest fits the downtime target

@@ -652,6 +652,11 @@ async fn clear_bitmap(
             "bitmap {bm} is what a return trip trusts to be every block written since the volume arrived: clearing it would send a stale volume home (the digest would refuse it); delete it instead, and the next return prints every block"
         )));
     }
+    if bm == crate::indexer::INDEX_BITMAP {
+        return Err(bad(format!(
+            "bitmap {bm} is what the index's prints trust to be every block written since it was hashed: clearing it would make a migration send stale prints; delete it instead, and the volume is indexed again"
+        )));
+    }
     b.clear();
     Ok(Json(bitmap_view(b.info())))
 }
@@ -685,6 +690,7 @@ async fn index_status(State(s): St) -> Json<ferry_api::IndexStatus> {
                 entries: v.entries,
                 memory_bytes: v.memory_bytes,
                 volume_size: v.volume_size,
+                prints: v.prints,
             })
             .collect(),
     })

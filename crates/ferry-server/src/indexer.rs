@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Name of the dirty bitmap reserved for the indexer.
-pub const INDEX_BITMAP: &str = "ferry-index";
+pub use ferry_index::INDEX_BITMAP;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IndexerError {
@@ -28,8 +28,11 @@ pub enum IndexerError {
 }
 
 /// Make sure the volume has its indexer bitmap, and empty it: the scan that
-/// follows covers everything written so far.
+/// follows covers everything written so far. The volume's prints are
+/// dropped first: once its marks are gone, nothing would tell which of
+/// their entries are stale (the rebuild makes new ones).
 fn reset_bitmap(index: &PoolIndex, v: &Volume) -> Result<(), StorageError> {
+    index.forget_prints(&v.name());
     match v.bitmap(INDEX_BITMAP) {
         Ok(b) => {
             b.clear();
@@ -178,23 +181,28 @@ fn refresh_volume(state: &ServerState, v: &Volume) -> Result<usize, IndexerError
         }
         Err(e) => return Err(e.into()),
     };
-    let bs = u64::from(state.index.block_size());
-    let blocks: Vec<u64> = bm.take().into_iter().map(|off| off / bs).collect();
-    if blocks.is_empty() {
+    if bm.dirty_chunks() == 0 {
         return Ok(0);
     }
+    let bs = u64::from(state.index.block_size());
+    // The marks are taken under the prints' lock (see `PoolIndex::refresh_taken`).
+    let mut taken = Vec::new();
+    let take = || {
+        taken = bm.take().into_iter().map(|off| off / bs).collect();
+        taken.clone()
+    };
     let refreshed = if v.on_ceph() {
         state
             .index
-            .refresh_from(&name, &VolumeBlocks(v), v.data_path(), &blocks)
+            .refresh_taken(&name, &VolumeBlocks(v), v.data_path(), take)
     } else {
-        state.index.refresh(&name, v.data_path(), &blocks)
+        state.index.refresh_file_taken(&name, v.data_path(), take)
     };
     match refreshed {
         Ok(n) => Ok(n),
         Err(e) => {
             // Try again next time rather than lose the marks.
-            for b in &blocks {
+            for b in &taken {
                 bm.mark(b * bs, bs);
             }
             Err(e.into())

@@ -105,6 +105,20 @@ fn reserved_bitmaps_and_impossible_sizes_are_refused_and_change_nothing() {
         assert_eq!(e.status(), Some(400), "{name}: {e}");
         assert!(e.to_string().contains("reserved"), "{e}");
     }
+    // The index's own marks are not cleared by hand (its prints trust them).
+    ferry_server::indexer::rebuild_volume(&s.state.index, &s.state.pool.get("v").unwrap()).unwrap();
+    s.state
+        .pool
+        .get("v")
+        .unwrap()
+        .write_at(0, &[7u8; 4096], false)
+        .unwrap();
+    let e = c.clear_bitmap("v", "ferry-index").unwrap_err();
+    assert_eq!(e.status(), Some(400), "{e}");
+    assert!(e.to_string().contains("stale prints"), "{e}");
+    let marks = c.bitmaps("v").unwrap();
+    let index = marks.iter().find(|b| b.name == "ferry-index").unwrap();
+    assert_eq!(index.dirty_bytes, 4096, "{marks:?}");
     // Sizes no file system here holds: 400 with the reason, nothing created.
     for size in [Size::Bytes(1 << 62), Size::Text("9000000T".into())] {
         let e = c

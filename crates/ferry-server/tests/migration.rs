@@ -292,6 +292,55 @@ fn held_blocks_rewritten_while_they_are_shared_arrive_as_the_source_has_them() {
     );
 }
 
+/// The source prints from its index every chunk nothing wrote since the
+/// index hashed it, unread, and reads and hashes the chunks written since:
+/// a chunk changed, one that became a copy of what the destination holds,
+/// one that became zeroes. The copy is the source's either way.
+#[test]
+fn the_source_prints_unread_what_was_not_written_since_it_was_indexed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+    // No re-hashing at the source: the marks stay as the writes left them.
+    let src = TestServer::start_with(&pa, |c| c.index.refresh_interval_ms = 0);
+    let dst = destination(&pb);
+    trust_each_other(&pa, &pb);
+    let base = noise(24 * MIB as usize, 7);
+    let b = dst.create("base", 64 * MIB);
+    b.write_at(0, &base, false).unwrap();
+    ferry_server::indexer::rebuild_volume(&dst.state.index, &b).unwrap();
+    let v = src.create("vm", 64 * MIB);
+    v.write_at(0, &base, false).unwrap();
+    v.write_at(30 * MIB, &noise(MIB as usize, 3), false)
+        .unwrap();
+    ferry_server::indexer::rebuild_volume(&src.state.index, &v).unwrap();
+    // Written after it was indexed: new data over the base, a copy of the
+    // base's first MiB where there was none, zeroes over other data.
+    v.write_at(4 * MIB, &noise(MIB as usize, 5), false).unwrap();
+    v.write_at(48 * MIB, &base[..MIB as usize], false).unwrap();
+    v.write_at(30 * MIB, &vec![0u8; MIB as usize], false)
+        .unwrap();
+    let r = wait(
+        &migrate(&src, request("vm", dst.migration.unwrap().to_string())),
+        Duration::from_secs(120),
+    );
+    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
+    assert!(r.digest.matches);
+    let per_mib = MIB / 4096;
+    assert_eq!(
+        r.chunks.unread,
+        64 * per_mib - 3 * per_mib,
+        "{:?}",
+        r.chunks
+    );
+    assert_eq!(r.chunks.local, 24 * per_mib, "{:?}", r.chunks);
+    assert_eq!(r.chunks.sent, per_mib, "{:?}", r.chunks);
+    assert_eq!(r.chunks.zero, 64 * per_mib - 25 * per_mib, "{:?}", r.chunks);
+    assert_eq!(
+        sha(v.data_path()),
+        sha(dst.state.pool.get("vm").unwrap().data_path())
+    );
+}
+
 #[test]
 fn index_off_sends_every_nonzero_block() {
     let dir = tempfile::tempdir().unwrap();
