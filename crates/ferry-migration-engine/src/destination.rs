@@ -8,7 +8,10 @@
 
 use super::tls::CertStore;
 use super::transport::{send, Counted, FrameReader, WireCounters};
-use super::{blocking, bulk, coalesce, hex, unexpected, ChunkTable, MigrationError, StorageDaemon};
+use super::{
+    blocking, bulk, coalesce, hex, idx, short, unexpected, ChunkTable, MigrationError,
+    StorageDaemon,
+};
 use ferry_api::MigrationId;
 use ferry_index::Fingerprint;
 use ferry_migration::{
@@ -320,6 +323,14 @@ fn keyed(block: &[u8], key: u64) -> Option<Fingerprint> {
     (fp.key() == key).then_some(fp)
 }
 
+/// The first 16 bytes of a chunk's BLAKE3: what the chunk tables keep.
+type Print = [u8; 16];
+
+/// The index key of a print (its first 8 bytes, as [`Fingerprint::key`]).
+fn key_of(p: &Print) -> u64 {
+    u64::from_le_bytes(p[..8].try_into().expect("8 bytes"))
+}
+
 /// What the prints phase found.
 #[derive(Debug, Default)]
 struct FillStats {
@@ -457,8 +468,8 @@ impl Receiver {
         }
         for (chunk, key, found) in self.fill_local_runs(deferred)? {
             match found {
-                Some(fp) => {
-                    self.table.set(chunk, fp.0);
+                Some(p) => {
+                    self.table.set_short(chunk, p);
                     stats.local += 1;
                 }
                 None => want.push((chunk, key)),
@@ -495,7 +506,7 @@ impl Receiver {
     fn fill_local_runs(
         &self,
         todo: Vec<(u64, u64)>,
-    ) -> Result<Vec<(u64, u64, Option<Fingerprint>)>, MigrationError> {
+    ) -> Result<Vec<(u64, u64, Option<Print>)>, MigrationError> {
         if todo.is_empty() {
             return Ok(Vec::new());
         }
@@ -549,7 +560,95 @@ impl Receiver {
     fn fill_run(
         &self,
         run: &[(u64, u64)],
-    ) -> Result<Vec<(u64, u64, Option<Fingerprint>)>, MigrationError> {
+    ) -> Result<Vec<(u64, u64, Option<Print>)>, MigrationError> {
+        let mut out = Vec::with_capacity(run.len());
+        let shared = self.share_unread(run, &mut out)?;
+        if shared < run.len() {
+            out.extend(self.fill_run_read(&run[shared..])?);
+        }
+        Ok(out)
+    }
+
+    /// Share, without reading them, the leading chunks of `run` that one
+    /// volume here holds in a row as its index's prints say, where the
+    /// pool shares extents: the prints are current (the volume's
+    /// [`ferry_index::INDEX_BITMAP`] does not mark them, looked at under
+    /// their lock, after a write mark taken with no writer inside) and
+    /// no write entered the volume until the sharing ended. Pushes their
+    /// prints to `out`; returns how many (0: read and check them).
+    fn share_unread(
+        &self,
+        run: &[(u64, u64)],
+        out: &mut Vec<(u64, u64, Option<Print>)>,
+    ) -> Result<usize, MigrationError> {
+        let index = self.state.index();
+        if !self.state.pool().shares_extents() || u64::from(index.block_size()) != self.chunk {
+            return Ok(0);
+        }
+        let cands = index
+            .lookup_key(run[0].1, MAX_CANDIDATES)
+            .unwrap_or_default();
+        for (name, block) in cands {
+            let Ok(v) = self.state.pool().reader(&name) else {
+                continue;
+            };
+            // A volume another gateway writes: its marks are not ours.
+            if v.shared() && v.read_only() || Arc::ptr_eq(&v, &self.vol) {
+                continue;
+            }
+            let Ok(marks) = v.bitmap(ferry_index::INDEX_BITMAP) else {
+                continue;
+            };
+            let off = block * self.chunk;
+            if u64::from(marks.granularity()) != self.chunk || off >= v.size() {
+                continue;
+            }
+            let Some(mark) = v.write_mark() else {
+                continue;
+            };
+            let n = run.len().min(idx((v.size() - off) / self.chunk));
+            let kept = index
+                .with_prints(&name, v.size(), |view| {
+                    let mut e = vec![ferry_index::prints::ZERO_ENTRY; n];
+                    view.read(block, &mut e).ok()?;
+                    Some(
+                        e.into_iter()
+                            .zip(run)
+                            .enumerate()
+                            .take_while(|&(i, (p, &(_, key)))| {
+                                p != ferry_index::prints::ZERO_ENTRY
+                                    && key_of(&p) == key
+                                    && !marks.is_dirty((block + i as u64) * self.chunk, self.chunk)
+                            })
+                            .map(|(_, (p, _))| p)
+                            .collect::<Vec<Print>>(),
+                    )
+                })
+                .flatten()
+                .unwrap_or_default();
+            if kept.is_empty() {
+                continue;
+            }
+            let len = kept.len() as u64 * self.chunk;
+            if self.vol.share_from(&v, off, run[0].0 * self.chunk, len)? && !v.written_since(mark) {
+                let n = kept.len();
+                for (&(c, k), p) in run.iter().zip(kept) {
+                    out.push((c, k, Some(p)));
+                }
+                return Ok(n);
+            }
+            // Not shared, or written meanwhile: the read path writes what
+            // it checks over whatever was shared.
+            return Ok(0);
+        }
+        Ok(0)
+    }
+
+    /// [`Receiver::fill_run`] by reading and hashing what it finds.
+    fn fill_run_read(
+        &self,
+        run: &[(u64, u64)],
+    ) -> Result<Vec<(u64, u64, Option<Print>)>, MigrationError> {
         let chunk = usize::try_from(self.chunk).unwrap_or(usize::MAX);
         let mut out = Vec::with_capacity(run.len());
         let mut one = vec![0u8; chunk];
@@ -574,7 +673,7 @@ impl Receiver {
         });
         let Some((found, found_off, mark)) = placed else {
             for &(c, k) in run {
-                out.push((c, k, self.fill_local(c, k, &mut one)?));
+                out.push((c, k, self.fill_local(c, k, &mut one)?.map(|f| short(&f.0))));
             }
             return Ok(out);
         };
@@ -584,7 +683,7 @@ impl Receiver {
             let mut prints = Vec::new();
             while i < run.len() {
                 match keyed(&buf[i * chunk..(i + 1) * chunk], run[i].1) {
-                    Some(fp) => prints.push(fp),
+                    Some(fp) => prints.push(short(&fp.0)),
                     None => break,
                 }
                 i += 1;
@@ -609,7 +708,7 @@ impl Receiver {
             }
             if i < run.len() {
                 let (c, k) = run[i];
-                out.push((c, k, self.fill_local(c, k, &mut one)?));
+                out.push((c, k, self.fill_local(c, k, &mut one)?.map(|f| short(&f.0))));
                 i += 1;
             }
         }

@@ -179,13 +179,26 @@ impl HeldOnXfs {
     /// `None` (and says so) where no XFS can be made here; CI installs
     /// xfsprogs and runs as root, so there these tests run.
     fn new(dir: &Path, base: &[u8], size: u64) -> Option<HeldOnXfs> {
+        Self::with_destination(dir, base, size, |_| {})
+    }
+
+    /// [`HeldOnXfs::new`], the destination's configuration changed by `f`.
+    fn with_destination(
+        dir: &Path,
+        base: &[u8],
+        size: u64,
+        f: impl FnOnce(&mut ferry_server::config::Config) + Send + 'static,
+    ) -> Option<HeldOnXfs> {
         let Some(xfs) = XfsMount::new(dir) else {
             eprintln!("skipped: no XFS file system could be made here (needs root, mkfs.xfs and a loop device)");
             return None;
         };
         let (pa, pb) = (dir.join("a"), xfs.0.join("b"));
         let src = TestServer::start(&pa);
-        let dst = destination(&pb);
+        let dst = TestServer::start_with(&pb, move |c| {
+            c.migration.listen = "127.0.0.1:0".into();
+            f(c);
+        });
         trust_each_other(&pa, &pb);
         let b = dst.create("base", base.len() as u64);
         b.write_at(0, base, false).unwrap();
@@ -290,6 +303,75 @@ fn held_blocks_rewritten_while_they_are_shared_arrive_as_the_source_has_them() {
         "{rewritten} blocks rewritten; {:?}",
         r.chunks
     );
+}
+
+/// Write `path`'s pages back and drop them from the page cache.
+fn uncache(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: a valid descriptor; advice only.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(r, 0);
+}
+
+/// Bytes of `path` in the page cache (mincore of a mapping of it): what
+/// was read or written since [`uncache`].
+fn cached(path: &Path) -> u64 {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    // SAFETY: a shared read-only mapping of an open file of `len` bytes,
+    // unmapped below; mincore fills one byte per page of it.
+    unsafe {
+        let m = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(m, libc::MAP_FAILED);
+        let mut pages = vec![0u8; len.div_ceil(4096)];
+        assert_eq!(libc::mincore(m, len, pages.as_mut_ptr()), 0);
+        libc::munmap(m, len);
+        pages.iter().filter(|p| **p & 1 == 1).count() as u64 * 4096
+    }
+}
+
+/// Where the destination's pool shares extents, what it holds under
+/// current index prints is shared without being read (and the source,
+/// indexed too, reads nothing of it either); a run of the base written
+/// since it was indexed (marked, not re-hashed: refreshes off) is not
+/// trusted: read, found changed, and sent by the source.
+#[test]
+fn held_blocks_are_shared_unread_unless_written_since_they_were_indexed() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = noise(64 * MIB as usize, 7);
+    let Some(t) = HeldOnXfs::with_destination(dir.path(), &base, 64 * MIB, |c| {
+        c.index.refresh_interval_ms = 0;
+    }) else {
+        return;
+    };
+    ferry_server::indexer::rebuild_volume(&t.src.state.index, &t.vm).unwrap();
+    t.base
+        .write_at(8 * MIB, &noise(4 * MIB as usize, 11), false)
+        .unwrap();
+    uncache(t.base.data_path());
+    uncache(t.vm.data_path());
+    let r = t.migrate();
+    let per_mib = MIB / 4096;
+    assert_eq!(r.chunks.local, 60 * per_mib, "{:?}", r.chunks);
+    assert_eq!(r.chunks.sent, 4 * per_mib, "{:?}", r.chunks);
+    assert_eq!(r.chunks.unread, 64 * per_mib, "{:?}", r.chunks);
+    // Of the base, only the changed run was read; of the source, only
+    // what was sent: not the 60 MiB shared.
+    let (base_read, vm_read) = (cached(t.base.data_path()), cached(t.vm.data_path()));
+    assert!(base_read <= 16 * MIB, "{base_read} bytes of the base read");
+    assert!(vm_read <= 16 * MIB, "{vm_read} bytes of the source read");
+    let copy = t.dst.state.pool.get("vm").unwrap();
+    assert_eq!(sha(t.vm.data_path()), sha(copy.data_path()));
 }
 
 /// The source prints from its index every chunk nothing wrote since the
