@@ -1029,10 +1029,15 @@ fn index(cmd: IndexCmd, c: &AdminClient) -> Result<()> {
             );
             for v in &s.volumes {
                 println!(
-                    "  {:<24} {:>12} entries  {:>10} RAM",
+                    "  {:<24} {:>12} entries  {:>10} RAM  {}",
                     v.volume,
                     v.entries,
-                    human(v.memory_bytes)
+                    human(v.memory_bytes),
+                    if v.prints {
+                        "prints in block order"
+                    } else {
+                        "no prints (a move reads it whole)"
+                    }
                 );
             }
             Ok(())

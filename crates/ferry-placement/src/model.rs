@@ -92,8 +92,9 @@ const LAST_ROUND_S: f64 = 0.1;
 /// over a flat 60-70 ms (docs/evidence.md, "A teleport at scale").
 pub const VM_PAUSE_PER_GIB_S: f64 = 0.03;
 /// Bytes per second at which the two storage daemons work through the
-/// blocks the destination already holds: the source reads and prints
-/// them, the destination finds, checks and writes them a run at a time.
+/// blocks the destination already holds: the source prints them (from
+/// its index where current, else read), the destination finds, checks
+/// and writes them a run at a time.
 /// Not overlapped with the link. Refitted 2026-11-29 (stop 62) once the
 /// destination filled runs on files too: three teleports per point whose
 /// destination held 256 MiB to 16 GiB of a disk on ext4 (medians 10.8 /
@@ -103,10 +104,13 @@ pub const VM_PAUSE_PER_GIB_S: f64 = 0.03;
 pub const LOCAL_REBUILD_BPS: f64 = 480e6;
 /// The same where the destination's pool shares extents between files
 /// (XFS with reflink, btrfs): it shares the runs it finds instead of
-/// writing them ([`VmState::shares_extents_at`]). Fitted to teleports
-/// whose destination held 256 MiB to 16 GiB of a disk, both sites' pools
-/// on XFS (two runs per point; docs/placement-model.md).
-pub const LOCAL_SHARE_BPS: f64 = 700e6;
+/// writing them ([`VmState::shares_extents_at`]), and since stop 63 does
+/// not read the runs its index prints vouch for, nor does the source
+/// read what its index hashed. Refitted to one run of teleports whose
+/// destination held 256 MiB to 8 GiB of a disk, both sites' pools on XFS
+/// (11.2 / 11.6 / 11.6 / 13.0 s; 700 MB/s before, which over-predicted
+/// the 8 GiB point by 72%; docs/placement-model.md).
+pub const LOCAL_SHARE_BPS: f64 = 2.0e9;
 /// The most raw (uncompressed) bytes per second one move's stream
 /// carries when the link does not bind it: QEMU walks the memory or the
 /// source storage daemon reads the blocks, the tunnel compresses and
