@@ -92,7 +92,7 @@ impl VolumePrints {
             .open(tmp)
             .map_err(|e| IndexError::io("create", tmp, e))?;
         let blocks = volume_size.div_ceil(u64::from(block_size));
-        file.set_len(HEADER + blocks * ENTRY as u64)
+        file.set_len(blocks.saturating_mul(ENTRY as u64).saturating_add(HEADER))
             .map_err(|e| IndexError::io("truncate", tmp, e))?;
         let p = VolumePrints {
             path: path.to_path_buf(),
@@ -120,12 +120,13 @@ impl VolumePrints {
             let u32_at = |o: usize| u32::from_le_bytes(hdr[o..o + 4].try_into().expect("4"));
             let volume_size = u64::from_le_bytes(hdr[16..24].try_into().expect("8"));
             let blocks = volume_size.div_ceil(u64::from(block_size));
+            let want = blocks.checked_mul(ENTRY as u64)?.checked_add(HEADER)?;
             let len = file.metadata().ok()?.len();
             (&hdr[..8] == MAGIC
                 && u32_at(8) == VERSION
                 && u32_at(12) == block_size
                 && hdr[24] == 1
-                && len == HEADER + blocks * ENTRY as u64)
+                && len == want)
                 .then(|| VolumePrints {
                     path: path.to_path_buf(),
                     at: parking_lot::Mutex::new(path.to_path_buf()),
