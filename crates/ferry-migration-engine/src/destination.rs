@@ -596,11 +596,8 @@ impl Receiver {
             if v.shared() && v.read_only() || Arc::ptr_eq(&v, &self.vol) {
                 continue;
             }
-            let Ok(marks) = v.bitmap(ferry_index::INDEX_BITMAP) else {
-                continue;
-            };
             let off = block * self.chunk;
-            if u64::from(marks.granularity()) != self.chunk || off >= v.size() {
+            if off >= v.size() {
                 continue;
             }
             let Some(mark) = v.write_mark() else {
@@ -609,6 +606,12 @@ impl Receiver {
             let n = run.len().min(idx((v.size() - off) / self.chunk));
             let kept = index
                 .with_prints(&name, v.size(), |view| {
+                    // The marks as they are now, under the prints' lock
+                    // (a bitmap deleted and made again is another one).
+                    let marks = v.bitmap(ferry_index::INDEX_BITMAP).ok()?;
+                    if u64::from(marks.granularity()) != self.chunk {
+                        return None;
+                    }
                     let mut e = vec![ferry_index::prints::ZERO_ENTRY; n];
                     view.read(block, &mut e).ok()?;
                     Some(

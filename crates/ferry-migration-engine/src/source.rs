@@ -524,20 +524,9 @@ struct Sender {
     /// ([`ferry_migration::CopyBasis::ReturnedTracked`]): every other
     /// non-zero chunk goes as a `Same` run.
     written_since_arrival: Option<Arc<ferry_storage::DirtyBitmap>>,
-    /// The site's index and the volume's [`ferry_index::INDEX_BITMAP`],
-    /// when the index keeps the volume's prints at the chunk size.
-    indexed: Option<(Arc<ferry_index::PoolIndex>, Arc<DirtyBitmap>)>,
-}
-
-/// The index and bitmap [`Sender::known_prints`] needs, if the volume has
-/// them at this chunk size.
-fn indexed_prints(
-    index: &Arc<ferry_index::PoolIndex>,
-    vol: &Volume,
-    chunk: u32,
-) -> Option<(Arc<ferry_index::PoolIndex>, Arc<DirtyBitmap>)> {
-    let bm = vol.bitmap(ferry_index::INDEX_BITMAP).ok()?;
-    (index.block_size() == chunk && bm.granularity() == chunk).then(|| (index.clone(), bm))
+    /// The site's index, when it hashes blocks of the chunk size (its
+    /// prints of the volume stand in for reading it).
+    indexed: Option<Arc<ferry_index::PoolIndex>>,
 }
 
 /// A segment's chunks as the index knows them: each one's print entry,
@@ -553,9 +542,14 @@ impl Sender {
     /// whose chunk is not marked is its print: a write that lands after
     /// this look is in the migration's own bitmap and goes in a round.
     fn known_prints(&self, first: u64, n: usize) -> Option<KnownPrints> {
-        let (index, bm) = self.indexed.as_ref()?;
+        let index = self.indexed.as_ref()?;
         index
             .with_prints(&self.vol.name(), self.vol.size(), |view| {
+                // The marks as they are now, under the prints' lock.
+                let bm = self.vol.bitmap(ferry_index::INDEX_BITMAP).ok()?;
+                if u64::from(bm.granularity()) != self.chunk {
+                    return None;
+                }
                 let mut entries = vec![ferry_index::prints::ZERO_ENTRY; n];
                 view.read(first, &mut entries).ok()?;
                 let written = (first..first + n as u64)
@@ -1174,7 +1168,7 @@ async fn run_phases(
             == ferry_migration::CopyBasis::ReturnedTracked as u8)
             .then(|| super::arrival_tracking(vol, chunk).map(|(_, b)| b))
             .flatten(),
-        indexed: indexed_prints(index, vol, chunk),
+        indexed: (index.block_size() == chunk).then(|| index.clone()),
     });
 
     let (t_start, fingerprints_s, rate) = fingerprint_phase(job, link, in_rx, &sender).await?;
