@@ -234,9 +234,8 @@ impl VolumePrints {
         self.file
             .read_exact_at(&mut bytes, HEADER + first * ENTRY as u64)
             .map_err(|e| IndexError::io("read", &self.path, e))?;
-        for (e, b) in out.iter_mut().zip(bytes.chunks_exact(ENTRY)) {
-            e.copy_from_slice(b);
-        }
+        let (entries, _) = bytes.as_chunks::<ENTRY>();
+        out.copy_from_slice(entries);
         Ok(())
     }
 }
