@@ -47,6 +47,14 @@ pub fn entry_of(print: Option<&crate::Fingerprint>) -> [u8; ENTRY] {
     e
 }
 
+/// The index key of an entry (its first 8 bytes, as
+/// [`crate::Fingerprint::key`] of the block's fingerprint).
+pub fn key_of(entry: &[u8; ENTRY]) -> u64 {
+    let mut k = [0u8; 8];
+    k.copy_from_slice(&entry[..8]);
+    u64::from_le_bytes(k)
+}
+
 /// What the lock of a volume's prints guards.
 #[derive(Debug, Default)]
 pub(crate) struct PrintsState {

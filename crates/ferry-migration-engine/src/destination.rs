@@ -326,11 +326,6 @@ fn keyed(block: &[u8], key: u64) -> Option<Fingerprint> {
 /// The first 16 bytes of a chunk's BLAKE3: what the chunk tables keep.
 type Print = [u8; 16];
 
-/// The index key of a print (its first 8 bytes, as [`Fingerprint::key`]).
-fn key_of(p: &Print) -> u64 {
-    u64::from_le_bytes(p[..8].try_into().expect("8 bytes"))
-}
-
 /// What the prints phase found.
 #[derive(Debug, Default)]
 struct FillStats {
@@ -620,7 +615,7 @@ impl Receiver {
                             .enumerate()
                             .take_while(|&(i, (p, &(_, key)))| {
                                 p != ferry_index::prints::ZERO_ENTRY
-                                    && key_of(&p) == key
+                                    && ferry_index::prints::key_of(&p) == key
                                     && !marks.is_dirty((block + i as u64) * self.chunk, self.chunk)
                             })
                             .map(|(_, (p, _))| p)

@@ -752,9 +752,7 @@ impl Sender {
                     let p = print();
                     self.table.set_short(ci, p);
                     if printing {
-                        entries.push(PrintEntry::Key(u64::from_le_bytes(
-                            p[..8].try_into().expect("8 bytes"),
-                        )));
+                        entries.push(PrintEntry::Key(ferry_index::prints::key_of(&p)));
                     } else {
                         // Without fingerprints a gap between entries means
                         // "sent as data".
