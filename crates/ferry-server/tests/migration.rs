@@ -1354,7 +1354,10 @@ fn a_return_trip_prints_only_what_was_written_since_and_a_wrong_claim_is_caught(
 
     // A change the tracking did not see (the backing file written behind
     // the daemon's back): the claim is wrong, the digests differ, and the
-    // volume stays at B, whole.
+    // volume stays at B, whole. Nothing marks such a write, so B's index
+    // prints would vouch for the old block too and both digests would
+    // agree on it; it is caught once B's index hashes the volume again
+    // (what `ferry index rebuild` does), as here.
     let at_b = b.state.pool.get("vm").unwrap();
     {
         use std::os::unix::fs::FileExt;
@@ -1364,6 +1367,7 @@ fn a_return_trip_prints_only_what_was_written_since_and_a_wrong_claim_is_caught(
             .unwrap();
         f.write_all_at(&noise(4096, 24), 5 * MIB).unwrap();
     }
+    ferry_server::indexer::rebuild_volume(&b.state.index, &at_b).unwrap();
     let to_a = a.migration.unwrap().to_string();
     let bad = wait(
         &migrate(&b, request("vm", to_a.clone())),
