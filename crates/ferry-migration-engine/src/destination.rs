@@ -545,41 +545,47 @@ impl Receiver {
         })
     }
 
-    /// Fill a run of consecutive chunks: where the first chunk's block is
-    /// found here, the blocks after it are read with it in one read, and
-    /// every span of them that matches its print is written in one write,
-    /// or shares the found volume's extents where the file system can
-    /// (the found volume unwritten from before the read to after the
-    /// sharing, or the span is written after all); the others are looked
-    /// up alone.
+    /// Fill a run of consecutive chunks: the leading chunks the index's
+    /// current prints vouch for are placed unread
+    /// ([`Receiver::place_unread`]); of the rest, where the first chunk's
+    /// block is found here, the blocks after it are read with it in one
+    /// read, and every span of them that matches its print is written in
+    /// one write, or shares the found volume's extents where the file
+    /// system can (the found volume unwritten from before the read to
+    /// after the sharing, or the span is written after all); the others
+    /// are looked up alone.
     fn fill_run(
         &self,
         run: &[(u64, u64)],
     ) -> Result<Vec<(u64, u64, Option<Print>)>, MigrationError> {
         let mut out = Vec::with_capacity(run.len());
-        let shared = self.share_unread(run, &mut out)?;
-        if shared < run.len() {
-            out.extend(self.fill_run_read(&run[shared..])?);
+        let placed = self.place_unread(run, &mut out)?;
+        if placed < run.len() {
+            out.extend(self.fill_run_read(&run[placed..])?);
         }
         Ok(out)
     }
 
-    /// Share, without reading them, the leading chunks of `run` that one
-    /// volume here holds in a row as its index's prints say, where the
-    /// pool shares extents: the prints are current (the volume's
-    /// [`ferry_index::INDEX_BITMAP`] does not mark them, looked at under
-    /// their lock, after a write mark taken with no writer inside) and
-    /// no write entered the volume until the sharing ended. Pushes their
-    /// prints to `out`; returns how many (0: read and check them).
-    fn share_unread(
+    /// Place, without reading or hashing them here, the leading chunks of
+    /// `run` that one volume here holds in a row as its index's prints
+    /// say: shared extents where the pool shares them, else a copy the
+    /// kernel makes (`copy_file_range`). The prints are current (the
+    /// volume's [`ferry_index::INDEX_BITMAP`] does not mark them, looked
+    /// at under their lock, after a write mark taken with no writer
+    /// inside) and no write entered the volume until the placing ended.
+    /// The digest cannot catch a stale print here: both ends agree on it.
+    /// Pushes their prints to `out`; returns how many (0: read and check
+    /// them).
+    fn place_unread(
         &self,
         run: &[(u64, u64)],
         out: &mut Vec<(u64, u64, Option<Print>)>,
     ) -> Result<usize, MigrationError> {
         let index = self.state.index();
-        if !self.state.pool().shares_extents() || u64::from(index.block_size()) != self.chunk {
+        if self.vol.on_ceph() || u64::from(index.block_size()) != self.chunk {
             return Ok(0);
         }
+        let shares = self.state.pool().shares_extents();
         let cands = index
             .lookup_key(run[0].1, MAX_CANDIDATES)
             .unwrap_or_default();
@@ -627,16 +633,18 @@ impl Receiver {
             if kept.is_empty() {
                 continue;
             }
-            let len = kept.len() as u64 * self.chunk;
-            if self.vol.share_from(&v, off, run[0].0 * self.chunk, len)? && !v.written_since(mark) {
+            let (at, len) = (run[0].0 * self.chunk, kept.len() as u64 * self.chunk);
+            let placed = (shares && self.vol.share_from(&v, off, at, len)?)
+                || self.vol.copy_from(&v, off, at, len)?;
+            if placed && !v.written_since(mark) {
                 let n = kept.len();
                 for (&(c, k), p) in run.iter().zip(kept) {
                     out.push((c, k, Some(p)));
                 }
                 return Ok(n);
             }
-            // Not shared, or written meanwhile: the read path writes what
-            // it checks over whatever was shared.
+            // Not placed, or written meanwhile: the read path writes what
+            // it checks over whatever was placed.
             return Ok(0);
         }
         Ok(0)

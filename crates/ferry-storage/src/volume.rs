@@ -851,6 +851,73 @@ impl Volume {
         }
     }
 
+    /// Write `[offset, offset+len)` as a copy of the same range of `src` at
+    /// `src_offset`, the kernel moving the bytes (`copy_file_range`: no
+    /// trip through this process): both raw files, offsets and length in
+    /// whole 4 KiB blocks. `Ok(false)`: not copied (an RBD image,
+    /// misaligned, a pair of files the kernel will not copy between, or a
+    /// copy cut short, then marked as written); the caller writes the
+    /// bytes. The caller checks what was copied as for
+    /// [`Volume::share_from`].
+    pub fn copy_from(&self, src: &Volume, src_offset: u64, offset: u64, len: u64) -> Result<bool> {
+        const BLOCK: u64 = 4096;
+        let (Data::File(to), Data::File(from)) = (&self.data, &src.data) else {
+            return Ok(false);
+        };
+        if !(src_offset | offset | len).is_multiple_of(BLOCK) || len == 0 {
+            return Ok(false);
+        }
+        let (Ok(mut off_in), Ok(mut off_out)) = (
+            libc::off64_t::try_from(src_offset),
+            libc::off64_t::try_from(offset),
+        ) else {
+            return Ok(false);
+        };
+        src.check(src_offset, len, false)?;
+        let _timer = self.write_timer();
+        self.check(offset, len, true)?;
+        let _ticket = self.gate.enter();
+        self.check_not_moved()?;
+        let mut left = len;
+        while left > 0 {
+            let want = usize::try_from(left).unwrap_or(usize::MAX);
+            // SAFETY: both descriptors are owned by the volumes' `data` and
+            // live across the call; the offsets are locals it updates.
+            let r = unsafe {
+                libc::copy_file_range(
+                    from.as_raw_fd(),
+                    &mut off_in,
+                    to.as_raw_fd(),
+                    &mut off_out,
+                    want,
+                    0,
+                )
+            };
+            let Ok(n) = u64::try_from(r) else {
+                let e = std::io::Error::last_os_error();
+                if left == len
+                    && matches!(
+                        e.raw_os_error(),
+                        Some(libc::EXDEV | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS)
+                    )
+                {
+                    // Nothing was copied: the caller writes the bytes.
+                    return Ok(false);
+                }
+                tracing::debug!(volume = %self.name, error = %e, "copying in the kernel failed; writing the bytes");
+                break;
+            };
+            if n == 0 {
+                break;
+            }
+            left = left.saturating_sub(n);
+        }
+        // Whatever part was copied was written: the caller writes the rest
+        // over it when the copy was cut short.
+        self.mark(offset, len);
+        Ok(left == 0)
+    }
+
     /// Make `[offset, offset+len)` read as zeroes.
     pub fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode, fua: bool) -> Result<()> {
         let _timer = self.write_timer();

@@ -280,6 +280,62 @@ fn direct_io_volume_reads_and_writes_aligned() {
     assert!(v.write_at(1, &[0u8; 512], false).is_err());
 }
 
+/// `copy_from` writes the source's bytes where it is told, through the
+/// write gate, marking what it wrote; a misaligned range is refused with
+/// nothing written; a range past either end is an error. With the page
+/// cache and with O_DIRECT (where the file system takes it).
+#[test]
+fn a_copy_made_by_the_kernel_is_the_source_s_bytes_and_marks_what_it_wrote() {
+    for direct_io in [false, true] {
+        let d = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
+        let p = Pool::open(
+            d.path(),
+            PoolOptions {
+                direct_io,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let (src, dst) = match (
+            p.create("src", &opts(1 << 20)),
+            p.create("dst", &opts(1 << 20)),
+        ) {
+            (Ok(s), Ok(t)) => (s, t),
+            (Err(StorageError::Io { source, .. }), _)
+            | (_, Err(StorageError::Io { source, .. }))
+                if direct_io && source.raw_os_error() == Some(libc_einval()) =>
+            {
+                continue
+            }
+            (Err(e), _) | (_, Err(e)) => panic!("{e}"),
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let data: Vec<u8> = (0..1 << 20).map(|_| rng.gen()).collect();
+        src.write_at(0, &data, false).unwrap();
+        let bm = dst.create_bitmap("b", 4096, false).unwrap();
+        let mark = dst.write_mark().unwrap();
+        assert!(dst.copy_from(&src, 64 << 10, 128 << 10, 256 << 10).unwrap());
+        assert!(dst.written_since(mark), "direct_io {direct_io}");
+        let mut got = vec![0u8; 1 << 20];
+        dst.read_at(0, &mut got).unwrap();
+        assert_eq!(got[128 << 10..384 << 10], data[64 << 10..320 << 10]);
+        assert!(got[..128 << 10]
+            .iter()
+            .chain(&got[384 << 10..])
+            .all(|&b| b == 0));
+        assert!(bm.is_dirty(128 << 10, 256 << 10));
+        assert_eq!(bm.dirty_bytes(), 256 << 10, "direct_io {direct_io}");
+
+        bm.clear();
+        assert!(!dst.copy_from(&src, 1, 0, 4096).unwrap());
+        assert!(!dst.copy_from(&src, 0, 4096, 100).unwrap());
+        assert_eq!(bm.dirty_bytes(), 0);
+        assert!(dst.copy_from(&src, 1 << 20, 0, 4096).is_err());
+        assert!(dst.copy_from(&src, 0, (1 << 20) - 4096, 8192).is_err());
+        assert_eq!(bm.dirty_bytes(), 0);
+    }
+}
+
 fn libc_einval() -> i32 {
     22
 }
