@@ -11,9 +11,9 @@ export FERRY_REQUIRE_TOOLS=1
 export CARGO_TERM_COLOR=never
 
 fail=0
-echo "== cargo fmt --check"
+echo "== cargo fmt --check (${SECONDS} s in)"
 cargo fmt --all -- --check || fail=1
-echo "== cargo clippy"
+echo "== cargo clippy (${SECONDS} s in)"
 cargo clippy --workspace --all-targets -- -D warnings || fail=1
 
 fuzz_secs="${FERRY_FUZZ_SECONDS:-20}"
@@ -39,19 +39,24 @@ fi
 # binary, stopped however this script ends.
 ceph_dir=$(mktemp -d /tmp/ferry-test-ceph.XXXXXX)
 trap 'bash scripts/ceph-cluster.sh stop "$ceph_dir/a"; bash scripts/ceph-cluster.sh stop "$ceph_dir/b"; rm -rf "$ceph_dir"' EXIT
-echo "== Ceph clusters in $ceph_dir"
+echo "== Ceph clusters in $ceph_dir (${SECONDS} s in)"
 if bash scripts/ceph-cluster.sh start "$ceph_dir/a" && bash scripts/ceph-cluster.sh start "$ceph_dir/b"; then
   export FERRY_TEST_CEPH_CONF="$ceph_dir/a/ceph.conf" FERRY_TEST_CEPH_B_CONF="$ceph_dir/b/ceph.conf"
 else
   echo "FAIL: the Ceph clusters did not start"; fail=1
 fi
 
-echo "== cargo test"
+echo "== cargo test (${SECONDS} s in)"
 log=$(mktemp)
 cargo test --workspace --no-fail-fast 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 passed=$(awk '/^test result:/ { for (i = 1; i < NF; i++) if ($(i+1) ~ /^passed/) s += $i } END { print s + 0 }' "$log")
 failed=$(awk '/^test result:/ { for (i = 1; i < NF; i++) if ($(i+1) ~ /^failed/) s += $i } END { print s + 0 }' "$log")
+# The slowest test binaries, to see where CI's time goes.
+echo
+echo "slowest test binaries (s), ${SECONDS} s in:"
+awk '/^ *Running / { name = $2 } /^test result:/ { print $NF, name }' "$log" \
+  | sed 's/s / /' | sort -rn | head -8
 rm -f "$log"
 [ "$rc" = 0 ] || fail=1
 if [ "${passed:-0}" = 0 ]; then

@@ -296,6 +296,14 @@ impl PoolIndex {
         }
     }
 
+    /// Whether `volume` has prints in block order, complete or being
+    /// built (false once they were dropped, and for a volume indexed
+    /// before they existed).
+    pub fn has_prints(&self, volume: &str) -> bool {
+        let p = self.prints.lock().get(volume).cloned();
+        p.is_some_and(|p| p.state.try_read().is_none_or(|st| !st.spoiled))
+    }
+
     /// Run `f` on the complete prints of `volume` (built for a volume of
     /// `volume_size` bytes), under their lock: no refresh takes a block's
     /// mark or writes its entry until `f` returns, so an entry whose block

@@ -370,12 +370,17 @@ impl Receiver {
     /// Write a block that arrived or was found, and keep the volume's
     /// unwritten data bounded.
     fn put(&self, offset: u64, data: &[u8]) -> Result<(), MigrationError> {
-        use std::sync::atomic::Ordering;
         self.vol.write_at(offset, data, false)?;
-        let n = self
-            .unsynced
-            .fetch_add(data.len() as u64, Ordering::Relaxed)
-            + data.len() as u64;
+        self.written(data.len() as u64);
+        Ok(())
+    }
+
+    /// Count `len` bytes just written to the page cache, and start their
+    /// writeback every [`WRITE_BEHIND_STEP`] (else a copy of many GB
+    /// waits for all of it at its commit).
+    fn written(&self, len: u64) {
+        use std::sync::atomic::Ordering;
+        let n = self.unsynced.fetch_add(len, Ordering::Relaxed) + len;
         if n >= WRITE_BEHIND_STEP {
             self.unsynced.store(0, Ordering::Relaxed);
             // Advisory: a file system without sync_file_range still gets
@@ -384,7 +389,6 @@ impl Receiver {
                 tracing::debug!(error = %e, "write-behind refused");
             }
         }
-        Ok(())
     }
 
     /// Handle one `Prints` frame (blocking): fill what can be filled here,
@@ -634,8 +638,11 @@ impl Receiver {
                 continue;
             }
             let (at, len) = (run[0].0 * self.chunk, kept.len() as u64 * self.chunk);
-            let placed = (shares && self.vol.share_from(&v, off, at, len)?)
-                || self.vol.copy_from(&v, off, at, len)?;
+            let shared = shares && self.vol.share_from(&v, off, at, len)?;
+            let placed = shared || self.vol.copy_from(&v, off, at, len)?;
+            if placed && !shared {
+                self.written(len);
+            }
             if placed && !v.written_since(mark) {
                 let n = kept.len();
                 for (&(c, k), p) in run.iter().zip(kept) {

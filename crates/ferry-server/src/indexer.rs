@@ -7,13 +7,19 @@
 //! `[index] refresh_interval_ms` and re-hashes them into the index. After a
 //! crash the bitmap comes back all dirty, so the whole volume is re-hashed:
 //! slower, never stale. (Even a stale entry could not corrupt a disk:
-//! candidates are verified by full BLAKE3 before use.)
+//! candidates are verified by full BLAKE3 before use.) A volume the index
+//! holds without prints in block order (indexed before they existed, or
+//! its prints dropped by a failed write) is indexed again in the
+//! background, one such scan at a time.
 
 use crate::ServerState;
 use ferry_index::{IndexError, PoolIndex, ScanPace, ScanStats};
 use ferry_storage::{StorageError, Volume};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// Name of the dirty bitmap reserved for the indexer.
@@ -104,13 +110,52 @@ fn rebuild_at(index: &PoolIndex, v: &Volume, pace: ScanPace) -> Result<ScanStats
 /// class) and hashes on that one thread: the volume's guest resumes at
 /// this site right now, and a scan of all cores would slow it for as long
 /// as the scan takes (seen as a slow start after teleports).
-pub fn index_arrived(index: Arc<PoolIndex>, v: &Arc<Volume>) {
+pub fn index_arrived(index: Arc<PoolIndex>, scans: &BackgroundScans, v: &Arc<Volume>) {
+    index_in_background(index, scans, v, "the migrated volume");
+}
+
+/// How many of a daemon's volumes are being indexed on a background
+/// thread, and when the refresh loop last started such a scan of each
+/// (by data path: one volume's in its pool).
+#[derive(Debug, Default)]
+pub struct BackgroundScanList {
+    running: usize,
+    started: HashMap<PathBuf, Instant>,
+}
+
+/// [`BackgroundScanList`] as the daemon and its scanning threads share it.
+pub type BackgroundScans = Arc<Mutex<BackgroundScanList>>;
+
+/// A volume the refresh loop found without prints is not scanned again for
+/// it sooner than this after its last such scan began (one that fails,
+/// say for a full disk, is not retried in a loop).
+const REPRINT_AFTER: Duration = Duration::from_secs(600);
+
+/// [`index_arrived`]'s scan, for any volume (`what` names it in the log).
+/// One that starts while an older one of the same volume runs replaces
+/// its prints (a rebuild seals its own only if none newer began).
+fn index_in_background(
+    index: Arc<PoolIndex>,
+    scans: &BackgroundScans,
+    v: &Arc<Volume>,
+    what: &'static str,
+) {
+    scans.lock().running += 1;
+    /// Counts the scan as ended however it ends.
+    struct Running(BackgroundScans);
+    impl Drop for Running {
+        fn drop(&mut self) {
+            self.0.lock().running -= 1;
+        }
+    }
+    let running = Running(scans.clone());
     // The thread may wait long for an idle CPU: it holds the volume (and
     // so its file and lock) only to reset its bitmap, then scans by path.
     let (volume, name, path) = (Arc::downgrade(v), v.name(), v.data_path().to_path_buf());
     let spawned = std::thread::Builder::new()
-        .name("index-arrived".into())
+        .name("index-background".into())
         .spawn(move || {
+            let _running = running;
             run_when_idle();
             let Some(v) = volume.upgrade() else {
                 tracing::debug!(volume = %name, "closed before it could be indexed");
@@ -130,13 +175,55 @@ pub fn index_arrived(index: Arc<PoolIndex>, v: &Arc<Volume>) {
                 Ok(st) => tracing::info!(
                     volume = %name,
                     seconds = st.seconds,
-                    "indexed the migrated volume in the background"
+                    "indexed {what} in the background"
                 ),
-                Err(e) => tracing::warn!(volume = %name, error = %e, "indexing the migrated volume failed"),
+                Err(e) => tracing::warn!(volume = %name, error = %e, "indexing {what} failed"),
             }
         });
     if let Err(e) = spawned {
-        tracing::warn!(error = %e, "cannot start indexing the migrated volume");
+        tracing::warn!(error = %e, "cannot start indexing {what}");
+    }
+}
+
+/// Start indexing again, in the background, one volume the index holds
+/// without prints in block order (indexed by a daemon from before they
+/// existed, or its prints dropped when writing them failed): until then
+/// its moves read it whole. One background scan at a time (an arrival's
+/// included), and a volume not again within [`REPRINT_AFTER`].
+fn reprint_one(state: &ServerState) {
+    if state.background_scans.lock().running > 0 {
+        return;
+    }
+    for v in state.pool.list() {
+        let name = v.name();
+        if !state.index.contains(&name)
+            || state.index.has_prints(&name)
+            || v.incoming().is_some()
+            || v.importing()
+            || (v.shared() && v.read_only())
+        {
+            continue;
+        }
+        let path = v.data_path().to_path_buf();
+        {
+            let mut bg = state.background_scans.lock();
+            if bg
+                .started
+                .get(&path)
+                .is_some_and(|t| t.elapsed() < REPRINT_AFTER)
+            {
+                continue;
+            }
+            bg.started.insert(path, Instant::now());
+        }
+        tracing::info!(volume = %name, "the index holds no prints of the volume: indexing it again in the background");
+        index_in_background(
+            state.index.clone(),
+            &state.background_scans,
+            &v,
+            "the volume again",
+        );
+        return;
     }
 }
 
@@ -283,6 +370,7 @@ pub async fn run(state: Arc<ServerState>, shutdown: CancellationToken) {
             if total > 0 {
                 tracing::debug!(blocks = total, "index refreshed");
             }
+            reprint_one(&state);
         },
     )
     .await;

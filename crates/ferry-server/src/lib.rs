@@ -89,6 +89,8 @@ pub struct ServerState {
     pub iscsi: iscsi::IscsiState,
     /// Copies incoming migrations committed here, for hosts waiting.
     pub arrivals: arrivals::Arrivals,
+    /// Volumes being indexed in the background.
+    pub(crate) background_scans: indexer::BackgroundScans,
 }
 
 /// A daemon with its pool open and its listeners bound.
@@ -341,6 +343,7 @@ impl Daemon {
                 migrations: migration::Registry::default(),
                 iscsi: iscsi_state,
                 arrivals: arrivals::Arrivals::default(),
+                background_scans: indexer::BackgroundScans::default(),
             }),
             nbd,
             admin,
@@ -546,7 +549,7 @@ impl migration::StorageDaemon for ServerState {
     }
 
     fn volume_arrived(&self, vol: &Arc<ferry_storage::Volume>) {
-        indexer::index_arrived(self.index.clone(), vol);
+        indexer::index_arrived(self.index.clone(), &self.background_scans, vol);
     }
 }
 

@@ -270,6 +270,72 @@ fn index_follows_imports_and_writes() {
         .persistent());
 }
 
+/// A volume the index holds without prints in block order (indexed by a
+/// daemon from before they existed, or its prints dropped after a failed
+/// write) is indexed again in the background, and its prints are current:
+/// a move would print it unread again.
+#[test]
+fn an_index_without_a_volume_s_prints_makes_them_again_in_the_background() {
+    let d = tempfile::tempdir().unwrap();
+    let with_prints = |s: &TestServer| -> bool {
+        let st: Value = ureq::get(&url(s, "/v1/index"))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+        st["volumes"][0]["prints"].as_bool().unwrap()
+    };
+    let wait_for_prints = |s: &TestServer| {
+        // Scans in the background run when a CPU would otherwise idle.
+        let t = std::time::Instant::now();
+        while !with_prints(s) {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(120),
+                "the prints never came back"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    let data: Vec<u8> = (0..4u32 << 20)
+        .map(|i| (i / 4096 % 255 + 1) as u8)
+        .collect();
+    let s = TestServer::start(d.path());
+    let v = s.create("v", 4 << 20);
+    v.write_at(0, &data, false).unwrap();
+    v.flush().unwrap();
+    ferry_server::indexer::rebuild_volume(&s.state.index, &v).unwrap();
+    assert!(with_prints(&s));
+
+    // Dropped (as a failed write of them does): made again.
+    s.state.index.forget_prints("v");
+    wait_for_prints(&s);
+    let current = |s: &TestServer, v: &ferry_storage::Volume| {
+        s.state
+            .index
+            .with_prints("v", 4 << 20, |view| {
+                let mut e = vec![ferry_index::prints::ZERO_ENTRY; 1024];
+                view.read(0, &mut e).unwrap();
+                let marks = v.bitmap(ferry_index::INDEX_BITMAP).unwrap();
+                (0..1024u64).all(|b| {
+                    !marks.is_dirty(b * 4096, 4096)
+                        && e[b as usize][..]
+                            == blake3::hash(&data[b as usize * 4096..][..4096]).as_bytes()[..16]
+                })
+            })
+            .unwrap()
+    };
+    assert!(current(&s, &v));
+
+    // A pool indexed before prints existed: no prints file at all.
+    drop(v);
+    s.stop();
+    std::fs::remove_file(d.path().join("index").join("v.fprt")).unwrap();
+    let s = TestServer::start(d.path());
+    wait_for_prints(&s);
+    let v = s.state.pool.get("v").unwrap();
+    assert!(current(&s, &v));
+}
+
 /// What a disk move to another daemon would send, estimated the way the
 /// controller does: a sample of the volume's fingerprints, asked of the
 /// other daemon's index.
