@@ -374,6 +374,17 @@ fn held_blocks_are_shared_unread_unless_written_since_they_were_indexed() {
     assert_eq!(sha(t.vm.data_path()), sha(copy.data_path()));
 }
 
+/// Move "vm" from `src` to `dst`; it switched, its digests matching.
+fn move_vm(src: &TestServer, dst: &TestServer) -> ferry_api::Report {
+    let r = wait(
+        &migrate(src, request("vm", dst.migration.unwrap().to_string())),
+        Duration::from_secs(120),
+    );
+    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
+    assert!(r.digest.matches);
+    r
+}
+
 /// Where the destination's pool does not share extents, what it holds
 /// under current index prints is copied by the kernel without being read
 /// or hashed by the daemon; a run of the base written since it was
@@ -399,12 +410,7 @@ fn held_blocks_are_copied_unread_unless_written_since_they_were_indexed() {
         .unwrap();
     let v = src.create("vm", 64 * MIB);
     v.write_at(0, &base, false).unwrap();
-    let r = wait(
-        &migrate(&src, request("vm", dst.migration.unwrap().to_string())),
-        Duration::from_secs(120),
-    );
-    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
-    assert!(r.digest.matches);
+    let r = move_vm(&src, &dst);
     let per_mib = MIB / 4096;
     assert_eq!(r.chunks.local, 60 * per_mib, "{:?}", r.chunks);
     assert_eq!(r.chunks.sent, 4 * per_mib, "{:?}", r.chunks);
@@ -441,12 +447,7 @@ fn the_source_prints_unread_what_was_not_written_since_it_was_indexed() {
     v.write_at(48 * MIB, &base[..MIB as usize], false).unwrap();
     v.write_at(30 * MIB, &vec![0u8; MIB as usize], false)
         .unwrap();
-    let r = wait(
-        &migrate(&src, request("vm", dst.migration.unwrap().to_string())),
-        Duration::from_secs(120),
-    );
-    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
-    assert!(r.digest.matches);
+    let r = move_vm(&src, &dst);
     let per_mib = MIB / 4096;
     assert_eq!(
         r.chunks.unread,

@@ -7,7 +7,7 @@
 
 use crate::alloc::{self, Extent};
 use crate::bitmap::{BitmapInfo, DirtyBitmap};
-use crate::gate::WriteGate;
+use crate::gate::{WriteGate, WriteTicket};
 use crate::meta::{write_atomic, Backing, BitmapSpec, IncomingMigration, PeerPort, VolumeMeta};
 use crate::shared::Home;
 use crate::{Result, StorageError};
@@ -792,6 +792,25 @@ impl Volume {
         self.gate.entered_since(mark)
     }
 
+    /// Checks before writing `[offset, offset+len)` from the same range of
+    /// `src` at `src_offset`, and this volume's write entered (timed, and
+    /// through its gate) until the result is dropped (the ticket first, as
+    /// for any write).
+    fn enter_copy(
+        &self,
+        src: &Volume,
+        src_offset: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<(WriteTicket<'_>, WriteTimer<'_>)> {
+        src.check(src_offset, len, false)?;
+        let timer = self.write_timer();
+        self.check(offset, len, true)?;
+        let ticket = self.gate.enter();
+        self.check_not_moved()?;
+        Ok((ticket, timer))
+    }
+
     /// Write `[offset, offset+len)` as the same range of `src` at
     /// `src_offset` by sharing its extents (FICLONERANGE), not copying its
     /// bytes: both files in one file system that shares extents (XFS with
@@ -812,11 +831,7 @@ impl Volume {
         {
             return Ok(false);
         }
-        src.check(src_offset, len, false)?;
-        let _timer = self.write_timer();
-        self.check(offset, len, true)?;
-        let _ticket = self.gate.enter();
-        self.check_not_moved()?;
+        let _entered = self.enter_copy(src, src_offset, offset, len)?;
         let range = libc::file_clone_range {
             src_fd: i64::from(from.as_raw_fd()),
             src_offset,
@@ -873,11 +888,7 @@ impl Volume {
         ) else {
             return Ok(false);
         };
-        src.check(src_offset, len, false)?;
-        let _timer = self.write_timer();
-        self.check(offset, len, true)?;
-        let _ticket = self.gate.enter();
-        self.check_not_moved()?;
+        let _entered = self.enter_copy(src, src_offset, offset, len)?;
         let mut left = len;
         while left > 0 {
             let want = usize::try_from(left).unwrap_or(usize::MAX);
