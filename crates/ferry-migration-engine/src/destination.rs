@@ -639,7 +639,13 @@ impl Receiver {
             }
             let (at, len) = (run[0].0 * self.chunk, kept.len() as u64 * self.chunk);
             let shared = shares && self.vol.share_from(&v, off, at, len)?;
-            let placed = shared || self.vol.copy_from(&v, off, at, len)?;
+            // Not copied by the kernel into a volume that bypasses the page
+            // cache: it would move 64 KiB at a time, each write waited for,
+            // where the read path overlaps its reads and writes.
+            let placed = shared
+                || (self.vol.page_cached()
+                    && v.page_cached()
+                    && self.vol.copy_from(&v, off, at, len)?);
             if placed && !shared {
                 self.written(len);
             }
