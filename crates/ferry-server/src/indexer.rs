@@ -16,7 +16,7 @@ use crate::ServerState;
 use ferry_index::{IndexError, PoolIndex, ScanPace, ScanStats};
 use ferry_storage::{StorageError, Volume};
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -121,6 +121,8 @@ pub fn index_arrived(index: Arc<PoolIndex>, scans: &BackgroundScans, v: &Arc<Vol
 pub struct BackgroundScanList {
     running: usize,
     started: HashMap<PathBuf, Instant>,
+    /// The volumes the refresh loop's last pass found without prints.
+    missing: HashSet<PathBuf>,
 }
 
 /// [`BackgroundScanList`] as the daemon and its scanning threads share it.
@@ -189,11 +191,14 @@ fn index_in_background(
 /// without prints in block order (indexed by a daemon from before they
 /// existed, or its prints dropped when writing them failed): until then
 /// its moves read it whole. One background scan at a time (an arrival's
-/// included), and a volume not again within [`REPRINT_AFTER`].
+/// included), a volume found so on two passes in a row, and not again
+/// within [`REPRINT_AFTER`].
 fn reprint_one(state: &ServerState) {
-    if state.background_scans.lock().running > 0 {
-        return;
-    }
+    // Seen without prints on this pass, and so on the one before: a
+    // rebuild under way drops a volume's prints for the moment before it
+    // begins new ones, which no two passes see.
+    let mut missing = HashSet::new();
+    let mut chosen = None;
     for v in state.pool.list() {
         let name = v.name();
         if !state.index.contains(&name)
@@ -205,26 +210,33 @@ fn reprint_one(state: &ServerState) {
             continue;
         }
         let path = v.data_path().to_path_buf();
-        {
-            let mut bg = state.background_scans.lock();
-            if bg
-                .started
-                .get(&path)
-                .is_some_and(|t| t.elapsed() < REPRINT_AFTER)
-            {
-                continue;
-            }
-            bg.started.insert(path, Instant::now());
+        let bg = state.background_scans.lock();
+        let seen_before = bg.missing.contains(&path);
+        let tried = bg
+            .started
+            .get(&path)
+            .is_some_and(|t| t.elapsed() < REPRINT_AFTER);
+        drop(bg);
+        if seen_before && !tried && chosen.is_none() {
+            chosen = Some(v.clone());
         }
-        tracing::info!(volume = %name, "the index holds no prints of the volume: indexing it again in the background");
-        index_in_background(
-            state.index.clone(),
-            &state.background_scans,
-            &v,
-            "the volume again",
-        );
-        return;
+        missing.insert(path);
     }
+    let mut bg = state.background_scans.lock();
+    bg.missing = missing;
+    let Some(v) = chosen.filter(|_| bg.running == 0) else {
+        return;
+    };
+    bg.started
+        .insert(v.data_path().to_path_buf(), Instant::now());
+    drop(bg);
+    tracing::info!(volume = %v.name(), "the index holds no prints of the volume: indexing it again in the background");
+    index_in_background(
+        state.index.clone(),
+        &state.background_scans,
+        &v,
+        "the volume again",
+    );
 }
 
 /// Put the calling thread in the idle scheduling class and the idle I/O
