@@ -586,10 +586,13 @@ impl Receiver {
         out: &mut Vec<(u64, u64, Option<Print>)>,
     ) -> Result<usize, MigrationError> {
         let index = self.state.index();
-        if self.vol.on_ceph() || u64::from(index.block_size()) != self.chunk {
+        // Placed only by sharing extents, or by the kernel's copy into a
+        // volume that goes through the page cache (an RBD image does not).
+        let shares = self.state.pool().shares_extents();
+        let copies = self.vol.page_cached();
+        if !(shares || copies) || u64::from(index.block_size()) != self.chunk {
             return Ok(0);
         }
-        let shares = self.state.pool().shares_extents();
         let cands = index
             .lookup_key(run[0].1, MAX_CANDIDATES)
             .unwrap_or_default();
@@ -642,10 +645,8 @@ impl Receiver {
             // Not copied by the kernel into a volume that bypasses the page
             // cache: it would move 64 KiB at a time, each write waited for,
             // where the read path overlaps its reads and writes.
-            let placed = shared
-                || (self.vol.page_cached()
-                    && v.page_cached()
-                    && self.vol.copy_from(&v, off, at, len)?);
+            let placed =
+                shared || (copies && v.page_cached() && self.vol.copy_from(&v, off, at, len)?);
             if placed && !shared {
                 self.written(len);
             }

@@ -115,8 +115,8 @@ pub fn index_arrived(index: Arc<PoolIndex>, scans: &BackgroundScans, v: &Arc<Vol
 }
 
 /// How many of a daemon's volumes are being indexed on a background
-/// thread, and when the refresh loop last started such a scan of each
-/// (by data path: one volume's in its pool).
+/// thread, and when the refresh loop started such a scan of each within
+/// the last [`REPRINT_AFTER`] (by data path: one volume's in its pool).
 #[derive(Debug, Default)]
 pub struct BackgroundScanList {
     running: usize,
@@ -199,6 +199,9 @@ fn reprint_one(state: &ServerState) {
     // begins new ones, which no two passes see.
     let mut missing = HashSet::new();
     let mut chosen = None;
+    let mut bg = state.background_scans.lock();
+    // Only the tries that still hold a volume back are kept.
+    bg.started.retain(|_, t| t.elapsed() < REPRINT_AFTER);
     for v in state.pool.list() {
         let name = v.name();
         if !state.index.contains(&name)
@@ -210,19 +213,11 @@ fn reprint_one(state: &ServerState) {
             continue;
         }
         let path = v.data_path().to_path_buf();
-        let bg = state.background_scans.lock();
-        let seen_before = bg.missing.contains(&path);
-        let tried = bg
-            .started
-            .get(&path)
-            .is_some_and(|t| t.elapsed() < REPRINT_AFTER);
-        drop(bg);
-        if seen_before && !tried && chosen.is_none() {
-            chosen = Some(v.clone());
+        if chosen.is_none() && bg.missing.contains(&path) && !bg.started.contains_key(&path) {
+            chosen = Some(v);
         }
         missing.insert(path);
     }
-    let mut bg = state.background_scans.lock();
     bg.missing = missing;
     let Some(v) = chosen.filter(|_| bg.running == 0) else {
         return;
