@@ -645,8 +645,6 @@ fn fio_across_a_held_switch(mid_round: bool) {
                 "--offset=64m",
                 "--size=32m",
                 "--rate=2m",
-                "--time_based",
-                "--runtime=15",
                 "--verify=crc32c",
                 "--verify_fatal=1",
                 "--do_verify=1",
@@ -656,11 +654,13 @@ fn fio_across_a_held_switch(mid_round: bool) {
             .unwrap()
     });
     std::thread::sleep(Duration::from_millis(1500));
-    // The switch is held until the copy has converged, then let go while
-    // fio still writes: without the hold a slow machine could finish the
-    // copy after fio's last write, and nothing would cross the switch.
+    // fio writes each block of its 32 MiB once (16 s at its rate), then
+    // reads them all back to check them. The switch is held until the copy
+    // has converged, then let go while fio still writes: without the hold a
+    // slow machine could finish the copy after fio's last write, and nothing
+    // would cross the switch. The copy is not rate-limited, so it converges
+    // well within fio's writes even on a slow machine.
     let mut req = request("vm", dst.migration.unwrap().to_string());
-    req.bwlimit = 8 * MIB;
     req.hold_switch = true;
     let run = migrate(&src, req);
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -696,6 +696,11 @@ fn fio_across_a_held_switch(mid_round: bool) {
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "fio failed:\n{text}");
     assert!(text.contains("err= 0"), "{text}");
+    // The check read back all it wrote, through the destination.
+    assert!(
+        text.contains("READ: bw=") && text.contains("io=32.0MiB"),
+        "{text}"
+    );
     let (switches, _, _) = up.stats();
     assert_eq!(switches, 1);
     assert_eq!(up.server(), dst.nbd.to_string());
