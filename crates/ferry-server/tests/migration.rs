@@ -633,6 +633,7 @@ fn fio_across_a_held_switch(mid_round: bool) {
         shutdown.clone(),
     ));
 
+    let fio_spawned = Instant::now();
     let fio = std::thread::spawn(move || {
         Command::new("fio")
             .args([
@@ -688,6 +689,7 @@ fn fio_across_a_held_switch(mid_round: bool) {
             std::thread::sleep(Duration::from_micros(200));
         }
     }
+    let released_after = fio_spawned.elapsed();
     assert!(run.release_switch());
     let r = wait(&run, Duration::from_secs(120));
     assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
@@ -703,10 +705,25 @@ fn fio_across_a_held_switch(mid_round: bool) {
             .any(|l| l.trim_start().starts_with("READ:") && l.contains("io=32.0MiB")),
         "{text}"
     );
+    // The switch was let go before fio's writes ended (its read-back
+    // alone would cross it on a machine slow to converge).
+    let writing = fio_phase_ms(&text, "WRITE:").expect("fio's WRITE line");
+    assert!(
+        released_after < Duration::from_millis(writing),
+        "released {released_after:?} after fio started, its writes took {writing} ms"
+    );
     let (switches, _, _) = up.stats();
     assert_eq!(switches, 1);
     assert_eq!(up.server(), dst.nbd.to_string());
     shutdown.cancel();
+}
+
+/// How long fio's job ran the phase its summary line `what` (`READ:` or
+/// `WRITE:`) reports: the first figure of its `run=A-Bmsec`.
+fn fio_phase_ms(text: &str, what: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.trim_start().starts_with(what))?;
+    let run = line.split("run=").nth(1)?;
+    run.split(['-', 'm']).next()?.parse().ok()
 }
 
 /// Wait until a held migration has converged and holds before its switch.
