@@ -93,8 +93,9 @@ const LAST_ROUND_S: f64 = 0.1;
 pub const VM_PAUSE_PER_GIB_S: f64 = 0.03;
 /// Bytes per second at which the two storage daemons work through the
 /// blocks the destination already holds: the source prints them (from
-/// its index where current, else read), the destination finds, checks
-/// and writes them a run at a time.
+/// its index where current, else read), the destination finds them a
+/// run at a time and copies them (with `copy_file_range`, unread, where
+/// its index vouches for them; else read, checked and written).
 /// Not overlapped with the link. Refitted 2026-11-30 (stop 65) to ten
 /// teleports whose destination held 256 MiB to 8 GiB of a disk on ext4
 /// (medians 11.4 / 13.3 / 23.1 / 37.6 s; the destination copies what its
@@ -102,7 +103,7 @@ pub const VM_PAUSE_PER_GIB_S: f64 = 0.03;
 /// 10% and every run within 15%, and stop 62's medians up to 8 GiB
 /// (fitted then at 480 MB/s, runs on the same code 10-20% faster) within
 /// 12%. Past 8 GiB the curve bends below a straight line
-/// (docs/placement-model.md, "The destination's local rebuild").
+/// (docs/placement-model.md, "Refitted with repeats (stop 65)").
 pub const LOCAL_REBUILD_BPS: f64 = 350e6;
 /// The same where the destination's pool shares extents between files
 /// (XFS with reflink, btrfs): it shares the runs it finds instead of
