@@ -21,7 +21,7 @@ from matplotlib.ticker import MaxNLocator
 
 from common import FERRY
 from evidence_rigs import two_site_inventory
-from migration_peers import Link
+from migration_peers import Link, http
 from vm_peers import GUEST, MULTIFD_CHANNELS, Host, run_qemu_native, test_guest, two_sites, wait_acks
 
 MBIT = 400
@@ -146,11 +146,15 @@ def ferry_point(work, link, image, mem):
         if r.returncode != 0:
             raise RuntimeError(f"teleport: {r.stdout} {r.stderr}")
         rep = json.loads(r.stdout)
+        # The rate B's daemon measured rebuilding what it held (what the
+        # model prices its next move at), set beside the constant.
+        lookup = json.loads(http("POST", f"http://127.0.0.1:{sb.admin}/v1/index/lookup", {"fingerprints": []}))
         wait_acks(os.path.join(hb, "vms", "g", "serial.log"), 3, secs=60)
         B.vm("stop", "g")
         return {"seconds": rep["total_s"], "bytes": link.bytes(moves_name) + link.bytes(mig_name),
                 "pause_ms": rep.get("guest_pause_ms"), "phases": rep.get("phases"),
                 "report_bytes": rep.get("bytes"), "report": rep,
+                "rebuild_bps_measured": lookup.get("rebuild_bps"),
                 "predicted": {"seconds": cost["seconds"], "bytes": cost["bytes"], "pause_ms": cost["pause_s"] * 1000},
                 # Its inputs (the links as probed, the guest's measured load),
                 # to tell a wrong input from a wrong formula.

@@ -164,4 +164,10 @@ pub struct LookupAnswer {
     /// read to rebuild.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shares_extents: bool,
+    /// Bytes per second this daemon rebuilt, into the copies its recent
+    /// incoming migrations brought, from blocks it already held: what a
+    /// move here costs per byte it need not send. Absent before such a
+    /// migration (and from daemons before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild_bps: Option<f64>,
 }

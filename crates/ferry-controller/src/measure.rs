@@ -98,6 +98,9 @@ struct Holdings {
     /// Sites where the daemon a move goes to shares the extents of the
     /// blocks it holds instead of writing them.
     shares_extents_at: BTreeSet<String>,
+    /// Per site, the rate the daemon a move goes to measured for rebuilding
+    /// held blocks (its recent incoming migrations), where it has one.
+    rebuild_bps_at: BTreeMap<String, f64>,
 }
 
 impl Holdings {
@@ -208,13 +211,13 @@ fn missing_shares(
     for s in inv.sites.iter().filter(|s| s.name != home.name) {
         // Every daemon of the site is asked; the move goes to the one that
         // holds most, so the site lacks what that one lacks.
-        let mut best: Option<(f64, Option<Vec<u32>>, &StorageRef, bool)> = None;
+        let mut best: Option<DaemonHolds> = None;
         // The daemon keeping the copy the volume left by the migration
         // it arrived where it is by: a move there is a tracked return.
         let mut tracked: Option<(TrackedReturn, &StorageRef)> = None;
         for there in &s.storage {
-            let (held, lacks, shares) = if sample.fingerprints.is_empty() && identity.is_none() {
-                (0.0, Some(Vec::new()), false)
+            let answer = if sample.fingerprints.is_empty() && identity.is_none() {
+                DaemonHolds::nothing(there)
             } else {
                 let client = AdminClient::with_timeout(&there.admin, HOST_CALL_LIMIT);
                 match client.index_lookup(&sample.fingerprints, identity.as_ref()) {
@@ -232,8 +235,13 @@ fn missing_shares(
                                 )),
                             }
                         }
-                        let held = a.found as f64 / a.asked.max(1) as f64;
-                        (held, a.missing, a.shares_extents)
+                        DaemonHolds {
+                            there,
+                            held: a.found as f64 / a.asked.max(1) as f64,
+                            lacks: a.missing,
+                            shares: a.shares_extents,
+                            rate: a.rebuild_bps,
+                        }
                     }
                     Err(e) => {
                         problems.push(format!(
@@ -244,8 +252,8 @@ fn missing_shares(
                     }
                 }
             };
-            if best.as_ref().is_none_or(|(h, ..)| held > *h) {
-                best = Some((held, lacks, there, shares));
+            if best.as_ref().is_none_or(|b| answer.held > b.held) {
+                best = Some(answer);
             }
         }
         if let Some((t, there)) = tracked {
@@ -257,12 +265,22 @@ fn missing_shares(
             }
             continue;
         }
-        let Some((held, lacks, there, shares)) = best else {
+        let Some(DaemonHolds {
+            there,
+            held,
+            lacks,
+            shares,
+            rate,
+        }) = best
+        else {
             continue;
         };
         out.missing.insert(s.name.clone(), nonzero * (1.0 - held));
         if shares {
             out.shares_extents_at.insert(s.name.clone());
+        }
+        if let Some(r) = rate.filter(|r| r.is_finite() && *r > 0.0) {
+            out.rebuild_bps_at.insert(s.name.clone(), r);
         }
         if let Some(share) = lacks.as_ref().and_then(|l| missing_link_share(&sample, l)) {
             tracing::debug!(
@@ -281,6 +299,32 @@ fn missing_shares(
         }
     }
     out
+}
+
+/// What one storage daemon of a site answered about a disk's sample.
+struct DaemonHolds<'a> {
+    there: &'a StorageRef,
+    /// The share of the sample's blocks it holds.
+    held: f64,
+    /// The positions in the sample of those it lacks (if it said).
+    lacks: Option<Vec<u32>>,
+    /// Its pool shares extents (`LookupAnswer::shares_extents`).
+    shares: bool,
+    /// Its own measured rebuild rate (`LookupAnswer::rebuild_bps`).
+    rate: Option<f64>,
+}
+
+impl<'a> DaemonHolds<'a> {
+    /// A daemon asked nothing: the sample is empty.
+    fn nothing(there: &'a StorageRef) -> Self {
+        DaemonHolds {
+            there,
+            held: 0.0,
+            lacks: Some(Vec::new()),
+            shares: false,
+            rate: None,
+        }
+    }
 }
 
 /// A tracked return's cost, each as a share of the volume's bytes: what
@@ -912,6 +956,7 @@ pub fn measure(
             missing_link_at: disk.missing_link_at(disk_bytes),
             copy_at: disk.copy_at.clone(),
             shares_extents_at: disk.shares_extents_at.clone(),
+            rebuild_bps_at: disk.rebuild_bps_at.clone(),
             printed_at: disk.printed_at(disk_bytes),
             nonzero_share: disk.nonzero,
             disk_link_share: disk.link_share,
@@ -1044,6 +1089,7 @@ mod tests {
             holds_copy: false,
             copy_tracked: false,
             shares_extents: false,
+            rebuild_bps: None,
         };
         let t = tracked_cost(&volume, &since, Some(&answer));
         let size = 64.0 * 4096.0;

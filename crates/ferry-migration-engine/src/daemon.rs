@@ -48,6 +48,12 @@ pub trait StorageDaemon: Send + Sync + 'static {
     fn migration_finished(&self, _report: &Report) {}
     /// A volume arrived here complete (index it so it can be a base).
     fn volume_arrived(&self, _vol: &Arc<Volume>) {}
+    /// The copy that just arrived rebuilt `bytes` of blocks this daemon
+    /// already held in `seconds` of its own work (found, copied or shared,
+    /// their writeback included but for its last step): what a move here
+    /// costs per byte it need not send ([`crate::destination`] reports
+    /// a copy that rebuilt at least [`crate::destination::MIN_MEASURED_REBUILD`]).
+    fn local_rebuild_measured(&self, _bytes: u64, _seconds: f64) {}
     /// A copy here is committed (its metadata says `arrived`), and its
     /// clients go to `location` (NBD) and `admin` from now: the `Done`
     /// the source is about to read. A host at this site waiting for the

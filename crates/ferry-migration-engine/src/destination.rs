@@ -332,7 +332,15 @@ struct FillStats {
     local: u64,
     buddy: u64,
     resumed: u64,
+    /// Time spent finding and placing the `local` chunks (lookups that
+    /// found nothing included).
+    local_s: f64,
 }
+
+/// The least a copy must rebuild from blocks held here for its time to be
+/// told to the daemon ([`StorageDaemon::local_rebuild_measured`]): less is
+/// mostly the page cache's speed and the write-behind's first steps.
+pub const MIN_MEASURED_REBUILD: u64 = 16 << 20;
 
 /// Per-connection state.
 struct Receiver {
@@ -465,7 +473,10 @@ impl Receiver {
                 }
             }
         }
-        for (chunk, key, found) in self.fill_local_runs(deferred)? {
+        let t = std::time::Instant::now();
+        let filled = self.fill_local_runs(deferred)?;
+        stats.local_s += t.elapsed().as_secs_f64();
+        for (chunk, key, found) in filled {
             match found {
                 Some(p) => {
                     self.table.set_short(chunk, p);
@@ -1060,6 +1071,12 @@ where
                     )
                     .await?;
                     return Err(MigrationError::Refused(reason));
+                }
+                // Told before the commit's `Done`, so that whoever learns
+                // of the move from its source finds the rate here.
+                let rebuilt = stats.local.saturating_mul(rx.chunk);
+                if rebuilt >= MIN_MEASURED_REBUILD && stats.local_s > 0.0 {
+                    state.local_rebuild_measured(rebuilt, stats.local_s);
                 }
                 commit(state, rx, wr, local).await?;
                 // Index the new volume so it can be a base for later migrations.

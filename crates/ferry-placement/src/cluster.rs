@@ -126,6 +126,12 @@ pub struct VmState {
     /// `model::LOCAL_REBUILD_BPS`.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub shares_extents_at: BTreeSet<String>,
+    /// For each site whose storage daemon has measured it (from its own
+    /// recent incoming migrations), the bytes per second at which it
+    /// rebuilds blocks it holds into the volume a move brings; absent: the
+    /// model's constant for its kind of pool.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rebuild_bps_at: BTreeMap<String, f64>,
     /// For each site where a disk move prints fewer than the disk's
     /// non-zero bytes, the bytes it prints: a return to the copy the disk
     /// left there, when its daemon here tracked what was written since it
@@ -294,6 +300,9 @@ impl Cluster {
             }
             positive(format!("VM {} memory_bytes", v.name), v.memory_bytes)?;
             positive(format!("VM {} disk_bytes", v.name), v.disk_bytes)?;
+            for (site, &bps) in &v.rebuild_bps_at {
+                positive(format!("VM {} rebuild_bps_at {site}", v.name), bps)?;
+            }
             let l = &v.load;
             for (what, x) in [
                 ("iops", l.iops),
@@ -345,6 +354,7 @@ mod tests {
                 printed_at: BTreeMap::new(),
                 copy_at: Default::default(),
                 shares_extents_at: Default::default(),
+                rebuild_bps_at: Default::default(),
                 nonzero_share: None,
                 memory_link_share: None,
                 disk_link_share: None,
@@ -374,5 +384,19 @@ mod tests {
         moved.vms[0].since_move_s = 12.5;
         let back: Cluster = serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();
         assert_eq!(back.vms[0].since_move_s, 12.5);
+        // A site's measured rebuild rate reads back, and must be positive.
+        assert!(
+            !text.contains("rebuild_bps_at"),
+            "absent when empty: {text}"
+        );
+        moved.vms[0].rebuild_bps_at.insert("a".into(), 4e8);
+        let back: Cluster = serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();
+        assert_eq!(back.vms[0].rebuild_bps_at.get("a"), Some(&4e8));
+        assert!(back.validate().is_ok());
+        for bad in [0.0, -1.0, f64::INFINITY] {
+            moved.vms[0].rebuild_bps_at.insert("a".into(), bad);
+            let e = moved.validate().unwrap_err().to_string();
+            assert!(e.contains("rebuild_bps_at a"), "{e}");
+        }
     }
 }

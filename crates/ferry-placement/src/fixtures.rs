@@ -44,6 +44,7 @@ pub fn remote_vm(name: &str, iops: f64, latency_ms: f64) -> VmState {
         printed_at: Default::default(),
         copy_at: Default::default(),
         shares_extents_at: Default::default(),
+        rebuild_bps_at: Default::default(),
         nonzero_share: None,
         memory_link_share: None,
         disk_link_share: None,

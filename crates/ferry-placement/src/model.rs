@@ -102,8 +102,12 @@ pub const VM_PAUSE_PER_GIB_S: f64 = 0.03;
 /// index vouches for since stop 64): 350 MB/s puts every median within
 /// 10% and every run within 15%, and stop 62's medians up to 8 GiB
 /// (fitted then at 480 MB/s, runs on the same code 10-20% faster) within
-/// 12%. Past 8 GiB the curve bends below a straight line
-/// (docs/placement-model.md, "Refitted with repeats (stop 65)").
+/// 12%. Past about 4 GiB the rate falls: a run of 2026-11-30 at 16 GiB
+/// took 19% longer than this rate says (docs/placement-model.md, "The
+/// whole scale run on that rate").
+/// A destination whose daemon has measured its own rate (from its recent
+/// incoming migrations, [`VmState::rebuild_bps_at`]) is priced at that
+/// instead, as is one that shares extents.
 pub const LOCAL_REBUILD_BPS: f64 = 350e6;
 /// The same where the destination's pool shares extents between files
 /// (XFS with reflink, btrfs): it shares the runs it finds instead of
@@ -365,11 +369,17 @@ pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost 
     } else {
         (nonzero - missing_raw.unwrap_or(nonzero)).max(0.0)
     };
-    let rebuild_bps = if vm.shares_extents_at.contains(to) {
-        LOCAL_SHARE_BPS
-    } else {
-        LOCAL_REBUILD_BPS
-    };
+    // The destination's own measure where it has one, else the constant
+    // for its kind of pool.
+    let rebuild_bps =
+        vm.rebuild_bps_at
+            .get(to)
+            .copied()
+            .unwrap_or(if vm.shares_extents_at.contains(to) {
+                LOCAL_SHARE_BPS
+            } else {
+                LOCAL_REBUILD_BPS
+            });
     let rtt = rtt_ms / 1000.0;
     let pause = DISK_PAUSE_BASE_S + rtt;
     let seconds = DISK_MOVE_SETUP_S + stream_s + held / rebuild_bps + 4.0 * rtt + pause;
@@ -583,6 +593,17 @@ mod tests {
             (on_link(&shared) - on_link(&none) - 9e9 / LOCAL_SHARE_BPS).abs() < 1e-6,
             "{shared:?} {none:?}"
         );
+        // A site whose daemon measured its own rate is priced at it,
+        // shares extents or not.
+        for mut measured in [v.clone(), sharing.clone()] {
+            measured.rebuild_bps_at.insert("a".into(), 90e6);
+            let m = disk_move_cost(&measured, "a", 20.0, 12.5e6);
+            assert!((m.bytes - held.bytes).abs() < 1e-6);
+            assert!(
+                (on_link(&m) - on_link(&none) - 9e9 / 90e6).abs() < 1e-6,
+                "{m:?} {none:?}"
+            );
+        }
         // Returning to the copy it left there: the same bytes cross, and
         // nothing is rebuilt.
         let mut back = v.clone();

@@ -149,6 +149,7 @@ fn build(cfg: &SimConfig) -> (Cluster, Vec<bool>) {
                 printed_at: Default::default(),
                 copy_at: Default::default(),
                 shares_extents_at: Default::default(),
+                rebuild_bps_at: Default::default(),
                 nonzero_share: None,
                 memory_link_share: None,
                 disk_link_share: None,

@@ -782,6 +782,7 @@ async fn index_lookup(
     let copy_tracked =
         copy.is_some_and(|(v, arrived)| arrived.is_some() && v.left_under() == arrived);
     let shares_extents = s.pool.shares_extents();
+    let rebuild_bps = s.rebuild_rate.bytes_per_second();
     let index = s.index.clone();
     let out = blocking(move || {
         let mut missing = Vec::new();
@@ -797,6 +798,7 @@ async fn index_lookup(
             holds_copy,
             copy_tracked,
             shares_extents,
+            rebuild_bps,
         })
     })
     .await?;

@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod nbd;
 pub mod net;
 pub mod periodic;
+pub mod rebuild_rate;
 pub mod site_portal;
 pub mod stale_copies;
 pub mod volume_sample;
@@ -91,6 +92,8 @@ pub struct ServerState {
     pub arrivals: arrivals::Arrivals,
     /// Volumes being indexed in the background.
     pub(crate) background_scans: indexer::BackgroundScans,
+    /// How fast the pool rebuilt held blocks into incoming copies lately.
+    pub rebuild_rate: rebuild_rate::RebuildRate,
 }
 
 /// A daemon with its pool open and its listeners bound.
@@ -344,6 +347,7 @@ impl Daemon {
                 iscsi: iscsi_state,
                 arrivals: arrivals::Arrivals::default(),
                 background_scans: indexer::BackgroundScans::default(),
+                rebuild_rate: rebuild_rate::RebuildRate::default(),
             }),
             nbd,
             admin,
@@ -550,6 +554,16 @@ impl migration::StorageDaemon for ServerState {
 
     fn volume_arrived(&self, vol: &Arc<ferry_storage::Volume>) {
         indexer::index_arrived(self.index.clone(), &self.background_scans, vol);
+    }
+
+    fn local_rebuild_measured(&self, bytes: u64, seconds: f64) {
+        self.rebuild_rate.record(bytes, seconds);
+        tracing::info!(
+            bytes,
+            seconds,
+            rate = self.rebuild_rate.bytes_per_second(),
+            "incoming copy rebuilt held blocks"
+        );
     }
 }
 

@@ -410,6 +410,12 @@ fn held_blocks_are_copied_unread_unless_written_since_they_were_indexed() {
         .unwrap();
     let v = src.create("vm", 64 * MIB);
     v.write_at(0, &base, false).unwrap();
+    let lookup = |s: &TestServer| {
+        ferry_api::AdminClient::new(&s.admin.to_string())
+            .index_lookup(&[], None)
+            .unwrap()
+    };
+    assert_eq!(lookup(&dst).rebuild_bps, None, "nothing rebuilt here yet");
     let r = move_vm(&src, &dst);
     let per_mib = MIB / 4096;
     assert_eq!(r.chunks.local, 60 * per_mib, "{:?}", r.chunks);
@@ -418,6 +424,12 @@ fn held_blocks_are_copied_unread_unless_written_since_they_were_indexed() {
         sha(v.data_path()),
         sha(dst.state.pool.get("vm").unwrap().data_path())
     );
+    // The destination timed its rebuild of the 60 MiB it held and tells
+    // it with every lookup (the model prices a move here at it); the
+    // source rebuilt nothing.
+    let rate = lookup(&dst).rebuild_bps.expect("a measured rebuild rate");
+    assert!(rate.is_finite() && rate > 0.0, "{rate}");
+    assert_eq!(lookup(&src).rebuild_bps, None);
 }
 
 /// The source prints from its index every chunk nothing wrote since the
