@@ -1,9 +1,11 @@
-//! A host's or controller's state file (`ferry-state-file`: a guest's
-//! spec, a move record, the controller's settings) read back after
-//! damage: loading never panics, and whatever loads saves and loads again
-//! to the same value.
+//! A host's, controller's or storage daemon's state file
+//! (`ferry-state-file`: a guest's spec, a move record, the controller's
+//! settings, a pool's rebuild rate) read back after damage: loading never
+//! panics, whatever loads saves and loads again to the same value, and a
+//! rebuild rate read from any file is absent or positive and finite.
 #![no_main]
 
+use ferry_server::rebuild_rate::RebuildRate;
 use ferry_state_file::{load, save, Kind};
 use ferry_vm_host::guest::files;
 use libfuzzer_sys::fuzz_target;
@@ -23,6 +25,10 @@ fuzz_target!(|data: &[u8]| {
     }
     // A guest's spec, as the host reads it at start.
     let _ = load::<ferry_api::VmSpec>(&path, files::SPEC);
+    // A pool's rebuild rate, as the storage daemon reads it at start.
+    if let Some(bps) = RebuildRate::open(path.clone()).bytes_per_second() {
+        assert!(bps.is_finite() && bps > 0.0, "{bps}");
+    }
     // Any JSON under the envelope: what loads round-trips.
     if let Ok(Some(v)) = load::<serde_json::Value>(&path, ANY) {
         save(&path, ANY, &v).expect("a loaded state saves");

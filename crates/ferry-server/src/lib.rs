@@ -335,6 +335,7 @@ impl Daemon {
                 .map(ferry_trust::api::ApiListener::local_addr),
             migration: migration.as_ref().and_then(|l| l.local_addr().ok()),
         };
+        let rebuild_rate = rebuild_rate::RebuildRate::open(pool.root().join(rebuild_rate::FILE));
         Ok(Daemon {
             state: Arc::new(ServerState {
                 config,
@@ -347,7 +348,7 @@ impl Daemon {
                 iscsi: iscsi_state,
                 arrivals: arrivals::Arrivals::default(),
                 background_scans: indexer::BackgroundScans::default(),
-                rebuild_rate: rebuild_rate::RebuildRate::default(),
+                rebuild_rate,
             }),
             nbd,
             admin,

@@ -4,31 +4,95 @@
 //! the placement model prices a move here at this pool's rate, not at a
 //! constant fitted on another machine's disk.
 //!
-//! Kept in memory since the daemon started: a daemon that has not yet
-//! rebuilt [`ferry_migration_engine::destination::MIN_MEASURED_REBUILD`]
-//! in one migration tells nothing, and the model uses its constant.
+//! Kept in `<pool>/rebuild-rate.json` (`ferry-state-file`), so a restart
+//! keeps it; a daemon that has not yet rebuilt
+//! [`ferry_migration_engine::destination::MIN_MEASURED_REBUILD`] in one
+//! migration tells nothing, and the model uses its constant.
 
+use ferry_state_file::Kind;
+use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
+use std::path::PathBuf;
 
 /// How many recent migrations the rate is taken over.
 const KEPT: usize = 8;
 
-/// The recent measurements, newest last.
+/// The file in the pool's directory.
+pub const FILE: &str = "rebuild-rate.json";
+
+/// Its format.
+pub const KIND: Kind = Kind {
+    format: "ferry-rebuild-rate",
+    version: 1,
+    max_bytes: 1 << 14,
+};
+
+/// One migration's rebuild: bytes placed from held blocks, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Measure {
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+impl Measure {
+    fn usable(&self) -> bool {
+        self.bytes > 0 && self.seconds.is_finite() && self.seconds > 0.0
+    }
+}
+
+/// What the file holds.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Saved {
+    pub recent: Vec<Measure>,
+}
+
+/// The recent measurements, newest last, and where they are kept.
 #[derive(Debug, Default)]
 pub struct RebuildRate {
-    recent: parking_lot::Mutex<VecDeque<(u64, f64)>>,
+    recent: parking_lot::Mutex<VecDeque<Measure>>,
+    file: Option<PathBuf>,
 }
 
 impl RebuildRate {
+    /// The measures kept in `file` (none if it is absent; a damaged file
+    /// is reported and replaced by the next measure).
+    pub fn open(file: PathBuf) -> RebuildRate {
+        let saved = match ferry_state_file::load::<Saved>(&file, KIND) {
+            Ok(s) => s.unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!(error = %e, "the pool's rebuild rate is not read; measured again from the next migrations");
+                Saved::default()
+            }
+        };
+        let mut recent: VecDeque<Measure> =
+            saved.recent.into_iter().filter(Measure::usable).collect();
+        while recent.len() > KEPT {
+            recent.pop_front();
+        }
+        RebuildRate {
+            recent: parking_lot::Mutex::new(recent),
+            file: Some(file),
+        }
+    }
+
     /// A migration rebuilt `bytes` from held blocks in `seconds`.
     pub fn record(&self, bytes: u64, seconds: f64) {
-        if bytes == 0 || !seconds.is_finite() || seconds <= 0.0 {
+        let m = Measure { bytes, seconds };
+        if !m.usable() {
             return;
         }
         let mut r = self.recent.lock();
-        r.push_back((bytes, seconds));
+        r.push_back(m);
         while r.len() > KEPT {
             r.pop_front();
+        }
+        if let Some(file) = &self.file {
+            let saved = Saved {
+                recent: r.iter().copied().collect(),
+            };
+            if let Err(e) = ferry_state_file::save(file, KIND, &saved) {
+                tracing::warn!(error = %e, "the pool's rebuild rate is not saved");
+            }
         }
     }
 
@@ -38,8 +102,8 @@ impl RebuildRate {
     #[allow(clippy::cast_precision_loss)]
     pub fn bytes_per_second(&self) -> Option<f64> {
         let r = self.recent.lock();
-        let (bytes, secs) = r.iter().fold((0u64, 0.0f64), |(b, s), &(nb, ns)| {
-            (b.saturating_add(nb), s + ns)
+        let (bytes, secs) = r.iter().fold((0u64, 0.0f64), |(b, s), m| {
+            (b.saturating_add(m.bytes), s + m.seconds)
         });
         (secs > 0.0).then(|| bytes as f64 / secs)
     }
@@ -68,5 +132,47 @@ mod tests {
             r.record(500_000_000, 1.0);
         }
         assert!((r.bytes_per_second().unwrap() - 5e8).abs() < 1.0);
+    }
+
+    #[test]
+    fn the_rate_outlives_a_restart_and_a_damaged_file_only_forgets_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(FILE);
+        let r = RebuildRate::open(file.clone());
+        assert_eq!(r.bytes_per_second(), None, "no file yet");
+        r.record(400_000_000, 1.0);
+        r.record(200_000_000, 1.0);
+        drop(r);
+        let again = RebuildRate::open(file.clone());
+        assert_eq!(again.bytes_per_second(), Some(3e8));
+        // Entries no measure could make are dropped, the rest kept.
+        ferry_state_file::save(
+            &file,
+            KIND,
+            &serde_json::json!({"recent": [
+                {"bytes": 0, "seconds": 1.0},
+                {"bytes": 5, "seconds": -1.0},
+                {"bytes": 100_000_000, "seconds": 0.5},
+            ]}),
+        )
+        .unwrap();
+        assert_eq!(
+            RebuildRate::open(file.clone()).bytes_per_second(),
+            Some(2e8)
+        );
+        // Damaged, too large, another format: read as nothing measured,
+        // and the next measure replaces the file.
+        for bad in [
+            b"{\"format\": \"ferry-rebuild-rate\", \"version\": 1, \"state\": {\"recent\": [{\"bytes\": \"x\"}]}}".to_vec(),
+            vec![b' '; 1 << 15],
+            b"{\"format\": \"ferry-vm-spec\", \"version\": 1, \"state\": {}}".to_vec(),
+            b"\xff\x00not json".to_vec(),
+        ] {
+            std::fs::write(&file, &bad).unwrap();
+            let r = RebuildRate::open(file.clone());
+            assert_eq!(r.bytes_per_second(), None);
+            r.record(100_000_000, 1.0);
+            assert_eq!(RebuildRate::open(file.clone()).bytes_per_second(), Some(1e8));
+        }
     }
 }

@@ -430,6 +430,11 @@ fn held_blocks_are_copied_unread_unless_written_since_they_were_indexed() {
     let rate = lookup(&dst).rebuild_bps.expect("a measured rebuild rate");
     assert!(rate.is_finite() && rate > 0.0, "{rate}");
     assert_eq!(lookup(&src).rebuild_bps, None);
+    // A restarted daemon still knows it.
+    dst.stop();
+    let again = TestServer::start(&pb);
+    let kept = lookup(&again).rebuild_bps.expect("the rate kept");
+    assert!((kept - rate).abs() <= rate * 1e-9, "{kept} {rate}");
 }
 
 /// The source prints from its index every chunk nothing wrote since the
