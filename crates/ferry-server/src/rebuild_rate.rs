@@ -13,6 +13,7 @@ use ferry_state_file::Kind;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// How many recent migrations the rate is taken over.
 const KEPT: usize = 8;
@@ -49,8 +50,16 @@ pub struct Saved {
 /// The recent measurements, newest last, and where they are kept.
 #[derive(Debug, Default)]
 pub struct RebuildRate {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
     recent: parking_lot::Mutex<VecDeque<Measure>>,
     file: Option<PathBuf>,
+    /// Held while the file is written, so that the last write is of the
+    /// newest measures.
+    writing: parking_lot::Mutex<()>,
 }
 
 impl RebuildRate {
@@ -70,29 +79,37 @@ impl RebuildRate {
             recent.pop_front();
         }
         RebuildRate {
-            recent: parking_lot::Mutex::new(recent),
-            file: Some(file),
+            inner: Arc::new(Inner {
+                recent: parking_lot::Mutex::new(recent),
+                file: Some(file),
+                writing: parking_lot::Mutex::new(()),
+            }),
         }
     }
 
-    /// A migration rebuilt `bytes` from held blocks in `seconds`.
+    /// A migration rebuilt `bytes` from held blocks in `seconds`. Known at
+    /// once; written to the file on a blocking thread when called inside
+    /// a runtime (the destination tells it as it commits, while the
+    /// source's guest may be paused), else here.
     pub fn record(&self, bytes: u64, seconds: f64) {
         let m = Measure { bytes, seconds };
         if !m.usable() {
             return;
         }
-        let mut r = self.recent.lock();
-        r.push_back(m);
-        while r.len() > KEPT {
-            r.pop_front();
-        }
-        if let Some(file) = &self.file {
-            let saved = Saved {
-                recent: r.iter().copied().collect(),
-            };
-            if let Err(e) = ferry_state_file::save(file, KIND, &saved) {
-                tracing::warn!(error = %e, "the pool's rebuild rate is not saved");
+        {
+            let mut r = self.inner.recent.lock();
+            r.push_back(m);
+            while r.len() > KEPT {
+                r.pop_front();
             }
+        }
+        if self.inner.file.is_none() {
+            return;
+        }
+        let inner = self.inner.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(move || inner.save())),
+            Err(_) => inner.save(),
         }
     }
 
@@ -101,11 +118,26 @@ impl RebuildRate {
     /// the page cache absorbed); `None` before the first.
     #[allow(clippy::cast_precision_loss)]
     pub fn bytes_per_second(&self) -> Option<f64> {
-        let r = self.recent.lock();
+        let r = self.inner.recent.lock();
         let (bytes, secs) = r.iter().fold((0u64, 0.0f64), |(b, s), m| {
             (b.saturating_add(m.bytes), s + m.seconds)
         });
         (secs > 0.0).then(|| bytes as f64 / secs)
+    }
+}
+
+impl Inner {
+    fn save(&self) {
+        let Some(file) = &self.file else {
+            return;
+        };
+        let _w = self.writing.lock();
+        let saved = Saved {
+            recent: self.recent.lock().iter().copied().collect(),
+        };
+        if let Err(e) = ferry_state_file::save(file, KIND, &saved) {
+            tracing::warn!(error = %e, "the pool's rebuild rate is not saved");
+        }
     }
 }
 

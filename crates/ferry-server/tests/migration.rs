@@ -430,7 +430,14 @@ fn held_blocks_are_copied_unread_unless_written_since_they_were_indexed() {
     let rate = lookup(&dst).rebuild_bps.expect("a measured rebuild rate");
     assert!(rate.is_finite() && rate > 0.0, "{rate}");
     assert_eq!(lookup(&src).rebuild_bps, None);
-    // A restarted daemon still knows it.
+    // A restarted daemon still knows it (once written: off the commit's
+    // path, on a blocking thread).
+    let kept = pb.join(ferry_server::rebuild_rate::FILE);
+    let end = Instant::now() + Duration::from_secs(30);
+    while !kept.exists() {
+        assert!(Instant::now() < end, "{} not written", kept.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     dst.stop();
     let again = TestServer::start(&pb);
     let kept = lookup(&again).rebuild_bps.expect("the rate kept");
