@@ -35,9 +35,21 @@ pub struct Measure {
     pub seconds: f64,
 }
 
+/// The longest rebuild a measure may claim (a year): with at most
+/// [`KEPT`] of them their seconds add up to a finite sum.
+const MAX_SECONDS: f64 = 365.0 * 86_400.0;
+
 impl Measure {
+    /// One a rebuild could make: bytes, and a time that is positive,
+    /// bounded and not so short that its rate is infinite. The rate over
+    /// any [`KEPT`] of them is then positive and finite (it is at most
+    /// the largest of theirs).
+    #[allow(clippy::cast_precision_loss)]
     fn usable(&self) -> bool {
-        self.bytes > 0 && self.seconds.is_finite() && self.seconds > 0.0
+        self.bytes > 0
+            && self.seconds > 0.0
+            && self.seconds <= MAX_SECONDS
+            && (self.bytes as f64 / self.seconds).is_finite()
     }
 }
 
@@ -184,6 +196,9 @@ mod tests {
             &serde_json::json!({"recent": [
                 {"bytes": 0, "seconds": 1.0},
                 {"bytes": 5, "seconds": -1.0},
+                {"bytes": u64::MAX, "seconds": 1e-310},
+                {"bytes": 5, "seconds": 1e300},
+                {"bytes": 5, "seconds": 1e300},
                 {"bytes": 100_000_000, "seconds": 0.5},
             ]}),
         )
