@@ -85,10 +85,9 @@ impl RebuildRate {
                 Saved::default()
             }
         };
-        let mut recent: VecDeque<Measure> =
-            saved.recent.into_iter().filter(Measure::usable).collect();
-        while recent.len() > KEPT {
-            recent.pop_front();
+        let mut recent = VecDeque::new();
+        for m in saved.recent {
+            push_newest(&mut recent, m);
         }
         RebuildRate {
             inner: Arc::new(Inner {
@@ -104,18 +103,9 @@ impl RebuildRate {
     /// a runtime (the destination tells it as it commits, while the
     /// source's guest may be paused), else here.
     pub fn record(&self, bytes: u64, seconds: f64) {
-        let m = Measure { bytes, seconds };
-        if !m.usable() {
-            return;
-        }
+        if !push_newest(&mut self.inner.recent.lock(), Measure { bytes, seconds })
+            || self.inner.file.is_none()
         {
-            let mut r = self.inner.recent.lock();
-            r.push_back(m);
-            while r.len() > KEPT {
-                r.pop_front();
-            }
-        }
-        if self.inner.file.is_none() {
             return;
         }
         let inner = self.inner.clone();
@@ -136,6 +126,19 @@ impl RebuildRate {
         });
         (secs > 0.0).then(|| bytes as f64 / secs)
     }
+}
+
+/// Keep `m` as the newest of `recent` if it is usable, forgetting the
+/// oldest beyond [`KEPT`]; whether it was kept.
+fn push_newest(recent: &mut VecDeque<Measure>, m: Measure) -> bool {
+    if !m.usable() {
+        return false;
+    }
+    recent.push_back(m);
+    while recent.len() > KEPT {
+        recent.pop_front();
+    }
+    true
 }
 
 impl Inner {
