@@ -1,11 +1,14 @@
 //! A host's, controller's or storage daemon's state file
 //! (`ferry-state-file`: a guest's spec, a move record, the controller's
-//! settings, a pool's rebuild rate) read back after damage: loading never
-//! panics, whatever loads saves and loads again to the same value, and a
-//! rebuild rate read from any file is absent or positive and finite.
+//! settings, a pool's rebuild rate, a host's move measures) read back
+//! after damage: loading never panics, whatever loads saves and loads
+//! again to the same value, a rate read from any file is absent or
+//! positive and finite, and a fixed cost absent or finite and not
+//! negative.
 #![no_main]
 
 use ferry_server::rebuild_rate::RebuildRate;
+use ferry_state_file::rate_log::{RateLog, SecondsLog};
 use ferry_state_file::{load, save, Kind};
 use ferry_vm_host::guest::files;
 use libfuzzer_sys::fuzz_target;
@@ -28,6 +31,13 @@ fuzz_target!(|data: &[u8]| {
     // A pool's rebuild rate, as the storage daemon reads it at start.
     if let Some(bps) = RebuildRate::open(path.clone()).bytes_per_second() {
         assert!(bps.is_finite() && bps > 0.0, "{bps}");
+    }
+    // A host's memory stream rate and move set-up, as the host reads them.
+    if let Some(bps) = RateLog::open(path.clone(), files::STREAM_RATE, "fuzz").bytes_per_second() {
+        assert!(bps.is_finite() && bps > 0.0, "{bps}");
+    }
+    if let Some(s) = SecondsLog::open(path.clone(), files::SETUP_COST, "fuzz").median() {
+        assert!(s.is_finite() && s >= 0.0, "{s}");
     }
     // Any JSON under the envelope: what loads round-trips.
     if let Ok(Some(v)) = load::<serde_json::Value>(&path, ANY) {

@@ -306,6 +306,18 @@ pub struct VmView {
     /// of the guest's resident pages; measured with `memory_dirty`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_link_share: Option<f64>,
+    /// Raw bytes per second the host's recent outgoing memory moves
+    /// streamed where its machine, not the link, bound them (QEMU's walk
+    /// of the memory, compression and encryption on the cores the guests
+    /// run on); absent until the host has made such a move.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_stream_bps: Option<f64>,
+    /// The fixed time of the host's recent outgoing memory moves besides
+    /// their stream, pause and round trips (the destination QEMU's start,
+    /// QEMU's set-up, the last load and answer), the median of its last
+    /// few; absent until the host has made one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_move_setup_s: Option<f64>,
     pub disks: Vec<DiskIo>,
     /// Its network cards on this host: where each is plugged, and what
     /// it carried while QEMU runs.
@@ -536,6 +548,16 @@ pub struct VmMoveReport {
     pub max_downtime_ms: u64,
     /// Compression of the memory stream on the link.
     pub compress: bool,
+    /// The memory stream's raw bytes per second up to the switchover, of
+    /// the sender's time not spent waiting on the link: what this move
+    /// told the host's `memory_stream_bps`. Absent where the move did not
+    /// measure it (the link bound it, it was small, multifd, post-copy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_stream_bps: Option<f64>,
+    /// This move's fixed time besides its stream, pause and round trips:
+    /// what it told the host's `memory_move_setup_s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_setup_s: Option<f64>,
 }
 
 /// `GET /v1/vm-moves/{id}`.

@@ -255,6 +255,13 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     assert!(r["guest_pause_ms"].as_f64().is_some(), "{r}");
     assert!(r["guest_io_longest_ms"].as_f64().is_some(), "{r}");
     assert!(r["bytes"]["disk_fingerprints"].as_u64().unwrap() > 0, "{r}");
+    // Host A measured the move's fixed time (and its stream's rate, if
+    // the machine rather than the link bound it), for the model.
+    let setup_a = r["memory_setup_s"].as_f64().expect("the move's fixed time");
+    assert!((0.0..60.0).contains(&setup_a), "{r}");
+    if let Some(bps) = r["memory_stream_bps"].as_f64() {
+        assert!(bps > 0.0 && bps.is_finite(), "{r}");
+    }
     assert_eq!(s.ha.state_of("g1"), None, "the source forgot the guest");
     assert_eq!(s.hb.state_of("g1").as_deref(), Some("running"));
     let first = archived_serial(&s.ha, "g1");
@@ -369,6 +376,11 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     assert!(done, "{r}");
     assert_eq!(r["kind"], "vm_only");
     assert!(r.to_string().contains("multifd"), "the report says so: {r}");
+    // Parallel channels say nothing of one stream's rate or set-up.
+    assert!(
+        r["memory_setup_s"].is_null() && r["memory_stream_bps"].is_null(),
+        "{r}"
+    );
     #[allow(clippy::cast_precision_loss)]
     let sent = r["bytes"]["memory_link"].as_u64().unwrap() as f64;
     assert!(
@@ -377,6 +389,10 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     );
     let v: Value = serde_json::from_str(&s.ha.vm_ok(&["show", "g1", "--json"])).unwrap();
     assert_eq!(v["spec"]["disks"][0]["server"], nbd_b_wan.as_str(), "{v}");
+    // Host A tells its one measure with the guest it now runs; host B
+    // has made no single-stream move.
+    let told = v["memory_move_setup_s"].as_f64();
+    assert!(told.is_some_and(|t| (t - setup_a).abs() < 1e-6), "{v}");
     assert_eq!(s.hb.state_of("g1"), None);
     assert_eq!(s.ha.state_of("g1").as_deref(), Some("running"));
     let second = archived_serial(&s.hb, "g1");
@@ -397,6 +413,9 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     assert_ne!(text, stale, "{text}");
     std::fs::write(&spec, stale).unwrap();
     s.ha.restart();
+    // The host's measure outlives it.
+    let v: Value = serde_json::from_str(&s.ha.vm_ok(&["show", "g1", "--json"])).unwrap();
+    assert_eq!(v["memory_move_setup_s"].as_f64(), told, "{v}");
     // The guest's disk is back (QEMU reconnected) before the move.
     wait_acks(&third, 5);
     // Disk-only back to storage A (direct, no toxics): the guest stays.

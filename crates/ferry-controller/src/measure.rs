@@ -961,6 +961,8 @@ pub fn measure(
             nonzero_share: disk.nonzero,
             disk_link_share: disk.link_share,
             memory_link_share: v.memory_link_share,
+            memory_stream_bps: v.memory_stream_bps.filter(|b| b.is_finite() && *b > 0.0),
+            memory_move_setup_s: v.memory_move_setup_s.filter(|s| s.is_finite() && *s >= 0.0),
             accel: v.accel.clone(),
             home_site: None,
             load,

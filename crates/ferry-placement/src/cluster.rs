@@ -147,6 +147,16 @@ pub struct VmState {
     /// constant (`model::MEMORY_LINK_SHARE`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_link_share: Option<f64>,
+    /// Raw bytes per second a memory move from its host streams where the
+    /// machine, not the link, binds it, as that host measured its own
+    /// recent moves; absent: `model::MACHINE_STREAM_RAW_BPS`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_stream_bps: Option<f64>,
+    /// The fixed time of a memory move from its host besides its stream,
+    /// pause and round trips, as that host measured its own recent moves;
+    /// absent: `model::VM_MOVE_SETUP_S`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_move_setup_s: Option<f64>,
     /// Link bytes a disk move sends per byte of data the destination
     /// lacks (the sample's non-zero blocks as the migration's stream
     /// compresses them); absent: 1.
@@ -303,6 +313,12 @@ impl Cluster {
             for (site, &bps) in &v.rebuild_bps_at {
                 positive(format!("VM {} rebuild_bps_at {site}", v.name), bps)?;
             }
+            if let Some(bps) = v.memory_stream_bps {
+                positive(format!("VM {} memory_stream_bps", v.name), bps)?;
+            }
+            if let Some(s) = v.memory_move_setup_s {
+                non_negative(format!("VM {} memory_move_setup_s", v.name), s)?;
+            }
             let l = &v.load;
             for (what, x) in [
                 ("iops", l.iops),
@@ -357,6 +373,8 @@ mod tests {
                 rebuild_bps_at: Default::default(),
                 nonzero_share: None,
                 memory_link_share: None,
+                memory_stream_bps: None,
+                memory_move_setup_s: None,
                 disk_link_share: None,
                 accel: None,
                 home_site: None,
@@ -397,6 +415,25 @@ mod tests {
             moved.vms[0].rebuild_bps_at.insert("a".into(), bad);
             let e = moved.validate().unwrap_err().to_string();
             assert!(e.contains("rebuild_bps_at a"), "{e}");
+        }
+        moved.vms[0].rebuild_bps_at.clear();
+        // Its host's measures read back; a stream rate must be positive,
+        // a set-up not negative.
+        moved.vms[0].memory_stream_bps = Some(5e7);
+        moved.vms[0].memory_move_setup_s = Some(0.0);
+        let back: Cluster = serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();
+        assert_eq!(back.vms[0].memory_stream_bps, Some(5e7));
+        assert_eq!(back.vms[0].memory_move_setup_s, Some(0.0));
+        assert!(back.validate().is_ok());
+        for (rate, setup, what) in [
+            (0.0, 0.5, "memory_stream_bps"),
+            (5e7, -0.1, "memory_move_setup_s"),
+            (5e7, f64::NAN, "memory_move_setup_s"),
+        ] {
+            moved.vms[0].memory_stream_bps = Some(rate);
+            moved.vms[0].memory_move_setup_s = Some(setup);
+            let e = moved.validate().unwrap_err().to_string();
+            assert!(e.contains(what), "{e}");
         }
     }
 }

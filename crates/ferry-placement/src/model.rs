@@ -52,7 +52,8 @@ pub const MEMORY_LINK_SHARE: f64 = 0.32;
 /// Fixed time of a memory move besides its bytes (s): the destination
 /// QEMU's start, QEMU's set-up and first dirty-bitmap sync, the last round
 /// (0.21-0.31 s in six moves of 2026-11-27; 1.0 before the memory copy
-/// came to fill the link).
+/// came to fill the link). A host that has made memory moves measures its
+/// own (`VmState::memory_move_setup_s`): the model uses that instead.
 pub const VM_MOVE_SETUP_S: f64 = 0.3;
 /// The pause of a memory move besides its last dirty pages, its walk of
 /// the memory and round trips (s): device state, the destination's start
@@ -127,7 +128,9 @@ pub const LOCAL_SHARE_BPS: f64 = 2.0e9;
 /// 70 MB/s, a database image's compressible data about 100-110 MB/s
 /// (docs/placement-model.md, "Where the link is faster than the
 /// machine"). Both kinds of move take it, so that neither is priced by
-/// the link while the other is priced by the machine.
+/// the link while the other is priced by the machine. A host whose
+/// memory streams the machine bound measures its own rate
+/// (`VmState::memory_stream_bps`), which prices its memory moves instead.
 pub const MACHINE_STREAM_RAW_BPS: f64 = 100e6;
 
 /// What a placement costs the guest over a horizon.
@@ -298,14 +301,14 @@ pub fn vm_move_cost(vm: &VmState, rtt_ms: f64, bw: f64) -> MoveCost {
     let share = memory_link_share(vm);
     // The stream in raw (uncompressed) bytes per second: the link's, or
     // the machine's where the link is faster.
-    let raw_bw = (bw / share).min(MACHINE_STREAM_RAW_BPS);
+    let raw_bw = (bw / share).min(memory_stream_bps(vm));
     let (raw, converges) = precopy_bytes(vm.memory_bytes, vm.load.dirty_rate, raw_bw);
     let bytes = raw * share;
     let rtt = rtt_ms / 1000.0;
     let last_round = vm.load.dirty_rate.min(raw_bw) * LAST_ROUND_S / raw_bw;
     let walk = VM_PAUSE_PER_GIB_S * vm.memory_bytes / f64::from(1u32 << 30);
     let pause = (VM_PAUSE_BASE_S + last_round).min(TARGET_PAUSE_S) + walk + rtt;
-    let seconds = VM_MOVE_SETUP_S + raw / raw_bw + 3.0 * rtt + pause;
+    let seconds = vm_move_setup_s(vm) + raw / raw_bw + 3.0 * rtt + pause;
     move_cost(seconds, bytes, pause, converges)
 }
 
@@ -316,6 +319,24 @@ pub fn memory_link_share(vm: &VmState) -> f64 {
     vm.memory_link_share
         .filter(|s| s.is_finite())
         .map_or(MEMORY_LINK_SHARE, |s| s.clamp(0.01, 1.05))
+}
+
+/// Raw bytes per second a memory move from the guest's host streams
+/// where the link does not bind it: what the host measured of its own
+/// recent moves, else the constant.
+pub fn memory_stream_bps(vm: &VmState) -> f64 {
+    vm.memory_stream_bps
+        .filter(|b| b.is_finite() && *b > 0.0)
+        .unwrap_or(MACHINE_STREAM_RAW_BPS)
+}
+
+/// The fixed time of a memory move from the guest's host besides its
+/// stream, pause and round trips: what the host measured of its own
+/// recent moves, else the constant.
+pub fn vm_move_setup_s(vm: &VmState) -> f64 {
+    vm.memory_move_setup_s
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .unwrap_or(VM_MOVE_SETUP_S)
 }
 
 /// Bytes a pre-copy of `base` bytes sends while `rate` bytes/s are
@@ -567,6 +588,58 @@ mod tests {
         let rebuild = 9e9 / LOCAL_REBUILD_BPS;
         assert!(d.seconds >= d.bytes / 12.5e6 + rebuild, "{d:?}");
         assert!(d.seconds < d.bytes / 12.5e6 + rebuild + 1.0, "{d:?}");
+    }
+
+    #[test]
+    fn a_host_that_measured_its_moves_is_priced_at_its_own_speed() {
+        let mut v = vm(60.0, 16.5, true);
+        v.load.dirty_rate = 0.0;
+        let gbit = 125e6;
+        let base = vm_move_cost(&v, 1.0, gbit);
+        // A machine half as fast as the constant: the memory's stream
+        // takes twice as long over a link faster than either; the same
+        // bytes cross.
+        let mut slow = v.clone();
+        slow.memory_stream_bps = Some(MACHINE_STREAM_RAW_BPS / 2.0);
+        let s = vm_move_cost(&slow, 1.0, gbit);
+        let stream = base.seconds - VM_MOVE_SETUP_S - 0.003 - base.pause_s;
+        assert!(
+            (s.seconds - base.seconds - stream).abs() < 1e-6,
+            "{s:?} {base:?}"
+        );
+        assert!((s.bytes - base.bytes).abs() < 1.0);
+        // Where the link binds, the machine's speed does not show.
+        let link = vm_move_cost(&v, 1.0, 12.5e6);
+        assert!((vm_move_cost(&slow, 1.0, 12.5e6).seconds - link.seconds).abs() < 1e-9);
+        // A measured set-up replaces the constant, in a teleport too.
+        let mut setup = v.clone();
+        setup.memory_move_setup_s = Some(0.55);
+        let m = vm_move_cost(&setup, 1.0, gbit);
+        assert!(
+            (m.seconds - base.seconds - (0.55 - VM_MOVE_SETUP_S)).abs() < 1e-9,
+            "{m:?}"
+        );
+        let l = Link {
+            a: "a".into(),
+            b: "b".into(),
+            rtt_ms: 1.0,
+            bandwidth: gbit,
+        };
+        let (t0, t1) = (
+            teleport_cost(&v, "a", &l, &l),
+            teleport_cost(&setup, "a", &l, &l),
+        );
+        assert!((t1.seconds - t0.seconds - (0.55 - VM_MOVE_SETUP_S)).abs() < 1e-9);
+        // What no host could measure is not used.
+        for bad in [f64::NAN, -1.0, 0.0] {
+            let mut b = v.clone();
+            b.memory_stream_bps = Some(bad);
+            b.memory_move_setup_s = Some(if bad == 0.0 { f64::INFINITY } else { bad });
+            assert!(
+                (vm_move_cost(&b, 1.0, gbit).seconds - base.seconds).abs() < 1e-9,
+                "{bad}"
+            );
+        }
     }
 
     #[test]

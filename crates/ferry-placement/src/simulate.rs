@@ -152,6 +152,8 @@ fn build(cfg: &SimConfig) -> (Cluster, Vec<bool>) {
                 rebuild_bps_at: Default::default(),
                 nonzero_share: None,
                 memory_link_share: None,
+                memory_stream_bps: None,
+                memory_move_setup_s: None,
                 disk_link_share: None,
                 accel: None,
                 home_site: None,

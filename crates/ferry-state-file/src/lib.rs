@@ -8,6 +8,8 @@
 //! before the envelope existed (the bare state) are still read, and get
 //! the envelope when next saved.
 
+pub mod rate_log;
+
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};

@@ -682,6 +682,8 @@ mod tests {
                 measured_unix_ms: 1,
             }),
             memory_link_share: Some(0.25),
+            memory_stream_bps: None,
+            memory_move_setup_s: None,
             disks: vec![DiskIo {
                 volume: "v".into(),
                 reads: 3,

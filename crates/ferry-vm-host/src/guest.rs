@@ -513,6 +513,23 @@ pub mod files {
         version: 1,
         max_bytes: 8 << 20,
     };
+    /// `<state>/memory-stream-rate.json`: how fast this host's recent
+    /// outgoing memory moves streamed where the machine, not the link,
+    /// bound them (`crate::moves::MIN_MEASURED_STREAM`).
+    pub const STREAM_RATE: Kind = Kind {
+        format: "ferry-memory-stream-rate",
+        version: 1,
+        max_bytes: 1 << 14,
+    };
+    pub const STREAM_RATE_FILE: &str = "memory-stream-rate.json";
+    /// `<state>/memory-move-setup.json`: the fixed time of this host's
+    /// recent outgoing memory moves (`crate::moves::setup_measure`).
+    pub const SETUP_COST: Kind = Kind {
+        format: "ferry-memory-move-setup",
+        version: 1,
+        max_bytes: 1 << 14,
+    };
+    pub const SETUP_COST_FILE: &str = "memory-move-setup.json";
     /// Move records kept: the newest this many, none older than this.
     pub const MOVES_KEPT: usize = 1000;
     pub const MOVES_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(90 * 86_400);

@@ -61,6 +61,17 @@ pub struct VmHost {
     pub control: parking_lot::Mutex<Option<String>>,
     /// The networks guests' NICs plug into (`--network`).
     pub networks: crate::network::Networks,
+    /// Raw bytes per second this host's recent outgoing memory streams
+    /// ran at where the machine bound them (QEMU's walk, compression,
+    /// encryption, the far side keeping pace), not the link: told with
+    /// every guest's view, so the model prices a move from here at this
+    /// machine's speed (`<state>/memory-stream-rate.json`).
+    pub stream_rate: ferry_state_file::rate_log::RateLog,
+    /// The fixed time of this host's recent outgoing memory moves (the
+    /// destination QEMU's start, QEMU's set-up, the last load and answer:
+    /// `crate::moves::setup_measure`), told with every guest's view
+    /// (`<state>/memory-move-setup.json`).
+    pub setup_cost: ferry_state_file::rate_log::SecondsLog,
 }
 
 fn disk_error(volume: &str, e: &HostError) -> VmError {
@@ -136,6 +147,16 @@ impl VmHost {
             past_moves: parking_lot::Mutex::new(crate::moves::past_moves(root)),
             control: parking_lot::Mutex::new(None),
             networks,
+            stream_rate: ferry_state_file::rate_log::RateLog::open(
+                root.join(crate::guest::files::STREAM_RATE_FILE),
+                crate::guest::files::STREAM_RATE,
+                "this host's memory stream rate",
+            ),
+            setup_cost: ferry_state_file::rate_log::SecondsLog::open(
+                root.join(crate::guest::files::SETUP_COST_FILE),
+                crate::guest::files::SETUP_COST,
+                "this host's memory move set-up",
+            ),
         });
         let mut entries: Vec<PathBuf> = std::fs::read_dir(&vms)
             .map_err(|e| VmError::file(&vms, e))?
@@ -576,6 +597,8 @@ impl VmHost {
                 .and_then(|r| memory_resident_bytes(r.pid, spec.memory_mib << 20)),
             memory_dirty: rt.as_ref().and(memory.dirty),
             memory_link_share: rt.as_ref().and(memory.link_share),
+            memory_stream_bps: self.stream_rate.bytes_per_second(),
+            memory_move_setup_s: self.setup_cost.median(),
             disks,
             nics: self.nic_views(&g.paths.dir, &spec, rt.is_some()),
             serial_log: g.paths.serial.clone(),

@@ -23,7 +23,7 @@ use crate::converge::Ladder;
 use crate::guest::Guest;
 use crate::move_order::{Input, MemoryOrder, Step};
 use crate::peer::{DiskArrival, IncomingDisk, PeerRequest, SwitchedDisk};
-use crate::tunnel::{call, exchange, pipe, PipeCounters};
+use crate::tunnel::{call, exchange, pipe, PipeCounters, SendTiming};
 use crate::{VmError, VmHost};
 use ferry_api::{
     AdminClient, DiskMigrationRef, MigrateRequest, MigrationId, MigrationPhase, MigrationStatus,
@@ -50,6 +50,10 @@ const SWITCH_WAIT: Duration = Duration::from_secs(20);
 /// A link opened ahead is renewed before the destination's request
 /// timeout closes it.
 const SPARE_LINK_AGE: Duration = Duration::from_secs(40);
+/// The fewest raw bytes a memory stream sends before the switchover for
+/// its rate to be told to the host's measure: a smaller one is mostly
+/// QEMU's set-up and first bitmap sync.
+pub const MIN_MEASURED_STREAM: u64 = 16 << 20;
 
 /// One move this host started.
 pub struct MoveRun {
@@ -68,6 +72,9 @@ pub struct MoveRun {
     disk_dirty: AtomicU64,
     pub cancel: CancellationToken,
     pub counters: Arc<PipeCounters>,
+    /// The memory stream's raw bytes and sender's clock as the switchover
+    /// began (what the pre-copy sent, and in how long).
+    precopy_sent: parking_lot::Mutex<Option<(u64, SendTiming)>>,
     /// Where the move's status is kept (`<state>/moves/<id>.json`).
     record: PathBuf,
     /// The disk migrations this move started (recorded with its status).
@@ -131,6 +138,14 @@ impl MoveRun {
         if *cur != p {
             *cur = p;
             self.phases.lock().push((p, Instant::now()));
+            if p == VmMovePhase::Switchover {
+                self.precopy_sent.lock().get_or_insert_with(|| {
+                    (
+                        self.counters.raw.load(Ordering::Relaxed),
+                        *self.counters.timing.lock(),
+                    )
+                });
+            }
             tracing::info!(move_id = %self.id, vm = %self.vm, phase = p.as_str(), "move phase");
             drop(cur);
             self.save();
@@ -350,6 +365,7 @@ pub async fn start(
             disk_dirty: AtomicU64::new(0),
             cancel: CancellationToken::new(),
             counters: Arc::default(),
+            precopy_sent: parking_lot::Mutex::default(),
             record,
             disk_migrations: Default::default(),
             admins: Default::default(),
@@ -412,6 +428,8 @@ async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
             bytes.disk_link += d.wire_tx_bytes + d.wire_rx_bytes;
         }
     }
+    let memory_stream_bps = measure_stream(&host, &run, outcome.result);
+    let memory_setup_s = measure_setup(&host, &run, &outcome, end);
     let report = VmMoveReport {
         id: run.id.clone(),
         vm: run.vm.clone(),
@@ -434,6 +452,8 @@ async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
         convergence: run.convergence.lock().clone(),
         max_downtime_ms: run.req.max_downtime_ms.unwrap_or(DEFAULT_MAX_DOWNTIME_MS),
         compress: run.req.compress.unwrap_or(true),
+        memory_stream_bps,
+        memory_setup_s,
     };
     if outcome.result != VmMovePhase::Completed {
         *run.error.lock() = outcome.reason;
@@ -441,6 +461,116 @@ async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
     *run.report.lock() = Some(report);
     *g.moving.lock() = None;
     run.set_phase(outcome.result);
+}
+
+/// Tell the host's [`VmHost::stream_rate`] what a completed memory move's
+/// pre-copy streamed ([`stream_measure`]), for a single stream (no
+/// multifd, no post-copy). The rate, if measured.
+#[allow(clippy::cast_precision_loss)]
+fn measure_stream(host: &VmHost, run: &MoveRun, result: VmMovePhase) -> Option<f64> {
+    if result != VmMovePhase::Completed
+        || run.kind == MoveKind::DiskOnly
+        || run.req.multifd > 0
+        || run.went_postcopy()
+    {
+        return None;
+    }
+    let (raw, timing) = (*run.precopy_sent.lock())?;
+    let Some((bytes, seconds)) = stream_measure(raw, &timing) else {
+        tracing::info!(
+            move_id = %run.id, raw, span_s = timing.span().as_secs_f64(),
+            link_wait_s = timing.link_wait.as_secs_f64(),
+            "the memory stream's rate is not measured: small, or the link bound it"
+        );
+        return None;
+    };
+    if !host
+        .stream_rate
+        .record(ferry_state_file::rate_log::Measure { bytes, seconds })
+    {
+        return None;
+    }
+    let log = host.stream_rate.clone();
+    drop(tokio::task::spawn_blocking(move || log.save()));
+    let bps = bytes as f64 / seconds;
+    tracing::info!(
+        move_id = %run.id, raw, seconds,
+        link_wait_s = timing.link_wait.as_secs_f64(),
+        bps, host_bps = host.stream_rate.bytes_per_second(),
+        "the memory stream's rate measured"
+    );
+    Some(bps)
+}
+
+/// Tell the host's [`VmHost::setup_cost`] the fixed time of a completed
+/// memory move's own part ([`setup_measure`]), for a single stream (no
+/// multifd, no post-copy) whose pause is known. The cost, if measured.
+fn measure_setup(host: &VmHost, run: &MoveRun, outcome: &Outcome, end: Instant) -> Option<f64> {
+    if outcome.result != VmMovePhase::Completed
+        || run.kind == MoveKind::DiskOnly
+        || run.req.multifd > 0
+        || run.went_postcopy()
+    {
+        return None;
+    }
+    // The memory's part begins with the last preparation (a teleport's
+    // disks are copied before it).
+    let began = run
+        .phases
+        .lock()
+        .iter()
+        .rev()
+        .find(|(p, _)| *p == VmMovePhase::Preparing)
+        .map(|(_, t)| *t)?;
+    let pause = Duration::from_secs_f64(outcome.guest_pause_ms? / 1000.0);
+    let timing = *run.counters.timing.lock();
+    let setup = setup_measure(end.saturating_duration_since(began), &timing, pause)?;
+    if !host
+        .setup_cost
+        .record(ferry_state_file::rate_log::Seconds(setup))
+    {
+        return None;
+    }
+    let log = host.setup_cost.clone();
+    drop(tokio::task::spawn_blocking(move || log.save()));
+    tracing::info!(
+        move_id = %run.id, setup_s = setup, host_setup_s = host.setup_cost.median(),
+        "the memory move's fixed time measured"
+    );
+    Some(setup)
+}
+
+/// The fixed time of a memory move whose own part took `whole`, its
+/// stream `timing` and its guest paused `pause`: what is left of `whole`
+/// once the stream's span, the pause and three round trips (the stream's
+/// opening, the `Finish` and its answer) are taken out: the destination
+/// QEMU's start, QEMU's set-up and first bitmap sync, the destination's
+/// load of the last round and its answer. The model adds back a stream,
+/// a pause and round trips of its own to it. `None` without a stream or
+/// a round trip, or if it comes out negative.
+pub(crate) fn setup_measure(whole: Duration, timing: &SendTiming, pause: Duration) -> Option<f64> {
+    let span = timing.span();
+    let rtt = timing.base_rtt?;
+    if span.is_zero() {
+        return None;
+    }
+    whole
+        .checked_sub(span + pause + rtt * 3)
+        .map(|d| d.as_secs_f64())
+}
+
+/// What a memory stream that sent `raw` bytes with the sender's clock
+/// `timing` tells of the machine: its bytes, and the seconds the sender
+/// did not wait on the link; `None` when it sent less than
+/// [`MIN_MEASURED_STREAM`] or waited on the link for half its time or
+/// more (then QEMU's walk overlapped the waits, and the rest of the time
+/// would overstate the machine's speed).
+pub(crate) fn stream_measure(raw: u64, timing: &SendTiming) -> Option<(u64, f64)> {
+    let span = timing.span();
+    if raw < MIN_MEASURED_STREAM || timing.link_wait * 2 >= span {
+        return None;
+    }
+    Some((raw, (span - timing.link_wait).as_secs_f64()))
 }
 
 fn admin_of(d: &VmDisk) -> AdminClient {
@@ -1668,5 +1798,61 @@ mod tests {
         let again = past_moves(d.path());
         assert_eq!(again[&running].phase, VmMovePhase::Resolving);
         assert_eq!(again[&running].error, r.error);
+    }
+
+    /// A stream tells the host's rate only when it is large enough and the
+    /// link held it back for less than half of its time; its rate is then
+    /// its bytes over the time the sender did not wait.
+    #[test]
+    fn a_stream_is_measured_only_where_the_machine_bound_it() {
+        let t0 = Instant::now();
+        let timing = |span_ms: u64, wait_ms: u64| SendTiming {
+            first: Some(t0),
+            last: Some(t0 + Duration::from_millis(span_ms)),
+            link_wait: Duration::from_millis(wait_ms),
+            base_rtt: None,
+        };
+        let big = 100 << 20;
+        let (bytes, secs) = stream_measure(big, &timing(2000, 500)).unwrap();
+        assert_eq!(bytes, big);
+        assert!((secs - 1.5).abs() < 1e-9, "{secs}");
+        assert_eq!(stream_measure(big, &timing(2000, 1000)), None, "link-bound");
+        assert_eq!(
+            stream_measure(MIN_MEASURED_STREAM - 1, &timing(2000, 0)),
+            None,
+            "too small"
+        );
+        assert_eq!(
+            stream_measure(big, &SendTiming::default()),
+            None,
+            "nothing sent"
+        );
+    }
+
+    /// A move's fixed time is what its stream, its pause and three round
+    /// trips leave of its own part.
+    #[test]
+    fn a_moves_fixed_time_is_what_its_stream_pause_and_round_trips_leave() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let timing = SendTiming {
+            first: Some(t0),
+            last: Some(t0 + ms(2000)),
+            link_wait: ms(1500),
+            base_rtt: Some(ms(10)),
+        };
+        let s = setup_measure(ms(2600), &timing, ms(40)).unwrap();
+        assert!((s - 0.53).abs() < 1e-9, "{s}");
+        assert_eq!(setup_measure(ms(2000), &timing, ms(40)), None, "negative");
+        let no_rtt = SendTiming {
+            base_rtt: None,
+            ..timing
+        };
+        assert_eq!(setup_measure(ms(2600), &no_rtt, ms(40)), None);
+        assert_eq!(
+            setup_measure(ms(2600), &SendTiming::default(), ms(40)),
+            None,
+            "no stream"
+        );
     }
 }

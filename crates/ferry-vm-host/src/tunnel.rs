@@ -183,6 +183,33 @@ pub struct PipeCounters {
     pub link: AtomicU64,
     /// Bytes received and handed to QEMU here.
     pub delivered: AtomicU64,
+    /// How the sender's time went (see [`SendTiming`]).
+    pub timing: parking_lot::Mutex<SendTiming>,
+}
+
+/// The sender's clock over a stream: when it read QEMU's first bytes and
+/// sent its latest, and how long it waited on the link meanwhile (for
+/// room in the window, or for the socket to take a frame). The rest of
+/// that span is the machine's: QEMU walking the memory, compression,
+/// encryption, and the far side's work as far as it kept pace.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct SendTiming {
+    pub first: Option<Instant>,
+    pub last: Option<Instant>,
+    pub link_wait: Duration,
+    /// The smallest time a frame took from its send to its
+    /// acknowledgement: the link's round trip, about.
+    pub base_rtt: Option<Duration>,
+}
+
+impl SendTiming {
+    /// From the first byte read to the latest sent.
+    pub fn span(&self) -> Duration {
+        match (self.first, self.last) {
+            (Some(f), Some(l)) => l.saturating_duration_since(f),
+            _ => Duration::ZERO,
+        }
+    }
 }
 
 const CHUNK: usize = 256 << 10;
@@ -348,9 +375,15 @@ where
                 if n == 0 {
                     break;
                 }
+                counters
+                    .timing
+                    .lock()
+                    .first
+                    .get_or_insert_with(Instant::now);
                 frame.clear();
                 encode_frame(&buf[..n], compress, &mut frame);
                 let len = frame.len() as u64;
+                let waiting = Instant::now();
                 loop {
                     let wait = opened.notified();
                     {
@@ -368,6 +401,12 @@ where
                 send_flushed(&mut *lw.lock().await, &frame)
                     .await
                     .map_err(link_err("write"))?;
+                let sent = Instant::now();
+                let rtt = window.lock().base_rtt;
+                let mut t = counters.timing.lock();
+                t.link_wait += sent.duration_since(waiting);
+                t.last = Some(sent);
+                t.base_rtt = rtt;
             }
             // QEMU's stream is all sent. The link's end follows only once
             // the other side has acknowledged every byte: a relay on the
@@ -547,6 +586,63 @@ mod tests {
         far.shutdown().await.unwrap();
         sender.await.unwrap().unwrap();
         assert_eq!(counters.raw.load(Ordering::Relaxed), stream.len() as u64);
+    }
+
+    /// A far side slow to acknowledge shows as the sender's wait on the
+    /// link, not as the machine's time: the host's stream rate must not
+    /// take a link-bound stream for a slow machine.
+    #[tokio::test]
+    async fn the_sender_counts_its_waits_on_the_link_apart() {
+        let (qemu, mut qemu_peer) = tokio::io::duplex(1 << 20);
+        let (link, far) = tokio::io::duplex(1 << 20);
+        let counters = std::sync::Arc::new(PipeCounters::default());
+        let c = counters.clone();
+        let sender = tokio::spawn(async move { pipe(qemu, link, false, Vec::new(), &c).await });
+        let stream: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 251) as u8).collect();
+        let feed = tokio::spawn(async move {
+            qemu_peer.write_all(&stream).await.unwrap();
+            qemu_peer.shutdown().await.unwrap();
+            // QEMU's side reads until the pipe ends its stream back.
+            let mut rest = Vec::new();
+            qemu_peer.read_to_end(&mut rest).await.unwrap();
+        });
+        // The far side acknowledges each frame 40 ms after it arrives.
+        let (mut fr, mut fw) = tokio::io::split(far);
+        let (mut buf, mut chunk, mut got) = (Vec::new(), vec![0u8; 64 << 10], 0usize);
+        while got < 4 << 20 {
+            while let Some((f, size)) = decode_frame(&mut buf).unwrap() {
+                if let Frame::Data(d) = f {
+                    got += d.len();
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                    let mut ack = Vec::new();
+                    encode_ack(u32::try_from(size).unwrap(), &mut ack);
+                    fw.write_all(&ack).await.unwrap();
+                }
+            }
+            if got >= 4 << 20 {
+                break;
+            }
+            let n = fr.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the link ended before the stream did");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        fw.shutdown().await.unwrap();
+        sender.await.unwrap().unwrap();
+        feed.await.unwrap();
+        let t = *counters.timing.lock();
+        assert!(t.first.is_some() && t.last.is_some(), "{t:?}");
+        let span = t.span();
+        assert!(span >= Duration::from_millis(200), "{t:?}");
+        assert!(t.link_wait <= span, "{t:?}");
+        assert!(
+            t.link_wait * 2 >= span,
+            "a stream held back by its acknowledgements waited on the link for most of its time: {t:?}"
+        );
+        assert_eq!(
+            crate::moves::stream_measure(crate::moves::MIN_MEASURED_STREAM, &t),
+            None,
+            "nor is it measured"
+        );
     }
 
     #[test]
