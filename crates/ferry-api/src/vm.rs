@@ -307,9 +307,10 @@ pub struct VmView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_link_share: Option<f64>,
     /// Raw bytes per second the host's recent outgoing memory moves
-    /// streamed where its machine, not the link, bound them (QEMU's walk
-    /// of the memory, compression and encryption on the cores the guests
-    /// run on); absent until the host has made such a move.
+    /// streamed where this machine, not the link nor the far end, set
+    /// their pace (QEMU's walk of the memory, compression and encryption
+    /// on the cores the guests run on); absent until the host has made
+    /// such a move.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_stream_bps: Option<f64>,
     /// The fixed time of the host's recent outgoing memory moves besides
@@ -548,10 +549,12 @@ pub struct VmMoveReport {
     pub max_downtime_ms: u64,
     /// Compression of the memory stream on the link.
     pub compress: bool,
-    /// The memory stream's raw bytes per second up to the switchover, of
-    /// the sender's time not spent waiting on the link: what this move
-    /// told the host's `memory_stream_bps`. Absent where the move did not
-    /// measure it (the link bound it, it was small, multifd, post-copy).
+    /// The memory stream's raw bytes per second up to the switchover,
+    /// where the source set its pace (its sender waited on the link under
+    /// half of the time): what this move told the host's
+    /// `memory_stream_bps`. Absent where the move did not measure it (the
+    /// link or the far end held it back, it was small, multifd,
+    /// post-copy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_stream_bps: Option<f64>,
     /// This move's fixed time besides its stream, pause and round trips:

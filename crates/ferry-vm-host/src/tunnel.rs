@@ -189,9 +189,10 @@ pub struct PipeCounters {
 
 /// The sender's clock over a stream: when it read QEMU's first bytes and
 /// sent its latest, and how long it waited on the link meanwhile (for
-/// room in the window, or for the socket to take a frame). The rest of
-/// that span is the machine's: QEMU walking the memory, compression,
-/// encryption, and the far side's work as far as it kept pace.
+/// room in the window, or for the socket to take a frame: a slow link
+/// and a far end slow to acknowledge look alike here). Where the waits
+/// are a small share of the span, this end (QEMU walking the memory,
+/// compression, encryption) set the stream's pace.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub struct SendTiming {
     pub first: Option<Instant>,
