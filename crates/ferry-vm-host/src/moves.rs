@@ -463,6 +463,29 @@ async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
     run.set_phase(outcome.result);
 }
 
+/// Whether a move that ended as `result` was a completed memory move of
+/// one stream (no multifd, no post-copy): the kind its host measures.
+fn one_stream_completed(run: &MoveRun, result: VmMovePhase) -> bool {
+    result == VmMovePhase::Completed
+        && run.kind != MoveKind::DiskOnly
+        && run.req.multifd == 0
+        && !run.went_postcopy()
+}
+
+/// Keep `m` in the host's `log` and write the log on a blocking thread;
+/// whether it was kept (one no move could make is not).
+fn keep<M: ferry_state_file::rate_log::Sample>(
+    log: &ferry_state_file::rate_log::RecentLog<M>,
+    m: M,
+) -> bool {
+    if !log.record(m) {
+        return false;
+    }
+    let log = log.clone();
+    drop(tokio::task::spawn_blocking(move || log.save()));
+    true
+}
+
 /// Tell the host's [`VmHost::stream_rate`] what a completed memory move
 /// streamed up to its switchover phase (a teleport's pre-switchover
 /// pause; a VM-only move's end, QEMU having completed) where this end set
@@ -470,11 +493,7 @@ async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
 /// post-copy). The rate, if measured.
 #[allow(clippy::cast_precision_loss)]
 fn measure_stream(host: &VmHost, run: &MoveRun, result: VmMovePhase) -> Option<f64> {
-    if result != VmMovePhase::Completed
-        || run.kind == MoveKind::DiskOnly
-        || run.req.multifd > 0
-        || run.went_postcopy()
-    {
+    if !one_stream_completed(run, result) {
         return None;
     }
     let (raw, timing) = (*run.precopy_sent.lock())?;
@@ -482,18 +501,16 @@ fn measure_stream(host: &VmHost, run: &MoveRun, result: VmMovePhase) -> Option<f
         tracing::info!(
             move_id = %run.id, raw, span_s = timing.span().as_secs_f64(),
             link_wait_s = timing.link_wait.as_secs_f64(),
-            "the memory stream's rate is not measured: small, or the link bound it"
+            "the memory stream's rate is not measured: small, or held back by the link or the far end"
         );
         return None;
     };
-    if !host
-        .stream_rate
-        .record(ferry_state_file::rate_log::Measure { bytes, seconds })
-    {
+    if !keep(
+        &host.stream_rate,
+        ferry_state_file::rate_log::Measure { bytes, seconds },
+    ) {
         return None;
     }
-    let log = host.stream_rate.clone();
-    drop(tokio::task::spawn_blocking(move || log.save()));
     let bps = bytes as f64 / seconds;
     tracing::info!(
         move_id = %run.id, raw, seconds,
@@ -508,11 +525,7 @@ fn measure_stream(host: &VmHost, run: &MoveRun, result: VmMovePhase) -> Option<f
 /// memory move's own part ([`setup_measure`]), for a single stream (no
 /// multifd, no post-copy) whose pause is known. The cost, if measured.
 fn measure_setup(host: &VmHost, run: &MoveRun, outcome: &Outcome, end: Instant) -> Option<f64> {
-    if outcome.result != VmMovePhase::Completed
-        || run.kind == MoveKind::DiskOnly
-        || run.req.multifd > 0
-        || run.went_postcopy()
-    {
+    if !one_stream_completed(run, outcome.result) {
         return None;
     }
     // The memory's part begins with the last preparation (a teleport's
