@@ -442,8 +442,22 @@ def copy_storage_move(src, dst, disk_port, mem_port, limit_s=None, copy_mode="ba
     src("blockdev-del", **{"node-name": "tgt"})
     dst("block-export-del", id="e0", mode="hard")
     dst("nbd-server-stop")
+    # libvirt resumes the destination in its Finish phase, once the
+    # incoming side has loaded the whole stream: a `cont` while QEMU is
+    # still loading races its end of the migration.
+    status = None
+    for _ in range(600):
+        status = dst("query-status").get("status")
+        if status != "inmigrate":
+            break
+        time.sleep(0.05)
     dst("cont")
-    return st
+    for _ in range(200):
+        status = dst("query-status").get("status")
+        if status == "running":
+            return st
+        time.sleep(0.05)
+    raise RuntimeError(f"the destination QEMU does not run after the move: {status}")
 
 
 def run_qemu_native(work, link, image, load, mem=None, append=None, boot_secs=120, limit_s=None,
