@@ -324,6 +324,21 @@ impl Window {
     }
 }
 
+/// Wait until the window has room for a frame of `len` link bytes (an
+/// empty window always has: a frame larger than the window still goes).
+async fn room_for(window: &parking_lot::Mutex<Window>, opened: &tokio::sync::Notify, len: u64) {
+    loop {
+        let wait = opened.notified();
+        {
+            let w = window.lock();
+            if w.in_flight == 0 || w.in_flight + len <= w.limit() {
+                return;
+            }
+        }
+        wait.await;
+    }
+}
+
 /// Why a memory stream's pipe ended early.
 #[derive(Debug, thiserror::Error)]
 pub enum PipeError {
@@ -385,16 +400,7 @@ where
                 encode_frame(&buf[..n], compress, &mut frame);
                 let len = frame.len() as u64;
                 let waiting = Instant::now();
-                loop {
-                    let wait = opened.notified();
-                    {
-                        let w = window.lock();
-                        if w.in_flight == 0 || w.in_flight + len <= w.limit() {
-                            break;
-                        }
-                    }
-                    wait.await;
-                }
+                room_for(&window, &opened, len).await;
                 window.lock().on_send(len);
                 counters.raw.fetch_add(n as u64, Ordering::Relaxed);
                 counters.link.fetch_add(len, Ordering::Relaxed);
