@@ -92,6 +92,12 @@ pub struct VolumeSample {
     /// would print and send.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since_arrival: Option<Box<WrittenSinceArrival>>,
+    /// How long this daemon's recent switches as a migration's source held
+    /// their volume's writes besides the link's round trip (seconds, the
+    /// median of the last eight): a disk move's pause from here is this
+    /// and one round trip. Absent before the first such switch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch_hold_s: Option<f64>,
 }
 
 /// The blocks written to a volume since it arrived by a migration: a

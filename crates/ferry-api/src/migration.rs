@@ -325,6 +325,10 @@ pub struct ReportTime {
     /// included; not the network to the client). 0 from daemons before it.
     #[serde(default)]
     pub slowest_write_ms: f64,
+    /// The link's round trip as the source timed it (the fastest answer
+    /// to its `Ping`s, protocol version 9); absent when none came back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_rtt_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

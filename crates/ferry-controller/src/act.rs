@@ -40,6 +40,10 @@ pub struct MoveOutcome {
     pub predicted_bytes: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_pause_ms: Option<f64>,
+    /// The memory move's own fixed time as its host measured it (the
+    /// report's `memory_setup_s`), where it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_setup_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// A burst: the site the guest left because it was full.
@@ -187,6 +191,7 @@ pub fn not_started(d: &Decision, reason: Option<String>) -> MoveOutcome {
         bytes: 0.0,
         predicted_bytes: d.cost.bytes,
         guest_pause_ms: None,
+        memory_setup_s: None,
         reason,
         burst_from: d.burst_from.clone(),
     }
@@ -258,6 +263,7 @@ pub fn follow(control: &str, id: &MigrationId, mut out: MoveOutcome) -> MoveOutc
         let bytes = (rep.bytes.memory_link + rep.bytes.disk_link) as f64;
         out.bytes = bytes;
         out.guest_pause_ms = rep.guest_pause_ms;
+        out.memory_setup_s = rep.memory_setup_s.filter(|s| s.is_finite() && *s >= 0.0);
         out.reason = if rep.result == VmMovePhase::Completed {
             None
         } else {

@@ -245,6 +245,7 @@ mod tests {
             bytes: 0.0,
             predicted_bytes: 1e6,
             guest_pause_ms: None,
+            memory_setup_s: None,
             reason: None,
             burst_from: None,
         }

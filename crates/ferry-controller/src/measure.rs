@@ -80,6 +80,9 @@ pub struct HoldingsCache {
 struct Holdings {
     nonzero: Option<f64>,
     link_share: Option<f64>,
+    /// The disk's daemon's own switch hold besides the link
+    /// (`VolumeSample::switch_hold_s`), where it has measured one.
+    switch_hold_s: Option<f64>,
     missing: BTreeMap<String, f64>,
     /// Per site, the link bytes of what it lacks, as a share of the
     /// volume's bytes: the missing sampled blocks, each at its stream
@@ -186,8 +189,13 @@ fn missing_shares(
     let sample = match AdminClient::with_timeout(&st.admin, HOST_CALL_LIMIT)
         .sample_volume(volume, SAMPLE_BLOCKS)
     {
-        Ok(s) if s.sampled > 0 => s,
-        Ok(_) => return out,
+        Ok(s) => {
+            out.switch_hold_s = s.switch_hold_s.filter(|h| h.is_finite() && *h >= 0.0);
+            if s.sampled == 0 {
+                return out;
+            }
+            s
+        }
         Err(e) => {
             problems.push(format!("sampling {volume} at {}: {e}", st.admin));
             return out;
@@ -486,9 +494,11 @@ impl LinkMeasure {
 
 /// Per link (sites in name order): the smoothed bytes per second of the
 /// completed moves among `outcomes` (oldest first) that carried at least
-/// 1 MB, and how many there were. The model's fixed set-up of each kind
-/// of move is taken out of its time first (the model adds it back to
-/// every prediction), but never more than four fifths of it; what is left
+/// 1 MB, and how many there were. The fixed set-up of each kind of move
+/// is taken out of its time first (the model adds it back to every
+/// prediction): the memory's as its host measured it for that move where
+/// the report says, else the model's constant; never more than four
+/// fifths of the time. What is left
 /// includes convergence, so this is what the next move can expect, not
 /// the raw line rate.
 pub fn bandwidth_from_moves<'a>(
@@ -500,10 +510,11 @@ pub fn bandwidth_from_moves<'a>(
             continue;
         }
         let Some(link) = o.link() else { continue };
+        let memory = o.memory_setup_s.unwrap_or(VM_MOVE_SETUP_S);
         let setup = match o.action {
-            Action::MoveVm => VM_MOVE_SETUP_S,
+            Action::MoveVm => memory,
             Action::MoveDisk => DISK_MOVE_SETUP_S,
-            Action::Teleport => VM_MOVE_SETUP_S + DISK_MOVE_SETUP_S,
+            Action::Teleport => memory + DISK_MOVE_SETUP_S,
         };
         let rate = o.bytes / (o.seconds - setup).max(0.2 * o.seconds);
         let e = out.entry(link).or_insert((rate, 0));
@@ -963,6 +974,7 @@ pub fn measure(
             memory_link_share: v.memory_link_share,
             memory_stream_bps: v.memory_stream_bps.filter(|b| b.is_finite() && *b > 0.0),
             memory_move_setup_s: v.memory_move_setup_s.filter(|s| s.is_finite() && *s >= 0.0),
+            disk_switch_hold_s: disk.switch_hold_s,
             accel: v.accel.clone(),
             home_site: None,
             load,
@@ -1030,6 +1042,7 @@ mod tests {
             bytes,
             predicted_bytes: 1.0,
             guest_pause_ms: None,
+            memory_setup_s: None,
             reason: None,
             burst_from: None,
         }
@@ -1048,6 +1061,7 @@ mod tests {
             compressed: vec![4096, 400, 4096, 4096, 4096, 4096],
             uuid: None,
             since_arrival: None,
+            switch_hold_s: None,
         }
     }
 
@@ -1298,5 +1312,12 @@ mod tests {
         let vm = 40e6 / (4.0 - VM_MOVE_SETUP_S);
         let teleport = 60e6 / (3.0 - VM_MOVE_SETUP_S - DISK_MOVE_SETUP_S);
         assert!((rate - (vm + teleport) / 2.0).abs() < 1.0, "{rate}");
+        // A move whose host measured its own set-up has that taken out,
+        // not the constant.
+        let mut measured = outcome(Action::MoveVm, "a", "b", 40e6, 4.0);
+        measured.memory_setup_s = Some(1.0);
+        let bw = bandwidth_from_moves([&measured].into_iter());
+        let (rate, _) = bw[&("a".to_string(), "b".to_string())];
+        assert!((rate - 40e6 / 3.0).abs() < 1.0, "{rate}");
     }
 }

@@ -54,6 +54,12 @@ pub trait StorageDaemon: Send + Sync + 'static {
     /// costs per byte it need not send ([`crate::destination`] reports
     /// a copy that rebuilt at least [`crate::destination::MIN_MEASURED_REBUILD`]).
     fn local_rebuild_measured(&self, _bytes: u64, _seconds: f64) {}
+    /// A switch this daemon made as a migration's source held the
+    /// volume's writes `hold`, over a link whose round trip the migration
+    /// timed at `rtt` (its fastest `Ping`): what a move from here pauses
+    /// writes for besides the link. Told only for a switch made on the
+    /// migration's first connection and not held for its caller.
+    fn switch_hold_measured(&self, _hold: std::time::Duration, _rtt: std::time::Duration) {}
     /// A copy here is committed (its metadata says `arrived`), and its
     /// clients go to `location` (NBD) and `admin` from now: the `Done`
     /// the source is about to read. A host at this site waiting for the

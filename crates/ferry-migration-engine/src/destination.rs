@@ -1057,6 +1057,9 @@ where
                 send(wr, &Message::Synced { round }).await?;
             }
             Message::Pause => paused = true,
+            Message::Ping { nonce } => {
+                send(wr, &Message::Pong { nonce }).await?;
+            }
             Message::Digest { digest } => {
                 digest_ok = Some(check_digest(rx, wr, &desc.name, digest).await?);
             }

@@ -299,6 +299,28 @@ pub struct Counters {
     /// The destination's last `Welcome`: what it fills
     /// ([`ferry_migration::CopyBasis`] as its wire number).
     pub destination_copy: std::sync::atomic::AtomicU8,
+    /// The fastest `Ping` round trip of any attempt (µs; 0: none yet).
+    pub link_rtt_us: AtomicU64,
+}
+
+impl Counters {
+    /// Keep `rtt` if it is the fastest round trip yet.
+    pub fn link_rtt_timed(&self, rtt: Duration) {
+        let us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX).max(1);
+        let _ = self
+            .link_rtt_us
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
+                (cur == 0 || us < cur).then_some(us)
+            });
+    }
+
+    /// The fastest round trip timed, if any.
+    pub fn link_rtt(&self) -> Option<Duration> {
+        match self.link_rtt_us.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(Duration::from_micros(us)),
+        }
+    }
 }
 
 fn get(a: &AtomicU64) -> u64 {

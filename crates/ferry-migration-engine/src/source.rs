@@ -280,6 +280,13 @@ async fn migrate(
             (MigrationResult::Failed, Some(e.to_string()), None)
         }
     };
+    // One connection, no hold for the caller: the hold is the switch's own
+    // work and one round trip, which the migration timed.
+    if let (Some(s), Some(rtt)) = (&sw, c.link_rtt()) {
+        if !req.hold_switch && g(&c.attempts) == 1 {
+            state.switch_hold_measured(s.pause, rtt);
+        }
+    }
     let wire_rx = g(&run.wire.rx);
     Report {
         id: run.id.clone(),
@@ -325,6 +332,7 @@ async fn migrate(
             held_s: sw.as_ref().map_or(0.0, |s| s.held_s),
             pause_ms: sw.as_ref().map_or(0.0, |s| s.pause.as_secs_f64() * 1e3),
             slowest_write_ms: vol.take_slowest_write().as_secs_f64() * 1e3,
+            link_rtt_ms: c.link_rtt().map(|r| r.as_secs_f64() * 1e3),
         },
         rounds: g(&c.rounds),
         converged: sw.as_ref().is_some_and(|s| s.converged),
@@ -859,6 +867,15 @@ async fn sync_round(
 struct Link<'a> {
     tx: &'a mpsc::Sender<Outgoing>,
     order: &'a Mutex<SourceOrder>,
+    pings: &'a Mutex<Pings>,
+}
+
+/// The `Ping`s of one connection.
+#[derive(Default)]
+struct Pings {
+    sent: u64,
+    /// When each one not yet answered was sent, oldest first.
+    waiting: std::collections::VecDeque<Instant>,
 }
 
 impl Link<'_> {
@@ -868,6 +885,21 @@ impl Link<'_> {
             .send(frame(Kind::Protocol, &m))
             .await
             .map_err(|_| link_closed())
+    }
+
+    /// Ask for one round trip the destination answers at once; the
+    /// reader times it when its `Pong` comes
+    /// ([`crate::Counters::link_rtt_timed`]). Sent where nothing else
+    /// waits ahead of it on the link (before the prints, before each
+    /// round), so the fastest is the link's own.
+    async fn ping(&self) -> Result<(), MigrationError> {
+        let nonce = {
+            let mut p = self.pings.lock();
+            p.waiting.push_back(Instant::now());
+            p.sent += 1;
+            p.sent
+        };
+        self.send(Message::Ping { nonce }).await
     }
 }
 
@@ -932,15 +964,24 @@ async fn attempt(
         let _ = wr.shutdown().await;
         Ok::<(), std::io::Error>(())
     });
-    // The reader task forwards what the destination says.
+    // The reader task forwards what the destination says, but for the
+    // answers to this attempt's `Ping`s, which it times.
     let (in_tx, mut in_rx) = mpsc::unbounded_channel::<Result<Message, MigrationError>>();
     let reader_order = order.clone();
+    let pings = Arc::new(Mutex::new(Pings::default()));
+    let (pinged, rrun) = (pings.clone(), run.clone());
     let reader_task = tokio::spawn(async move {
         loop {
             let r = reader.next().await;
             let end = !matches!(r, Ok(Some(_)));
             let item = match r {
                 Ok(Some(m)) => match reader_order.lock().receive(&m) {
+                    Ok(_) if matches!(m, Message::Pong { .. }) => {
+                        if let Some(t) = pinged.lock().waiting.pop_front() {
+                            rrun.counters.link_rtt_timed(t.elapsed());
+                        }
+                        continue;
+                    }
                     Ok(_) => Ok(m),
                     Err(v) => Err(unexpected_or(&m, v)),
                 },
@@ -955,8 +996,14 @@ async fn attempt(
     let link = Link {
         tx: &tx,
         order: &order,
+        pings: &pings,
     };
-    let result = run_phases(job, &link, &mut in_rx, pending).await;
+    // The link's share of the switch's hold, told apart from the work at
+    // either end ([`StorageDaemon::switch_hold_measured`]).
+    let result = match link.ping().await {
+        Ok(()) => run_phases(job, &link, &mut in_rx, pending).await,
+        Err(e) => Err(e),
+    };
     drop(tx);
     match result {
         Ok(s) => {
@@ -1384,6 +1431,9 @@ async fn dirty_rounds(
         since_take = Instant::now();
         let t = Instant::now();
         let tx0 = run.wire.tx.load(Ordering::Relaxed);
+        // The link is idle here (the last round was answered): a round
+        // trip timed now is the link's own.
+        link.ping().await?;
         let ranges = coalesce(bm.take().into_iter().map(|o| o / u64::from(chunk)));
         let s = sender.clone();
         bulk("round", move || s.send_ranges(&ranges, true)).await?;

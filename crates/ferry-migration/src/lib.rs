@@ -5,6 +5,8 @@
 //!  source                                   destination
 //!    | Hello{versions, id, volume, iscsi, arrived_under} ->|
 //!    |<---- Welcome{version, basis, iscsi} / Refuse
+//!    | Ping{nonce} ----------------------------->|  the source times the link's round trip
+//!    |<------------------------------ Pong{nonce}|  (any time in phases 1-3)
 //!    | Prints{first, [zero run | key | same run]} ->|  phase 1: 8-byte keys, zero runs as intervals
 //!    | PrintsDone ------------------------------>|
 //!    |<------------------------- Want{ranges} ...|  phase 2: one per Prints, what it cannot rebuild,
@@ -35,7 +37,10 @@
 //!
 //! Versions: `Hello` carries the range the source speaks; `Welcome` names
 //! the one chosen, and a destination refuses a source whose range does not
-//! include its own. Version 8 is this document: `Hello` ends with the
+//! include its own. Version 9 is this document: `Ping` and `Pong` (types
+//! 19 and 20), a round trip the destination answers at once while prints
+//! or rounds go out, by which the source tells the link's share of its
+//! switch's hold from the work at the two ends. Version 8: `Hello` ends with the
 //! migration the volume arrived at the source by (`arrived_under`, when the
 //! source tracked every chunk written since), a destination still holding
 //! the copy the volume left by it answers [`CopyBasis::ReturnedTracked`],
@@ -87,7 +92,7 @@ pub use message::{
 pub use order::{DestinationOrder, ProtocolViolation, SourceOrder};
 
 /// Protocol version spoken by this build.
-pub const VERSION: u16 = 8;
+pub const VERSION: u16 = 9;
 /// Largest payload of one frame.
 pub const MAX_PAYLOAD: u32 = 64 << 20;
 /// Frame header length.

@@ -126,11 +126,13 @@ pub enum MessageType {
     Synced = 16,
     Lookup = 17,
     Found = 18,
+    Ping = 19,
+    Pong = 20,
 }
 
 impl MessageType {
     /// Every type, in wire order.
-    pub const ALL: [MessageType; 18] = [
+    pub const ALL: [MessageType; 20] = [
         MessageType::Hello,
         MessageType::Welcome,
         MessageType::Refuse,
@@ -149,6 +151,8 @@ impl MessageType {
         MessageType::Synced,
         MessageType::Lookup,
         MessageType::Found,
+        MessageType::Ping,
+        MessageType::Pong,
     ];
 
     /// The type with this wire number; `None` for 0 and unknown numbers.
@@ -176,6 +180,8 @@ impl MessageType {
             MessageType::Synced => "Synced",
             MessageType::Lookup => "Lookup",
             MessageType::Found => "Found",
+            MessageType::Ping => "Ping",
+            MessageType::Pong => "Pong",
         }
     }
 }
@@ -310,6 +316,17 @@ pub enum Message {
     Found {
         blocks: Vec<Option<Bytes>>,
     },
+    /// From the source, while prints or rounds go out: answer at once
+    /// with a `Pong` of the same nonce (protocol version 9). The source
+    /// times the round trip, so that it can tell the link's share of its
+    /// switch's hold from the work at either end.
+    Ping {
+        nonce: u64,
+    },
+    /// The destination's answer to `Ping`.
+    Pong {
+        nonce: u64,
+    },
 }
 
 impl Message {
@@ -334,6 +351,8 @@ impl Message {
             Message::Synced { .. } => MessageType::Synced,
             Message::Lookup { .. } => MessageType::Lookup,
             Message::Found { .. } => MessageType::Found,
+            Message::Ping { .. } => MessageType::Ping,
+            Message::Pong { .. } => MessageType::Pong,
         }
     }
 
@@ -450,6 +469,7 @@ impl Message {
                 out.put_slice(digest);
             }
             Message::Synced { round } => out.put_u32(*round),
+            Message::Ping { nonce } | Message::Pong { nonce } => out.put_u64(*nonce),
             Message::Lookup { block_size, keys } => {
                 out.put_u32(*block_size);
                 out.put_u32(count(keys.len()));
@@ -753,6 +773,8 @@ fn parse(ty: u16, payload: Bytes) -> Result<Message, WireError> {
         T::Synced => Message::Synced { round: p.u32()? },
         T::Lookup => p.lookup()?,
         T::Found => p.found()?,
+        T::Ping => Message::Ping { nonce: p.u64()? },
+        T::Pong => Message::Pong { nonce: p.u64()? },
     };
     p.end()?;
     Ok(m)
@@ -915,6 +937,8 @@ mod tests {
                 reason: "link lost".into(),
             },
             Message::Synced { round: 3 },
+            Message::Ping { nonce: 7 },
+            Message::Pong { nonce: u64::MAX },
             Message::Lookup {
                 block_size: 4096,
                 keys: vec![5, u64::MAX],
@@ -962,8 +986,8 @@ mod tests {
             Err(WireError::UnknownType(0))
         );
         assert_eq!(
-            d.decode(&mut frame(19, 0, 0)),
-            Err(WireError::UnknownType(19))
+            d.decode(&mut frame(21, 0, 0)),
+            Err(WireError::UnknownType(21))
         );
         assert_eq!(
             d.decode(&mut frame(5, 1, 0)),

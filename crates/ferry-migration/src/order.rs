@@ -18,6 +18,8 @@
 //! source:       AwaitWelcome --Welcome--> Prints --WantDone--> Rounds --(sent Digest)--> Verdict
 //!                  | Done only if a switch was pending     | Want            | Synced(n) for each RoundEnd(n) sent
 //!                  | Refuse ends it                                          DigestResult, then Done after Switch
+//!               after Welcome: Pong(n) for each Ping(n) sent, in order
+//! destination:  Ping in Prints and Transfer (answered with Pong; the state stays)
 //! ```
 
 use crate::message::{Message, MessageType};
@@ -104,6 +106,7 @@ impl DestinationOrder {
             (S::Greeting | S::Buddy, T::Lookup) => Some(S::Buddy),
             (S::Prints, T::Prints | T::Data) => Some(S::Prints),
             (S::Prints, T::PrintsDone) => Some(S::Transfer),
+            (S::Prints | S::Transfer, T::Ping) => Some(self.state),
             (S::Transfer, T::Data) => Some(S::Transfer),
             (S::Transfer, T::RoundEnd) => match m {
                 Message::RoundEnd { round, .. } if *round == self.next_round => {
@@ -165,6 +168,8 @@ pub struct SourceOrder {
     unsynced: std::collections::VecDeque<u32>,
     digest_answered: bool,
     switch_sent: bool,
+    /// Pings sent and not yet answered, oldest first.
+    unanswered_pings: std::collections::VecDeque<u64>,
 }
 
 impl SourceOrder {
@@ -175,6 +180,7 @@ impl SourceOrder {
             unsynced: Default::default(),
             digest_answered: false,
             switch_sent: false,
+            unanswered_pings: Default::default(),
         }
     }
 
@@ -188,6 +194,7 @@ impl SourceOrder {
             Message::RoundEnd { round, .. } => self.unsynced.push_back(*round),
             Message::Digest { .. } => self.state = SourceState::Verdict,
             Message::Switch => self.switch_sent = true,
+            Message::Ping { nonce } => self.unanswered_pings.push_back(*nonce),
             _ => {}
         }
     }
@@ -207,6 +214,13 @@ impl SourceOrder {
             (S::AwaitWelcome, T::Refuse) => S::Ended,
             (S::AwaitWelcome, T::Done) if self.switch_pending => S::Ended,
             (S::AwaitWelcome, _) => return Err(bad("before Welcome")),
+            (_, T::Pong) => match (m, self.unanswered_pings.front()) {
+                (Message::Pong { nonce }, Some(n)) if nonce == n => {
+                    self.unanswered_pings.pop_front();
+                    self.state
+                }
+                _ => return Err(bad("for a Ping that was not sent")),
+            },
             (S::Prints, T::Want) => S::Prints,
             (S::Prints, T::WantDone) => S::Rounds,
             (S::Prints, T::Synced) => return Err(bad("before WantDone")),
@@ -446,6 +460,40 @@ mod tests {
         })
         .unwrap();
         assert_eq!(o.state(), SourceState::Ended);
+    }
+
+    #[test]
+    fn pings_are_answered_in_the_phases_that_allow_them() {
+        let ping = |n| Message::Ping { nonce: n };
+        let pong = |n| Message::Pong { nonce: n };
+        let mut d = DestinationOrder::new();
+        assert!(d.receive(&ping(1)).is_err(), "before Hello");
+        d.receive(&hello()).unwrap();
+        d.receive(&ping(1)).unwrap();
+        assert_eq!(d.state(), DestinationState::Prints, "a ping moves nothing");
+        d.receive(&Message::PrintsDone).unwrap();
+        d.receive(&ping(2)).unwrap();
+        d.receive(&round(0)).unwrap();
+        d.receive(&Message::Pause).unwrap();
+        assert!(d.receive(&ping(3)).is_err(), "not in the pause");
+
+        let welcome = Message::Welcome {
+            version: 9,
+            basis: crate::CopyBasis::New,
+            iscsi: crate::IscsiPort::default(),
+        };
+        let mut o = SourceOrder::new(false);
+        o.sent(&ping(1));
+        assert!(o.receive(&pong(1)).is_err(), "before Welcome");
+        o.receive(&welcome).unwrap();
+        o.receive(&pong(1)).unwrap();
+        assert!(o.receive(&pong(1)).is_err(), "answered once");
+        o.sent(&ping(2));
+        o.sent(&ping(3));
+        assert!(o.receive(&pong(3)).is_err(), "out of order");
+        o.receive(&pong(2)).unwrap();
+        o.receive(&pong(3)).unwrap();
+        assert_eq!(o.state(), SourceState::Prints);
     }
 
     #[test]

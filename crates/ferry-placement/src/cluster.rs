@@ -157,6 +157,11 @@ pub struct VmState {
     /// absent: `model::VM_MOVE_SETUP_S`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_move_setup_s: Option<f64>,
+    /// How long a switch of its disk's storage daemon holds writes besides
+    /// the link's round trip (s), as that daemon measured its own recent
+    /// switches as a migration's source; absent: `model::DISK_PAUSE_BASE_S`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_switch_hold_s: Option<f64>,
     /// Link bytes a disk move sends per byte of data the destination
     /// lacks (the sample's non-zero blocks as the migration's stream
     /// compresses them); absent: 1.
@@ -319,6 +324,9 @@ impl Cluster {
             if let Some(s) = v.memory_move_setup_s {
                 non_negative(format!("VM {} memory_move_setup_s", v.name), s)?;
             }
+            if let Some(s) = v.disk_switch_hold_s {
+                non_negative(format!("VM {} disk_switch_hold_s", v.name), s)?;
+            }
             let l = &v.load;
             for (what, x) in [
                 ("iops", l.iops),
@@ -375,6 +383,7 @@ mod tests {
                 memory_link_share: None,
                 memory_stream_bps: None,
                 memory_move_setup_s: None,
+                disk_switch_hold_s: None,
                 disk_link_share: None,
                 accel: None,
                 home_site: None,
@@ -434,6 +443,18 @@ mod tests {
             moved.vms[0].memory_move_setup_s = Some(setup);
             let e = moved.validate().unwrap_err().to_string();
             assert!(e.contains(what), "{e}");
+        }
+        moved.vms[0].memory_stream_bps = None;
+        moved.vms[0].memory_move_setup_s = None;
+        // Its disk's daemon's switch hold reads back; not negative.
+        moved.vms[0].disk_switch_hold_s = Some(0.004);
+        let back: Cluster = serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();
+        assert_eq!(back.vms[0].disk_switch_hold_s, Some(0.004));
+        assert!(back.validate().is_ok());
+        for bad in [-0.001, f64::NAN, f64::INFINITY] {
+            moved.vms[0].disk_switch_hold_s = Some(bad);
+            let e = moved.validate().unwrap_err().to_string();
+            assert!(e.contains("disk_switch_hold_s"), "{e}");
         }
     }
 }

@@ -75,6 +75,8 @@ pub const DISK_MOVE_SETUP_S: f64 = 0.10;
 /// Refitted 2026-11-29 once the source stored its moved state after
 /// letting the writes go (6 ms before): the median of six disk-only
 /// holds of two model checks less their links' probed RTT, 2.0-11.0 ms.
+/// A daemon that has switched volumes as a migration's source measures
+/// its own (`VmState::disk_switch_hold_s`): the model uses that instead.
 pub const DISK_PAUSE_BASE_S: f64 = 0.0035;
 /// What a teleport's disks add to its pause besides their hold less half
 /// a round trip (s): the host's release of each disk's switch, the
@@ -402,7 +404,12 @@ pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost 
                 LOCAL_REBUILD_BPS
             });
     let rtt = rtt_ms / 1000.0;
-    let pause = DISK_PAUSE_BASE_S + rtt;
+    // The disk's daemon's own hold where it has measured one.
+    let hold = vm
+        .disk_switch_hold_s
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .unwrap_or(DISK_PAUSE_BASE_S);
+    let pause = hold + rtt;
     let seconds = DISK_MOVE_SETUP_S + stream_s + held / rebuild_bps + 4.0 * rtt + pause;
     move_cost(seconds, bytes, pause, converges)
 }
@@ -639,6 +646,42 @@ mod tests {
                 (vm_move_cost(&b, 1.0, gbit).seconds - base.seconds).abs() < 1e-9,
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn a_daemon_that_measured_its_switches_prices_a_disk_pause_at_its_own_hold() {
+        let v = vm(60.0, 16.5, true);
+        let base = disk_move_cost(&v, "a", 10.0, 12.5e6);
+        assert!((base.pause_s - DISK_PAUSE_BASE_S - 0.010).abs() < 1e-12);
+        // Its own hold replaces the constant in the pause and the time.
+        let mut slow = v.clone();
+        slow.disk_switch_hold_s = Some(0.006);
+        let d = disk_move_cost(&slow, "a", 10.0, 12.5e6);
+        assert!((d.pause_s - 0.016).abs() < 1e-12, "{d:?}");
+        let more = 0.006 - DISK_PAUSE_BASE_S;
+        assert!((d.seconds - base.seconds - more).abs() < 1e-9, "{d:?}");
+        // A teleport's pause carries what the disk's adds beyond half the
+        // memory's round trip.
+        let l = Link {
+            a: "a".into(),
+            b: "b".into(),
+            rtt_ms: 10.0,
+            bandwidth: 12.5e6,
+        };
+        let (t0, t1) = (
+            teleport_cost(&v, "a", &l, &l),
+            teleport_cost(&slow, "a", &l, &l),
+        );
+        assert!(
+            (t1.pause_s - t0.pause_s - more).abs() < 1e-9,
+            "{t0:?} {t1:?}"
+        );
+        // What no daemon could measure is not used.
+        for bad in [f64::NAN, -0.001, f64::INFINITY] {
+            let mut b = v.clone();
+            b.disk_switch_hold_s = Some(bad);
+            assert_eq!(disk_move_cost(&b, "a", 10.0, 12.5e6).pause_s, base.pause_s);
         }
     }
 

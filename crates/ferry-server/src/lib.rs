@@ -21,6 +21,7 @@ pub mod periodic;
 pub mod rebuild_rate;
 pub mod site_portal;
 pub mod stale_copies;
+pub mod switch_hold;
 pub mod volume_sample;
 
 use config::Config;
@@ -94,6 +95,8 @@ pub struct ServerState {
     pub(crate) background_scans: indexer::BackgroundScans,
     /// How fast the pool rebuilt held blocks into incoming copies lately.
     pub rebuild_rate: rebuild_rate::RebuildRate,
+    /// How long this daemon's recent switches held writes besides the link.
+    pub switch_hold: switch_hold::SwitchHold,
 }
 
 /// A daemon with its pool open and its listeners bound.
@@ -336,6 +339,7 @@ impl Daemon {
             migration: migration.as_ref().and_then(|l| l.local_addr().ok()),
         };
         let rebuild_rate = rebuild_rate::RebuildRate::open(pool.root().join(rebuild_rate::FILE));
+        let switch_hold = switch_hold::SwitchHold::open(pool.root().join(switch_hold::FILE));
         Ok(Daemon {
             state: Arc::new(ServerState {
                 config,
@@ -349,6 +353,7 @@ impl Daemon {
                 arrivals: arrivals::Arrivals::default(),
                 background_scans: indexer::BackgroundScans::default(),
                 rebuild_rate,
+                switch_hold,
             }),
             nbd,
             admin,
@@ -564,6 +569,16 @@ impl migration::StorageDaemon for ServerState {
             seconds,
             rate = self.rebuild_rate.bytes_per_second(),
             "incoming copy rebuilt held blocks"
+        );
+    }
+
+    fn switch_hold_measured(&self, hold: Duration, rtt: Duration) {
+        self.switch_hold.record(hold, rtt);
+        tracing::info!(
+            hold_ms = hold.as_secs_f64() * 1e3,
+            rtt_ms = rtt.as_secs_f64() * 1e3,
+            median_ms = self.switch_hold.seconds().map(|s| s * 1e3),
+            "switch hold besides the link"
         );
     }
 }

@@ -80,6 +80,7 @@ pub fn price<E>(
         compressed: Vec::new(),
         uuid: None,
         since_arrival: None,
+        switch_hold_s: None,
     };
     let bs = block_size as usize;
     let mut buf = vec![0u8; bs];

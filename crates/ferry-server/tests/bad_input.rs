@@ -842,7 +842,15 @@ mod migration_input {
                 25,
                 vec![Message::PrintsDone, Message::Synced { round: 0 }],
             ),
+            ("v", 26, vec![Message::Pong { nonce: 1 }]),
         ];
+        // A ping in order is answered at once with its nonce.
+        let mut c = connect(&s);
+        send(&mut c, &hello("ping", size, 4096, 27));
+        welcomed(&mut c);
+        send(&mut c, &Message::Ping { nonce: 5 });
+        assert_eq!(recv(&mut c), Some(Message::Pong { nonce: 5 }));
+        drop(c);
         for (name, id, msgs) in cases {
             let mut c = connect(&s);
             send(&mut c, &hello(name, size, 4096, id));

@@ -442,6 +442,34 @@ fn held_blocks_are_copied_unread_unless_written_since_they_were_indexed() {
     let again = TestServer::start(&pb);
     let kept = lookup(&again).rebuild_bps.expect("the rate kept");
     assert!((kept - rate).abs() <= rate * 1e-9, "{kept} {rate}");
+
+    // The source timed the link's round trip (its Ping) and keeps its
+    // switch's hold less that round trip, told with every sample of its
+    // volumes (the model prices a disk move's pause from here at it),
+    // and kept across a restart.
+    let rtt = r.time.link_rtt_ms.expect("a timed round trip");
+    assert!(rtt > 0.0 && rtt < r.time.pause_ms, "{:?}", r.time);
+    let hold_file = pa.join(ferry_server::switch_hold::FILE);
+    let end = Instant::now() + Duration::from_secs(30);
+    while !hold_file.exists() {
+        assert!(Instant::now() < end, "{} not written", hold_file.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    src.create("other", MIB);
+    let hold = |s: &TestServer| {
+        ferry_api::AdminClient::new(&s.admin.to_string())
+            .sample_volume("other", 8)
+            .unwrap()
+            .switch_hold_s
+    };
+    let own = hold(&src).expect("a measured switch hold");
+    let expected = (r.time.pause_ms - rtt) / 1e3;
+    assert!((own - expected).abs() < 1e-5, "{own} {:?}", r.time);
+    again.create("other", MIB);
+    assert_eq!(hold(&again), None, "the destination switched nothing");
+    src.stop();
+    let src_again = TestServer::start(&pa);
+    assert_eq!(hold(&src_again), Some(own), "kept across a restart");
 }
 
 /// The source prints from its index every chunk nothing wrote since the
