@@ -307,11 +307,18 @@ impl Counters {
     /// Keep `rtt` if it is the fastest round trip yet.
     pub fn link_rtt_timed(&self, rtt: Duration) {
         let us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX).max(1);
-        let _ = self
-            .link_rtt_us
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
-                (cur == 0 || us < cur).then_some(us)
-            });
+        let mut cur = self.link_rtt_us.load(Ordering::Relaxed);
+        while cur == 0 || us < cur {
+            match self.link_rtt_us.compare_exchange_weak(
+                cur,
+                us,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
+        }
     }
 
     /// The fastest round trip timed, if any.
@@ -657,6 +664,20 @@ pub fn coalesce(chunks: impl IntoIterator<Item = u64>) -> Vec<(u64, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fastest_round_trip_is_kept() {
+        let c = Counters::default();
+        assert_eq!(c.link_rtt(), None, "none timed yet");
+        let ms = Duration::from_millis;
+        c.link_rtt_timed(ms(12));
+        c.link_rtt_timed(ms(9));
+        c.link_rtt_timed(ms(30));
+        assert_eq!(c.link_rtt(), Some(ms(9)));
+        // A round trip under a microsecond still counts as one.
+        c.link_rtt_timed(Duration::ZERO);
+        assert_eq!(c.link_rtt(), Some(Duration::from_micros(1)));
+    }
 
     #[tokio::test]
     async fn bulk_work_runs_at_background_priority_and_a_panic_is_an_error() {
