@@ -14,6 +14,7 @@ pub mod idle_release;
 pub mod in_doubt;
 pub mod indexer;
 pub mod iscsi;
+mod keep_measure;
 pub mod metrics;
 pub mod nbd;
 pub mod net;

@@ -42,14 +42,7 @@ impl RebuildRate {
     /// a runtime (the destination tells it as it commits, while the
     /// source's guest may be paused), else here.
     pub fn record(&self, bytes: u64, seconds: f64) {
-        if !self.log.record(Measure { bytes, seconds }) {
-            return;
-        }
-        let log = self.log.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(rt.spawn_blocking(move || log.save())),
-            Err(_) => log.save(),
-        }
+        crate::keep_measure::keep(&self.log, Measure { bytes, seconds });
     }
 
     /// Bytes per second over the recent migrations, each weighted by what

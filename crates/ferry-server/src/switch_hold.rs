@@ -46,14 +46,7 @@ impl SwitchHold {
     /// called inside a runtime, else here.
     pub fn record(&self, hold: Duration, rtt: Duration) {
         let own = hold.saturating_sub(rtt).as_secs_f64();
-        if !self.log.record(Seconds(own)) {
-            return;
-        }
-        let log = self.log.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(rt.spawn_blocking(move || log.save())),
-            Err(_) => log.save(),
-        }
+        crate::keep_measure::keep(&self.log, Seconds(own));
     }
 
     /// The median hold besides the link of the recent switches (seconds);
