@@ -319,6 +319,13 @@ pub struct VmView {
     /// few; absent until the host has made one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_move_setup_s: Option<f64>,
+    /// How busy the host's recent outgoing memory moves kept a link that
+    /// held them back: link bytes over the stream's span, over the
+    /// largest delivery rate it saw (below one where QEMU had nothing to
+    /// send for longer than the window in flight covers), the median of
+    /// its last few; absent until the host has made such a move.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_link_efficiency: Option<f64>,
     pub disks: Vec<DiskIo>,
     /// Its network cards on this host: where each is plugged, and what
     /// it carried while QEMU runs.
@@ -561,6 +568,12 @@ pub struct VmMoveReport {
     /// what it told the host's `memory_move_setup_s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_setup_s: Option<f64>,
+    /// How busy the memory stream kept its link up to the switchover,
+    /// where the link or the far end held it back (its sender waited on
+    /// them half the time or more): what this move told the host's
+    /// `memory_link_efficiency`. Absent where the move did not measure it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_link_efficiency: Option<f64>,
 }
 
 /// `GET /v1/vm-moves/{id}`.

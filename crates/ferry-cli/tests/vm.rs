@@ -262,6 +262,13 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     if let Some(bps) = r["memory_stream_bps"].as_f64() {
         assert!(bps > 0.0 && bps.is_finite(), "{r}");
     }
+    // Or, where the link held the stream back, how busy it kept the link;
+    // never both (the sender waited on the link under half its time, or
+    // not).
+    if let Some(e) = r["memory_link_efficiency"].as_f64() {
+        assert!(e > 0.0 && e <= 1.0, "{r}");
+        assert!(r["memory_stream_bps"].is_null(), "{r}");
+    }
     assert_eq!(s.ha.state_of("g1"), None, "the source forgot the guest");
     assert_eq!(s.hb.state_of("g1").as_deref(), Some("running"));
     let first = archived_serial(&s.ha, "g1");
@@ -378,7 +385,9 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     assert!(r.to_string().contains("multifd"), "the report says so: {r}");
     // Parallel channels say nothing of one stream's rate or set-up.
     assert!(
-        r["memory_setup_s"].is_null() && r["memory_stream_bps"].is_null(),
+        r["memory_setup_s"].is_null()
+            && r["memory_stream_bps"].is_null()
+            && r["memory_link_efficiency"].is_null(),
         "{r}"
     );
     #[allow(clippy::cast_precision_loss)]

@@ -44,6 +44,13 @@ pub struct MoveOutcome {
     /// report's `memory_setup_s`), where it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_setup_s: Option<f64>,
+    /// Of `bytes`, the memory stream's (the report's `memory_link`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<f64>,
+    /// How busy the memory stream kept its link, as its host measured it
+    /// for this move (the report's `memory_link_efficiency`), where it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_link_efficiency: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// A burst: the site the guest left because it was full.
@@ -192,6 +199,8 @@ pub fn not_started(d: &Decision, reason: Option<String>) -> MoveOutcome {
         predicted_bytes: d.cost.bytes,
         guest_pause_ms: None,
         memory_setup_s: None,
+        memory_bytes: None,
+        memory_link_efficiency: None,
         reason,
         burst_from: d.burst_from.clone(),
     }
@@ -264,6 +273,10 @@ pub fn follow(control: &str, id: &MigrationId, mut out: MoveOutcome) -> MoveOutc
         out.bytes = bytes;
         out.guest_pause_ms = rep.guest_pause_ms;
         out.memory_setup_s = rep.memory_setup_s.filter(|s| s.is_finite() && *s >= 0.0);
+        #[allow(clippy::cast_precision_loss)]
+        let memory = rep.bytes.memory_link as f64;
+        out.memory_bytes = Some(memory);
+        out.memory_link_efficiency = rep.memory_link_efficiency.filter(|e| *e > 0.0 && *e <= 1.0);
         out.reason = if rep.result == VmMovePhase::Completed {
             None
         } else {

@@ -246,6 +246,8 @@ mod tests {
             predicted_bytes: 1e6,
             guest_pause_ms: None,
             memory_setup_s: None,
+            memory_bytes: None,
+            memory_link_efficiency: None,
             reason: None,
             burst_from: None,
         }

@@ -498,7 +498,10 @@ impl LinkMeasure {
 /// is taken out of its time first (the model adds it back to every
 /// prediction): the memory's as its host measured it for that move where
 /// the report says, else the model's constant; never more than four
-/// fifths of the time. What is left
+/// fifths of the time. Where the host measured how busy the memory
+/// stream kept the link (the model prices a stream from that host at
+/// that share of the link's rate), its bytes count as that much more of
+/// the link's. What is left
 /// includes convergence, so this is what the next move can expect, not
 /// the raw line rate.
 pub fn bandwidth_from_moves<'a>(
@@ -516,7 +519,13 @@ pub fn bandwidth_from_moves<'a>(
             Action::MoveDisk => DISK_MOVE_SETUP_S,
             Action::Teleport => memory + DISK_MOVE_SETUP_S,
         };
-        let rate = o.bytes / (o.seconds - setup).max(0.2 * o.seconds);
+        let memory = o.memory_bytes.unwrap_or(0.0).clamp(0.0, o.bytes);
+        let efficiency = o
+            .memory_link_efficiency
+            .filter(|e| *e > 0.0 && *e <= 1.0)
+            .unwrap_or(1.0);
+        let link_bytes = o.bytes - memory + memory / efficiency;
+        let rate = link_bytes / (o.seconds - setup).max(0.2 * o.seconds);
         let e = out.entry(link).or_insert((rate, 0));
         e.0 = if e.1 == 0 {
             rate
@@ -974,6 +983,7 @@ pub fn measure(
             memory_link_share: v.memory_link_share,
             memory_stream_bps: v.memory_stream_bps.filter(|b| b.is_finite() && *b > 0.0),
             memory_move_setup_s: v.memory_move_setup_s.filter(|s| s.is_finite() && *s >= 0.0),
+            memory_link_efficiency: v.memory_link_efficiency.filter(|e| *e > 0.0 && *e <= 1.0),
             disk_switch_hold_s: disk.switch_hold_s,
             accel: v.accel.clone(),
             home_site: None,
@@ -1043,6 +1053,8 @@ mod tests {
             predicted_bytes: 1.0,
             guest_pause_ms: None,
             memory_setup_s: None,
+            memory_bytes: None,
+            memory_link_efficiency: None,
             reason: None,
             burst_from: None,
         }
@@ -1319,5 +1331,16 @@ mod tests {
         let bw = bandwidth_from_moves([&measured].into_iter());
         let (rate, _) = bw[&("a".to_string(), "b".to_string())];
         assert!((rate - 40e6 / 3.0).abs() < 1.0, "{rate}");
+        // One whose memory stream kept the link 80% busy: the link carried
+        // its memory bytes at 1/0.8 of the rate the move achieved (the
+        // model applies the 80% again), its disk's at the move's.
+        measured.action = Action::Teleport;
+        measured.bytes = 50e6;
+        measured.memory_bytes = Some(40e6);
+        measured.memory_link_efficiency = Some(0.8);
+        let bw = bandwidth_from_moves([&measured].into_iter());
+        let (rate, _) = bw[&("a".to_string(), "b".to_string())];
+        let want = (10e6 + 40e6 / 0.8) / (4.0 - 1.0 - DISK_MOVE_SETUP_S);
+        assert!((rate - want).abs() < 1.0, "{rate} {want}");
     }
 }

@@ -157,6 +157,13 @@ pub struct VmState {
     /// absent: `model::VM_MOVE_SETUP_S`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_move_setup_s: Option<f64>,
+    /// How busy a memory move from its host keeps a link that holds it
+    /// back (link bytes over the stream's span, over the largest delivery
+    /// rate it saw), as that host measured its own recent moves: the
+    /// stream's time on a link is its bytes over the link's rate times
+    /// this; absent: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_link_efficiency: Option<f64>,
     /// How long a switch of its disk's storage daemon holds writes besides
     /// the link's round trip (s), as that daemon measured its own recent
     /// switches as a migration's source; absent: `model::DISK_PAUSE_BASE_S`.
@@ -246,6 +253,18 @@ fn positive(what: String, v: f64) -> Result<(), ClusterError> {
     }
 }
 
+fn share(what: String, v: f64) -> Result<(), ClusterError> {
+    if v > 0.0 && v <= 1.0 {
+        Ok(())
+    } else {
+        Err(ClusterError::Impossible {
+            what,
+            rule: "above zero and at most one",
+            value: v,
+        })
+    }
+}
+
 fn non_negative(what: String, v: f64) -> Result<(), ClusterError> {
     if v.is_finite() && v >= 0.0 {
         Ok(())
@@ -324,6 +343,9 @@ impl Cluster {
             if let Some(s) = v.memory_move_setup_s {
                 non_negative(format!("VM {} memory_move_setup_s", v.name), s)?;
             }
+            if let Some(e) = v.memory_link_efficiency {
+                share(format!("VM {} memory_link_efficiency", v.name), e)?;
+            }
             if let Some(s) = v.disk_switch_hold_s {
                 non_negative(format!("VM {} disk_switch_hold_s", v.name), s)?;
             }
@@ -383,6 +405,7 @@ mod tests {
                 memory_link_share: None,
                 memory_stream_bps: None,
                 memory_move_setup_s: None,
+                memory_link_efficiency: None,
                 disk_switch_hold_s: None,
                 disk_link_share: None,
                 accel: None,
@@ -446,6 +469,17 @@ mod tests {
         }
         moved.vms[0].memory_stream_bps = None;
         moved.vms[0].memory_move_setup_s = None;
+        // How busy its host's streams kept their link: a share.
+        moved.vms[0].memory_link_efficiency = Some(0.8);
+        let back: Cluster = serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();
+        assert_eq!(back.vms[0].memory_link_efficiency, Some(0.8));
+        assert!(back.validate().is_ok());
+        for bad in [0.0, -0.2, 1.5, f64::NAN] {
+            moved.vms[0].memory_link_efficiency = Some(bad);
+            let e = moved.validate().unwrap_err().to_string();
+            assert!(e.contains("memory_link_efficiency"), "{e}");
+        }
+        moved.vms[0].memory_link_efficiency = None;
         // Its disk's daemon's switch hold reads back; not negative.
         moved.vms[0].disk_switch_hold_s = Some(0.004);
         let back: Cluster = serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();

@@ -225,6 +225,7 @@ mod tests {
                 memory_link_share: None,
                 memory_stream_bps: None,
                 memory_move_setup_s: None,
+                memory_link_efficiency: None,
                 disk_switch_hold_s: None,
                 disk_link_share: None,
                 accel: None,

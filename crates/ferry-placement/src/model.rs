@@ -301,9 +301,10 @@ pub fn placement_loss(
 /// plus what it dirties meanwhile; the pause sends one last round.
 pub fn vm_move_cost(vm: &VmState, rtt_ms: f64, bw: f64) -> MoveCost {
     let share = memory_link_share(vm);
-    // The stream in raw (uncompressed) bytes per second: the link's, or
-    // the machine's where the link is faster.
-    let raw_bw = (bw / share).min(memory_stream_bps(vm));
+    // The stream in raw (uncompressed) bytes per second: what its host's
+    // streams carry of the link's rate, or the machine's where that is
+    // faster.
+    let raw_bw = (bw * memory_link_efficiency(vm) / share).min(memory_stream_bps(vm));
     let (raw, converges) = precopy_bytes(vm.memory_bytes, vm.load.dirty_rate, raw_bw);
     let bytes = raw * share;
     let rtt = rtt_ms / 1000.0;
@@ -330,6 +331,15 @@ pub fn memory_stream_bps(vm: &VmState) -> f64 {
     vm.memory_stream_bps
         .filter(|b| b.is_finite() && *b > 0.0)
         .unwrap_or(MACHINE_STREAM_RAW_BPS)
+}
+
+/// The share of a link's rate a memory stream from the guest's host
+/// carries where the link holds it back: what the host measured of its
+/// own recent moves (a share, above zero and at most one), else 1.
+pub fn memory_link_efficiency(vm: &VmState) -> f64 {
+    vm.memory_link_efficiency
+        .filter(|e| *e > 0.0 && *e <= 1.0)
+        .unwrap_or(1.0)
 }
 
 /// The fixed time of a memory move from the guest's host besides its
@@ -646,6 +656,37 @@ mod tests {
                 (vm_move_cost(&b, 1.0, gbit).seconds - base.seconds).abs() < 1e-9,
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn a_host_whose_streams_leave_the_link_idle_is_priced_at_the_share_it_keeps_busy() {
+        let mut v = vm(60.0, 16.5, true);
+        v.load.dirty_rate = 0.0;
+        let slow_link = 12.5e6;
+        let base = vm_move_cost(&v, 1.0, slow_link);
+        let stream = base.seconds - VM_MOVE_SETUP_S - 0.003 - base.pause_s;
+        // A host whose streams kept the link 80% busy: the stream takes
+        // 1/0.8 as long where the link binds; the same bytes cross.
+        let mut idle = v.clone();
+        idle.memory_link_efficiency = Some(0.8);
+        let m = vm_move_cost(&idle, 1.0, slow_link);
+        assert!(
+            (m.seconds - base.seconds - stream * 0.25).abs() < 1e-6,
+            "{m:?} {base:?}"
+        );
+        assert!((m.bytes - base.bytes).abs() < 1.0);
+        // Where the machine binds, the link's share does not show.
+        let gbit = 125e6;
+        assert!(
+            (vm_move_cost(&idle, 1.0, gbit).seconds - vm_move_cost(&v, 1.0, gbit).seconds).abs()
+                < 1e-9
+        );
+        // What no stream could measure is not used.
+        for bad in [0.0, -0.5, 1.5, f64::NAN] {
+            idle.memory_link_efficiency = Some(bad);
+            let b = vm_move_cost(&idle, 1.0, slow_link);
+            assert!((b.seconds - base.seconds).abs() < 1e-9, "{bad}");
         }
     }
 

@@ -154,6 +154,7 @@ fn build(cfg: &SimConfig) -> (Cluster, Vec<bool>) {
                 memory_link_share: None,
                 memory_stream_bps: None,
                 memory_move_setup_s: None,
+                memory_link_efficiency: None,
                 disk_switch_hold_s: None,
                 disk_link_share: None,
                 accel: None,

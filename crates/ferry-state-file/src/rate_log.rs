@@ -2,10 +2,12 @@
 //! file across restarts: a rate (bytes in seconds over the last few
 //! measures, each weighted by its bytes: a storage daemon's rebuild of
 //! held blocks, a VM host's memory stream) or a fixed cost (the median
-//! of the last few: a VM host's set-up of a move). A damaged file is
-//! reported and read as nothing measured; an entry no measure could make
-//! is dropped, so a rate is always absent or positive and finite, and a
-//! cost absent or finite and not negative.
+//! of the last few: a VM host's set-up of a move) or a share (the median
+//! of the last few: how much of its link a VM host's memory stream
+//! kept busy). A damaged file is reported and read as nothing measured;
+//! an entry no measure could make is dropped, so a rate is always absent
+//! or positive and finite, a cost absent or finite and not negative, and
+//! a share absent or above zero and at most one.
 
 use crate::Kind;
 use serde::de::DeserializeOwned;
@@ -58,6 +60,34 @@ impl Sample for Seconds {
     }
 }
 
+/// One measure of a share of something: above zero, at most one.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Share(pub f64);
+
+impl Sample for Share {
+    fn usable(&self) -> bool {
+        self.0 > 0.0 && self.0 <= 1.0
+    }
+}
+
+/// A measure that is one number, whose log's summary is the median.
+pub trait Scalar: Sample {
+    fn value(&self) -> f64;
+}
+
+impl Scalar for Seconds {
+    fn value(&self) -> f64 {
+        self.0
+    }
+}
+
+impl Scalar for Share {
+    fn value(&self) -> f64 {
+        self.0
+    }
+}
+
 /// What the file holds.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(bound = "M: Sample")]
@@ -76,6 +106,8 @@ pub struct RecentLog<M> {
 pub type RateLog = RecentLog<Measure>;
 /// A fixed cost learned from recent work.
 pub type SecondsLog = RecentLog<Seconds>;
+/// A share learned from recent work.
+pub type ShareLog = RecentLog<Share>;
 
 impl<M> Clone for RecentLog<M> {
     fn clone(&self) -> Self {
@@ -169,11 +201,11 @@ impl RecentLog<Measure> {
     }
 }
 
-impl RecentLog<Seconds> {
+impl<M: Scalar> RecentLog<M> {
     /// The median of the recent measures (the mean of the middle two of
     /// an even count); `None` before the first.
     pub fn median(&self) -> Option<f64> {
-        let mut v: Vec<f64> = self.inner.recent.lock().iter().map(|s| s.0).collect();
+        let mut v: Vec<f64> = self.inner.recent.lock().iter().map(Scalar::value).collect();
         v.sort_by(f64::total_cmp);
         let n = v.len();
         match n {
@@ -315,5 +347,23 @@ mod tests {
         assert_eq!(s.median(), Some(0.35), "the middle two of four");
         s.save();
         assert_eq!(open().median(), Some(0.35));
+    }
+
+    #[test]
+    fn a_share_is_above_zero_and_at_most_one_and_its_summary_is_the_median() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("share.json");
+        let open = || ShareLog::open(file.clone(), KIND, "the test's share");
+        let s = open();
+        for bad in [0.0, -0.5, 1.01, f64::NAN, f64::INFINITY] {
+            assert!(!s.record(Share(bad)), "{bad}");
+        }
+        assert_eq!(s.median(), None);
+        for x in [0.8, 1.0, 0.3] {
+            assert!(s.record(Share(x)));
+        }
+        assert_eq!(s.median(), Some(0.8));
+        s.save();
+        assert_eq!(open().median(), Some(0.8));
     }
 }

@@ -684,6 +684,7 @@ mod tests {
             memory_link_share: Some(0.25),
             memory_stream_bps: None,
             memory_move_setup_s: None,
+            memory_link_efficiency: None,
             disks: vec![DiskIo {
                 volume: "v".into(),
                 reads: 3,

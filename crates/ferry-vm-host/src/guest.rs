@@ -530,6 +530,15 @@ pub mod files {
         max_bytes: 1 << 14,
     };
     pub const SETUP_COST_FILE: &str = "memory-move-setup.json";
+    /// `<state>/memory-stream-efficiency.json`: how busy this host's
+    /// recent outgoing memory streams kept a link that held them back
+    /// (`crate::moves::efficiency_measure`).
+    pub const STREAM_EFFICIENCY: Kind = Kind {
+        format: "ferry-memory-stream-efficiency",
+        version: 1,
+        max_bytes: 1 << 14,
+    };
+    pub const STREAM_EFFICIENCY_FILE: &str = "memory-stream-efficiency.json";
     /// Move records kept: the newest this many, none older than this.
     pub const MOVES_KEPT: usize = 1000;
     pub const MOVES_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(90 * 86_400);

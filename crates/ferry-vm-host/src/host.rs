@@ -72,6 +72,10 @@ pub struct VmHost {
     /// `crate::moves::setup_measure`), told with every guest's view
     /// (`<state>/memory-move-setup.json`).
     pub setup_cost: ferry_state_file::rate_log::SecondsLog,
+    /// How busy this host's recent outgoing memory streams kept a link
+    /// that held them back (`crate::moves::efficiency_measure`), told
+    /// with every guest's view (`<state>/memory-stream-efficiency.json`).
+    pub stream_efficiency: ferry_state_file::rate_log::ShareLog,
 }
 
 fn disk_error(volume: &str, e: &HostError) -> VmError {
@@ -156,6 +160,11 @@ impl VmHost {
                 root.join(crate::guest::files::SETUP_COST_FILE),
                 crate::guest::files::SETUP_COST,
                 "this host's memory move set-up",
+            ),
+            stream_efficiency: ferry_state_file::rate_log::ShareLog::open(
+                root.join(crate::guest::files::STREAM_EFFICIENCY_FILE),
+                crate::guest::files::STREAM_EFFICIENCY,
+                "this host's memory stream's use of its link",
             ),
         });
         let mut entries: Vec<PathBuf> = std::fs::read_dir(&vms)
@@ -599,6 +608,7 @@ impl VmHost {
             memory_link_share: rt.as_ref().and(memory.link_share),
             memory_stream_bps: self.stream_rate.bytes_per_second(),
             memory_move_setup_s: self.setup_cost.median(),
+            memory_link_efficiency: self.stream_efficiency.median(),
             disks,
             nics: self.nic_views(&g.paths.dir, &spec, rt.is_some()),
             serial_log: g.paths.serial.clone(),

@@ -72,9 +72,9 @@ pub struct MoveRun {
     disk_dirty: AtomicU64,
     pub cancel: CancellationToken,
     pub counters: Arc<PipeCounters>,
-    /// The memory stream's raw bytes and sender's clock as the switchover
+    /// The memory stream's bytes and sender's clock as the switchover
     /// began (what the pre-copy sent, and in how long).
-    precopy_sent: parking_lot::Mutex<Option<(u64, SendTiming)>>,
+    precopy_sent: parking_lot::Mutex<Option<PrecopySent>>,
     /// Where the move's status is kept (`<state>/moves/<id>.json`).
     record: PathBuf,
     /// The disk migrations this move started (recorded with its status).
@@ -118,6 +118,15 @@ pub fn past_moves(root: &Path) -> BTreeMap<MigrationId, VmMoveStatus> {
     out
 }
 
+/// What a memory stream's pre-copy sent: QEMU's bytes, the link bytes
+/// they took, and the sender's clock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PrecopySent {
+    pub raw: u64,
+    pub link: u64,
+    pub timing: SendTiming,
+}
+
 impl MoveRun {
     /// A client of `d`'s storage daemon, the same for every call of this
     /// move: its connection (over TLS beyond loopback) stays open between
@@ -139,11 +148,10 @@ impl MoveRun {
             *cur = p;
             self.phases.lock().push((p, Instant::now()));
             if p == VmMovePhase::Switchover {
-                self.precopy_sent.lock().get_or_insert_with(|| {
-                    (
-                        self.counters.raw.load(Ordering::Relaxed),
-                        *self.counters.timing.lock(),
-                    )
+                self.precopy_sent.lock().get_or_insert_with(|| PrecopySent {
+                    raw: self.counters.raw.load(Ordering::Relaxed),
+                    link: self.counters.link.load(Ordering::Relaxed),
+                    timing: *self.counters.timing.lock(),
                 });
             }
             tracing::info!(move_id = %self.id, vm = %self.vm, phase = p.as_str(), "move phase");
@@ -429,6 +437,7 @@ async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
         }
     }
     let memory_stream_bps = measure_stream(&host, &run, outcome.result);
+    let memory_link_efficiency = measure_efficiency(&host, &run, outcome.result);
     let memory_setup_s = measure_setup(&host, &run, &outcome, end);
     let report = VmMoveReport {
         id: run.id.clone(),
@@ -454,6 +463,7 @@ async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
         compress: run.req.compress.unwrap_or(true),
         memory_stream_bps,
         memory_setup_s,
+        memory_link_efficiency,
     };
     if outcome.result != VmMovePhase::Completed {
         *run.error.lock() = outcome.reason;
@@ -496,7 +506,7 @@ fn measure_stream(host: &VmHost, run: &MoveRun, result: VmMovePhase) -> Option<f
     if !one_stream_completed(run, result) {
         return None;
     }
-    let (raw, timing) = (*run.precopy_sent.lock())?;
+    let PrecopySent { raw, timing, .. } = (*run.precopy_sent.lock())?;
     let Some((bytes, seconds)) = stream_measure(raw, &timing) else {
         tracing::info!(
             move_id = %run.id, raw, span_s = timing.span().as_secs_f64(),
@@ -519,6 +529,53 @@ fn measure_stream(host: &VmHost, run: &MoveRun, result: VmMovePhase) -> Option<f
         "the memory stream's rate measured"
     );
     Some(bps)
+}
+
+/// Tell the host's [`VmHost::stream_efficiency`] how busy a completed
+/// single-stream memory move kept its link up to its switchover, where
+/// the link or the far end held it back ([`efficiency_measure`]). The
+/// share, if measured.
+fn measure_efficiency(host: &VmHost, run: &MoveRun, result: VmMovePhase) -> Option<f64> {
+    if !one_stream_completed(run, result) {
+        return None;
+    }
+    let sent = (*run.precopy_sent.lock())?;
+    let share = efficiency_measure(&sent)?;
+    if !keep(
+        &host.stream_efficiency,
+        ferry_state_file::rate_log::Share(share),
+    ) {
+        return None;
+    }
+    tracing::info!(
+        move_id = %run.id, share, link = sent.link,
+        span_s = sent.timing.span().as_secs_f64(),
+        peak_bps = sent.timing.delivery_peak_bps,
+        host_share = host.stream_efficiency.median(),
+        "the memory stream's use of its link measured"
+    );
+    Some(share)
+}
+
+/// How busy a memory stream that the link or the far end held back
+/// (the sender waited on it for half its span or more: the other case
+/// of [`stream_measure`]) kept them: its link bytes over its span, over
+/// the largest delivery rate its acknowledgements showed. Below one
+/// where the sender had nothing to send (QEMU syncing its dirty bitmap,
+/// walking pages it does not send, the sender compressing) for longer
+/// than the window in flight covers; the model takes a memory stream's
+/// time on a link as its bytes over this share of the link's rate. `None`
+/// for a stream under [`MIN_MEASURED_STREAM`], one the machine bound, or
+/// one no delivery rate was measured for.
+#[allow(clippy::cast_precision_loss)]
+pub(crate) fn efficiency_measure(sent: &PrecopySent) -> Option<f64> {
+    let span = sent.timing.span();
+    if sent.raw < MIN_MEASURED_STREAM || span.is_zero() || sent.timing.link_wait * 2 < span {
+        return None;
+    }
+    let peak = sent.timing.delivery_peak_bps.filter(|p| *p > 0.0)?;
+    let share = sent.link as f64 / span.as_secs_f64() / peak;
+    (share.is_finite() && share > 0.0).then(|| share.min(1.0))
 }
 
 /// Tell the host's [`VmHost::setup_cost`] the fixed time of a completed
@@ -1832,6 +1889,7 @@ mod tests {
             last: Some(t0 + Duration::from_millis(span_ms)),
             link_wait: Duration::from_millis(wait_ms),
             base_rtt: None,
+            delivery_peak_bps: None,
         };
         let big = 100 << 20;
         let (bytes, secs) = stream_measure(big, &timing(2000, 500)).unwrap();
@@ -1861,6 +1919,7 @@ mod tests {
             last: Some(t0 + ms(2000)),
             link_wait: ms(1500),
             base_rtt: Some(ms(10)),
+            delivery_peak_bps: None,
         };
         let s = setup_measure(ms(2600), &timing, ms(40)).unwrap();
         assert!((s - 0.53).abs() < 1e-9, "{s}");
@@ -1875,5 +1934,42 @@ mod tests {
             None,
             "no stream"
         );
+    }
+
+    /// A stream the link held back tells how busy it kept the link: its
+    /// link bytes over its span, over the largest delivery rate it saw;
+    /// one the machine bound, a small one and one with no delivery rate
+    /// tell nothing.
+    #[test]
+    fn a_held_back_stream_tells_how_busy_it_kept_its_link() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let sent = |wait_ms: u64, peak: Option<f64>| PrecopySent {
+            raw: 100 << 20,
+            link: 40_000_000,
+            timing: SendTiming {
+                first: Some(t0),
+                last: Some(t0 + ms(2000)),
+                link_wait: ms(wait_ms),
+                base_rtt: Some(ms(10)),
+                delivery_peak_bps: peak,
+            },
+        };
+        // 40 MB in 2 s where the link carried 25 MB/s at its busiest.
+        let e = efficiency_measure(&sent(1500, Some(25e6))).unwrap();
+        assert!((e - 0.8).abs() < 1e-9, "{e}");
+        // A peak sampled below the mean (its samples are short) is one.
+        assert_eq!(efficiency_measure(&sent(1500, Some(10e6))), Some(1.0));
+        assert_eq!(
+            efficiency_measure(&sent(500, Some(25e6))),
+            None,
+            "machine-bound"
+        );
+        assert_eq!(efficiency_measure(&sent(1500, None)), None, "no rate");
+        let small = PrecopySent {
+            raw: MIN_MEASURED_STREAM - 1,
+            ..sent(1500, Some(25e6))
+        };
+        assert_eq!(efficiency_measure(&small), None, "too small");
     }
 }

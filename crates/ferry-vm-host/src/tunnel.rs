@@ -201,6 +201,10 @@ pub struct SendTiming {
     /// The smallest time a frame took from its send to its
     /// acknowledgement: the link's round trip, about.
     pub base_rtt: Option<Duration>,
+    /// The largest delivery rate (link bytes per second, over one
+    /// [`RATE_SAMPLE`]) the acknowledgements showed: what the link, or
+    /// the far end, carries when the stream keeps it busy.
+    pub delivery_peak_bps: Option<f64>,
 }
 
 impl SendTiming {
@@ -243,6 +247,8 @@ struct Window {
     /// dirty bitmap) the acknowledged rate says nothing about the link,
     /// and a mean would shrink the window below what the link carries.
     rate: f64,
+    /// The largest sample of the whole stream.
+    peak: f64,
 }
 
 /// One delivery-rate sample per this much time.
@@ -262,6 +268,7 @@ impl Window {
             rate_bytes: 0,
             samples: Default::default(),
             rate: 0.0,
+            peak: 0.0,
         }
     }
 
@@ -310,6 +317,7 @@ impl Window {
         let dt = now.duration_since(self.rate_since);
         if dt >= RATE_SAMPLE {
             let r = self.rate_bytes as f64 / dt.as_secs_f64();
+            self.peak = self.peak.max(r);
             self.samples.push_back((now, r));
             while let Some((t, _)) = self.samples.front() {
                 if now.duration_since(*t) <= RATE_MEMORY {
@@ -409,11 +417,15 @@ where
                     .await
                     .map_err(link_err("write"))?;
                 let sent = Instant::now();
-                let rtt = window.lock().base_rtt;
+                let (rtt, peak) = {
+                    let w = window.lock();
+                    (w.base_rtt, w.peak)
+                };
                 let mut t = counters.timing.lock();
                 t.link_wait += sent.duration_since(waiting);
                 t.last = Some(sent);
                 t.base_rtt = rtt;
+                t.delivery_peak_bps = (peak > 0.0).then_some(peak);
             }
             // QEMU's stream is all sent. The link's end follows only once
             // the other side has acknowledged every byte: a relay on the
@@ -692,5 +704,8 @@ mod tests {
         w.on_ack(1000);
         assert!(w.rate < 1e5, "{}", w.rate);
         assert_eq!(w.in_flight, 0);
+        // The stream's peak is not forgotten: what the link carried when
+        // the stream kept it busy.
+        assert_eq!(w.peak, fast);
     }
 }
