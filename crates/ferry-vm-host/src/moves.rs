@@ -570,7 +570,7 @@ fn measure_efficiency(host: &VmHost, run: &MoveRun, result: VmMovePhase) -> Opti
 #[allow(clippy::cast_precision_loss)]
 pub(crate) fn efficiency_measure(sent: &PrecopySent) -> Option<f64> {
     let span = sent.timing.span();
-    if sent.raw < MIN_MEASURED_STREAM || span.is_zero() || sent.timing.link_wait * 2 < span {
+    if sent.raw < MIN_MEASURED_STREAM || span.is_zero() || !sent.timing.held_back_by_link() {
         return None;
     }
     let peak = sent.timing.delivery_peak_bps.filter(|p| *p > 0.0)?;
@@ -597,14 +597,9 @@ fn measure_setup(host: &VmHost, run: &MoveRun, outcome: &Outcome, end: Instant) 
     let pause = Duration::from_secs_f64(outcome.guest_pause_ms? / 1000.0);
     let timing = *run.counters.timing.lock();
     let setup = setup_measure(end.saturating_duration_since(began), &timing, pause)?;
-    if !host
-        .setup_cost
-        .record(ferry_state_file::rate_log::Seconds(setup))
-    {
+    if !keep(&host.setup_cost, ferry_state_file::rate_log::Seconds(setup)) {
         return None;
     }
-    let log = host.setup_cost.clone();
-    drop(tokio::task::spawn_blocking(move || log.save()));
     tracing::info!(
         move_id = %run.id, setup_s = setup, host_setup_s = host.setup_cost.median(),
         "the memory move's fixed time measured"
@@ -645,7 +640,7 @@ pub(crate) fn setup_measure(whole: Duration, timing: &SendTiming, pause: Duratio
 /// waits, and the difference would overstate the machine's speed.
 pub(crate) fn stream_measure(raw: u64, timing: &SendTiming) -> Option<(u64, f64)> {
     let span = timing.span();
-    if raw < MIN_MEASURED_STREAM || timing.link_wait * 2 >= span {
+    if raw < MIN_MEASURED_STREAM || timing.held_back_by_link() {
         return None;
     }
     Some((raw, span.as_secs_f64()))

@@ -215,6 +215,12 @@ impl SendTiming {
             _ => Duration::ZERO,
         }
     }
+
+    /// Whether the sender waited on the link (or the far end) for half
+    /// the span or more: then they, not this end, set the stream's pace.
+    pub fn held_back_by_link(&self) -> bool {
+        self.link_wait * 2 >= self.span()
+    }
 }
 
 const CHUNK: usize = 256 << 10;
