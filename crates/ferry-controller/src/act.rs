@@ -276,7 +276,9 @@ pub fn follow(control: &str, id: &MigrationId, mut out: MoveOutcome) -> MoveOutc
         #[allow(clippy::cast_precision_loss)]
         let memory = rep.bytes.memory_link as f64;
         out.memory_bytes = Some(memory);
-        out.memory_link_efficiency = rep.memory_link_efficiency.filter(|e| *e > 0.0 && *e <= 1.0);
+        out.memory_link_efficiency = rep
+            .memory_link_efficiency
+            .filter(|e| ferry_placement::cluster::is_share(*e));
         out.reason = if rep.result == VmMovePhase::Completed {
             None
         } else {

@@ -20,6 +20,7 @@
 //! that traffic becomes the guest's [`ClientTraffic`] with that site.
 
 use ferry_api::{AdminClient, DiskIo, VmState as GuestState, VmView};
+use ferry_placement::cluster::is_share;
 use ferry_placement::inventory::{Inventory, StorageRef};
 use ferry_placement::model::{DISK_MOVE_SETUP_S, VM_MOVE_SETUP_S};
 use ferry_placement::policy::Action;
@@ -522,7 +523,7 @@ pub fn bandwidth_from_moves<'a>(
         let memory = o.memory_bytes.unwrap_or(0.0).clamp(0.0, o.bytes);
         let efficiency = o
             .memory_link_efficiency
-            .filter(|e| *e > 0.0 && *e <= 1.0)
+            .filter(|e| is_share(*e))
             .unwrap_or(1.0);
         let link_bytes = o.bytes - memory + memory / efficiency;
         let rate = link_bytes / (o.seconds - setup).max(0.2 * o.seconds);
@@ -983,7 +984,7 @@ pub fn measure(
             memory_link_share: v.memory_link_share,
             memory_stream_bps: v.memory_stream_bps.filter(|b| b.is_finite() && *b > 0.0),
             memory_move_setup_s: v.memory_move_setup_s.filter(|s| s.is_finite() && *s >= 0.0),
-            memory_link_efficiency: v.memory_link_efficiency.filter(|e| *e > 0.0 && *e <= 1.0),
+            memory_link_efficiency: v.memory_link_efficiency.filter(|e| is_share(*e)),
             disk_switch_hold_s: disk.switch_hold_s,
             accel: v.accel.clone(),
             home_site: None,

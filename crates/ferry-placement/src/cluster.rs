@@ -253,8 +253,13 @@ fn positive(what: String, v: f64) -> Result<(), ClusterError> {
     }
 }
 
+/// Whether `v` is a share of something: above zero, at most one (not NaN).
+pub fn is_share(v: f64) -> bool {
+    v > 0.0 && v <= 1.0
+}
+
 fn share(what: String, v: f64) -> Result<(), ClusterError> {
-    if v > 0.0 && v <= 1.0 {
+    if is_share(v) {
         Ok(())
     } else {
         Err(ClusterError::Impossible {

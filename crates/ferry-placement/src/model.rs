@@ -338,7 +338,7 @@ pub fn memory_stream_bps(vm: &VmState) -> f64 {
 /// own recent moves (a share, above zero and at most one), else 1.
 pub fn memory_link_efficiency(vm: &VmState) -> f64 {
     vm.memory_link_efficiency
-        .filter(|e| *e > 0.0 && *e <= 1.0)
+        .filter(|e| crate::cluster::is_share(*e))
         .unwrap_or(1.0)
 }
 
