@@ -6,14 +6,20 @@ about N MiB plus the fingerprints, not the volume. Then it goes to B
 again, where the copy A left behind is the basis in turn.
 
 Each row is one N: the bytes on the wire of each leg (both directions,
-from the migration reports), and the return leg's bytes over N. For
-scale, the first leg (nothing at B yet) sends the whole volume.
+from the migration reports), the return leg's bytes over N, and the
+return legs' time (each report's `time.total_s`). For scale, the first
+leg (nothing at B yet) sends the whole volume. Each daemon's index holds
+the volume before it is written there and leaves (each waits until
+`ferry index status` says so: an import or an arrival is indexed in the
+background), as on a site where it lived a while; the writes are then
+marked in the index's bitmap.
 
 Usage: python3 bench/return_trip.py [--size-mib 1024] [--writes 16,64,256] [--out FILE]
 Needs: a release build of ferry, /usr/bin/python3 with python3-libnbd.
-Both daemons on loopback, plaintext (bytes are the point, not time).
+Both daemons on loopback, plaintext: bytes, and the time of what the
+daemons do (no link to wait on).
 """
-import argparse, json, os, shutil, subprocess, sys, tempfile
+import argparse, json, os, shutil, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import FERRY, ensure_ferry, free_port, wait_port  # noqa: E402
@@ -42,6 +48,17 @@ class Daemon:
         if r["result"] != "switched":
             raise RuntimeError(f"migration did not switch: {r}")
         return r
+
+    def indexed(self, volume, timeout=120):
+        """Wait until this daemon's index holds every print of `volume`
+        (an arrival is indexed in the background)."""
+        t = time.time()
+        while time.time() - t < timeout:
+            st = json.loads(self.ferry("index", "status", "--json"))
+            if any(v["volume"] == volume and v.get("prints") for v in st["volumes"]):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"{volume} not indexed within {timeout} s")
 
     def stop(self):
         self.proc.terminate()
@@ -88,9 +105,12 @@ def main():
             da, db = Daemon(work, "a"), Daemon(work, "b")
             try:
                 da.ferry("volume", "import", "v", img)
+                da.indexed("v")
                 there = da.migrate("v", db)
+                db.indexed("v")
                 write_random(db.nbd, "v", size, mib, seed=i)
                 back = db.migrate("v", da)
+                da.indexed("v")
                 write_random(da.nbd, "v", size, mib, seed=100 + i)
                 again = da.migrate("v", db)
             finally:
@@ -101,20 +121,23 @@ def main():
         rows.append({"written_mib": mib, "there": wire(there), "back": wire(back), "again": wire(again),
                      "back_fingerprints": back["bytes"]["fingerprints"],
                      "back_chunks_sent": back["chunks"]["sent"], "back_chunks_resumed": back["chunks"]["resumed"],
-                     "back_chunks_unchanged": back["chunks"].get("unchanged", 0)})
+                     "back_chunks_unchanged": back["chunks"].get("unchanged", 0),
+                     "back_s": back["time"]["total_s"], "again_s": again["time"]["total_s"]})
         print(f"{mib} MiB written: there {wire(there)/2**20:.1f} MiB, back {wire(back)/2**20:.1f} MiB, "
-              f"again {wire(again)/2**20:.1f} MiB", file=sys.stderr)
+              f"again {wire(again)/2**20:.1f} MiB; back {back['time']['total_s']:.2f} s, "
+              f"again {again['time']['total_s']:.2f} s", file=sys.stderr)
     lines = [f"Volume of {a.size_mib} MiB of random data; at the other site a client writes N MiB of random "
              f"data in 64 KiB blocks at distinct offsets (NBD, libnbd), then the volume migrates back; then "
              f"the same again towards the first site. Wire bytes both ways, from each report "
              f"(loopback, plaintext, compression on).", "",
-             "| N written | first leg MiB | back MiB | back / N | of which fingerprints MiB | again MiB | again / N |",
-             "|---|---|---|---|---|---|---|"]
+             "| N written | first leg MiB | back MiB | back / N | of which fingerprints MiB | again MiB | again / N "
+             "| back s | again s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         n = r["written_mib"] << 20
         lines.append(f"| {r['written_mib']} MiB | {r['there']/2**20:.1f} | {r['back']/2**20:.1f} | "
                      f"{r['back']/n:.3f} | {r['back_fingerprints']/2**20:.2f} | {r['again']/2**20:.1f} | "
-                     f"{r['again']/n:.3f} |")
+                     f"{r['again']/n:.3f} | {r['back_s']:.2f} | {r['again_s']:.2f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

@@ -22,7 +22,7 @@
 use ferry_api::{AdminClient, DiskIo, VmState as GuestState, VmView};
 use ferry_placement::cluster::is_share;
 use ferry_placement::inventory::{Inventory, StorageRef};
-use ferry_placement::model::{DISK_MOVE_SETUP_S, VM_MOVE_SETUP_S};
+use ferry_placement::model::{DISK_MOVE_SETUP_S, TELEPORT_CHECK_S, VM_MOVE_SETUP_S};
 use ferry_placement::policy::Action;
 use ferry_placement::{ClientTraffic, Cluster, Placement, VmLoad, VmState};
 use std::collections::{BTreeMap, BTreeSet};
@@ -518,7 +518,7 @@ pub fn bandwidth_from_moves<'a>(
         let setup = match o.action {
             Action::MoveVm => memory,
             Action::MoveDisk => DISK_MOVE_SETUP_S,
-            Action::Teleport => memory + DISK_MOVE_SETUP_S,
+            Action::Teleport => TELEPORT_CHECK_S + memory + DISK_MOVE_SETUP_S,
         };
         let memory = o.memory_bytes.unwrap_or(0.0).clamp(0.0, o.bytes);
         let efficiency = o
@@ -1321,9 +1321,9 @@ mod tests {
         let (rate, n) = bw[&("a".to_string(), "b".to_string())];
         assert_eq!(n, 2);
         // 40 MB in 4 s less the VM move's set-up; 60 MB in 3 s less both
-        // set-ups (a teleport); smoothed 50/50.
+        // set-ups and the destination's check (a teleport); smoothed 50/50.
         let vm = 40e6 / (4.0 - VM_MOVE_SETUP_S);
-        let teleport = 60e6 / (3.0 - VM_MOVE_SETUP_S - DISK_MOVE_SETUP_S);
+        let teleport = 60e6 / (3.0 - TELEPORT_CHECK_S - VM_MOVE_SETUP_S - DISK_MOVE_SETUP_S);
         assert!((rate - (vm + teleport) / 2.0).abs() < 1.0, "{rate}");
         // A move whose host measured its own set-up has that taken out,
         // not the constant.
@@ -1341,7 +1341,7 @@ mod tests {
         measured.memory_link_efficiency = Some(0.8);
         let bw = bandwidth_from_moves([&measured].into_iter());
         let (rate, _) = bw[&("a".to_string(), "b".to_string())];
-        let want = (10e6 + 40e6 / 0.8) / (4.0 - 1.0 - DISK_MOVE_SETUP_S);
+        let want = (10e6 + 40e6 / 0.8) / (4.0 - TELEPORT_CHECK_S - 1.0 - DISK_MOVE_SETUP_S);
         assert!((rate - want).abs() < 1.0, "{rate} {want}");
     }
 }

@@ -332,6 +332,8 @@ struct FillStats {
     local: u64,
     buddy: u64,
     resumed: u64,
+    /// Chunks of a tracked return recorded from this copy's index, unread.
+    own_unread: u64,
     /// Time spent finding and placing the `local` chunks (lookups that
     /// found nothing included).
     local_s: f64,
@@ -449,7 +451,7 @@ impl Receiver {
                         ));
                     }
                     let n = u64::from(n).min(total - i);
-                    self.record_own(i, n)?;
+                    stats.own_unread += self.record_own(i, n)?;
                     i += n;
                 }
                 PrintEntry::Key(key) => {
@@ -491,21 +493,75 @@ impl Receiver {
 
     /// Record chunks `first..first + n` as this copy holds them (the
     /// source says they are unchanged since the volume left here; the
-    /// digest checks it).
-    fn record_own(&self, first: u64, n: u64) -> Result<(), MigrationError> {
+    /// digest checks its claim against this copy's prints): from this
+    /// volume's index where its prints are current, unread, as the source
+    /// prints them from its own (a return then costs what changed, not
+    /// the disk's size), else read and hashed. A block changed behind the
+    /// daemon's back is not marked, so its stale print passes here as it
+    /// does at the source, until the index hashes the copy again. Returns
+    /// how many came from the index.
+    fn record_own(&self, first: u64, n: u64) -> Result<u64, MigrationError> {
         const PIECE: u64 = 8 << 20;
+        let known = self.own_prints(first, n);
+        let unread = known.iter().flatten().count() as u64;
         let size = self.vol.size();
         let mut buf = Vec::new();
-        let mut off = first * self.chunk;
-        let end = ((first + n) * self.chunk).min(size);
-        while off < end {
-            let len = (end - off).min(PIECE);
-            buf.resize(usize::try_from(len).unwrap_or(usize::MAX), 0);
-            self.vol.read_sparse_at(off, &mut buf)?;
-            self.table.record(off / self.chunk, &buf);
-            off += len;
+        let mut unknown = Vec::new();
+        for c in first..first + n {
+            match known.get(idx(c - first)).copied().flatten() {
+                Some(p) if p == ferry_index::prints::ZERO_ENTRY => self.table.set_zero(c, 1),
+                Some(p) => self.table.set_short(c, p),
+                None => unknown.push(c),
+            }
         }
-        Ok(())
+        for (start, count) in coalesce(unknown) {
+            let mut off = start * self.chunk;
+            let end = ((start + u64::from(count)) * self.chunk).min(size);
+            while off < end {
+                let len = (end - off).min(PIECE);
+                buf.resize(usize::try_from(len).unwrap_or(usize::MAX), 0);
+                self.vol.read_sparse_at(off, &mut buf)?;
+                self.table.record(off / self.chunk, &buf);
+                off += len;
+            }
+        }
+        Ok(unread)
+    }
+
+    /// The prints this volume's own index keeps of its whole chunks
+    /// `first..first + n`, each `None` where it has none or the chunk was
+    /// written since it was printed (the index's bitmap marks it, looked
+    /// at under the prints' lock). Empty without a current index. Only
+    /// this migration writes the copy, and none of its writes is under way
+    /// while a `Prints` frame is answered.
+    fn own_prints(&self, first: u64, n: u64) -> Vec<Option<Print>> {
+        let index = self.state.index();
+        // A shared image's other gateways write it without these marks.
+        if !self.use_index || self.vol.shared() || self.vol.write_mark().is_none() {
+            return Vec::new();
+        }
+        let (name, size) = (self.vol.name(), self.vol.size());
+        let whole = (size / self.chunk).saturating_sub(first).min(n);
+        index
+            .with_prints(&name, size, |view| {
+                let marks = self.vol.bitmap(ferry_index::INDEX_BITMAP).ok()?;
+                if u64::from(marks.granularity()) != self.chunk {
+                    return None;
+                }
+                let mut e = vec![ferry_index::prints::ZERO_ENTRY; idx(whole)];
+                view.read(first, &mut e).ok()?;
+                Some(
+                    e.into_iter()
+                        .enumerate()
+                        .map(|(i, p)| {
+                            let c = first + i as u64;
+                            (!marks.is_dirty(c * self.chunk, self.chunk)).then_some(p)
+                        })
+                        .collect(),
+                )
+            })
+            .flatten()
+            .unwrap_or_default()
     }
 
     /// [`Receiver::fill_local`] for each `(chunk, key)`, runs of
@@ -1012,6 +1068,9 @@ where
             Message::PrintsDone => {
                 if stats.resumed > 0 {
                     tracing::info!(volume = %desc.name, chunks = stats.resumed, "resume: chunks already in place");
+                }
+                if stats.own_unread > 0 {
+                    tracing::debug!(volume = %desc.name, chunks = stats.own_unread, "return: unchanged chunks recorded from this copy's index, unread");
                 }
                 send(
                     wr,

@@ -63,13 +63,23 @@ pub const VM_MOVE_SETUP_S: f64 = 0.3;
 /// 55 within 15% either way, the pauses spreading more than the fit
 /// moves them (an earlier fit on 25 had said 14 ms).
 pub const VM_PAUSE_BASE_S: f64 = 0.017;
-/// Fixed time of a disk move besides its bytes (s): connection, the
-/// destination's volume, the first bitmap round. Refitted 2026-11-29 once
-/// the host stopped polling the disk's migration every 100 ms (it follows
-/// the migration's events): four returns of two model checks took
-/// 0.17-0.19 s where 0.15 s predicted 0.23 s, and the first moves 2.16 s
-/// against 2.24 s.
-pub const DISK_MOVE_SETUP_S: f64 = 0.10;
+/// Fixed time of a disk move besides its bytes, its four round trips and
+/// its pause (s): the daemons' work to connect (TLS), open the copy and
+/// scan the source's prints. Refitted 2026-11-30 once a return took its
+/// kept copy's prints from the destination's index instead of reading and
+/// hashing it (30-45 ms of a 128 MiB disk's return, and more the larger
+/// the disk): two model checks' returns took 0.104 and 0.110 s, the first
+/// move 2.12 s, where 0.10 predicted 0.18 and 2.19 s (0.022-0.034 s
+/// each). It was 0.10 s while the return read its copy (0.15 s before the
+/// host followed the disk's migration by its events).
+pub const DISK_MOVE_SETUP_S: f64 = 0.03;
+/// What a teleport takes before its disks' copy begins (s): the source
+/// host asks the destination host whether it can take the guest (one TLS
+/// call; the destination checks the spec, boot files, disks, QEMU, name
+/// and memory) so that a teleport that cannot finish copies nothing.
+/// Measured as the teleport's first `preparing` phase: 38-66 ms over six
+/// teleports of two model checks of 2026-11-30, 44 ms at the median.
+pub const TELEPORT_CHECK_S: f64 = 0.045;
 /// The write hold of a disk switch besides its round trip (s): the last
 /// delta's flush at the destination, the switch of the volume's owner.
 /// Refitted 2026-11-29 once the source stored its moved state after
@@ -424,8 +434,8 @@ pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost 
     move_cost(seconds, bytes, pause, converges)
 }
 
-/// Disk pre-copy over `disk_link`, then memory over `memory_link`; one
-/// pause: the memory's, in which the disk's last delta and switch run
+/// The destination host's check ([`TELEPORT_CHECK_S`]), disk pre-copy
+/// over `disk_link`, then memory over `memory_link`; one pause: the memory's, in which the disk's last delta and switch run
 /// beside QEMU's device state (both start when QEMU stops the guest). The
 /// destination runs the guest once both are done; the device state's one
 /// way trip is half the memory's round trip, so the disk's switch adds
@@ -436,7 +446,7 @@ pub fn teleport_cost(vm: &VmState, to: &str, disk_link: &Link, memory_link: &Lin
     let m = vm_move_cost(vm, memory_link.rtt_ms, memory_link.bandwidth);
     let pause = m.pause_s + TELEPORT_SWITCH_S + (d.pause_s - memory_link.rtt_ms / 2000.0).max(0.0);
     move_cost(
-        d.seconds + m.seconds,
+        TELEPORT_CHECK_S + d.seconds + m.seconds,
         d.bytes + m.bytes,
         pause,
         d.converges && m.converges,
@@ -566,7 +576,8 @@ mod tests {
             bandwidth: 12.5e6,
         };
         let t = teleport_cost(&v, "a", &l, &l);
-        assert!((t.seconds - (d.seconds + m.seconds)).abs() < 1e-9);
+        // The destination's check, then the disk, then the memory.
+        assert!((t.seconds - (TELEPORT_CHECK_S + d.seconds + m.seconds)).abs() < 1e-9);
         // The disk's switch runs beside the device state's one-way trip;
         // the host's release and reconnect come on top.
         let beside = m.pause_s + TELEPORT_SWITCH_S + (d.pause_s - 0.010).max(0.0);

@@ -1510,6 +1510,89 @@ fn a_return_trip_prints_only_what_was_written_since_and_a_wrong_claim_is_caught(
     );
 }
 
+/// Two daemons under `dir` that trust each other, and a 64 MiB volume
+/// "vm" (32 MiB of noise from `seed`) migrated from the first to the
+/// second: the first keeps its moved-away copy.
+fn moved_to_b(dir: &Path, seed: u64) -> (TestServer, TestServer) {
+    let (pa, pb) = (dir.join("a"), dir.join("b"));
+    let a = destination(&pa);
+    let b = destination(&pb);
+    trust_each_other(&pa, &pb);
+    let v = a.create("vm", 64 * MIB);
+    v.write_at(0, &noise(32 * MIB as usize, seed), false)
+        .unwrap();
+    let out = wait(
+        &migrate(&a, request("vm", b.migration.unwrap().to_string())),
+        Duration::from_secs(120),
+    );
+    assert_eq!(out.result, MigrationResult::Switched, "{out:?}");
+    (a, b)
+}
+
+/// A return records the chunks the volume left unchanged from the kept
+/// copy's own index, unread, as the source does from its own: a block of
+/// the kept copy written behind the daemon's back is not read, so that
+/// return does not see it; the next migration catches it once the
+/// index has hashed the copy again (what `ferry index rebuild` does).
+#[test]
+fn a_return_records_the_kept_copy_from_its_index_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = moved_to_b(dir.path(), 51);
+    // The copy A kept, its index current; then one of its blocks changed
+    // behind the daemon's back (nothing marks it).
+    let kept = a.state.pool.get("vm").unwrap();
+    ferry_server::indexer::rebuild_volume(&a.state.index, &kept).unwrap();
+    let behind = noise(4096, 52);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(kept.data_path())
+            .unwrap();
+        f.write_all_at(&behind, 5 * MIB).unwrap();
+    }
+    let at_b = b.state.pool.get("vm").unwrap();
+    at_b.write_at(MIB, &noise(4096, 53), false).unwrap();
+    let back = wait(
+        &migrate(&b, request("vm", a.migration.unwrap().to_string())),
+        Duration::from_secs(120),
+    );
+    assert_eq!(back.result, MigrationResult::Switched, "{back:?}");
+    assert_eq!(
+        back.destination_copy,
+        ferry_api::DestinationCopy::ReturnedTracked
+    );
+    assert_eq!(crossed(&back).1, 1, "{:?}", back.chunks);
+    // Unread: the index vouched for the block as it was, and the block
+    // written behind stays. Every other block is the source's.
+    let home = a.state.pool.get("vm").unwrap();
+    let block_at = |path: &std::path::Path, off: u64| {
+        use std::os::unix::fs::FileExt;
+        let mut b = vec![0u8; 4096];
+        std::fs::File::open(path)
+            .unwrap()
+            .read_exact_at(&mut b, off)
+            .unwrap();
+        b
+    };
+    assert_eq!(block_at(home.data_path(), 5 * MIB), behind);
+    assert_eq!(
+        block_at(home.data_path(), MIB),
+        block_at(at_b.data_path(), MIB)
+    );
+    // Once A's index hashes the copy again, the next move out claims the
+    // block unchanged since it arrived, B's copy differs there, and the
+    // digests catch it: the volume stays at A.
+    ferry_server::indexer::rebuild_volume(&a.state.index, &home).unwrap();
+    let bad = wait(
+        &migrate(&a, request("vm", b.migration.unwrap().to_string())),
+        Duration::from_secs(120),
+    );
+    assert_eq!(bad.result, MigrationResult::Failed, "{bad:?}");
+    assert!(bad.error.unwrap_or_default().contains("digests differ"));
+    assert!(home.is_serving() && home.moved_to().is_none());
+}
+
 /// A return whose unchanged chunks outnumber what one `Prints` frame
 /// carries (65,536 in `Same` runs): the run is cut across frames, and
 /// every chunk is still accounted for once.
@@ -1571,17 +1654,7 @@ fn a_tracked_return_cut_mid_way_resumes_still_tracked() {
         "the test command installs toxiproxy"
     );
     let dir = tempfile::tempdir().unwrap();
-    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
-    let a = destination(&pa);
-    let b = destination(&pb);
-    trust_each_other(&pa, &pb);
-    let v = a.create("vm", 64 * MIB);
-    v.write_at(0, &noise(32 * MIB as usize, 31), false).unwrap();
-    let out = wait(
-        &migrate(&a, request("vm", b.migration.unwrap().to_string())),
-        Duration::from_secs(120),
-    );
-    assert_eq!(out.result, MigrationResult::Switched, "{out:?}");
+    let (a, b) = moved_to_b(dir.path(), 31);
     // 16 MiB written at B, where there was nothing: the return sends it.
     b.state
         .pool
