@@ -535,33 +535,21 @@ impl Receiver {
     /// this migration writes the copy, and none of its writes is under way
     /// while a `Prints` frame is answered.
     fn own_prints(&self, first: u64, n: u64) -> Vec<Option<Print>> {
-        let index = self.state.index();
         // A shared image's other gateways write it without these marks.
         if !self.use_index || self.vol.shared() || self.vol.write_mark().is_none() {
             return Vec::new();
         }
-        let (name, size) = (self.vol.name(), self.vol.size());
-        let whole = (size / self.chunk).saturating_sub(first).min(n);
-        index
-            .with_prints(&name, size, |view| {
-                let marks = self.vol.bitmap(ferry_index::INDEX_BITMAP).ok()?;
-                if u64::from(marks.granularity()) != self.chunk {
-                    return None;
-                }
-                let mut e = vec![ferry_index::prints::ZERO_ENTRY; idx(whole)];
-                view.read(first, &mut e).ok()?;
-                Some(
-                    e.into_iter()
-                        .enumerate()
-                        .map(|(i, p)| {
-                            let c = first + i as u64;
-                            (!marks.is_dirty(c * self.chunk, self.chunk)).then_some(p)
-                        })
-                        .collect(),
-                )
-            })
-            .flatten()
-            .unwrap_or_default()
+        let whole = (self.vol.size() / self.chunk).saturating_sub(first).min(n);
+        let Some(k) =
+            super::known_prints(self.state.index(), &self.vol, self.chunk, first, idx(whole))
+        else {
+            return Vec::new();
+        };
+        k.entries
+            .into_iter()
+            .zip(k.written)
+            .map(|(p, written)| (!written).then_some(p))
+            .collect()
     }
 
     /// [`Receiver::fill_local`] for each `(chunk, key)`, runs of
@@ -679,30 +667,20 @@ impl Receiver {
                 continue;
             };
             let n = run.len().min(idx((v.size() - off) / self.chunk));
-            let kept = index
-                .with_prints(&name, v.size(), |view| {
-                    // The marks as they are now, under the prints' lock
-                    // (a bitmap deleted and made again is another one).
-                    let marks = v.bitmap(ferry_index::INDEX_BITMAP).ok()?;
-                    if u64::from(marks.granularity()) != self.chunk {
-                        return None;
-                    }
-                    let mut e = vec![ferry_index::prints::ZERO_ENTRY; n];
-                    view.read(block, &mut e).ok()?;
-                    Some(
-                        e.into_iter()
-                            .zip(run)
-                            .enumerate()
-                            .take_while(|&(i, (p, &(_, key)))| {
-                                p != ferry_index::prints::ZERO_ENTRY
-                                    && ferry_index::prints::key_of(&p) == key
-                                    && !marks.is_dirty((block + i as u64) * self.chunk, self.chunk)
-                            })
-                            .map(|(_, (p, _))| p)
-                            .collect::<Vec<Print>>(),
-                    )
+            let kept: Vec<Print> = super::known_prints(index, &v, self.chunk, block, n)
+                .map(|k| {
+                    k.entries
+                        .into_iter()
+                        .zip(k.written)
+                        .zip(run)
+                        .take_while(|&((p, written), &(_, key))| {
+                            p != ferry_index::prints::ZERO_ENTRY
+                                && ferry_index::prints::key_of(&p) == key
+                                && !written
+                        })
+                        .map(|((p, _), _)| p)
+                        .collect()
                 })
-                .flatten()
                 .unwrap_or_default();
             if kept.is_empty() {
                 continue;

@@ -535,6 +535,44 @@ fn idx(n: u64) -> usize {
     usize::try_from(n).unwrap_or(usize::MAX)
 }
 
+/// Chunks of a volume as its index knows them: each one's print entry,
+/// and whether the index's bitmap marks it written since it was hashed
+/// (then its entry vouches for nothing and it is read).
+struct KnownPrints {
+    entries: Vec<[u8; ferry_index::prints::ENTRY]>,
+    written: Vec<bool>,
+}
+
+/// `index`'s prints of `n` chunks of `vol` from `first` (chunks of
+/// `chunk` bytes), or `None` without current prints or with a bitmap of
+/// another granularity. Read under the prints' lock, so an entry whose
+/// chunk is not marked is its print; a write that lands after this look
+/// is marked, and the caller's own bitmap or write mark must cover it.
+fn known_prints(
+    index: &ferry_index::PoolIndex,
+    vol: &ferry_storage::Volume,
+    chunk: u64,
+    first: u64,
+    n: usize,
+) -> Option<KnownPrints> {
+    index
+        .with_prints(&vol.name(), vol.size(), |view| {
+            // The marks as they are now, under the prints' lock (a bitmap
+            // deleted and made again is another one).
+            let bm = vol.bitmap(ferry_index::INDEX_BITMAP).ok()?;
+            if u64::from(bm.granularity()) != chunk {
+                return None;
+            }
+            let mut entries = vec![ferry_index::prints::ZERO_ENTRY; n];
+            view.read(first, &mut entries).ok()?;
+            let written = (first..first + n as u64)
+                .map(|c| bm.is_dirty(c * chunk, chunk))
+                .collect();
+            Some(KnownPrints { entries, written })
+        })
+        .flatten()
+}
+
 impl TableInner {
     fn set(&mut self, i: u64, p: [u8; 16]) {
         if let Some(slot) = self.prints.get_mut(idx(i)) {

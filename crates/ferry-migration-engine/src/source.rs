@@ -9,9 +9,9 @@ use super::converge::{self, ConvergePolicy, RoundStats, Step};
 use super::tls::{server_name, CertStore};
 use super::transport::{BoxStream, Counted, FrameReader, RateLimit};
 use super::{
-    blocking, bulk, coalesce, hex, idx, short, unexpected, ChunkTable, MigrationError, MigrationId,
-    MigrationResult, MigrationRun, Phase, Report, ReportBytes, ReportChunks, ReportDigest,
-    ReportThrottle, ReportTime, StorageDaemon,
+    blocking, bulk, coalesce, hex, idx, short, unexpected, ChunkTable, KnownPrints, MigrationError,
+    MigrationId, MigrationResult, MigrationRun, Phase, Report, ReportBytes, ReportChunks,
+    ReportDigest, ReportThrottle, ReportTime, StorageDaemon,
 };
 use bytes::{Bytes, BytesMut};
 use ferry_migration::{Encoding, Message, PrintEntry, SourceOrder, VolumeDescriptor, VERSION};
@@ -537,35 +537,12 @@ struct Sender {
     indexed: Option<Arc<ferry_index::PoolIndex>>,
 }
 
-/// A segment's chunks as the index knows them: each one's print entry,
-/// and whether it was written since it was hashed (then it is read).
-struct KnownPrints {
-    entries: Vec<[u8; ferry_index::prints::ENTRY]>,
-    written: Vec<bool>,
-}
-
 impl Sender {
     /// The index's prints of `n` chunks from `first`, or `None` (no
-    /// current prints: read them all). Under the prints' lock, so an entry
-    /// whose chunk is not marked is its print: a write that lands after
-    /// this look is in the migration's own bitmap and goes in a round.
+    /// current prints: read them all). A write that lands after this look
+    /// is in the migration's own bitmap and goes in a round.
     fn known_prints(&self, first: u64, n: usize) -> Option<KnownPrints> {
-        let index = self.indexed.as_ref()?;
-        index
-            .with_prints(&self.vol.name(), self.vol.size(), |view| {
-                // The marks as they are now, under the prints' lock.
-                let bm = self.vol.bitmap(ferry_index::INDEX_BITMAP).ok()?;
-                if u64::from(bm.granularity()) != self.chunk {
-                    return None;
-                }
-                let mut entries = vec![ferry_index::prints::ZERO_ENTRY; n];
-                view.read(first, &mut entries).ok()?;
-                let written = (first..first + n as u64)
-                    .map(|c| bm.is_dirty(c * self.chunk, self.chunk))
-                    .collect();
-                Some(KnownPrints { entries, written })
-            })
-            .flatten()
+        super::known_prints(self.indexed.as_ref()?, &self.vol, self.chunk, first, n)
     }
 
     /// Read what `known` does not vouch for (all of it without `known`)

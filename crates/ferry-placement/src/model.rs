@@ -435,8 +435,9 @@ pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost 
 }
 
 /// The destination host's check ([`TELEPORT_CHECK_S`]), disk pre-copy
-/// over `disk_link`, then memory over `memory_link`; one pause: the memory's, in which the disk's last delta and switch run
-/// beside QEMU's device state (both start when QEMU stops the guest). The
+/// over `disk_link`, then memory over `memory_link`; one pause: the
+/// memory's, in which the disk's last delta and switch run beside QEMU's
+/// device state (both start when QEMU stops the guest). The
 /// destination runs the guest once both are done; the device state's one
 /// way trip is half the memory's round trip, so the disk's switch adds
 /// what it takes beyond that, and the host's part of it

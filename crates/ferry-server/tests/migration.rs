@@ -1431,13 +1431,7 @@ fn a_return_trip_prints_only_what_was_written_since_and_a_wrong_claim_is_caught(
 
     // Home again: only the written chunks are printed; the rest the copy A
     // kept holds as it is.
-    let to_a = a.migration.unwrap().to_string();
-    let back = wait(&migrate(&b, request("vm", to_a)), Duration::from_secs(120));
-    assert_eq!(back.result, MigrationResult::Switched, "{back:?}");
-    assert_eq!(
-        back.destination_copy,
-        ferry_api::DestinationCopy::ReturnedTracked
-    );
+    let back = tracked_return(&b, &a, Duration::from_secs(120));
     assert_eq!(
         back.chunks.unchanged,
         nonzero - MIB / 4096,
@@ -1454,13 +1448,7 @@ fn a_return_trip_prints_only_what_was_written_since_and_a_wrong_claim_is_caught(
     );
 
     // Out again with nothing written at A: nothing is printed or sent.
-    let to_b = b.migration.unwrap().to_string();
-    let out = wait(&migrate(&a, request("vm", to_b)), Duration::from_secs(120));
-    assert_eq!(out.result, MigrationResult::Switched, "{out:?}");
-    assert_eq!(
-        out.destination_copy,
-        ferry_api::DestinationCopy::ReturnedTracked
-    );
+    let out = tracked_return(&a, &b, Duration::from_secs(120));
     assert_eq!(
         out.chunks.unchanged,
         nonzero + MIB / 4096,
@@ -1510,6 +1498,21 @@ fn a_return_trip_prints_only_what_was_written_since_and_a_wrong_claim_is_caught(
     );
 }
 
+/// Volume "vm" migrated from `from` to `to`, which holds the copy it left
+/// there: the report of a tracked return that switched.
+fn tracked_return(from: &TestServer, to: &TestServer, within: Duration) -> ferry_api::Report {
+    let r = wait(
+        &migrate(from, request("vm", to.migration.unwrap().to_string())),
+        within,
+    );
+    assert_eq!(r.result, MigrationResult::Switched, "{r:?}");
+    assert_eq!(
+        r.destination_copy,
+        ferry_api::DestinationCopy::ReturnedTracked
+    );
+    r
+}
+
 /// Two daemons under `dir` that trust each other, and a 64 MiB volume
 /// "vm" (32 MiB of noise from `seed`) migrated from the first to the
 /// second: the first keeps its moved-away copy.
@@ -1553,15 +1556,7 @@ fn a_return_records_the_kept_copy_from_its_index_unread() {
     }
     let at_b = b.state.pool.get("vm").unwrap();
     at_b.write_at(MIB, &noise(4096, 53), false).unwrap();
-    let back = wait(
-        &migrate(&b, request("vm", a.migration.unwrap().to_string())),
-        Duration::from_secs(120),
-    );
-    assert_eq!(back.result, MigrationResult::Switched, "{back:?}");
-    assert_eq!(
-        back.destination_copy,
-        ferry_api::DestinationCopy::ReturnedTracked
-    );
+    let back = tracked_return(&b, &a, Duration::from_secs(120));
     assert_eq!(crossed(&back).1, 1, "{:?}", back.chunks);
     // Unread: the index vouched for the block as it was, and the block
     // written behind stays. Every other block is the source's.
@@ -1630,15 +1625,7 @@ fn a_tracked_return_longer_than_one_prints_frame_is_cut_across_frames() {
     at_b.write_at(4096, &noise(4096, 42), false).unwrap();
     at_b.write_at(70_000 * 4096, &noise(4096, 43), false)
         .unwrap();
-    let back = wait(
-        &migrate(&b, request("vm", a.migration.unwrap().to_string())),
-        Duration::from_secs(300),
-    );
-    assert_eq!(back.result, MigrationResult::Switched, "{back:?}");
-    assert_eq!(
-        back.destination_copy,
-        ferry_api::DestinationCopy::ReturnedTracked
-    );
+    let back = tracked_return(&b, &a, Duration::from_secs(300));
     assert_eq!(back.chunks.unchanged, 80_000 - 2, "{:?}", back.chunks);
     assert_eq!(crossed(&back).1, 2, "{:?}", back.chunks);
     assert_eq!(
