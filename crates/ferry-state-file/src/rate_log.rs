@@ -202,6 +202,11 @@ impl RecentLog<Measure> {
 }
 
 impl<M: Scalar> RecentLog<M> {
+    /// The recent measures' values, oldest first.
+    pub fn values(&self) -> Vec<f64> {
+        self.inner.recent.lock().iter().map(Scalar::value).collect()
+    }
+
     /// The median of the recent measures (the mean of the middle two of
     /// an even count); `None` before the first.
     pub fn median(&self) -> Option<f64> {

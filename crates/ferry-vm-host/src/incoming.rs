@@ -490,6 +490,14 @@ async fn stream(
         .load(std::sync::atomic::Ordering::Relaxed);
     let error = r.as_ref().err().map(ToString::to_string);
     tracing::info!(move_id = %id, delivered, error, "incoming memory stream ended");
+    if let Some((came, taken)) = *counters.last_frame.lock() {
+        let unix_s = |t: Instant| {
+            (std::time::SystemTime::now() - t.elapsed())
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64())
+        };
+        tracing::debug!(move_id = %id, came_unix_s = unix_s(came), taken_unix_s = unix_s(taken), "the stream's last frame");
+    }
     Ok(r?)
 }
 
@@ -637,6 +645,7 @@ async fn finish(
         }
     };
     let asked = Instant::now();
+    tracing::debug!(move_id = %id, "Finish came");
     let disks = with_arrived_disks(&g, disks).await?;
     tracing::debug!(
         learnt_ms = asked.elapsed().as_secs_f64() * 1e3,

@@ -1509,6 +1509,7 @@ async fn conclude(
         crate::fault::hold(crate::fault::SWITCHOVER).await;
     }
     crate::fault::hold(crate::fault::FINISH).await;
+    tracing::debug!(move_id = %run.id, "sending Finish");
     let mut fin = send_finish(host, run, to_host, spare, placed).await;
     if learnt_there {
         fin = match fin {

@@ -185,6 +185,8 @@ pub struct PipeCounters {
     pub delivered: AtomicU64,
     /// How the sender's time went (see [`SendTiming`]).
     pub timing: parking_lot::Mutex<SendTiming>,
+    /// When the latest data frame came in, and when QEMU had taken it.
+    pub last_frame: parking_lot::Mutex<Option<(Instant, Instant)>>,
 }
 
 /// The sender's clock over a stream: when it read QEMU's first bytes and
@@ -230,11 +232,46 @@ const MIN_FRAME: usize = 16 << 10;
 pub const MIN_WINDOW: u64 = 256 << 10;
 pub const MAX_WINDOW: u64 = 16 << 20;
 
-/// The sender's window: about two round trips of the link's delivery
-/// rate, measured from the acknowledgements. A window much larger than
-/// that only fills buffers on the way, and QEMU, which times its writes,
-/// would believe the link faster than it is and stop the guest for longer
-/// than it promised.
+/// The sender's window over the link's delivery rate × its round trip
+/// while that rate still grows: the window doubles each round trip until
+/// the stream finds what the link carries.
+const STARTUP_GAIN: f64 = 2.0;
+/// The same once the link is full. Past one round trip of the rate, a
+/// window only queues bytes on the way (at the link's bottleneck, in a
+/// relay, or before a far end that takes them slower), and every later
+/// byte waits behind them: the last pre-copy pass and the device state,
+/// sent with the guest stopped, most of all (at 200 ms RTT a window of two
+/// round trips kept about 100 ms of them queued when QEMU stopped the
+/// guest). A quarter of a round trip beyond, plus [`ACK_JITTER`], covers
+/// the acknowledgements' jitter and lets the rate grow by a quarter a round
+/// trip if the link speeds up.
+const CRUISE_GAIN: f64 = 1.25;
+/// How late an acknowledgement may come on a busy host (the far end's
+/// QEMU and ferry share its CPUs with the guests): on a short round trip
+/// a quarter of it does not cover that, and a window that waits for late
+/// acknowledgements leaves the link idle.
+const ACK_JITTER: Duration = Duration::from_millis(4);
+/// The link is full once this many samples in a row, each taken while
+/// the window held the sender back, came within [`GROWTH`] of the best
+/// before them; or once one such sample's fastest acknowledgement came a
+/// [`queue_delay`] later than the round trip's floor: bytes queue.
+const FLAT_SAMPLES: u32 = 3;
+const GROWTH: f64 = 1.25;
+
+/// How much longer than the round trip's floor every acknowledgement of
+/// a sample must take to say bytes queue on the way (HyStart's delay
+/// increase, RFC 9406: an eighth of the floor, within 4-16 ms).
+fn queue_delay(base_rtt: Duration) -> Duration {
+    (base_rtt / 8).clamp(Duration::from_millis(4), Duration::from_millis(16))
+}
+
+/// The sender's window: the link's delivery rate, measured from the
+/// acknowledgements, times its round trip, times [`STARTUP_GAIN`] until
+/// the link is full and [`CRUISE_GAIN`] (plus [`ACK_JITTER`]) after. A
+/// window much larger than the link holds only fills buffers on the way:
+/// the guest's last bytes wait behind them while it is stopped, and QEMU,
+/// which times its writes, would believe the link faster than it is and
+/// stop the guest for longer than it promised.
 #[derive(Debug)]
 struct Window {
     in_flight: u64,
@@ -255,6 +292,19 @@ struct Window {
     rate: f64,
     /// The largest sample of the whole stream.
     peak: f64,
+    /// The sender waited for room since the current sample began: the
+    /// sample measures the link (or the far end), not QEMU's pace.
+    held_back: bool,
+    /// The best sample taken while held back, and how many such samples
+    /// since have not grown past it by [`GROWTH`].
+    full_rate: f64,
+    flat: u32,
+    /// The fastest acknowledgement of the current sample, and the round
+    /// trip's floor before it began.
+    sample_rtt: Option<Duration>,
+    floor: Option<Duration>,
+    /// The link is full (see [`FLAT_SAMPLES`]).
+    filled: bool,
 }
 
 /// One delivery-rate sample per this much time.
@@ -263,19 +313,30 @@ const RATE_SAMPLE: Duration = Duration::from_millis(200);
 const RATE_MEMORY: Duration = Duration::from_secs(2);
 
 impl Window {
-    fn new() -> Window {
+    fn new(now: Instant) -> Window {
         Window {
             in_flight: 0,
             sent: 0,
             acked: 0,
             pending: Default::default(),
             base_rtt: None,
-            rate_since: Instant::now(),
+            rate_since: now,
             rate_bytes: 0,
             samples: Default::default(),
             rate: 0.0,
             peak: 0.0,
+            held_back: false,
+            full_rate: 0.0,
+            flat: 0,
+            sample_rtt: None,
+            floor: None,
+            filled: false,
         }
+    }
+
+    /// Whether the link is full: a larger window would only queue.
+    fn filled(&self) -> bool {
+        self.filled
     }
 
     #[allow(
@@ -286,11 +347,25 @@ impl Window {
     fn limit(&self) -> u64 {
         match self.base_rtt {
             Some(rtt) if self.rate > 0.0 => {
-                let w = 2.0 * self.rate * rtt.as_secs_f64();
+                let over = if self.filled {
+                    rtt.as_secs_f64() * CRUISE_GAIN + ACK_JITTER.as_secs_f64()
+                } else {
+                    rtt.as_secs_f64() * STARTUP_GAIN
+                };
+                let w = self.rate * over;
                 (w as u64).clamp(MIN_WINDOW, MAX_WINDOW)
             }
             _ => MIN_WINDOW * 4,
         }
+    }
+
+    /// Whether a frame of `len` link bytes may go now (an empty window
+    /// always has room: a frame larger than the window still goes). A
+    /// frame that may not marks the current sample as held back.
+    fn room(&mut self, len: u64) -> bool {
+        let room = self.in_flight == 0 || self.in_flight + len <= self.limit();
+        self.held_back |= !room;
+        room
     }
 
     /// The most raw bytes to put in the next frame.
@@ -300,15 +375,14 @@ impl Window {
             .clamp(MIN_FRAME, CHUNK)
     }
 
-    fn on_send(&mut self, n: u64) {
+    fn on_send(&mut self, n: u64, now: Instant) {
         self.sent += n;
         self.in_flight += n;
-        self.pending.push_back((self.sent, Instant::now()));
+        self.pending.push_back((self.sent, now));
     }
 
     #[allow(clippy::cast_precision_loss)]
-    fn on_ack(&mut self, n: u64) {
-        let now = Instant::now();
+    fn on_ack(&mut self, n: u64, now: Instant) {
         self.acked += n;
         self.in_flight = self.in_flight.saturating_sub(n);
         while let Some((end, t)) = self.pending.front() {
@@ -317,6 +391,7 @@ impl Window {
             }
             let rtt = now.duration_since(*t);
             self.base_rtt = Some(self.base_rtt.map_or(rtt, |b| b.min(rtt)));
+            self.sample_rtt = Some(self.sample_rtt.map_or(rtt, |b| b.min(rtt)));
             self.pending.pop_front();
         }
         self.rate_bytes += n;
@@ -332,6 +407,33 @@ impl Window {
                 self.samples.pop_front();
             }
             self.rate = self.samples.iter().map(|x| x.1).fold(0.0, f64::max);
+            // Only a sample the window held back says whether a larger
+            // window would carry more: one QEMU left short says nothing.
+            if self.held_back && !self.filled {
+                let queued = match (self.sample_rtt, self.floor) {
+                    (Some(fastest), Some(floor)) => fastest >= floor + queue_delay(floor),
+                    _ => false,
+                };
+                if r >= self.full_rate * GROWTH {
+                    self.full_rate = r;
+                    self.flat = 0;
+                } else {
+                    self.flat += 1;
+                }
+                self.filled = queued || self.flat >= FLAT_SAMPLES;
+            }
+            tracing::trace!(
+                rate_bps = r,
+                fastest_ms = self.sample_rtt.map(|d| d.as_secs_f64() * 1e3),
+                floor_ms = self.floor.map(|d| d.as_secs_f64() * 1e3),
+                held_back = self.held_back,
+                flat = self.flat,
+                filled = self.filled,
+                "the window's sample"
+            );
+            self.sample_rtt = None;
+            self.floor = self.base_rtt;
+            self.held_back = false;
             self.rate_since = now;
             self.rate_bytes = 0;
         }
@@ -343,11 +445,8 @@ impl Window {
 async fn room_for(window: &parking_lot::Mutex<Window>, opened: &tokio::sync::Notify, len: u64) {
     loop {
         let wait = opened.notified();
-        {
-            let w = window.lock();
-            if w.in_flight == 0 || w.in_flight + len <= w.limit() {
-                return;
-            }
+        if window.lock().room(len) {
+            return;
         }
         wait.await;
     }
@@ -385,7 +484,7 @@ where
     let (mut qr, mut qw) = tokio::io::split(qemu);
     let (mut lr, lw) = tokio::io::split(link);
     let lw = tokio::sync::Mutex::new(lw);
-    let window = parking_lot::Mutex::new(Window::new());
+    let window = parking_lot::Mutex::new(Window::new(Instant::now()));
     let opened = tokio::sync::Notify::new();
     // This side's stream is sent and every byte of it acknowledged.
     let said_all = std::sync::atomic::AtomicBool::new(false);
@@ -403,6 +502,15 @@ where
                 let most = window.lock().frame_room();
                 let n = qr.read(&mut buf[..most]).await.map_err(PipeError::Qemu)?;
                 if n == 0 {
+                    let w = window.lock();
+                    tracing::debug!(
+                        in_flight = w.in_flight,
+                        window = w.limit(),
+                        rate_bps = w.rate,
+                        base_rtt_ms = w.base_rtt.map(|r| r.as_secs_f64() * 1e3),
+                        filled = w.filled(),
+                        "QEMU's stream all read"
+                    );
                     break;
                 }
                 counters
@@ -415,7 +523,7 @@ where
                 let len = frame.len() as u64;
                 let waiting = Instant::now();
                 room_for(&window, &opened, len).await;
-                window.lock().on_send(len);
+                window.lock().on_send(len, Instant::now());
                 counters.raw.fetch_add(n as u64, Ordering::Relaxed);
                 counters.link.fetch_add(len, Ordering::Relaxed);
                 // Flushed: this task next waits on QEMU, not the link.
@@ -468,7 +576,9 @@ where
                 {
                     match f {
                         Frame::Data(raw) => {
+                            let came = Instant::now();
                             qw.write_all(&raw).await.map_err(PipeError::Qemu)?;
+                            *counters.last_frame.lock() = Some((came, Instant::now()));
                             counters
                                 .delivered
                                 .fetch_add(raw.len() as u64, Ordering::Relaxed);
@@ -479,7 +589,7 @@ where
                             let _ = send_flushed(&mut *lw.lock().await, &ack).await;
                         }
                         Frame::Ack(n) => {
-                            window.lock().on_ack(n);
+                            window.lock().on_ack(n, Instant::now());
                             opened.notify_waiters();
                         }
                     }
@@ -672,7 +782,7 @@ mod tests {
 
     #[test]
     fn frames_are_a_quarter_of_the_window_within_bounds() {
-        let mut w = Window::new();
+        let mut w = Window::new(Instant::now());
         // No measurement yet: the starting window of 1 MiB, frames of 256 KiB.
         assert_eq!(w.frame_room(), CHUNK);
         // A slow link: 2 × 1 MB/s × 10 ms is under the smallest window.
@@ -688,30 +798,127 @@ mod tests {
 
     #[test]
     fn the_rate_is_the_largest_recent_sample_not_a_mean() {
-        let mut w = Window::new();
         let t0 = Instant::now();
+        let mut w = Window::new(t0);
         // 1 MB acknowledged over a 250 ms sample: 4 MB/s.
-        w.rate_since = t0 - Duration::from_millis(250);
-        w.on_send(1_000_000);
-        w.on_ack(1_000_000);
+        let mut now = t0 + Duration::from_millis(250);
+        w.on_send(1_000_000, t0);
+        w.on_ack(1_000_000, now);
         let fast = w.rate;
-        assert!(fast > 3e6, "{fast}");
+        assert!((fast - 4e6).abs() < 1.0, "{fast}");
         // Then a quiet sample (QEMU scanning zero pages): the rate holds.
-        w.rate_since = Instant::now() - Duration::from_millis(250);
-        w.on_send(1000);
-        w.on_ack(1000);
+        w.on_send(1000, now);
+        now += Duration::from_millis(250);
+        w.on_ack(1000, now);
         assert_eq!(w.rate, fast);
         // Samples older than the memory are forgotten.
-        for s in &mut w.samples {
-            s.0 = t0 - RATE_MEMORY - Duration::from_secs(1);
-        }
-        w.rate_since = Instant::now() - Duration::from_millis(250);
-        w.on_send(1000);
-        w.on_ack(1000);
+        now += RATE_MEMORY;
+        w.on_send(1000, now);
+        now += Duration::from_millis(250);
+        w.on_ack(1000, now);
         assert!(w.rate < 1e5, "{}", w.rate);
         assert_eq!(w.in_flight, 0);
         // The stream's peak is not forgotten: what the link carried when
         // the stream kept it busy.
         assert_eq!(w.peak, fast);
+    }
+
+    /// A stream of 200 ms samples of one round trip each over a link that
+    /// carries `link` bytes a second: the window sends what it allows,
+    /// and the link delivers the lesser of that and its own rate.
+    fn sample(w: &mut Window, now: &mut Instant, link: f64) {
+        let rtt = Duration::from_millis(200);
+        w.base_rtt = Some(rtt);
+        #[allow(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss
+        )]
+        let n = (w.limit() as f64).min(link * rtt.as_secs_f64()) as u64;
+        // The sender had more than the window let it send.
+        w.held_back = true;
+        w.on_send(n, *now);
+        *now += rtt;
+        w.on_ack(n, *now);
+    }
+
+    #[test]
+    fn the_window_doubles_until_the_link_is_full_then_keeps_a_quarter_over() {
+        let t0 = Instant::now();
+        let mut w = Window::new(t0);
+        let mut now = t0;
+        let link = 40e6;
+        let bdp = link * 0.2;
+        // Starting from 1 MiB the window doubles each round trip while the
+        // rate grows with it.
+        let mut last = 0.0;
+        for _ in 0..3 {
+            sample(&mut w, &mut now, link);
+            assert!(!w.filled());
+            assert!(w.rate > last * 1.9, "{} after {last}", w.rate);
+            last = w.rate;
+        }
+        // Once the link is full the rate stops growing: three such round
+        // trips and the window falls to a quarter over the link's.
+        for _ in 0..8 {
+            sample(&mut w, &mut now, link);
+        }
+        assert!(w.filled());
+        #[allow(clippy::cast_precision_loss)]
+        let over = w.limit() as f64 / bdp;
+        let want = CRUISE_GAIN + ACK_JITTER.as_secs_f64() / 0.2;
+        assert!((over - want).abs() < 0.01, "{over}");
+    }
+
+    #[test]
+    fn acknowledgements_that_all_come_late_say_the_link_is_full() {
+        let t0 = Instant::now();
+        let mut w = Window::new(t0);
+        let mut now = t0;
+        // Two round trips of 200 ms: the floor.
+        for _ in 0..2 {
+            sample(&mut w, &mut now, 1e9);
+        }
+        assert!(!w.filled());
+        // Then every acknowledgement of a sample held back comes 20 ms
+        // later (more than 16 ms: an eighth of the floor, at most 16):
+        // bytes queue on the way, whatever the rate did.
+        w.held_back = true;
+        w.on_send(1 << 20, now);
+        now += Duration::from_millis(220);
+        w.on_ack(1 << 20, now);
+        assert!(w.filled());
+        assert_eq!(w.base_rtt, Some(Duration::from_millis(200)));
+        // Jitter on one acknowledgement is not a queue: the fastest counts.
+        let mut v = Window::new(t0);
+        let mut now = t0;
+        sample(&mut v, &mut now, 1e9);
+        v.held_back = true;
+        // One sample: its first acknowledgement on time, its second late.
+        v.rate_since = now + Duration::from_millis(100);
+        v.on_send(1 << 20, now);
+        v.on_send(1 << 20, now);
+        v.on_ack(1 << 20, now + Duration::from_millis(201));
+        assert_eq!(v.samples.len(), 1, "the sample is still open");
+        now += Duration::from_millis(320);
+        v.on_ack(1 << 20, now);
+        assert_eq!(v.samples.len(), 2);
+        assert!(!v.filled());
+    }
+
+    #[test]
+    fn samples_qemu_left_short_do_not_end_the_growth() {
+        let t0 = Instant::now();
+        let mut w = Window::new(t0);
+        let mut now = t0;
+        w.base_rtt = Some(Duration::from_millis(200));
+        // QEMU sends a trickle, the window never full: however long, the
+        // window keeps its growth gain.
+        for _ in 0..10 {
+            w.on_send(10_000, now);
+            now += Duration::from_millis(200);
+            w.on_ack(10_000, now);
+        }
+        assert!(!w.filled());
     }
 }
