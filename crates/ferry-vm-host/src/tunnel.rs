@@ -334,9 +334,16 @@ impl Window {
         }
     }
 
-    /// Whether the link is full: a larger window would only queue.
-    fn filled(&self) -> bool {
-        self.filled
+    /// Say at debug level what is in flight, and the window.
+    fn log(&self, what: &str) {
+        tracing::debug!(
+            in_flight = self.in_flight,
+            window = self.limit(),
+            rate_bps = self.rate,
+            base_rtt_ms = self.base_rtt.map(|r| r.as_secs_f64() * 1e3),
+            filled = self.filled,
+            "{what}"
+        );
     }
 
     #[allow(
@@ -502,15 +509,7 @@ where
                 let most = window.lock().frame_room();
                 let n = qr.read(&mut buf[..most]).await.map_err(PipeError::Qemu)?;
                 if n == 0 {
-                    let w = window.lock();
-                    tracing::debug!(
-                        in_flight = w.in_flight,
-                        window = w.limit(),
-                        rate_bps = w.rate,
-                        base_rtt_ms = w.base_rtt.map(|r| r.as_secs_f64() * 1e3),
-                        filled = w.filled(),
-                        "QEMU's stream all read"
-                    );
+                    window.lock().log("QEMU's stream all read");
                     break;
                 }
                 counters
@@ -854,7 +853,7 @@ mod tests {
         let mut last = 0.0;
         for _ in 0..3 {
             sample(&mut w, &mut now, link);
-            assert!(!w.filled());
+            assert!(!w.filled);
             assert!(w.rate > last * 1.9, "{} after {last}", w.rate);
             last = w.rate;
         }
@@ -863,7 +862,7 @@ mod tests {
         for _ in 0..8 {
             sample(&mut w, &mut now, link);
         }
-        assert!(w.filled());
+        assert!(w.filled);
         #[allow(clippy::cast_precision_loss)]
         let over = w.limit() as f64 / bdp;
         let want = CRUISE_GAIN + ACK_JITTER.as_secs_f64() / 0.2;
@@ -879,7 +878,7 @@ mod tests {
         for _ in 0..2 {
             sample(&mut w, &mut now, 1e9);
         }
-        assert!(!w.filled());
+        assert!(!w.filled);
         // Then every acknowledgement of a sample held back comes 20 ms
         // later (more than 16 ms: an eighth of the floor, at most 16):
         // bytes queue on the way, whatever the rate did.
@@ -887,7 +886,7 @@ mod tests {
         w.on_send(1 << 20, now);
         now += Duration::from_millis(220);
         w.on_ack(1 << 20, now);
-        assert!(w.filled());
+        assert!(w.filled);
         assert_eq!(w.base_rtt, Some(Duration::from_millis(200)));
         // Jitter on one acknowledgement is not a queue: the fastest counts.
         let mut v = Window::new(t0);
@@ -903,7 +902,7 @@ mod tests {
         now += Duration::from_millis(320);
         v.on_ack(1 << 20, now);
         assert_eq!(v.samples.len(), 2);
-        assert!(!v.filled());
+        assert!(!v.filled);
     }
 
     #[test]
@@ -919,6 +918,6 @@ mod tests {
             now += Duration::from_millis(200);
             w.on_ack(10_000, now);
         }
-        assert!(!w.filled());
+        assert!(!w.filled);
     }
 }
