@@ -1400,7 +1400,12 @@ fn a_failed_migrations_leftover_is_resumed_or_replaced_refused_when_foreign_and_
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(dst.state.pool.get("vm").unwrap().incoming().is_none());
-    assert!(!pb.join("volumes").join("db").exists());
+    // Its files go just after it leaves the pool's map (renamed aside,
+    // then removed).
+    while pb.join("volumes").join("db").exists() {
+        assert!(Instant::now() < deadline, "the stale copy's files stay");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// The `Prints` bytes and the data a migration sent, for the report.
