@@ -61,10 +61,7 @@ impl SwitchHold {
     /// The median hold besides the link of the recent switches (seconds);
     /// `None` before [`TOLD_FROM`] are kept.
     pub fn seconds(&self) -> Option<f64> {
-        if self.log.values().len() < TOLD_FROM {
-            return None;
-        }
-        self.log.median()
+        self.log.median_of_at_least(TOLD_FROM)
     }
 
     /// The holds kept (seconds), oldest first.

@@ -210,14 +210,23 @@ impl<M: Scalar> RecentLog<M> {
     /// The median of the recent measures (the mean of the middle two of
     /// an even count); `None` before the first.
     pub fn median(&self) -> Option<f64> {
-        let mut v: Vec<f64> = self.inner.recent.lock().iter().map(Scalar::value).collect();
-        v.sort_by(f64::total_cmp);
+        self.median_of_at_least(1)
+    }
+
+    /// [`RecentLog::median`], or `None` while fewer than `least` measures
+    /// are kept (a median of one or two is its outlier).
+    pub fn median_of_at_least(&self, least: usize) -> Option<f64> {
+        let mut v = self.values();
         let n = v.len();
-        match n {
-            0 => None,
-            _ if n % 2 == 1 => Some(v[n / 2]),
-            _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+        if n == 0 || n < least {
+            return None;
         }
+        v.sort_by(f64::total_cmp);
+        Some(if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        })
     }
 }
 

@@ -491,11 +491,7 @@ async fn stream(
     let error = r.as_ref().err().map(ToString::to_string);
     tracing::info!(move_id = %id, delivered, error, "incoming memory stream ended");
     if let Some((came, taken)) = *counters.last_frame.lock() {
-        let unix_s = |t: Instant| {
-            (std::time::SystemTime::now() - t.elapsed())
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64())
-        };
+        let unix_s = crate::moves::unix_s;
         tracing::debug!(move_id = %id, came_unix_s = unix_s(came), taken_unix_s = unix_s(taken), "the stream's last frame");
     }
     Ok(r?)

@@ -55,6 +55,15 @@ const SPARE_LINK_AGE: Duration = Duration::from_secs(40);
 /// QEMU's set-up and first bitmap sync.
 pub const MIN_MEASURED_STREAM: u64 = 16 << 20;
 
+/// When `t` was, in seconds since the Unix epoch by the wall clock now
+/// (0 if that is before the epoch).
+pub(crate) fn unix_s(t: Instant) -> f64 {
+    std::time::SystemTime::now()
+        .checked_sub(t.elapsed())
+        .and_then(|w| w.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// One move this host started.
 pub struct MoveRun {
     pub id: MigrationId,
@@ -190,10 +199,7 @@ impl MoveRun {
     pub fn status(&self) -> VmMoveStatus {
         let report = self.report.lock().clone();
         let ran = self.started.elapsed();
-        let started_unix = std::time::SystemTime::now()
-            .checked_sub(ran)
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0.0, |d| d.as_secs_f64());
+        let started_unix = unix_s(self.started);
         VmMoveStatus {
             id: self.id.clone(),
             vm: self.vm.clone(),
