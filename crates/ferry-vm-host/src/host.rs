@@ -76,6 +76,9 @@ pub struct VmHost {
     /// that held them back (`crate::moves::efficiency_measure`), told
     /// with every guest's view (`<state>/memory-stream-efficiency.json`).
     pub stream_efficiency: ferry_state_file::rate_log::ShareLog,
+    /// The links' rates this host's memory streams found, by peer: the
+    /// next stream to a peer starts from it (`crate::tunnel::LinkRates`).
+    pub link_rates: Arc<crate::tunnel::LinkRates>,
 }
 
 fn disk_error(volume: &str, e: &HostError) -> VmError {
@@ -166,6 +169,7 @@ impl VmHost {
                 crate::guest::files::STREAM_EFFICIENCY,
                 "this host's memory stream's use of its link",
             ),
+            link_rates: Default::default(),
         });
         let mut entries: Vec<PathBuf> = std::fs::read_dir(&vms)
             .map_err(|e| VmError::file(&vms, e))?

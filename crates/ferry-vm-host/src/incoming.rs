@@ -484,7 +484,7 @@ async fn stream(
     };
     answer(&mut link, &PeerAnswer::ok()).await?;
     let counters = PipeCounters::default();
-    let r = pipe(unix, link, compress, rest, &counters).await;
+    let r = pipe(unix, link, compress, rest, None, &counters).await;
     let delivered = counters
         .delivered
         .load(std::sync::atomic::Ordering::Relaxed);

@@ -1218,6 +1218,9 @@ fn spawn_tunnel(
         run.id.clone(),
         run.counters.clone(),
     );
+    // A single stream carries the link alone: what the last one to this
+    // peer learnt of the link is its own. Multifd's channels share it.
+    let rates = (run.req.multifd == 0).then(|| host.link_rates.clone());
     tokio::spawn(async move {
         let mut pipes = tokio::task::JoinSet::new();
         let mut opened = 0u32;
@@ -1247,10 +1250,17 @@ fn spawn_tunnel(
                     continue;
                 }
             };
-            let counters = counters.clone();
-            let id = id.clone();
+            let (counters, id, to, rates) =
+                (counters.clone(), id.clone(), to.clone(), rates.clone());
             pipes.spawn(async move {
-                let r = pipe(unix, link, compress, rest, &counters).await;
+                let known = rates.as_ref().and_then(|r| r.get(&to, Instant::now()));
+                let r = pipe(unix, link, compress, rest, known, &counters).await;
+                if let (Ok(()), Some(rates), Some((rate, filled))) =
+                    (&r, &rates, *counters.link_rate.lock())
+                {
+                    rates.learn(&to, rate, filled, Instant::now());
+                    tracing::debug!(move_id = %id, known, rate, filled, "the link's rate learnt");
+                }
                 // The move's streams together (one without multifd).
                 let raw = counters.raw.load(Ordering::Relaxed);
                 let error = r.err().map(|e| e.to_string());

@@ -187,6 +187,40 @@ pub struct PipeCounters {
     pub timing: parking_lot::Mutex<SendTiming>,
     /// When the latest data frame came in, and when QEMU had taken it.
     pub last_frame: parking_lot::Mutex<Option<(Instant, Instant)>>,
+    /// The link's rate as the sender's window measured it once the stream
+    /// was all acknowledged, and whether the link was full by then (what
+    /// [`LinkRates::learn`] takes).
+    pub link_rate: parking_lot::Mutex<Option<(f64, bool)>>,
+}
+
+/// How long a link's rate learnt from a memory stream is kept.
+pub const LINK_RATE_MEMORY: Duration = Duration::from_secs(600);
+
+/// The links' rates this host's memory streams found, by peer: a stream
+/// to a peer starts from what the last one to it learnt, as TCP keeps a
+/// path's metrics for the next connection (RFC 9040). See [`KNOWN_SHARE`].
+#[derive(Debug, Default)]
+pub struct LinkRates(parking_lot::Mutex<std::collections::HashMap<String, (f64, Instant)>>);
+
+impl LinkRates {
+    /// The rate to `peer` learnt within [`LINK_RATE_MEMORY`] of `now`.
+    pub fn get(&self, peer: &str, now: Instant) -> Option<f64> {
+        let rates = self.0.lock();
+        let (rate, at) = rates.get(peer)?;
+        (now.saturating_duration_since(*at) <= LINK_RATE_MEMORY).then_some(*rate)
+    }
+
+    /// What a stream to `peer` measured: a link found full says its rate
+    /// (it may have slowed); one the stream ended before filling says only
+    /// that the link carries at least that much.
+    pub fn learn(&self, peer: &str, rate: f64, filled: bool, now: Instant) {
+        if !(rate.is_finite() && rate > 0.0) {
+            return;
+        }
+        let before = self.get(peer, now).unwrap_or(0.0);
+        let rate = if filled { rate } else { rate.max(before) };
+        self.0.lock().insert(peer.to_string(), (rate, now));
+    }
 }
 
 /// The sender's clock over a stream: when it read QEMU's first bytes and
@@ -236,34 +270,67 @@ pub const MAX_WINDOW: u64 = 16 << 20;
 /// while that rate still grows: the window doubles each round trip until
 /// the stream finds what the link carries.
 const STARTUP_GAIN: f64 = 2.0;
-/// The same once the link is full. Past one round trip of the rate, a
-/// window only queues bytes on the way (at the link's bottleneck, in a
-/// relay, or before a far end that takes them slower), and every later
-/// byte waits behind them: the last pre-copy pass and the device state,
-/// sent with the guest stopped, most of all (at 200 ms RTT a window of two
-/// round trips kept about 100 ms of them queued when QEMU stopped the
-/// guest). A quarter of a round trip beyond, plus [`ACK_JITTER`], covers
-/// the acknowledgements' jitter and lets the rate grow by a quarter a round
-/// trip if the link speeds up.
-const CRUISE_GAIN: f64 = 1.25;
+/// The same once the link is full, in all but one round trip of
+/// [`PROBE_EVERY`]: one round trip of the rate, plus [`ACK_JITTER`]. Past
+/// that, a window only queues bytes on the way (at the link's bottleneck,
+/// in a relay, or before a far end that takes them slower), and every
+/// later byte waits behind them: the last pre-copy pass and the device
+/// state, sent with the guest stopped, most of all. At 100 and 200 ms RTT
+/// a window of 1.25 round trips kept a quarter of a round trip of them
+/// queued when QEMU stopped the guest, and one of two round trips a whole
+/// one.
+const CRUISE_GAIN: f64 = 1.0;
+/// Once the link is full, one round trip in [`PROBE_EVERY`] has a window a
+/// quarter larger: where the link carries more, the rate measured in that
+/// round trip grows and the window with it. A window of exactly the rate
+/// measured could never learn that the link is faster, nor hold its rate
+/// where acknowledgements come late (BBR's bandwidth probe).
+const PROBE_GAIN: f64 = 1.25;
+const PROBE_EVERY: u64 = 8;
 /// How late an acknowledgement may come on a busy host (the far end's
-/// QEMU and ferry share its CPUs with the guests): on a short round trip
-/// a quarter of it does not cover that, and a window that waits for late
-/// acknowledgements leaves the link idle.
-const ACK_JITTER: Duration = Duration::from_millis(4);
-/// The link is full once this many samples in a row, each taken while
-/// the window held the sender back, came within [`GROWTH`] of the best
-/// before them; or once one such sample's fastest acknowledgement came a
-/// [`queue_delay`] later than the round trip's floor: bytes queue.
+/// QEMU and ferry share its CPUs with the guests): a window that waits
+/// for late acknowledgements leaves the link idle. With one round trip
+/// and 4 ms, moves at 20 ms RTT and 100 Mbit/s took 4% longer than with
+/// 1.25 round trips and 4 ms (4.20 and 4.26 s against 4.05 and 4.06).
+const ACK_JITTER: Duration = Duration::from_millis(8);
+/// The link is full once this many round trips in a row, each of which
+/// the window held the sender back in, measured a rate within [`GROWTH`]
+/// of the best before them; or once the fastest acknowledgement of one
+/// such round trip came a [`queue_delay`] later than the round trip's
+/// floor: bytes queue.
 const FLAT_SAMPLES: u32 = 3;
 const GROWTH: f64 = 1.25;
+/// Where the host knows the link's rate from its last stream to the same
+/// peer ([`LinkRates`]), the link counts as full once the rate measured
+/// reaches this share of it, and the window grows no further than a probe's
+/// over it meanwhile. A 256 MiB guest's stream lasts about six round trips
+/// at 200 ms RTT: it ended before the rate stopped growing, with the
+/// window up to twice the link's and a round trip of bytes queued behind
+/// which the guest, stopped, waited.
+const KNOWN_SHARE: f64 = 0.9;
 
 /// How much longer than the round trip's floor every acknowledgement of
-/// a sample must take to say bytes queue on the way (HyStart's delay
+/// a round trip must take to say bytes queue on the way (HyStart's delay
 /// increase, RFC 9406: an eighth of the floor, within 4-16 ms).
 fn queue_delay(base_rtt: Duration) -> Duration {
     (base_rtt / 8).clamp(Duration::from_millis(4), Duration::from_millis(16))
 }
+
+/// A frame on the way: its end in sent bytes, when it went, and how many
+/// bytes had been acknowledged then.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    end: u64,
+    at: Instant,
+    acked: u64,
+}
+
+/// The shortest span a delivery rate is measured over. Over one round trip
+/// of a short link a window is only a few frames, and a rate over it is
+/// off by a frame: at 8 ms RTT and 200 Mbit/s such rates came out 10-30%
+/// above the link's (28-33 MB/s where it carries 25.6), and the window
+/// with them.
+const RATE_SPAN: Duration = Duration::from_millis(100);
 
 /// The sender's window: the link's delivery rate, measured from the
 /// acknowledgements, times its round trip, times [`STARTUP_GAIN`] until
@@ -272,42 +339,63 @@ fn queue_delay(base_rtt: Duration) -> Duration {
 /// the guest's last bytes wait behind them while it is stopped, and QEMU,
 /// which times its writes, would believe the link faster than it is and
 /// stop the guest for longer than it promised.
+///
+/// Each acknowledgement gives a delivery rate: the bytes acknowledged over
+/// the last round trip, or [`RATE_SPAN`] if longer. Round trips are
+/// counted as a frame sent after the last one began is acknowledged;
+/// whether the link is full is judged once per round trip. With rates
+/// measured only over fixed 200 ms spans, a 200 ms round trip grew the
+/// window by half as fast: a span saw the window of one round trip before
+/// it only every other time.
 #[derive(Debug)]
 struct Window {
     in_flight: u64,
     sent: u64,
     acked: u64,
-    /// (end of a frame in sent bytes, when it was sent)
-    pending: std::collections::VecDeque<(u64, Instant)>,
+    /// When acknowledgements came over the last round trip (or
+    /// [`RATE_SPAN`]) and one before, and the bytes acknowledged by then.
+    acks: std::collections::VecDeque<(Instant, u64)>,
+    pending: std::collections::VecDeque<Sent>,
     base_rtt: Option<Duration>,
+    /// The largest delivery rates of the last [`RATE_MEMORY`], one per
+    /// [`RATE_SAMPLE`], and the largest since the current one began.
+    samples: std::collections::VecDeque<(Instant, f64)>,
+    sample_max: f64,
+    /// Bytes acknowledged since the current [`RATE_SAMPLE`] began.
     rate_since: Instant,
     rate_bytes: u64,
-    /// Delivery rates (bytes per second) measured over the last
-    /// [`RATE_MEMORY`], one per [`RATE_SAMPLE`].
-    samples: std::collections::VecDeque<(Instant, f64)>,
     /// The link's delivery rate: the largest recent sample. Not a mean:
     /// while QEMU has little to send (scanning zero pages, syncing its
     /// dirty bitmap) the acknowledged rate says nothing about the link,
     /// and a mean would shrink the window below what the link carries.
     rate: f64,
-    /// The largest sample of the whole stream.
+    /// The largest mean delivery rate over one [`RATE_SAMPLE`] of the
+    /// whole stream (what [`SendTiming::delivery_peak_bps`] reports).
     peak: f64,
-    /// The sender waited for room since the current sample began: the
-    /// sample measures the link (or the far end), not QEMU's pace.
+    /// Bytes acknowledged when the current round trip began, and how many
+    /// round trips have ended.
+    round_from: u64,
+    rounds: u64,
+    /// The sender waited for room in the current round trip: its rate
+    /// measures the link (or the far end), not QEMU's pace.
     held_back: bool,
-    /// The best sample taken while held back, and how many such samples
-    /// since have not grown past it by [`GROWTH`].
+    /// The best rate at the end of a round trip held back, and how many
+    /// such round trips since have not grown past it by [`GROWTH`].
     full_rate: f64,
     flat: u32,
-    /// The fastest acknowledgement of the current sample, and the round
-    /// trip's floor before it began.
-    sample_rtt: Option<Duration>,
+    /// The fastest acknowledgement of the current round trip, and the
+    /// round trip's floor before it began.
+    round_fastest: Option<Duration>,
     floor: Option<Duration>,
     /// The link is full (see [`FLAT_SAMPLES`]).
     filled: bool,
+    /// The link's rate as the host's last stream to the same peer found it
+    /// ([`KNOWN_SHARE`]).
+    known: Option<f64>,
 }
 
-/// One delivery-rate sample per this much time.
+/// The delivery rate's memory is kept as one largest sample per this much
+/// time, and [`SendTiming::delivery_peak_bps`] is a mean over as long.
 const RATE_SAMPLE: Duration = Duration::from_millis(200);
 /// Samples older than this are forgotten (the link may have slowed).
 const RATE_MEMORY: Duration = Duration::from_secs(2);
@@ -318,20 +406,30 @@ impl Window {
             in_flight: 0,
             sent: 0,
             acked: 0,
+            acks: Default::default(),
             pending: Default::default(),
             base_rtt: None,
+            samples: Default::default(),
+            sample_max: 0.0,
             rate_since: now,
             rate_bytes: 0,
-            samples: Default::default(),
             rate: 0.0,
             peak: 0.0,
+            round_from: 0,
+            rounds: 0,
             held_back: false,
             full_rate: 0.0,
             flat: 0,
-            sample_rtt: None,
+            round_fastest: None,
             floor: None,
             filled: false,
+            known: None,
         }
+    }
+
+    /// The link's rate the window measured, and whether the link was full.
+    fn link_rate(&self) -> Option<(f64, bool)> {
+        (self.rate > 0.0).then_some((self.rate, self.filled))
     }
 
     /// Say at debug level what is in flight, and the window.
@@ -342,6 +440,7 @@ impl Window {
             rate_bps = self.rate,
             base_rtt_ms = self.base_rtt.map(|r| r.as_secs_f64() * 1e3),
             filled = self.filled,
+            rounds = self.rounds,
             "{what}"
         );
     }
@@ -354,12 +453,19 @@ impl Window {
     fn limit(&self) -> u64 {
         match self.base_rtt {
             Some(rtt) if self.rate > 0.0 => {
-                let over = if self.filled {
-                    rtt.as_secs_f64() * CRUISE_GAIN + ACK_JITTER.as_secs_f64()
+                let (rtt, jitter) = (rtt.as_secs_f64(), ACK_JITTER.as_secs_f64());
+                let w = if self.filled {
+                    let gain = if self.rounds.is_multiple_of(PROBE_EVERY) {
+                        PROBE_GAIN
+                    } else {
+                        CRUISE_GAIN
+                    };
+                    self.rate * (rtt * gain + jitter)
                 } else {
-                    rtt.as_secs_f64() * STARTUP_GAIN
+                    let w = self.rate * rtt * STARTUP_GAIN;
+                    self.known
+                        .map_or(w, |k| w.min(k * (rtt * PROBE_GAIN + jitter)))
                 };
-                let w = self.rate * over;
                 (w as u64).clamp(MIN_WINDOW, MAX_WINDOW)
             }
             _ => MIN_WINDOW * 4,
@@ -368,7 +474,7 @@ impl Window {
 
     /// Whether a frame of `len` link bytes may go now (an empty window
     /// always has room: a frame larger than the window still goes). A
-    /// frame that may not marks the current sample as held back.
+    /// frame that may not marks the current round trip as held back.
     fn room(&mut self, len: u64) -> bool {
         let room = self.in_flight == 0 || self.in_flight + len <= self.limit();
         self.held_back |= !room;
@@ -383,67 +489,117 @@ impl Window {
     }
 
     fn on_send(&mut self, n: u64, now: Instant) {
+        if self.in_flight == 0 {
+            // Time the link stood idle is no part of a delivery rate.
+            self.acks.clear();
+            self.acks.push_back((now, self.acked));
+        }
         self.sent += n;
         self.in_flight += n;
-        self.pending.push_back((self.sent, now));
+        self.pending.push_back(Sent {
+            end: self.sent,
+            at: now,
+            acked: self.acked,
+        });
     }
 
     #[allow(clippy::cast_precision_loss)]
     fn on_ack(&mut self, n: u64, now: Instant) {
         self.acked += n;
         self.in_flight = self.in_flight.saturating_sub(n);
-        while let Some((end, t)) = self.pending.front() {
-            if *end > self.acked {
+        let mut round_ended = false;
+        while let Some(s) = self.pending.front().copied() {
+            if s.end > self.acked {
                 break;
             }
-            let rtt = now.duration_since(*t);
-            self.base_rtt = Some(self.base_rtt.map_or(rtt, |b| b.min(rtt)));
-            self.sample_rtt = Some(self.sample_rtt.map_or(rtt, |b| b.min(rtt)));
             self.pending.pop_front();
+            let rtt = now.saturating_duration_since(s.at);
+            let base = *self.base_rtt.get_or_insert(rtt);
+            let base = base.min(rtt);
+            self.base_rtt = Some(base);
+            self.round_fastest = Some(self.round_fastest.map_or(rtt, |b| b.min(rtt)));
+            round_ended |= s.acked >= self.round_from;
         }
+        // The rate over the last span: from the latest acknowledgement at
+        // least that old.
+        let span = self.base_rtt.map_or(RATE_SPAN, |b| b.max(RATE_SPAN));
+        while self
+            .acks
+            .get(1)
+            .is_some_and(|(t, _)| now.saturating_duration_since(*t) >= span)
+        {
+            self.acks.pop_front();
+        }
+        if let Some((t, acked)) = self.acks.front() {
+            let dt = now.saturating_duration_since(*t);
+            if dt >= span {
+                let r = (self.acked - acked) as f64 / dt.as_secs_f64();
+                self.sample_max = self.sample_max.max(r);
+            }
+        }
+        self.acks.push_back((now, self.acked));
         self.rate_bytes += n;
-        let dt = now.duration_since(self.rate_since);
+        let dt = now.saturating_duration_since(self.rate_since);
         if dt >= RATE_SAMPLE {
-            let r = self.rate_bytes as f64 / dt.as_secs_f64();
-            self.peak = self.peak.max(r);
-            self.samples.push_back((now, r));
+            self.peak = self.peak.max(self.rate_bytes as f64 / dt.as_secs_f64());
+            self.samples.push_back((now, self.sample_max));
             while let Some((t, _)) = self.samples.front() {
                 if now.duration_since(*t) <= RATE_MEMORY {
                     break;
                 }
                 self.samples.pop_front();
             }
-            self.rate = self.samples.iter().map(|x| x.1).fold(0.0, f64::max);
-            // Only a sample the window held back says whether a larger
-            // window would carry more: one QEMU left short says nothing.
-            if self.held_back && !self.filled {
-                let queued = match (self.sample_rtt, self.floor) {
-                    (Some(fastest), Some(floor)) => fastest >= floor + queue_delay(floor),
-                    _ => false,
-                };
-                if r >= self.full_rate * GROWTH {
-                    self.full_rate = r;
-                    self.flat = 0;
-                } else {
-                    self.flat += 1;
-                }
-                self.filled = queued || self.flat >= FLAT_SAMPLES;
-            }
-            tracing::trace!(
-                rate_bps = r,
-                fastest_ms = self.sample_rtt.map(|d| d.as_secs_f64() * 1e3),
-                floor_ms = self.floor.map(|d| d.as_secs_f64() * 1e3),
-                held_back = self.held_back,
-                flat = self.flat,
-                filled = self.filled,
-                "the window's sample"
-            );
-            self.sample_rtt = None;
-            self.floor = self.base_rtt;
-            self.held_back = false;
+            self.sample_max = 0.0;
             self.rate_since = now;
             self.rate_bytes = 0;
         }
+        self.rate = self
+            .samples
+            .iter()
+            .map(|x| x.1)
+            .fold(self.sample_max, f64::max);
+        if !self.filled && self.known.is_some_and(|k| self.rate >= k * KNOWN_SHARE) {
+            self.filled = true;
+            self.log("the link's known rate reached");
+        }
+        if round_ended {
+            self.end_round();
+        }
+    }
+
+    /// A round trip ended: judge whether the link is full by it, and begin
+    /// the next.
+    fn end_round(&mut self) {
+        // Only a round trip the window held back says whether a larger
+        // window would carry more: one QEMU left short says nothing.
+        if self.held_back && !self.filled {
+            let queued = match (self.round_fastest, self.floor) {
+                (Some(fastest), Some(floor)) => fastest >= floor + queue_delay(floor),
+                _ => false,
+            };
+            if self.rate >= self.full_rate * GROWTH {
+                self.full_rate = self.rate;
+                self.flat = 0;
+            } else {
+                self.flat += 1;
+            }
+            self.filled = queued || self.flat >= FLAT_SAMPLES;
+        }
+        tracing::trace!(
+            rate_bps = self.rate,
+            fastest_ms = self.round_fastest.map(|d| d.as_secs_f64() * 1e3),
+            floor_ms = self.floor.map(|d| d.as_secs_f64() * 1e3),
+            held_back = self.held_back,
+            flat = self.flat,
+            filled = self.filled,
+            in_flight = self.in_flight,
+            "the window's round trip"
+        );
+        self.rounds += 1;
+        self.round_from = self.acked;
+        self.round_fastest = None;
+        self.floor = self.base_rtt;
+        self.held_back = false;
     }
 }
 
@@ -453,6 +609,17 @@ async fn room_for(window: &parking_lot::Mutex<Window>, opened: &tokio::sync::Not
     loop {
         let wait = opened.notified();
         if window.lock().room(len) {
+            return;
+        }
+        wait.await;
+    }
+}
+
+/// Wait until every byte sent is acknowledged.
+async fn all_acknowledged(window: &parking_lot::Mutex<Window>, opened: &tokio::sync::Notify) {
+    loop {
+        let wait = opened.notified();
+        if window.lock().in_flight == 0 {
             return;
         }
         wait.await;
@@ -482,6 +649,7 @@ pub async fn pipe<Q, L>(
     link: L,
     compress: bool,
     pending: Vec<u8>,
+    known: Option<f64>,
     counters: &PipeCounters,
 ) -> Result<(), PipeError>
 where
@@ -491,7 +659,10 @@ where
     let (mut qr, mut qw) = tokio::io::split(qemu);
     let (mut lr, lw) = tokio::io::split(link);
     let lw = tokio::sync::Mutex::new(lw);
-    let window = parking_lot::Mutex::new(Window::new(Instant::now()));
+    let window = parking_lot::Mutex::new(Window {
+        known,
+        ..Window::new(Instant::now())
+    });
     let opened = tokio::sync::Notify::new();
     // This side's stream is sent and every byte of it acknowledged.
     let said_all = std::sync::atomic::AtomicBool::new(false);
@@ -546,18 +717,13 @@ where
             // connection as soon as it sees this end, and a socket closed
             // with unread bytes (acknowledgements) resets, dropping what
             // it had not yet sent on (issue 31: 2 MB of a memory stream).
-            let acked = async {
-                loop {
-                    let wait = opened.notified();
-                    if window.lock().in_flight == 0 {
-                        return;
-                    }
-                    wait.await;
-                }
-            };
-            if tokio::time::timeout(EXCHANGE_TIMEOUT, acked).await.is_ok() {
+            if tokio::time::timeout(EXCHANGE_TIMEOUT, all_acknowledged(&window, &opened))
+                .await
+                .is_ok()
+            {
                 said_all.store(true, Ordering::Relaxed);
             }
+            *counters.link_rate.lock() = window.lock().link_rate();
             Ok::<(), PipeError>(())
         }
         .await;
@@ -679,7 +845,8 @@ mod tests {
         let (link, mut far) = tokio::io::duplex(1 << 20);
         let counters = std::sync::Arc::new(PipeCounters::default());
         let c = counters.clone();
-        let sender = tokio::spawn(async move { pipe(qemu, link, false, Vec::new(), &c).await });
+        let sender =
+            tokio::spawn(async move { pipe(qemu, link, false, Vec::new(), None, &c).await });
         let stream: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         qemu_peer.write_all(&stream).await.unwrap();
         qemu_peer.shutdown().await.unwrap();
@@ -731,7 +898,8 @@ mod tests {
         let (link, far) = tokio::io::duplex(1 << 20);
         let counters = std::sync::Arc::new(PipeCounters::default());
         let c = counters.clone();
-        let sender = tokio::spawn(async move { pipe(qemu, link, false, Vec::new(), &c).await });
+        let sender =
+            tokio::spawn(async move { pipe(qemu, link, false, Vec::new(), None, &c).await });
         let stream: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 251) as u8).collect();
         let feed = tokio::spawn(async move {
             qemu_peer.write_all(&stream).await.unwrap();
@@ -822,12 +990,11 @@ mod tests {
         assert_eq!(w.peak, fast);
     }
 
-    /// A stream of 200 ms samples of one round trip each over a link that
-    /// carries `link` bytes a second: the window sends what it allows,
-    /// and the link delivers the lesser of that and its own rate.
-    fn sample(w: &mut Window, now: &mut Instant, link: f64) {
+    /// One round trip of 200 ms over a link that carries `link` bytes a
+    /// second: the window sends what it allows, and the link delivers the
+    /// lesser of that and its own rate.
+    fn round_trip(w: &mut Window, now: &mut Instant, link: f64) {
         let rtt = Duration::from_millis(200);
-        w.base_rtt = Some(rtt);
         #[allow(
             clippy::cast_precision_loss,
             clippy::cast_possible_truncation,
@@ -842,7 +1009,7 @@ mod tests {
     }
 
     #[test]
-    fn the_window_doubles_until_the_link_is_full_then_keeps_a_quarter_over() {
+    fn the_window_doubles_until_the_link_is_full_then_keeps_one_round_trip_and_probes() {
         let t0 = Instant::now();
         let mut w = Window::new(t0);
         let mut now = t0;
@@ -851,22 +1018,39 @@ mod tests {
         // Starting from 1 MiB the window doubles each round trip while the
         // rate grows with it.
         let mut last = 0.0;
-        for _ in 0..3 {
-            sample(&mut w, &mut now, link);
+        for i in 0..3 {
+            round_trip(&mut w, &mut now, link);
+            assert_eq!(w.rounds, i + 1);
             assert!(!w.filled);
             assert!(w.rate > last * 1.9, "{} after {last}", w.rate);
             last = w.rate;
         }
         // Once the link is full the rate stops growing: three such round
-        // trips and the window falls to a quarter over the link's.
-        for _ in 0..8 {
-            sample(&mut w, &mut now, link);
+        // trips and the window falls to one round trip of the link's.
+        for _ in 0..4 {
+            round_trip(&mut w, &mut now, link);
         }
         assert!(w.filled);
-        #[allow(clippy::cast_precision_loss)]
-        let over = w.limit() as f64 / bdp;
-        let want = CRUISE_GAIN + ACK_JITTER.as_secs_f64() / 0.2;
-        assert!((over - want).abs() < 0.01, "{over}");
+        // Then one round trip in eight a quarter more, to learn whether
+        // the link carries more.
+        let jitter = ACK_JITTER.as_secs_f64() / 0.2;
+        let mut probes = 0;
+        for _ in 0..PROBE_EVERY {
+            #[allow(clippy::cast_precision_loss)]
+            let over = w.limit() as f64 / bdp;
+            if (over - (PROBE_GAIN + jitter)).abs() < 0.01 {
+                probes += 1;
+            } else {
+                assert!((over - (CRUISE_GAIN + jitter)).abs() < 0.01, "{over}");
+            }
+            round_trip(&mut w, &mut now, link);
+        }
+        assert_eq!(probes, 1);
+        // A faster link is found by the probes.
+        for _ in 0..3 * PROBE_EVERY {
+            round_trip(&mut w, &mut now, link * 2.0);
+        }
+        assert!(w.rate > link * 1.9, "{}", w.rate);
     }
 
     #[test]
@@ -876,10 +1060,10 @@ mod tests {
         let mut now = t0;
         // Two round trips of 200 ms: the floor.
         for _ in 0..2 {
-            sample(&mut w, &mut now, 1e9);
+            round_trip(&mut w, &mut now, 1e9);
         }
         assert!(!w.filled);
-        // Then every acknowledgement of a sample held back comes 20 ms
+        // Then every acknowledgement of a round trip held back comes 20 ms
         // later (more than 16 ms: an eighth of the floor, at most 16):
         // bytes queue on the way, whatever the rate did.
         w.held_back = true;
@@ -891,18 +1075,112 @@ mod tests {
         // Jitter on one acknowledgement is not a queue: the fastest counts.
         let mut v = Window::new(t0);
         let mut now = t0;
-        sample(&mut v, &mut now, 1e9);
+        round_trip(&mut v, &mut now, 1e9);
+        round_trip(&mut v, &mut now, 1e9);
         v.held_back = true;
-        // One sample: its first acknowledgement on time, its second late.
-        v.rate_since = now + Duration::from_millis(100);
+        // One round trip: its first acknowledgement on time, then one late
+        // in the same round trip.
         v.on_send(1 << 20, now);
-        v.on_send(1 << 20, now);
+        v.on_send(1 << 20, now + Duration::from_millis(1));
+        v.on_send(1 << 20, now + Duration::from_millis(2));
         v.on_ack(1 << 20, now + Duration::from_millis(201));
-        assert_eq!(v.samples.len(), 1, "the sample is still open");
-        now += Duration::from_millis(320);
-        v.on_ack(1 << 20, now);
-        assert_eq!(v.samples.len(), 2);
+        assert_eq!(v.rounds, 3, "the round trip ended with its first frame");
+        v.held_back = true;
+        v.on_ack(1 << 20, now + Duration::from_millis(320));
         assert!(!v.filled);
+        assert_eq!(
+            v.rounds, 3,
+            "a frame sent before the round trip began ends none"
+        );
+    }
+
+    #[test]
+    fn a_steady_stream_is_measured_at_its_rate_from_each_acknowledgement() {
+        // Frames that go while others are on the way: each acknowledgement
+        // gives the rate since its frame went, over at least a round trip.
+        let t0 = Instant::now();
+        let mut w = Window::new(t0);
+        let rtt = Duration::from_millis(200);
+        let step = Duration::from_millis(10);
+        // A frame of 100 kB each 10 ms for 600 ms, each acknowledged a
+        // round trip later: 10 MB/s.
+        for i in 0..80u32 {
+            // Acknowledgements first: they come in before the next send.
+            if (20..80).contains(&i) {
+                w.on_ack(100_000, t0 + rtt + step * (i - 20));
+            }
+            if i < 60 {
+                w.on_send(100_000, t0 + step * i);
+            }
+        }
+        assert_eq!(w.in_flight, 0);
+        assert!((w.rate - 10e6).abs() < 1.5e6, "{}", w.rate);
+    }
+
+    #[test]
+    fn a_link_rate_known_from_the_last_stream_ends_the_growth_without_overshoot() {
+        let t0 = Instant::now();
+        let link = 40e6;
+        let bdp = link * 0.2;
+        let mut w = Window {
+            known: Some(link),
+            ..Window::new(t0)
+        };
+        let mut now = t0;
+        let mut most = 0;
+        while !w.filled {
+            round_trip(&mut w, &mut now, link);
+            most = most.max(w.limit());
+            assert!(w.rounds < 10);
+        }
+        // Never more in flight than a probe's over the link's round trip.
+        #[allow(clippy::cast_precision_loss)]
+        let over = most as f64 / bdp;
+        assert!(
+            over <= PROBE_GAIN + ACK_JITTER.as_secs_f64() / 0.2 + 0.01,
+            "{over}"
+        );
+        // Unknown, the growth ends only after the link stopped it, with
+        // the window twice the link's on the way.
+        let mut v = Window::new(t0);
+        let mut now = t0;
+        let mut most = 0;
+        while !v.filled {
+            round_trip(&mut v, &mut now, link);
+            most = most.max(v.limit());
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let over = most as f64 / bdp;
+        assert!(over > 1.9, "{over}");
+        assert!(v.rounds > w.rounds);
+    }
+
+    #[test]
+    fn a_link_found_full_says_its_rate_and_one_not_filled_only_raises_it() {
+        let rates = LinkRates::default();
+        let t0 = Instant::now();
+        assert_eq!(rates.get("b:1", t0), None);
+        rates.learn("b:1", 40e6, true, t0);
+        assert_eq!(rates.get("b:1", t0), Some(40e6));
+        // A stream that ended still growing: the link carries at least
+        // what it reached, no less than known.
+        rates.learn("b:1", 30e6, false, t0);
+        assert_eq!(rates.get("b:1", t0), Some(40e6));
+        rates.learn("b:1", 45e6, false, t0);
+        assert_eq!(rates.get("b:1", t0), Some(45e6));
+        // A full link that slowed says so.
+        rates.learn("b:1", 20e6, true, t0);
+        assert_eq!(rates.get("b:1", t0), Some(20e6));
+        // Each peer its own; nothing measured teaches nothing; old news
+        // is forgotten.
+        assert_eq!(rates.get("c:1", t0), None);
+        rates.learn("c:1", f64::NAN, true, t0);
+        rates.learn("c:1", 0.0, true, t0);
+        assert_eq!(rates.get("c:1", t0), None);
+        assert_eq!(
+            rates.get("b:1", t0 + LINK_RATE_MEMORY + Duration::from_secs(1)),
+            None
+        );
     }
 
     #[test]
