@@ -205,7 +205,14 @@ pub struct LinkRates(parking_lot::Mutex<std::collections::HashMap<String, (f64, 
 impl LinkRates {
     /// The rate to `peer` learnt within [`LINK_RATE_MEMORY`] of `now`.
     pub fn get(&self, peer: &str, now: Instant) -> Option<f64> {
-        let rates = self.0.lock();
+        Self::fresh(&self.0.lock(), peer, now)
+    }
+
+    fn fresh(
+        rates: &std::collections::HashMap<String, (f64, Instant)>,
+        peer: &str,
+        now: Instant,
+    ) -> Option<f64> {
         let (rate, at) = rates.get(peer)?;
         (now.saturating_duration_since(*at) <= LINK_RATE_MEMORY).then_some(*rate)
     }
@@ -217,9 +224,10 @@ impl LinkRates {
         if !(rate.is_finite() && rate > 0.0) {
             return;
         }
-        let before = self.get(peer, now).unwrap_or(0.0);
+        let mut rates = self.0.lock();
+        let before = Self::fresh(&rates, peer, now).unwrap_or(0.0);
         let rate = if filled { rate } else { rate.max(before) };
-        self.0.lock().insert(peer.to_string(), (rate, now));
+        rates.insert(peer.to_string(), (rate, now));
     }
 }
 
@@ -514,9 +522,7 @@ impl Window {
             }
             self.pending.pop_front();
             let rtt = now.saturating_duration_since(s.at);
-            let base = *self.base_rtt.get_or_insert(rtt);
-            let base = base.min(rtt);
-            self.base_rtt = Some(base);
+            self.base_rtt = Some(self.base_rtt.map_or(rtt, |b| b.min(rtt)));
             self.round_fastest = Some(self.round_fastest.map_or(rtt, |b| b.min(rtt)));
             round_ended |= s.acked >= self.round_from;
         }
@@ -603,23 +609,16 @@ impl Window {
     }
 }
 
-/// Wait until the window has room for a frame of `len` link bytes (an
-/// empty window always has: a frame larger than the window still goes).
-async fn room_for(window: &parking_lot::Mutex<Window>, opened: &tokio::sync::Notify, len: u64) {
+/// Wait until `ready` says the window is as wanted, asking again each
+/// time an acknowledgement opens it (`opened`).
+async fn window_until(
+    window: &parking_lot::Mutex<Window>,
+    opened: &tokio::sync::Notify,
+    mut ready: impl FnMut(&mut Window) -> bool,
+) {
     loop {
         let wait = opened.notified();
-        if window.lock().room(len) {
-            return;
-        }
-        wait.await;
-    }
-}
-
-/// Wait until every byte sent is acknowledged.
-async fn all_acknowledged(window: &parking_lot::Mutex<Window>, opened: &tokio::sync::Notify) {
-    loop {
-        let wait = opened.notified();
-        if window.lock().in_flight == 0 {
+        if ready(&mut window.lock()) {
             return;
         }
         wait.await;
@@ -692,7 +691,7 @@ where
                 encode_frame(&buf[..n], compress, &mut frame);
                 let len = frame.len() as u64;
                 let waiting = Instant::now();
-                room_for(&window, &opened, len).await;
+                window_until(&window, &opened, |w| w.room(len)).await;
                 window.lock().on_send(len, Instant::now());
                 counters.raw.fetch_add(n as u64, Ordering::Relaxed);
                 counters.link.fetch_add(len, Ordering::Relaxed);
@@ -717,10 +716,9 @@ where
             // connection as soon as it sees this end, and a socket closed
             // with unread bytes (acknowledgements) resets, dropping what
             // it had not yet sent on (issue 31: 2 MB of a memory stream).
-            if tokio::time::timeout(EXCHANGE_TIMEOUT, all_acknowledged(&window, &opened))
-                .await
-                .is_ok()
-            {
+            let all_acked = window_until(&window, &opened, |w| w.in_flight == 0);
+            let all_acked = tokio::time::timeout(EXCHANGE_TIMEOUT, all_acked).await;
+            if all_acked.is_ok() {
                 said_all.store(true, Ordering::Relaxed);
             }
             *counters.link_rate.lock() = window.lock().link_rate();
