@@ -672,19 +672,27 @@ def exp_model(ctx):
                 there = snapshot(os.path.join(work, f"snapshot-{rtt}.json"), "3s")
                 load, probed = there["vms"][0]["load"], there["links"][0]["rtt_ms"]
                 e = ferry_json("control", "estimate", "g", "--cluster", snap, "--rtt-ms", str(probed))
-                predicted = base * e["access_then"]["rate"] / e["access_now"]["rate"]
                 measured = rate([serial_a])
+                # The base again once the link is back at rtt0: the
+                # prediction scales the mean of the base before and after
+                # (this machine's fsync drifts over a minute; bracketing
+                # keeps the drift out of the model's error).
+                for name in paths:
+                    link.set_rtt(name, rtt0)
+                time.sleep(1)
+                after = rate([serial_a])
+                bracket = (base + after) / 2
+                predicted = bracket * e["access_then"]["rate"] / e["access_now"]["rate"]
                 rows.append({"what": f"records/s, disk {rtt} ms away (from {rtt0} ms)", "kind": "access",
                              "predicted": predicted, "measured": measured, "error_pct": err(predicted, measured),
-                             "base": base, "probed_rtt_ms": probed, "estimate": e})
+                             "base": bracket, "base_before": base, "base_after": after,
+                             "probed_rtt_ms": probed, "estimate": e})
+                base = after
                 lat_p, lat_m = e["access_then"]["latency_s"] * 1000, load["latency_ms"]
                 rows.append({"what": f"ms per disk request, disk {rtt} ms away (from {rtt0} ms)", "kind": "access",
                              "predicted": lat_p, "measured": lat_m, "error_pct": err(lat_p, lat_m), "load": load})
                 print(f"model: access at {rtt} ms (probed {probed:.2f} ms): predicted {predicted:.1f}/s, "
-                      f"measured {measured:.1f}/s", flush=True)
-            for name in paths:
-                link.set_rtt(name, rtt0)
-            time.sleep(1)
+                      f"measured {measured:.1f}/s; at {rtt0} ms {after:.1f}/s after", flush=True)
 
         def move(kind, est_args, mig_args, serial_after):
             # The guest's state as the controller reads it (its dirty rate,
@@ -803,9 +811,12 @@ def model_report(ctx, rows, mbit, rtt0, data_mib, vol_mib):
                       f"(256 MiB, TCG) at site A with its disk ({vol_mib} MiB ext4 holding {data_mib} MiB of random "
                       "data) at site B; the guest appends a record and syncs it, over and over. Access rows: the "
                       f"guest's load measured at {rtt0} ms (`ferry control plan --save-snapshot`), the prediction "
-                      "`ferry control estimate --cluster SNAPSHOT --rtt-ms R` scaled from the rate measured then; "
-                      "the RTT of the disk's link then set to R and the rate measured; the disk-local row likewise "
-                      "(`--disk-to a` on a snapshot taken before each disk-only move), measured after it. Move rows: `ferry control "
+                      f"`ferry control estimate --cluster SNAPSHOT --rtt-ms R` scaled from the rate at {rtt0} ms; "
+                      "the RTT of the disk's link then set to R and the rate measured, then set back and the rate at "
+                      f"{rtt0} ms measured again: the prediction scales the mean of the rates at {rtt0} ms just before "
+                      "and just after (this machine's fsync time drifts from minute to minute); the disk-local row from the "
+                      "rate just before each disk-only move (`--disk-to a` on a snapshot taken then; not bracketed: the "
+                      "move changes what is measured), measured after it. Move rows: `ferry control "
                       "estimate --inventory` just before each `ferry vm migrate` (disk only B→A to the guest, "
                       "teleport A→B, VM only B→A away from the disk); measured: the move report's total time, its "
                       "link bytes (memory and disk, TLS included), the guest's pause (QEMU's STOP→RESUME; for the disk-only move the hold of the "

@@ -50,6 +50,8 @@ def main():
     ap.add_argument("--teleport", action="store_true", help="move the disk with the guest each time")
     ap.add_argument("--rtt", type=int, default=20)
     ap.add_argument("--mbit", type=float, default=400)
+    ap.add_argument("--max-downtime", help="the move's longest pause allowed (`ferry vm migrate --max-downtime`, "
+                                           "e.g. 100ms); its default if not given")
     ap.add_argument("--work", default="/tmp/ferry-move-soak", help="state and logs (emptied first, kept after)")
     a = ap.parse_args()
     ensure_ferry()
@@ -76,6 +78,8 @@ def main():
         for i in range(a.moves):
             to = 1 - at
             args = ["migrate", "g", "--to-host", f"127.0.0.1:{mem[to]}", "--json"]
+            if a.max_downtime:
+                args += ["--max-downtime", a.max_downtime]
             if a.teleport:
                 args += ["--with-disk", "--to-storage", f"127.0.0.1:{disk[to]}",
                          "--to-storage-admin", f"127.0.0.1:{sites[to][1].admin}"]

@@ -15,8 +15,10 @@ change to the hold. The daemons log the pause's steps at debug level
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 
@@ -27,12 +29,28 @@ from migration_peers import Daemon, Link  # noqa: E402
 from vm_peers import trust  # noqa: E402
 
 
+def write_blocks(site, blocks):
+    """`blocks` writes of 4 KiB at random places of the volume, through the
+    site's NBD export, each flushed as a guest's record is."""
+    src = os.path.join(os.path.dirname(site.log), "block")
+    cmds = []
+    for i in range(blocks):
+        with open(f"{src}{i}", "wb") as f:
+            f.write(os.urandom(4096))
+        cmds += ["-c", f"write -s {src}{i} {random.randrange(128 << 8) << 12} 4k", "-c", "flush"]
+    subprocess.run(["qemu-io", "-f", "raw", *cmds, f"nbd://127.0.0.1:{site.nbd}/vm"],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--moves", type=int, default=24)
     ap.add_argument("--rtt", type=int, default=8)
     ap.add_argument("--mbit", type=float, default=200)
     ap.add_argument("--data-mib", type=int, default=48, help="random data in the 128 MiB volume")
+    ap.add_argument("--write-kib", type=int, default=0,
+                    help="before each move, write this much in 4 KiB blocks at random places over NBD "
+                         "(qemu-io), as a guest's records between moves")
     ap.add_argument("--work", default="/tmp/ferry-switch-hold", help="state and logs (emptied first, kept after)")
     a = ap.parse_args()
     ensure_ferry()
@@ -54,6 +72,8 @@ def main():
         at = 0
         for i in range(a.moves):
             to = 1 - at
+            if a.write_kib:
+                write_blocks(sites[at], a.write_kib // 4)
             r = json.loads(sites[at].ferry("migrate", "vm", "--to", f"127.0.0.1:{ports[to]}", "--json"))
             if r["result"] != "switched":
                 raise SystemExit(f"move {i + 1} did not switch: {r.get('error')}")
@@ -62,7 +82,7 @@ def main():
             if i > 0:
                 holds.append(hold)
             print(f"move {i + 1}: site {'AB'[at]} -> {'AB'[to]}: hold {hold:.1f} ms, "
-                  f"{r['time']['total_s']:.2f} s, copy {r['destination_copy']}", flush=True)
+                  f"{r['time']['total_s']:.3f} s, copy {r['destination_copy']}", flush=True)
             at = to
             time.sleep(1)
     finally:

@@ -1154,6 +1154,46 @@ mod tests {
     }
 
     #[test]
+    fn a_known_rate_the_link_no_longer_has_is_corrected_within_the_stream() {
+        let t0 = Instant::now();
+        let link = 40e6;
+        // The link halved since the last stream to this peer: the window
+        // grows toward the old rate, the link stops it, and the stream
+        // ends with the link found full at its new rate (which the host
+        // then learns: a full link sets the rate).
+        let mut w = Window {
+            known: Some(link * 2.0),
+            ..Window::new(t0)
+        };
+        let mut now = t0;
+        while !w.filled {
+            round_trip(&mut w, &mut now, link);
+            assert!(w.rounds < 12, "not found full: {}", w.rate);
+        }
+        let (rate, filled) = w.link_rate().unwrap();
+        assert!(filled);
+        assert!((rate / link - 1.0).abs() < 0.05, "{rate}");
+        // The link doubled: the known rate ends the growth early, and the
+        // probes (a quarter more one round trip in eight) find the rest
+        // within a few dozen round trips.
+        let mut v = Window {
+            known: Some(link / 2.0),
+            ..Window::new(t0)
+        };
+        let mut now = t0;
+        while !v.filled {
+            round_trip(&mut v, &mut now, link);
+            assert!(v.rounds < 12);
+        }
+        assert!(v.rate < link * 0.6, "{}", v.rate);
+        for _ in 0..4 * PROBE_EVERY {
+            round_trip(&mut v, &mut now, link);
+        }
+        let (rate, _) = v.link_rate().unwrap();
+        assert!(rate > link * 0.9, "{rate}");
+    }
+
+    #[test]
     fn a_link_found_full_says_its_rate_and_one_not_filled_only_raises_it() {
         let rates = LinkRates::default();
         let t0 = Instant::now();
