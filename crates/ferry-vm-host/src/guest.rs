@@ -539,6 +539,14 @@ pub mod files {
         max_bytes: 1 << 14,
     };
     pub const STREAM_EFFICIENCY_FILE: &str = "memory-stream-efficiency.json";
+    /// `<state>/memory-link-rates.json`: the links' rates this host's
+    /// memory streams found, by peer (`crate::tunnel::LinkRates`).
+    pub const LINK_RATES: Kind = Kind {
+        format: "ferry-memory-link-rates",
+        version: 1,
+        max_bytes: 1 << 20,
+    };
+    pub const LINK_RATES_FILE: &str = "memory-link-rates.json";
     /// Move records kept: the newest this many, none older than this.
     pub const MOVES_KEPT: usize = 1000;
     pub const MOVES_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(90 * 86_400);

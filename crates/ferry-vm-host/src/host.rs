@@ -77,7 +77,8 @@ pub struct VmHost {
     /// with every guest's view (`<state>/memory-stream-efficiency.json`).
     pub stream_efficiency: ferry_state_file::rate_log::ShareLog,
     /// The links' rates this host's memory streams found, by peer: the
-    /// next stream to a peer starts from it (`crate::tunnel::LinkRates`).
+    /// next stream to a peer starts from it (`crate::tunnel::LinkRates`;
+    /// `<state>/memory-link-rates.json`).
     pub link_rates: Arc<crate::tunnel::LinkRates>,
 }
 
@@ -169,7 +170,9 @@ impl VmHost {
                 crate::guest::files::STREAM_EFFICIENCY,
                 "this host's memory stream's use of its link",
             ),
-            link_rates: Default::default(),
+            link_rates: Arc::new(crate::tunnel::LinkRates::open(
+                root.join(crate::guest::files::LINK_RATES_FILE),
+            )),
         });
         let mut entries: Vec<PathBuf> = std::fs::read_dir(&vms)
             .map_err(|e| VmError::file(&vms, e))?

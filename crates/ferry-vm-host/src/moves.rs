@@ -1258,7 +1258,10 @@ fn spawn_tunnel(
                 if let (Ok(()), Some(rates), Some((rate, filled))) =
                     (&r, &rates, *counters.link_rate.lock())
                 {
-                    rates.learn(&to, rate, filled, Instant::now());
+                    if rates.learn(&to, rate, filled, Instant::now()) {
+                        let rates = rates.clone();
+                        tokio::task::spawn_blocking(move || rates.save());
+                    }
                     tracing::debug!(move_id = %id, known, rate, filled, "the link's rate learnt");
                 }
                 // The move's streams together (one without multifd).

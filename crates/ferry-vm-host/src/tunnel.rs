@@ -199,13 +199,65 @@ pub const LINK_RATE_MEMORY: Duration = Duration::from_secs(600);
 /// The links' rates this host's memory streams found, by peer: a stream
 /// to a peer starts from what the last one to it learnt, as TCP keeps a
 /// path's metrics for the next connection (RFC 9040). See [`KNOWN_SHARE`].
+/// Kept in `<state>/memory-link-rates.json` across the daemon's restarts
+/// (with the wall-clock time each was learnt, so one older than
+/// [`LINK_RATE_MEMORY`] is not read back).
 #[derive(Debug, Default)]
-pub struct LinkRates(parking_lot::Mutex<std::collections::HashMap<String, (f64, Instant)>>);
+pub struct LinkRates {
+    rates: parking_lot::Mutex<std::collections::HashMap<String, (f64, Instant)>>,
+    file: Option<std::path::PathBuf>,
+    /// Held while the file is written, so the last write has the newest.
+    writing: parking_lot::Mutex<()>,
+}
+
+/// What [`LinkRates`] keeps in its file: per peer, its rate (link bytes
+/// per second) and when it was learnt (seconds since the Unix epoch).
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct SavedLinkRates {
+    peers: std::collections::BTreeMap<String, SavedLinkRate>,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct SavedLinkRate {
+    rate: f64,
+    learnt_unix_s: f64,
+}
 
 impl LinkRates {
+    /// The rates kept in `file` that are still fresh (none if it is
+    /// absent; a damaged file is reported and replaced at the next save).
+    pub fn open(file: std::path::PathBuf) -> LinkRates {
+        let saved = match ferry_state_file::load::<SavedLinkRates>(
+            &file,
+            crate::guest::files::LINK_RATES,
+        ) {
+            Ok(s) => s.unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!(error = %e, "the links' rates learnt before are not read; learnt again from the next move");
+                SavedLinkRates::default()
+            }
+        };
+        let (now, wall) = (Instant::now(), unix_now());
+        let rates = saved
+            .peers
+            .into_iter()
+            .filter_map(|(peer, s)| {
+                let age = wall - s.learnt_unix_s;
+                let fresh = (0.0..=LINK_RATE_MEMORY.as_secs_f64()).contains(&age);
+                let at = now.checked_sub(Duration::from_secs_f64(age.max(0.0)))?;
+                (fresh && usable_rate(s.rate)).then_some((peer, (s.rate, at)))
+            })
+            .collect();
+        LinkRates {
+            rates: parking_lot::Mutex::new(rates),
+            file: Some(file),
+            writing: parking_lot::Mutex::new(()),
+        }
+    }
+
     /// The rate to `peer` learnt within [`LINK_RATE_MEMORY`] of `now`.
     pub fn get(&self, peer: &str, now: Instant) -> Option<f64> {
-        Self::fresh(&self.0.lock(), peer, now)
+        Self::fresh(&self.rates.lock(), peer, now)
     }
 
     fn fresh(
@@ -219,16 +271,64 @@ impl LinkRates {
 
     /// What a stream to `peer` measured: a link found full says its rate
     /// (it may have slowed); one the stream ended before filling says only
-    /// that the link carries at least that much.
-    pub fn learn(&self, peer: &str, rate: f64, filled: bool, now: Instant) {
-        if !(rate.is_finite() && rate > 0.0) {
-            return;
+    /// that the link carries at least that much. Whether it was kept (and
+    /// the file is then due a [`LinkRates::save`]).
+    pub fn learn(&self, peer: &str, rate: f64, filled: bool, now: Instant) -> bool {
+        if !usable_rate(rate) {
+            return false;
         }
-        let mut rates = self.0.lock();
+        let mut rates = self.rates.lock();
         let before = Self::fresh(&rates, peer, now).unwrap_or(0.0);
         let rate = if filled { rate } else { rate.max(before) };
         rates.insert(peer.to_string(), (rate, now));
+        true
     }
+
+    /// Write the fresh rates to the file (an fsync: callers on an async
+    /// runtime run it on a blocking thread). A failure is logged: the
+    /// rates stay known until the process ends.
+    pub fn save(&self) {
+        let Some(file) = &self.file else {
+            return;
+        };
+        let _w = self.writing.lock();
+        let (now, wall) = (Instant::now(), unix_now());
+        let peers = self
+            .rates
+            .lock()
+            .iter()
+            .filter_map(|(peer, (rate, at))| {
+                let age = now.saturating_duration_since(*at);
+                (age <= LINK_RATE_MEMORY).then(|| {
+                    let learnt_unix_s = wall - age.as_secs_f64();
+                    (
+                        peer.clone(),
+                        SavedLinkRate {
+                            rate: *rate,
+                            learnt_unix_s,
+                        },
+                    )
+                })
+            })
+            .collect();
+        if let Err(e) = ferry_state_file::save(
+            file,
+            crate::guest::files::LINK_RATES,
+            &SavedLinkRates { peers },
+        ) {
+            tracing::warn!(error = %e, "the links' rates learnt are not saved");
+        }
+    }
+}
+
+fn usable_rate(rate: f64) -> bool {
+    rate.is_finite() && rate > 0.0
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// The sender's clock over a stream: when it read QEMU's first bytes and
@@ -1219,6 +1319,61 @@ mod tests {
             rates.get("b:1", t0 + LINK_RATE_MEMORY + Duration::from_secs(1)),
             None
         );
+    }
+
+    #[test]
+    fn the_links_rates_outlive_a_restart_while_fresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(crate::guest::files::LINK_RATES_FILE);
+        let rates = LinkRates::open(file.clone());
+        assert_eq!(rates.get("b:1", Instant::now()), None);
+        let now = Instant::now();
+        assert!(rates.learn("b:1", 40e6, true, now));
+        assert!(!rates.learn("b:1", f64::INFINITY, true, now));
+        // One learnt long ago is not written.
+        if let Some(old) = now.checked_sub(LINK_RATE_MEMORY + Duration::from_secs(5)) {
+            rates.learn("c:1", 10e6, true, old);
+        }
+        rates.save();
+        let again = LinkRates::open(file.clone());
+        let got = again.get("b:1", Instant::now()).unwrap();
+        assert!((got - 40e6).abs() < 1.0, "{got}");
+        assert_eq!(again.get("c:1", Instant::now()), None);
+        // A file whose rate was learnt before the memory's span, or
+        // claims a time to come or a rate no stream measures, reads as
+        // nothing learnt.
+        let wall = unix_now();
+        for (rate, learnt) in [
+            (40e6, wall - LINK_RATE_MEMORY.as_secs_f64() - 1.0),
+            (40e6, wall + 3600.0),
+            (-1.0, wall),
+        ] {
+            let mut peers = std::collections::BTreeMap::new();
+            peers.insert(
+                "b:1".to_string(),
+                SavedLinkRate {
+                    rate,
+                    learnt_unix_s: learnt,
+                },
+            );
+            ferry_state_file::save(
+                &file,
+                crate::guest::files::LINK_RATES,
+                &SavedLinkRates { peers },
+            )
+            .unwrap();
+            assert_eq!(
+                LinkRates::open(file.clone()).get("b:1", Instant::now()),
+                None
+            );
+        }
+        // A damaged file is read as nothing, and replaced by the next save.
+        std::fs::write(&file, b"{ not json").unwrap();
+        let damaged = LinkRates::open(file.clone());
+        assert_eq!(damaged.get("b:1", Instant::now()), None);
+        damaged.learn("b:1", 20e6, true, Instant::now());
+        damaged.save();
+        assert!(LinkRates::open(file).get("b:1", Instant::now()).is_some());
     }
 
     #[test]
