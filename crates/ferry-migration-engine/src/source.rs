@@ -53,6 +53,10 @@ const DEFAULT_RATE: f64 = 12.5e6;
 const PAUSE_DRAIN: Duration = Duration::from_secs(10);
 /// While held before the switch, send what the guest dirtied this often.
 const HOLD_ROUND: Duration = Duration::from_millis(200);
+/// A first pass that sent more than this measures the link's rate, and
+/// waits for its round's answer before going on; one that sent less (a
+/// return, or a move whose destination lacked little) goes on at once.
+const MEASURED_PASS: u64 = 4 << 20;
 
 /// What `ferry migrate` asks for.
 #[derive(Debug, Clone)]
@@ -828,13 +832,21 @@ async fn sync_round(
     let never = tokio_util::sync::CancellationToken::new();
     let release = release.unwrap_or(&never);
     // `recv` is cancel-safe: an answer not taken here stays queued.
-    let m = tokio::select! {
+    tokio::select! {
         biased;
-        m = next_msg(in_rx, ANSWER_TIMEOUT, Some(cancel)) => m?,
-        () = release.cancelled() => return Ok(false),
-    };
-    match m {
-        Message::Synced { round: r } if r == round => Ok(true),
+        r = synced(in_rx, cancel, round) => r.map(|()| true),
+        () = release.cancelled() => Ok(false),
+    }
+}
+
+/// Wait for the `Synced` of round `round`, ended before.
+async fn synced(
+    in_rx: &mut mpsc::UnboundedReceiver<Result<Message, MigrationError>>,
+    cancel: &tokio_util::sync::CancellationToken,
+    round: u32,
+) -> Result<(), MigrationError> {
+    match next_msg(in_rx, ANSWER_TIMEOUT, Some(cancel)).await? {
+        Message::Synced { round: r } if r == round => Ok(()),
         m => Err(unexpected(&m, "waiting for the end of a round")),
     }
 }
@@ -1193,8 +1205,9 @@ async fn run_phases(
         indexed: (index.block_size() == chunk).then(|| index.clone()),
     });
 
-    let (t_start, fingerprints_s, rate) = fingerprint_phase(job, link, in_rx, &sender).await?;
-    let rounds = dirty_rounds(job, link, in_rx, &sender, t_start, rate).await?;
+    let first = fingerprint_phase(job, link, in_rx, &sender).await?;
+    let fingerprints_s = first.seconds;
+    let rounds = dirty_rounds(job, link, in_rx, &sender, first).await?;
     let switched = pause_and_switch(
         job,
         link,
@@ -1213,15 +1226,28 @@ async fn run_phases(
     switched
 }
 
+/// How the first pass ended.
+struct FirstPass {
+    /// When it started, and its seconds.
+    start: Instant,
+    seconds: f64,
+    /// The link's rate it measured (or the assumed one).
+    rate: f64,
+    /// Round 0, ended without waiting for its `Synced` (a pass that
+    /// sent little: [`MEASURED_PASS`]); whoever sends the next round
+    /// waits for it first, and the pause reads it before the verdict.
+    unsynced: Option<u32>,
+}
+
 /// Phases 1 and 2: fingerprints out, wants answered with data, until the
-/// destination has everything but what the guest dirtied (round 0 synced).
-/// Returns when it started, its seconds and the link rate it measured.
+/// destination has everything but what the guest dirtied (round 0 ended;
+/// synced too where the pass sent more than [`MEASURED_PASS`]).
 async fn fingerprint_phase(
     job: &Job<'_>,
     link: &Link<'_>,
     in_rx: &mut mpsc::UnboundedReceiver<Result<Message, MigrationError>>,
     sender: &Arc<Sender>,
-) -> Result<(Instant, f64, f64), MigrationError> {
+) -> Result<FirstPass, MigrationError> {
     let Job { run, req, bm, .. } = *job;
     let c = &run.counters;
     // Phases 1 and 2. Everything written from here on is marked in `bm`;
@@ -1278,15 +1304,31 @@ async fn fingerprint_phase(
     drop(want_tx);
     data_task.await?;
     tracing::debug!(elapsed = ?t_start.elapsed(), "first pass: wanted data sent");
-    sync_round(link, in_rx, &run.cancel, 0, bm.dirty_bytes(), None).await?;
-    let fingerprints_s = t_start.elapsed().as_secs_f64();
+    // A pass that sent little (a return: what was written since the
+    // volume left) does not wait a round trip for round 0's answer: the
+    // next step is most often the pause, whose verdict the destination
+    // sends after it, having flushed round 0 first (a few milliseconds
+    // for that little). A larger one waits: its time gives the link's
+    // rate, and its flush stays out of the pause.
     let sent = run.wire.tx.load(Ordering::Relaxed) - tx_start;
+    let unsynced = if sent > MEASURED_PASS {
+        sync_round(link, in_rx, &run.cancel, 0, bm.dirty_bytes(), None).await?;
+        None
+    } else {
+        link.send(Message::RoundEnd {
+            round: 0,
+            dirty_bytes: bm.dirty_bytes(),
+        })
+        .await?;
+        Some(0)
+    };
+    let fingerprints_s = t_start.elapsed().as_secs_f64();
     let mut rate = if job.req.bwlimit > 0 {
         converge::to_f64(req.bwlimit)
     } else {
         DEFAULT_RATE
     };
-    if sent > (4 << 20) {
+    if sent > MEASURED_PASS {
         rate = converge::to_f64(sent) / fingerprints_s.max(1e-3);
     }
     tracing::info!(
@@ -1294,10 +1336,16 @@ async fn fingerprint_phase(
         seconds = fingerprints_s,
         sent,
         link_rate = rate,
-        "first pass done (prints answered, wanted data sent and synced)"
+        synced = unsynced.is_none(),
+        "first pass done (prints answered, wanted data sent, round 0 ended)"
     );
 
-    Ok((t_start, fingerprints_s, rate))
+    Ok(FirstPass {
+        start: t_start,
+        seconds: fingerprints_s,
+        rate,
+        unsynced,
+    })
 }
 
 /// How the dirty rounds ended.
@@ -1316,9 +1364,14 @@ async fn dirty_rounds(
     link: &Link<'_>,
     in_rx: &mut mpsc::UnboundedReceiver<Result<Message, MigrationError>>,
     sender: &Arc<Sender>,
-    t_start: Instant,
-    mut rate: f64,
+    first: FirstPass,
 ) -> Result<RoundsDone, MigrationError> {
+    let FirstPass {
+        start: t_start,
+        mut rate,
+        mut unsynced,
+        ..
+    } = first;
     let Job {
         run,
         req,
@@ -1408,6 +1461,10 @@ async fn dirty_rounds(
         since_take = Instant::now();
         let t = Instant::now();
         let tx0 = run.wire.tx.load(Ordering::Relaxed);
+        // A round ended without waiting is answered before the next.
+        if let Some(r) = unsynced.take() {
+            synced(in_rx, &run.cancel, r).await?;
+        }
         // The link is idle here (the last round was answered): a round
         // trip timed now is the link's own.
         link.ping().await?;
@@ -1522,8 +1579,9 @@ async fn pause_and_switch(
     let answers = async {
         let dest_digest = loop {
             match next_msg(in_rx, wait, None).await? {
-                // The answer to a held round the release did not wait for
-                // (the order checker let through only one for an ended round).
+                // The answer to a round not waited for: a held one the
+                // release cut short, or a small first pass's (the order
+                // checker let through only one for each ended round).
                 Message::Synced { .. } => {}
                 Message::DigestResult { matches, digest } => {
                     if !matches || digest != source_digest {

@@ -78,8 +78,8 @@ pub const VM_PAUSE_BASE_S: f64 = 0.015;
 /// Mbit/s) were 39, 101 and 154 ms, which a whole round trip priced +3%,
 /// +19% and +43%.
 pub const VM_PAUSE_RTTS: f64 = 0.65;
-/// Fixed time of a disk move besides its bytes, its four round trips and
-/// its pause (s): the daemons' work to connect (TLS), open the copy and
+/// Fixed time of a disk move besides its bytes, its round trips
+/// ([`DISK_MOVE_RTTS`]) and its pause (s): the daemons' work to connect (TLS), open the copy and
 /// scan the source's prints. Refitted 2026-11-30 once a return took its
 /// kept copy's prints from the destination's index instead of reading and
 /// hashing it (30-45 ms of a 128 MiB disk's return, and more the larger
@@ -88,6 +88,14 @@ pub const VM_PAUSE_RTTS: f64 = 0.65;
 /// each). It was 0.10 s while the return read its copy (0.15 s before the
 /// host followed the disk's migration by its events).
 pub const DISK_MOVE_SETUP_S: f64 = 0.03;
+/// Round trips of a disk move besides its pause: the TLS handshake, the
+/// `Hello`'s answer, the prints' answer, and round 0's `Synced` where the
+/// first pass sent more than [`SMALL_FIRST_PASS_BYTES`] (a smaller one,
+/// a return's, goes on to the pause without waiting for it).
+pub const DISK_MOVE_RTTS: f64 = 4.0;
+/// The link bytes of a first pass the source does not wait a round trip
+/// after (`ferry_migration_engine`'s `MEASURED_PASS`, 4 MiB).
+pub const SMALL_FIRST_PASS_BYTES: f64 = 4.0 * 1024.0 * 1024.0;
 /// What a teleport takes before its disks' copy begins (s): the source
 /// host asks the destination host whether it can take the guest (one TLS
 /// call; the destination checks the spec, boot files, disks, QEMU, name
@@ -445,7 +453,12 @@ pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost 
         .filter(|s| s.is_finite() && *s >= 0.0)
         .unwrap_or(DISK_PAUSE_BASE_S);
     let pause = hold + rtt;
-    let seconds = DISK_MOVE_SETUP_S + stream_s + held / rebuild_bps + 4.0 * rtt + pause;
+    let rtts = if missing + prints > SMALL_FIRST_PASS_BYTES {
+        DISK_MOVE_RTTS
+    } else {
+        DISK_MOVE_RTTS - 1.0
+    };
+    let seconds = DISK_MOVE_SETUP_S + stream_s + held / rebuild_bps + rtts * rtt + pause;
     move_cost(seconds, bytes, pause, converges)
 }
 
@@ -841,6 +854,27 @@ mod tests {
         let prints = v.disk_bytes / 4096.0 * FINGERPRINT_BYTES_PER_BLOCK;
         let expect = (50e3 + prints) / (1.0 - back.load.write_rate / 12.5e6);
         assert!((b.bytes - expect).abs() < 1.0, "{b:?}");
+    }
+
+    #[test]
+    fn a_first_pass_that_sends_little_saves_a_round_trip() {
+        let v = vm(60.0, 16.5, true);
+        // What each extra millisecond of round trip costs a move: its
+        // round trips and the pause's.
+        let per_ms = |v: &VmState| {
+            let at = |rtt| disk_move_cost(v, "a", rtt, 12.5e6).seconds;
+            (at(30.0) - at(20.0)) / 10.0 * 1000.0
+        };
+        // A return that sends 1 MB goes on to the pause without waiting
+        // for round 0's answer.
+        let mut back = v.clone();
+        back.copy_at.insert("a".into());
+        back.printed_at.insert("a".into(), 1e6);
+        back.missing_at.insert("a".into(), 1e6);
+        back.missing_link_at.insert("a".into(), 1e6);
+        assert!((per_ms(&back) - DISK_MOVE_RTTS).abs() < 1e-6);
+        // A move that sends gigabytes waits for it.
+        assert!((per_ms(&v) - (DISK_MOVE_RTTS + 1.0)).abs() < 1e-6);
     }
 
     #[test]
