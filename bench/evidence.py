@@ -675,8 +675,9 @@ def exp_model(ctx):
                 measured = rate([serial_a])
                 # The base again once the link is back at rtt0: the
                 # prediction scales the mean of the base before and after
-                # (this machine's fsync drifts over a minute; bracketing
-                # keeps the drift out of the model's error).
+                # (the guest's record rate here drifts from minute to
+                # minute; bracketing keeps the drift out of the model's
+                # error).
                 for name in paths:
                     link.set_rtt(name, rtt0)
                 time.sleep(1)
@@ -814,7 +815,7 @@ def model_report(ctx, rows, mbit, rtt0, data_mib, vol_mib):
                       f"`ferry control estimate --cluster SNAPSHOT --rtt-ms R` scaled from the rate at {rtt0} ms; "
                       "the RTT of the disk's link then set to R and the rate measured, then set back and the rate at "
                       f"{rtt0} ms measured again: the prediction scales the mean of the rates at {rtt0} ms just before "
-                      "and just after (this machine's fsync time drifts from minute to minute); the disk-local row from the "
+                      "and just after (the guest's record rate on this machine drifts from minute to minute); the disk-local row from the "
                       "rate just before each disk-only move (`--disk-to a` on a snapshot taken then; not bracketed: the "
                       "move changes what is measured), measured after it. Move rows: `ferry control "
                       "estimate --inventory` just before each `ferry vm migrate` (disk only B→A to the guest, "

@@ -1311,15 +1311,15 @@ async fn fingerprint_phase(
     // for that little). A larger one waits: its time gives the link's
     // rate, and its flush stays out of the pause.
     let sent = run.wire.tx.load(Ordering::Relaxed) - tx_start;
+    link.send(Message::RoundEnd {
+        round: 0,
+        dirty_bytes: bm.dirty_bytes(),
+    })
+    .await?;
     let unsynced = if sent > MEASURED_PASS {
-        sync_round(link, in_rx, &run.cancel, 0, bm.dirty_bytes(), None).await?;
+        synced(in_rx, &run.cancel, 0).await?;
         None
     } else {
-        link.send(Message::RoundEnd {
-            round: 0,
-            dirty_bytes: bm.dirty_bytes(),
-        })
-        .await?;
         Some(0)
     };
     let fingerprints_s = t_start.elapsed().as_secs_f64();

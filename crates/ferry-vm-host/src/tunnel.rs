@@ -237,7 +237,7 @@ impl LinkRates {
                 SavedLinkRates::default()
             }
         };
-        let (now, wall) = (Instant::now(), unix_now());
+        let (now, wall) = (Instant::now(), crate::moves::unix_s(Instant::now()));
         let rates = saved
             .peers
             .into_iter()
@@ -257,16 +257,16 @@ impl LinkRates {
 
     /// The rate to `peer` learnt within [`LINK_RATE_MEMORY`] of `now`.
     pub fn get(&self, peer: &str, now: Instant) -> Option<f64> {
-        Self::fresh(&self.rates.lock(), peer, now)
+        self.rates
+            .lock()
+            .get(peer)
+            .and_then(|e| Self::fresh(e, now))
     }
 
-    fn fresh(
-        rates: &std::collections::HashMap<String, (f64, Instant)>,
-        peer: &str,
-        now: Instant,
-    ) -> Option<f64> {
-        let (rate, at) = rates.get(peer)?;
-        (now.saturating_duration_since(*at) <= LINK_RATE_MEMORY).then_some(*rate)
+    /// A rate and when it was learnt, if that is within
+    /// [`LINK_RATE_MEMORY`] of `now`.
+    fn fresh(&(rate, at): &(f64, Instant), now: Instant) -> Option<f64> {
+        (now.saturating_duration_since(at) <= LINK_RATE_MEMORY).then_some(rate)
     }
 
     /// What a stream to `peer` measured: a link found full says its rate
@@ -278,7 +278,10 @@ impl LinkRates {
             return false;
         }
         let mut rates = self.rates.lock();
-        let before = Self::fresh(&rates, peer, now).unwrap_or(0.0);
+        let before = rates
+            .get(peer)
+            .and_then(|e| Self::fresh(e, now))
+            .unwrap_or(0.0);
         let rate = if filled { rate } else { rate.max(before) };
         rates.insert(peer.to_string(), (rate, now));
         true
@@ -292,23 +295,21 @@ impl LinkRates {
             return;
         };
         let _w = self.writing.lock();
-        let (now, wall) = (Instant::now(), unix_now());
+        let now = Instant::now();
         let peers = self
             .rates
             .lock()
             .iter()
-            .filter_map(|(peer, (rate, at))| {
-                let age = now.saturating_duration_since(*at);
-                (age <= LINK_RATE_MEMORY).then(|| {
-                    let learnt_unix_s = wall - age.as_secs_f64();
-                    (
-                        peer.clone(),
-                        SavedLinkRate {
-                            rate: *rate,
-                            learnt_unix_s,
-                        },
-                    )
-                })
+            .filter_map(|(peer, e)| {
+                let rate = Self::fresh(e, now)?;
+                let learnt_unix_s = crate::moves::unix_s(e.1);
+                Some((
+                    peer.clone(),
+                    SavedLinkRate {
+                        rate,
+                        learnt_unix_s,
+                    },
+                ))
             })
             .collect();
         if let Err(e) = ferry_state_file::save(
@@ -323,12 +324,6 @@ impl LinkRates {
 
 fn usable_rate(rate: f64) -> bool {
     rate.is_finite() && rate > 0.0
-}
-
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// The sender's clock over a stream: when it read QEMU's first bytes and
@@ -1342,7 +1337,7 @@ mod tests {
         // A file whose rate was learnt before the memory's span, or
         // claims a time to come or a rate no stream measures, reads as
         // nothing learnt.
-        let wall = unix_now();
+        let wall = crate::moves::unix_s(Instant::now());
         for (rate, learnt) in [
             (40e6, wall - LINK_RATE_MEMORY.as_secs_f64() - 1.0),
             (40e6, wall + 3600.0),
