@@ -14,7 +14,7 @@ qemu-utils (qemu-storage-daemon, qemu-img), rsync, casync, python3-matplotlib,
 a release build of ferry; the VM pause figure also needs the test guest
 (scripts/guest-image.sh). Run as root.
 """
-import argparse, contextlib, json, os, platform, re, shutil, subprocess, sys, tempfile, time
+import argparse, contextlib, json, os, platform, re, shutil, statistics, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import matplotlib  # noqa: E402
@@ -724,7 +724,10 @@ def exp_model(ctx):
                   f"{rep['total_s']:.1f} s {link_bytes / 1e6:.0f} MB; phases {rep['phases']}", flush=True)
             wait_acks(serial_after, max((a[0] for a in acks([serial_after])), default=0) + 3, secs=60)
 
-        for i in range(repeats):
+        # One round more than `repeats` in a full run: the first disk move
+        # is the one where A holds none of the disk, so the return has
+        # `repeats` runs too.
+        for i in range(repeats + (0 if ctx.quick else 1)):
             # The guest's rate with its disk across the link, and the model's
             # prediction of it with the disk local, taken before each disk
             # move from a window as long as the access rows' (its CPU time per
@@ -764,6 +767,17 @@ def exp_model(ctx):
     return model_report(ctx, rows, mbit, rtt0, data_mib, vol_mib)
 
 
+def spread(row):
+    """A model row's errors over its runs: their range, and how many of
+    them were within 15% (rows redrawn from results saved before the
+    errors were kept show a dash)."""
+    es = row.get("errors") or []
+    if not es:
+        return "-"
+    within = sum(1 for e in es if abs(e) <= 15)
+    return f"{min(es):+.0f}..{max(es):+.0f}% ({within} of {len(es)} within 15%)"
+
+
 def model_report(ctx, rows, mbit, rtt0, data_mib, vol_mib):
     """The figure, table and text of `model` from its rows (the median of
     each prediction and of its measurement over the repeats)."""
@@ -771,10 +785,11 @@ def model_report(ctx, rows, mbit, rtt0, data_mib, vol_mib):
     rows = []
     for what in dict.fromkeys(r["what"] for r in runs):
         rs = [r for r in runs if r["what"] == what]
-        p = sorted(r["predicted"] for r in rs)[len(rs) // 2]
-        m = sorted(r["measured"] for r in rs)[len(rs) // 2]
+        p = statistics.median(r["predicted"] for r in rs)
+        m = statistics.median(r["measured"] for r in rs)
         rows.append({"what": what, "predicted": p, "measured": m, "n": len(rs),
                      "error_pct": (p - m) / m * 100 if m else float("nan"),
+                     "errors": [r["error_pct"] for r in rs],
                      "each": [(round(r["predicted"], 2), round(r["measured"], 2)) for r in rs]})
     fig, ax = plt.subplots(figsize=(10, 4))
     names = [r["what"] for r in rows]
@@ -796,9 +811,10 @@ def model_report(ctx, rows, mbit, rtt0, data_mib, vol_mib):
     fig.tight_layout()
     fig.savefig(ctx.png("model"), dpi=110)
     plt.close(fig)
-    table = ["| prediction | predicted | measured | error | runs (predicted, measured) |", "|---|---|---|---|---|"]
+    table = ["| prediction | predicted | measured | error | error per run | runs (predicted / measured) |",
+             "|---|---|---|---|---|---|"]
     table += [f"| {r['what']} | {r['predicted']:.2f} | {r['measured']:.2f} | {r['error_pct']:+.0f}% | "
-              + ", ".join(f"{p:g} / {m:g}" for p, m in r["each"]) + " |" for r in rows]
+              + spread(r) + " | " + ", ".join(f"{p:g} / {m:g}" for p, m in r["each"]) + " |" for r in rows]
     within = sum(1 for r in rows if abs(r["error_pct"]) <= 15)
     worst = max(rows, key=lambda r: abs(r["error_pct"])) if rows else None
     return {
@@ -821,8 +837,9 @@ def model_report(ctx, rows, mbit, rtt0, data_mib, vol_mib):
                       "estimate --inventory` just before each `ferry vm migrate` (disk only B→A to the guest, "
                       "teleport A→B, VM only B→A away from the disk); measured: the move report's total time, its "
                       "link bytes (memory and disk, TLS included), the guest's pause (QEMU's STOP→RESUME; for the disk-only move the hold of the "
-                      "guest's writes at the switch). Each move three times (quick runs: once); the table gives the "
-                      "medians and every run. The what-if RTT of an access row is the link's RTT as the controller "
+                      "guest's writes at the switch). Each move three times or more (quick runs: once; the disk's "
+                      "first move, to a site holding none of it, once); the table gives the medians, each run's "
+                      "error and every run. The what-if RTT of an access row is the link's RTT as the controller "
                       "probes it with the toxics at R (toxiproxy adds a share of its own that grows with the latency).",
         "raw": runs,
         # The link's rate (FERRY_MODEL_MBIT), for a redraw.
@@ -1399,8 +1416,9 @@ def write_page(out, doc, command_prefix):
              "table behind it and how to redo it. All "
              "figures come from one command:", "", "    python3 bench/evidence.py", "",
              "`--only NAME[,NAME]` redoes some (names: " + ", ".join(EXPERIMENTS) + "); `--quick` runs every "
-             "experiment at a tiny size (the test suite does this to keep every script working, all but three on the "
-             "Debian guest, db_rtt, db_move_then_run and real_pause, which it adds with `FERRY_EVIDENCE_ALL=1`).", ""]
+             "experiment at a tiny size (the test suite does this to keep every script working, all but the four on the "
+             "Debian guest, db_rtt, db_move_then_run, real_pause and db_threshold, which it adds with "
+             "`FERRY_EVIDENCE_ALL=1`).", ""]
     meta_file = os.path.join(out, "run.json")
     if os.path.exists(meta_file):
         with open(meta_file) as f:
