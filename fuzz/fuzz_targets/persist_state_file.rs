@@ -3,12 +3,13 @@
 //! settings, a pool's rebuild rate, a host's move measures) read back
 //! after damage: loading never panics, whatever loads saves and loads
 //! again to the same value, a rate read from any file is absent or
-//! positive and finite, and a fixed cost absent or finite and not
-//! negative.
+//! positive and finite, a fixed cost absent or finite and not
+//! negative, and a kept pause positive and finite with a finite round
+//! trip and memory.
 #![no_main]
 
 use ferry_server::rebuild_rate::RebuildRate;
-use ferry_state_file::rate_log::{RateLog, SecondsLog};
+use ferry_state_file::rate_log::{PauseLog, RateLog, SecondsLog};
 use ferry_state_file::{load, save, Kind};
 use ferry_vm_host::guest::files;
 use libfuzzer_sys::fuzz_target;
@@ -38,6 +39,11 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Some(s) = SecondsLog::open(path.clone(), files::SETUP_COST, "fuzz").median() {
         assert!(s.is_finite() && s >= 0.0, "{s}");
+    }
+    for p in PauseLog::open(path.clone(), files::PAUSES, "fuzz").recent() {
+        assert!(p.pause_s.is_finite() && p.pause_s > 0.0, "{p:?}");
+        assert!(p.rtt_s.is_finite() && p.rtt_s >= 0.0, "{p:?}");
+        assert!(p.memory_bytes > 0, "{p:?}");
     }
     // Any JSON under the envelope: what loads round-trips.
     if let Ok(Some(v)) = load::<serde_json::Value>(&path, ANY) {

@@ -32,8 +32,9 @@ pub use migration::{
 pub use server::ServerView;
 pub use vm::{
     Accel, BandwidthProbe, Boot, CloudInit, CreateVm, DirtyRateView, DiskIo, DiskMigrationRef,
-    LinkProbe, MoveBytes, MoveKind, NicAddress, NicView, PhaseTime, ProbeRequest, UpdateVm, VmDisk,
-    VmMigrateRequest, VmMovePhase, VmMoveReport, VmMoveStatus, VmNic, VmSpec, VmState, VmView,
+    LinkProbe, MoveBytes, MoveKind, MovePause, NicAddress, NicView, PhaseTime, ProbeRequest,
+    UpdateVm, VmDisk, VmMigrateRequest, VmMovePhase, VmMoveReport, VmMoveStatus, VmNic, VmSpec,
+    VmState, VmView,
 };
 pub use volume::{
     ArrivalView, Backing, BitmapRequest, BitmapView, CreateVolume, ImportReport, IncomingMigration,

@@ -326,6 +326,17 @@ pub struct VmView {
     /// its last few; absent until the host has made such a move.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_link_efficiency: Option<f64>,
+    /// The pauses of the host's recent outgoing VM-only moves (single
+    /// stream, completed), oldest first, each with its link's round trip
+    /// and the guest's memory: the placement model takes its own terms
+    /// for the link and the memory out of each and prices a VM-only
+    /// move's pause from this host at the median of what is left.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vm_move_pauses: Vec<MovePause>,
+    /// The same of its recent outgoing teleports (guest and disks: the
+    /// disks' switches are in each pause).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub teleport_pauses: Vec<MovePause>,
     pub disks: Vec<DiskIo>,
     /// Its network cards on this host: where each is plugged, and what
     /// it carried while QEMU runs.
@@ -335,6 +346,17 @@ pub struct VmView {
     pub serial_log: PathBuf,
     /// A move of this guest that has not ended.
     pub moving: Option<MigrationId>,
+}
+
+/// One completed move's guest pause (QEMU's STOP at the source to its
+/// RESUME at the destination), the round trip of the link its memory
+/// crossed (the smallest a frame of the stream took to be acknowledged)
+/// and the guest's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MovePause {
+    pub pause_s: f64,
+    pub rtt_s: f64,
+    pub memory_bytes: u64,
 }
 
 /// One network card of a guest on its host.

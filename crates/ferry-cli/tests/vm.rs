@@ -259,6 +259,8 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     // the machine rather than the link bound it), for the model.
     let setup_a = r["memory_setup_s"].as_f64().expect("the move's fixed time");
     assert!((0.0..60.0).contains(&setup_a), "{r}");
+    // And kept its pause with the link's round trip, as a teleport's.
+    let pause_a = r["guest_pause_ms"].as_f64().unwrap() / 1000.0;
     if let Some(bps) = r["memory_stream_bps"].as_f64() {
         assert!(bps > 0.0 && bps.is_finite(), "{r}");
     }
@@ -402,6 +404,21 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     // has made no single-stream move.
     let told = v["memory_move_setup_s"].as_f64();
     assert!(told.is_some_and(|t| (t - setup_a).abs() < 1e-6), "{v}");
+    let pauses = v["teleport_pauses"].clone();
+    assert_eq!(pauses.as_array().map(Vec::len), Some(1), "{v}");
+    assert!(
+        (pauses[0]["pause_s"].as_f64().unwrap() - pause_a).abs() < 1e-9,
+        "{v}"
+    );
+    assert!(pauses[0]["rtt_s"].as_f64().is_some_and(|r| r > 0.0), "{v}");
+    assert!(
+        pauses[0]["memory_bytes"].as_u64().is_some_and(|m| m > 0),
+        "{v}"
+    );
+    assert!(
+        v["vm_move_pauses"].is_null(),
+        "no single-stream VM-only move from A: {v}"
+    );
     assert_eq!(s.hb.state_of("g1"), None);
     assert_eq!(s.ha.state_of("g1").as_deref(), Some("running"));
     let second = archived_serial(&s.hb, "g1");
@@ -425,6 +442,7 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     // The host's measure outlives it.
     let v: Value = serde_json::from_str(&s.ha.vm_ok(&["show", "g1", "--json"])).unwrap();
     assert_eq!(v["memory_move_setup_s"].as_f64(), told, "{v}");
+    assert_eq!(v["teleport_pauses"], pauses, "{v}");
     // The guest's disk is back (QEMU reconnected) before the move.
     wait_acks(&third, 5);
     // Disk-only back to storage A (direct, no toxics): the guest stays.

@@ -806,6 +806,28 @@ fn load_from_rates(g: &crate::prometheus::GuestRates) -> VmLoad {
     }
 }
 
+/// A host's kept pauses as the model reads them: those a move could
+/// have made (a positive, finite pause and memory, a finite round trip of
+/// zero or more); a host that says otherwise is not believed.
+#[allow(clippy::cast_precision_loss)]
+fn usable_pauses(pauses: &[ferry_api::MovePause]) -> Vec<ferry_placement::cluster::MovePause> {
+    pauses
+        .iter()
+        .filter(|p| {
+            p.pause_s.is_finite()
+                && p.pause_s > 0.0
+                && p.rtt_s.is_finite()
+                && p.rtt_s >= 0.0
+                && p.memory_bytes > 0
+        })
+        .map(|p| ferry_placement::cluster::MovePause {
+            pause_s: p.pause_s,
+            rtt_s: p.rtt_s,
+            memory_bytes: p.memory_bytes as f64,
+        })
+        .collect()
+}
+
 /// What a memory move of `v` sends in full: the RAM the guest touched
 /// (resident in QEMU), else all of it.
 #[allow(clippy::cast_precision_loss)]
@@ -985,6 +1007,8 @@ pub fn measure(
             memory_stream_bps: v.memory_stream_bps.filter(|b| b.is_finite() && *b > 0.0),
             memory_move_setup_s: v.memory_move_setup_s.filter(|s| s.is_finite() && *s >= 0.0),
             memory_link_efficiency: v.memory_link_efficiency.filter(|e| is_share(*e)),
+            vm_move_pauses: usable_pauses(&v.vm_move_pauses),
+            teleport_pauses: usable_pauses(&v.teleport_pauses),
             disk_switch_hold_s: disk.switch_hold_s,
             accel: v.accel.clone(),
             home_site: None,

@@ -85,6 +85,16 @@ pub struct VmLoad {
     pub write_rate: f64,
 }
 
+/// One completed move's guest pause (s), the round trip (s) of the link
+/// its memory crossed and the guest's memory (bytes), as its host kept
+/// them.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MovePause {
+    pub pause_s: f64,
+    pub rtt_s: f64,
+    pub memory_bytes: f64,
+}
+
 /// A guest's exchanges with clients that sit at one site (measured at
 /// its network cards, on the networks whose clients the inventory places
 /// there).
@@ -164,6 +174,17 @@ pub struct VmState {
     /// this; absent: 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_link_efficiency: Option<f64>,
+    /// The pauses of its host's recent VM-only moves, each with its
+    /// link's round trip and its guest's memory, as that host measured
+    /// them: the model prices a VM-only pause from there at what is left
+    /// of them besides its own terms for the link and the memory
+    /// (`model::vm_pause_base_s`); empty: `model::VM_PAUSE_BASE_S`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vm_move_pauses: Vec<MovePause>,
+    /// The same of its host's recent teleports; empty: the VM-only base
+    /// and the disks' terms (`model::teleport_cost`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub teleport_pauses: Vec<MovePause>,
     /// How long a switch of its disk's storage daemon holds writes besides
     /// the link's round trip (s), as that daemon measured its own recent
     /// switches as a migration's source; absent: `model::DISK_PAUSE_BASE_S`.
@@ -354,6 +375,16 @@ impl Cluster {
             if let Some(s) = v.disk_switch_hold_s {
                 non_negative(format!("VM {} disk_switch_hold_s", v.name), s)?;
             }
+            for (what, pauses) in [
+                ("vm_move_pauses", &v.vm_move_pauses),
+                ("teleport_pauses", &v.teleport_pauses),
+            ] {
+                for p in pauses {
+                    positive(format!("VM {} {what} pause_s", v.name), p.pause_s)?;
+                    non_negative(format!("VM {} {what} rtt_s", v.name), p.rtt_s)?;
+                    positive(format!("VM {} {what} memory_bytes", v.name), p.memory_bytes)?;
+                }
+            }
             let l = &v.load;
             for (what, x) in [
                 ("iops", l.iops),
@@ -411,6 +442,8 @@ mod tests {
                 memory_stream_bps: None,
                 memory_move_setup_s: None,
                 memory_link_efficiency: None,
+                vm_move_pauses: Vec::new(),
+                teleport_pauses: Vec::new(),
                 disk_switch_hold_s: None,
                 disk_link_share: None,
                 accel: None,
@@ -494,6 +527,40 @@ mod tests {
             moved.vms[0].disk_switch_hold_s = Some(bad);
             let e = moved.validate().unwrap_err().to_string();
             assert!(e.contains("disk_switch_hold_s"), "{e}");
+        }
+        moved.vms[0].disk_switch_hold_s = None;
+        // Its host's kept pauses read back; each one a move could make.
+        let p = MovePause {
+            pause_s: 0.03,
+            rtt_s: 0.008,
+            memory_bytes: 2.5e8,
+        };
+        moved.vms[0].teleport_pauses = vec![p];
+        let back: Cluster = serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();
+        assert_eq!(back.vms[0].teleport_pauses, vec![p]);
+        assert!(back.vms[0].vm_move_pauses.is_empty());
+        assert!(back.validate().is_ok());
+        for (bad, what) in [
+            (MovePause { pause_s: 0.0, ..p }, "teleport_pauses pause_s"),
+            (
+                MovePause {
+                    pause_s: f64::NAN,
+                    ..p
+                },
+                "teleport_pauses pause_s",
+            ),
+            (MovePause { rtt_s: -0.001, ..p }, "teleport_pauses rtt_s"),
+            (
+                MovePause {
+                    memory_bytes: 0.0,
+                    ..p
+                },
+                "teleport_pauses memory_bytes",
+            ),
+        ] {
+            moved.vms[0].teleport_pauses = vec![p, bad];
+            let e = moved.validate().unwrap_err().to_string();
+            assert!(e.contains(what), "{e}");
         }
     }
 }

@@ -226,6 +226,8 @@ mod tests {
                 memory_stream_bps: None,
                 memory_move_setup_s: None,
                 memory_link_efficiency: None,
+                vm_move_pauses: Vec::new(),
+                teleport_pauses: Vec::new(),
                 disk_switch_hold_s: None,
                 disk_link_share: None,
                 accel: None,

@@ -50,6 +50,8 @@ pub fn remote_vm(name: &str, iops: f64, latency_ms: f64) -> VmState {
         memory_stream_bps: None,
         memory_move_setup_s: None,
         memory_link_efficiency: None,
+        vm_move_pauses: Vec::new(),
+        teleport_pauses: Vec::new(),
         disk_switch_hold_s: None,
         disk_link_share: None,
         accel: None,

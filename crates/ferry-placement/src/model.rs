@@ -35,7 +35,7 @@
 //! horizon this is added to the guest's disk loss: a placement's loss is
 //! what its guest and what its clients wait ([`placement_loss`]).
 
-use crate::cluster::{Cluster, ClusterError, Link, Placement, VmState};
+use crate::cluster::{Cluster, ClusterError, Link, MovePause, Placement, VmState};
 use serde::Serialize;
 
 /// Share of the guest's speed lost while it is being moved.
@@ -333,6 +333,11 @@ pub fn placement_loss(
 /// Moving the VM's memory across a link: its resident RAM, compressed,
 /// plus what it dirties meanwhile; the pause sends one last round.
 pub fn vm_move_cost(vm: &VmState, rtt_ms: f64, bw: f64) -> MoveCost {
+    memory_move_cost(vm, rtt_ms, bw, vm_pause_base_s(vm))
+}
+
+/// [`vm_move_cost`] with `pause_base` (s) as its pause's fixed part.
+fn memory_move_cost(vm: &VmState, rtt_ms: f64, bw: f64, pause_base: f64) -> MoveCost {
     let share = memory_link_share(vm);
     // The stream in raw (uncompressed) bytes per second: what its host's
     // streams carry of the link's rate, or the machine's where that is
@@ -342,10 +347,60 @@ pub fn vm_move_cost(vm: &VmState, rtt_ms: f64, bw: f64) -> MoveCost {
     let bytes = raw * share;
     let rtt = rtt_ms / 1000.0;
     let last_round = vm.load.dirty_rate.min(raw_bw) * LAST_ROUND_S / raw_bw;
-    let walk = VM_PAUSE_PER_GIB_S * vm.memory_bytes / f64::from(1u32 << 30);
-    let pause = (VM_PAUSE_BASE_S + last_round).min(TARGET_PAUSE_S) + walk + VM_PAUSE_RTTS * rtt;
+    let pause = (pause_base + last_round).min(TARGET_PAUSE_S)
+        + memory_walk_s(vm.memory_bytes)
+        + VM_PAUSE_RTTS * rtt;
     let seconds = vm_move_setup_s(vm) + raw / raw_bw + 3.0 * rtt + pause;
     move_cost(seconds, bytes, pause, converges)
+}
+
+/// The part of a memory move's pause that grows with the guest's memory
+/// (`memory_bytes`): [`VM_PAUSE_PER_GIB_S`].
+fn memory_walk_s(memory_bytes: f64) -> f64 {
+    VM_PAUSE_PER_GIB_S * memory_bytes / f64::from(1u32 << 30)
+}
+
+/// The fixed part of a VM-only move's pause from the guest's host: what
+/// its own recent VM-only pauses leave ([`measured_pause_base`]), with
+/// [`VM_PAUSE_BASE_S`] as the prior.
+pub fn vm_pause_base_s(vm: &VmState) -> f64 {
+    measured_pause_base(&vm.vm_move_pauses, VM_PAUSE_BASE_S)
+}
+
+/// How many pauses a host must have kept before they alone give a
+/// pause's fixed part: a move's pause here spreads wide (VM-only 22-123
+/// ms, teleports 43-101 ms at 8 ms RTT in the model checks of
+/// 2026-12-01), and a median of one or two is that outlier.
+pub const PAUSES_ALONE_FROM: usize = 3;
+
+/// What is left of a host's recent `pauses` once the model's own terms
+/// for each one's link (its round trip's [`VM_PAUSE_RTTS`]) and memory
+/// ([`memory_walk_s`]) are taken out: their median, at least zero (the
+/// mean of the middle two of an even count). `prior` (the fixed part
+/// the model would use without them) counts as one of them while fewer
+/// than [`PAUSES_ALONE_FROM`] are kept, and is the answer without any.
+/// What the guest dirtied in each last round stays in it: the host's
+/// guests' typical last round, counted again beside the guest's own.
+pub fn measured_pause_base(pauses: &[MovePause], prior: f64) -> f64 {
+    let mut rest: Vec<f64> = pauses
+        .iter()
+        .map(|p| p.pause_s - VM_PAUSE_RTTS * p.rtt_s - memory_walk_s(p.memory_bytes))
+        .filter(|r| r.is_finite())
+        .collect();
+    if rest.is_empty() {
+        return prior;
+    }
+    if rest.len() < PAUSES_ALONE_FROM {
+        rest.push(prior);
+    }
+    rest.sort_by(f64::total_cmp);
+    let n = rest.len();
+    let median = if n % 2 == 1 {
+        rest[n / 2]
+    } else {
+        (rest[n / 2 - 1] + rest[n / 2]) / 2.0
+    };
+    median.max(0.0)
 }
 
 /// Link bytes per byte of the guest's memory: its own sampled share
@@ -472,11 +527,29 @@ pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost 
 /// bytes take the memory link's one-way trip. So the disk adds its hold,
 /// and whatever its link's one-way trip exceeds the memory's, and the
 /// hosts' part of the switch ([`TELEPORT_SWITCH_S`]).
+///
+/// Where the guest's host has made teleports, their pauses replace the
+/// pause's fixed part, the switch and the disks' hold: what is left of
+/// them once the link and the memory are taken out
+/// ([`measured_pause_base`]; each crossed one link between two sites, its
+/// disks' and its memory's; the prior is those three as priced without
+/// them), and the disk's link adds only the one-way trip by which it is
+/// longer than the memory's.
 pub fn teleport_cost(vm: &VmState, to: &str, disk_link: &Link, memory_link: &Link) -> MoveCost {
     let d = disk_move_cost(vm, to, disk_link.rtt_ms, disk_link.bandwidth);
-    let m = vm_move_cost(vm, memory_link.rtt_ms, memory_link.bandwidth);
-    let one_ways = (disk_link.rtt_ms + memory_link.rtt_ms) / 2000.0;
-    let pause = m.pause_s + TELEPORT_SWITCH_S + (d.pause_s - one_ways).max(0.0);
+    let (m, pause) = if vm.teleport_pauses.is_empty() {
+        let m = vm_move_cost(vm, memory_link.rtt_ms, memory_link.bandwidth);
+        let one_ways = (disk_link.rtt_ms + memory_link.rtt_ms) / 2000.0;
+        let pause = m.pause_s + TELEPORT_SWITCH_S + (d.pause_s - one_ways).max(0.0);
+        (m, pause)
+    } else {
+        let hold = (d.pause_s - disk_link.rtt_ms / 1000.0).max(0.0);
+        let prior = vm_pause_base_s(vm) + TELEPORT_SWITCH_S + hold;
+        let base = measured_pause_base(&vm.teleport_pauses, prior);
+        let m = memory_move_cost(vm, memory_link.rtt_ms, memory_link.bandwidth, base);
+        let longer = (disk_link.rtt_ms - memory_link.rtt_ms).max(0.0) / 2000.0;
+        (m, m.pause_s + longer)
+    };
     move_cost(
         TELEPORT_CHECK_S + d.seconds + m.seconds,
         d.bytes + m.bytes,
@@ -767,6 +840,81 @@ mod tests {
             b.disk_switch_hold_s = Some(bad);
             assert_eq!(disk_move_cost(&b, "a", 10.0, 12.5e6).pause_s, base.pause_s);
         }
+    }
+
+    #[test]
+    fn a_host_that_kept_its_pauses_prices_the_next_at_what_they_leave() {
+        let mut v = vm(60.0, 16.5, true);
+        // Little dirtied: the last round is no part of these sums.
+        v.load.dirty_rate = 0.0;
+        let l = |rtt_ms| Link {
+            a: "a".into(),
+            b: "b".into(),
+            rtt_ms,
+            bandwidth: 12.5e6,
+        };
+        let walk = memory_walk_s(v.memory_bytes);
+        let base = vm_move_cost(&v, 10.0, 12.5e6);
+        assert!((base.pause_s - VM_PAUSE_BASE_S - walk - VM_PAUSE_RTTS * 0.010).abs() < 1e-12);
+        // VM-only pauses over other links, of a guest of half the
+        // memory: each less its round trip's share and its walk leaves
+        // 30, 90 (an outlier) and 26 ms.
+        let half = v.memory_bytes / 2.0;
+        let kept = |rest: f64, rtt_s: f64| MovePause {
+            pause_s: rest + VM_PAUSE_RTTS * rtt_s + memory_walk_s(half),
+            rtt_s,
+            memory_bytes: half,
+        };
+        let mut measured = v.clone();
+        // One or two: the constant counts as one of them (the mean of
+        // the constant and the one; the middle of the three).
+        measured.vm_move_pauses = vec![kept(0.030, 0.008)];
+        let one = (0.030 + VM_PAUSE_BASE_S) / 2.0;
+        assert!((vm_pause_base_s(&measured) - one).abs() < 1e-12);
+        measured.vm_move_pauses.push(kept(0.090, 0.100));
+        assert!(
+            (vm_pause_base_s(&measured) - 0.030).abs() < 1e-12,
+            "the outlier moves nothing"
+        );
+        // Three: theirs alone, the median 30 ms.
+        measured.vm_move_pauses.push(kept(0.026, 0.002));
+        assert!((vm_pause_base_s(&measured) - 0.030).abs() < 1e-12);
+        measured.vm_move_pauses = vec![kept(0.030, 0.008), kept(0.020, 0.100), kept(0.026, 0.002)];
+        assert!((vm_pause_base_s(&measured) - 0.026).abs() < 1e-12);
+        let m = vm_move_cost(&measured, 10.0, 12.5e6);
+        let more = 0.026 - VM_PAUSE_BASE_S;
+        assert!((m.pause_s - base.pause_s - more).abs() < 1e-12, "{m:?}");
+        assert!((m.seconds - base.seconds - more).abs() < 1e-9, "{m:?}");
+        // The mean of the middle two of four; a pause shorter than the
+        // model's terms for it leaves nothing, not less.
+        measured.vm_move_pauses.push(kept(0.040, 0.020));
+        assert!((vm_pause_base_s(&measured) - 0.028).abs() < 1e-12);
+        measured.vm_move_pauses = vec![kept(-0.010, 0.050); 3];
+        assert_eq!(vm_pause_base_s(&measured), 0.0);
+        // A teleport's kept pauses replace the fixed part, the hosts'
+        // switch and the disks' hold; its VM-only pauses do not.
+        let t0 = teleport_cost(&v, "a", &l(10.0), &l(10.0));
+        let mut tele = v.clone();
+        tele.vm_move_pauses = vec![kept(0.026, 0.008); 3];
+        let t1 = teleport_cost(&tele, "a", &l(10.0), &l(10.0));
+        assert!(
+            (t1.pause_s - t0.pause_s - more).abs() < 1e-12,
+            "{t0:?} {t1:?}"
+        );
+        // One teleport's pause: its mean with the fixed part, switch and
+        // hold as priced without it.
+        tele.teleport_pauses = vec![kept(0.050, 0.008)];
+        let prior = t1.pause_s - walk - VM_PAUSE_RTTS * 0.010;
+        let t = teleport_cost(&tele, "a", &l(10.0), &l(10.0));
+        let expect = (0.050 + prior) / 2.0 + walk + VM_PAUSE_RTTS * 0.010;
+        assert!((t.pause_s - expect).abs() < 1e-12, "{t:?} {t1:?}");
+        tele.teleport_pauses = vec![kept(0.050, 0.008), kept(0.060, 0.020), kept(0.044, 0.100)];
+        let t2 = teleport_cost(&tele, "a", &l(10.0), &l(10.0));
+        let expect = 0.050 + walk + VM_PAUSE_RTTS * 0.010;
+        assert!((t2.pause_s - expect).abs() < 1e-12, "{t2:?}");
+        // A disk link longer than the memory's adds its one-way excess.
+        let t3 = teleport_cost(&tele, "a", &l(30.0), &l(10.0));
+        assert!((t3.pause_s - expect - 0.010).abs() < 1e-12, "{t3:?}");
     }
 
     #[test]

@@ -4,10 +4,14 @@
 //! held blocks, a VM host's memory stream) or a fixed cost (the median
 //! of the last few: a VM host's set-up of a move) or a share (the median
 //! of the last few: how much of its link a VM host's memory stream
-//! kept busy). A damaged file is reported and read as nothing measured;
-//! an entry no measure could make is dropped, so a rate is always absent
-//! or positive and finite, a cost absent or finite and not negative, and
-//! a share absent or above zero and at most one.
+//! kept busy), or the pauses of its recent moves with what set them (a
+//! VM host's memory moves: each pause with its link's round trip and the
+//! guest's memory, which the placement model takes apart). A damaged file
+//! is reported and read as nothing measured; an entry no measure could
+//! make is dropped, so a rate is always absent or positive and finite, a
+//! cost absent or finite and not negative, a share absent or above zero
+//! and at most one, and a pause positive and finite with a finite round
+//! trip.
 
 use crate::Kind;
 use serde::de::DeserializeOwned;
@@ -71,6 +75,26 @@ impl Sample for Share {
     }
 }
 
+/// One move's pause, with what the placement model prices it from: the
+/// round trip of the link it crossed and the guest's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Pause {
+    pub pause_s: f64,
+    pub rtt_s: f64,
+    pub memory_bytes: u64,
+}
+
+impl Sample for Pause {
+    /// A pause above zero and a round trip of zero or more, each at most
+    /// a year, of a guest with memory.
+    fn usable(&self) -> bool {
+        self.pause_s > 0.0
+            && self.pause_s <= MAX_SECONDS
+            && (0.0..=MAX_SECONDS).contains(&self.rtt_s)
+            && self.memory_bytes > 0
+    }
+}
+
 /// A measure that is one number, whose log's summary is the median.
 pub trait Scalar: Sample {
     fn value(&self) -> f64;
@@ -108,6 +132,8 @@ pub type RateLog = RecentLog<Measure>;
 pub type SecondsLog = RecentLog<Seconds>;
 /// A share learned from recent work.
 pub type ShareLog = RecentLog<Share>;
+/// Recent moves' pauses.
+pub type PauseLog = RecentLog<Pause>;
 
 impl<M> Clone for RecentLog<M> {
     fn clone(&self) -> Self {
@@ -170,6 +196,11 @@ impl<M: Sample> RecentLog<M> {
         push_newest(&mut self.inner.recent.lock(), m)
     }
 
+    /// The recent measures, oldest first.
+    pub fn recent(&self) -> Vec<M> {
+        self.inner.recent.lock().iter().copied().collect()
+    }
+
     /// Write the measures to the file (an fsync: callers on an async
     /// runtime run it on a blocking thread). A failure is logged: the
     /// measures stay known until the process ends.
@@ -179,7 +210,7 @@ impl<M: Sample> RecentLog<M> {
         };
         let _w = self.inner.writing.lock();
         let saved = Saved {
-            recent: self.inner.recent.lock().iter().copied().collect(),
+            recent: self.recent(),
         };
         if let Err(e) = crate::save(file, *kind, &saved) {
             tracing::warn!(error = %e, "a measured rate is not saved");
@@ -361,6 +392,39 @@ mod tests {
         assert_eq!(s.median(), Some(0.35), "the middle two of four");
         s.save();
         assert_eq!(open().median(), Some(0.35));
+    }
+
+    #[test]
+    fn a_pause_is_kept_with_its_round_trip_and_memory_and_outlives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pauses.json");
+        let open = || PauseLog::open(file.clone(), KIND, "the test's pauses");
+        let p = open();
+        let at = |pause_s, rtt_s, memory_bytes| Pause {
+            pause_s,
+            rtt_s,
+            memory_bytes,
+        };
+        for bad in [
+            at(0.0, 0.01, 1 << 28),
+            at(-0.01, 0.01, 1 << 28),
+            at(f64::NAN, 0.01, 1 << 28),
+            at(0.03, -0.001, 1 << 28),
+            at(0.03, f64::INFINITY, 1 << 28),
+            at(1e300, 0.01, 1 << 28),
+            at(0.03, 0.01, 0),
+        ] {
+            assert!(!p.record(bad), "{bad:?}");
+        }
+        assert!(p.recent().is_empty());
+        for i in 0..10u32 {
+            assert!(p.record(at(0.030 + f64::from(i) / 1000.0, 0.008, 1 << 28)));
+        }
+        let kept = p.recent();
+        assert_eq!(kept.len(), KEPT, "the newest eight");
+        assert_eq!(kept[0], at(0.032, 0.008, 1 << 28));
+        p.save();
+        assert_eq!(open().recent(), kept);
     }
 
     #[test]

@@ -685,6 +685,8 @@ mod tests {
             memory_stream_bps: None,
             memory_move_setup_s: None,
             memory_link_efficiency: None,
+            vm_move_pauses: Vec::new(),
+            teleport_pauses: Vec::new(),
             disks: vec![DiskIo {
                 volume: "v".into(),
                 reads: 3,

@@ -530,6 +530,17 @@ pub mod files {
         max_bytes: 1 << 14,
     };
     pub const SETUP_COST_FILE: &str = "memory-move-setup.json";
+    /// `<state>/vm-move-pauses.json` and `<state>/teleport-pauses.json`:
+    /// the pauses of this host's recent outgoing VM-only moves and
+    /// teleports, each with its link's round trip and the guest's memory
+    /// (`crate::moves::measure_pause`).
+    pub const PAUSES: Kind = Kind {
+        format: "ferry-memory-move-pauses",
+        version: 1,
+        max_bytes: 1 << 14,
+    };
+    pub const VM_MOVE_PAUSES_FILE: &str = "vm-move-pauses.json";
+    pub const TELEPORT_PAUSES_FILE: &str = "teleport-pauses.json";
     /// `<state>/memory-stream-efficiency.json`: how busy this host's
     /// recent outgoing memory streams kept a link that held them back
     /// (`crate::moves::efficiency_measure`).

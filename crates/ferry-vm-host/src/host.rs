@@ -76,6 +76,13 @@ pub struct VmHost {
     /// that held them back (`crate::moves::efficiency_measure`), told
     /// with every guest's view (`<state>/memory-stream-efficiency.json`).
     pub stream_efficiency: ferry_state_file::rate_log::ShareLog,
+    /// The pauses of this host's recent outgoing VM-only moves and
+    /// teleports, with their links' round trips and the guests' memory
+    /// (`crate::moves::measure_pause`), told with every guest's view so
+    /// that the model prices a pause from here at this machine's own
+    /// (`<state>/vm-move-pauses.json`, `<state>/teleport-pauses.json`).
+    pub vm_move_pauses: ferry_state_file::rate_log::PauseLog,
+    pub teleport_pauses: ferry_state_file::rate_log::PauseLog,
     /// The links' rates this host's memory streams found, by peer: the
     /// next stream to a peer starts from it (`crate::tunnel::LinkRates`;
     /// `<state>/memory-link-rates.json`).
@@ -169,6 +176,16 @@ impl VmHost {
                 root.join(crate::guest::files::STREAM_EFFICIENCY_FILE),
                 crate::guest::files::STREAM_EFFICIENCY,
                 "this host's memory stream's use of its link",
+            ),
+            vm_move_pauses: ferry_state_file::rate_log::PauseLog::open(
+                root.join(crate::guest::files::VM_MOVE_PAUSES_FILE),
+                crate::guest::files::PAUSES,
+                "this host's VM-only moves' pauses",
+            ),
+            teleport_pauses: ferry_state_file::rate_log::PauseLog::open(
+                root.join(crate::guest::files::TELEPORT_PAUSES_FILE),
+                crate::guest::files::PAUSES,
+                "this host's teleports' pauses",
             ),
             link_rates: Arc::new(crate::tunnel::LinkRates::open(
                 root.join(crate::guest::files::LINK_RATES_FILE),
@@ -616,6 +633,18 @@ impl VmHost {
             memory_stream_bps: self.stream_rate.bytes_per_second(),
             memory_move_setup_s: self.setup_cost.median(),
             memory_link_efficiency: self.stream_efficiency.median(),
+            vm_move_pauses: self
+                .vm_move_pauses
+                .recent()
+                .iter()
+                .map(move_pause)
+                .collect(),
+            teleport_pauses: self
+                .teleport_pauses
+                .recent()
+                .iter()
+                .map(move_pause)
+                .collect(),
             disks,
             nics: self.nic_views(&g.paths.dir, &spec, rt.is_some()),
             serial_log: g.paths.serial.clone(),
@@ -665,6 +694,15 @@ impl VmHost {
             out.push(self.view(&g).await);
         }
         out
+    }
+}
+
+/// A kept pause as the API tells it.
+fn move_pause(p: &ferry_state_file::rate_log::Pause) -> ferry_api::MovePause {
+    ferry_api::MovePause {
+        pause_s: p.pause_s,
+        rtt_s: p.rtt_s,
+        memory_bytes: p.memory_bytes,
     }
 }
 

@@ -669,11 +669,18 @@ async fn finish(
                     id,
                 )?;
                 marked = true;
+                let written = asked.elapsed();
                 if st.as_deref() == Some("paused") {
                     if let Some(rt) = g.runtime() {
                         rt.qmp.cont().await?;
                     }
                 }
+                tracing::debug!(
+                    loaded_ms = loaded_after.as_secs_f64() * 1e3,
+                    marked_ms = written.as_secs_f64() * 1e3,
+                    continued_ms = asked.elapsed().as_secs_f64() * 1e3,
+                    "the arrived guest marked ours and continued (ms after Finish)"
+                );
             }
             Some("inmigrate" | "postmigrate" | "finish-migrate" | "prelaunch")
                 if t.elapsed() < Duration::from_secs(60) =>

@@ -412,6 +412,14 @@ async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
     for u in &upstreams {
         u.io.take_longest();
     }
+    // The guest's memory as the controller priced the move: resident in
+    // QEMU, else as configured.
+    let memory = g.spec.lock().memory_mib << 20;
+    let memory = g
+        .runtime()
+        .and_then(|r| crate::guest::memory_resident_bytes(r.pid, memory))
+        .filter(|b| *b > 0)
+        .unwrap_or(memory);
     let outcome = match run.kind {
         MoveKind::DiskOnly => disk_only(&host, &g, &run).await,
         MoveKind::VmOnly | MoveKind::Teleport => memory_move(&host, &g, &run).await,
@@ -445,6 +453,7 @@ async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
     let memory_stream_bps = measure_stream(&host, &run, outcome.result);
     let memory_link_efficiency = measure_efficiency(&host, &run, outcome.result);
     let memory_setup_s = measure_setup(&host, &run, &outcome, end);
+    measure_pause(&host, &run, &outcome, memory);
     let report = VmMoveReport {
         id: run.id.clone(),
         vm: run.vm.clone(),
@@ -611,6 +620,42 @@ fn measure_setup(host: &VmHost, run: &MoveRun, outcome: &Outcome, end: Instant) 
         "the memory move's fixed time measured"
     );
     Some(setup)
+}
+
+/// Keep a completed single-stream memory move's guest pause in the
+/// host's log of its kind (VM-only, teleport) with the round trip its
+/// stream timed and the guest's `memory` (bytes, as the controller
+/// priced the move: resident in QEMU as it began): the placement model
+/// prices the next pause of that kind from here at what is left of these
+/// once its own terms for the link and the memory are taken out. Whether
+/// it was kept.
+fn measure_pause(host: &VmHost, run: &MoveRun, outcome: &Outcome, memory: u64) -> bool {
+    if !one_stream_completed(run, outcome.result) {
+        return false;
+    }
+    let (Some(pause_ms), Some(rtt)) = (outcome.guest_pause_ms, run.counters.timing.lock().base_rtt)
+    else {
+        return false;
+    };
+    let pause = ferry_state_file::rate_log::Pause {
+        pause_s: pause_ms / 1000.0,
+        rtt_s: rtt.as_secs_f64(),
+        memory_bytes: memory,
+    };
+    let log = if run.kind == MoveKind::Teleport {
+        &host.teleport_pauses
+    } else {
+        &host.vm_move_pauses
+    };
+    let kept = keep(log, pause);
+    if kept {
+        tracing::info!(
+            move_id = %run.id, pause_s = pause.pause_s, rtt_s = pause.rtt_s,
+            memory_bytes = pause.memory_bytes, kind = ?run.kind,
+            "the move's pause kept for the model"
+        );
+    }
+    kept
 }
 
 /// The fixed time of a memory move whose own part took `whole`, its
@@ -1443,12 +1488,23 @@ async fn copy_memory(
                 }
                 Step::ReleaseDisks => {
                     run.set_phase(VmMovePhase::Switchover);
+                    if tracing::enabled!(tracing::Level::DEBUG) {
+                        // How long after the guest stopped QEMU's pause
+                        // before the switchover was seen here.
+                        let stopped = q.wait_named(migrate_mark, "STOP", Duration::ZERO).await;
+                        tracing::debug!(
+                            stopped_ms_ago = stopped
+                                .map_or(f64::NAN, |e| (unix_s(Instant::now()) - e.timestamp) * 1e3),
+                            "pre-switchover seen"
+                        );
+                    }
                     let r = release_disks(run, disks).await;
                     step = order.feed(Input::DisksReleased(r.map_err(|e| e.to_string())));
                 }
                 Step::Continue => {
                     run.set_phase(VmMovePhase::Switchover);
                     q.migrate_continue().await?;
+                    tracing::debug!("QEMU continues past the switchover");
                     break;
                 }
                 Step::Cancel { why } => {
