@@ -12,8 +12,10 @@ their logs, kept in --work.
 
     python3 bench/move_soak.py --moves 40
     python3 bench/move_soak.py --moves 12 --teleport
+    python3 bench/move_soak.py --moves 12 --disk-only   # the guest stays at A, its disk goes back and forth
 
-Each move's pause (QEMU's STOP to RESUME) and QEMU's own downtime are
+Each move's pause (QEMU's STOP to RESUME; for a disk-only move the hold
+of the guest's writes at the switch) and QEMU's own downtime are
 printed with it, and their medians and ranges at the end: with
 `FERRY_BIN` naming another build, the same run A/B-compares a change to
 the pause (the model check gives three pauses of each kind a run).
@@ -48,6 +50,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--moves", type=int, default=40)
     ap.add_argument("--teleport", action="store_true", help="move the disk with the guest each time")
+    ap.add_argument("--disk-only", action="store_true",
+                    help="move the disk alone, the guest staying at site A (every move after the first a return)")
     ap.add_argument("--rtt", type=int, default=20)
     ap.add_argument("--mbit", type=float, default=400)
     ap.add_argument("--max-downtime", help="the move's longest pause allowed (`ferry vm migrate --max-downtime`, "
@@ -77,19 +81,24 @@ def main():
         at = 0
         for i in range(a.moves):
             to = 1 - at
-            args = ["migrate", "g", "--to-host", f"127.0.0.1:{mem[to]}", "--json"]
+            storage = ["--to-storage", f"127.0.0.1:{disk[to]}", "--to-storage-admin", f"127.0.0.1:{sites[to][1].admin}"]
+            if a.disk_only:
+                args = ["migrate", "g", *storage, "--json"]
+            else:
+                args = ["migrate", "g", "--to-host", f"127.0.0.1:{mem[to]}", "--json"]
             if a.max_downtime:
                 args += ["--max-downtime", a.max_downtime]
             if a.teleport:
-                args += ["--with-disk", "--to-storage", f"127.0.0.1:{disk[to]}",
-                         "--to-storage-admin", f"127.0.0.1:{sites[to][1].admin}"]
+                args += ["--with-disk", *storage]
             t = time.time()
-            r = sites[at][0].vm(*args)
+            # A disk-only move is asked of the host the guest stays at.
+            r = sites[0 if a.disk_only else at][0].vm(*args)
             try:
                 rep = json.loads(r.stdout)
             except ValueError:
                 rep = {"result": "error", "reason": r.stderr.strip()[-500:]}
-            pause, qemu = rep.get("guest_pause_ms"), rep.get("downtime_ms_qemu")
+            pause = rep.get("disk_pause_ms") if a.disk_only else rep.get("guest_pause_ms")
+            qemu = rep.get("downtime_ms_qemu")
             print(f"move {i + 1}: site {'AB'[at]} -> {'AB'[to]}: {rep.get('result')} in {time.time() - t:.1f} s"
                   + (f", pause {pause:.1f} ms (QEMU's downtime {qemu} ms)" if pause is not None else "")
                   + (f" ({rep.get('reason')})" if rep.get("reason") else ""), flush=True)
@@ -112,7 +121,7 @@ def main():
     if pauses:
         print(f"pause ms: median {statistics.median(pauses):.1f}, {min(pauses):.1f}-{max(pauses):.1f}; "
               f"QEMU's downtime ms: median {statistics.median(downtimes):.0f}, {min(downtimes)}-{max(downtimes)}; "
-              f"move s: median {statistics.median(times):.2f} (n={len(pauses)})")
+              f"move s: median {statistics.median(times):.3f}, {min(times):.3f}-{max(times):.3f} (n={len(pauses)})")
     print(f"{a.moves if failed is None else failed - 1} moves completed"
           + ("" if failed is None else f"; move {failed} failed (logs: {a.work}/ha.log, hb.log)"))
     sys.exit(1 if failed else 0)

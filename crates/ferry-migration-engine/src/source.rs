@@ -1204,6 +1204,18 @@ async fn run_phases(
             .flatten(),
         indexed: (index.block_size() == chunk).then(|| index.clone()),
     });
+    // The compressor set up beside the prints' round trip, not in the
+    // first piece of data (see `StreamEncoder::prepare`); a first piece
+    // sent before it is done waits for it under the lock.
+    if sender.stream.is_some() {
+        let s = sender.clone();
+        drop(super::bulk("prepare", move || {
+            if let Some(e) = &s.stream {
+                e.lock().prepare()?;
+            }
+            Ok(())
+        }));
+    }
 
     let first = fingerprint_phase(job, link, in_rx, &sender).await?;
     let fingerprints_s = first.seconds;
