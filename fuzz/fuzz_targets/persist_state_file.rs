@@ -1,11 +1,11 @@
 //! A host's, controller's or storage daemon's state file
 //! (`ferry-state-file`: a guest's spec, a move record, the controller's
-//! settings, a pool's rebuild rate, a host's move measures) read back
-//! after damage: loading never panics, whatever loads saves and loads
-//! again to the same value, a rate read from any file is absent or
-//! positive and finite, a fixed cost absent or finite and not
-//! negative, and a kept pause positive and finite with a finite round
-//! trip and memory.
+//! settings, a pool's rebuild rate and small moves' set-up, a host's
+//! move measures) read back after damage: loading never panics, whatever
+//! loads saves and loads again to the same value, a rate read from any
+//! file is absent or positive and finite, a fixed cost absent or finite
+//! and not negative, and a kept pause positive and finite with a finite
+//! round trip and memory.
 #![no_main]
 
 use ferry_server::rebuild_rate::RebuildRate;
@@ -38,6 +38,10 @@ fuzz_target!(|data: &[u8]| {
         assert!(bps.is_finite() && bps > 0.0, "{bps}");
     }
     if let Some(s) = SecondsLog::open(path.clone(), files::SETUP_COST, "fuzz").median() {
+        assert!(s.is_finite() && s >= 0.0, "{s}");
+    }
+    // A pool's small moves' fixed work, as the storage daemon tells it.
+    for s in ferry_server::move_setup::MoveSetup::open(path.clone()).kept() {
         assert!(s.is_finite() && s >= 0.0, "{s}");
     }
     for p in PauseLog::open(path.clone(), files::PAUSES, "fuzz").recent() {

@@ -98,6 +98,13 @@ pub struct VolumeSample {
     /// and one round trip. Absent before the first such switch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub switch_hold_s: Option<f64>,
+    /// What this daemon's recent small moves as a migration's source
+    /// (one connection, a first pass of at most 4 MiB straight to the
+    /// pause) took besides their round trips and pause (seconds, oldest
+    /// first, the last eight): a disk move's fixed work from here.
+    /// Empty before the first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub move_setups_s: Vec<f64>,
 }
 
 /// The blocks written to a volume since it arrived by a migration: a

@@ -84,6 +84,9 @@ struct Holdings {
     /// The disk's daemon's own switch hold besides the link
     /// (`VolumeSample::switch_hold_s`), where it has measured one.
     switch_hold_s: Option<f64>,
+    /// The disk's daemon's own small moves' fixed work
+    /// (`VolumeSample::move_setups_s`), the usable ones.
+    move_setups_s: Vec<f64>,
     missing: BTreeMap<String, f64>,
     /// Per site, the link bytes of what it lacks, as a share of the
     /// volume's bytes: the missing sampled blocks, each at its stream
@@ -192,6 +195,12 @@ fn missing_shares(
     {
         Ok(s) => {
             out.switch_hold_s = s.switch_hold_s.filter(|h| h.is_finite() && *h >= 0.0);
+            out.move_setups_s = s
+                .move_setups_s
+                .iter()
+                .copied()
+                .filter(|f| f.is_finite() && *f >= 0.0)
+                .collect();
             if s.sampled == 0 {
                 return out;
             }
@@ -1010,6 +1019,7 @@ pub fn measure(
             vm_move_pauses: usable_pauses(&v.vm_move_pauses),
             teleport_pauses: usable_pauses(&v.teleport_pauses),
             disk_switch_hold_s: disk.switch_hold_s,
+            disk_move_setups_s: disk.move_setups_s.clone(),
             accel: v.accel.clone(),
             home_site: None,
             load,
@@ -1099,6 +1109,7 @@ mod tests {
             uuid: None,
             since_arrival: None,
             switch_hold_s: None,
+            move_setups_s: Vec::new(),
         }
     }
 

@@ -229,6 +229,7 @@ mod tests {
                 vm_move_pauses: Vec::new(),
                 teleport_pauses: Vec::new(),
                 disk_switch_hold_s: None,
+                disk_move_setups_s: Vec::new(),
                 disk_link_share: None,
                 accel: None,
                 home_site: None,

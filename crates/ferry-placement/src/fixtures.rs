@@ -53,6 +53,7 @@ pub fn remote_vm(name: &str, iops: f64, latency_ms: f64) -> VmState {
         vm_move_pauses: Vec::new(),
         teleport_pauses: Vec::new(),
         disk_switch_hold_s: None,
+        disk_move_setups_s: Vec::new(),
         disk_link_share: None,
         accel: None,
         home_site: None,

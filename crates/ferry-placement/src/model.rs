@@ -86,7 +86,9 @@ pub const VM_PAUSE_RTTS: f64 = 0.65;
 /// the disk): two model checks' returns took 0.104 and 0.110 s, the first
 /// move 2.12 s, where 0.10 predicted 0.18 and 2.19 s (0.022-0.034 s
 /// each). It was 0.10 s while the return read its copy (0.15 s before the
-/// host followed the disk's migration by its events).
+/// host followed the disk's migration by its events). Since stop 75 the
+/// prior of what the disk's daemon measured of its own small moves
+/// ([`disk_move_setup_s`]).
 pub const DISK_MOVE_SETUP_S: f64 = 0.03;
 /// Round trips of a disk move besides its pause: the TLS handshake, the
 /// `Hello`'s answer, the prints' answer, and round 0's `Synced` where the
@@ -382,11 +384,17 @@ pub const PAUSES_ALONE_FROM: usize = 3;
 /// What the guest dirtied in each last round stays in it: the host's
 /// guests' typical last round, counted again beside the guest's own.
 pub fn measured_pause_base(pauses: &[MovePause], prior: f64) -> f64 {
-    let mut rest: Vec<f64> = pauses
+    let rest = pauses
         .iter()
-        .map(|p| p.pause_s - VM_PAUSE_RTTS * p.rtt_s - memory_walk_s(p.memory_bytes))
-        .filter(|r| r.is_finite())
-        .collect();
+        .map(|p| p.pause_s - VM_PAUSE_RTTS * p.rtt_s - memory_walk_s(p.memory_bytes));
+    median_with_prior(rest, prior)
+}
+
+/// The median of the finite `measures` (the mean of the middle two of an
+/// even count), at least zero, with `prior` counted as one of them while
+/// fewer than [`PAUSES_ALONE_FROM`] are; `prior` without any.
+fn median_with_prior(measures: impl Iterator<Item = f64>, prior: f64) -> f64 {
+    let mut rest: Vec<f64> = measures.filter(|r| r.is_finite()).collect();
     if rest.is_empty() {
         return prior;
     }
@@ -461,6 +469,16 @@ fn move_cost(seconds: f64, bytes: f64, pause_s: f64, converges: bool) -> MoveCos
 }
 
 /// Moving the VM's disk to `to` across a link.
+/// The fixed work of a disk move from the disk's storage daemon (s):
+/// the median of what its own recent small moves took besides their
+/// round trips and pause (`VmState::disk_move_setups_s`), with
+/// [`DISK_MOVE_SETUP_S`] counted as one of them while fewer than
+/// [`PAUSES_ALONE_FROM`] are kept (a move's fixed work spreads as its
+/// threads share the CPU with the guests), else the constant.
+pub fn disk_move_setup_s(vm: &VmState) -> f64 {
+    median_with_prior(vm.disk_move_setups_s.iter().copied(), DISK_MOVE_SETUP_S)
+}
+
 pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost {
     // Data the destination lacks, and what the guest writes meanwhile, as
     // the stream compresses it.
@@ -513,7 +531,7 @@ pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost 
     } else {
         DISK_MOVE_RTTS - 1.0
     };
-    let seconds = DISK_MOVE_SETUP_S + stream_s + held / rebuild_bps + rtts * rtt + pause;
+    let seconds = disk_move_setup_s(vm) + stream_s + held / rebuild_bps + rtts * rtt + pause;
     move_cost(seconds, bytes, pause, converges)
 }
 
@@ -1023,6 +1041,44 @@ mod tests {
         assert!((per_ms(&back) - DISK_MOVE_RTTS).abs() < 1e-6);
         // A move that sends gigabytes waits for it.
         assert!((per_ms(&v) - (DISK_MOVE_RTTS + 1.0)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_disk_moves_fixed_work_is_what_its_daemon_measured() {
+        let mut back = vm(60.0, 16.5, true);
+        back.copy_at.insert("a".into());
+        back.printed_at.insert("a".into(), 1e6);
+        back.missing_at.insert("a".into(), 1e6);
+        back.missing_link_at.insert("a".into(), 1e6);
+        let at = |v: &VmState| disk_move_cost(v, "a", 20.0, 12.5e6).seconds;
+        let constant = at(&back);
+        assert!((disk_move_setup_s(&back) - DISK_MOVE_SETUP_S).abs() < 1e-12);
+        // One measure: the constant counts as another, and the middle of
+        // the two is priced.
+        back.disk_move_setups_s = vec![0.09];
+        let one = (0.09 + DISK_MOVE_SETUP_S) / 2.0;
+        assert!((disk_move_setup_s(&back) - one).abs() < 1e-12);
+        assert!((at(&back) - constant - (one - DISK_MOVE_SETUP_S)).abs() < 1e-9);
+        // Two: the middle of them and the constant.
+        back.disk_move_setups_s = vec![0.09, 0.07];
+        assert!((disk_move_setup_s(&back) - 0.07).abs() < 1e-12);
+        // Three or more alone; a measure that is not a number is none.
+        back.disk_move_setups_s = vec![0.09, 0.07, 0.08, f64::NAN];
+        assert!((disk_move_setup_s(&back) - 0.08).abs() < 1e-12);
+        back.disk_move_setups_s = vec![0.09, 0.07, 0.08, 0.2];
+        assert!((disk_move_setup_s(&back) - 0.085).abs() < 1e-12);
+        // The teleport's disk part is priced from them too.
+        let l = Link {
+            a: "a".into(),
+            b: "b".into(),
+            rtt_ms: 20.0,
+            bandwidth: 12.5e6,
+        };
+        let mut fresh = back.clone();
+        fresh.disk_move_setups_s.clear();
+        let more =
+            teleport_cost(&back, "a", &l, &l).seconds - teleport_cost(&fresh, "a", &l, &l).seconds;
+        assert!((more - (0.085 - DISK_MOVE_SETUP_S)).abs() < 1e-9, "{more}");
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod indexer;
 pub mod iscsi;
 mod keep_measure;
 pub mod metrics;
+pub mod move_setup;
 pub mod nbd;
 pub mod net;
 pub mod periodic;
@@ -98,6 +99,8 @@ pub struct ServerState {
     pub rebuild_rate: rebuild_rate::RebuildRate,
     /// How long this daemon's recent switches held writes besides the link.
     pub switch_hold: switch_hold::SwitchHold,
+    /// How long this daemon's recent small moves took besides the link.
+    pub move_setup: move_setup::MoveSetup,
 }
 
 /// A daemon with its pool open and its listeners bound.
@@ -341,6 +344,7 @@ impl Daemon {
         };
         let rebuild_rate = rebuild_rate::RebuildRate::open(pool.root().join(rebuild_rate::FILE));
         let switch_hold = switch_hold::SwitchHold::open(pool.root().join(switch_hold::FILE));
+        let move_setup = move_setup::MoveSetup::open(pool.root().join(move_setup::FILE));
         Ok(Daemon {
             state: Arc::new(ServerState {
                 config,
@@ -355,6 +359,7 @@ impl Daemon {
                 background_scans: indexer::BackgroundScans::default(),
                 rebuild_rate,
                 switch_hold,
+                move_setup,
             }),
             nbd,
             admin,
@@ -580,6 +585,14 @@ impl migration::StorageDaemon for ServerState {
             rtt_ms = rtt.as_secs_f64() * 1e3,
             median_ms = self.switch_hold.seconds().map(|s| s * 1e3),
             "switch hold besides the link"
+        );
+    }
+
+    fn move_setup_measured(&self, fixed: Duration) {
+        self.move_setup.record(fixed);
+        tracing::info!(
+            fixed_ms = fixed.as_secs_f64() * 1e3,
+            "a small move's work besides the link"
         );
     }
 }

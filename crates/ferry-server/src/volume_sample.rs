@@ -81,6 +81,7 @@ pub fn price<E>(
         uuid: None,
         since_arrival: None,
         switch_hold_s: None,
+        move_setups_s: Vec::new(),
     };
     let bs = block_size as usize;
     let mut buf = vec![0u8; bs];

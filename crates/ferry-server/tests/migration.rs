@@ -477,6 +477,64 @@ fn held_blocks_are_copied_unread_unless_written_since_they_were_indexed() {
     assert_eq!(hold(&src_again), None);
     drop(src_again);
     assert_eq!(kept(), own, "kept across a restart");
+    // A move that sent more than 4 MiB is not a measure of the daemons'
+    // fixed work (the bytes' time hides it).
+    let setups = ferry_server::move_setup::MoveSetup::open(pa.join(ferry_server::move_setup::FILE));
+    assert!(
+        setups.kept().is_empty(),
+        "{:?} {:?}",
+        setups.kept(),
+        r.bytes
+    );
+}
+
+/// A move that sends little (its first pass at most 4 MiB, straight to the
+/// pause) is the source daemon's measure of its own fixed work: its time
+/// less its pause and three round trips, told with every sample of its
+/// volumes and kept across a restart.
+#[test]
+fn a_small_move_measures_the_daemons_fixed_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+    let src = TestServer::start(&pa);
+    let dst = destination(&pb);
+    trust_each_other(&pa, &pb);
+    let v = src.create("vm", 4 * MIB);
+    v.write_at(0, &noise(MIB as usize, 5), false).unwrap();
+    let r = move_vm(&src, &dst);
+    assert!(r.bytes.wire_tx <= 4 * MIB, "{:?}", r.bytes);
+    assert_eq!(r.rounds, 0, "{r:?}");
+    let rtt = r.time.link_rtt_ms.expect("a timed round trip") / 1e3;
+    let file = pa.join(ferry_server::move_setup::FILE);
+    let end = Instant::now() + Duration::from_secs(30);
+    while !file.exists() {
+        assert!(Instant::now() < end, "{} not written", file.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let kept = || ferry_server::move_setup::MoveSetup::open(file.clone()).kept();
+    let own = kept();
+    assert_eq!(own.len(), 1, "{own:?}");
+    // At most the move's time less its pause and round trips (measured
+    // a little before the report's total was taken), and not nothing.
+    let most = r.time.total_s - r.time.pause_ms / 1e3 - 3.0 * rtt;
+    assert!(
+        own[0] > 0.0 && own[0] <= most + 1e-6,
+        "{own:?} {:?}",
+        r.time
+    );
+    src.create("other", MIB);
+    let told = |s: &TestServer| {
+        ferry_api::AdminClient::new(&s.admin.to_string())
+            .sample_volume("other", 8)
+            .unwrap()
+            .move_setups_s
+    };
+    assert_eq!(told(&src), own);
+    dst.create("other", MIB);
+    assert!(told(&dst).is_empty(), "the destination sent nothing");
+    src.stop();
+    let again = TestServer::start(&pa);
+    assert_eq!(told(&again), own, "kept across a restart");
 }
 
 /// The source prints from its index every chunk nothing wrote since the
