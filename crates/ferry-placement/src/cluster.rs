@@ -426,9 +426,9 @@ impl Cluster {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_saved_snapshot_reads_back_with_a_never_moved_vm() {
-        let c = Cluster {
+    /// One site and one VM that never moved, every measure absent.
+    fn one_vm_snapshot() -> Cluster {
+        Cluster {
             sites: vec![Site {
                 name: "a".into(),
                 cpu_capacity: 4.0,
@@ -475,7 +475,38 @@ mod tests {
             local_rtt_ms: 0.1,
             hosts: Vec::new(),
             link_index: Default::default(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_disks_daemon_measures_read_back_and_are_checked() {
+        let mut moved = one_vm_snapshot();
+        // Its disk's daemon's switch hold reads back; not negative.
+        moved.vms[0].disk_switch_hold_s = Some(0.004);
+        let back: Cluster = serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();
+        assert_eq!(back.vms[0].disk_switch_hold_s, Some(0.004));
+        assert!(back.validate().is_ok());
+        for bad in [-0.001, f64::NAN, f64::INFINITY] {
+            moved.vms[0].disk_switch_hold_s = Some(bad);
+            let e = moved.validate().unwrap_err().to_string();
+            assert!(e.contains("disk_switch_hold_s"), "{e}");
+        }
+        moved.vms[0].disk_switch_hold_s = None;
+        // Its disk's daemon's small moves' fixed work reads back; none negative.
+        moved.vms[0].disk_move_setups_s = vec![0.08, 0.07];
+        let back: Cluster = serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();
+        assert_eq!(back.vms[0].disk_move_setups_s, vec![0.08, 0.07]);
+        assert!(back.validate().is_ok());
+        for bad in [-0.001, f64::NAN, f64::INFINITY] {
+            moved.vms[0].disk_move_setups_s = vec![0.08, bad];
+            let e = moved.validate().unwrap_err().to_string();
+            assert!(e.contains("disk_move_setups_s"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_saved_snapshot_reads_back_with_a_never_moved_vm() {
+        let c = one_vm_snapshot();
         let text = serde_json::to_string(&c).unwrap();
         assert!(text.contains("\"since_move_s\":null"), "{text}");
         let back: Cluster = serde_json::from_str(&text).unwrap();
@@ -530,28 +561,6 @@ mod tests {
             assert!(e.contains("memory_link_efficiency"), "{e}");
         }
         moved.vms[0].memory_link_efficiency = None;
-        // Its disk's daemon's switch hold reads back; not negative.
-        moved.vms[0].disk_switch_hold_s = Some(0.004);
-        let back: Cluster = serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();
-        assert_eq!(back.vms[0].disk_switch_hold_s, Some(0.004));
-        assert!(back.validate().is_ok());
-        for bad in [-0.001, f64::NAN, f64::INFINITY] {
-            moved.vms[0].disk_switch_hold_s = Some(bad);
-            let e = moved.validate().unwrap_err().to_string();
-            assert!(e.contains("disk_switch_hold_s"), "{e}");
-        }
-        moved.vms[0].disk_switch_hold_s = None;
-        // Its disk's daemon's small moves' fixed work reads back; none negative.
-        moved.vms[0].disk_move_setups_s = vec![0.08, 0.07];
-        let back: Cluster = serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();
-        assert_eq!(back.vms[0].disk_move_setups_s, vec![0.08, 0.07]);
-        assert!(back.validate().is_ok());
-        for bad in [-0.001, f64::NAN, f64::INFINITY] {
-            moved.vms[0].disk_move_setups_s = vec![0.08, bad];
-            let e = moved.validate().unwrap_err().to_string();
-            assert!(e.contains("disk_move_setups_s"), "{e}");
-        }
-        moved.vms[0].disk_move_setups_s = Vec::new();
         // Its host's kept pauses read back; each one a move could make.
         let p = MovePause {
             pause_s: 0.03,
