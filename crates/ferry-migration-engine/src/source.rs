@@ -284,13 +284,14 @@ async fn migrate(
             (MigrationResult::Failed, Some(e.to_string()), None)
         }
     };
+    let total = run.started.elapsed();
     // One connection, no hold for the caller: the hold is the switch's own
     // work and one round trip, which the migration timed.
     if let (Some(s), Some(rtt)) = (&sw, c.link_rtt()) {
         if !req.hold_switch && g(&c.attempts) == 1 {
             state.switch_hold_measured(s.pause, rtt);
             if g(&c.rounds) == 0 && g(&run.wire.tx) <= MEASURED_PASS {
-                state.move_setup_measured(fixed_work(run.started.elapsed(), rtt, s.pause));
+                state.move_setup_measured(fixed_work(total, rtt, s.pause));
             }
         }
     }
@@ -333,7 +334,7 @@ async fn migrate(
             unread: g(&c.chunks_unread),
         },
         time: ReportTime {
-            total_s: run.started.elapsed().as_secs_f64(),
+            total_s: total.as_secs_f64(),
             fingerprints_s: sw.as_ref().map_or(0.0, |s| s.fingerprints_s),
             rounds_s: sw.as_ref().map_or(0.0, |s| s.rounds_s),
             held_s: sw.as_ref().map_or(0.0, |s| s.held_s),

@@ -468,7 +468,6 @@ fn move_cost(seconds: f64, bytes: f64, pause_s: f64, converges: bool) -> MoveCos
     }
 }
 
-/// Moving the VM's disk to `to` across a link.
 /// The fixed work of a disk move from the disk's storage daemon (s):
 /// the median of what its own recent small moves took besides their
 /// round trips and pause (`VmState::disk_move_setups_s`), with
@@ -479,6 +478,7 @@ pub fn disk_move_setup_s(vm: &VmState) -> f64 {
     median_with_prior(vm.disk_move_setups_s.iter().copied(), DISK_MOVE_SETUP_S)
 }
 
+/// Moving the VM's disk to `to` across a link.
 pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost {
     // Data the destination lacks, and what the guest writes meanwhile, as
     // the stream compresses it.

@@ -374,6 +374,16 @@ fn held_blocks_are_shared_unread_unless_written_since_they_were_indexed() {
     assert_eq!(sha(t.vm.data_path()), sha(copy.data_path()));
 }
 
+/// Wait (30 s at most) until `file` exists: a daemon writes its measures
+/// on a blocking thread, off the migration's path.
+fn wait_written(file: &Path) {
+    let end = Instant::now() + Duration::from_secs(30);
+    while !file.exists() {
+        assert!(Instant::now() < end, "{} not written", file.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Move "vm" from `src` to `dst`; it switched, its digests matching.
 fn move_vm(src: &TestServer, dst: &TestServer) -> ferry_api::Report {
     let r = wait(
@@ -433,11 +443,7 @@ fn held_blocks_are_copied_unread_unless_written_since_they_were_indexed() {
     // A restarted daemon still knows it (once written: off the commit's
     // path, on a blocking thread).
     let kept = pb.join(ferry_server::rebuild_rate::FILE);
-    let end = Instant::now() + Duration::from_secs(30);
-    while !kept.exists() {
-        assert!(Instant::now() < end, "{} not written", kept.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_written(&kept);
     dst.stop();
     let again = TestServer::start(&pb);
     let kept = lookup(&again).rebuild_bps.expect("the rate kept");
@@ -450,11 +456,7 @@ fn held_blocks_are_copied_unread_unless_written_since_they_were_indexed() {
     let rtt = r.time.link_rtt_ms.expect("a timed round trip");
     assert!(rtt > 0.0 && rtt < r.time.pause_ms, "{:?}", r.time);
     let hold_file = pa.join(ferry_server::switch_hold::FILE);
-    let end = Instant::now() + Duration::from_secs(30);
-    while !hold_file.exists() {
-        assert!(Instant::now() < end, "{} not written", hold_file.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_written(&hold_file);
     src.create("other", MIB);
     let hold = |s: &TestServer| {
         ferry_api::AdminClient::new(&s.admin.to_string())
@@ -506,11 +508,7 @@ fn a_small_move_measures_the_daemons_fixed_work() {
     assert_eq!(r.rounds, 0, "{r:?}");
     let rtt = r.time.link_rtt_ms.expect("a timed round trip") / 1e3;
     let file = pa.join(ferry_server::move_setup::FILE);
-    let end = Instant::now() + Duration::from_secs(30);
-    while !file.exists() {
-        assert!(Instant::now() < end, "{} not written", file.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_written(&file);
     let kept = || ferry_server::move_setup::MoveSetup::open(file.clone()).kept();
     let own = kept();
     assert_eq!(own.len(), 1, "{own:?}");
