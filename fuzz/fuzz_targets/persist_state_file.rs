@@ -40,6 +40,10 @@ fuzz_target!(|data: &[u8]| {
     if let Some(s) = SecondsLog::open(path.clone(), files::SETUP_COST, "fuzz").median() {
         assert!(s.is_finite() && s >= 0.0, "{s}");
     }
+    // A host's part of its disk moves, as the host tells it.
+    for s in SecondsLog::open(path.clone(), files::DISK_MOVE_HOST, "fuzz").values() {
+        assert!(s.is_finite() && s >= 0.0, "{s}");
+    }
     // A pool's small moves' fixed work, as the storage daemon tells it.
     for s in ferry_server::move_setup::MoveSetup::open(path.clone()).kept() {
         assert!(s.is_finite() && s >= 0.0, "{s}");

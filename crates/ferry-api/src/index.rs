@@ -98,6 +98,12 @@ pub struct VolumeSample {
     /// and one round trip. Absent before the first such switch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub switch_hold_s: Option<f64>,
+    /// Those holds themselves (seconds besides the link's round trip,
+    /// oldest first, the last eight), from the first: the placement
+    /// model weighs a few of them against its constant. Empty before the
+    /// first such switch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub switch_holds_s: Vec<f64>,
     /// What this daemon's recent small moves as a migration's source
     /// (one connection, a first pass of at most 4 MiB straight to the
     /// pause) took besides their round trips and pause (seconds, oldest

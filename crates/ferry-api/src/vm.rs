@@ -337,6 +337,14 @@ pub struct VmView {
     /// disks' switches are in each pause).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub teleport_pauses: Vec<MovePause>,
+    /// What the host's own part of its recent completed disk-only moves
+    /// took (s, oldest first): each move's time less its slowest disk's
+    /// migration as the storage daemon timed it (asking the daemons to
+    /// start, following them to the switch, storing the guest's new
+    /// disk places). The placement model prices a disk move from this
+    /// host at their median.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disk_move_host_s: Vec<f64>,
     pub disks: Vec<DiskIo>,
     /// Its network cards on this host: where each is plugged, and what
     /// it carried while QEMU runs.
@@ -590,6 +598,10 @@ pub struct VmMoveReport {
     /// what it told the host's `memory_move_setup_s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_setup_s: Option<f64>,
+    /// A completed disk-only move's own part on this host besides its
+    /// disks' migrations: what it told the host's `disk_move_host_s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_move_host_s: Option<f64>,
     /// How busy the memory stream kept its link up to the switchover,
     /// where the link or the far end held it back (its sender waited on
     /// them half the time or more): what this move told the host's

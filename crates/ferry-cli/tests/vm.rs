@@ -457,7 +457,18 @@ fn teleport_then_vm_only_move_keep_memory_and_every_record() {
     // (the stall it saw, the disks' write hold included).
     let longest = r["guest_io_longest_ms"].as_f64().unwrap_or(0.0);
     assert!(longest > 0.0 && longest < 60_000.0, "{r}");
+    // Host A measured its own part of the move (its time less the disk's
+    // migration as storage A's daemon timed it) and tells it with the
+    // guest: the model adds it to the next disk move from here.
+    let part = r["disk_move_host_s"].as_f64().expect("the host's part");
+    let total = r["total_s"].as_f64().unwrap();
+    assert!(part >= 0.0 && part < total, "{r}");
     let v: Value = serde_json::from_str(&s.ha.vm_ok(&["show", "g1", "--json"])).unwrap();
+    let told = v["disk_move_host_s"]
+        .as_array()
+        .expect("told with the guest");
+    assert_eq!(told.len(), 1, "{v}");
+    assert!((told[0].as_f64().unwrap() - part).abs() < 1e-9, "{v}");
     assert_eq!(v["state"], "running");
     assert_eq!(v["spec"]["disks"][0]["server"], s.sa.nbd.as_str(), "{v}");
     assert_eq!(v["spec"]["disks"][0]["admin"], s.sa.admin.as_str(), "{v}");

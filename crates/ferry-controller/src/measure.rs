@@ -84,6 +84,9 @@ struct Holdings {
     /// The disk's daemon's own switch hold besides the link
     /// (`VolumeSample::switch_hold_s`), where it has measured one.
     switch_hold_s: Option<f64>,
+    /// The disk's daemon's recent switch holds besides the link
+    /// (`VolumeSample::switch_holds_s`), the usable ones.
+    switch_holds_s: Vec<f64>,
     /// The disk's daemon's own small moves' fixed work
     /// (`VolumeSample::move_setups_s`), the usable ones.
     move_setups_s: Vec<f64>,
@@ -195,6 +198,12 @@ fn missing_shares(
     {
         Ok(s) => {
             out.switch_hold_s = s.switch_hold_s.filter(|h| h.is_finite() && *h >= 0.0);
+            out.switch_holds_s = s
+                .switch_holds_s
+                .iter()
+                .copied()
+                .filter(|h| h.is_finite() && *h >= 0.0)
+                .collect();
             out.move_setups_s = s
                 .move_setups_s
                 .iter()
@@ -1019,7 +1028,14 @@ pub fn measure(
             vm_move_pauses: usable_pauses(&v.vm_move_pauses),
             teleport_pauses: usable_pauses(&v.teleport_pauses),
             disk_switch_hold_s: disk.switch_hold_s,
+            disk_switch_holds_s: disk.switch_holds_s.clone(),
             disk_move_setups_s: disk.move_setups_s.clone(),
+            disk_move_host_s: v
+                .disk_move_host_s
+                .iter()
+                .copied()
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .collect(),
             accel: v.accel.clone(),
             home_site: None,
             load,
@@ -1109,6 +1125,7 @@ mod tests {
             uuid: None,
             since_arrival: None,
             switch_hold_s: None,
+            switch_holds_s: Vec::new(),
             move_setups_s: Vec::new(),
         }
     }

@@ -190,6 +190,14 @@ pub struct VmState {
     /// switches as a migration's source; absent: `model::DISK_PAUSE_BASE_S`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_switch_hold_s: Option<f64>,
+    /// Its disk's storage daemon's recent switch holds as a migration's
+    /// source, each besides the link's round trip (s, oldest first): the
+    /// model prices the hold at their median with
+    /// `model::DISK_PAUSE_BASE_S` counted as one of them while they are
+    /// few (`model::disk_switch_hold_s`); where there are any, they, not
+    /// `disk_switch_hold_s`, price it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disk_switch_holds_s: Vec<f64>,
     /// What its disk's storage daemon's recent small moves as a
     /// migration's source took besides their round trips and pause (s,
     /// oldest first): the fixed work of a disk move from there, priced at
@@ -198,6 +206,14 @@ pub struct VmState {
     /// constant.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub disk_move_setups_s: Vec<f64>,
+    /// What its host's own part of its recent disk-only moves took (s,
+    /// oldest first): each move's time less its disks' migrations, as
+    /// that host measured it; a disk move that host drives is priced with
+    /// their median added (`model::disk_move_host_s`), with
+    /// `model::DISK_MOVE_HOST_S` counted as one of them while they are
+    /// few; empty: the constant.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disk_move_host_s: Vec<f64>,
     /// Link bytes a disk move sends per byte of data the destination
     /// lacks (the sample's non-zero blocks as the migration's stream
     /// compresses them); absent: 1.
@@ -386,6 +402,12 @@ impl Cluster {
             for s in &v.disk_move_setups_s {
                 non_negative(format!("VM {} disk_move_setups_s", v.name), *s)?;
             }
+            for s in &v.disk_switch_holds_s {
+                non_negative(format!("VM {} disk_switch_holds_s", v.name), *s)?;
+            }
+            for s in &v.disk_move_host_s {
+                non_negative(format!("VM {} disk_move_host_s", v.name), *s)?;
+            }
             for (what, pauses) in [
                 ("vm_move_pauses", &v.vm_move_pauses),
                 ("teleport_pauses", &v.teleport_pauses),
@@ -456,7 +478,9 @@ mod tests {
                 vm_move_pauses: Vec::new(),
                 teleport_pauses: Vec::new(),
                 disk_switch_hold_s: None,
+                disk_switch_holds_s: Vec::new(),
                 disk_move_setups_s: Vec::new(),
+                disk_move_host_s: Vec::new(),
                 disk_link_share: None,
                 accel: None,
                 home_site: None,
@@ -492,6 +516,17 @@ mod tests {
             assert!(e.contains("disk_switch_hold_s"), "{e}");
         }
         moved.vms[0].disk_switch_hold_s = None;
+        // Its disk's daemon's recent holds read back; none negative.
+        moved.vms[0].disk_switch_holds_s = vec![0.009, 0.011];
+        let back: Cluster = serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();
+        assert_eq!(back.vms[0].disk_switch_holds_s, vec![0.009, 0.011]);
+        assert!(back.validate().is_ok());
+        for bad in [-0.001, f64::NAN, f64::INFINITY] {
+            moved.vms[0].disk_switch_holds_s = vec![0.009, bad];
+            let e = moved.validate().unwrap_err().to_string();
+            assert!(e.contains("disk_switch_holds_s"), "{e}");
+        }
+        moved.vms[0].disk_switch_holds_s = Vec::new();
         // Its disk's daemon's small moves' fixed work reads back; none negative.
         moved.vms[0].disk_move_setups_s = vec![0.08, 0.07];
         let back: Cluster = serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();
@@ -501,6 +536,17 @@ mod tests {
             moved.vms[0].disk_move_setups_s = vec![0.08, bad];
             let e = moved.validate().unwrap_err().to_string();
             assert!(e.contains("disk_move_setups_s"), "{e}");
+        }
+        moved.vms[0].disk_move_setups_s = Vec::new();
+        // Its host's part of its disk moves reads back; none negative.
+        moved.vms[0].disk_move_host_s = vec![0.03];
+        let back: Cluster = serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();
+        assert_eq!(back.vms[0].disk_move_host_s, vec![0.03]);
+        assert!(back.validate().is_ok());
+        for bad in [-0.001, f64::NAN, f64::INFINITY] {
+            moved.vms[0].disk_move_host_s = vec![bad];
+            let e = moved.validate().unwrap_err().to_string();
+            assert!(e.contains("disk_move_host_s"), "{e}");
         }
     }
 

@@ -95,6 +95,14 @@ pub const DISK_MOVE_SETUP_S: f64 = 0.03;
 /// first pass sent more than [`SMALL_FIRST_PASS_BYTES`] (a smaller one,
 /// a return's, goes on to the pause without waiting for it).
 pub const DISK_MOVE_RTTS: f64 = 4.0;
+/// The VM host's own part of a disk-only move it drives (s): asking the
+/// disks' daemons to start, following them to their switch, storing the
+/// guest's new disk places. The hosts of three model checks of
+/// 2026-12-02 (stop 76) measured 10-27 ms over their twelve disk-only
+/// moves, 12 ms at the median (27, 15 and 12 ms the first move of each
+/// check, whose disk waited on a 2 s copy). The prior of what the host
+/// measured of its own moves ([`disk_move_host_s`]).
+pub const DISK_MOVE_HOST_S: f64 = 0.012;
 /// The link bytes of a first pass the source does not wait a round trip
 /// after (`ferry_migration_engine`'s `MEASURED_PASS`, 4 MiB).
 pub const SMALL_FIRST_PASS_BYTES: f64 = 4.0 * 1024.0 * 1024.0;
@@ -111,7 +119,8 @@ pub const TELEPORT_CHECK_S: f64 = 0.045;
 /// letting the writes go (6 ms before): the median of six disk-only
 /// holds of two model checks less their links' probed RTT, 2.0-11.0 ms.
 /// A daemon that has switched volumes as a migration's source measures
-/// its own (`VmState::disk_switch_hold_s`): the model uses that instead.
+/// its own (`VmState::disk_switch_holds_s`): the model uses those
+/// instead ([`disk_switch_hold_s`]).
 pub const DISK_PAUSE_BASE_S: f64 = 0.0035;
 /// What a teleport's disks add to its pause besides their hold less half
 /// a round trip (s): the host's release of each disk's switch, the
@@ -473,12 +482,61 @@ fn move_cost(seconds: f64, bytes: f64, pause_s: f64, converges: bool) -> MoveCos
 /// round trips and pause (`VmState::disk_move_setups_s`), with
 /// [`DISK_MOVE_SETUP_S`] counted as one of them while fewer than
 /// [`PAUSES_ALONE_FROM`] are kept (a move's fixed work spreads as its
-/// threads share the CPU with the guests), else the constant.
+/// threads share the CPU with the guests), else the constant. For a
+/// move larger than those (a small one is priced whole by
+/// `small_move_work_s`); the few milliseconds of stream within each
+/// measure are lost in a larger move's.
 pub fn disk_move_setup_s(vm: &VmState) -> f64 {
     median_with_prior(vm.disk_move_setups_s.iter().copied(), DISK_MOVE_SETUP_S)
 }
 
-/// Moving the VM's disk to `to` across a link.
+/// The daemons' fixed work and stream of a small disk move (its first pass
+/// at most [`SMALL_FIRST_PASS_BYTES`], the kind its daemon measures), the
+/// stream priced at `stream_s`: what the daemon measured of its own small
+/// moves holds their streams as well, so their median stands for both,
+/// with [`DISK_MOVE_SETUP_S`] and `stream_s` together counted as one of
+/// them while fewer than [`PAUSES_ALONE_FROM`] are kept.
+fn small_move_work_s(vm: &VmState, stream_s: f64) -> f64 {
+    median_with_prior(
+        vm.disk_move_setups_s.iter().copied(),
+        DISK_MOVE_SETUP_S + stream_s,
+    )
+}
+
+/// The VM host's own part of a disk-only move it drives (s): the median
+/// of what its recent ones took besides their disks' migrations
+/// (`VmState::disk_move_host_s`), with [`DISK_MOVE_HOST_S`] counted as
+/// one of them while fewer than [`PAUSES_ALONE_FROM`] are kept, else the
+/// constant.
+pub fn disk_move_host_s(vm: &VmState) -> f64 {
+    median_with_prior(vm.disk_move_host_s.iter().copied(), DISK_MOVE_HOST_S)
+}
+
+/// How long a switch of the VM's disk holds its writes besides the
+/// link's round trip (s): the median of its daemon's recent holds
+/// (`VmState::disk_switch_holds_s`) with [`DISK_PAUSE_BASE_S`] counted as
+/// one of them while fewer than [`PAUSES_ALONE_FROM`] are kept; without
+/// them a hold given for the VM (`VmState::disk_switch_hold_s`), else
+/// the constant.
+pub fn disk_switch_hold_s(vm: &VmState) -> f64 {
+    if vm.disk_switch_holds_s.is_empty() {
+        return vm
+            .disk_switch_hold_s
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .unwrap_or(DISK_PAUSE_BASE_S);
+    }
+    median_with_prior(vm.disk_switch_holds_s.iter().copied(), DISK_PAUSE_BASE_S)
+}
+
+/// Moving the VM's disk to `to` across a link, its host driving the move:
+/// [`disk_move_cost`] and the host's own part ([`disk_move_host_s`]).
+pub fn disk_only_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost {
+    let d = disk_move_cost(vm, to, rtt_ms, bw);
+    let seconds = d.seconds + disk_move_host_s(vm);
+    move_cost(seconds, d.bytes, d.pause_s, d.converges)
+}
+
+/// Moving the VM's disk to `to` across a link: the storage daemons' part.
 pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost {
     // Data the destination lacks, and what the guest writes meanwhile, as
     // the stream compresses it.
@@ -520,18 +578,20 @@ pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost 
                 LOCAL_REBUILD_BPS
             });
     let rtt = rtt_ms / 1000.0;
-    // The disk's daemon's own hold where it has measured one.
-    let hold = vm
-        .disk_switch_hold_s
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .unwrap_or(DISK_PAUSE_BASE_S);
-    let pause = hold + rtt;
-    let rtts = if missing + prints > SMALL_FIRST_PASS_BYTES {
-        DISK_MOVE_RTTS
-    } else {
+    // The disk's daemon's own hold where it has measured some.
+    let pause = disk_switch_hold_s(vm) + rtt;
+    let small = missing + prints <= SMALL_FIRST_PASS_BYTES;
+    let rtts = if small {
         DISK_MOVE_RTTS - 1.0
+    } else {
+        DISK_MOVE_RTTS
     };
-    let seconds = disk_move_setup_s(vm) + stream_s + held / rebuild_bps + rtts * rtt + pause;
+    let work_s = if small {
+        small_move_work_s(vm, stream_s)
+    } else {
+        disk_move_setup_s(vm) + stream_s
+    };
+    let seconds = work_s + held / rebuild_bps + rtts * rtt + pause;
     move_cost(seconds, bytes, pause, converges)
 }
 
@@ -582,6 +642,16 @@ mod tests {
 
     fn cluster(rtt: f64) -> Cluster {
         crate::fixtures::two_sites(rtt, 12.5e6, vec![])
+    }
+
+    /// The link between sites a and b at 100 Mbit/s.
+    fn link_ab(rtt_ms: f64) -> Link {
+        Link {
+            a: "a".into(),
+            b: "b".into(),
+            rtt_ms,
+            bandwidth: 12.5e6,
+        }
     }
 
     /// 1 GB of memory, a 10 GB disk of which site `a` lacks 1 GB; its
@@ -692,12 +762,7 @@ mod tests {
         assert!(d.bytes < v.disk_bytes / 5.0, "only what is missing: {d:?}");
         let whole = disk_move_cost(&v, "c", 20.0, 12.5e6);
         assert!(whole.bytes > v.disk_bytes);
-        let l = Link {
-            a: "a".into(),
-            b: "b".into(),
-            rtt_ms: 20.0,
-            bandwidth: 12.5e6,
-        };
+        let l = link_ab(20.0);
         let t = teleport_cost(&v, "a", &l, &l);
         // The destination's check, then the disk, then the memory.
         assert!((t.seconds - (TELEPORT_CHECK_S + d.seconds + m.seconds)).abs() < 1e-9);
@@ -838,12 +903,7 @@ mod tests {
         let more = 0.006 - DISK_PAUSE_BASE_S;
         assert!((d.seconds - base.seconds - more).abs() < 1e-9, "{d:?}");
         // A teleport's pause carries the disk's hold.
-        let l = Link {
-            a: "a".into(),
-            b: "b".into(),
-            rtt_ms: 10.0,
-            bandwidth: 12.5e6,
-        };
+        let l = link_ab(10.0);
         let (t0, t1) = (
             teleport_cost(&v, "a", &l, &l),
             teleport_cost(&slow, "a", &l, &l),
@@ -1045,6 +1105,39 @@ mod tests {
 
     #[test]
     fn a_disk_moves_fixed_work_is_what_its_daemon_measured() {
+        // Site a lacks a gigabyte: a move larger than those the daemon
+        // measures, priced at their median and its own stream.
+        let mut v = vm(60.0, 16.5, true);
+        let at = |v: &VmState| disk_move_cost(v, "a", 20.0, 12.5e6).seconds;
+        let constant = at(&v);
+        assert!((disk_move_setup_s(&v) - DISK_MOVE_SETUP_S).abs() < 1e-12);
+        // One measure: the constant counts as another, and the middle of
+        // the two is priced.
+        v.disk_move_setups_s = vec![0.09];
+        let one = (0.09 + DISK_MOVE_SETUP_S) / 2.0;
+        assert!((disk_move_setup_s(&v) - one).abs() < 1e-12);
+        assert!((at(&v) - constant - (one - DISK_MOVE_SETUP_S)).abs() < 1e-9);
+        // Two: the middle of them and the constant.
+        v.disk_move_setups_s = vec![0.09, 0.07];
+        assert!((disk_move_setup_s(&v) - 0.07).abs() < 1e-12);
+        // Three or more alone; a measure that is not a number is none.
+        v.disk_move_setups_s = vec![0.09, 0.07, 0.08, f64::NAN];
+        assert!((disk_move_setup_s(&v) - 0.08).abs() < 1e-12);
+        v.disk_move_setups_s = vec![0.09, 0.07, 0.08, 0.2];
+        assert!((disk_move_setup_s(&v) - 0.085).abs() < 1e-12);
+        // The teleport's disk part is priced from them too.
+        let l = link_ab(20.0);
+        let mut fresh = v.clone();
+        fresh.disk_move_setups_s.clear();
+        let more =
+            teleport_cost(&v, "a", &l, &l).seconds - teleport_cost(&fresh, "a", &l, &l).seconds;
+        assert!((more - (0.085 - DISK_MOVE_SETUP_S)).abs() < 1e-9, "{more}");
+    }
+
+    #[test]
+    fn a_small_moves_measures_hold_its_stream() {
+        // A return that sends a megabyte: the kind the daemon measures,
+        // whose measures hold their streams.
         let mut back = vm(60.0, 16.5, true);
         back.copy_at.insert("a".into());
         back.printed_at.insert("a".into(), 1e6);
@@ -1052,33 +1145,60 @@ mod tests {
         back.missing_link_at.insert("a".into(), 1e6);
         let at = |v: &VmState| disk_move_cost(v, "a", 20.0, 12.5e6).seconds;
         let constant = at(&back);
-        assert!((disk_move_setup_s(&back) - DISK_MOVE_SETUP_S).abs() < 1e-12);
-        // One measure: the constant counts as another, and the middle of
-        // the two is priced.
+        let link = (DISK_MOVE_RTTS - 1.0) * 0.02 + disk_move_cost(&back, "a", 20.0, 12.5e6).pause_s;
+        let stream = constant - link - DISK_MOVE_SETUP_S;
+        assert!(stream > 0.0, "{stream}");
+        // Three alone price the work and the stream together.
+        back.disk_move_setups_s = vec![0.09, 0.07, 0.08];
+        assert!((at(&back) - link - 0.08).abs() < 1e-9);
+        // One: the middle of it and the constant with the stream.
         back.disk_move_setups_s = vec![0.09];
-        let one = (0.09 + DISK_MOVE_SETUP_S) / 2.0;
-        assert!((disk_move_setup_s(&back) - one).abs() < 1e-12);
-        assert!((at(&back) - constant - (one - DISK_MOVE_SETUP_S)).abs() < 1e-9);
-        // Two: the middle of them and the constant.
-        back.disk_move_setups_s = vec![0.09, 0.07];
-        assert!((disk_move_setup_s(&back) - 0.07).abs() < 1e-12);
-        // Three or more alone; a measure that is not a number is none.
-        back.disk_move_setups_s = vec![0.09, 0.07, 0.08, f64::NAN];
-        assert!((disk_move_setup_s(&back) - 0.08).abs() < 1e-12);
-        back.disk_move_setups_s = vec![0.09, 0.07, 0.08, 0.2];
-        assert!((disk_move_setup_s(&back) - 0.085).abs() < 1e-12);
-        // The teleport's disk part is priced from them too.
-        let l = Link {
-            a: "a".into(),
-            b: "b".into(),
-            rtt_ms: 20.0,
-            bandwidth: 12.5e6,
-        };
-        let mut fresh = back.clone();
-        fresh.disk_move_setups_s.clear();
-        let more =
-            teleport_cost(&back, "a", &l, &l).seconds - teleport_cost(&fresh, "a", &l, &l).seconds;
-        assert!((more - (0.085 - DISK_MOVE_SETUP_S)).abs() < 1e-9, "{more}");
+        let prior = DISK_MOVE_SETUP_S + stream;
+        assert!((at(&back) - link - (0.09 + prior) / 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_daemons_recent_holds_price_the_switch_with_the_constant_while_few() {
+        let mut v = vm(60.0, 16.5, true);
+        let at = |v: &VmState| disk_move_cost(v, "a", 10.0, 12.5e6).pause_s - 0.010;
+        // A hold given for the VM prices it while no daemon told its own.
+        v.disk_switch_hold_s = Some(0.006);
+        assert!((at(&v) - 0.006).abs() < 1e-12);
+        // One measure: it and the constant; the given hold is not used.
+        v.disk_switch_holds_s = vec![0.0125];
+        assert!((at(&v) - (0.0125 + DISK_PAUSE_BASE_S) / 2.0).abs() < 1e-12);
+        // Two: their middle with the constant; three alone.
+        v.disk_switch_holds_s = vec![0.0125, 0.009];
+        assert!((at(&v) - 0.009).abs() < 1e-12);
+        v.disk_switch_holds_s = vec![0.022, 0.0125, 0.01];
+        assert!((at(&v) - 0.0125).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_disk_only_move_adds_what_its_host_measured_of_its_own_part() {
+        let mut v = vm(60.0, 16.5, true);
+        let daemons = disk_move_cost(&v, "a", 20.0, 12.5e6);
+        let moved = disk_only_move_cost(&v, "a", 20.0, 12.5e6);
+        assert!((moved.seconds - daemons.seconds - DISK_MOVE_HOST_S).abs() < 1e-9);
+        assert_eq!(
+            (moved.bytes, moved.pause_s),
+            (daemons.bytes, daemons.pause_s)
+        );
+        assert!(moved.lost_s > daemons.lost_s);
+        // One measure: it and the constant; three alone.
+        v.disk_move_host_s = vec![0.05];
+        assert!((disk_move_host_s(&v) - (0.05 + DISK_MOVE_HOST_S) / 2.0).abs() < 1e-12);
+        v.disk_move_host_s = vec![0.05, 0.04, 0.045];
+        let moved = disk_only_move_cost(&v, "a", 20.0, 12.5e6);
+        assert!((moved.seconds - daemons.seconds - 0.045).abs() < 1e-9);
+        // A teleport's price is not the host's disk-only part's.
+        let l = link_ab(20.0);
+        let mut fresh = v.clone();
+        fresh.disk_move_host_s.clear();
+        assert_eq!(
+            teleport_cost(&v, "a", &l, &l),
+            teleport_cost(&fresh, "a", &l, &l)
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@
 use crate::backoff::HeldMove;
 use crate::cluster::{Cluster, ClusterError, Placement, Site, VmState};
 use crate::model::{
-    disk_move_cost, placement_loss, teleport_cost, vm_move_cost, MoveCost, PlacementLoss,
+    disk_only_move_cost, placement_loss, teleport_cost, vm_move_cost, MoveCost, PlacementLoss,
 };
 use crate::reason::{Candidate, Refusal};
 use serde::{Deserialize, Serialize};
@@ -356,7 +356,7 @@ pub(crate) fn cost_of(
         }
         Action::MoveDisk => {
             let l = c.link(&p.disk_site, &to.disk_site)?;
-            disk_move_cost(vm, &to.disk_site, l.rtt_ms, l.bandwidth)
+            disk_only_move_cost(vm, &to.disk_site, l.rtt_ms, l.bandwidth)
         }
         Action::Teleport => {
             let m = c.link(&p.host_site, &to.host_site)?;

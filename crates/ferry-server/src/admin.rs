@@ -717,6 +717,7 @@ async fn sample(
     let bs = s.index.block_size();
     let id = v.meta().uuid;
     let switch_hold_s = s.switch_hold.seconds();
+    let switch_holds_s = s.switch_hold.kept();
     let move_setups_s = s.move_setup.kept();
     let out = blocking(move || {
         let size = v.size();
@@ -730,6 +731,7 @@ async fn sample(
         out.volume_size = size;
         out.uuid = Some(id.simple().to_string());
         out.switch_hold_s = switch_hold_s;
+        out.switch_holds_s = switch_holds_s;
         out.move_setups_s = move_setups_s;
         // Arrived by a migration and tracked since: what a return to the
         // copy it left would print and send.

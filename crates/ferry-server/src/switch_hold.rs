@@ -7,8 +7,11 @@
 //! on another machine.
 //!
 //! Kept in `<pool>/switch-hold.json` (a `ferry-state-file` log of
-//! seconds, the median of the last eight), so a restart keeps it; told
-//! once [`TOLD_FROM`] are kept. Only a
+//! seconds, the median of the last eight), so a restart keeps it; the
+//! median told once [`TOLD_FROM`] are kept, the holds themselves
+//! (`switch_holds_s`) from the first: the model weighs a few of them
+//! against its constant, which keeps one outlier from pricing alone.
+//! Only a
 //! switch made on the migration's first connection, not held for a
 //! caller (a teleport's disk switches beside its guest's memory), and
 //! whose round trip was timed, is measured.

@@ -81,6 +81,7 @@ pub fn price<E>(
         uuid: None,
         since_arrival: None,
         switch_hold_s: None,
+        switch_holds_s: Vec::new(),
         move_setups_s: Vec::new(),
     };
     let bs = block_size as usize;

@@ -458,25 +458,32 @@ fn held_blocks_are_copied_unread_unless_written_since_they_were_indexed() {
     let hold_file = pa.join(ferry_server::switch_hold::FILE);
     wait_written(&hold_file);
     src.create("other", MIB);
-    let hold = |s: &TestServer| {
+    let sample = |s: &TestServer| {
         ferry_api::AdminClient::new(&s.admin.to_string())
             .sample_volume("other", 8)
             .unwrap()
-            .switch_hold_s
     };
-    // Kept, and not told before three are (a first switch's outlier
-    // would be the median of one).
+    let hold = |s: &TestServer| sample(s).switch_hold_s;
+    // Kept, and its median not told before three are (a first switch's
+    // outlier would be the median of one); the holds themselves are.
     let kept = || ferry_server::switch_hold::SwitchHold::open(hold_file.clone()).kept();
     let own = kept();
     assert_eq!(own.len(), 1, "{own:?}");
     let expected = (r.time.pause_ms - rtt) / 1e3;
     assert!((own[0] - expected).abs() < 1e-5, "{own:?} {:?}", r.time);
-    assert_eq!(hold(&src), None, "one switch is not told");
+    assert_eq!(hold(&src), None, "one switch's median is not told");
+    assert_eq!(sample(&src).switch_holds_s, own);
     again.create("other", MIB);
     assert_eq!(hold(&again), None, "the destination switched nothing");
+    assert!(sample(&again).switch_holds_s.is_empty());
     src.stop();
     let src_again = TestServer::start(&pa);
     assert_eq!(hold(&src_again), None);
+    assert_eq!(
+        sample(&src_again).switch_holds_s,
+        own,
+        "told after a restart"
+    );
     drop(src_again);
     assert_eq!(kept(), own, "kept across a restart");
     // A move that sent more than 4 MiB is not a measure of the daemons'

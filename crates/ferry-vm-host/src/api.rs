@@ -686,6 +686,7 @@ mod tests {
             memory_move_setup_s: None,
             memory_link_efficiency: None,
             vm_move_pauses: Vec::new(),
+            disk_move_host_s: Vec::new(),
             teleport_pauses: Vec::new(),
             disks: vec![DiskIo {
                 volume: "v".into(),

@@ -541,6 +541,14 @@ pub mod files {
     };
     pub const VM_MOVE_PAUSES_FILE: &str = "vm-move-pauses.json";
     pub const TELEPORT_PAUSES_FILE: &str = "teleport-pauses.json";
+    /// `<state>/disk-move-host.json`: the host's own part of its recent
+    /// completed disk-only moves (`crate::moves::measure_disk_move_host`).
+    pub const DISK_MOVE_HOST: Kind = Kind {
+        format: "ferry-disk-move-host",
+        version: 1,
+        max_bytes: 1 << 14,
+    };
+    pub const DISK_MOVE_HOST_FILE: &str = "disk-move-host.json";
     /// `<state>/memory-stream-efficiency.json`: how busy this host's
     /// recent outgoing memory streams kept a link that held them back
     /// (`crate::moves::efficiency_measure`).

@@ -83,6 +83,11 @@ pub struct VmHost {
     /// (`<state>/vm-move-pauses.json`, `<state>/teleport-pauses.json`).
     pub vm_move_pauses: ferry_state_file::rate_log::PauseLog,
     pub teleport_pauses: ferry_state_file::rate_log::PauseLog,
+    /// The host's own part of its recent completed disk-only moves (each
+    /// move's time less its slowest disk's migration:
+    /// `crate::moves::measure_disk_move_host`), told with every guest's
+    /// view (`<state>/disk-move-host.json`).
+    pub disk_move_host: ferry_state_file::rate_log::SecondsLog,
     /// The links' rates this host's memory streams found, by peer: the
     /// next stream to a peer starts from it (`crate::tunnel::LinkRates`;
     /// `<state>/memory-link-rates.json`).
@@ -186,6 +191,11 @@ impl VmHost {
                 root.join(crate::guest::files::TELEPORT_PAUSES_FILE),
                 crate::guest::files::PAUSES,
                 "this host's teleports' pauses",
+            ),
+            disk_move_host: ferry_state_file::rate_log::SecondsLog::open(
+                root.join(crate::guest::files::DISK_MOVE_HOST_FILE),
+                crate::guest::files::DISK_MOVE_HOST,
+                "this host's part of its disk moves",
             ),
             link_rates: Arc::new(crate::tunnel::LinkRates::open(
                 root.join(crate::guest::files::LINK_RATES_FILE),
@@ -645,6 +655,7 @@ impl VmHost {
                 .iter()
                 .map(move_pause)
                 .collect(),
+            disk_move_host_s: self.disk_move_host.values(),
             disks,
             nics: self.nic_views(&g.paths.dir, &spec, rt.is_some()),
             serial_log: g.paths.serial.clone(),

@@ -454,6 +454,8 @@ async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
     let memory_link_efficiency = measure_efficiency(&host, &run, outcome.result);
     let memory_setup_s = measure_setup(&host, &run, &outcome, end);
     measure_pause(&host, &run, &outcome, memory);
+    let total = end.duration_since(run.started);
+    let disk_move_host_s = measure_disk_move_host(&host, &run, &outcome, total);
     let report = VmMoveReport {
         id: run.id.clone(),
         vm: run.vm.clone(),
@@ -463,7 +465,7 @@ async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
         running_at: outcome.running_at,
         bytes,
         phases: run.phase_times(end),
-        total_s: end.duration_since(run.started).as_secs_f64(),
+        total_s: total.as_secs_f64(),
         memory_rounds: outcome
             .memory_rounds
             .max(run.memory_rounds.load(Ordering::Relaxed)),
@@ -479,6 +481,7 @@ async fn run_move(host: Arc<VmHost>, g: Arc<Guest>, run: Arc<MoveRun>) {
         memory_stream_bps,
         memory_setup_s,
         memory_link_efficiency,
+        disk_move_host_s,
     };
     if outcome.result != VmMovePhase::Completed {
         *run.error.lock() = outcome.reason;
@@ -656,6 +659,57 @@ fn measure_pause(host: &VmHost, run: &MoveRun, outcome: &Outcome, memory: u64) -
         );
     }
     kept
+}
+
+/// Tell the host's [`VmHost::disk_move_host`] its own part of a completed
+/// disk-only move that took `total` ([`disk_move_host_part`]). The part,
+/// if measured.
+fn measure_disk_move_host(
+    host: &VmHost,
+    run: &MoveRun,
+    outcome: &Outcome,
+    total: Duration,
+) -> Option<f64> {
+    if run.kind != MoveKind::DiskOnly || outcome.result != VmMovePhase::Completed {
+        return None;
+    }
+    let daemons: Option<Vec<f64>> = outcome
+        .disks
+        .iter()
+        .map(|d| d.report.as_ref().map(|r| r.time.total_s))
+        .collect();
+    let part = disk_move_host_part(total, &daemons?)?;
+    if !keep(
+        &host.disk_move_host,
+        ferry_state_file::rate_log::Seconds(part),
+    ) {
+        return None;
+    }
+    tracing::info!(
+        move_id = %run.id, host_part_s = part,
+        host_median_s = host.disk_move_host.median(),
+        "the host's part of the disk move measured"
+    );
+    Some(part)
+}
+
+/// The host's own part of a disk-only move that took `total` while its
+/// disks' migrations (run side by side) took `daemons` seconds as their
+/// storage daemons timed them: `total` less the slowest of them (asking
+/// the daemons to start, following them to the switch, storing the
+/// guest's new disk places). The model adds it to a disk move's price
+/// from this host. `None` without a disk, or for a daemon's time that is
+/// not a duration or longer than the move.
+pub(crate) fn disk_move_host_part(total: Duration, daemons: &[f64]) -> Option<f64> {
+    let mut slowest: Option<f64> = None;
+    for &d in daemons {
+        if !(d.is_finite() && d >= 0.0) {
+            return None;
+        }
+        slowest = Some(slowest.map_or(d, |s| s.max(d)));
+    }
+    let part = total.as_secs_f64() - slowest?;
+    (part >= 0.0).then_some(part)
 }
 
 /// The fixed time of a memory move whose own part took `whole`, its
@@ -2005,6 +2059,20 @@ mod tests {
             None,
             "no stream"
         );
+    }
+
+    /// A disk-only move's host part is its time less its slowest disk's
+    /// migration; a daemon's time that is no duration, or one longer than
+    /// the move, and a move without disks measure nothing.
+    #[test]
+    fn a_disk_moves_host_part_is_what_its_slowest_disk_leaves() {
+        let ms = Duration::from_millis;
+        let part = disk_move_host_part(ms(150), &[0.08, 0.12]).unwrap();
+        assert!((part - 0.03).abs() < 1e-9, "{part}");
+        assert_eq!(disk_move_host_part(ms(150), &[]), None);
+        assert_eq!(disk_move_host_part(ms(100), &[0.12]), None);
+        assert_eq!(disk_move_host_part(ms(150), &[0.08, f64::NAN]), None);
+        assert_eq!(disk_move_host_part(ms(150), &[-0.01]), None);
     }
 
     /// A stream the link held back tells how busy it kept the link: its
