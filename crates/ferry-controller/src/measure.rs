@@ -198,18 +198,8 @@ fn missing_shares(
     {
         Ok(s) => {
             out.switch_hold_s = s.switch_hold_s.filter(|h| h.is_finite() && *h >= 0.0);
-            out.switch_holds_s = s
-                .switch_holds_s
-                .iter()
-                .copied()
-                .filter(|h| h.is_finite() && *h >= 0.0)
-                .collect();
-            out.move_setups_s = s
-                .move_setups_s
-                .iter()
-                .copied()
-                .filter(|f| f.is_finite() && *f >= 0.0)
-                .collect();
+            out.switch_holds_s = usable_seconds(&s.switch_holds_s);
+            out.move_setups_s = usable_seconds(&s.move_setups_s);
             if s.sampled == 0 {
                 return out;
             }
@@ -828,6 +818,14 @@ fn load_from_rates(g: &crate::prometheus::GuestRates) -> VmLoad {
 /// have made (a positive, finite pause and memory, a finite round trip of
 /// zero or more); a host that says otherwise is not believed.
 #[allow(clippy::cast_precision_loss)]
+/// The told durations that could be real ones (finite, zero or more).
+fn usable_seconds(told: &[f64]) -> Vec<f64> {
+    told.iter()
+        .copied()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .collect()
+}
+
 fn usable_pauses(pauses: &[ferry_api::MovePause]) -> Vec<ferry_placement::cluster::MovePause> {
     pauses
         .iter()
@@ -1030,12 +1028,7 @@ pub fn measure(
             disk_switch_hold_s: disk.switch_hold_s,
             disk_switch_holds_s: disk.switch_holds_s.clone(),
             disk_move_setups_s: disk.move_setups_s.clone(),
-            disk_move_host_s: v
-                .disk_move_host_s
-                .iter()
-                .copied()
-                .filter(|s| s.is_finite() && *s >= 0.0)
-                .collect(),
+            disk_move_host_s: usable_seconds(&v.disk_move_host_s),
             accel: v.accel.clone(),
             home_site: None,
             load,

@@ -399,14 +399,14 @@ impl Cluster {
             if let Some(s) = v.disk_switch_hold_s {
                 non_negative(format!("VM {} disk_switch_hold_s", v.name), s)?;
             }
-            for s in &v.disk_move_setups_s {
-                non_negative(format!("VM {} disk_move_setups_s", v.name), *s)?;
-            }
-            for s in &v.disk_switch_holds_s {
-                non_negative(format!("VM {} disk_switch_holds_s", v.name), *s)?;
-            }
-            for s in &v.disk_move_host_s {
-                non_negative(format!("VM {} disk_move_host_s", v.name), *s)?;
+            for (what, measures) in [
+                ("disk_move_setups_s", &v.disk_move_setups_s),
+                ("disk_switch_holds_s", &v.disk_switch_holds_s),
+                ("disk_move_host_s", &v.disk_move_host_s),
+            ] {
+                for s in measures {
+                    non_negative(format!("VM {} {what}", v.name), *s)?;
+                }
             }
             for (what, pauses) in [
                 ("vm_move_pauses", &v.vm_move_pauses),
@@ -516,37 +516,43 @@ mod tests {
             assert!(e.contains("disk_switch_hold_s"), "{e}");
         }
         moved.vms[0].disk_switch_hold_s = None;
-        // Its disk's daemon's recent holds read back; none negative.
-        moved.vms[0].disk_switch_holds_s = vec![0.009, 0.011];
-        let back: Cluster = serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();
-        assert_eq!(back.vms[0].disk_switch_holds_s, vec![0.009, 0.011]);
-        assert!(back.validate().is_ok());
-        for bad in [-0.001, f64::NAN, f64::INFINITY] {
-            moved.vms[0].disk_switch_holds_s = vec![0.009, bad];
-            let e = moved.validate().unwrap_err().to_string();
-            assert!(e.contains("disk_switch_holds_s"), "{e}");
-        }
-        moved.vms[0].disk_switch_holds_s = Vec::new();
-        // Its disk's daemon's small moves' fixed work reads back; none negative.
-        moved.vms[0].disk_move_setups_s = vec![0.08, 0.07];
-        let back: Cluster = serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();
-        assert_eq!(back.vms[0].disk_move_setups_s, vec![0.08, 0.07]);
-        assert!(back.validate().is_ok());
-        for bad in [-0.001, f64::NAN, f64::INFINITY] {
-            moved.vms[0].disk_move_setups_s = vec![0.08, bad];
-            let e = moved.validate().unwrap_err().to_string();
-            assert!(e.contains("disk_move_setups_s"), "{e}");
-        }
-        moved.vms[0].disk_move_setups_s = Vec::new();
-        // Its host's part of its disk moves reads back; none negative.
-        moved.vms[0].disk_move_host_s = vec![0.03];
-        let back: Cluster = serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();
-        assert_eq!(back.vms[0].disk_move_host_s, vec![0.03]);
-        assert!(back.validate().is_ok());
-        for bad in [-0.001, f64::NAN, f64::INFINITY] {
-            moved.vms[0].disk_move_host_s = vec![bad];
-            let e = moved.validate().unwrap_err().to_string();
-            assert!(e.contains("disk_move_host_s"), "{e}");
+        // Its disk's daemon's recent holds and small moves' fixed work,
+        // and its host's part of its disk moves, read back; none negative.
+        type Field = fn(&mut VmState) -> &mut Vec<f64>;
+        let lists: [(&str, Field, Vec<f64>, Vec<f64>); 3] = [
+            (
+                "disk_switch_holds_s",
+                |v| &mut v.disk_switch_holds_s,
+                vec![0.009, 0.011],
+                vec![0.009],
+            ),
+            (
+                "disk_move_setups_s",
+                |v| &mut v.disk_move_setups_s,
+                vec![0.08, 0.07],
+                vec![0.08],
+            ),
+            (
+                "disk_move_host_s",
+                |v| &mut v.disk_move_host_s,
+                vec![0.03],
+                vec![],
+            ),
+        ];
+        for (what, field, good, before_bad) in lists {
+            *field(&mut moved.vms[0]) = good.clone();
+            let mut back: Cluster =
+                serde_json::from_str(&serde_json::to_string(&moved).unwrap()).unwrap();
+            assert_eq!(*field(&mut back.vms[0]), good, "{what}");
+            assert!(back.validate().is_ok(), "{what}");
+            for bad in [-0.001, f64::NAN, f64::INFINITY] {
+                let mut told = before_bad.clone();
+                told.push(bad);
+                *field(&mut moved.vms[0]) = told;
+                let e = moved.validate().unwrap_err().to_string();
+                assert!(e.contains(what), "{e}");
+            }
+            field(&mut moved.vms[0]).clear();
         }
     }
 

@@ -580,16 +580,10 @@ pub fn disk_move_cost(vm: &VmState, to: &str, rtt_ms: f64, bw: f64) -> MoveCost 
     let rtt = rtt_ms / 1000.0;
     // The disk's daemon's own hold where it has measured some.
     let pause = disk_switch_hold_s(vm) + rtt;
-    let small = missing + prints <= SMALL_FIRST_PASS_BYTES;
-    let rtts = if small {
-        DISK_MOVE_RTTS - 1.0
+    let (rtts, work_s) = if missing + prints <= SMALL_FIRST_PASS_BYTES {
+        (DISK_MOVE_RTTS - 1.0, small_move_work_s(vm, stream_s))
     } else {
-        DISK_MOVE_RTTS
-    };
-    let work_s = if small {
-        small_move_work_s(vm, stream_s)
-    } else {
-        disk_move_setup_s(vm) + stream_s
+        (DISK_MOVE_RTTS, disk_move_setup_s(vm) + stream_s)
     };
     let seconds = work_s + held / rebuild_bps + rtts * rtt + pause;
     move_cost(seconds, bytes, pause, converges)
