@@ -53,6 +53,8 @@ AGREE = [  # name, fio rw, bs, rwmixread, iodepth, ferry-bench args
 ]
 
 IMAGE_MIB = 1024
+# `--sendfile`: ferry serves with `nbd.sendfile_reads = true`.
+FERRY_SENDFILE = False
 
 
 PIN_SERVER = ["taskset", "-c", "0"]
@@ -64,7 +66,13 @@ class Server:
         self.kind, self.port = kind, free_port()
         if kind == "ferry":
             self.admin = admin = free_port()
-            self.proc = subprocess.Popen((PIN_SERVER if pin else []) + [FERRY, "serve", "--pool", os.path.join(work, "pool"),
+            extra = []
+            if FERRY_SENDFILE:
+                conf = os.path.join(work, "ferry.toml")
+                with open(conf, "w") as f:
+                    f.write("[nbd]\nsendfile_reads = true\n")
+                extra = ["--config", conf]
+            self.proc = subprocess.Popen((PIN_SERVER if pin else []) + [FERRY, "serve", *extra, "--pool", os.path.join(work, "pool"),
                                           "--nbd", f"127.0.0.1:{self.port}", "--admin", f"127.0.0.1:{admin}",
                                           "--allow-path", os.path.dirname(os.path.abspath(image))],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -151,9 +159,13 @@ def main():
     ap.add_argument("--only", choices=["peers", "agree"], default=None)
     ap.add_argument("--cache", default="clean", help="page-cache states, comma-separated: fresh, clean, cold")
     ap.add_argument("--rows", default=None, help="peer rows to run, comma-separated names (default: all)")
+    ap.add_argument("--sendfile", action="store_true",
+                    help="ferry sends large cached READs from the file (nbd.sendfile_reads)")
     ap.add_argument("--pin", action="store_true",
                     help="peer rows: every server on CPU 0, fio (and the local job) on CPU 1")
     a = ap.parse_args()
+    global FERRY_SENDFILE
+    FERRY_SENDFILE = a.sendfile
     states = [c for c in a.cache.split(",") if c]
     for c in states:
         if c not in ("fresh", "clean", "cold"):

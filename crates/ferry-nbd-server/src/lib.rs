@@ -23,13 +23,15 @@
 //! and its storage leaves a request unanswered for [`CLOSE_GRACE`]: that
 //! request is never acknowledged and the socket closes without it.
 
+mod file_reply;
 mod locked;
 mod payload;
 mod tls;
 mod writer;
 
+pub use file_reply::{FileRange, SendFile};
 pub use tls::{NbdTls, TlsSetupError};
-pub use writer::{write_loop, Frames, Held, HeldFrames, Reply};
+pub use writer::{write_loop, Frames, Held, HeldFrames, Outgoing, Reply};
 
 use bytes::{Bytes, BytesMut};
 use ferry_nbd::{
@@ -74,6 +76,12 @@ pub enum ConnError {
 pub enum Dispatch {
     /// Already answered (on the connection's task; it must not block).
     Ready(Bytes),
+    /// Answered: the reply's header, then its data sent from a file by
+    /// the kernel (a READ whose pages are all cached). For a plain
+    /// connection ([`Negotiated::tls`] false); over TLS the range is read
+    /// and encrypted on the writer's task instead, which is correct but
+    /// slower than a [`Dispatch::Async`] read.
+    ReadyFile(Bytes, FileRange),
     /// Answer on tokio's blocking pool, on a thread of its own.
     Blocking(Box<dyn FnOnce() -> Bytes + Send>),
     /// Blocking work that is quick once started (a buffered write): it may
@@ -153,7 +161,7 @@ pub trait NbdBackend: Send + Sync + 'static {
 /// A stream that splits into owned halves (TCP, unix).
 pub trait SplitStream: Send + 'static {
     type Read: AsyncRead + Unpin + Send + 'static;
-    type Write: AsyncWrite + Unpin + Send + 'static;
+    type Write: SendFile + 'static;
     fn into_halves(self) -> (Self::Read, Self::Write);
 }
 
@@ -231,7 +239,7 @@ async fn run_export<B, R, W>(
 where
     B: NbdBackend,
     R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
+    W: SendFile + 'static,
 {
     let handler = backend
         .open(&neg)
@@ -335,7 +343,7 @@ impl Batch {
             for (work, permit, held) in items {
                 let bytes = work();
                 drop(permit);
-                replies.push(Reply { bytes, held });
+                replies.push(Reply::new(bytes, held));
             }
             // The client may be gone; its replies have nowhere to go.
             let _ = tx.blocking_send(Out::Many(replies));
@@ -378,7 +386,15 @@ impl Runner<'_> {
     async fn start(&self, d: Dispatch, held: Held, batch: &mut Batch) -> bool {
         let (tracker, tx) = (self.tracker, self.tx);
         match d {
-            Dispatch::Ready(bytes) => tx.send(Out::One(Reply { bytes, held })).await.is_ok(),
+            Dispatch::Ready(bytes) => tx.send(Out::One(Reply::new(bytes, held))).await.is_ok(),
+            Dispatch::ReadyFile(bytes, range) => {
+                let reply = Reply {
+                    bytes,
+                    file: Some(range),
+                    held,
+                };
+                tx.send(Out::One(reply)).await.is_ok()
+            }
             Dispatch::Batchable { work, bytes } => {
                 let Some(permit) = self.slot(batch).await else {
                     return false;
@@ -395,7 +411,7 @@ impl Runner<'_> {
                     let bytes = f();
                     drop(permit);
                     // The client may be gone; its replies have nowhere to go.
-                    let _ = tx.blocking_send(Out::One(Reply { bytes, held }));
+                    let _ = tx.blocking_send(Out::One(Reply::new(bytes, held)));
                 });
                 true
             }
@@ -407,7 +423,7 @@ impl Runner<'_> {
                 tracker.spawn(async move {
                     let bytes = fut.await;
                     drop(permit);
-                    let _ = tx.send(Out::One(Reply { bytes, held })).await;
+                    let _ = tx.send(Out::One(Reply::new(bytes, held))).await;
                 });
                 true
             }
@@ -454,12 +470,12 @@ enum Out {
 }
 
 impl Frames for Out {
-    fn append_to(self, batch: &mut Vec<Bytes>, hold: &mut Vec<Held>) {
+    fn append_to(self, out: &mut Outgoing, hold: &mut Vec<Held>) {
         match self {
-            Out::One(r) => r.append_to(batch, hold),
+            Out::One(r) => r.append_to(out, hold),
             Out::Many(rs) => {
                 for r in rs {
-                    r.append_to(batch, hold);
+                    r.append_to(out, hold);
                 }
             }
         }
@@ -532,7 +548,7 @@ async fn transmission<H: ExportHandler, R, W>(
 ) -> Result<(), ConnError>
 where
     R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
+    W: SendFile + 'static,
 {
     let max_in_flight = limits.in_flight.max(1);
     // At least one largest request must fit, or it would wait forever.

@@ -1,10 +1,11 @@
 //! The writer task of a connection: sends queued buffers with vectored
-//! writes (NBD replies here; the daemon's iSCSI connections use it too),
-//! and releases what each reply held of its connection's byte budget only
-//! once its bytes are written.
+//! writes, and file ranges with `sendfile` (NBD replies here; the daemon's
+//! iSCSI connections use it too), and releases what each reply held of its
+//! connection's byte budget only once its bytes are written.
 
+use crate::file_reply::{FileRange, SendFile};
 use bytes::Bytes;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 /// Bytes of the reply budgets (per connection and overall) a queued reply
@@ -24,22 +25,64 @@ impl Held {
     }
 }
 
+/// What one pass of the writer sends, in order: buffers, and file ranges
+/// each sent after the buffers queued before it.
+#[derive(Default)]
+pub struct Outgoing {
+    bytes: Vec<Bytes>,
+    /// A range and how many of `bytes` go before it.
+    files: Vec<(usize, FileRange)>,
+}
+
+impl Outgoing {
+    pub fn push(&mut self, b: Bytes) {
+        self.bytes.push(b);
+    }
+
+    pub fn push_file(&mut self, range: FileRange) {
+        self.files.push((self.bytes.len(), range));
+    }
+
+    fn len(&self) -> usize {
+        self.bytes.len() + self.files.len()
+    }
+
+    /// Write everything, then leave `self` empty.
+    async fn write_to<W: SendFile>(&mut self, wr: &mut W) -> std::io::Result<()> {
+        if self.files.is_empty() {
+            return ferry_client::write_all_vectored(wr, &mut self.bytes).await;
+        }
+        let mut rest = std::mem::take(&mut self.bytes).into_iter();
+        let mut done = 0;
+        let mut head = Vec::new();
+        for (before, range) in std::mem::take(&mut self.files) {
+            head.extend(rest.by_ref().take(before - done));
+            done = before;
+            wr.send_file(&mut head, &range).await?;
+        }
+        head.extend(rest);
+        ferry_client::write_all_vectored(wr, &mut head).await
+    }
+}
+
 /// Something the writer task sends: one buffer or several.
 pub trait Frames: Send + 'static {
-    /// Append the buffers to `batch`; what must live until they are
+    /// Append the buffers to `out`; what must live until they are
     /// written goes to `hold`.
-    fn append_to(self, batch: &mut Vec<Bytes>, hold: &mut Vec<Held>);
+    fn append_to(self, out: &mut Outgoing, hold: &mut Vec<Held>);
 }
 
 impl Frames for Bytes {
-    fn append_to(self, batch: &mut Vec<Bytes>, _: &mut Vec<Held>) {
-        batch.push(self);
+    fn append_to(self, out: &mut Outgoing, _: &mut Vec<Held>) {
+        out.push(self);
     }
 }
 
 impl Frames for Vec<Bytes> {
-    fn append_to(self, batch: &mut Vec<Bytes>, _: &mut Vec<Held>) {
-        batch.extend(self);
+    fn append_to(self, out: &mut Outgoing, _: &mut Vec<Held>) {
+        for b in self {
+            out.push(b);
+        }
     }
 }
 
@@ -51,21 +94,37 @@ pub struct HeldFrames {
 }
 
 impl Frames for HeldFrames {
-    fn append_to(self, batch: &mut Vec<Bytes>, hold: &mut Vec<Held>) {
-        batch.extend(self.frames);
+    fn append_to(self, out: &mut Outgoing, hold: &mut Vec<Held>) {
+        self.frames.append_to(out, hold);
         hold.extend(self.held);
     }
 }
 
-/// A reply and the budget it holds.
+/// A reply, the file range its data is sent from if any (after `bytes`),
+/// and the budget it holds.
 pub struct Reply {
     pub bytes: Bytes,
+    pub file: Option<FileRange>,
     pub held: Held,
 }
 
+impl Reply {
+    /// A reply all in memory.
+    pub fn new(bytes: Bytes, held: Held) -> Reply {
+        Reply {
+            bytes,
+            file: None,
+            held,
+        }
+    }
+}
+
 impl Frames for Reply {
-    fn append_to(self, batch: &mut Vec<Bytes>, hold: &mut Vec<Held>) {
-        batch.push(self.bytes);
+    fn append_to(self, out: &mut Outgoing, hold: &mut Vec<Held>) {
+        out.push(self.bytes);
+        if let Some(range) = self.file {
+            out.push_file(range);
+        }
         hold.push(self.held);
     }
 }
@@ -74,9 +133,12 @@ impl Frames for Reply {
 /// vectored write. After a write error the rest is drained and dropped so
 /// senders never block on a dead socket; at the end the socket is shut
 /// down for writing.
-pub async fn write_loop<W: AsyncWrite + Unpin, T: Frames>(mut wr: W, mut rx: mpsc::Receiver<T>) {
+pub async fn write_loop<W: SendFile, T: Frames>(mut wr: W, mut rx: mpsc::Receiver<T>) {
     const MOST: usize = 256;
-    let mut batch: Vec<Bytes> = Vec::with_capacity(MOST);
+    let mut batch = Outgoing {
+        bytes: Vec::with_capacity(MOST),
+        files: Vec::new(),
+    };
     let mut hold: Vec<Held> = Vec::with_capacity(MOST);
     while let Some(first) = rx.recv().await {
         first.append_to(&mut batch, &mut hold);
@@ -86,7 +148,7 @@ pub async fn write_loop<W: AsyncWrite + Unpin, T: Frames>(mut wr: W, mut rx: mps
                 Err(_) => break,
             }
         }
-        let r = ferry_client::write_all_vectored(&mut wr, &mut batch).await;
+        let r = batch.write_to(&mut wr).await;
         hold.clear();
         if let Err(e) = r {
             tracing::debug!(error = %e, "write failed; dropping what is still queued");
@@ -95,4 +157,131 @@ pub async fn write_loop<W: AsyncWrite + Unpin, T: Frames>(mut wr: W, mut rx: mps
         }
     }
     let _ = wr.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::file_reply::FileRange;
+    use std::io::Write;
+    use std::sync::Arc;
+    use tokio::io::{AsyncRead, AsyncReadExt};
+
+    /// The byte at `i` of a pattern file.
+    fn at(i: usize) -> u8 {
+        u8::try_from(i % 251).unwrap()
+    }
+
+    /// A file of `len` bytes, each its offset mod 251.
+    fn pattern_file(len: usize) -> (tempfile::NamedTempFile, Arc<std::fs::File>) {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        let data: Vec<u8> = (0..len).map(at).collect();
+        f.write_all(&data).unwrap();
+        let file = Arc::new(std::fs::File::open(f.path()).unwrap());
+        (f, file)
+    }
+
+    /// Queue buffers and file ranges (replies, in order), close the queue,
+    /// and read what the writer sent until it shut the stream.
+    async fn sent<W, R>(wr: W, mut rd: R, file: &Arc<std::fs::File>) -> Vec<u8>
+    where
+        W: SendFile + 'static,
+        R: AsyncRead + Unpin,
+    {
+        let (tx, rx) = mpsc::channel::<Reply>(16);
+        let writer = tokio::spawn(write_loop(wr, rx));
+        let range = |offset: u64, len: usize| FileRange {
+            file: file.clone(),
+            offset,
+            len,
+        };
+        let replies = [
+            (&b"head-1"[..], Some(range(0, 300_000))),
+            (&b"plain"[..], None),
+            (&b"head-2"[..], Some(range(4093, 3))),
+            (&b"tail"[..], None),
+        ];
+        for (bytes, file) in replies {
+            let r = Reply {
+                bytes: bytes::Bytes::from_static(bytes),
+                file,
+                held: Held::default(),
+            };
+            tx.send(r).await.unwrap();
+        }
+        drop(tx);
+        let mut got = Vec::new();
+        rd.read_to_end(&mut got).await.unwrap();
+        writer.await.unwrap();
+        got
+    }
+
+    /// The reading half of a loopback connection's client end, and the
+    /// writing half of its server end.
+    async fn tcp_pair() -> (
+        tokio::net::tcp::OwnedReadHalf,
+        tokio::net::tcp::OwnedWriteHalf,
+    ) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, accepted) =
+            tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
+        let (rd, _) = client.unwrap().into_split();
+        let (_, wr) = accepted.unwrap().0.into_split();
+        (rd, wr)
+    }
+
+    fn expected() -> Vec<u8> {
+        let mut want = b"head-1".to_vec();
+        want.extend((0..300_000).map(at));
+        want.extend(b"plain");
+        want.extend(b"head-2");
+        want.extend((4093..4096).map(at));
+        want.extend(b"tail");
+        want
+    }
+
+    #[tokio::test]
+    async fn file_ranges_go_out_by_sendfile_between_the_buffers_queued_around_them() {
+        let (_keep, file) = pattern_file(400_000);
+        let (rd, wr) = tcp_pair().await;
+        assert_eq!(sent(wr, rd, &file).await, expected());
+    }
+
+    #[tokio::test]
+    async fn a_half_that_cannot_sendfile_reads_the_range_and_writes_it() {
+        let (_keep, file) = pattern_file(400_000);
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let (_, wr) = crate::locked::split(a);
+        assert_eq!(sent(wr, b, &file).await, expected());
+    }
+
+    #[tokio::test]
+    async fn a_range_past_the_end_of_its_file_cuts_the_connection() {
+        let (_keep, file) = pattern_file(1000);
+        let (mut rd, wr) = tcp_pair().await;
+        let (tx, rx) = mpsc::channel::<Reply>(4);
+        let writer = tokio::spawn(write_loop(wr, rx));
+        let range = FileRange {
+            file: file.clone(),
+            offset: 500,
+            len: 4096,
+        };
+        let first = Reply {
+            bytes: bytes::Bytes::from_static(b"hdr"),
+            file: Some(range),
+            held: Held::default(),
+        };
+        tx.send(first).await.unwrap();
+        let after = Reply::new(bytes::Bytes::from_static(b"never"), Held::default());
+        // The writer may already have stopped taking replies.
+        let _ = tx.send(after).await;
+        drop(tx);
+        let mut got = Vec::new();
+        // The stream ends (closed, or reset) short of the whole reply.
+        let _ = rd.read_to_end(&mut got).await;
+        writer.await.unwrap();
+        assert!(got.len() < 3 + 4096, "{} bytes", got.len());
+        assert!(!got.ends_with(b"never"));
+    }
 }

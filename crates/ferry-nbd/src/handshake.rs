@@ -129,6 +129,9 @@ pub struct Negotiated {
     pub meta_contexts: Vec<MetaContext>,
     /// Transmission flags sent to the client.
     pub flags: u16,
+    /// The connection runs over TLS: replies are encrypted on their way
+    /// out, so none can be sent from a file by the kernel.
+    pub tls: bool,
 }
 
 impl Negotiated {
@@ -422,6 +425,7 @@ impl ServerHandshake {
                     extended_headers: false,
                     meta_contexts: contexts,
                     flags,
+                    tls: self.tls_on,
                 }))));
             }
             OPT_ABORT => {
@@ -587,6 +591,7 @@ impl ServerHandshake {
             extended_headers: self.extended,
             meta_contexts: contexts,
             flags,
+            tls: self.tls_on,
         })))
     }
 

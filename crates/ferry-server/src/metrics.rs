@@ -135,6 +135,8 @@ pub struct Metrics {
     pub latency: HistFamily<OpLabels>,
     pub request_size: HistFamily<OpLabels>,
     pub in_flight: Family<VolumeLabels, Gauge>,
+    /// READs whose data the kernel sent from the volume's file.
+    pub reads_from_file: Family<VolumeLabels, Counter>,
     pub connections: Gauge,
     /// Connections refused over a connection limit.
     pub connections_refused: Counter,
@@ -182,6 +184,7 @@ impl Metrics {
         let latency: HistFamily<OpLabels> = Family::new_with_constructor(latency_hist);
         let request_size: HistFamily<OpLabels> = Family::new_with_constructor(size_hist);
         let in_flight = Family::<VolumeLabels, Gauge>::default();
+        let reads_from_file = Family::<VolumeLabels, Counter>::default();
         let connections = Gauge::default();
         let connections_refused = Counter::default();
         let volume_size = Family::<VolumeLabels, Gauge>::default();
@@ -214,6 +217,11 @@ impl Metrics {
             "in_flight_requests",
             "Requests being served (queue depth seen by the server)",
             in_flight.clone(),
+        );
+        registry.register(
+            "nbd_reads_sent_from_file",
+            "NBD READs whose data the kernel sent from the volume's file (sendfile; all its pages were cached)",
+            reads_from_file.clone(),
         );
         registry.register(
             "nbd_connections",
@@ -292,6 +300,7 @@ impl Metrics {
             latency,
             request_size,
             in_flight,
+            reads_from_file,
             connections,
             connections_refused,
             volume_size,
@@ -318,6 +327,14 @@ impl Metrics {
             latency: self.latency.get_or_create(&l).clone(),
             size: self.request_size.get_or_create(&l).clone(),
         }
+    }
+
+    pub fn reads_from_file(&self, volume: &str) -> Counter {
+        self.reads_from_file
+            .get_or_create(&VolumeLabels {
+                volume: volume.into(),
+            })
+            .clone()
     }
 
     pub fn in_flight(&self, volume: &str) -> Gauge {

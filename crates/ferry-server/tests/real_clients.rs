@@ -136,6 +136,116 @@ fn nbdinfo_map_shows_holes_allocation_and_dirty_bitmap() {
     assert!(list.contains("export=\"sparse\""), "{list}");
 }
 
+/// `ferry_nbd_reads_sent_from_file` of volume `v`.
+fn reads_from_file(s: &TestServer, v: &str) -> u64 {
+    let m = s.state.metrics.render(&s.state.pool, &s.state.index);
+    let key = format!("ferry_nbd_reads_sent_from_file_total{{volume=\"{v}\"}} ");
+    m.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// Whether this kernel has `cachestat(2)` (6.5 on), which tells ferry a
+/// range is all in the page cache.
+fn kernel_has_cachestat() -> bool {
+    let r = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut n = r.split(['.', '-']).map(|x| x.parse::<u32>().unwrap_or(0));
+    (n.next().unwrap_or(0), n.next().unwrap_or(0)) >= (6, 5)
+}
+
+/// Write `path` back and drop its pages from the page cache; whether
+/// none is left (`fincore`; a file system that keeps its pages, tmpfs,
+/// cannot drop them).
+fn drop_cached_pages(path: &std::path::Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: advice on an open descriptor; no memory is passed.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    let out = run(Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--output", "RES"])
+        .arg(path));
+    out.trim() == "0"
+}
+
+/// qemu-io's commands on export `v`, every pattern verified.
+fn qemu_io(s: &TestServer, v: &str, cmds: &[&str]) {
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw"]).arg(s.uri(v));
+    for x in cmds {
+        c.args(["-c", x]);
+    }
+    let out = run(&mut c);
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+    assert!(!out.to_lowercase().contains("error"), "{out}");
+}
+
+#[test]
+fn large_reads_sent_from_the_page_cache_see_every_acknowledged_write() {
+    if !have("qemu-io") || !have("fincore") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start_with(&d.path().join("pool"), |c| c.nbd.sendfile_reads = true);
+    let v = s.create("r", 16 << 20);
+    // Written through the server, so every page is cached: large reads go
+    // from the file by the kernel, and each sees the writes before it.
+    qemu_io(
+        &s,
+        "r",
+        &[
+            "write -P 0x11 0 8M",
+            "read -P 0x11 0 8M",
+            "write -P 0x22 1M 2M",
+            "read -P 0x22 1M 2M",
+            "read -P 0x11 0 1M",
+            "read -P 0x11 3M 5M",
+            "aio_write -P 0x33 4M 1M",
+            "aio_flush",
+            "read -P 0x33 4M 1M",
+            "read -P 0x11 5M 3M",
+            // Small reads are answered from a buffer, as before.
+            "read -P 0x22 2M 64k",
+        ],
+    );
+    let sent = reads_from_file(&s, "r");
+    if kernel_has_cachestat() {
+        assert!(sent >= 6, "{sent} reads sent from the file");
+    }
+    // The pages dropped: each read waits for the disk on a worker thread,
+    // and sees the same data. A range read again once cached goes from the
+    // file again.
+    if drop_cached_pages(v.data_path()) {
+        qemu_io(
+            &s,
+            "r",
+            // Backwards, so that no read's readahead caches the next.
+            &[
+                "read -P 0x33 4M 1M",
+                "read -P 0x22 1M 2M",
+                "read -P 0x11 0 1M",
+            ],
+        );
+        assert_eq!(reads_from_file(&s, "r"), sent);
+        qemu_io(&s, "r", &["read -P 0x22 1M 2M"]);
+        if kernel_has_cachestat() {
+            assert_eq!(reads_from_file(&s, "r"), sent + 1);
+        }
+    }
+}
+
+#[test]
+fn large_reads_are_copied_from_a_buffer_unless_sendfile_is_turned_on() {
+    if !have("qemu-io") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start(&d.path().join("pool"));
+    s.create("r", 8 << 20);
+    qemu_io(&s, "r", &["write -P 0x44 0 4M", "read -P 0x44 0 4M"]);
+    assert_eq!(reads_from_file(&s, "r"), 0);
+}
+
 #[test]
 fn nbdcopy_multi_conn_round_trip() {
     if !have("nbdcopy") {

@@ -13,6 +13,7 @@ mod error;
 pub mod gate;
 pub mod holders;
 pub mod meta;
+mod page_cache;
 mod pool;
 pub mod shared;
 mod volume;

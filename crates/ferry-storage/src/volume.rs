@@ -9,6 +9,7 @@ use crate::alloc::{self, Extent};
 use crate::bitmap::{BitmapInfo, DirtyBitmap};
 use crate::gate::{WriteGate, WriteTicket};
 use crate::meta::{write_atomic, Backing, BitmapSpec, IncomingMigration, PeerPort, VolumeMeta};
+use crate::page_cache;
 use crate::shared::Home;
 use crate::{Result, StorageError};
 use parking_lot::{Mutex, RwLock};
@@ -40,7 +41,9 @@ pub struct ZeroMode {
 #[derive(Debug)]
 enum Data {
     /// A raw file (in the pool, or external): positional I/O, page cache.
-    File(File),
+    /// Shared so that a reply sent from it by the kernel
+    /// ([`Volume::cached_file`]) keeps it open until sent.
+    File(Arc<File>),
     /// An RBD image, its exclusive lock held while writable.
     Rbd(RbdData),
 }
@@ -247,7 +250,7 @@ impl Volume {
             }
             _ => {
                 let (file, path) = Self::open_file(&meta, dir, direct)?;
-                (Data::File(file), path, direct)
+                (Data::File(Arc::new(file)), path, direct)
             }
         };
         Self::open_on(dir, meta, data, data_path, direct, Home::Dir)
@@ -428,6 +431,26 @@ impl Volume {
     /// for the cluster.
     pub fn page_cached(&self) -> bool {
         matches!(self.data, Data::File(_)) && !self.direct
+    }
+
+    /// The backing file, to send `len` bytes at `offset` from without
+    /// reading them here (sendfile), when the range is valid to read now
+    /// and the page cache holds every page of it: the send then copies
+    /// from memory and does not wait for the disk. `Ok(None)`: read it
+    /// as usual (an RBD image, O_DIRECT, pages not cached, or a kernel
+    /// without `cachestat(2)`).
+    ///
+    /// What is sent is what the file holds when the kernel sends it: a
+    /// write acknowledged before then is seen, as with any read answered
+    /// later; one racing with the send may be seen in part, as with a read
+    /// racing with it.
+    pub fn cached_file(&self, offset: u64, len: u64) -> Result<Option<Arc<File>>> {
+        self.check(offset, len, false)?;
+        let file = match &self.data {
+            Data::File(f) if !self.direct => f,
+            _ => return Ok(None),
+        };
+        Ok(page_cache::holds_all(file, offset, len).then(|| file.clone()))
     }
 
     /// Whether the data is an RBD image in Ceph.

@@ -1,7 +1,8 @@
 //! The pool as an NBD backend for `ferry_nbd_server`: the catalog is the
 //! pool's exported volumes, and a connection's handler is its
-//! [`ConnContext`], which answers small requests inline, tries large
-//! page-cache I/O without blocking, writes RBD images through librbd's
+//! [`ConnContext`], which answers small requests inline, has the kernel
+//! send large cached READs from the file, tries large page-cache I/O
+//! without blocking, writes RBD images through librbd's
 //! asynchronous API, and sends the rest to the blocking pool.
 
 use super::catalog::PoolCatalog;
@@ -64,6 +65,9 @@ impl ExportHandler for ConnContext {
     fn dispatch(self: &Arc<Self>, req: Request) -> Dispatch {
         if let Some(reply) = exec::try_inline(self, &req) {
             return Dispatch::Ready(reply);
+        }
+        if let Some((head, range)) = exec::try_file_reply(self, &req) {
+            return Dispatch::ReadyFile(head, range);
         }
         let ctx = self.clone();
         if self.writes_async(&req) {

@@ -9,7 +9,9 @@ use ferry_nbd::handshake::MetaContext;
 use ferry_nbd::{
     validate, Command, ErrorCode, Negotiated, ReplyStyle, ReplyTo, Request, TransmissionLimits,
 };
+use ferry_nbd_server::FileRange;
 use ferry_storage::{StorageError, Volume, ZeroMode};
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,6 +28,10 @@ pub struct ConnContext {
     /// from it.
     neg: Negotiated,
     in_flight: Gauge,
+    reads_from_file: Counter,
+    /// Large cached READs may be sent from the file (`nbd.sendfile_reads`,
+    /// and the connection is not TLS).
+    sendfile_reads: bool,
     metrics: [OpMetrics; 8],
     /// RESIZE may not grow past `storage.max_volume_size`, nor by more
     /// than the pool's file system has free.
@@ -50,6 +56,8 @@ impl ConnContext {
         ConnContext {
             neg: neg.clone(),
             in_flight: state.metrics.in_flight(&name),
+            reads_from_file: state.metrics.reads_from_file(&name),
+            sendfile_reads: state.config.nbd.sendfile_reads && !neg.tls,
             _hold: volume.hold(ferry_storage::Holder::NbdClient),
             metrics: OPS.map(|c| state.metrics.op(&name, c.name())),
             volume,
@@ -194,6 +202,38 @@ pub fn try_inline(ctx: &ConnContext, req: &Request) -> Option<Bytes> {
         return Some(ctx.finish(req, start, out));
     }
     attempt_nowait(ctx, req).map(|out| ctx.finish(req, start, out))
+}
+
+/// A large READ whose pages are all in the page cache, on a plain
+/// connection: answered now with its header, its data to be sent from the
+/// volume's file by the kernel (`sendfile`), so neither the copy into a
+/// buffer nor the one out of it is made here. `None`: answer it another
+/// way (`nbd.sendfile_reads` off, TLS, a hole worth a chunk, pages not
+/// cached, an RBD image or O_DIRECT, or an invalid request).
+pub fn try_file_reply(ctx: &ConnContext, req: &Request) -> Option<(Bytes, FileRange)> {
+    if req.command != Command::Read || !ctx.sendfile_reads || req.length <= INLINE_READ_MAX {
+        return None;
+    }
+    let start = Instant::now();
+    validate(req, &ctx.limits()).ok()?;
+    // A failed check is answered on the worker thread, which reports it.
+    // Asked first: a hole no one read is not cached, so a sparse READ
+    // rarely pays for both questions.
+    let file = ctx.volume.cached_file(req.offset, req.length).ok()??;
+    if sparse_pieces(ctx, req).is_some() {
+        return None;
+    }
+    // A validated READ is at most 32 MiB.
+    let len = u32::try_from(req.length).ok()?;
+    let mut head = BytesMut::with_capacity(ctx.style().read_header_len());
+    ctx.to(req).read_header(&mut head, len);
+    let range = FileRange {
+        file,
+        offset: req.offset,
+        len: len as usize,
+    };
+    ctx.reads_from_file.inc();
+    Some((ctx.finish(req, start, Ok(head.freeze())), range))
 }
 
 /// A large READ or WRITE the page cache can take at once: tried without
