@@ -47,7 +47,9 @@ pub trait SendFile: AsyncWrite + Unpin + Send + Sized {
 /// back for the data after it instead of pushing it out alone (on
 /// loopback a segment that small costs the client a wake-up of its own);
 /// then `sendfile` until the range is out, waiting for room in the
-/// socket's buffer.
+/// socket's buffer. A peer gone raises `SIGPIPE` on `sendfile` (it takes
+/// no `MSG_NOSIGNAL`): Rust programs ignore it from the start, and the
+/// call fails with `EPIPE` instead.
 macro_rules! sends_files {
     ($half:ty) => {
         impl SendFile for $half {
@@ -75,7 +77,11 @@ macro_rules! sends_files {
                             let mut msg: libc::msghdr = std::mem::zeroed();
                             msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
                             msg.msg_iovlen = iov.len();
-                            libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_MORE)
+                            libc::sendmsg(
+                                sock.as_raw_fd(),
+                                &msg,
+                                libc::MSG_MORE | libc::MSG_NOSIGNAL,
+                            )
                         };
                         usize::try_from(n).map_err(|_| io::Error::last_os_error())
                     });
