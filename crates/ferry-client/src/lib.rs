@@ -467,23 +467,6 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 /// sit in the session until the peer gave up (found 2026-11-28: nbdcopy
 /// waited 10 minutes on a block-status reply over TLS). On TCP it does
 /// nothing.
-/// Account for `n` bytes of `batch[at..]` written: the buffers wholly
-/// written are skipped, the one written in part is advanced. Returns the
-/// index of the first buffer not wholly written.
-pub fn advance_sent(batch: &mut [Bytes], mut at: usize, mut n: usize) -> usize {
-    while n > 0 && at < batch.len() {
-        let len = batch[at].len();
-        if n >= len {
-            n -= len;
-            at += 1;
-        } else {
-            batch[at].advance(n);
-            n = 0;
-        }
-    }
-    at
-}
-
 pub async fn write_all_vectored<W: AsyncWrite + Unpin>(
     wr: &mut W,
     batch: &mut Vec<Bytes>,
@@ -495,11 +478,20 @@ pub async fn write_all_vectored<W: AsyncWrite + Unpin>(
             .take(64)
             .map(|b| IoSlice::new(b))
             .collect();
-        let n = wr.write_vectored(&slices).await?;
+        let mut n = wr.write_vectored(&slices).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
-        i = advance_sent(batch, i, n);
+        while n > 0 && i < batch.len() {
+            let len = batch[i].len();
+            if n >= len {
+                n -= len;
+                i += 1;
+            } else {
+                batch[i].advance(n);
+                n = 0;
+            }
+        }
     }
     wr.flush().await?;
     batch.clear();

@@ -43,13 +43,10 @@ pub trait SendFile: AsyncWrite + Unpin + Send + Sized {
 }
 
 /// `SendFile` for a plain socket's write half: the buffers before the
-/// range go with `MSG_MORE`, so that the kernel holds the reply header
-/// back for the data after it instead of pushing it out alone (on
-/// loopback a segment that small costs the client a wake-up of its own);
-/// then `sendfile` until the range is out, waiting for room in the
-/// socket's buffer. A peer gone raises `SIGPIPE` on `sendfile` (it takes
-/// no `MSG_NOSIGNAL`): Rust programs ignore it from the start, and the
-/// call fails with `EPIPE` instead.
+/// range are written as any, then `sendfile` runs until the range is out,
+/// waiting for room in the socket's buffer. A peer gone raises `SIGPIPE`
+/// on `sendfile` (it takes no `MSG_NOSIGNAL`): Rust programs ignore it
+/// from the start, and the call fails with `EPIPE` instead.
 macro_rules! sends_files {
     ($half:ty) => {
         impl SendFile for $half {
@@ -58,40 +55,8 @@ macro_rules! sends_files {
                 head: &mut Vec<Bytes>,
                 range: &FileRange,
             ) -> io::Result<()> {
+                ferry_client::write_all_vectored(self, head).await?;
                 let sock = self.as_ref();
-                let mut at = 0;
-                while at < head.len() {
-                    sock.writable().await?;
-                    let sent = sock.try_io(Interest::WRITABLE, || {
-                        let iov: Vec<libc::iovec> = head[at..]
-                            .iter()
-                            .take(64)
-                            .map(|b| libc::iovec {
-                                iov_base: b.as_ptr() as *mut libc::c_void,
-                                iov_len: b.len(),
-                            })
-                            .collect();
-                        // SAFETY: `iov` points into buffers `head` holds
-                        // for the call; `msg` lives for it too.
-                        let n = unsafe {
-                            let mut msg: libc::msghdr = std::mem::zeroed();
-                            msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
-                            msg.msg_iovlen = iov.len();
-                            libc::sendmsg(
-                                sock.as_raw_fd(),
-                                &msg,
-                                libc::MSG_MORE | libc::MSG_NOSIGNAL,
-                            )
-                        };
-                        usize::try_from(n).map_err(|_| io::Error::last_os_error())
-                    });
-                    match sent {
-                        Ok(n) => at = ferry_client::advance_sent(head, at, n),
-                        Err(e) if retry(&e) => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-                head.clear();
                 let mut offset = libc::off_t::try_from(range.offset)
                     .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
                 let mut left = range.len;

@@ -80,9 +80,7 @@ impl Frames for Bytes {
 
 impl Frames for Vec<Bytes> {
     fn append_to(self, out: &mut Outgoing, _: &mut Vec<Held>) {
-        for b in self {
-            out.push(b);
-        }
+        out.bytes.extend(self);
     }
 }
 
