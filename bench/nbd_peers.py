@@ -68,6 +68,7 @@ class Server:
             self.admin = admin = free_port()
             extra = []
             if FERRY_SENDFILE:
+                os.makedirs(work, exist_ok=True)
                 conf = os.path.join(work, "ferry.toml")
                 with open(conf, "w") as f:
                     f.write("[nbd]\nsendfile_reads = true\n")
