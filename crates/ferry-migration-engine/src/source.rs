@@ -1546,22 +1546,26 @@ async fn pause_and_switch(
         chunk,
         ..
     } = *job;
-    // Phase 4: pause, send the rest, digest, switch. Hash the digest groups
-    // now, so the pause re-hashes only what the last chunks change.
-    let t0 = Instant::now();
-    let t = table.clone();
-    blocking(move || Ok(t.digest())).await?;
-    tracing::debug!(elapsed = ?t0.elapsed(), "pause: digest groups hashed");
+    // Phase 4: pause, send the rest, digest, switch.
+    //
     // Journal that the switch may happen from here: a crash from now on
     // leaves the volume held until the destination is asked. Its fsync
-    // runs beside the pause, the last chunks and the digest (a teleport's
-    // guest is stopped already, so each millisecond here is its pause),
-    // and is on disk before `Switch` leaves: the destination cannot commit
-    // before. Every way out below waits for it, so a failure's reset of
-    // the journal comes after it.
+    // starts first and runs beside the digest groups' hashing, the pause,
+    // the last chunks and the digest (a teleport's guest is stopped
+    // already, so each millisecond here is its pause), and is on disk
+    // before `Switch` leaves: the destination cannot commit before. Every
+    // way out below waits for it, so a failure's reset of the journal
+    // comes after it.
+    let t0 = Instant::now();
     let v = vol.clone();
     let journal = tokio::task::spawn_blocking(move || v.set_switch_sent(true));
+    // Hash the digest groups before the writes are held, so the pause
+    // re-hashes only what the last chunks change.
+    let t = table.clone();
+    let hashed = blocking(move || Ok(t.digest())).await;
+    tracing::debug!(elapsed = ?t0.elapsed(), "pause: digest groups hashed");
     let paused = async {
+        hashed?;
         run.set_phase(Phase::Paused);
         link.send(Message::Pause).await?;
         vol.gate().set_throttle(Duration::ZERO);
