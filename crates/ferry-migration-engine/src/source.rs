@@ -1525,6 +1525,115 @@ async fn dirty_rounds(
     })
 }
 
+/// The guest's writes held for the switch, the last chunks and the digest
+/// sent.
+struct WritesHeld<'a> {
+    /// Opens the gate again if the switch goes no further.
+    guard: PauseGuard<'a>,
+    /// When the writes were held: the pause as the guest sees it.
+    pause_start: Instant,
+    /// Raw data sent before then (what the pause sent is the rest).
+    data_before_pause: u64,
+    source_digest: [u8; 32],
+}
+
+/// The destination's answers to `Digest` and `Switch`.
+struct SwitchAnswers {
+    dest_digest: [u8; 32],
+    /// The volume's NBD address there, and its admin API's.
+    location: String,
+    admin: String,
+    iscsi: ferry_migration::IscsiPort,
+}
+
+/// Hold the guest's writes (`Pause`, the gate drained), queue the chunks
+/// they dirtied since the last round and send the digest.
+async fn hold_and_send_last<'a>(
+    job: &Job<'a>,
+    link: &Link<'_>,
+    sender: &Arc<Sender>,
+    table: &Arc<ChunkTable>,
+) -> Result<WritesHeld<'a>, MigrationError> {
+    let Job {
+        run,
+        vol,
+        bm,
+        chunk,
+        ..
+    } = *job;
+    run.set_phase(Phase::Paused);
+    link.send(Message::Pause).await?;
+    vol.gate().set_throttle(Duration::ZERO);
+    let v = vol.clone();
+    let t_pause = Instant::now();
+    let paused = blocking(move || Ok(v.gate().pause(PAUSE_DRAIN))).await?;
+    tracing::debug!(elapsed = ?t_pause.elapsed(), "pause: writers drained");
+    if !paused {
+        return Err(MigrationError::PauseTimeout(PAUSE_DRAIN));
+    }
+    let pause_start = Instant::now();
+    let data_before_pause = run.counters.bytes_data_raw.load(Ordering::Relaxed);
+    let guard = PauseGuard { vol, armed: true };
+    let ranges = coalesce(bm.take().into_iter().map(|o| o / u64::from(chunk)));
+    let s = sender.clone();
+    blocking(move || s.send_ranges(&ranges, true)).await?;
+    let source_digest = table.digest();
+    tracing::debug!(elapsed = ?pause_start.elapsed(), "pause: last chunks queued, digest computed");
+    link.send(Message::Digest {
+        digest: source_digest,
+    })
+    .await?;
+    Ok(WritesHeld {
+        guard,
+        pause_start,
+        data_before_pause,
+        source_digest,
+    })
+}
+
+/// Wait for the destination's answers to `Digest` and `Switch`: its
+/// digest, which must be `source_digest`, then `Done` with where the
+/// volume now lives.
+async fn switch_answers(
+    in_rx: &mut mpsc::UnboundedReceiver<Result<Message, MigrationError>>,
+    wait: Duration,
+    source_digest: &[u8; 32],
+    pause_start: Instant,
+) -> Result<SwitchAnswers, MigrationError> {
+    let dest_digest = loop {
+        match next_msg(in_rx, wait, None).await? {
+            // The answer to a round not waited for: a held one the
+            // release cut short, or a small first pass's (the order
+            // checker let through only one for each ended round).
+            Message::Synced { .. } => {}
+            Message::DigestResult { matches, digest } => {
+                if !matches || digest != *source_digest {
+                    return Err(MigrationError::DigestMismatch {
+                        source_digest: hex(source_digest),
+                        destination_digest: hex(&digest),
+                    });
+                }
+                break digest;
+            }
+            m => return Err(unexpected(&m, "waiting for the digest")),
+        }
+    };
+    tracing::debug!(elapsed = ?pause_start.elapsed(), "pause: digest answered");
+    match next_msg(in_rx, wait, None).await? {
+        Message::Done {
+            location,
+            admin,
+            iscsi,
+        } => Ok(SwitchAnswers {
+            dest_digest,
+            location,
+            admin,
+            iscsi,
+        }),
+        m => Err(unexpected(&m, "waiting for Done")),
+    }
+}
+
 /// Phase 4: pause the guest's writes, send the last chunks, the digest and
 /// `Switch`, and on `Done` mark the volume moved. A link lost after
 /// `Switch` leaves the outcome unknown: the writes stay held (`pending`).
@@ -1539,13 +1648,7 @@ async fn pause_and_switch(
     fingerprints_s: f64,
     rounds: RoundsDone,
 ) -> Result<Switched, MigrationError> {
-    let Job {
-        run,
-        vol,
-        bm,
-        chunk,
-        ..
-    } = *job;
+    let Job { run, vol, .. } = *job;
     // Phase 4: pause, send the rest, digest, switch.
     //
     // Journal that the switch may happen from here: a crash from now on
@@ -1564,39 +1667,21 @@ async fn pause_and_switch(
     let t = table.clone();
     let hashed = blocking(move || Ok(t.digest())).await;
     tracing::debug!(elapsed = ?t0.elapsed(), "pause: digest groups hashed");
-    let paused = async {
-        hashed?;
-        run.set_phase(Phase::Paused);
-        link.send(Message::Pause).await?;
-        vol.gate().set_throttle(Duration::ZERO);
-        let v = vol.clone();
-        let t_pause = Instant::now();
-        let paused = blocking(move || Ok(v.gate().pause(PAUSE_DRAIN))).await?;
-        tracing::debug!(elapsed = ?t_pause.elapsed(), "pause: writers drained");
-        if !paused {
-            return Err(MigrationError::PauseTimeout(PAUSE_DRAIN));
-        }
-        let pause_start = Instant::now();
-        let data_before_pause = run.counters.bytes_data_raw.load(Ordering::Relaxed);
-        let guard = PauseGuard { vol, armed: true };
-        let ranges = coalesce(bm.take().into_iter().map(|o| o / u64::from(chunk)));
-        let s = sender.clone();
-        blocking(move || s.send_ranges(&ranges, true)).await?;
-        let source_digest = table.digest();
-        tracing::debug!(elapsed = ?pause_start.elapsed(), "pause: last chunks queued, digest computed");
-        link.send(Message::Digest {
-            digest: source_digest,
-        })
-        .await?;
-        Ok((guard, pause_start, data_before_pause, source_digest))
-    }
-    .await;
+    let paused = match hashed {
+        Ok(_) => hold_and_send_last(job, link, sender, table).await,
+        Err(e) => Err(e),
+    };
     let journalled = journal
         .await
         .map_err(|e| MigrationError::Worker(e.to_string()))
         .and_then(|r| r.map_err(MigrationError::from));
     tracing::debug!(elapsed = ?t0.elapsed(), "pause: switch journalled");
-    let (mut guard, pause_start, data_before_pause, source_digest) = paused?;
+    let WritesHeld {
+        mut guard,
+        pause_start,
+        data_before_pause,
+        source_digest,
+    } = paused?;
     journalled?;
     // The destination commits on Switch only if its digest matched, so
     // both go in one round trip.
@@ -1606,36 +1691,12 @@ async fn pause_and_switch(
     let last_bytes = run.counters.bytes_data_raw.load(Ordering::Relaxed) - data_before_pause;
     let wait =
         PAUSE_ANSWER_TIMEOUT + converge::drain_time(last_bytes.saturating_mul(2), rounds.rate);
-    let answers = async {
-        let dest_digest = loop {
-            match next_msg(in_rx, wait, None).await? {
-                // The answer to a round not waited for: a held one the
-                // release cut short, or a small first pass's (the order
-                // checker let through only one for each ended round).
-                Message::Synced { .. } => {}
-                Message::DigestResult { matches, digest } => {
-                    if !matches || digest != source_digest {
-                        return Err(MigrationError::DigestMismatch {
-                            source_digest: hex(&source_digest),
-                            destination_digest: hex(&digest),
-                        });
-                    }
-                    break digest;
-                }
-                m => return Err(unexpected(&m, "waiting for the digest")),
-            }
-        };
-        tracing::debug!(elapsed = ?pause_start.elapsed(), "pause: digest answered");
-        match next_msg(in_rx, wait, None).await? {
-            Message::Done {
-                location,
-                admin,
-                iscsi,
-            } => Ok((dest_digest, location, admin, iscsi)),
-            m => Err(unexpected(&m, "waiting for Done")),
-        }
-    };
-    let (dest_digest, location, admin, iscsi) = match answers.await {
+    let SwitchAnswers {
+        dest_digest,
+        location,
+        admin,
+        iscsi,
+    } = match switch_answers(in_rx, wait, &source_digest, pause_start).await {
         Ok(x) => x,
         Err(e) if e.transient() => {
             guard.armed = false;
