@@ -10,12 +10,16 @@ it lets the writes go.
 
 With `FERRY_BIN` naming another build the same command A/B-compares a
 change to the hold. The daemons log the pause's steps at debug level
-(kept in --work: a.log, b.log).
+(kept in --work: a.log, b.log); from them the run also prints how long
+each switch waited inside the pause for its journal of `switch_sent`,
+and the time from the switch's start to `Switch` (all of which a
+teleport's stopped guest waits for).
 """
 import argparse
 import json
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -40,6 +44,33 @@ def write_blocks(site, blocks):
         cmds += ["-c", f"write -s {src}{i} {random.randrange(128 << 8) << 12} 4k", "-c", "flush"]
     subprocess.run(["qemu-io", "-f", "raw", *cmds, f"nbd://127.0.0.1:{site.nbd}/vm"],
                    check=True, stdout=subprocess.DEVNULL)
+
+
+STEP = re.compile(r"pause: (digest groups hashed|writers drained|last chunks queued, digest computed"
+                  r"|switch journalled) elapsed=([0-9.]+)(µs|ms|s)\b")
+
+
+def journal_steps(logs):
+    """Per switch in the sources' debug lines: (the journal's wait inside
+    the pause, the switch's start to `Switch`), in ms. The hashing,
+    the journal and `Switch` are timed from the switch's start; the drain
+    and the last chunks each from their own."""
+    scale = {"µs": 1e-3, "ms": 1.0, "s": 1e3}
+    out = []
+    for path in logs:
+        step = {}
+        with open(path) as f:
+            for line in f:
+                m = STEP.search(line)
+                if not m:
+                    continue
+                step[m.group(1)] = float(m.group(2)) * scale[m.group(3)]
+                if m.group(1) == "switch journalled" and len(step) == 4:
+                    held = (step["digest groups hashed"] + step["writers drained"]
+                            + step["last chunks queued, digest computed"])
+                    out.append((max(0.0, step["switch journalled"] - held), max(held, step["switch journalled"])))
+                    step = {}
+    return out
 
 
 def main():
@@ -97,6 +128,12 @@ def main():
         print(f"hold ms over {len(holds)} returns: median {statistics.median(holds):.1f}, "
               f"{min(holds):.1f}-{max(holds):.1f}; time s: median {statistics.median(times):.3f}, "
               f"{min(times):.3f}-{max(times):.3f}")
+    steps = journal_steps([d.log for d in sites])
+    if steps:
+        wait, to_switch = [s[0] for s in steps], [s[1] for s in steps]
+        print(f"journal's wait in the pause ms over {len(steps)} switches: median {statistics.median(wait):.2f}, "
+              f"{min(wait):.2f}-{max(wait):.2f}; switch start to Switch ms: median "
+              f"{statistics.median(to_switch):.2f}, {min(to_switch):.2f}-{max(to_switch):.2f}")
 
 
 if __name__ == "__main__":
