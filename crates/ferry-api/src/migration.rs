@@ -333,7 +333,11 @@ pub struct ReportTime {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReportThrottle {
+    /// The longest auto-converge delay a write at the source slept during
+    /// the migration (not the largest set: a throttle raised just before
+    /// the pause may delay no write).
     pub max_delay_us: u64,
+    /// Writes that slept for it.
     pub writes_delayed: u64,
 }
 

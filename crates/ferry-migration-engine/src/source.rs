@@ -256,6 +256,7 @@ async fn migrate(
     let v = vol.clone();
     let journaled = blocking(move || Ok(v.set_outgoing(Some(journal))?)).await;
     vol.take_slowest_write();
+    vol.gate().take_throttled();
     let outcome = match journaled.and_then(|()| Ok(vol.create_bitmap(&bm_name, chunk, false)?)) {
         Err(e) => Err(e),
         Ok(bm) => {
@@ -276,7 +277,7 @@ async fn migrate(
     };
     let c = &run.counters;
     let g = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    let (delayed, _) = vol.gate().throttled();
+    let throttled = vol.gate().take_throttled();
     let (result, error, sw) = match outcome {
         Ok(s) => (MigrationResult::Switched, None, Some(s)),
         Err(e) => {
@@ -345,8 +346,8 @@ async fn migrate(
         rounds: g(&c.rounds),
         converged: sw.as_ref().is_some_and(|s| s.converged),
         auto_converge: ReportThrottle {
-            max_delay_us: g(&c.throttle_us),
-            writes_delayed: delayed,
+            max_delay_us: u64::try_from(throttled.longest.as_micros()).unwrap_or(u64::MAX),
+            writes_delayed: throttled.writes,
         },
         attempts: g(&c.attempts),
         destination_copy: copy_basis(c.destination_copy.load(Ordering::Relaxed)),

@@ -27,9 +27,24 @@ pub struct WriteGate {
     throttle_us: AtomicU64,
     lock: Mutex<()>,
     cv: Condvar,
-    /// Writes that were delayed by throttling, and the total delay.
+    /// Writes that were delayed by throttling, the total delay and the
+    /// longest one, since [`WriteGate::take_throttled`].
     throttled_writes: AtomicU64,
     throttled_us_total: AtomicU64,
+    throttled_us_longest: AtomicU64,
+}
+
+/// What throttling cost a volume's writers since the last
+/// [`WriteGate::take_throttled`]: delays writes actually slept, not
+/// throttles set (a throttle raised just before a pause may delay none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ThrottleTally {
+    /// Writes that slept before going in.
+    pub writes: u64,
+    /// Their sleeps added up.
+    pub total: Duration,
+    /// The longest one.
+    pub longest: Duration,
 }
 
 /// Held by a writer while it is inside the gate.
@@ -66,6 +81,8 @@ impl WriteGate {
             std::thread::sleep(Duration::from_micros(delay));
             self.throttled_writes.fetch_add(1, Ordering::Relaxed);
             self.throttled_us_total.fetch_add(delay, Ordering::Relaxed);
+            self.throttled_us_longest
+                .fetch_max(delay, Ordering::Relaxed);
         }
         loop {
             self.inside.fetch_add(1, Ordering::SeqCst);
@@ -180,12 +197,14 @@ impl WriteGate {
         Duration::from_micros(self.throttle_us.load(Ordering::Relaxed))
     }
 
-    /// `(writes delayed, total delay)` since the volume was opened.
-    pub fn throttled(&self) -> (u64, Duration) {
-        (
-            self.throttled_writes.load(Ordering::Relaxed),
-            Duration::from_micros(self.throttled_us_total.load(Ordering::Relaxed)),
-        )
+    /// What throttling cost writers since the last call (or the volume's
+    /// opening), and start again.
+    pub fn take_throttled(&self) -> ThrottleTally {
+        ThrottleTally {
+            writes: self.throttled_writes.swap(0, Ordering::Relaxed),
+            total: Duration::from_micros(self.throttled_us_total.swap(0, Ordering::Relaxed)),
+            longest: Duration::from_micros(self.throttled_us_longest.swap(0, Ordering::Relaxed)),
+        }
     }
 }
 
@@ -285,5 +304,23 @@ mod tests {
             h.join().unwrap();
         }
         assert_eq!(inside_while_paused.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn the_tally_counts_delays_slept_not_throttles_set() {
+        let gate = WriteGate::default();
+        gate.set_throttle(Duration::from_millis(2));
+        drop(gate.enter());
+        drop(gate.enter());
+        // Raised with no write after it: no write slept 50 ms.
+        gate.set_throttle(Duration::from_millis(50));
+        let t = gate.take_throttled();
+        assert_eq!(t.writes, 2);
+        assert_eq!(t.total, Duration::from_millis(4));
+        assert_eq!(t.longest, Duration::from_millis(2));
+        assert_eq!(gate.take_throttled(), ThrottleTally::default());
+        gate.set_throttle(Duration::ZERO);
+        drop(gate.enter());
+        assert_eq!(gate.take_throttled(), ThrottleTally::default());
     }
 }

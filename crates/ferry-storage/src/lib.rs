@@ -21,7 +21,7 @@ mod volume;
 pub use alloc::Extent;
 pub use bitmap::{BitmapInfo, DirtyBitmap};
 pub use error::StorageError;
-pub use gate::WriteGate;
+pub use gate::{ThrottleTally, WriteGate};
 pub use holders::{HeldBy, HoldGuard, Holder};
 pub use meta::{unix_now, Backing, IncomingMigration, OutgoingMigration, PeerPort, VolumeMeta};
 pub use pool::{CephStore, CreateOptions, Pool, PoolOptions};
