@@ -235,6 +235,45 @@ fn large_reads_sent_from_the_page_cache_see_every_acknowledged_write() {
 }
 
 #[test]
+fn a_cached_read_over_a_hole_is_copied_with_its_hole_not_sent_from_the_file() {
+    if !have("qemu-io") {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let s = TestServer::start_with(&d.path().join("pool"), |c| c.nbd.sendfile_reads = true);
+    let v = s.create("h", 8 << 20);
+    // 1M-2M stays a hole. ferry answers a hole without reading it, so the
+    // file is read here to put the hole's zero pages in the page cache:
+    // then a READ over the hole is all cached, and is answered with data
+    // and hole chunks from the pieces asked for once.
+    qemu_io(&s, "h", &["write -P 0x55 0 1M", "write -P 0x66 2M 1M"]);
+    std::fs::read(v.data_path()).unwrap();
+    let sent = reads_from_file(&s, "h");
+    qemu_io(
+        &s,
+        "h",
+        &[
+            "read -P 0x55 512k 512k",
+            "read -P 0 1M 1M",
+            "read 512k 1M",
+            "read -P 0x66 2M 512k",
+            "read -P 0 1M 64k",
+        ],
+    );
+    // The hole's READ and the one across data and hole went by copy; the
+    // two of data alone from the file.
+    if kernel_has_cachestat() {
+        assert_eq!(reads_from_file(&s, "h"), sent + 2);
+    }
+    let out = d.path().join("out.img");
+    run(Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "raw"])
+        .arg(s.uri("h"))
+        .arg(&out));
+    assert_eq!(sha(&out), sha(v.data_path()));
+}
+
+#[test]
 fn large_reads_are_copied_from_a_buffer_unless_sendfile_is_turned_on() {
     if !have("qemu-io") {
         return;

@@ -66,16 +66,18 @@ impl ExportHandler for ConnContext {
         if let Some(reply) = exec::try_inline(self, &req) {
             return Dispatch::Ready(reply);
         }
-        if let Some((head, range)) = exec::try_file_reply(self, &req) {
-            return Dispatch::ReadyFile(head, range);
-        }
+        let pieces = match exec::try_file_reply(self, &req) {
+            exec::FileReply::Ready(head, range) => return Dispatch::ReadyFile(head, range),
+            exec::FileReply::Sparse(pieces) => Some(pieces),
+            exec::FileReply::Elsewhere => None,
+        };
         let ctx = self.clone();
         if self.writes_async(&req) {
             return Dispatch::Async(Box::pin(exec::write_async(ctx, req)));
         }
         if self.may_try_nowait(&req) {
             return Dispatch::Async(Box::pin(async move {
-                if let Some(r) = exec::try_large_nowait(&ctx, &req) {
+                if let Some(r) = exec::try_large_nowait(&ctx, &req, pieces) {
                     return r;
                 }
                 exec::execute_on_thread(ctx, req).await

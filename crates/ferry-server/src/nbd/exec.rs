@@ -201,30 +201,51 @@ pub fn try_inline(ctx: &ConnContext, req: &Request) -> Option<Bytes> {
         };
         return Some(ctx.finish(req, start, out));
     }
-    attempt_nowait(ctx, req).map(|out| ctx.finish(req, start, out))
+    attempt_nowait(ctx, req, None).map(|out| ctx.finish(req, start, out))
+}
+
+/// How a READ's pieces lie: `(offset, length, hole)`, holes worth a chunk
+/// apart from the data.
+pub type Pieces = Vec<(u64, u64, bool)>;
+
+/// What [`try_file_reply`] made of a request.
+pub enum FileReply {
+    /// Answered: the header now, the data from the volume's file.
+    Ready(Bytes, FileRange),
+    /// A cached READ over a hole worth a chunk: its pieces, for the copy
+    /// that answers it (so the extents are not asked for twice).
+    Sparse(Pieces),
+    /// Answered another way, nothing learnt.
+    Elsewhere,
 }
 
 /// A large READ whose pages are all in the page cache, on a plain
 /// connection: answered now with its header, its data to be sent from the
 /// volume's file by the kernel (`sendfile`), so neither the copy into a
-/// buffer nor the one out of it is made here. `None`: answer it another
+/// buffer nor the one out of it is made here. Otherwise answered another
 /// way (`nbd.sendfile_reads` off, TLS, a hole worth a chunk, pages not
 /// cached, an RBD image or O_DIRECT, or an invalid request).
-pub fn try_file_reply(ctx: &ConnContext, req: &Request) -> Option<(Bytes, FileRange)> {
+pub fn try_file_reply(ctx: &ConnContext, req: &Request) -> FileReply {
     if req.command != Command::Read || !ctx.sendfile_reads || req.length <= INLINE_READ_MAX {
-        return None;
+        return FileReply::Elsewhere;
     }
     let start = Instant::now();
-    validate(req, &ctx.limits()).ok()?;
-    // A failed check is answered on the worker thread, which reports it.
+    if validate(req, &ctx.limits()).is_err() {
+        // Answered on the worker thread, which reports it.
+        return FileReply::Elsewhere;
+    }
     // Asked first: a hole no one read is not cached, so a sparse READ
     // rarely pays for both questions.
-    let file = ctx.volume.cached_file(req.offset, req.length).ok()??;
-    if sparse_pieces(ctx, req).is_some() {
-        return None;
+    let Ok(Some(file)) = ctx.volume.cached_file(req.offset, req.length) else {
+        return FileReply::Elsewhere;
+    };
+    if let Some(pieces) = sparse_pieces(ctx, req) {
+        return FileReply::Sparse(pieces);
     }
     // A validated READ is at most 32 MiB.
-    let len = u32::try_from(req.length).ok()?;
+    let Ok(len) = u32::try_from(req.length) else {
+        return FileReply::Elsewhere;
+    };
     let mut head = BytesMut::with_capacity(ctx.style().read_header_len());
     ctx.to(req).read_header(&mut head, len);
     let range = FileRange {
@@ -233,28 +254,29 @@ pub fn try_file_reply(ctx: &ConnContext, req: &Request) -> Option<(Bytes, FileRa
         len: len as usize,
     };
     ctx.reads_from_file.inc();
-    Some((ctx.finish(req, start, Ok(head.freeze())), range))
+    FileReply::Ready(ctx.finish(req, start, Ok(head.freeze())), range)
 }
 
 /// A large READ or WRITE the page cache can take at once: tried without
 /// blocking on an async worker (other than the one reading the socket, when
 /// one is free), so big copies spread over the cores without a thread hop.
-/// `None`: run [`execute_blocking`], which also answers invalid requests.
-pub fn try_large_nowait(ctx: &ConnContext, req: &Request) -> Option<Bytes> {
+/// `pieces`: a READ's, when already known. `None`: run
+/// [`execute_blocking`], which also answers invalid requests.
+pub fn try_large_nowait(ctx: &ConnContext, req: &Request, pieces: Option<Pieces>) -> Option<Bytes> {
     if validate(req, &ctx.limits()).is_err() {
         return None;
     }
     let start = Instant::now();
     // A failed try is retried on the worker thread, which reports the error.
-    let reply = attempt_nowait(ctx, req)?.ok()?;
+    let reply = attempt_nowait(ctx, req, pieces)?.ok()?;
     Some(ctx.finish(req, start, Ok(reply)))
 }
 
 /// One non-blocking try of a validated READ, or WRITE without FUA
 /// (RWF_NOWAIT). `None` when it would block or the request is of another kind.
-fn attempt_nowait(ctx: &ConnContext, req: &Request) -> Option<Outcome> {
+fn attempt_nowait(ctx: &ConnContext, req: &Request, pieces: Option<Pieces>) -> Option<Outcome> {
     let done = match req.command {
-        Command::Read => read_reply(ctx, req, true),
+        Command::Read => read_reply(ctx, req, pieces, true),
         Command::Write if !req.has_flag(CMD_FLAG_FUA) => {
             let data = req.payload.as_deref().unwrap_or_default();
             ctx.volume
@@ -340,16 +362,18 @@ type Outcome = Result<Bytes, (ErrorCode, String)>;
 
 /// The reply to a validated READ: one data chunk (or simple reply), or,
 /// for a large structured READ over holes, data and hole chunks. `None`
-/// when `nowait` and the page cache cannot answer at once.
+/// when `nowait` and the page cache cannot answer at once. `known`: the
+/// READ's pieces when already asked for (else they are asked for here).
 fn read_reply(
     ctx: &ConnContext,
     req: &Request,
+    known: Option<Pieces>,
     nowait: bool,
 ) -> Result<Option<Bytes>, StorageError> {
     let to = ctx.to(req);
     // A validated READ is at most 32 MiB.
     let length = u32::try_from(req.length).unwrap_or(u32::MAX);
-    if let Some(pieces) = sparse_pieces(ctx, req) {
+    if let Some(pieces) = known.or_else(|| sparse_pieces(ctx, req)) {
         let data: u64 = pieces.iter().filter(|p| !p.2).map(|p| p.1).sum();
         let hdr = ctx.style().header_len() + 12;
         let mut b = ferry_nbd_server::reply_buffer(
@@ -382,7 +406,7 @@ fn read_reply(
 
 /// How a large structured READ splits into `(offset, length, hole)`
 /// pieces, or `None` when it has no hole worth a chunk.
-fn sparse_pieces(ctx: &ConnContext, req: &Request) -> Option<Vec<(u64, u64, bool)>> {
+fn sparse_pieces(ctx: &ConnContext, req: &Request) -> Option<Pieces> {
     if !ctx.style().chunks() || req.length < u64::from(SPARSE_READ_MIN) {
         return None;
     }
@@ -392,7 +416,7 @@ fn sparse_pieces(ctx: &ConnContext, req: &Request) -> Option<Vec<(u64, u64, bool
         return None;
     }
     let end = req.offset + len;
-    let mut pieces: Vec<(u64, u64, bool)> = Vec::new();
+    let mut pieces: Pieces = Vec::new();
     let mut at = req.offset;
     let mut push = |offset: u64, length: u64, hole: bool| match pieces.last_mut() {
         Some(last) if last.2 == hole && last.0 + last.1 == offset => last.1 += length,
@@ -419,7 +443,7 @@ fn execute(ctx: &ConnContext, req: &Request) -> Result<Bytes, StorageError> {
     let fua = req.has_flag(CMD_FLAG_FUA);
     match req.command {
         Command::Read => {
-            return read_reply(ctx, req, false)?
+            return read_reply(ctx, req, None, false)?
                 .ok_or_else(|| StorageError::Invalid("read would block".into()));
         }
         Command::Write => v.write_at(offset, req.payload.as_deref().unwrap_or_default(), fua)?,
