@@ -400,7 +400,22 @@ async fn create(
     let pool = s.pool.clone();
     let v = blocking(move || pool.create(&r.name, &opts)).await?;
     tracing::info!(volume = %v.name(), size = v.size(), "volume created");
+    if r.path.is_some() {
+        // A file made a volume holds its data already: what other volumes
+        // will be rebuilt from, as an import's.
+        index_in_background(&s, &v, "made of a file");
+    }
     Ok((StatusCode::CREATED, Json(view(&s, &v))))
+}
+
+/// Hash `v` into the index on a worker thread; `after` says what brought
+/// its data (logged).
+fn index_in_background(s: &ServerState, v: &Arc<Volume>, after: &'static str) {
+    let (index, v) = (s.index.clone(), v.clone());
+    tokio::task::spawn_blocking(move || match crate::indexer::rebuild_volume(&index, &v) {
+        Ok(r) => tracing::info!(volume = %v.name(), blocks = r.blocks, after, "indexed"),
+        Err(e) => tracing::warn!(volume = %v.name(), error = %e, after, "indexing failed"),
+    });
 }
 
 /// A size within `storage.max_volume_size`.
@@ -557,11 +572,7 @@ async fn import(
     })
     .await?;
     // The imported content is what other volumes will be rebuilt from.
-    let (index, v2) = (s.index.clone(), v.clone());
-    tokio::task::spawn_blocking(move || match crate::indexer::rebuild_volume(&index, &v2) {
-        Ok(r) => tracing::info!(volume = %v2.name(), blocks = r.blocks, "re-indexed after import"),
-        Err(e) => tracing::warn!(volume = %v2.name(), error = %e, "indexing after import failed"),
-    });
+    index_in_background(&s, &v, "import");
     Ok(Json(ImportReport {
         bytes: offset,
         written,

@@ -270,6 +270,39 @@ fn index_follows_imports_and_writes() {
         .persistent());
 }
 
+#[test]
+fn a_volume_made_of_a_file_is_indexed_without_a_rebuild_request() {
+    let d = tempfile::tempdir().unwrap();
+    let files = d.path().join("files");
+    std::fs::create_dir(&files).unwrap();
+    let mut img = vec![0u8; 4 << 20];
+    img[8192..12288].fill(0x33);
+    let path = files.join("disk.img");
+    std::fs::write(&path, &img).unwrap();
+    let dir = files.clone();
+    let s = TestServer::start_with(&d.path().join("pool"), move |c| {
+        c.storage.allowed_paths = vec![dir];
+    });
+    ureq::post(&url(&s, "/v1/volumes"))
+        .send_json(json!({"name": "adopted", "path": path}))
+        .unwrap();
+    // Its blocks are what a migration's destination rebuilds from, as an
+    // imported volume's are: in the index without `ferry index rebuild`.
+    let fp = ferry_index::Fingerprint::of(&[0x33; 4096]);
+    let t = std::time::Instant::now();
+    loop {
+        let hits = s.state.index.lookup(&fp, 4).unwrap();
+        if hits.first().map(|h| h.1) == Some(2) {
+            break;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "never indexed: {hits:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// A volume the index holds without prints in block order (indexed by a
 /// daemon from before they existed, or its prints dropped after a failed
 /// write) is indexed again in the background, and its prints are current:
