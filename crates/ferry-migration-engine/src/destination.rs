@@ -180,7 +180,37 @@ enum Refusal {
     Storage(#[from] StorageError),
 }
 
-/// Refuse a copy that would not fit in the pool's file system.
+/// Refuse a copy that would not fit in the pool's file system, asked at
+/// the `Hello` for the source's allocated bytes (less what a copy here
+/// already holds). Where the pool shares extents, what the copy finds
+/// here costs it next to nothing, and how much that is is known only once
+/// the prints are answered: then only the reserve is checked now, and
+/// what must cross the link with each `Want` ([`check_wanted_space`]).
+fn check_space_at_hello(state: &dyn StorageDaemon, need: u64) -> Result<(), Refusal> {
+    let shares = state.pool().shares_extents();
+    check_space(state, if shares { 0 } else { need })
+}
+
+/// Before each `Want` on a pool that shares extents: refuse the copy if
+/// what the link must still bring (the chunks asked for so far, less the
+/// data already arrived, which the free space counts) does not fit.
+fn check_wanted_space(
+    state: &dyn StorageDaemon,
+    stats: &FillStats,
+    chunk: u64,
+    arrived: u64,
+) -> Result<(), Refusal> {
+    if !state.pool().shares_extents() {
+        return Ok(());
+    }
+    check_space(
+        state,
+        stats.wanted.saturating_mul(chunk).saturating_sub(arrived),
+    )
+}
+
+/// Refuse `need` more bytes that would not fit in the pool's file system
+/// (with the reserve kept).
 fn check_space(state: &dyn StorageDaemon, need: u64) -> Result<(), Refusal> {
     let free = state
         .pool()
@@ -215,7 +245,7 @@ fn prepare(
             if v.size() != d.size || v.meta().block_size != d.block_size {
                 return Err(Refusal::SizeDiffers);
             }
-            check_space(state, d.allocated.saturating_sub(v.allocated_bytes()))?;
+            check_space_at_hello(state, d.allocated.saturating_sub(v.allocated_bytes()))?;
             // Untouched since it left by the migration the volume arrived
             // at the source by: the source knows what changed since.
             let tracked =
@@ -238,7 +268,7 @@ fn prepare(
                 if v.size() != d.size {
                     return Err(Refusal::SizeDiffers);
                 }
-                check_space(state, d.allocated.saturating_sub(v.allocated_bytes()))?;
+                check_space_at_hello(state, d.allocated.saturating_sub(v.allocated_bytes()))?;
                 // Another attempt of a tracked return: what it left
                 // untouched is still the copy the volume left here.
                 let tracked = !arrived_under.is_empty()
@@ -271,7 +301,7 @@ fn prepare(
                     state.pool().delete(&d.name, false)?;
                     return create_copy(state, id, d, &source, CopyBasis::LeftoverReplaced);
                 }
-                check_space(state, d.allocated.saturating_sub(v.allocated_bytes()))?;
+                check_space_at_hello(state, d.allocated.saturating_sub(v.allocated_bytes()))?;
                 v.adopt_incoming(id, &source)?;
                 tracing::info!(volume = %d.name, migration = %id, left_by = %inc.id, "resuming into the incomplete copy a failed migration of this volume left");
                 Ok(Prepared::Copy(v, CopyBasis::LeftoverResumed))
@@ -297,7 +327,7 @@ fn create_copy(
     source: &str,
     basis: CopyBasis,
 ) -> Result<Prepared, Refusal> {
-    check_space(state, d.allocated)?;
+    check_space_at_hello(state, d.allocated)?;
     let uuid = uuid::Uuid::from_bytes(d.uuid);
     let opts = CreateOptions {
         size: d.size,
@@ -332,6 +362,8 @@ struct FillStats {
     local: u64,
     buddy: u64,
     resumed: u64,
+    /// Chunks asked of the source (its `Want`s): what the link brings.
+    wanted: u64,
     /// Chunks of a tracked return recorded from this copy's index, unread.
     own_unread: u64,
     /// Time spent finding and placing the `local` chunks (lookups that
@@ -899,7 +931,7 @@ async fn answer_prints<W: AsyncWrite + Unpin + Send>(
     state: &Arc<dyn StorageDaemon>,
     rx: &Arc<Receiver>,
     wr: &mut W,
-    (stats, buddies): (&mut FillStats, &mut Option<super::buddy::Buddies>),
+    (stats, buddies, arrived): (&mut FillStats, &mut Option<super::buddy::Buddies>, u64),
     (first_chunk, entries, chunk): (u64, Vec<PrintEntry>, u32),
 ) -> Result<(), MigrationError> {
     let r = rx.clone();
@@ -926,6 +958,19 @@ async fn answer_prints<W: AsyncWrite + Unpin + Send>(
     // Every Prints frame gets its Want, empty when nothing of
     // it is needed: the source judges from them whether its
     // prints pay (protocol version 4).
+    stats.wanted += missing.len() as u64;
+    if let Err(no) = check_wanted_space(state.as_ref(), stats, rx.chunk, arrived) {
+        let reason = no.to_string();
+        tracing::warn!(%reason, "refusing the copy while its prints are answered");
+        let _ = send(
+            wr,
+            &Message::Abort {
+                reason: reason.clone(),
+            },
+        )
+        .await;
+        return Err(MigrationError::Refused(reason));
+    }
     let ranges = coalesce(missing.iter().map(|m| m.0));
     send(wr, &Message::Want { ranges }).await?;
     Ok(())
@@ -1018,6 +1063,8 @@ where
     let mut paused = false;
     let mut digest_ok: Option<bool> = None;
     let mut buddies: Option<super::buddy::Buddies> = None;
+    // Data bytes (as written) arrived so far.
+    let mut arrived = 0u64;
     loop {
         let m = tokio::select! {
             m = reader.expect(IDLE_TIMEOUT) => m?,
@@ -1038,7 +1085,7 @@ where
                     state,
                     rx,
                     wr,
-                    (&mut stats, &mut buddies),
+                    (&mut stats, &mut buddies, arrived),
                     (first_chunk, entries, desc.chunk_size),
                 )
                 .await?
@@ -1066,6 +1113,7 @@ where
                 raw_len,
                 bytes,
             } => {
+                arrived = arrived.saturating_add(u64::from(raw_len));
                 let r = rx.clone();
                 let write = move || r.data(offset, encoding, raw_len, &bytes);
                 if paused {

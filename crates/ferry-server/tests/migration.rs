@@ -267,6 +267,71 @@ fn blocks_the_destination_holds_share_their_extents_where_the_file_system_can() 
     assert_eq!(&head[MIB as usize..], &base[MIB as usize..2 * MIB as usize]);
 }
 
+/// Free bytes on the file system holding `path`.
+fn free_bytes(path: &Path) -> u64 {
+    let out = run(Command::new("df").args(["--output=avail", "-B1"]).arg(path));
+    out.lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .expect("df's free bytes")
+}
+
+#[test]
+fn a_destination_that_shares_extents_takes_a_copy_larger_than_its_free_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = noise(64 * MIB as usize, 7);
+    // Ten times the 64 MiB the destination holds, and 4 MiB it lacks:
+    // more than its 512 MiB file system has free, most of it shared.
+    let Some(t) = HeldOnXfs::new(dir.path(), &base, 644 * MIB) else {
+        return;
+    };
+    for i in 1..10 {
+        t.vm.write_at(i * 64 * MIB, &base, false).unwrap();
+    }
+    t.vm.write_at(640 * MIB, &noise(4 * MIB as usize, 99), false)
+        .unwrap();
+    assert!(t.vm.allocated_bytes() > free_bytes(&t.xfs.0));
+    let r = t.migrate();
+    assert_eq!(r.chunks.local, 640 * MIB / 4096, "{:?}", r.chunks);
+    let copy = t.dst.state.pool.get("vm").unwrap();
+    assert_eq!(sha(t.vm.data_path()), sha(copy.data_path()));
+}
+
+#[test]
+fn a_destination_that_shares_extents_refuses_a_copy_whose_missing_data_does_not_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = noise(64 * MIB as usize, 7);
+    let Some(t) = HeldOnXfs::new(dir.path(), &base, 64 * MIB + 640 * MIB) else {
+        return;
+    };
+    // 640 MiB the destination lacks: more than its file system holds.
+    // What it holds passes the check at the Hello; what must cross does
+    // not, and the copy is refused while its prints are answered, before
+    // its file system fills.
+    for i in 0..10u64 {
+        t.vm.write_at(
+            64 * MIB + i * 64 * MIB,
+            &noise(64 * MIB as usize, 100 + i),
+            false,
+        )
+        .unwrap();
+    }
+    let to = t.dst.migration.unwrap().to_string();
+    let r = wait(
+        &migrate(&t.src, request("vm", to)),
+        Duration::from_secs(120),
+    );
+    assert_eq!(r.result, MigrationResult::Failed, "{r:?}");
+    let err = r.error.clone().unwrap_or_default();
+    assert!(err.contains("not enough space"), "{err}");
+    assert_eq!(r.attempts, 1, "a full disk is not retried: {r:?}");
+    assert!(t.src.state.pool.get("vm").unwrap().moved_to().is_none());
+    // The source's volume serves as before; the destination's file
+    // system kept its reserve.
+    t.vm.write_at(0, &[1; 4096], false).unwrap();
+    assert!(free_bytes(&t.xfs.0) > 32 * MIB);
+}
+
 #[test]
 fn held_blocks_rewritten_while_they_are_shared_arrive_as_the_source_has_them() {
     let dir = tempfile::tempdir().unwrap();
