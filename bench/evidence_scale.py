@@ -13,7 +13,15 @@ half its memory holds random data), its disk an ext4 volume at A whose
 files site B already holds in a sibling volume, plus a region of random
 data B lacks. One axis moves at a time, the others stay at the middle
 point. The disk axis grows what B already holds with what it lacks fixed:
-ferry's bytes and time should follow what B lacks, QEMU's the disk."""
+ferry's bytes and time should follow what B lacks, QEMU's the disk.
+
+FERRY_SCALE_SHARED=1, with TMPDIR on a file system that shares extents
+(XFS with reflink, btrfs): each point holds its data about once, so the
+disk axis reaches 32 GiB on this machine's disk. The image is filled in
+place (loop-mounted, no staging copy), A's volume is the image itself
+(`ferry volume create --path`), B's sibling a reflinked copy of it with
+the region B lacks punched out, and the volume the move makes at B shares
+the sibling's extents. Needs root (the mount)."""
 import json, os, shutil, subprocess, time
 
 import matplotlib.pyplot as plt
@@ -37,7 +45,7 @@ def axes(quick):
         # report compares (a CI run checks that it runs, not the curves).
         return mid, [("mem", [384]), ("held", [8, 24]), ("rtt", [2])]
     mid = {"mem": 512, "held": 1024, "lacks": 128, "rtt": 20}
-    return mid, [("mem", [256, 512, 1024, 2048, 4096]), ("held", [256, 1024, 4096, 8192, 16384]),
+    return mid, [("mem", [256, 512, 1024, 2048, 4096]), ("held", [256, 1024, 4096, 8192, 16384, 32768]),
                  ("rtt", [2, 20, 100, 200])]
 
 
@@ -46,11 +54,19 @@ LABELS = {"mem": "guest memory (MiB; half of it random data)",
           "rtt": "round-trip time between the sites (ms)"}
 
 
+def shared():
+    """Whether points are laid out to share extents (FERRY_SCALE_SHARED)."""
+    return bool(os.environ.get("FERRY_SCALE_SHARED"))
+
+
 def disk_need(p):
     """Free disk a point needs (bytes): at its peak, its data three times
     over (B's sibling volume, A's volume and the one the move makes at B;
     or A's image, QEMU's copy at B and the files the image is made from),
-    and a tenth more for the file systems and the stores."""
+    and a tenth more for the file systems and the stores. Shared: once
+    (QEMU's copy not made), and a fifth more."""
+    if shared():
+        return int(1.2 * (p["held"] + p["lacks"])) << 20
     return int(3.3 * (p["held"] + p["lacks"])) << 20
 
 
@@ -61,22 +77,50 @@ class DiskImage:
     sibling is the same image without that region (`to_sibling`)."""
 
     def __init__(self, work, held, lacks):
-        stage = os.path.join(work, "files")
-        shutil.rmtree(stage, ignore_errors=True)
-        os.makedirs(stage)
-        for i in range(0, held, 256):
-            with open(os.path.join(stage, f"blob{i}"), "wb") as f:
-                for _ in range(min(256, held - i)):
-                    f.write(os.urandom(1 << 20))
         size_mib = held + lacks + max(64, held // 8) + 64
         self.path, self.size = os.path.join(work, "disk.img"), size_mib << 20
-        subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", "-d", stage, self.path, f"{size_mib}M"], check=True)
-        shutil.rmtree(stage)
+        if shared():
+            # Filled in place: no staging copy of the files.
+            subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", self.path, f"{size_mib}M"], check=True)
+            stage = os.path.join(work, "mnt")
+            os.makedirs(stage, exist_ok=True)
+            subprocess.run(["mount", "-o", "loop", self.path, stage], check=True)
+            try:
+                self._write_files(stage, held)
+            finally:
+                subprocess.run(["umount", stage], check=True)
+            os.rmdir(stage)
+        else:
+            stage = os.path.join(work, "files")
+            shutil.rmtree(stage, ignore_errors=True)
+            os.makedirs(stage)
+            self._write_files(stage, held)
+            subprocess.run(["mke2fs", "-q", "-F", "-t", "ext4", "-d", stage, self.path, f"{size_mib}M"], check=True)
+            shutil.rmtree(stage)
         self.lacking = ((size_mib - lacks - 32) << 20, lacks << 20)
         with open(self.path, "r+b") as f:
             f.seek(self.lacking[0])
             for _ in range(lacks):
                 f.write(os.urandom(1 << 20))
+
+    @staticmethod
+    def _write_files(stage, held):
+        """`held` MiB of random data in files of 256 MiB under `stage`."""
+        for i in range(0, held, 256):
+            with open(os.path.join(stage, f"blob{i}"), "wb") as f:
+                for _ in range(min(256, held - i)):
+                    f.write(os.urandom(1 << 20))
+
+    def sibling_copy(self):
+        """B's sibling beside the image, sharing its extents (`cp
+        --reflink=always`: fails where the file system cannot), the region
+        B lacks punched out; its path."""
+        path = os.path.join(os.path.dirname(self.path), "sibling.img")
+        subprocess.run(["cp", "--reflink=always", self.path, path], check=True)
+        offset, length = self.lacking
+        subprocess.run(["fallocate", "--punch-hole", "--offset", str(offset), "--length", str(length), path],
+                       check=True)
+        return path
 
     def to_sibling(self):
         """Makes the image B's sibling, in place (no second copy of a disk
@@ -100,15 +144,21 @@ def ferry_point(work, link, image, mem):
     dirs = [os.path.join(work, d) for d in ("sa", "sb", "ha", "hb")]
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
-    sa, sb, ha, hb = two_sites(work)
+    sa, sb, ha, hb = two_sites(work, allow_path=work if shared() else None)
     hosts = []
     try:
-        sa.ferry("volume", "create", "root", "--size", str(image.size))
-        sa.ferry("volume", "import", "root", image.path)
-        image.to_sibling()
-        sb.ferry("volume", "create", "sibling", "--size", str(image.size))
-        sb.ferry("volume", "import", "sibling", image.path)
-        os.unlink(image.path)  # the volumes hold it now
+        if shared():
+            # A's volume is the image; B's sibling shares its extents.
+            sibling = image.sibling_copy()
+            sa.ferry("volume", "create", "root", "--path", image.path)
+            sb.ferry("volume", "create", "sibling", "--path", sibling)
+        else:
+            sa.ferry("volume", "create", "root", "--size", str(image.size))
+            sa.ferry("volume", "import", "root", image.path)
+            image.to_sibling()
+            sb.ferry("volume", "create", "sibling", "--size", str(image.size))
+            sb.ferry("volume", "import", "sibling", image.path)
+            os.unlink(image.path)  # the volumes hold it now
         # Both indexes done with the imports (B's finds its held blocks,
         # A's keeps the prints its source sends unread), as for disks that
         # have sat at their sites a while.
@@ -178,6 +228,11 @@ def qemu_point(work, link, image, p):
         return {"seconds": None, "bytes": None, "pause_ms": None, "error": why, "first": True}
     if os.environ.get("FERRY_SCALE_FERRY_ONLY"):
         return failed("not run (FERRY_SCALE_FERRY_ONLY)")
+    # Shared, the point's disk is laid out once; QEMU's copy at B is a
+    # second whole one.
+    need = int(1.1 * (p["held"] + p["lacks"])) << 20
+    if shared() and shutil.disk_usage(work).free < need:
+        return failed(f"not run: QEMU's copy of the disk needs about {need / 1e9:.0f} GB more free disk")
     os.sync()  # the image's writing is set-up, not the move's
     try:
         q = run_qemu_native(work, link, image.path, "idle", mem=f"{p['mem']}M",
@@ -228,7 +283,8 @@ def exp_scale(ctx):
                     f = ferry_point(work, link, image, p["mem"])
                 except RuntimeError as e:
                     # A failed move is a result: kept as such, the curve goes on.
-                    f = {"error": str(e)[-1500:]}
+                    why = str(e)
+                    f = {"error": why if len(why) <= 2000 else f"{why[:1000]} … {why[-1000:]}"}
                     print(f"scale {axis}={v}: ferry failed: {f['error']}", flush=True)
             finally:
                 link.close()
@@ -276,9 +332,10 @@ def scale_report(ctx, rows, mid, note=None):
                 if "error" in r["ferry"]:
                     ax.annotate("ferry: the move failed", (r["value"], 0), fontsize=6, rotation=90, color="C3",
                                 va="bottom")
-                if r["qemu"].get("error"):
-                    ax.annotate(f"QEMU: not done in {QEMU_LIMIT_S} s", (r["value"], 0), fontsize=6, rotation=90,
-                                color="grey", va="bottom")
+                why = r["qemu"].get("error")
+                if why:
+                    ax.annotate("QEMU: not run" if why.startswith("not run") else f"QEMU: not done in {QEMU_LIMIT_S} s",
+                                (r["value"], 0), fontsize=6, rotation=90, color="grey", va="bottom")
             ax.xaxis.set_major_locator(MaxNLocator(6))
             ax.set_xlabel(LABELS[axis].format(**mid), fontsize=8)
             ax.set_ylabel(unit, fontsize=8)

@@ -109,12 +109,15 @@ class Link:
 
 
 class Daemon:
-    def __init__(self, pool, migrate=False, binary=None):
-        """`binary`: the ferry build to run (default: FERRY)."""
+    def __init__(self, pool, migrate=False, binary=None, allow_path=None):
+        """`binary`: the ferry build to run (default: FERRY); `allow_path`:
+        a directory whose files volumes may be made of (`--path`)."""
         self.bin = binary or FERRY
         self.nbd, self.admin = free_port(), free_port()
         args = [self.bin, "serve", "--pool", pool, "--nbd", f"127.0.0.1:{self.nbd}",
                 "--admin", f"127.0.0.1:{self.admin}"]
+        if allow_path:
+            args += ["--allow-path", allow_path]
         self.mig = None
         if migrate:
             self.mig = free_port()

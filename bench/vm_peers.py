@@ -243,16 +243,18 @@ class Host:
                 pass
 
 
-def two_sites(work):
-    """Sites A and B in `work`: a storage daemon each (migrations on) and
-    the state directories of their host daemons (`ha`, `hb`), each pair
-    trusting the other. Returns (sa, sb, ha, hb)."""
+def two_sites(work, allow_path=None):
+    """Sites A and B in `work`: a storage daemon each (migrations on; volumes
+    may be made of files in `allow_path`) and the state directories of
+    their host daemons (`ha`, `hb`), each pair trusting the other. Returns
+    (sa, sb, ha, hb)."""
     pa, pb, ha, hb = (os.path.join(work, d) for d in ("sa", "sb", "ha", "hb"))
     trust(pa, pb)
     os.makedirs(ha)
     os.makedirs(hb)
     trust(ha, hb)
-    return Daemon(pa, migrate=True), Daemon(pb, migrate=True), ha, hb
+    return (Daemon(pa, migrate=True, allow_path=allow_path), Daemon(pb, migrate=True, allow_path=allow_path),
+            ha, hb)
 
 
 def run_ferry(work, link, base, image, load, teleport):
