@@ -148,13 +148,24 @@ impl XfsMount {
 
     /// Bytes in use on the file system.
     fn used(&self) -> u64 {
+        self.df("used")
+    }
+
+    /// Bytes free on the file system.
+    fn free(&self) -> u64 {
+        self.df("avail")
+    }
+
+    /// One of `df`'s byte counts of the file system.
+    fn df(&self, field: &str) -> u64 {
         let out = run(Command::new("df")
-            .args(["--output=used", "-B1"])
+            .arg(format!("--output={field}"))
+            .arg("-B1")
             .arg(&self.0));
         out.lines()
             .nth(1)
             .and_then(|l| l.trim().parse().ok())
-            .expect("df's used bytes")
+            .unwrap_or_else(|| panic!("df's {field} bytes: {out}"))
     }
 }
 
@@ -267,15 +278,6 @@ fn blocks_the_destination_holds_share_their_extents_where_the_file_system_can() 
     assert_eq!(&head[MIB as usize..], &base[MIB as usize..2 * MIB as usize]);
 }
 
-/// Free bytes on the file system holding `path`.
-fn free_bytes(path: &Path) -> u64 {
-    let out = run(Command::new("df").args(["--output=avail", "-B1"]).arg(path));
-    out.lines()
-        .nth(1)
-        .and_then(|l| l.trim().parse().ok())
-        .expect("df's free bytes")
-}
-
 #[test]
 fn a_destination_that_shares_extents_takes_a_copy_larger_than_its_free_space() {
     let dir = tempfile::tempdir().unwrap();
@@ -290,7 +292,7 @@ fn a_destination_that_shares_extents_takes_a_copy_larger_than_its_free_space() {
     }
     t.vm.write_at(640 * MIB, &noise(4 * MIB as usize, 99), false)
         .unwrap();
-    assert!(t.vm.allocated_bytes() > free_bytes(&t.xfs.0));
+    assert!(t.vm.allocated_bytes() > t.xfs.free());
     let r = t.migrate();
     assert_eq!(r.chunks.local, 640 * MIB / 4096, "{:?}", r.chunks);
     let copy = t.dst.state.pool.get("vm").unwrap();
@@ -329,7 +331,7 @@ fn a_destination_that_shares_extents_refuses_a_copy_whose_missing_data_does_not_
     // The source's volume serves as before; the destination's file
     // system kept its reserve.
     t.vm.write_at(0, &[1; 4096], false).unwrap();
-    assert!(free_bytes(&t.xfs.0) > 32 * MIB);
+    assert!(t.xfs.free() > 32 * MIB);
 }
 
 #[test]
