@@ -117,18 +117,20 @@ class DiskImage:
         B lacks punched out; its path."""
         path = os.path.join(os.path.dirname(self.path), "sibling.img")
         subprocess.run(["cp", "--reflink=always", self.path, path], check=True)
+        self._punch_lacking(path)
+        return path
+
+    def _punch_lacking(self, path):
+        """The region B lacks, punched out of `path`: free space again."""
         offset, length = self.lacking
         subprocess.run(["fallocate", "--punch-hole", "--offset", str(offset), "--length", str(length), path],
                        check=True)
-        return path
 
     def to_sibling(self):
         """Makes the image B's sibling, in place (no second copy of a disk
         that may be most of the machine's free space): the region B lacks
         is punched out, free space again as it was before it was filled."""
-        offset, length = self.lacking
-        subprocess.run(["fallocate", "--punch-hole", "--offset", str(offset), "--length", str(length), self.path],
-                       check=True)
+        self._punch_lacking(self.path)
 
 
 def cmdline(mem):

@@ -198,14 +198,16 @@ fn check_wanted_space(
     state: &dyn StorageDaemon,
     stats: &FillStats,
     chunk: u64,
-    arrived: u64,
 ) -> Result<(), Refusal> {
     if !state.pool().shares_extents() {
         return Ok(());
     }
     check_space(
         state,
-        stats.wanted.saturating_mul(chunk).saturating_sub(arrived),
+        stats
+            .wanted
+            .saturating_mul(chunk)
+            .saturating_sub(stats.arrived),
     )
 }
 
@@ -364,6 +366,8 @@ struct FillStats {
     resumed: u64,
     /// Chunks asked of the source (its `Want`s): what the link brings.
     wanted: u64,
+    /// Data bytes (as written) arrived from the source so far.
+    arrived: u64,
     /// Chunks of a tracked return recorded from this copy's index, unread.
     own_unread: u64,
     /// Time spent finding and placing the `local` chunks (lookups that
@@ -931,7 +935,7 @@ async fn answer_prints<W: AsyncWrite + Unpin + Send>(
     state: &Arc<dyn StorageDaemon>,
     rx: &Arc<Receiver>,
     wr: &mut W,
-    (stats, buddies, arrived): (&mut FillStats, &mut Option<super::buddy::Buddies>, u64),
+    (stats, buddies): (&mut FillStats, &mut Option<super::buddy::Buddies>),
     (first_chunk, entries, chunk): (u64, Vec<PrintEntry>, u32),
 ) -> Result<(), MigrationError> {
     let r = rx.clone();
@@ -959,7 +963,7 @@ async fn answer_prints<W: AsyncWrite + Unpin + Send>(
     // it is needed: the source judges from them whether its
     // prints pay (protocol version 4).
     stats.wanted += missing.len() as u64;
-    if let Err(no) = check_wanted_space(state.as_ref(), stats, rx.chunk, arrived) {
+    if let Err(no) = check_wanted_space(state.as_ref(), stats, rx.chunk) {
         let reason = no.to_string();
         tracing::warn!(%reason, "refusing the copy while its prints are answered");
         let _ = send(
@@ -1063,8 +1067,6 @@ where
     let mut paused = false;
     let mut digest_ok: Option<bool> = None;
     let mut buddies: Option<super::buddy::Buddies> = None;
-    // Data bytes (as written) arrived so far.
-    let mut arrived = 0u64;
     loop {
         let m = tokio::select! {
             m = reader.expect(IDLE_TIMEOUT) => m?,
@@ -1085,7 +1087,7 @@ where
                     state,
                     rx,
                     wr,
-                    (&mut stats, &mut buddies, arrived),
+                    (&mut stats, &mut buddies),
                     (first_chunk, entries, desc.chunk_size),
                 )
                 .await?
@@ -1113,7 +1115,7 @@ where
                 raw_len,
                 bytes,
             } => {
-                arrived = arrived.saturating_add(u64::from(raw_len));
+                stats.arrived = stats.arrived.saturating_add(u64::from(raw_len));
                 let r = rx.clone();
                 let write = move || r.data(offset, encoding, raw_len, &bytes);
                 if paused {

@@ -227,6 +227,23 @@ fn index_rebuild_status_lookup_and_metrics() {
     assert!(matches!(e, ureq::Error::Status(404, _)));
 }
 
+/// Until the index finds `fp` first at block `want` (`None`: nowhere),
+/// for at most 10 s.
+fn wait_for_block(s: &TestServer, fp: &ferry_index::Fingerprint, want: Option<u64>) {
+    let t = std::time::Instant::now();
+    loop {
+        let hits = s.state.index.lookup(fp, 4).unwrap();
+        if hits.first().map(|h| h.1) == want {
+            return;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "index never showed {want:?}, has {hits:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn index_follows_imports_and_writes() {
     let d = tempfile::tempdir().unwrap();
@@ -240,21 +257,7 @@ fn index_follows_imports_and_writes() {
         .set("Content-Type", "application/octet-stream")
         .send_bytes(&img)
         .unwrap();
-    let wait_for = |fp: &ferry_index::Fingerprint, want: Option<u64>| {
-        let t = std::time::Instant::now();
-        loop {
-            let hits = s.state.index.lookup(fp, 4).unwrap();
-            let got = hits.first().map(|h| h.1);
-            if got == want {
-                return;
-            }
-            assert!(
-                t.elapsed() < std::time::Duration::from_secs(10),
-                "index never showed {want:?}, has {hits:?}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-    };
+    let wait_for = |fp: &ferry_index::Fingerprint, want: Option<u64>| wait_for_block(&s, fp, want);
     // Indexed after the import, without a rebuild request.
     let old = ferry_index::Fingerprint::of(&[0x11; 4096]);
     wait_for(&old, Some(0));
@@ -288,19 +291,7 @@ fn a_volume_made_of_a_file_is_indexed_without_a_rebuild_request() {
         .unwrap();
     // Its blocks are what a migration's destination rebuilds from, as an
     // imported volume's are: in the index without `ferry index rebuild`.
-    let fp = ferry_index::Fingerprint::of(&[0x33; 4096]);
-    let t = std::time::Instant::now();
-    loop {
-        let hits = s.state.index.lookup(&fp, 4).unwrap();
-        if hits.first().map(|h| h.1) == Some(2) {
-            break;
-        }
-        assert!(
-            t.elapsed() < std::time::Duration::from_secs(10),
-            "never indexed: {hits:?}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    wait_for_block(&s, &ferry_index::Fingerprint::of(&[0x33; 4096]), Some(2));
 }
 
 /// A volume the index holds without prints in block order (indexed by a
