@@ -27,7 +27,7 @@ import json, os, shutil, subprocess, time
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
-from common import FERRY
+from common import FERRY, ROOT
 from evidence_rigs import two_site_inventory
 from migration_peers import Link, http
 from vm_peers import GUEST, MULTIFD_CHANNELS, Host, run_qemu_native, test_guest, two_sites, wait_acks
@@ -254,9 +254,19 @@ def exp_scale(ctx):
     # FERRY_SCALE_ONLY=AXIS=VALUE[,...] measures only those points and
     # keeps the saved run's others (to redo a point, or finish a run).
     only = [tuple(x.split("=")) for x in os.environ.get("FERRY_SCALE_ONLY", "").split(",") if x]
+    known = {(a, str(v)) for a, vs in plan for v in vs}
+    if any(x not in known for x in only):
+        raise RuntimeError(f"FERRY_SCALE_ONLY names {', '.join('='.join(x) for x in only if x not in known)}, "
+                           f"not points of this run: {', '.join(f'{a}={v}' for a, v in sorted(known))}")
     rows, note = [], None
-    if only:
-        with open(os.path.join(ctx.out, "scale.json")) as f:
+    # The points not measured come from the run saved in --out, else the
+    # committed one (a quick run's from none: its sizes are not those).
+    saved = os.path.join(ctx.out, "scale.json")
+    if only and not os.path.exists(saved):
+        saved = None if ctx.quick else os.path.join(ROOT, "docs", "evidence", "scale.json")
+        print(f"scale: no scale.json in {ctx.out}; the points not measured: {saved or 'none'}", flush=True)
+    if only and saved:
+        with open(saved) as f:
             raw = json.load(f)["raw"]
         rows = [r for r in raw["rows"] if (r["axis"], str(r["value"])) not in only]
         # Say which points are of this run, after what the saved run said.
