@@ -258,14 +258,15 @@ def exp_scale(ctx):
     if any(x not in known for x in only):
         raise RuntimeError(f"FERRY_SCALE_ONLY names {', '.join('='.join(x) for x in only if x not in known)}, "
                            f"not points of this run: {', '.join(f'{a}={v}' for a, v in sorted(known))}")
-    rows, note = [], None
-    # The points not measured come from the run saved in --out, else the
-    # committed one (a quick run's from none: its sizes are not those).
-    saved = os.path.join(ctx.out, "scale.json")
-    if only and not os.path.exists(saved):
-        saved = None if ctx.quick else os.path.join(ROOT, "docs", "evidence", "scale.json")
-        print(f"scale: no scale.json in {ctx.out}; the points not measured: {saved or 'none'}", flush=True)
-    if only and saved:
+    rows, note, saved = [], None, None
+    if only:
+        # The points not measured come from the run saved in --out, else
+        # the committed one (a quick run's from none: its sizes differ).
+        saved = os.path.join(ctx.out, "scale.json")
+        if not os.path.exists(saved):
+            saved = None if ctx.quick else os.path.join(ROOT, "docs", "evidence", "scale.json")
+            print(f"scale: no scale.json in {ctx.out}; the points not measured: {saved or 'none'}", flush=True)
+    if saved:
         with open(saved) as f:
             raw = json.load(f)["raw"]
         rows = [r for r in raw["rows"] if (r["axis"], str(r["value"])) not in only]

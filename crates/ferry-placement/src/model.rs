@@ -175,8 +175,8 @@ pub const LOCAL_REBUILD_BPS: f64 = 350e6;
 /// run up to 8 GiB) over-predicted them by 19 and 79%; the 1 GiB point's
 /// -14% is the teleport's fixed part (docs/placement-model.md, "The held
 /// axis on XFS to 32 GiB"). The destinations measured their own sharing
-/// at 7.5-20 GB/s: most of this term is the two daemons' work on the
-/// prints, not the sharing.
+/// at 7.5-20 GB/s, so most of this term is not the sharing (the two
+/// daemons' work on the prints, presumably; not taken apart).
 pub const LOCAL_SHARE_BPS: f64 = 6.0e9;
 /// The most raw (uncompressed) bytes per second one move's stream
 /// carries when the link does not bind it: QEMU walks the memory or the
