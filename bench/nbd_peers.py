@@ -29,9 +29,10 @@ on two shared cores it, not the server, sets the ceiling.
 
 Usage: python3 bench/nbd_peers.py [--runtime 5] [--repeats 3] [--only peers|agree]
        [--cache clean[,fresh,cold]] [--rows "4k randwrite,1M seq write"] [--pin] [--out FILE]
+       [--sendfile [off|always|sole-reader]]
 Needs: fio (with the nbd engine), nbdkit, qemu-nbd, a release build of ferry.
 """
-import argparse, json, os, shutil, subprocess, sys, tempfile
+import argparse, json, os, shutil, subprocess, sys, tempfile, urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import FERRY, ROOT, free_port, med, version, wait_port  # noqa: E402,F401
@@ -55,8 +56,9 @@ AGREE = [  # name, fio rw, bs, rwmixread, iodepth, ferry-bench args
 ]
 
 IMAGE_MIB = 1024
-# `--sendfile`: ferry serves with `nbd.sendfile_reads = true`.
-FERRY_SENDFILE = False
+# `--sendfile MODE`: ferry serves with `nbd.sendfile_reads = false` (off),
+# `true` (always) or `"sole-reader"` (its default) rather than its default.
+FERRY_SENDFILE = None
 
 
 PIN_SERVER = ["taskset", "-c", "0"]
@@ -73,7 +75,8 @@ class Server:
                 os.makedirs(work, exist_ok=True)
                 conf = os.path.join(work, "ferry.toml")
                 with open(conf, "w") as f:
-                    f.write("[nbd]\nsendfile_reads = true\n")
+                    mode = {"off": "false", "always": "true"}.get(FERRY_SENDFILE, f'"{FERRY_SENDFILE}"')
+                    f.write(f"[nbd]\nsendfile_reads = {mode}\n")
                 extra = ["--config", conf]
             self.proc = subprocess.Popen((PIN_SERVER if pin else []) + [FERRY, "serve", *extra, "--pool", os.path.join(work, "pool"),
                                           "--nbd", f"127.0.0.1:{self.port}", "--admin", f"127.0.0.1:{admin}",
@@ -90,6 +93,15 @@ class Server:
                                                                        "-p", str(self.port), "-t", "-e", "16", "--aio=threads", image])
         wait_port(self.port, self.proc)
         self.uri = f"nbd://127.0.0.1:{self.port}/bench"
+
+    def reads_from_file(self):
+        """ferry's count of READs sent from the file so far (None for a peer)."""
+        if self.kind != "ferry":
+            return None
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+                   if line.startswith("ferry_nbd_reads_sent_from_file_total"))
 
     def stop(self):
         self.proc.terminate()
@@ -142,9 +154,10 @@ def fio(uri, rw, bs, iodepth, conns, runtime, rwmixread=50, pin=False, local=Non
 
 
 def show(rep, kind, name, cache, r):
-    """One result as it comes."""
-    print(f"rep {rep} {kind:9} {name:18} {cache:5} {r['iops']:10.0f} IOPS {r['mbps']:8.1f} MB/s p99 {r['p99_us']:8.0f} us",
-          flush=True)
+    """One result as it comes (with ferry's share of READs sent from the file)."""
+    by_file = f" sendfile {r['from_file']:.0%}" if r.get("from_file") is not None else ""
+    print(f"rep {rep} {kind:9} {name:18} {cache:5} {r['iops']:10.0f} IOPS {r['mbps']:8.1f} MB/s p99 {r['p99_us']:8.0f} us"
+          + by_file, flush=True)
 
 
 def ferry_bench(addr, args, iodepth, runtime):
@@ -162,8 +175,9 @@ def main():
     ap.add_argument("--only", choices=["peers", "agree"], default=None)
     ap.add_argument("--cache", default="clean", help="page-cache states, comma-separated: fresh, clean, cold")
     ap.add_argument("--rows", default=None, help="peer rows to run, comma-separated names (default: all)")
-    ap.add_argument("--sendfile", action="store_true",
-                    help="ferry sends large cached READs from the file (nbd.sendfile_reads)")
+    ap.add_argument("--sendfile", choices=["off", "always", "sole-reader"], nargs="?", const="always", default=None,
+                    help="ferry's nbd.sendfile_reads: false, true (the flag alone) or \"sole-reader\""
+                         " (ferry's default, as without the flag)")
     ap.add_argument("--pin", action="store_true",
                     help="peer rows: every server on CPU 0, fio (and the local job) on CPU 1")
     a = ap.parse_args()
@@ -205,7 +219,11 @@ def main():
                     for name, rw, bs, qd, conns in rows:
                         for c in states:
                             set_cache(image, c)
+                            before = s.reads_from_file()
                             r = fio(s.uri, rw, bs, qd, conns, a.runtime, pin=a.pin)
+                            if before is not None and rw == "read":
+                                reads = r["iops"] * (a.runtime + 1)  # the ramp's reads count too
+                                r["from_file"] = (s.reads_from_file() - before) / max(reads, 1)
                             res[(name, c)][kind].append(r)
                             show(rep, kind, name, c, r)
                 finally:

@@ -15,8 +15,9 @@
 //!                                # with client certificates, required off loopback
 //! tls_clear_loopback = true      # false: loopback clients must use TLS too
 //! extended_headers = true        # offer NBD extended headers (64-bit lengths)
-//! sendfile_reads = false         # true: large cached READs on plain connections
-//!                                # go from the file by sendfile (docs/benchmarks.md)
+//! sendfile_reads = "sole-reader" # large cached READs on plain connections go from
+//!                                # the file by sendfile while one connection alone
+//!                                # reads; true: always; false: never (docs/benchmarks.md)
 //!
 //! [admin]
 //! listen = "127.0.0.1:10880"     # "" turns the admin API off; beyond loopback it
@@ -306,12 +307,51 @@ pub struct NbdConfig {
     /// Offer extended headers (`NBD_OPT_EXTENDED_HEADERS`: 64-bit TRIM,
     /// WRITE_ZEROES and BLOCK_STATUS) to clients that ask.
     pub extended_headers: bool,
-    /// Send a READ of more than 128 KiB whose pages are all cached from
-    /// the volume's file with `sendfile`, on connections without TLS. Off
-    /// by default: on this project's 2-core bench it lifts one connection's
-    /// 1 MiB reads by a third to two thirds and costs four connections a
-    /// third, the clients' receive work doubling (docs/benchmarks.md).
-    pub sendfile_reads: bool,
+    /// When a READ of more than 128 KiB whose pages are all cached goes
+    /// from the volume's file by `sendfile` (connections without TLS).
+    pub sendfile_reads: SendfileReads,
+}
+
+/// `nbd.sendfile_reads`: `false`, `true` or `"sole-reader"`.
+///
+/// `"sole-reader"` by default: on this project's 2-core bench sendfile
+/// lifts one connection's 1 MiB reads by a tenth to a half and costs four
+/// connections a quarter to a third, the clients' receive work doubling
+/// when they share the server's cores (docs/benchmarks.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "SendfileReadsSetting")]
+pub enum SendfileReads {
+    /// Every READ is copied out of the volume (`false`).
+    Off,
+    /// Every eligible READ goes by sendfile (`true`).
+    Always,
+    /// Only while one connection alone has been sending the daemon large
+    /// READs (for `nbd::sole_reader::SOLE_FOR`).
+    #[default]
+    SoleReader,
+}
+
+/// How `nbd.sendfile_reads` may be written.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SendfileReadsSetting {
+    Switch(bool),
+    Word(String),
+}
+
+impl TryFrom<SendfileReadsSetting> for SendfileReads {
+    type Error = String;
+
+    fn try_from(s: SendfileReadsSetting) -> Result<Self, String> {
+        match s {
+            SendfileReadsSetting::Switch(false) => Ok(SendfileReads::Off),
+            SendfileReadsSetting::Switch(true) => Ok(SendfileReads::Always),
+            SendfileReadsSetting::Word(w) if w == "sole-reader" => Ok(SendfileReads::SoleReader),
+            SendfileReadsSetting::Word(w) => Err(format!(
+                "nbd.sendfile_reads: {w:?} is none of false, true, \"sole-reader\""
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -419,7 +459,7 @@ impl Default for NbdConfig {
             tls_dir: PathBuf::new(),
             tls_clear_loopback: true,
             extended_headers: true,
-            sendfile_reads: false,
+            sendfile_reads: SendfileReads::SoleReader,
         }
     }
 }
@@ -510,5 +550,22 @@ mod tests {
         assert_eq!(c.iscsi.base_iqn, DEFAULT_BASE_IQN);
         assert_eq!(c.iscsi.access(Some("w")).chap_user, "u");
         assert_eq!(c.iscsi.targets["v"].acl, vec!["iqn.x".to_string()]);
+    }
+
+    #[test]
+    fn sendfile_reads_is_a_switch_or_sole_reader() {
+        let nbd = |v: &str| Config::parse(&format!("[nbd]\nsendfile_reads = {v}\n"));
+        let default = Config::parse("").unwrap().nbd.sendfile_reads;
+        assert_eq!(default, SendfileReads::SoleReader);
+        assert_eq!(nbd("false").unwrap().nbd.sendfile_reads, SendfileReads::Off);
+        assert_eq!(
+            nbd("true").unwrap().nbd.sendfile_reads,
+            SendfileReads::Always
+        );
+        let c = nbd("\"sole-reader\"").unwrap();
+        assert_eq!(c.nbd.sendfile_reads, SendfileReads::SoleReader);
+        let e = nbd("\"sometimes\"").unwrap_err().to_string();
+        assert!(e.contains("sometimes") && e.contains("sole-reader"), "{e}");
+        assert!(nbd("1").is_err());
     }
 }

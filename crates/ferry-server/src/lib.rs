@@ -101,6 +101,9 @@ pub struct ServerState {
     pub switch_hold: switch_hold::SwitchHold,
     /// How long this daemon's recent small moves took besides the link.
     pub move_setup: move_setup::MoveSetup,
+    /// Which NBD connection sends large READs lately
+    /// (`nbd.sendfile_reads = "sole-reader"`).
+    pub sole_reader: Arc<nbd::sole_reader::SoleReader>,
 }
 
 /// A daemon with its pool open and its listeners bound.
@@ -360,6 +363,7 @@ impl Daemon {
                 rebuild_rate,
                 switch_hold,
                 move_setup,
+                sole_reader: Arc::default(),
             }),
             nbd,
             admin,

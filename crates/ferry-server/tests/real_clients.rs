@@ -186,7 +186,9 @@ fn large_reads_sent_from_the_page_cache_see_every_acknowledged_write() {
         return;
     }
     let d = tempfile::tempdir().unwrap();
-    let s = TestServer::start_with(&d.path().join("pool"), |c| c.nbd.sendfile_reads = true);
+    let s = TestServer::start_with(&d.path().join("pool"), |c| {
+        c.nbd.sendfile_reads = ferry_server::config::SendfileReads::Always
+    });
     let v = s.create("r", 16 << 20);
     // Written through the server, so every page is cached: large reads go
     // from the file by the kernel, and each sees the writes before it.
@@ -240,7 +242,9 @@ fn a_cached_read_over_a_hole_is_copied_with_its_hole_not_sent_from_the_file() {
         return;
     }
     let d = tempfile::tempdir().unwrap();
-    let s = TestServer::start_with(&d.path().join("pool"), |c| c.nbd.sendfile_reads = true);
+    let s = TestServer::start_with(&d.path().join("pool"), |c| {
+        c.nbd.sendfile_reads = ferry_server::config::SendfileReads::Always
+    });
     let v = s.create("h", 8 << 20);
     // 1M-2M stays a hole. ferry answers a hole without reading it, so the
     // file is read here to put the hole's zero pages in the page cache:
@@ -274,12 +278,45 @@ fn a_cached_read_over_a_hole_is_copied_with_its_hole_not_sent_from_the_file() {
 }
 
 #[test]
-fn large_reads_are_copied_from_a_buffer_unless_sendfile_is_turned_on() {
+fn by_default_a_connection_reading_alone_reads_from_the_file_after_its_window() {
+    if !have("qemu-io") || !kernel_has_cachestat() {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    // The default.
+    let s = TestServer::start(&d.path().join("pool"));
+    s.create("r", 8 << 20);
+    // Written through the server, so every page is cached. The reads in
+    // the window after this connection's first large READ are copied;
+    // those after it (qemu-io's sleep is in milliseconds) go from the file.
+    let window = ferry_server::nbd::sole_reader::SOLE_FOR.as_millis() + 50;
+    qemu_io(
+        &s,
+        "r",
+        &[
+            "write -P 0x44 0 4M",
+            "read -P 0x44 0 1M",
+            &format!("sleep {window}"),
+            "read -P 0x44 1M 1M",
+            "read -P 0x44 2M 2M",
+        ],
+    );
+    assert_eq!(reads_from_file(&s, "r"), 2);
+    // Another connection's first READ restarts the window: a new
+    // connection alone copies its first READ again.
+    qemu_io(&s, "r", &["read -P 0x44 0 1M"]);
+    assert_eq!(reads_from_file(&s, "r"), 2);
+}
+
+#[test]
+fn large_reads_are_copied_from_a_buffer_with_sendfile_turned_off() {
     if !have("qemu-io") {
         return;
     }
     let d = tempfile::tempdir().unwrap();
-    let s = TestServer::start(&d.path().join("pool"));
+    let s = TestServer::start_with(&d.path().join("pool"), |c| {
+        c.nbd.sendfile_reads = ferry_server::config::SendfileReads::Off
+    });
     s.create("r", 8 << 20);
     qemu_io(&s, "r", &["write -P 0x44 0 4M", "read -P 0x44 0 4M"]);
     assert_eq!(reads_from_file(&s, "r"), 0);

@@ -1,6 +1,8 @@
 //! Executing validated requests on a volume, and the one place where storage
 //! errors become NBD errno values.
 
+use super::sole_reader::SoleReader;
+use crate::config::SendfileReads;
 use crate::metrics::OpMetrics;
 use crate::ServerState;
 use bytes::{Bytes, BytesMut};
@@ -29,9 +31,12 @@ pub struct ConnContext {
     neg: Negotiated,
     in_flight: Gauge,
     reads_from_file: Counter,
-    /// Large cached READs may be sent from the file (`nbd.sendfile_reads`,
-    /// and the connection is not TLS).
-    sendfile_reads: bool,
+    /// When large cached READs may be sent from the file
+    /// (`nbd.sendfile_reads`; `Off` on TLS connections).
+    sendfile_reads: SendfileReads,
+    /// This connection's number for the daemon's [`SoleReader`], and the
+    /// record itself.
+    reader: (u64, Arc<SoleReader>),
     metrics: [OpMetrics; 8],
     /// RESIZE may not grow past `storage.max_volume_size`, nor by more
     /// than the pool's file system has free.
@@ -57,7 +62,11 @@ impl ConnContext {
             neg: neg.clone(),
             in_flight: state.metrics.in_flight(&name),
             reads_from_file: state.metrics.reads_from_file(&name),
-            sendfile_reads: state.config.nbd.sendfile_reads && !neg.tls,
+            sendfile_reads: match neg.tls {
+                true => SendfileReads::Off,
+                false => state.config.nbd.sendfile_reads,
+            },
+            reader: (state.sole_reader.connection_id(), state.sole_reader.clone()),
             _hold: volume.hold(ferry_storage::Holder::NbdClient),
             metrics: OPS.map(|c| state.metrics.op(&name, c.name())),
             volume,
@@ -84,6 +93,16 @@ impl ConnContext {
             Command::Read => self.volume.page_cached(),
             Command::Write => self.volume.nowait_writes() && !req.has_flag(CMD_FLAG_FUA),
             _ => false,
+        }
+    }
+
+    /// Whether this large READ may go by sendfile, as `nbd.sendfile_reads`
+    /// says (asked once per READ: it counts for [`SoleReader`]).
+    fn may_sendfile(&self) -> bool {
+        match self.sendfile_reads {
+            SendfileReads::Off => false,
+            SendfileReads::Always => true,
+            SendfileReads::SoleReader => self.reader.1.note_read(self.reader.0),
         }
     }
 
@@ -223,10 +242,10 @@ pub enum FileReply {
 /// connection: answered now with its header, its data to be sent from the
 /// volume's file by the kernel (`sendfile`), so neither the copy into a
 /// buffer nor the one out of it is made here. Otherwise answered another
-/// way (`nbd.sendfile_reads` off, TLS, a hole worth a chunk, pages not
-/// cached, an RBD image or O_DIRECT, or an invalid request).
+/// way (`nbd.sendfile_reads` off or not now, TLS, a hole worth a chunk,
+/// pages not cached, an RBD image or O_DIRECT, or an invalid request).
 pub fn try_file_reply(ctx: &ConnContext, req: &Request) -> FileReply {
-    if req.command != Command::Read || !ctx.sendfile_reads || req.length <= INLINE_READ_MAX {
+    if req.command != Command::Read || req.length <= INLINE_READ_MAX || !ctx.may_sendfile() {
         return FileReply::Elsewhere;
     }
     let start = Instant::now();

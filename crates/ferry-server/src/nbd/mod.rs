@@ -8,6 +8,7 @@
 mod catalog;
 mod connection;
 mod exec;
+pub mod sole_reader;
 
 pub use catalog::PoolCatalog;
 pub use exec::errno_for;
