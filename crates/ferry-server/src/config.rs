@@ -315,7 +315,7 @@ pub struct NbdConfig {
 /// `nbd.sendfile_reads`: `false`, `true` or `"sole-reader"`.
 ///
 /// `"sole-reader"` by default: on this project's 2-core bench sendfile
-/// lifts one connection's 1 MiB reads by a tenth to a half and costs four
+/// lifts one connection's 1 MiB reads by a tenth to twice and costs four
 /// connections a quarter to a third, the clients' receive work doubling
 /// when they share the server's cores (docs/benchmarks.md).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]

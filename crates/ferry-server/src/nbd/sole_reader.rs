@@ -7,7 +7,8 @@
 //! server's cores that pays with one reading connection and costs with
 //! several (docs/benchmarks.md). The signal is the last connection to send
 //! a large READ and when that last changed: lock-free, one swap per READ,
-//! and nothing to undo when a connection closes.
+//! and nothing to undo when a connection closes. Two connections racing
+//! may send one READ the other way; both ways give the same bytes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -67,8 +68,7 @@ impl SoleReader {
     }
 }
 
-/// Whole milliseconds (a window of more than 584 million years counts as
-/// that long).
+/// Whole milliseconds, saturating (u64 of them is 584 million years).
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
