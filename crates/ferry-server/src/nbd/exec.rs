@@ -1,7 +1,7 @@
 //! Executing validated requests on a volume, and the one place where storage
 //! errors become NBD errno values.
 
-use super::sole_reader::SoleReader;
+use super::sole_reader::Reader;
 use crate::config::SendfileReads;
 use crate::metrics::OpMetrics;
 use crate::ServerState;
@@ -34,9 +34,9 @@ pub struct ConnContext {
     /// When large cached READs may be sent from the file
     /// (`nbd.sendfile_reads`; `Off` on TLS connections).
     sendfile_reads: SendfileReads,
-    /// This connection's number for the daemon's [`SoleReader`], and the
-    /// record itself.
-    reader: (u64, Arc<SoleReader>),
+    /// This connection's place in the daemon's
+    /// [`SoleReader`](super::sole_reader::SoleReader).
+    reader: Reader,
     metrics: [OpMetrics; 8],
     /// RESIZE may not grow past `storage.max_volume_size`, nor by more
     /// than the pool's file system has free.
@@ -62,11 +62,12 @@ impl ConnContext {
             neg: neg.clone(),
             in_flight: state.metrics.in_flight(&name),
             reads_from_file: state.metrics.reads_from_file(&name),
-            sendfile_reads: match neg.tls {
-                true => SendfileReads::Off,
-                false => state.config.nbd.sendfile_reads,
+            sendfile_reads: if neg.tls {
+                SendfileReads::Off
+            } else {
+                state.config.nbd.sendfile_reads
             },
-            reader: (state.sole_reader.connection_id(), state.sole_reader.clone()),
+            reader: state.sole_reader.reader(),
             _hold: volume.hold(ferry_storage::Holder::NbdClient),
             metrics: OPS.map(|c| state.metrics.op(&name, c.name())),
             volume,
@@ -102,7 +103,7 @@ impl ConnContext {
         match self.sendfile_reads {
             SendfileReads::Off => false,
             SendfileReads::Always => true,
-            SendfileReads::SoleReader => self.reader.1.note_read(self.reader.0),
+            SendfileReads::SoleReader => self.reader.note_read(),
         }
     }
 

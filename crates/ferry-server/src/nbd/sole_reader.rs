@@ -11,6 +11,7 @@
 //! may send one READ the other way; both ways give the same bytes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long one connection must have been the only one sending large
@@ -46,14 +47,22 @@ impl SoleReader {
         }
     }
 
+    /// A new connection's place in this record.
+    pub fn reader(self: &Arc<Self>) -> Reader {
+        Reader {
+            id: self.connection_id(),
+            record: self.clone(),
+        }
+    }
+
     /// A number for a new connection, never 0 and never given twice.
-    pub fn connection_id(&self) -> u64 {
+    fn connection_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Connection `id` sends a large READ: whether it has been the only one
     /// doing so for [`SOLE_FOR`] (or the window this was made with).
-    pub fn note_read(&self, id: u64) -> bool {
+    fn note_read(&self, id: u64) -> bool {
         self.note_read_at(id, self.origin.elapsed())
     }
 
@@ -65,6 +74,21 @@ impl SoleReader {
             return false;
         }
         now.saturating_sub(self.changed_ms.load(Ordering::Relaxed)) >= self.sole_for_ms
+    }
+}
+
+/// One connection's place in the daemon's [`SoleReader`].
+#[derive(Debug)]
+pub struct Reader {
+    id: u64,
+    record: Arc<SoleReader>,
+}
+
+impl Reader {
+    /// This connection sends a large READ: whether it has been the only
+    /// one doing so for the record's window.
+    pub fn note_read(&self) -> bool {
+        self.record.note_read(self.id)
     }
 }
 
@@ -122,7 +146,9 @@ mod tests {
         let a = s.connection_id();
         assert!(!s.note_read(a));
         assert!(s.note_read(a));
-        let s = SoleReader::default();
-        assert!(!s.note_read(a), "a fresh record: no one has read alone yet");
+        let s = Arc::new(SoleReader::default());
+        let (r, q) = (s.reader(), s.reader());
+        assert_ne!(r.id, q.id);
+        assert!(!r.note_read(), "a fresh record: no one has read alone yet");
     }
 }
