@@ -67,7 +67,7 @@ class Gateway:
             args += ["--migrate", f"127.0.0.1:{self.mig}"]
         env = dict(os.environ, FERRY_LOG=os.environ.get("FERRY_BENCH_LOG", "warn"))
         self.proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=open(pool + ".log", "w"))
-        wait_http(f"http://127.0.0.1:{self.admin}/v1/server", 60)
+        wait_http(f"http://127.0.0.1:{self.admin}/v1/server", 60, self.proc, pool + ".log")
 
     def ferry(self, *args):
         env = dict(os.environ, FERRY_ADMIN=f"127.0.0.1:{self.admin}")

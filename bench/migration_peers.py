@@ -35,20 +35,32 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import FERRY, ROOT, free_port, wait_port  # noqa: E402,F401
 
 
-def http(method, url, body=None):
+def http(method, url, body=None, timeout=30):
     data = json.dumps(body).encode() if body is not None else None
     # ferry's APIs refuse state changes without a JSON content type.
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
+    with urllib.request.urlopen(req, timeout=timeout) as r:
         return r.read()
 
 
-def wait_http(url, secs=30):
+class Exited(RuntimeError):
+    """The process that was to answer exited first."""
+
+
+def wait_http(url, secs=30, proc=None, log=None):
+    """Until `url` answers a GET; raises `Exited` at once if `proc` exits
+    first, with the tail of its `log`."""
     end = time.time() + secs
     while time.time() < end:
+        if proc is not None and proc.poll() is not None:
+            tail = ""
+            if log is not None:
+                with open(log, errors="replace") as f:
+                    tail = f.read()[-2000:]
+            raise Exited(f"{proc.args[0]} exited ({proc.returncode}) before {url} answered:\n{tail}")
         try:
-            http("GET", url)
+            http("GET", url, timeout=2)
             return
         except Exception:
             time.sleep(0.05)
@@ -113,6 +125,19 @@ class Daemon:
         """`binary`: the ferry build to run (default: FERRY); `allow_path`:
         a directory whose files volumes may be made of (`--path`)."""
         self.bin = binary or FERRY
+        self.log = pool + ".log"
+        # A port free_port() found can be taken (by any connection's
+        # ephemeral port) before the daemon binds it; the daemon then exits
+        # at once, and a start on fresh ports is the cure.
+        for attempt in range(3):
+            try:
+                self._start(pool, migrate, allow_path)
+                return
+            except Exited:
+                if attempt == 2:
+                    raise
+
+    def _start(self, pool, migrate, allow_path):
         self.nbd, self.admin = free_port(), free_port()
         args = [self.bin, "serve", "--pool", pool, "--nbd", f"127.0.0.1:{self.nbd}",
                 "--admin", f"127.0.0.1:{self.admin}"]
@@ -123,10 +148,14 @@ class Daemon:
             self.mig = free_port()
             args += ["--migrate", f"127.0.0.1:{self.mig}"]
         env = dict(os.environ, FERRY_LOG=os.environ.get("FERRY_BENCH_LOG", "warn"))
-        self.log = pool + ".log"
         self.proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL,
                                      stderr=open(self.log, "w"))
-        wait_http(f"http://127.0.0.1:{self.admin}/v1/server")
+        try:
+            wait_http(f"http://127.0.0.1:{self.admin}/v1/server", 60, self.proc, self.log)
+        except RuntimeError:
+            self.proc.kill()
+            self.proc.wait()
+            raise
 
     def ferry(self, *args):
         env = dict(os.environ, FERRY_ADMIN=f"127.0.0.1:{self.admin}")

@@ -55,7 +55,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import FERRY, ensure_ferry, free_port, version  # noqa: E402
-from migration_peers import Daemon, Link, qmp, wait_http  # noqa: E402
+from migration_peers import Daemon, Exited, Link, qmp, wait_http  # noqa: E402
 
 GUEST = os.environ.get("FERRY_GUEST_DIR", "/var/cache/ferry-guest")
 MEM = "256M"
@@ -217,13 +217,25 @@ class Host:
     def __init__(self, state, extra=()):
         os.makedirs(state, exist_ok=True)
         self.state = state
-        self.control, self.moves = free_port(), free_port()
-        self.proc = subprocess.Popen(
-            [FERRY, "host", "--state-dir", state, "--control", f"127.0.0.1:{self.control}",
-             "--move-listen", f"127.0.0.1:{self.moves}", "--image-dir", GUEST, *extra],
-            env=dict(os.environ, FERRY_LOG=os.environ.get("FERRY_BENCH_LOG", "warn")),
-            stdout=subprocess.DEVNULL, stderr=open(state + ".log", "w"))
-        wait_http(f"http://127.0.0.1:{self.control}/v1/vms")
+        # As a Daemon: a host that exits at once (a port taken between
+        # free_port() and its bind) is started again on fresh ports.
+        for attempt in range(3):
+            self.control, self.moves = free_port(), free_port()
+            self.proc = subprocess.Popen(
+                [FERRY, "host", "--state-dir", state, "--control", f"127.0.0.1:{self.control}",
+                 "--move-listen", f"127.0.0.1:{self.moves}", "--image-dir", GUEST, *extra],
+                env=dict(os.environ, FERRY_LOG=os.environ.get("FERRY_BENCH_LOG", "warn")),
+                stdout=subprocess.DEVNULL, stderr=open(state + ".log", "w"))
+            try:
+                wait_http(f"http://127.0.0.1:{self.control}/v1/vms", 60, self.proc, state + ".log")
+                return
+            except Exited:
+                if attempt == 2:
+                    raise
+            except RuntimeError:
+                self.proc.kill()
+                self.proc.wait()
+                raise
 
     def vm(self, *args):
         return subprocess.run([FERRY, "vm", "--host", f"127.0.0.1:{self.control}", *args],
