@@ -412,7 +412,8 @@ def scale_report(ctx, rows, mid, note=None):
     within = sum(1 for e in errs if abs(e) <= 15)
     # QEMU's memory channels per point (points of before 2026-11-28 10:30
     # ran four and did not say so).
-    channels = sorted({r["qemu"].get("multifd", 4) for r in rows})
+    # A point QEMU did not run (no room for its copy) used no channel.
+    channels = sorted({r["qemu"].get("multifd", 4) for r in rows if "error" not in r["qemu"]})
     if channels == [0]:
         memory = "its classic single stream for memory"
     else:
@@ -427,8 +428,12 @@ def scale_report(ctx, rows, mid, note=None):
         a, b = held[0], held[-1]
         growth = (f" From {a['value']} to {b['value']} MiB held at B, ferry's bytes went "
                   f"{a['ferry']['bytes'] / 1e6:.0f} → {b['ferry']['bytes'] / 1e6:.0f} MB")
-        if a["qemu"]["bytes"] and b["qemu"]["bytes"]:
-            growth += f" and QEMU's {a['qemu']['bytes'] / 1e6:.0f} → {b['qemu']['bytes'] / 1e6:.0f} MB"
+        ran = [r for r in held if r["qemu"].get("bytes")]
+        if len(ran) > 1:
+            qa, qb = ran[0], ran[-1]
+            growth += f" and QEMU's {qa['qemu']['bytes'] / 1e6:.0f} → {qb['qemu']['bytes'] / 1e6:.0f} MB"
+            if (qa, qb) != (a, b):
+                growth += f" (from {qa['value']} to {qb['value']} MiB, the points it ran)"
         growth += "."
     return {
         "title": "A teleport at scale: memory, disk data and RTT, with the model's prediction (issue 31)",
@@ -439,7 +444,9 @@ def scale_report(ctx, rows, mid, note=None):
                 + "".join(f" The teleport at {r['axis']}={r['value']} failed: the destination's QEMU said "
                           f"{one_line(r['ferry']['error'].split('it said: ')[-1][:240])}"
                           for r in rows if "error" in r["ferry"])
-                + "".join(f" The point {r['axis']}={r['value']} was {r['skipped']}." for r in skipped),
+                + "".join(f" The point {r['axis']}={r['value']} was {r['skipped']}." for r in skipped)
+                + "".join(f" QEMU at {r['axis']}={r['value']}: {one_line(r['qemu']['error'][:240])}." for r in rows
+                          if "error" in r["qemu"] and "error" not in r["ferry"]),
         "table": table,
         "conditions": f"Two sites on loopback joined by toxiproxy ({MBIT} Mbit/s each way, the RTT split between "
                       "directions); the test guest (TCG, one vCPU) writing a durable record at a time, half its "
