@@ -403,19 +403,15 @@ async fn create(
     if r.path.is_some() {
         // A file made a volume holds its data already: what other volumes
         // will be rebuilt from, as an import's.
-        index_in_background(&s, &v, "made of a file");
+        index_in_background(&s, &v, "the volume made of a file");
     }
     Ok((StatusCode::CREATED, Json(view(&s, &v))))
 }
 
-/// Hash `v` into the index on a worker thread; `after` says what brought
-/// its data (logged).
+/// Hash `v` into the index in the background, in the idle classes
+/// (`indexer::index_new_data`); `after` says what brought its data.
 fn index_in_background(s: &ServerState, v: &Arc<Volume>, after: &'static str) {
-    let (index, v) = (s.index.clone(), v.clone());
-    tokio::task::spawn_blocking(move || match crate::indexer::rebuild_volume(&index, &v) {
-        Ok(r) => tracing::info!(volume = %v.name(), blocks = r.blocks, after, "indexed"),
-        Err(e) => tracing::warn!(volume = %v.name(), error = %e, after, "indexing failed"),
-    });
+    crate::indexer::index_new_data(s.index.clone(), &s.background_scans, v, after);
 }
 
 /// A size within `storage.max_volume_size`.
@@ -572,7 +568,7 @@ async fn import(
     })
     .await?;
     // The imported content is what other volumes will be rebuilt from.
-    index_in_background(&s, &v, "import");
+    index_in_background(&s, &v, "the imported volume");
     Ok(Json(ImportReport {
         bytes: offset,
         written,

@@ -114,6 +114,20 @@ pub fn index_arrived(index: Arc<PoolIndex>, scans: &BackgroundScans, v: &Arc<Vol
     index_in_background(index, scans, v, "the migrated volume");
 }
 
+/// Index a volume whose data came whole without passing the index (an
+/// import, or a file made a volume) as [`index_arrived`] does, in the idle
+/// classes on one thread: its clients may read it at once, and an all-core
+/// scan would take their CPU (a 1 GiB file's scan slowed the first read
+/// over TLS by a third on two cores). `what` names it in the log.
+pub fn index_new_data(
+    index: Arc<PoolIndex>,
+    scans: &BackgroundScans,
+    v: &Arc<Volume>,
+    what: &'static str,
+) {
+    index_in_background(index, scans, v, what);
+}
+
 /// How many of a daemon's volumes are being indexed on a background
 /// thread, and when the refresh loop started such a scan of each within
 /// the last [`REPRINT_AFTER`] (by data path: one volume's in its pool).
@@ -133,7 +147,8 @@ pub type BackgroundScans = Arc<Mutex<BackgroundScanList>>;
 /// say for a full disk, is not retried in a loop).
 const REPRINT_AFTER: Duration = Duration::from_secs(600);
 
-/// [`index_arrived`]'s scan, for any volume (`what` names it in the log).
+/// [`index_arrived`]'s and [`index_new_data`]'s scan, for any volume
+/// (`what` names it in the log).
 /// One that starts while an older one of the same volume runs replaces
 /// its prints (a rebuild seals its own only if none newer began).
 fn index_in_background(
@@ -163,16 +178,21 @@ fn index_in_background(
                 tracing::debug!(volume = %name, "closed before it could be indexed");
                 return;
             };
-            let r = reset_bitmap(&index, &v)
-                .map_err(IndexerError::from)
-                .and_then(|()| {
-                    if v.on_ceph() {
-                        // Read through the volume (its image stays open anyway).
-                        return rebuild_at(&index, &v, ScanPace::Background);
-                    }
-                    drop(v);
-                    Ok(index.rebuild_at(&name, &path, ScanPace::Background)?)
-                });
+            // A shared volume held read-only has no bitmap of its own
+            // (as in [`rebuild_volume`]).
+            let reset = if v.shared() && v.read_only() {
+                Ok(())
+            } else {
+                reset_bitmap(&index, &v)
+            };
+            let r = reset.map_err(IndexerError::from).and_then(|()| {
+                if v.on_ceph() {
+                    // Read through the volume (its image stays open anyway).
+                    return rebuild_at(&index, &v, ScanPace::Background);
+                }
+                drop(v);
+                Ok(index.rebuild_at(&name, &path, ScanPace::Background)?)
+            });
             match r {
                 Ok(st) => tracing::info!(
                     volume = %name,
@@ -381,4 +401,25 @@ pub async fn run(state: Arc<ServerState>, shutdown: CancellationToken) {
         },
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_when_idle;
+
+    /// A background scan's thread runs in the idle scheduling class (a
+    /// thread may always lower its own class, root or not).
+    #[test]
+    fn a_background_scans_thread_runs_only_when_a_cpu_would_idle() {
+        let policy = std::thread::spawn(|| {
+            run_when_idle();
+            // SAFETY: pid 0 is the calling thread.
+            unsafe { libc::sched_getscheduler(0) }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(policy, libc::SCHED_IDLE);
+        // SAFETY: as above, for this thread, which is left as it was.
+        assert_eq!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_OTHER);
+    }
 }
