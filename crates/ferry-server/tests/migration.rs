@@ -521,7 +521,9 @@ fn held_blocks_are_copied_unread_unless_written_since_they_were_indexed() {
     // volumes (the model prices a disk move's pause from here at it),
     // and kept across a restart.
     let rtt = r.time.link_rtt_ms.expect("a timed round trip");
-    assert!(rtt > 0.0 && rtt < r.time.pause_ms, "{:?}", r.time);
+    // The Ping is timed apart from the switch: on a loaded machine it can
+    // take longer than the whole pause, whose hold is then kept as zero.
+    assert!(rtt > 0.0 && r.time.pause_ms > 0.0, "{:?}", r.time);
     let hold_file = pa.join(ferry_server::switch_hold::FILE);
     wait_written(&hold_file);
     src.create("other", MIB);
@@ -536,7 +538,7 @@ fn held_blocks_are_copied_unread_unless_written_since_they_were_indexed() {
     let kept = || ferry_server::switch_hold::SwitchHold::open(hold_file.clone()).kept();
     let own = kept();
     assert_eq!(own.len(), 1, "{own:?}");
-    let expected = (r.time.pause_ms - rtt) / 1e3;
+    let expected = (r.time.pause_ms - rtt).max(0.0) / 1e3;
     assert!((own[0] - expected).abs() < 1e-5, "{own:?} {:?}", r.time);
     assert_eq!(hold(&src), None, "one switch's median is not told");
     assert_eq!(sample(&src).switch_holds_s, own);
