@@ -4,9 +4,15 @@ writing a 1 GiB file into it, through ferry, nbdkit (file plugin) and
 qemu-nbd, each in its TLS mode with client certificates required (the same
 credentials, made by `ferry certs nbd`), one after another in every repeat
 (order rotated), medians over repeats; and ferry in clear beside them, so
-the table also shows what TLS costs.
+the table also shows what TLS costs. Beside the rates, each server's own
+CPU seconds per GiB moved (its process's user + system time over the
+transfer): on this 2-core machine client and server share the cores, so
+the rates swing by a tenth between runs while the server's CPU per GiB
+is steady.
 
-Usage: python3 bench/nbd_tls.py [--repeats 3] [--out FILE]
+Usage: python3 bench/nbd_tls.py [--repeats 3] [--out FILE] [--copy-tls-reads]
+  --copy-tls-reads: ferry copies large TLS READs into a buffer first
+  (nbd.mapped_tls_reads = false), for an A/B on one build.
 Needs: nbdcopy, nbdkit, qemu-nbd, a release build of ferry.
 """
 import argparse, json, os, shutil, subprocess, sys, tempfile, time
@@ -19,7 +25,7 @@ KINDS = ["ferry", "nbdkit", "qemu-nbd", "ferry (clear)"]
 
 
 class Server:
-    def __init__(self, kind, image, work, pki):
+    def __init__(self, kind, image, work, pki, mapped=True):
         self.kind, self.port = kind, free_port()
         server = os.path.join(pki, "server")
         tls = kind != "ferry (clear)"
@@ -28,6 +34,8 @@ class Server:
             cfg = os.path.join(work, "ferry.toml")
             with open(cfg, "w") as f:
                 f.write("[nbd]\ntls_clear_loopback = false\n")
+                if not mapped:
+                    f.write("mapped_tls_reads = false\n")
             pool = os.path.join(work, "pool-" + str(self.port))
             args = [FERRY, "serve", "--pool", pool, "--nbd", f"127.0.0.1:{self.port}",
                     "--admin", f"127.0.0.1:{admin}", "--allow-path", os.path.dirname(os.path.abspath(image))]
@@ -59,16 +67,25 @@ class Server:
             self.proc.wait()
 
 
-def timed(args):
-    t = time.monotonic()
+def cpu_seconds(pid):
+    """User + system CPU seconds of process `pid` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(args, pid):
+    """Wall seconds of `args`, and the CPU seconds process `pid` used meanwhile."""
+    c, t = cpu_seconds(pid), time.monotonic()
     subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
-    return time.monotonic() - t
+    return time.monotonic() - t, cpu_seconds(pid) - c
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out")
+    ap.add_argument("--copy-tls-reads", action="store_true")
     a = ap.parse_args()
     for tool in ("nbdcopy", "nbdkit", "qemu-nbd"):
         if not shutil.which(tool):
@@ -89,24 +106,30 @@ def main():
         for r in range(a.repeats):
             order = KINDS[r % len(KINDS):] + KINDS[:r % len(KINDS)]
             for kind in order:
-                s = Server(kind, image, work, pki)
+                s = Server(kind, image, work, pki, mapped=not a.copy_tls_reads)
                 try:
-                    read_s = timed(["nbdcopy", s.uri, "null:"])
-                    write_s = timed(["nbdcopy", "--flush", src, s.uri])
+                    read_s, read_cpu = timed(["nbdcopy", s.uri, "null:"], s.proc.pid)
+                    write_s, write_cpu = timed(["nbdcopy", "--flush", src, s.uri], s.proc.pid)
                 finally:
                     s.stop()
+                gib = IMAGE_MIB / 1024
                 runs[kind].append({"read_mbs": IMAGE_MIB * 1.048576 / read_s,
-                                   "write_mbs": IMAGE_MIB * 1.048576 / write_s})
+                                   "write_mbs": IMAGE_MIB * 1.048576 / write_s,
+                                   "read_cpu_s_per_gib": read_cpu / gib,
+                                   "write_cpu_s_per_gib": write_cpu / gib})
         med = lambda k, f: sorted(x[f] for x in runs[k])[len(runs[k]) // 2]
         best = {f: max(med(k, f) for k in ("nbdkit", "qemu-nbd")) for f in ("read_mbs", "write_mbs")}
-        print("| server | read MB/s | write MB/s |")
-        print("|---|---|---|")
+        print("| server | read MB/s | write MB/s | server CPU s/GiB read | server CPU s/GiB write |")
+        print("|---|---|---|---|---|")
         for k in KINDS:
-            print(f"| {k} | {med(k, 'read_mbs'):.0f} | {med(k, 'write_mbs'):.0f} |")
+            print(f"| {k} | {med(k, 'read_mbs'):.0f} | {med(k, 'write_mbs'):.0f} | "
+                  f"{med(k, 'read_cpu_s_per_gib'):.2f} | {med(k, 'write_cpu_s_per_gib'):.2f} |")
         print(f"| ferry / best TLS peer | {med('ferry', 'read_mbs') / best['read_mbs']:.2f} | "
               f"{med('ferry', 'write_mbs') / best['write_mbs']:.2f} |")
         print(f"| ferry TLS / ferry clear | {med('ferry', 'read_mbs') / med('ferry (clear)', 'read_mbs'):.2f} | "
               f"{med('ferry', 'write_mbs') / med('ferry (clear)', 'write_mbs'):.2f} |")
+        print(f"| ferry / nbdkit, server CPU per GiB | | | {med('ferry', 'read_cpu_s_per_gib') / med('nbdkit', 'read_cpu_s_per_gib'):.2f} | "
+              f"{med('ferry', 'write_cpu_s_per_gib') / med('nbdkit', 'write_cpu_s_per_gib'):.2f} |")
         if a.out:
             with open(a.out, "w") as f:
                 json.dump({"runs": runs, "versions": {t: version([t, "--version"]) for t in ("nbdkit", "qemu-nbd", "nbdcopy")}},

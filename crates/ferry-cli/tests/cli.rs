@@ -747,6 +747,8 @@ fn nbd_over_tls_with_client_certificates() {
             cfg.to_str().unwrap(),
             "--nbd-tls-dir",
             server_dir.to_str().unwrap(),
+            "--allow-path",
+            d.path().to_str().unwrap(),
         ],
     );
     s.ferry(&["volume", "create", "v1", "--size", "16M"]);
@@ -800,6 +802,59 @@ fn nbd_over_tls_with_client_certificates() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    // Those large READs found their pages cached (written just before):
+    // they were encrypted from the mapped pages (kernels with cachestat).
+    let from_file = |v: &str| {
+        let m = ureq::get(&format!("http://{admin}/metrics"))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap();
+        let key = format!("ferry_nbd_reads_sent_from_file_total{{volume=\"{v}\"}} ");
+        m.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .map_or(0, |n| n.trim().parse::<u64>().unwrap())
+    };
+    let osrelease = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut rel = osrelease
+        .split(['.', '-'])
+        .map(|x| x.parse::<u32>().unwrap_or(0));
+    let cachestat = (rel.next().unwrap_or(0), rel.next().unwrap_or(0)) >= (6, 5);
+    if cachestat {
+        assert!(
+            from_file("v1") >= 2,
+            "{} TLS reads from v1's file",
+            from_file("v1")
+        );
+    }
+    // A file made a volume (outside the pool), its pages cached as it was
+    // written: read over TLS from the mapped file, as the file holds it.
+    let ext = d.path().join("ext.raw");
+    let mut bytes = vec![0x6bu8; 4 << 20];
+    bytes[2 << 20..].fill(0x7c);
+    std::fs::write(&ext, &bytes).unwrap();
+    s.ferry(&["volume", "create", "ext", "--path", ext.to_str().unwrap()]);
+    let ext_image = image.replace("export=v1", "export=ext");
+    let out = Command::new("qemu-io")
+        .args(["--object", &creds, "--image-opts", &ext_image])
+        .args(["-c", "read -P 0x6b 0 2M", "-c", "read -P 0x7c 2M 2M"])
+        .args(["-c", "read -P 0x6b 1M 1M", "-c", "read -P 0x7c 2M 1M"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && !text.contains("Pattern verification failed"),
+        "qemu-io over TLS from a file made a volume: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if cachestat {
+        assert!(
+            from_file("ext") >= 3,
+            "{} TLS reads from ext's file",
+            from_file("ext")
+        );
+    }
+
     // libnbd: with a certificate it works; without TLS, without a client
     // certificate, or with another authority's, it is refused.
     let nbdinfo = |uri: String| {

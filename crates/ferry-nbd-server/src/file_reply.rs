@@ -1,19 +1,22 @@
-//! Replies whose data the kernel sends from a file (`sendfile(2)`): a
-//! large READ of a volume whose pages are all cached goes to the socket
-//! without being copied into a buffer of ours and out of it again.
-//!
-//! Only a plain socket can take it (TCP or unix); over TLS the handler
-//! never asks for it, and a write half that cannot send from a file reads
-//! the range and writes it ([`SendFile`]'s default).
+//! Replies whose data goes from a file's cached pages without a copy into
+//! a buffer of ours: on a plain socket (TCP or unix) the kernel sends it
+//! (`sendfile(2)`); over TLS it is encrypted straight from the pages,
+//! mapped for the reply ([`MappedRange`]). A write half that can do
+//! neither reads the range and writes it ([`SendFile`]'s default).
 
+use crate::locked::LockedWrite;
+use crate::mapped::MappedRange;
 use bytes::Bytes;
 use std::fs::File;
 use std::future::Future;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
+use std::pin::Pin;
 use std::sync::Arc;
-use tokio::io::{AsyncWrite, AsyncWriteExt, Interest};
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, Interest};
+use tokio_rustls::server::TlsStream;
 
 /// `len` bytes of `file` at `offset`, sent after the reply header before
 /// them. The file stays open until they are sent.
@@ -105,4 +108,110 @@ fn retry(e: &io::Error) -> bool {
 sends_files!(tokio::net::tcp::OwnedWriteHalf);
 sends_files!(tokio::net::unix::OwnedWriteHalf);
 
-impl<S: AsyncWrite + Unpin + Send> SendFile for crate::locked::LockedWrite<S> {}
+/// `SendFile` over TLS: the range is mapped and encrypted from the mapping
+/// into the TLS session a record at a time, each record's worth copied
+/// under [`MappedRange::read`]'s guard and checked before any of it goes
+/// to the socket. A page lost under the mapping (the file cut short) shuts
+/// the socket down at once, so records made of zeroes in its place never
+/// leave, and ends the connection, as `sendfile` does on a short file.
+impl<S> SendFile for LockedWrite<TlsStream<S>>
+where
+    S: AsyncRead + AsyncWrite + AsRawFd + Unpin + Send,
+{
+    async fn send_file(&mut self, head: &mut Vec<Bytes>, range: &FileRange) -> io::Result<()> {
+        ferry_client::write_all_vectored(self, head).await?;
+        if range.len == 0 {
+            return Ok(());
+        }
+        let map = match MappedRange::map(&range.file, range.offset, range.len) {
+            Ok(map) => map,
+            Err(e) => {
+                // No mapping to be had (out of address space or map
+                // count): the range is read into a buffer instead.
+                tracing::debug!(error = %e, "mapping a reply's range failed; copying it");
+                let mut buf = vec![0u8; range.len];
+                range.file.read_exact_at(&mut buf, range.offset)?;
+                return self.write_all(&buf).await;
+            }
+        };
+        let mut pos = 0;
+        std::future::poll_fn(|cx| self.with(|tls| send_mapped(tls, cx, &map, &mut pos))).await
+    }
+}
+
+/// Push out what the session holds, then encrypt the next part of `map`
+/// from `pos`, until all of it has gone to the socket.
+fn send_mapped<S>(
+    tls: &mut TlsStream<S>,
+    cx: &mut Context<'_>,
+    map: &MappedRange,
+    pos: &mut usize,
+) -> Poll<io::Result<()>>
+where
+    S: AsyncRead + AsyncWrite + AsRawFd + Unpin,
+{
+    let (io, conn) = tls.get_mut();
+    loop {
+        while conn.wants_write() {
+            match conn.write_tls(&mut PollWriter { io: &mut *io, cx }) {
+                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Poll::Pending,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        if *pos >= map.len() {
+            return Poll::Ready(Ok(()));
+        }
+        // The session takes what its send buffer allows (64 KiB by
+        // default), all of it encrypted before the guard is looked at.
+        match map.read(*pos, |b| io::Write::write(&mut conn.writer(), b)) {
+            Ok(Ok(0)) => {
+                return Poll::Ready(Err(io::Error::other(
+                    "the TLS session took none of the reply",
+                )))
+            }
+            Ok(Ok(n)) => *pos += n,
+            Ok(Err(e)) => return Poll::Ready(Err(e)),
+            Err(lost) => {
+                // SAFETY: shutdown(2) on the socket `io` owns and keeps open.
+                unsafe { libc::shutdown(io.as_raw_fd(), libc::SHUT_RDWR) };
+                return Poll::Ready(Err(lost.into()));
+            }
+        }
+    }
+}
+
+/// A blocking-style writer over an async one for one poll: `WouldBlock`
+/// where the socket is not ready (and `cx` will be woken).
+struct PollWriter<'a, 'b, S> {
+    io: &'a mut S,
+    cx: &'a mut Context<'b>,
+}
+
+impl<S: AsyncWrite + Unpin> io::Write for PollWriter<'_, '_, S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match Pin::new(&mut *self.io).poll_write(self.cx, buf) {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match Pin::new(&mut *self.io).poll_write_vectored(self.cx, bufs) {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match Pin::new(&mut *self.io).poll_flush(self.cx) {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+}
+
+/// A stream that is neither a socket nor TLS (tests): the default copy.
+#[cfg(test)]
+impl SendFile for LockedWrite<tokio::io::DuplexStream> {}

@@ -25,11 +25,13 @@
 
 mod file_reply;
 mod locked;
+mod mapped;
 mod payload;
 mod tls;
 mod writer;
 
 pub use file_reply::{FileRange, SendFile};
+pub use mapped::{MappedRange, PageLost};
 pub use tls::{NbdTls, TlsSetupError};
 pub use writer::{write_loop, Frames, Held, HeldFrames, Outgoing, Reply};
 
@@ -76,11 +78,10 @@ pub enum ConnError {
 pub enum Dispatch {
     /// Already answered (on the connection's task; it must not block).
     Ready(Bytes),
-    /// Answered: the reply's header, then its data sent from a file by
-    /// the kernel (a READ whose pages are all cached). For a plain
-    /// connection ([`Negotiated::tls`] false); over TLS the range is read
-    /// and encrypted on the writer's task instead, which is correct but
-    /// slower than a [`Dispatch::Async`] read.
+    /// Answered: the reply's header, then its data sent from a file's
+    /// cached pages (a READ whose pages are all cached): by the kernel on
+    /// a plain connection, encrypted from the mapped pages on the
+    /// writer's task over TLS ([`SendFile`]).
     ReadyFile(Bytes, FileRange),
     /// Answer on tokio's blocking pool, on a thread of its own.
     Blocking(Box<dyn FnOnce() -> Bytes + Send>),
@@ -159,7 +160,7 @@ pub trait NbdBackend: Send + Sync + 'static {
 }
 
 /// A stream that splits into owned halves (TCP, unix).
-pub trait SplitStream: Send + 'static {
+pub trait SplitStream: std::os::fd::AsRawFd + Send + 'static {
     type Read: AsyncRead + Unpin + Send + 'static;
     type Write: SendFile + 'static;
     fn into_halves(self) -> (Self::Read, Self::Write);

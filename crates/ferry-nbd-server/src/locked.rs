@@ -26,6 +26,13 @@ pub fn split<S: AsyncRead + AsyncWrite + Unpin>(stream: S) -> (LockedRead<S>, Lo
     (LockedRead(s.clone()), LockedWrite(s))
 }
 
+impl<S> LockedWrite<S> {
+    /// Run `f` on the stream, holding it for that long (one poll's work).
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut S) -> R) -> R {
+        f(&mut self.0.lock())
+    }
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for LockedRead<S> {
     fn poll_read(
         self: Pin<&mut Self>,

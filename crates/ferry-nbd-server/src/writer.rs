@@ -254,6 +254,95 @@ mod tests {
         assert_eq!(sent(wr, b, &file).await, expected());
     }
 
+    /// A TLS connection over loopback: the client's stream, and the
+    /// server's halves as the server splits them.
+    async fn tls_pair() -> (
+        tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+        crate::locked::LockedWrite<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
+    ) {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let der = cert.cert.der().clone();
+        let key = rustls_pki_types::PrivateKeyDer::Pkcs8(
+            rustls_pki_types::PrivatePkcs8KeyDer::from(cert.key_pair.serialize_der()),
+        );
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![der.clone()], key)
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (c, s) = tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        let (c, s) = tokio::join!(
+            connector.connect(name, c.unwrap()),
+            acceptor.accept(s.unwrap().0)
+        );
+        let (_, wr) = crate::locked::split(s.unwrap());
+        (c.unwrap(), wr)
+    }
+
+    #[tokio::test]
+    async fn file_ranges_go_out_encrypted_from_the_mapped_file_between_the_buffers_around_them() {
+        let (_keep, file) = pattern_file(400_000);
+        let (rd, wr) = tls_pair().await;
+        assert_eq!(sent(wr, rd, &file).await, expected());
+    }
+
+    #[tokio::test]
+    async fn a_file_cut_short_under_a_tls_reply_sends_none_of_the_missing_bytes() {
+        // The file is cut to one page after its range was chosen: the
+        // mapped pages past it are gone when the writer reads them.
+        let (keep, file) = pattern_file(400_000);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(keep.path())
+            .unwrap()
+            .set_len(4096)
+            .unwrap();
+        let (mut rd, wr) = tls_pair().await;
+        let (tx, rx) = mpsc::channel::<Reply>(4);
+        let writer = tokio::spawn(write_loop(wr, rx));
+        let reply = Reply {
+            bytes: bytes::Bytes::from_static(b"hdr"),
+            file: Some(FileRange {
+                file: file.clone(),
+                offset: 0,
+                len: 300_000,
+            }),
+            held: Held::default(),
+        };
+        tx.send(reply).await.unwrap();
+        let _ = tx
+            .send(Reply::new(
+                bytes::Bytes::from_static(b"never"),
+                Held::default(),
+            ))
+            .await;
+        drop(tx);
+        let mut got = Vec::new();
+        // The stream ends (cut, or reset) short of the whole reply.
+        let _ = rd.read_to_end(&mut got).await;
+        writer.await.unwrap();
+        assert!(got.len() < 3 + 4096 + 1, "{} bytes went out", got.len());
+        // What went out is the header and the file's own bytes, no zeroes
+        // standing in for the pages that were cut off.
+        let mut want = b"hdr".to_vec();
+        want.extend((0..4096).map(at));
+        assert!(want.starts_with(&got), "bytes not the file's went out");
+    }
+
     #[tokio::test]
     async fn a_range_past_the_end_of_its_file_cuts_the_connection() {
         let (_keep, file) = pattern_file(1000);

@@ -220,7 +220,7 @@ impl Metrics {
         );
         registry.register(
             "nbd_reads_sent_from_file",
-            "NBD READs whose data the kernel sent from the volume's file (sendfile; all its pages were cached)",
+            "NBD READs whose data went from the volume's file, all its pages cached: sent by the kernel (sendfile), or over TLS encrypted from the mapped pages",
             reads_from_file.clone(),
         );
         registry.register(

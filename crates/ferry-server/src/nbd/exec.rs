@@ -32,7 +32,8 @@ pub struct ConnContext {
     in_flight: Gauge,
     reads_from_file: Counter,
     /// When large cached READs may be sent from the file
-    /// (`nbd.sendfile_reads`; `Off` on TLS connections).
+    /// (`nbd.sendfile_reads`; on TLS connections `Always`, encrypted from
+    /// the mapped pages, if `nbd.mapped_tls_reads`, else `Off`).
     sendfile_reads: SendfileReads,
     /// This connection's place in the daemon's
     /// [`SoleReader`](super::sole_reader::SoleReader).
@@ -63,7 +64,13 @@ impl ConnContext {
             in_flight: state.metrics.in_flight(&name),
             reads_from_file: state.metrics.reads_from_file(&name),
             sendfile_reads: if neg.tls {
-                SendfileReads::Off
+                // Each connection encrypts its own: no cost shared with
+                // the clients' receive work as sendfile's is.
+                if state.config.nbd.mapped_tls_reads {
+                    SendfileReads::Always
+                } else {
+                    SendfileReads::Off
+                }
             } else {
                 state.config.nbd.sendfile_reads
             },
@@ -239,11 +246,12 @@ pub enum FileReply {
     Elsewhere,
 }
 
-/// A large READ whose pages are all in the page cache, on a plain
-/// connection: answered now with its header, its data to be sent from the
-/// volume's file by the kernel (`sendfile`), so neither the copy into a
-/// buffer nor the one out of it is made here. Otherwise answered another
-/// way (`nbd.sendfile_reads` off or not now, TLS, a hole worth a chunk,
+/// A large READ whose pages are all in the page cache: answered now with
+/// its header, its data to be sent from the volume's file by the kernel
+/// (`sendfile`) on a plain connection, or encrypted from the mapped pages
+/// over TLS, so no copy into a buffer of ours is made. Otherwise answered
+/// another way (`nbd.sendfile_reads` off or not now, `nbd.mapped_tls_reads`
+/// off over TLS, a hole worth a chunk,
 /// pages not cached, an RBD image or O_DIRECT, or an invalid request).
 pub fn try_file_reply(ctx: &ConnContext, req: &Request) -> FileReply {
     if req.command != Command::Read || req.length <= INLINE_READ_MAX || !ctx.may_sendfile() {
