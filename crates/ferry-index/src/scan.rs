@@ -1,9 +1,11 @@
 //! Hashing a volume: one thread reads large sequential chunks (skipping holes
 //! with SEEK_DATA), every core hashes blocks of the previous chunk meanwhile,
 //! so indexing runs at the speed of reading, not of hashing. A
-//! [`ScanPace::Background`] scan hashes on the calling thread alone, for
-//! work that must not take the cores from guests (a volume that just
-//! arrived by migration while its guest resumes).
+//! [`ScanPace::Background`] scan reads and hashes on the calling thread
+//! alone, for work that must not take the cores from guests (a volume that
+//! just arrived by migration while its guest resumes), and yields to the
+//! rest of its process ([`Yielder`]): while the process's other threads are
+//! busy (serving clients), it hashes one chunk per [`YIELD_FOR`].
 
 use crate::{check_block_size, Fingerprint, IndexError};
 use rayon::prelude::*;
@@ -11,10 +13,20 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Bytes read per chunk.
 const CHUNK: u64 = 8 << 20;
+
+/// How long a background scan waits after a chunk while the rest of its
+/// process is busy: a chunk (2-5 ms of one core to read and hash) per this
+/// is a few percent of a core, and 1 GiB still indexed in 13 s.
+pub const YIELD_FOR: Duration = Duration::from_millis(100);
+
+/// The share of one core the rest of the process may use, between two
+/// chunks of a background scan, for the process to count as idle: its
+/// periodic work stays below it, serving a client at speed far above.
+const BUSY_SHARE: f64 = 0.2;
 
 /// How many cores a scan may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -22,8 +34,9 @@ pub enum ScanPace {
     /// Every core hashes (rayon's pool): as fast as the disk reads.
     #[default]
     Full,
-    /// The calling thread hashes, one block after another (plus one
-    /// reader thread, which inherits its scheduling class).
+    /// The calling thread reads and hashes, one chunk after another, and
+    /// waits [`YIELD_FOR`] after a chunk while the rest of the process is
+    /// busy ([`Yielder`]).
     Background,
 }
 
@@ -37,6 +50,8 @@ pub struct ScanStats {
     pub blocks: u64,
     pub zero_blocks: u64,
     pub seconds: f64,
+    /// Times a background scan waited for the rest of its process.
+    pub yields: u64,
 }
 
 impl ScanStats {
@@ -105,6 +120,9 @@ pub fn scan_blocks(
         bytes: size,
         ..Default::default()
     };
+    if pace == ScanPace::Background {
+        return scan_in_background(file, path, size, block_size, stats, start, f);
+    }
     let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(u64, Option<Vec<u8>>), IndexError>>(2);
     std::thread::scope(|s| {
         s.spawn(move || {
@@ -131,25 +149,138 @@ pub fn scan_blocks(
             let (off, buf) = item?;
             let first = off / bs;
             let print = |blk: &[u8]| (!crate::is_zero(blk)).then(|| Fingerprint::of(blk));
-            let prints: Vec<Option<Fingerprint>> = match (&buf, pace) {
-                (Some(b), ScanPace::Full) => b.par_chunks(block_size as usize).map(print).collect(),
-                (Some(b), ScanPace::Background) => {
-                    b.chunks(block_size as usize).map(print).collect()
-                }
-                (None, _) => {
-                    let n = CHUNK.min(size - off).div_ceil(bs);
-                    vec![None; usize::try_from(n).unwrap_or(usize::MAX)]
-                }
+            let prints: Vec<Option<Fingerprint>> = match &buf {
+                Some(b) => b.par_chunks(block_size as usize).map(print).collect(),
+                None => vec![None; hole_blocks(size, off, bs)],
             };
-            stats.read_bytes += buf.as_ref().map_or(0, |b| b.len() as u64);
-            stats.blocks += prints.len() as u64;
-            stats.zero_blocks += prints.iter().filter(|p| p.is_none()).count() as u64;
+            stats.count(buf.as_deref(), &prints);
             f(first, &prints);
         }
         Ok::<(), IndexError>(())
     })?;
     stats.seconds = start.elapsed().as_secs_f64();
     Ok(stats)
+}
+
+/// Blocks of the chunk at `off` (of a source of `size` bytes).
+fn hole_blocks(size: u64, off: u64, bs: u64) -> usize {
+    usize::try_from(CHUNK.min(size - off).div_ceil(bs)).unwrap_or(usize::MAX)
+}
+
+impl ScanStats {
+    fn count(&mut self, buf: Option<&[u8]>, prints: &[Option<Fingerprint>]) {
+        self.read_bytes += buf.map_or(0, |b| b.len() as u64);
+        self.blocks += prints.len() as u64;
+        self.zero_blocks += prints.iter().filter(|p| p.is_none()).count() as u64;
+    }
+}
+
+/// [`scan_blocks`] at [`ScanPace::Background`]: each chunk read and
+/// hashed on this thread, then a wait of [`YIELD_FOR`] whenever the rest
+/// of the process was busy meanwhile.
+fn scan_in_background(
+    file: &dyn BlockSource,
+    path: &Path,
+    size: u64,
+    block_size: u32,
+    mut stats: ScanStats,
+    start: Instant,
+    mut f: impl FnMut(u64, &[Option<Fingerprint>]),
+) -> Result<ScanStats, IndexError> {
+    let bs = u64::from(block_size);
+    let mut yielder = Yielder::new();
+    let mut buf = Vec::new();
+    let mut off = 0u64;
+    while off < size {
+        let len = CHUNK.min(size - off);
+        let prints: Vec<Option<Fingerprint>> = if file.next_data(off).is_some_and(|d| d < off + len)
+        {
+            buf.resize(usize::try_from(len).unwrap_or(usize::MAX), 0);
+            file.read_at(&mut buf, off)
+                .map_err(|e| IndexError::io("read", path, e))?;
+            let prints: Vec<Option<Fingerprint>> = buf
+                .chunks(block_size as usize)
+                .map(|blk| (!crate::is_zero(blk)).then(|| Fingerprint::of(blk)))
+                .collect();
+            stats.count(Some(&buf), &prints);
+            prints
+        } else {
+            let prints = vec![None; hole_blocks(size, off, bs)];
+            stats.count(None, &prints);
+            prints
+        };
+        f(off / bs, &prints);
+        off += len;
+        if off < size && yielder.others_busy() {
+            std::thread::sleep(YIELD_FOR);
+            yielder.restart();
+            stats.yields += 1;
+        }
+    }
+    stats.seconds = start.elapsed().as_secs_f64();
+    Ok(stats)
+}
+
+/// Whether the rest of the process (its threads but the calling one) used
+/// more than [`BUSY_SHARE`] of a core since the last look: the CPU time of
+/// the process less that of this thread, over the wall time between.
+pub struct Yielder {
+    at: Instant,
+    others: Duration,
+}
+
+impl Yielder {
+    pub fn new() -> Yielder {
+        Yielder {
+            at: Instant::now(),
+            others: others_cpu(),
+        }
+    }
+
+    /// Busy since the last look (or [`restart`](Self::restart))? Starts
+    /// the next interval.
+    pub fn others_busy(&mut self) -> bool {
+        let (now, others) = (Instant::now(), others_cpu());
+        let used = others.saturating_sub(self.others);
+        let wall = now - self.at;
+        (self.at, self.others) = (now, others);
+        busy(used, wall)
+    }
+
+    /// Start a new interval now (after a wait, which is not counted).
+    pub fn restart(&mut self) {
+        (self.at, self.others) = (Instant::now(), others_cpu());
+    }
+}
+
+impl Default for Yielder {
+    fn default() -> Self {
+        Yielder::new()
+    }
+}
+
+/// `used` CPU time of the others over `wall`: more than [`BUSY_SHARE`] of
+/// a core.
+fn busy(used: Duration, wall: Duration) -> bool {
+    used.as_secs_f64() > BUSY_SHARE * wall.as_secs_f64().max(1e-3)
+}
+
+/// CPU time (user and system) of the process less that of this thread.
+fn others_cpu() -> Duration {
+    let usage = |who| {
+        // SAFETY: getrusage fills the zeroed struct it is given.
+        let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid `who` and a pointer to a live rusage.
+        if unsafe { libc::getrusage(who, &mut r) } != 0 {
+            return Duration::ZERO;
+        }
+        let tv = |t: libc::timeval| {
+            Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+                + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+        };
+        tv(r.ru_utime) + tv(r.ru_stime)
+    };
+    usage(libc::RUSAGE_SELF).saturating_sub(usage(libc::RUSAGE_THREAD))
 }
 
 /// Index entries `(key, block)` for every non-zero block of the file at `path`.
@@ -228,5 +359,43 @@ mod tests {
         assert_eq!(st.blocks, 2);
         assert_eq!(entries.len(), 2);
         assert_eq!(entries[1].0, Fingerprint::of(&[7u8; 100]).key());
+    }
+
+    #[test]
+    fn the_rest_of_the_process_is_busy_above_a_fifth_of_a_core() {
+        let ms = Duration::from_millis;
+        assert!(!busy(ms(0), ms(100)));
+        assert!(!busy(ms(19), ms(100)));
+        assert!(busy(ms(21), ms(100)));
+        // Two threads flat out.
+        assert!(busy(ms(200), ms(100)));
+        // No time passed: nothing to judge by, not busy.
+        assert!(!busy(Duration::ZERO, Duration::ZERO));
+    }
+
+    #[test]
+    fn a_background_scan_waits_for_a_busy_process_and_still_indexes_everything() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("img");
+        let data: Vec<u8> = (0..(48u32 << 20)).map(|i| (i / 4096 % 251) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        let (full, _) = scan_file(&p, 4096, ScanPace::Full).unwrap();
+        // Another thread of this process works flat out meanwhile.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spin = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut x = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                }
+            })
+        };
+        let (alone, st) = scan_file(&p, 4096, ScanPace::Background).unwrap();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        spin.join().unwrap();
+        assert_eq!(alone, full);
+        // Six chunks: a wait after each but the last.
+        assert_eq!(st.yields, 5, "{st:?}");
     }
 }
