@@ -761,18 +761,23 @@ fn nbd_over_tls_with_client_certificates() {
     let image = format!(
         "driver=nbd,server.type=inet,server.host=localhost,server.port={port},export=v1,tls-creds=tls0"
     );
+    // qemu-io's commands over TLS on `image`, every pattern verified.
+    let qemu_io_tls = |image: &str, cmds: &[&str]| {
+        let mut c = Command::new("qemu-io");
+        c.args(["--object", &creds, "--image-opts", image]);
+        for x in cmds {
+            c.args(["-c", x]);
+        }
+        let out = c.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && !text.contains("Pattern verification failed"),
+            "qemu-io over TLS on {image}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
     // QEMU writes a pattern over TLS and reads it back.
-    let out = Command::new("qemu-io")
-        .args(["--object", &creds, "--image-opts", &image])
-        .args(["-c", "write -P 0x5a 1M 2M", "-c", "read -P 0x5a 1M 2M"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && !text.contains("Pattern verification failed"),
-        "qemu-io over TLS: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    qemu_io_tls(&image, &["write -P 0x5a 1M 2M", "read -P 0x5a 1M 2M"]);
     // qemu-img copies a file in and finds it equal.
     let src = d.path().join("src.img");
     noise_image(&src, 4 << 20, 7);
@@ -835,17 +840,14 @@ fn nbd_over_tls_with_client_certificates() {
     std::fs::write(&ext, &bytes).unwrap();
     s.ferry(&["volume", "create", "ext", "--path", ext.to_str().unwrap()]);
     let ext_image = image.replace("export=v1", "export=ext");
-    let out = Command::new("qemu-io")
-        .args(["--object", &creds, "--image-opts", &ext_image])
-        .args(["-c", "read -P 0x6b 0 2M", "-c", "read -P 0x7c 2M 2M"])
-        .args(["-c", "read -P 0x6b 1M 1M", "-c", "read -P 0x7c 2M 1M"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && !text.contains("Pattern verification failed"),
-        "qemu-io over TLS from a file made a volume: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
+    qemu_io_tls(
+        &ext_image,
+        &[
+            "read -P 0x6b 0 2M",
+            "read -P 0x7c 2M 2M",
+            "read -P 0x6b 1M 1M",
+            "read -P 0x7c 2M 1M",
+        ],
     );
     if cachestat {
         assert!(

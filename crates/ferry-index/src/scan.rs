@@ -129,8 +129,7 @@ pub fn scan_blocks(
             let mut off = 0u64;
             while off < size {
                 let len = CHUNK.min(size - off);
-                let has_data = file.next_data(off).is_some_and(|d| d < off + len);
-                let item = if has_data {
+                let item = if holds_data(file, off, len) {
                     let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
                     file.read_at(&mut buf, off)
                         .map(|()| (off, Some(buf)))
@@ -148,7 +147,6 @@ pub fn scan_blocks(
         for item in rx {
             let (off, buf) = item?;
             let first = off / bs;
-            let print = |blk: &[u8]| (!crate::is_zero(blk)).then(|| Fingerprint::of(blk));
             let prints: Vec<Option<Fingerprint>> = match &buf {
                 Some(b) => b.par_chunks(block_size as usize).map(print).collect(),
                 None => vec![None; hole_blocks(size, off, bs)],
@@ -160,6 +158,16 @@ pub fn scan_blocks(
     })?;
     stats.seconds = start.elapsed().as_secs_f64();
     Ok(stats)
+}
+
+/// A block's fingerprint; `None` for an all-zero block.
+fn print(blk: &[u8]) -> Option<Fingerprint> {
+    (!crate::is_zero(blk)).then(|| Fingerprint::of(blk))
+}
+
+/// Whether the `len` bytes of `file` at `off` may hold data (not all hole).
+fn holds_data(file: &dyn BlockSource, off: u64, len: u64) -> bool {
+    file.next_data(off).is_some_and(|d| d < off + len)
 }
 
 /// Blocks of the chunk at `off` (of a source of `size` bytes).
@@ -193,15 +201,12 @@ fn scan_in_background(
     let mut off = 0u64;
     while off < size {
         let len = CHUNK.min(size - off);
-        let prints: Vec<Option<Fingerprint>> = if file.next_data(off).is_some_and(|d| d < off + len)
-        {
+        let prints: Vec<Option<Fingerprint>> = if holds_data(file, off, len) {
             buf.resize(usize::try_from(len).unwrap_or(usize::MAX), 0);
             file.read_at(&mut buf, off)
                 .map_err(|e| IndexError::io("read", path, e))?;
-            let prints: Vec<Option<Fingerprint>> = buf
-                .chunks(block_size as usize)
-                .map(|blk| (!crate::is_zero(blk)).then(|| Fingerprint::of(blk)))
-                .collect();
+            let prints: Vec<Option<Fingerprint>> =
+                buf.chunks(block_size as usize).map(print).collect();
             stats.count(Some(&buf), &prints);
             prints
         } else {

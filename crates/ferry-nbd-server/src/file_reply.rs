@@ -38,11 +38,17 @@ pub trait SendFile: AsyncWrite + Unpin + Send + Sized {
     ) -> impl Future<Output = io::Result<()>> + Send + 'a {
         async move {
             ferry_client::write_all_vectored(self, head).await?;
-            let mut buf = vec![0u8; range.len];
-            range.file.read_exact_at(&mut buf, range.offset)?;
-            self.write_all(&buf).await
+            copy_range(self, range).await
         }
     }
+}
+
+/// Read `range` into a buffer and write it: for a half that can neither
+/// `sendfile` nor encrypt from a mapping.
+async fn copy_range<W: AsyncWrite + Unpin>(wr: &mut W, range: &FileRange) -> io::Result<()> {
+    let mut buf = vec![0u8; range.len];
+    range.file.read_exact_at(&mut buf, range.offset)?;
+    wr.write_all(&buf).await
 }
 
 /// `SendFile` for a plain socket's write half: the buffers before the
@@ -129,9 +135,7 @@ where
                 // No mapping to be had (out of address space or map
                 // count): the range is read into a buffer instead.
                 tracing::debug!(error = %e, "mapping a reply's range failed; copying it");
-                let mut buf = vec![0u8; range.len];
-                range.file.read_exact_at(&mut buf, range.offset)?;
-                return self.write_all(&buf).await;
+                return copy_range(self, range).await;
             }
         };
         let mut pos = 0;

@@ -61,14 +61,14 @@ impl MappedRange {
     /// Map `len` bytes of `file` at `offset`. Pages already cached are
     /// mapped at once; others are read on first touch. `len` must not be 0.
     pub fn map(file: &File, offset: u64, len: usize) -> io::Result<MappedRange> {
+        if len == 0 {
+            return Err(invalid());
+        }
         install_handler();
         let page = page_size() as u64;
         let start = offset - offset % page;
         let skip = usize::try_from(offset - start).map_err(|_| invalid())?;
         let map_len = skip.checked_add(len).ok_or_else(invalid)?;
-        if len == 0 {
-            return Err(invalid());
-        }
         let at = libc::off_t::try_from(start).map_err(|_| invalid())?;
         // SAFETY: a new read-only shared mapping of an open descriptor at
         // an address the kernel picks; it aliases nothing of ours.
