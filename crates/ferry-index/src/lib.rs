@@ -28,7 +28,7 @@ use thiserror::Error;
 pub use pool::{IndexStatus, PoolIndex};
 pub use prints::{PrintsView, VolumePrints};
 pub use run::{RunLookup, VolumeRun};
-pub use scan::{scan_file, scan_source, BlockSource, ScanPace, ScanStats};
+pub use scan::{open_data, scan_file, scan_source, BlockSource, ScanPace, ScanStats};
 pub use similarity::{similarity, SimilarityPoint};
 
 /// The persistent dirty bitmap (at the index's block size) that marks

@@ -4,12 +4,11 @@
 
 use crate::prints::{entry_of, PrintsView, VolumePrints, ENTRY};
 use crate::run::VolumeRun;
-use crate::scan::{scan_blocks, BlockSource, ScanPace};
+use crate::scan::{open_data, scan_blocks, BlockSource, ScanPace};
 use crate::{check_block_size, Fingerprint, IndexError, ScanStats};
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -169,7 +168,7 @@ impl PoolIndex {
         data: &Path,
         pace: ScanPace,
     ) -> Result<ScanStats, IndexError> {
-        let f = File::open(data).map_err(|e| IndexError::io("open", data, e))?;
+        let f = open_data(data)?;
         self.rebuild_from(volume, &f, data, pace)
     }
 
@@ -355,7 +354,7 @@ impl PoolIndex {
         if !self.contains(volume) {
             return Ok(0);
         }
-        let f = File::open(data).map_err(|e| IndexError::io("open", data, e))?;
+        let f = open_data(data)?;
         self.refresh_taken(volume, &f, data, take)
     }
 
