@@ -19,7 +19,7 @@ scan's reads decide the writes' speed (see `ferry_index::open_data`).
 Usage: python3 bench/cold_volume_writes.py [--repeats 3] [--runtime 5] [--base BIN] [--out FILE]
 Needs: root, fio (with the nbd engine), a release build of ferry.
 """
-import argparse, json, os, shutil, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, shutil, statistics, subprocess, sys, tempfile, time, urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import FERRY, ensure_ferry, free_port, version, wait_port  # noqa: E402
@@ -113,7 +113,6 @@ def main():
             print(f"rep {rep} local  " + " ".join(f"x{c} {res['local'][c][-1]:8.0f}" for c in CONNS), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    import statistics
     medv = {k: {c: statistics.median(v[c]) for c in CONNS} for k, v in res.items()}
     lines = [f"`python3 bench/cold_volume_writes.py --repeats {a.repeats} --runtime {a.runtime}"
              + (" --base BIN" if a.base else "") + f"`; {version(['fio', '--version'])}, "
