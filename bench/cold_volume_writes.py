@@ -19,61 +19,37 @@ scan's reads decide the writes' speed (see `ferry_index::open_data`).
 Usage: python3 bench/cold_volume_writes.py [--repeats 3] [--runtime 5] [--base BIN] [--out FILE]
 Needs: root, fio (with the nbd engine), a release build of ferry.
 """
-import argparse, json, os, shutil, statistics, subprocess, sys, tempfile, time, urllib.request
+import argparse, os, shutil, statistics, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import FERRY, ensure_ferry, free_port, version, wait_port  # noqa: E402
+from common import FERRY, ensure_ferry, version  # noqa: E402
+from migration_peers import Daemon  # noqa: E402
+from nbd_peers import IMAGE_MIB, fio, set_cache  # noqa: E402
 
-IMAGE_MIB = 1024
 CONNS = (1, 4)
 
 
-def drop_caches():
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
-def fio(target, conns, runtime):
-    """IOPS of 4 KiB random writes, 16 deep per connection, on `target`
-    (fio's engine options)."""
-    region = IMAGE_MIB // conns
-    cmd = ["fio", "--name=j", *target, "--rw=randwrite", "--bs=4k", "--iodepth=16", f"--numjobs={conns}",
-           f"--size={region}M", f"--offset_increment={region}M", "--time_based", f"--runtime={runtime}",
-           "--ramp_time=1", "--group_reporting", "--output-format=json"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out[out.index("{"):])["jobs"][0]["write"]["iops"]
+def writes(uri, conns, runtime, local=None):
+    """IOPS of 4 KiB random writes, 16 deep per connection, over NBD at
+    `uri`, or with `local` fio's `psync` on that file from a dropped cache."""
+    return fio(uri, "randwrite", "4k", 16, conns, runtime, local=local, invalidate=1)["iops"]
 
 
 def ferry_run(binary, image, work, runtime):
-    """{conns: IOPS} for `binary` serving `image` made a volume from a cold cache."""
-    drop_caches()
-    port, admin = free_port(), free_port()
-    proc = subprocess.Popen([binary, "serve", "--pool", os.path.join(work, "pool"), "--nbd", f"127.0.0.1:{port}",
-                             "--admin", f"127.0.0.1:{admin}", "--allow-path", os.path.dirname(image)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """({conns: IOPS}, seconds the index took) for `binary` serving `image`
+    made a volume from a cold cache."""
+    set_cache(image, "cold")
+    pool = os.path.join(work, "pool")
+    d = Daemon(pool, binary=binary, allow_path=os.path.dirname(image))
     try:
-        wait_port(admin, proc)
-        subprocess.run([binary, "volume", "create", "bench", "--path", image, "--admin", f"127.0.0.1:{admin}"],
-                       check=True, stdout=subprocess.DEVNULL)
+        d.ferry("volume", "create", "bench", "--path", image)
         t = time.time()
-        while True:
-            with urllib.request.urlopen(f"http://127.0.0.1:{admin}/v1/index", timeout=30) as r:
-                vols = json.load(r).get("volumes", [])
-            if any(v["volume"] == "bench" and v.get("prints") for v in vols):
-                break
-            if time.time() - t > 120:
-                raise RuntimeError("the index did not finish scanning the volume in 120 s")
-            time.sleep(0.2)
+        d.wait_indexed("bench", secs=120)
         scan_s = time.time() - t
-        return {c: fio(["--ioengine=nbd", f"--uri=nbd://127.0.0.1:{port}/bench"], c, runtime) for c in CONNS}, scan_s
+        return {c: writes(f"nbd://127.0.0.1:{d.nbd}/bench", c, runtime) for c in CONNS}, scan_s
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        shutil.rmtree(os.path.join(work, "pool"), ignore_errors=True)
+        d.stop()
+        shutil.rmtree(pool, ignore_errors=True)
 
 
 def main():
@@ -107,9 +83,8 @@ def main():
                 print(f"rep {rep} {name:6} scan {scan_s:5.1f} s " + " ".join(f"x{c} {iops[c]:8.0f}" for c in CONNS),
                       flush=True)
             for c in CONNS:
-                drop_caches()
-                res["local"][c].append(fio(["--ioengine=psync", "--invalidate=1", f"--filename={image}"], c,
-                                           a.runtime))
+                set_cache(image, "cold")
+                res["local"][c].append(writes(None, c, a.runtime, local=image))
             print(f"rep {rep} local  " + " ".join(f"x{c} {res['local'][c][-1]:8.0f}" for c in CONNS), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)

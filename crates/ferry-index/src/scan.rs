@@ -394,6 +394,8 @@ mod tests {
     fn pages_in_large_folios(path: &Path) -> Option<usize> {
         const PAGE: usize = 4096;
         const COMPOUND: u64 = (1 << 15) | (1 << 16); // KPF_COMPOUND_HEAD | _TAIL
+        let pagemap = File::open("/proc/self/pagemap").ok()?;
+        let flags = File::open("/proc/kpageflags").ok()?;
         let file = File::open(path).unwrap();
         let len = usize::try_from(file.metadata().unwrap().len()).unwrap();
         // SAFETY: a fresh read-only shared mapping of `len` bytes of an
@@ -409,8 +411,6 @@ mod tests {
             )
         };
         assert_ne!(map, libc::MAP_FAILED);
-        let pagemap = File::open("/proc/self/pagemap").ok();
-        let flags = File::open("/proc/kpageflags").ok();
         let mut large = Some(0);
         for i in 0..len / PAGE {
             // SAFETY: inside the mapping; every page of the file is cached,
@@ -418,12 +418,9 @@ mod tests {
             let addr = unsafe { map.cast::<u8>().add(i * PAGE) };
             // SAFETY: `addr` is a readable byte of the mapping.
             std::hint::black_box(unsafe { addr.read_volatile() });
-            let (Some(pm), Some(fl)) = (&pagemap, &flags) else {
-                large = None;
-                break;
-            };
             let mut e = [0u8; 8];
-            pm.read_exact_at(&mut e, (addr as u64 / PAGE as u64) * 8)
+            pagemap
+                .read_exact_at(&mut e, (addr as u64 / PAGE as u64) * 8)
                 .unwrap();
             let pfn = u64::from_le_bytes(e) & ((1 << 55) - 1);
             if pfn == 0 {
@@ -431,7 +428,7 @@ mod tests {
                 break;
             }
             let mut f = [0u8; 8];
-            if fl.read_exact_at(&mut f, pfn * 8).is_err() {
+            if flags.read_exact_at(&mut f, pfn * 8).is_err() {
                 large = None;
                 break;
             }
